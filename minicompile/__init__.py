@@ -1,0 +1,19 @@
+"""minicompile: a small but complete torch.compile.
+
+    import minicompile
+    f = minicompile.compile(fn)             # or @minicompile.compile, or compile(module)
+    torch.compile(fn, backend=minicompile.backend)
+
+Pipeline (one package per stage, in the order data flows): capture/ (bytecode -> FX graph),
+lower/ (FX -> loop IR), fusion/ (which values get buffers, which ops share a kernel),
+codegen/ (Triton and C++ kernels, Python host code), runtime/ (caches).
+"""
+from . import config, metrics
+from .api import compile, explain, mark_dynamic, reset
+from .capture import Unsupported
+from .graph_compiler import backend
+from .logs import set_logs
+
+__all__ = ["compile", "explain", "reset", "mark_dynamic", "set_logs", "backend", "config",
+           "Unsupported", "metrics"]
+__version__ = "0.1.0"

@@ -1,0 +1,59 @@
+"""Why a capture stopped: the `Unsupported` exception.
+
+Takes: whatever the interpreter could not model (an opcode, a callable, a data-dependent value)
+plus the user's frames at that point. Hands on: an exception whose str() names the reason and
+shows the user's source line, the way TorchDynamo's graph-break messages do. The API layer turns
+it into a warning and an eager run; later, the frame compiler (frame.py) will turn the same
+record into a graph break with a resume point, which is why it carries structured fields rather
+than just a message.
+"""
+from __future__ import annotations
+
+import linecache
+from typing import List, Optional, Tuple
+
+# (filename, lineno, source line text), outermost frame first, like a traceback.
+UserFrame = Tuple[str, int, str]
+
+
+def source_line(filename: str, lineno: Optional[int]) -> str:
+    if lineno is None:
+        return ""
+    return linecache.getline(filename, lineno).strip()
+
+
+class Unsupported(Exception):
+    """The interpreter met something it cannot trace.
+
+    reason:       one line, what was met (e.g. "call to builtin print", "opcode POP_JUMP_IF_FALSE")
+    explanation:  why that cannot go into a graph (yet)
+    hint:         what the user can do about it
+    user_stack:   [(filename, lineno, source line)], outermost first; the last entry is where it
+                  happened (inside inlined calls the stack names every call site)
+    """
+
+    def __init__(self, reason: str, explanation: str = "", hint: str = "",
+                 user_stack: Optional[List[UserFrame]] = None):
+        self.reason = reason
+        self.explanation = explanation
+        self.hint = hint
+        self.user_stack = list(user_stack or [])
+        super().__init__(reason)
+
+    def __str__(self) -> str:
+        lines = [f"Unsupported: {self.reason}"]
+        if self.explanation:
+            lines.append(f"  Explanation: {self.explanation}")
+        if self.hint:
+            lines.append(f"  Hint: {self.hint}")
+        if self.user_stack:
+            lines.append("  User code (most recent call last):")
+            for filename, lineno, text in self.user_stack:
+                lines.append(f'    File "{filename}", line {lineno}')
+                if text:
+                    lines.append(f"      {text}")
+        return "\n".join(lines)
+
+
+class UnsupportedPythonVersion(Unsupported):
+    """This Python's bytecode has no opcode tables here (only 3.11, 3.12, 3.13)."""

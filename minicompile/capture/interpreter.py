@@ -1,0 +1,1349 @@
+"""The symbolic bytecode interpreter: one call of a Python function -> one FX graph.
+
+Takes: a function (or bound method), the real arguments of one call. Hands on: a `Capture`
+(the FX GraphModule, its example inputs, `get_inputs`, `build_output`, the generated guard).
+
+How it works (the same scheme as TorchDynamo's InstructionTranslator):
+- `InstructionTranslator` walks the code object's instructions with a value stack and a dict
+  of locals holding `VariableTracker`s instead of Python objects. One handler per opcode, each
+  registered (bytecode.handles) for the Python versions whose semantics it models.
+- Tensors are `TensorVariable`s: an fx.Proxy in the graph being built plus the real value
+  computed by running the op on the real example inputs as we go (Dynamo runs fake tensors).
+- Calls: torch / operator functions and tensor methods become graph nodes; user Python
+  functions and nn.Module.forward are inlined in a child translator (their frames are pushed
+  on the same graph); anything else raises `Unsupported` naming the callable and source line.
+- `OutputGraph` owns the graph, the graph inputs (placeholders, named after their Source) and
+  the guards: every value read from outside the trace is wrapped once (`wrap`), and wrapping
+  records the check that value needs.
+
+Straight-line code only for now: branches are followed only when their condition is a
+constant (e.g. `if self.bias is not None`); a branch on a tensor, and any loop, raises
+Unsupported, which later becomes a graph break.
+"""
+from __future__ import annotations
+
+import builtins
+import dis
+import inspect
+import operator
+import re
+import sys
+import types
+from dataclasses import dataclass
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
+
+import torch
+import torch.fx
+from torch.fx.proxy import GraphAppendingTracer
+
+from .breaks import Unsupported, source_line
+from .bytecode import (BINARY_OP_SYMBOLS, Instruction, check_python_version, current_version,
+                       decode, dispatch_table, handles)
+from .guards import ArgBinding, GuardBuilder, bind_arguments
+from .sources import AttrSource, ItemSource, LocalSource, RootSource, Source, module_member_source
+from .values import (NULL, BaseListVariable, BoundMethodVariable, BuiltinVariable,
+                     ConstantMethodVariable, ConstantVariable, DictVariable, ListVariable,
+                     NamedTupleVariable, NNModuleVariable, NullVariable, PythonModuleVariable,
+                     SliceVariable, TensorMethodVariable, TensorVariable, TorchFunctionVariable,
+                     TupleVariable, TypeVariable, UserFunctionVariable, VariableTracker,
+                     is_constant_value)
+
+MAX_INLINE_DEPTH = 32
+
+BINARY_OPS: Dict[str, Callable] = {
+    "+": operator.add, "-": operator.sub, "*": operator.mul, "/": operator.truediv,
+    "//": operator.floordiv, "%": operator.mod, "**": operator.pow, "@": operator.matmul,
+    "&": operator.and_, "|": operator.or_, "^": operator.xor, "<<": operator.lshift,
+    ">>": operator.rshift,
+    "+=": operator.iadd, "-=": operator.isub, "*=": operator.imul, "/=": operator.itruediv,
+    "//=": operator.ifloordiv, "%=": operator.imod, "**=": operator.ipow,
+    "@=": operator.imatmul, "&=": operator.iand, "|=": operator.ior, "^=": operator.ixor,
+    "<<=": operator.ilshift, ">>=": operator.irshift,
+}
+COMPARE_OPS: Dict[str, Callable] = {
+    "<": operator.lt, "<=": operator.le, "==": operator.eq, "!=": operator.ne,
+    ">": operator.gt, ">=": operator.ge,
+}
+INPLACE_OPERATORS = {operator.iadd, operator.isub, operator.imul, operator.itruediv,
+                     operator.ifloordiv, operator.imod, operator.ipow, operator.imatmul,
+                     operator.iand, operator.ior, operator.ixor, operator.ilshift,
+                     operator.irshift, operator.setitem}
+
+# Tensor attributes that are metadata: read as Python constants (valid because every input's
+# dtype/device/sizes/strides/requires_grad is guarded, and shapes are static).
+TENSOR_CONSTANT_ATTRS = {"shape", "dtype", "device", "ndim", "requires_grad", "is_cuda",
+                         "layout", "is_sparse", "is_quantized", "is_meta", "is_leaf",
+                         "is_mkldnn", "is_nested", "itemsize"}
+# Tensor attributes that are tensors: a call_function getattr node, as TorchDynamo emits.
+TENSOR_TENSOR_ATTRS = {"T", "mT", "H", "mH", "real", "imag"}
+# Tensor methods / torch functions whose non-tensor result depends only on metadata.
+METADATA_METHODS = {"size", "dim", "ndimension", "numel", "nelement", "stride",
+                    "is_contiguous", "element_size", "is_floating_point", "is_complex",
+                    "get_device", "storage_offset", "type", "__len__", "is_signed"}
+METADATA_FUNCTIONS = {torch.is_tensor, torch.is_floating_point, torch.is_complex, torch.numel,
+                      len, isinstance}
+
+_TORCH_MODULE_PREFIXES = ("torch", "_operator", "operator", "math")
+
+
+def _is_torch_callable(v) -> bool:
+    if isinstance(v, type):
+        return False
+    mod = getattr(v, "__module__", None) or ""
+    if isinstance(v, (types.BuiltinFunctionType, types.FunctionType, torch._ops.OpOverloadPacket,
+                      torch._ops.OpOverload)):
+        return mod.split(".")[0] in _TORCH_MODULE_PREFIXES
+    return False
+
+
+def _is_internal_module_name(name: str) -> bool:
+    """Globals of torch's own modules are not guarded (as TorchDynamo trusts torch itself)."""
+    return name.split(".")[0] in ("torch", "math", "operator", "_operator", "builtins")
+
+
+# ----------------------------------------------------------------------------------------
+# OutputGraph: the graph under construction, its inputs and guards
+# ----------------------------------------------------------------------------------------
+class OutputGraph:
+    def __init__(self, bound_self: Optional[Source]):
+        self.graph = torch.fx.Graph()
+        self.tracer = GraphAppendingTracer(self.graph)
+        self.guards = GuardBuilder()
+        self.input_sources: List[Source] = []
+        self.input_examples: List[torch.Tensor] = []
+        self._by_source: Dict[str, VariableTracker] = {}
+        self._last_placeholder: Optional[torch.fx.Node] = None
+        self._roots: Dict[int, RootSource] = {}
+        self.input_storages = set()
+        # the `self` of a captured bound method: fixed by the capture, so not guarded by id
+        self.bound_self = bound_self
+        self.tx: Optional["InstructionTranslator"] = None     # the frame running now
+
+    # -- roots: objects the guard holds directly --------------------------------------
+    def root_source(self, obj, hint: str) -> RootSource:
+        if id(obj) not in self._roots:
+            label = re.sub(r"[^A-Za-z0-9]+", "_", hint)
+            if label in self.guards.namespace:
+                label = f"{label}_{len(self._roots)}"
+            self.guards.add_root(label, obj)
+            self._roots[id(obj)] = RootSource(label)
+        return self._roots[id(obj)]
+
+    # -- graph inputs -------------------------------------------------------------------
+    def add_input(self, value: torch.Tensor, source: Source) -> TensorVariable:
+        if self._last_placeholder is None:
+            ctx = self.graph.inserting_before(None)    # placeholders go first
+        else:
+            ctx = self.graph.inserting_after(self._last_placeholder)
+        with ctx:
+            node = self.graph.placeholder(source.name())
+        node.meta["example_value"] = value
+        node.meta["source_expr"] = source.expr()
+        self._last_placeholder = node
+        self.input_sources.append(source)
+        self.input_examples.append(value)
+        try:
+            self.input_storages.add(value.untyped_storage().data_ptr())
+        except Exception:
+            pass
+        self.guards.tensor(source, value)
+        return TensorVariable(torch.fx.Proxy(node, self.tracer), value, source)
+
+    # -- VariableBuilder: a real value read from `source` -> a VariableTracker + guards -----
+    def wrap(self, value, source: Optional[Source]) -> VariableTracker:
+        if source is not None:
+            key = source.expr()
+            if key in self._by_source:
+                return self._by_source[key]
+            var = self._wrap(value, source)
+            self._by_source[key] = var
+            return var
+        return self._wrap(value, None)
+
+    def _wrap(self, value, source: Optional[Source]) -> VariableTracker:
+        g = self.guards
+        if isinstance(value, torch.Tensor):
+            if source is None:
+                raise self.unsupported(f"a tensor constant of unknown origin ({type(value).__name__})",
+                                       "only tensors reachable from the arguments, globals or "
+                                       "modules can become graph inputs")
+            return self.add_input(value, source)
+        if is_constant_value(value):
+            if source is not None:
+                g.constant(source, value)
+            return ConstantVariable(value, source)
+        if isinstance(value, torch.nn.Module):
+            if source is not None:
+                is_self = source == self.bound_self
+                g.module(source, value, check_identity=not is_self)
+            return NNModuleVariable(value, source)
+        if isinstance(value, (tuple, list)) and type(value) in (tuple, list):
+            if source is not None:
+                g.sequence(source, value)
+            items = [self.wrap(v, ItemSource(source, i) if source else None)
+                     for i, v in enumerate(value)]
+            return (TupleVariable if isinstance(value, tuple) else ListVariable)(items, source)
+        if type(value) is dict:
+            if not all(is_constant_value(k) for k in value):
+                raise self.unsupported("a dict with non-constant keys")
+            if source is not None:
+                g.dict_keys(source, value)
+            return DictVariable({k: self.wrap(v, ItemSource(source, k) if source else None)
+                                 for k, v in value.items()}, source)
+        # callables and modules: guarded by identity when read from a guardable place
+        if source is not None:
+            g.identity(source, value, type(value).__name__)
+        if value in _BUILTIN_HANDLERS if _hashable(value) else False:
+            return BuiltinVariable(value, source)
+        if isinstance(value, types.ModuleType):
+            return PythonModuleVariable(value, source)
+        if _is_torch_callable(value):
+            return TorchFunctionVariable(value, source)
+        if isinstance(value, types.FunctionType):
+            return UserFunctionVariable(value, source)
+        if isinstance(value, types.MethodType):
+            self_var = self.wrap(value.__self__, AttrSource(source, "__self__") if source else None)
+            return BoundMethodVariable(value.__func__, self_var, source)
+        if isinstance(value, type):
+            return TypeVariable(value, source)
+        raise self.unsupported(f"a value of type {type(value).__qualname__}",
+                               "only tensors, Python constants, tuples/lists/dicts, functions "
+                               "and nn.Modules can be traced so far")
+
+    def unsupported(self, reason, explanation="", hint="") -> Unsupported:
+        stack = self.tx.user_stack() if self.tx is not None else []
+        return Unsupported(reason, explanation, hint, stack)
+
+    # -- graph nodes --------------------------------------------------------------------
+    def call(self, kind: str, target, args: Sequence[VariableTracker],
+             kwargs: Dict[str, VariableTracker]) -> VariableTracker:
+        """Run `target` on the example values and, if tensors are involved, record a node."""
+        has_tensor = _contains_tensor(list(args) + list(kwargs.values()))
+        ex_args = [a.as_example() for a in args]
+        ex_kwargs = {k: v.as_example() for k, v in kwargs.items()}
+        name = target if kind == "call_method" else getattr(target, "__name__", str(target))
+        if has_tensor:
+            self._check_mutation(kind, target, args, kwargs)
+        try:
+            if kind == "call_method":
+                result = getattr(ex_args[0], target)(*ex_args[1:], **ex_kwargs)
+            else:
+                result = target(*ex_args, **ex_kwargs)
+        except Unsupported:
+            raise
+        except Exception as e:
+            raise self.unsupported(f"{name}() raised {type(e).__name__}: {e}",
+                                   "running the operation on the example inputs failed; "
+                                   "eager execution will raise the same error") from e
+        if not _contains_tensor_value(result):
+            if has_tensor and not (name in METADATA_METHODS or target in METADATA_FUNCTIONS):
+                raise self.unsupported(
+                    f"data-dependent operation {name}() (returns {type(result).__name__})",
+                    "its Python result depends on tensor values, which a graph cannot bake in",
+                    "keep the value as a tensor, or move this out of the compiled region")
+            if not is_constant_value(result):
+                raise self.unsupported(f"{name}() returned a {type(result).__name__}")
+            return ConstantVariable(result)
+        proxy = self.tracer.create_proxy(kind, target, tuple(a.as_proxy() for a in args),
+                                         {k: v.as_proxy() for k, v in kwargs.items()})
+        self._set_meta(proxy.node, result)
+        return self._wrap_result(proxy, result)
+
+    def _set_meta(self, node: torch.fx.Node, example):
+        node.meta["example_value"] = example
+        if self.tx is not None:
+            fn, lineno, text = self.tx.location()
+            node.meta["source"] = (fn, lineno, text)
+            node.meta["stack_trace"] = "".join(
+                f'  File "{f}", line {l}, in {n}\n    {t}\n' for f, l, t, n in self.tx.full_stack())
+
+    def _wrap_result(self, proxy: torch.fx.Proxy, result) -> VariableTracker:
+        if isinstance(result, torch.Tensor):
+            return TensorVariable(proxy, result)
+        if isinstance(result, (tuple, list)):
+            items = []
+            for i, r in enumerate(result):
+                if isinstance(r, torch.Tensor):
+                    p = self.tracer.create_proxy("call_function", operator.getitem, (proxy, i), {})
+                    self._set_meta(p.node, r)
+                    items.append(TensorVariable(p, r))
+                elif is_constant_value(r):
+                    items.append(ConstantVariable(r))
+                else:
+                    raise self.unsupported(f"an operation returned a {type(r).__name__} inside a "
+                                           f"{type(result).__name__}")
+            if isinstance(result, list):
+                return ListVariable(items)
+            if type(result) is tuple:
+                return TupleVariable(items)
+            return NamedTupleVariable(items, type(result))
+        raise self.unsupported(f"an operation returned a {type(result).__name__}")
+
+    def _check_mutation(self, kind, target, args, kwargs):
+        """In-place ops on graph inputs are not modelled yet (the example values would be
+        mutated during tracing, and the backend would need to write them back)."""
+        inplace = (target in INPLACE_OPERATORS or "out" in kwargs or
+                   (kind == "call_method" and target.endswith("_") and not target.endswith("__")))
+        if not inplace:
+            return
+        mutated = [a for a in list(args[:1]) + ([kwargs["out"]] if "out" in kwargs else [])
+                   if isinstance(a, TensorVariable)]
+        for t in mutated:
+            try:
+                ptr = t.example.untyped_storage().data_ptr()
+            except Exception:
+                ptr = None
+            if ptr in self.input_storages:
+                name = target if isinstance(target, str) else getattr(target, "__name__", target)
+                raise self.unsupported(f"in-place operation {name} on a graph input (or a view of one)",
+                                       "mutating inputs is not modelled yet",
+                                       "use the out-of-place version")
+
+
+def _hashable(v) -> bool:
+    try:
+        hash(v)
+        return True
+    except TypeError:
+        return False
+
+
+def _contains_tensor(vars_) -> bool:
+    for v in vars_:
+        if isinstance(v, TensorVariable):
+            return True
+        if isinstance(v, BaseListVariable) and _contains_tensor(v.items):
+            return True
+        if isinstance(v, DictVariable) and _contains_tensor(list(v.items.values())):
+            return True
+        if isinstance(v, SliceVariable) and _contains_tensor(v.parts):
+            return True
+    return False
+
+
+def _contains_tensor_value(v) -> bool:
+    if isinstance(v, torch.Tensor):
+        return True
+    if isinstance(v, (tuple, list)):
+        return any(_contains_tensor_value(x) for x in v)
+    return False
+
+
+# ----------------------------------------------------------------------------------------
+# Builtins, modelled case by case
+# ----------------------------------------------------------------------------------------
+def _builtin_len(tx, args, kwargs):
+    (x,) = args
+    if isinstance(x, BaseListVariable):
+        return ConstantVariable(len(x.items))
+    if isinstance(x, DictVariable):
+        return ConstantVariable(len(x.items))
+    if isinstance(x, TensorVariable):
+        return ConstantVariable(len(x.example))
+    if isinstance(x, ConstantVariable):
+        return ConstantVariable(len(x.value))
+    if isinstance(x, NNModuleVariable):
+        return ConstantVariable(len(x.module))
+    raise tx.unsupported(f"len() of {x.describe()}")
+
+
+def _builtin_isinstance(tx, args, kwargs):
+    obj, cls = args
+    if not isinstance(cls, (TypeVariable, ConstantVariable, TupleVariable, BuiltinVariable)):
+        raise tx.unsupported(f"isinstance() with {cls.describe()}")
+    return ConstantVariable(isinstance(obj.as_example(), cls.as_example()))
+
+
+def _builtin_getattr(tx, args, kwargs):
+    if len(args) == 2 and isinstance(args[1], ConstantVariable):
+        return tx.load_attr(args[0], args[1].value)
+    if len(args) == 3 and isinstance(args[1], ConstantVariable):
+        try:
+            return tx.load_attr(args[0], args[1].value)
+        except AttributeError:
+            return args[2]
+    raise tx.unsupported("getattr() with a non-constant name")
+
+
+def _builtin_container(kind):
+    def impl(tx, args, kwargs):
+        if not args:
+            return kind([])
+        (x,) = args
+        if isinstance(x, BaseListVariable):
+            return kind(list(x.items))
+        if isinstance(x, ConstantVariable) and isinstance(x.value, (tuple, list, torch.Size, range)):
+            return kind([ConstantVariable(v) for v in x.value])
+        if isinstance(x, DictVariable):
+            return kind([ConstantVariable(k) for k in x.items])
+        if isinstance(x, TensorVariable):
+            return kind(tx.unpack_tensor(x, len(x.example)))
+        raise tx.unsupported(f"{kind.python_type.__name__}() of {x.describe()}")
+    return impl
+
+
+def _builtin_const(fn):
+    def impl(tx, args, kwargs):
+        if all(a.is_constant() for a in args) and all(v.is_constant() for v in kwargs.values()):
+            return ConstantVariable(fn(*[a.as_example() for a in args],
+                                       **{k: v.as_example() for k, v in kwargs.items()}))
+        if fn in (abs, pow) and _contains_tensor(list(args)):
+            return tx.output.call("call_function", fn, args, kwargs)
+        raise tx.unsupported(f"builtin {fn.__name__}() on non-constant arguments",
+                             hint="it would need the tensor's values")
+    return impl
+
+
+def _builtin_print(tx, args, kwargs):
+    raise tx.unsupported("call to builtin print()", "printing is a side effect the graph "
+                         "cannot hold", "remove the print, or print outside the compiled code")
+
+
+_BUILTIN_HANDLERS: Dict[Any, Callable] = {
+    len: _builtin_len, isinstance: _builtin_isinstance, getattr: _builtin_getattr,
+    tuple: _builtin_container(TupleVariable), list: _builtin_container(ListVariable),
+    print: _builtin_print,
+}
+for _f in (int, float, bool, str, abs, min, max, pow, round, range, slice, divmod, hash, repr):
+    _BUILTIN_HANDLERS[_f] = _builtin_const(_f)
+
+
+def _cmp_symbol(argval) -> str:
+    # 3.13's dis shows bool(<) when the result is converted to bool; argval is the symbol
+    s = str(argval)
+    return s[5:-1] if s.startswith("bool(") else s
+
+
+# ----------------------------------------------------------------------------------------
+# The interpreter: one instance per (inlined) frame
+# ----------------------------------------------------------------------------------------
+class _Return(Exception):
+    pass
+
+
+class InstructionTranslator:
+    def __init__(self, output: OutputGraph, func: types.FunctionType,
+                 locals_: Dict[str, VariableTracker], lazy_locals: Dict[str, Tuple[Any, Source]],
+                 parent: Optional["InstructionTranslator"] = None, globals_source: Optional[Source] = None):
+        self.output = output
+        self.func = func
+        self.code: types.CodeType = func.__code__
+        self.f_globals = func.__globals__
+        self.globals_source = globals_source
+        self.parent = parent
+        self.depth = 0 if parent is None else parent.depth + 1
+        self.instructions, self.offset_to_index = decode(self.code)
+        self.dispatch = dispatch_table()
+        self.version = current_version()
+        self.stack: List[VariableTracker] = []
+        self.locals: Dict[str, VariableTracker] = dict(locals_)
+        self.lazy_locals = dict(lazy_locals)
+        self.pc = 0
+        self.current: Optional[Instruction] = None
+        self.kw_names: Tuple[str, ...] = ()
+        self.return_value: Optional[VariableTracker] = None
+        # free variables: name -> cell (read through its contents, guarded like a global)
+        self.freevars = dict(zip(self.code.co_freevars, func.__closure__ or ()))
+
+    # -- where we are (for error messages and node meta) ---------------------------------
+    def location(self):
+        lineno = self.current.lineno if self.current is not None else self.code.co_firstlineno
+        if lineno is None:
+            lineno = self.code.co_firstlineno
+        return (self.code.co_filename, lineno, source_line(self.code.co_filename, lineno))
+
+    def full_stack(self):
+        frames = []
+        tx = self
+        while tx is not None:
+            f, l, t = tx.location()
+            frames.append((f, l, t, tx.code.co_name))
+            tx = tx.parent
+        return frames[::-1]
+
+    def user_stack(self):
+        return [(f, l, t) for f, l, t, _ in self.full_stack()]
+
+    def unsupported(self, reason, explanation="", hint="") -> Unsupported:
+        return Unsupported(reason, explanation, hint, self.user_stack())
+
+    # -- the loop -----------------------------------------------------------------------
+    def run(self) -> VariableTracker:
+        prev_tx = self.output.tx
+        self.output.tx = self
+        try:
+            while True:
+                inst = self.instructions[self.pc]
+                self.current = inst
+                self.pc += 1
+                handler = self.dispatch.get(inst.opname)
+                if handler is None:
+                    raise self.unsupported(
+                        f"opcode {inst.opname}" + (f" ({inst.argrepr})" if inst.argrepr else ""),
+                        f"minicompile's capture has no handler for {inst.opname} on Python "
+                        f"{self.version[0]}.{self.version[1]} yet (control flow, loops, "
+                        "exceptions, closures and side effects come later)")
+                try:
+                    handler(self, inst)
+                except (_Return, Unsupported):
+                    raise
+                except Exception as e:
+                    raise self.unsupported(
+                        f"internal error while tracing {inst.opname}: {type(e).__name__}: {e}",
+                        "minicompile could not model this instruction") from e
+        except _Return:
+            return self.return_value
+        finally:
+            self.output.tx = prev_tx
+
+    # -- stack helpers ------------------------------------------------------------------
+    def push(self, v: VariableTracker):
+        self.stack.append(v)
+
+    def pop(self) -> VariableTracker:
+        return self.stack.pop()
+
+    def popn(self, n: int) -> List[VariableTracker]:
+        if n == 0:
+            return []
+        vals = self.stack[-n:]
+        del self.stack[-n:]
+        return vals
+
+    def jump_to(self, inst: Instruction):
+        target = self.offset_to_index[inst.argval]
+        if target <= inst.index:
+            raise self.unsupported(f"loop (backward jump {inst.opname})",
+                                   "loops are not supported by the capture yet")
+        self.pc = target
+
+    # -- building blocks used by handlers -------------------------------------------------
+    def load_local(self, name: str) -> VariableTracker:
+        if name in self.locals:
+            return self.locals[name]
+        if name in self.lazy_locals:
+            value, source = self.lazy_locals.pop(name)
+            var = self.output.wrap(value, source)
+            self.locals[name] = var
+            return var
+        raise self.unsupported(f"read of unbound local {name!r}")
+
+    def load_global(self, name: str) -> VariableTracker:
+        if name in self.f_globals:
+            src = ItemSource(self.globals_source, name) if self.globals_source is not None else None
+            return self.output.wrap(self.f_globals[name], src)
+        b = self.f_globals.get("__builtins__", builtins)
+        b = b.__dict__ if isinstance(b, types.ModuleType) else b
+        if name in b:
+            return self.output.wrap(b[name], None)
+        raise self.unsupported(f"global name {name!r} is not defined")
+
+    def unpack_tensor(self, t: TensorVariable, n: int) -> List[VariableTracker]:
+        if t.example.dim() == 0 or len(t.example) != n:
+            raise self.unsupported(f"unpacking a tensor of shape {tuple(t.example.shape)} into {n}")
+        return [self.output.call("call_function", operator.getitem, [t, ConstantVariable(i)], {})
+                for i in range(n)]
+
+    def unpack(self, v: VariableTracker, n: Optional[int] = None) -> List[VariableTracker]:
+        if isinstance(v, BaseListVariable):
+            items = list(v.items)
+        elif isinstance(v, ConstantVariable) and isinstance(v.value, (tuple, list, torch.Size, range)):
+            items = [ConstantVariable(x) for x in v.value]
+        elif isinstance(v, TensorVariable):
+            items = self.unpack_tensor(v, n if n is not None else len(v.example))
+        elif isinstance(v, DictVariable):
+            items = [ConstantVariable(k) for k in v.items]
+        else:
+            raise self.unsupported(f"unpacking {v.describe()}")
+        if n is not None and len(items) != n:
+            raise self.unsupported(f"unpacking {len(items)} values into {n}")
+        return items
+
+    def truth(self, v: VariableTracker, opname: str) -> bool:
+        if isinstance(v, ConstantVariable):
+            return bool(v.value)
+        if isinstance(v, (BaseListVariable, DictVariable)):
+            return bool(v.items)
+        if isinstance(v, TensorVariable):
+            raise self.unsupported(
+                f"data-dependent branch ({opname} on a tensor)",
+                "the branch taken depends on a tensor's values; control flow is not supported "
+                "by the capture yet (later: a graph break)",
+                "use torch.where, or move the condition out of the compiled function")
+        if isinstance(v, (NNModuleVariable, UserFunctionVariable, TorchFunctionVariable,
+                          PythonModuleVariable, TypeVariable, BuiltinVariable)):
+            return True
+        raise self.unsupported(f"truth value of {v.describe()}")
+
+    # attribute access ------------------------------------------------------------------
+    def load_attr(self, obj: VariableTracker, name: str) -> VariableTracker:
+        out = self.output
+        if isinstance(obj, TensorVariable):
+            if name in TENSOR_CONSTANT_ATTRS:
+                return ConstantVariable(getattr(obj.example, name))
+            if name in TENSOR_TENSOR_ATTRS:
+                return out.call("call_function", getattr, [obj, ConstantVariable(name)], {})
+            if callable(getattr(torch.Tensor, name, None)):
+                return TensorMethodVariable(obj, name)
+            raise self.unsupported(f"tensor attribute .{name}")
+        if isinstance(obj, NNModuleVariable):
+            return self.load_module_attr(obj, name)
+        if isinstance(obj, PythonModuleVariable):
+            mod = obj.value
+            if not hasattr(mod, name):
+                raise AttributeError(name)
+            src = None
+            if obj.source is not None and not _is_internal_module_name(mod.__name__):
+                src = AttrSource(obj.source, name)
+            return out.wrap(getattr(mod, name), src)
+        if isinstance(obj, NamedTupleVariable):
+            idx = obj.field_index(name)
+            if idx is not None:
+                return obj.items[idx]
+        if isinstance(obj, ConstantVariable):
+            attr = getattr(obj.value, name)
+            if callable(attr):
+                return ConstantMethodVariable(obj, name)
+            return ConstantVariable(attr)
+        if isinstance(obj, (BaseListVariable, DictVariable)):
+            return ConstantMethodVariable(obj, name)
+        if isinstance(obj, (TorchFunctionVariable, UserFunctionVariable, TypeVariable)):
+            if obj.value in (torch.Tensor,) and callable(getattr(torch.Tensor, name, None)):
+                return _UnboundTensorMethod(name)
+            attr = getattr(obj.value, name)
+            if is_constant_value(attr):
+                return ConstantVariable(attr)
+        raise self.unsupported(f"attribute .{name} of {obj.describe()}")
+
+    def load_module_attr(self, obj: NNModuleVariable, name: str) -> VariableTracker:
+        mod, src, out = obj.module, obj.source, self.output
+        d = mod.__dict__
+        for kind in ("_parameters", "_buffers", "_modules"):
+            members = d.get(kind, {})
+            if name in members:
+                s = module_member_source(src, kind, name) if src is not None else None
+                value = members[name]
+                if value is None:
+                    if s is not None:
+                        out.guards.constant(s, None)
+                    return ConstantVariable(None, s)
+                return out.wrap(value, s)
+        if name in d:
+            return out.wrap(d[name], AttrSource(src, name) if src is not None else None)
+        # class attribute: methods are inlined with self bound; properties are inlined
+        try:
+            attr = inspect.getattr_static(type(mod), name)
+        except AttributeError:
+            raise self.unsupported(f"{type(mod).__name__} has no attribute {name!r}")
+        if isinstance(attr, types.FunctionType):
+            return BoundMethodVariable(attr, obj)
+        if isinstance(attr, property) and attr.fget is not None:
+            return self.inline_call(attr.fget, [obj], {})
+        if isinstance(attr, staticmethod):
+            return out.wrap(attr.__func__, None)
+        if isinstance(attr, classmethod):
+            return BoundMethodVariable(attr.__func__, TypeVariable(type(mod)))
+        if is_constant_value(attr):
+            return ConstantVariable(attr)
+        raise self.unsupported(f"attribute {name!r} of {type(mod).__name__} "
+                               f"({type(attr).__name__})")
+
+    # calls --------------------------------------------------------------------------------
+    def call_function(self, fn: VariableTracker, args: List[VariableTracker],
+                      kwargs: Dict[str, VariableTracker]) -> VariableTracker:
+        out = self.output
+        if isinstance(fn, TorchFunctionVariable):
+            return out.call("call_function", fn.value, args, kwargs)
+        if isinstance(fn, TensorMethodVariable):
+            return out.call("call_method", fn.name, [fn.tensor] + list(args), kwargs)
+        if isinstance(fn, _UnboundTensorMethod):
+            return out.call("call_method", fn.name, list(args), kwargs)
+        if isinstance(fn, UserFunctionVariable):
+            return self.inline_call(fn.value, args, kwargs)
+        if isinstance(fn, BoundMethodVariable):
+            return self.inline_call(fn.func, [fn.self_var] + list(args), kwargs)
+        if isinstance(fn, NNModuleVariable):
+            return self.call_module(fn, args, kwargs)
+        if isinstance(fn, BuiltinVariable):
+            return _BUILTIN_HANDLERS[fn.value](self, args, kwargs)
+        if isinstance(fn, ConstantMethodVariable):
+            return self.call_constant_method(fn, args, kwargs)
+        if isinstance(fn, TypeVariable):
+            if fn.value is torch.Size and all(a.is_constant() for a in args):
+                return ConstantVariable(torch.Size(*[a.as_example() for a in args]))
+        name = getattr(getattr(fn, "value", None), "__qualname__", None) or fn.describe()
+        raise self.unsupported(f"call to {name}", "the capture cannot model this callable yet")
+
+    def call_constant_method(self, fn: ConstantMethodVariable, args, kwargs):
+        obj = fn.obj
+        if isinstance(obj, ConstantVariable) and all(a.is_constant() for a in args) \
+                and all(v.is_constant() for v in kwargs.values()):
+            r = getattr(obj.value, fn.name)(*[a.as_example() for a in args],
+                                            **{k: v.as_example() for k, v in kwargs.items()})
+            if is_constant_value(r):
+                return ConstantVariable(r)
+        if isinstance(obj, DictVariable) and not args and not kwargs:
+            if fn.name == "keys":
+                return TupleVariable([ConstantVariable(k) for k in obj.items])
+            if fn.name == "values":
+                return TupleVariable(list(obj.items.values()))
+            if fn.name == "items":
+                return TupleVariable([TupleVariable([ConstantVariable(k), v])
+                                      for k, v in obj.items.items()])
+        if isinstance(obj, DictVariable) and fn.name == "get" and args and args[0].is_constant():
+            default = args[1] if len(args) > 1 else ConstantVariable(None)
+            return obj.items.get(args[0].as_example(), default)
+        if isinstance(obj, BaseListVariable) and fn.name in ("index", "count") \
+                and all(a.is_constant() for a in args) and obj.is_constant():
+            return ConstantVariable(getattr(obj.as_example(), fn.name)(*[a.as_example() for a in args]))
+        raise self.unsupported(f"method .{fn.name}() of {obj.describe()}",
+                               "mutating or calling methods of Python containers is not "
+                               "modelled yet")
+
+    def call_module(self, mv: NNModuleVariable, args, kwargs) -> VariableTracker:
+        mod = mv.module
+        hooks = (mod._forward_hooks or mod._forward_pre_hooks or
+                 torch.nn.modules.module._global_forward_hooks or
+                 torch.nn.modules.module._global_forward_pre_hooks)
+        if hooks:
+            raise self.unsupported(f"call to {type(mod).__name__} with forward hooks",
+                                   "hooks are not inlined yet")
+        if type(mod) is torch.nn.Sequential and not kwargs and len(args) == 1:
+            # Sequential.forward is a loop over children; unrolled here (children are static)
+            x = args[0]
+            for name in mod._modules:
+                x = self.call_function(self.load_module_attr(mv, name), [x], {})
+            return x
+        forward = inspect.getattr_static(type(mod), "forward")
+        if not isinstance(forward, types.FunctionType):
+            raise self.unsupported(f"{type(mod).__name__}.forward is not a Python function")
+        return self.inline_call(forward, [mv] + list(args), kwargs)
+
+    def inline_call(self, func: types.FunctionType, args: List[VariableTracker],
+                    kwargs: Dict[str, VariableTracker]) -> VariableTracker:
+        code = func.__code__
+        name = func.__qualname__
+        if code.co_flags & (inspect.CO_GENERATOR | inspect.CO_COROUTINE |
+                            inspect.CO_ASYNC_GENERATOR | inspect.CO_ITERABLE_COROUTINE):
+            raise self.unsupported(f"call to generator/coroutine function {name}")
+        if self.depth + 1 > MAX_INLINE_DEPTH:
+            raise self.unsupported(f"call to {name}: inlining depth limit {MAX_INLINE_DEPTH}")
+        try:
+            bound = inspect.signature(func).bind(*args, **kwargs)
+        except TypeError as e:
+            raise self.unsupported(f"call to {name}: {e}")
+        bound.apply_defaults()
+        sig = inspect.signature(func)
+        locals_: Dict[str, VariableTracker] = {}
+        for pname, value in bound.arguments.items():
+            kind = sig.parameters[pname].kind
+            if kind is inspect.Parameter.VAR_POSITIONAL:
+                value = TupleVariable([v for v in value])
+            elif kind is inspect.Parameter.VAR_KEYWORD:
+                value = DictVariable(dict(value))
+            elif not isinstance(value, VariableTracker):      # a default value
+                value = self.output.wrap(value, None)
+            locals_[pname] = value
+        glob_name = func.__globals__.get("__name__", "")
+        gsrc = None
+        if not _is_internal_module_name(glob_name):
+            gsrc = self.output.root_source(func.__globals__, "G_" + glob_name)
+        child = InstructionTranslator(self.output, func, locals_, {}, parent=self, globals_source=gsrc)
+        return child.run()
+
+    def call_with_stack_layout(self, argc: int, kw_names: Tuple[str, ...]):
+        """CALL's operands: [NULL, callable, args] / [callable, self, args] on 3.11-3.12,
+        [callable, NULL, args] / [callable, self, args] on 3.13."""
+        args = self.popn(argc)
+        a, b = self.popn(2)
+        if self.version >= (3, 13):
+            fn, self_or_null = a, b
+            if not isinstance(self_or_null, NullVariable):
+                args = [self_or_null] + args
+        else:
+            if isinstance(a, NullVariable):
+                fn = b
+            else:
+                fn, args = a, [b] + args
+        nkw = len(kw_names)
+        kwargs = dict(zip(kw_names, args[len(args) - nkw:])) if nkw else {}
+        pos = args[:len(args) - nkw] if nkw else args
+        self.push(self.call_function(fn, pos, kwargs))
+
+    def binary(self, sym: str, a: VariableTracker, b: VariableTracker) -> VariableTracker:
+        op = BINARY_OPS.get(sym) or COMPARE_OPS[sym]
+        if a.is_constant() and b.is_constant():
+            return ConstantVariable(op(a.as_example(), b.as_example()))
+        if isinstance(a, TensorVariable) or isinstance(b, TensorVariable):
+            return self.output.call("call_function", op, [a, b], {})
+        if isinstance(a, BaseListVariable) and isinstance(b, BaseListVariable) and sym in ("+", "+=") \
+                and type(a) is type(b):
+            return type(a)(a.items + b.items)
+        if isinstance(a, BaseListVariable) and isinstance(b, ConstantVariable) and sym == "*":
+            return type(a)(a.items * b.value)
+        if sym in ("==", "!=") and isinstance(a, NNModuleVariable):
+            same = isinstance(b, NNModuleVariable) and a.module is b.module
+            return ConstantVariable(same if sym == "==" else not same)
+        raise self.unsupported(f"operator {sym} on {a.describe()} and {b.describe()}")
+
+    def make_tuple(self, items):
+        return TupleVariable(items)
+
+    # ===================================================================================
+    # Opcode handlers. Each states the versions whose semantics it implements.
+    # ===================================================================================
+    @handles("NOP", "RESUME", "CACHE", "EXTENDED_ARG", "COPY_FREE_VARS", "MAKE_CELL")
+    def _nop(self, inst):
+        # COPY_FREE_VARS / MAKE_CELL: free variables are read through the function's cells
+        # (self.freevars), cell variables are plain locals until a closure is created, which
+        # is not supported yet (MAKE_FUNCTION has no handler).
+        pass
+
+    @handles("PRECALL", versions=[(3, 11)])
+    def _precall(self, inst):
+        pass
+
+    @handles("LOAD_FAST")
+    @handles("LOAD_FAST_CHECK", versions=[(3, 12), (3, 13)])
+    def _load_fast(self, inst):
+        self.push(self.load_local(inst.argval))
+
+    @handles("LOAD_FAST_AND_CLEAR", versions=[(3, 12), (3, 13)])
+    def _load_fast_and_clear(self, inst):
+        name = inst.argval
+        v = self.locals.pop(name, None) if name in self.locals else None
+        self.push(v if v is not None else NULL)
+
+    def _two_locals(self, inst) -> Tuple[str, str]:
+        """3.13's superinstructions pack two local indices: (oparg >> 4, oparg & 15).
+        dis resolves them to a pair of names; fall back to decoding the oparg ourselves."""
+        if isinstance(inst.argval, tuple) and len(inst.argval) == 2:
+            return inst.argval
+        names = self.code.co_varnames + self.code.co_cellvars + self.code.co_freevars
+        return names[inst.arg >> 4], names[inst.arg & 15]
+
+    @handles("LOAD_FAST_LOAD_FAST", versions=[(3, 13)])
+    def _load_fast_load_fast(self, inst):
+        first, second = self._two_locals(inst)
+        self.push(self.load_local(first))
+        self.push(self.load_local(second))
+
+    @handles("STORE_FAST")
+    def _store_fast(self, inst):
+        self.lazy_locals.pop(inst.argval, None)
+        self.locals[inst.argval] = self.pop()
+
+    @handles("STORE_FAST_LOAD_FAST", versions=[(3, 13)])
+    def _store_fast_load_fast(self, inst):
+        store, load = self._two_locals(inst)
+        self.lazy_locals.pop(store, None)
+        self.locals[store] = self.pop()
+        self.push(self.load_local(load))
+
+    @handles("STORE_FAST_STORE_FAST", versions=[(3, 13)])
+    def _store_fast_store_fast(self, inst):
+        first, second = self._two_locals(inst)   # TOS goes to the first name
+        for name in (first, second):
+            self.lazy_locals.pop(name, None)
+            self.locals[name] = self.pop()
+
+    @handles("DELETE_FAST")
+    def _delete_fast(self, inst):
+        self.locals.pop(inst.argval, None)
+        self.lazy_locals.pop(inst.argval, None)
+
+    @handles("LOAD_CONST")
+    def _load_const(self, inst):
+        self.push(ConstantVariable(inst.argval))
+
+    @handles("RETURN_VALUE")
+    def _return_value(self, inst):
+        self.return_value = self.pop()
+        raise _Return()
+
+    @handles("RETURN_CONST", versions=[(3, 12), (3, 13)])
+    def _return_const(self, inst):
+        self.return_value = ConstantVariable(inst.argval)
+        raise _Return()
+
+    @handles("LOAD_GLOBAL")
+    def _load_global(self, inst):
+        # low bit of the oparg: also push a NULL, before the global on 3.11/3.12 and after
+        # it on 3.13 (dis has already resolved argval to the name)
+        null = bool(inst.arg & 1)
+        if null and self.version < (3, 13):
+            self.push(NULL)
+        self.push(self.load_global(inst.argval))
+        if null and self.version >= (3, 13):
+            self.push(NULL)
+
+    @handles("LOAD_DEREF")
+    def _load_deref(self, inst):
+        name = inst.argval
+        if name in self.freevars:
+            cell = self.freevars[name]
+            src = None
+            if not _is_internal_module_name(self.f_globals.get("__name__", "")):
+                src = AttrSource(self.output.root_source(cell, f"CELL_{name}"), "cell_contents")
+            try:
+                value = cell.cell_contents
+            except ValueError:
+                raise self.unsupported(f"free variable {name!r} referenced before assignment")
+            self.push(self.output.wrap(value, src))
+        else:
+            self.push(self.load_local(name))        # a cell variable of this frame
+
+    @handles("STORE_DEREF")
+    def _store_deref(self, inst):
+        if inst.argval in self.freevars:
+            raise self.unsupported(f"assignment to free variable {inst.argval!r} (nonlocal)",
+                                   "side effects on enclosing scopes are not modelled yet")
+        self.locals[inst.argval] = self.pop()
+
+    @handles("LOAD_ATTR", versions=[(3, 11)])
+    def _load_attr_311(self, inst):
+        self.push(self.load_attr(self.pop(), inst.argval))
+
+    @handles("LOAD_METHOD", versions=[(3, 11)])
+    def _load_method_311(self, inst):
+        # CPython pushes [unbound method, self] or [NULL, attribute]; a bound-method variable
+        # behind a NULL means the same to CALL and keeps one representation.
+        obj = self.pop()
+        self.push(NULL)
+        self.push(self.load_attr(obj, inst.argval))
+
+    @handles("LOAD_ATTR", versions=[(3, 12), (3, 13)])
+    def _load_attr_312(self, inst):
+        # low bit set: a method load for a following CALL; 3.12 pushes [NULL|meth, attr|self],
+        # 3.13 pushes [attr|meth, NULL|self]
+        obj = self.pop()
+        attr = self.load_attr(obj, inst.argval)
+        if inst.arg & 1:
+            if self.version >= (3, 13):
+                self.push(attr)
+                self.push(NULL)
+            else:
+                self.push(NULL)
+                self.push(attr)
+        else:
+            self.push(attr)
+
+    @handles("PUSH_NULL")
+    def _push_null(self, inst):
+        self.push(NULL)
+
+    @handles("KW_NAMES", versions=[(3, 11), (3, 12)])
+    def _kw_names(self, inst):
+        names = inst.argval
+        if not isinstance(names, tuple):          # 3.11's dis does not resolve the const
+            names = self.code.co_consts[inst.arg]
+        self.kw_names = tuple(names)
+
+    @handles("CALL")
+    def _call(self, inst):
+        kw, self.kw_names = self.kw_names, ()
+        if self.version >= (3, 13):
+            kw = ()                               # 3.13 uses CALL_KW for keywords
+        self.call_with_stack_layout(inst.arg, kw)
+
+    @handles("CALL_KW", versions=[(3, 13)])
+    def _call_kw(self, inst):
+        names = self.pop()                        # a constant tuple of keyword names
+        self.call_with_stack_layout(inst.arg, tuple(names.as_example()))
+
+    @handles("CALL_FUNCTION_EX")
+    def _call_function_ex(self, inst):
+        kwargs = self.pop() if inst.arg & 1 else DictVariable({})
+        callargs = self.pop()
+        a, b = self.popn(2)
+        # 3.11/3.12: [NULL, func, args, kwargs]; 3.13: [func, NULL, args, kwargs]
+        fn = a if self.version >= (3, 13) else b
+        if not isinstance(kwargs, DictVariable) or not all(isinstance(k, str) for k in kwargs.items):
+            raise self.unsupported(f"**kwargs from {kwargs.describe()}")
+        self.push(self.call_function(fn, self.unpack(callargs), dict(kwargs.items)))
+
+    @handles("POP_TOP")
+    def _pop_top(self, inst):
+        self.pop()
+
+    @handles("COPY")
+    def _copy(self, inst):
+        self.push(self.stack[-inst.arg])
+
+    @handles("SWAP")
+    def _swap(self, inst):
+        i = inst.arg
+        self.stack[-1], self.stack[-i] = self.stack[-i], self.stack[-1]
+
+    @handles("BINARY_OP")
+    def _binary_op(self, inst):
+        b = self.pop()
+        a = self.pop()
+        self.push(self.binary(BINARY_OP_SYMBOLS[inst.arg], a, b))
+
+    @handles("COMPARE_OP")
+    def _compare_op(self, inst):
+        b = self.pop()
+        a = self.pop()
+        sym = _cmp_symbol(inst.argval)
+        if sym not in COMPARE_OPS:                 # an unresolved oparg: use the printed form
+            sym = _cmp_symbol(inst.argrepr)
+        self.push(self.binary(sym, a, b))
+
+    @handles("IS_OP")
+    def _is_op(self, inst):
+        b = self.pop()
+        a = self.pop()
+        if a.is_constant() and b.is_constant():
+            r = a.as_example() is b.as_example()
+        elif a is b:
+            r = True
+        elif isinstance(a, (TensorVariable, NNModuleVariable, BaseListVariable, DictVariable)) \
+                and b.is_constant() or isinstance(b, (TensorVariable, NNModuleVariable)) and a.is_constant():
+            r = False                          # a tensor/module is never None or a literal
+        elif isinstance(a, NNModuleVariable) and isinstance(b, NNModuleVariable):
+            r = a.module is b.module
+        else:
+            raise self.unsupported(f"'is' between {a.describe()} and {b.describe()}")
+        self.push(ConstantVariable(r != bool(inst.arg)))
+
+    @handles("CONTAINS_OP")
+    def _contains_op(self, inst):
+        container = self.pop()
+        item = self.pop()
+        if item.is_constant() and container.is_constant():
+            r = item.as_example() in container.as_example()
+        elif item.is_constant() and isinstance(container, DictVariable):
+            r = item.as_example() in container.items
+        else:
+            raise self.unsupported(f"'in' on {container.describe()}")
+        self.push(ConstantVariable(r != bool(inst.arg)))
+
+    def _unary(self, op, name):
+        v = self.pop()
+        if v.is_constant():
+            self.push(ConstantVariable(op(v.as_example())))
+        elif isinstance(v, TensorVariable):
+            self.push(self.output.call("call_function", op, [v], {}))
+        else:
+            raise self.unsupported(f"{name} of {v.describe()}")
+
+    @handles("UNARY_NEGATIVE")
+    def _unary_negative(self, inst):
+        self._unary(operator.neg, "unary -")
+
+    @handles("UNARY_INVERT")
+    def _unary_invert(self, inst):
+        self._unary(operator.invert, "unary ~")
+
+    @handles("UNARY_POSITIVE", versions=[(3, 11)])
+    def _unary_positive(self, inst):
+        self._unary(operator.pos, "unary +")
+
+    @handles("UNARY_NOT")
+    def _unary_not(self, inst):
+        v = self.pop()
+        self.push(ConstantVariable(not self.truth(v, "not")))
+
+    @handles("TO_BOOL", versions=[(3, 13)])
+    def _to_bool(self, inst):
+        v = self.pop()
+        self.push(ConstantVariable(self.truth(v, "TO_BOOL")))
+
+    @handles("CALL_INTRINSIC_1", versions=[(3, 12), (3, 13)])
+    def _call_intrinsic_1(self, inst):
+        if inst.argrepr == "INTRINSIC_LIST_TO_TUPLE":
+            v = self.pop()
+            self.push(TupleVariable(self.unpack(v)))
+        elif inst.argrepr == "INTRINSIC_UNARY_POSITIVE":
+            self._unary(operator.pos, "unary +")
+        else:
+            raise self.unsupported(f"CALL_INTRINSIC_1 {inst.argrepr}")
+
+    @handles("LIST_TO_TUPLE", versions=[(3, 11)])
+    def _list_to_tuple(self, inst):
+        self.push(TupleVariable(self.unpack(self.pop())))
+
+    # containers -----------------------------------------------------------------------
+    @handles("BUILD_TUPLE")
+    def _build_tuple(self, inst):
+        self.push(TupleVariable(self.popn(inst.arg)))
+
+    @handles("BUILD_LIST")
+    def _build_list(self, inst):
+        self.push(ListVariable(self.popn(inst.arg)))
+
+    @handles("LIST_EXTEND")
+    def _list_extend(self, inst):
+        v = self.pop()
+        lst = self.stack[-inst.arg]
+        if not isinstance(lst, ListVariable):
+            raise self.unsupported("LIST_EXTEND on a non-list")
+        # containers are immutable in the trace so far: replace instead of mutating
+        self.stack[-inst.arg] = ListVariable(lst.items + self.unpack(v))
+
+    @handles("LIST_APPEND")
+    def _list_append(self, inst):
+        v = self.pop()
+        lst = self.stack[-inst.arg]
+        self.stack[-inst.arg] = ListVariable(lst.items + [v])
+
+    @handles("BUILD_MAP")
+    def _build_map(self, inst):
+        flat = self.popn(2 * inst.arg)
+        keys, vals = flat[0::2], flat[1::2]
+        if not all(k.is_constant() for k in keys):
+            raise self.unsupported("dict with non-constant keys")
+        self.push(DictVariable({k.as_example(): v for k, v in zip(keys, vals)}))
+
+    @handles("BUILD_CONST_KEY_MAP")
+    def _build_const_key_map(self, inst):
+        keys = self.pop()
+        vals = self.popn(inst.arg)
+        self.push(DictVariable(dict(zip(keys.as_example(), vals))))
+
+    @handles("DICT_MERGE", "DICT_UPDATE")
+    def _dict_merge(self, inst):
+        v = self.pop()
+        d = self.stack[-inst.arg]
+        if not isinstance(v, DictVariable) or not isinstance(d, DictVariable):
+            raise self.unsupported(f"{inst.opname} with {v.describe()}")
+        self.stack[-inst.arg] = DictVariable({**d.items, **v.items})
+
+    @handles("BUILD_SLICE")
+    def _build_slice(self, inst):
+        parts = self.popn(inst.arg)
+        if all(p.is_constant() for p in parts):
+            self.push(ConstantVariable(slice(*[p.as_example() for p in parts])))
+        else:
+            self.push(SliceVariable(parts))
+
+    def subscript(self, obj: VariableTracker, idx: VariableTracker) -> VariableTracker:
+        if isinstance(obj, TensorVariable):
+            return self.output.call("call_function", operator.getitem, [obj, idx], {})
+        if isinstance(obj, BaseListVariable) and idx.is_constant():
+            i = idx.as_example()
+            if isinstance(i, slice):
+                return type(obj)(obj.items[i]) if not isinstance(obj, NamedTupleVariable) \
+                    else TupleVariable(obj.items[i])
+            return obj.items[i]
+        if isinstance(obj, DictVariable) and idx.is_constant():
+            return obj.items[idx.as_example()]
+        if isinstance(obj, ConstantVariable) and idx.is_constant():
+            return ConstantVariable(obj.value[idx.as_example()])
+        if isinstance(obj, NNModuleVariable) and idx.is_constant():
+            sub = obj.module[idx.as_example()]
+            if isinstance(sub, torch.nn.Module):
+                for key, m in obj.module._modules.items():
+                    if m is sub:
+                        return self.load_module_attr(obj, key)
+            raise self.unsupported(f"indexing {type(obj.module).__name__}")
+        raise self.unsupported(f"subscript of {obj.describe()} with {idx.describe()}")
+
+    @handles("BINARY_SUBSCR")
+    def _binary_subscr(self, inst):
+        idx = self.pop()
+        obj = self.pop()
+        self.push(self.subscript(obj, idx))
+
+    @handles("BINARY_SLICE", versions=[(3, 12), (3, 13)])
+    def _binary_slice(self, inst):
+        end = self.pop()
+        start = self.pop()
+        obj = self.pop()
+        if start.is_constant() and end.is_constant():
+            idx = ConstantVariable(slice(start.as_example(), end.as_example()))
+        else:
+            idx = SliceVariable([start, end])
+        self.push(self.subscript(obj, idx))
+
+    @handles("UNPACK_SEQUENCE")
+    def _unpack_sequence(self, inst):
+        items = self.unpack(self.pop(), inst.arg)
+        for v in reversed(items):
+            self.push(v)
+
+    @handles("UNPACK_EX")
+    def _unpack_ex(self, inst):
+        before, after = inst.arg & 0xFF, inst.arg >> 8
+        items = self.unpack(self.pop())
+        if len(items) < before + after:
+            raise self.unsupported("not enough values to unpack")
+        rest = ListVariable(items[before:len(items) - after])
+        out = items[:before] + [rest] + items[len(items) - after:]
+        for v in reversed(out):
+            self.push(v)
+
+    # branches on constants (a branch on a tensor is data-dependent: Unsupported) ------------
+    def _cond_jump(self, inst, jump_if: Callable[[VariableTracker], bool]):
+        v = self.pop()
+        if jump_if(v):
+            self.jump_to(inst)
+
+    def _is_none(self, v):
+        if isinstance(v, ConstantVariable):
+            return v.value is None
+        if isinstance(v, NullVariable):
+            return True
+        if isinstance(v, (TensorVariable, NNModuleVariable, BaseListVariable, DictVariable)):
+            return False
+        raise self.unsupported(f"'is None' on {v.describe()}")
+
+    @handles("POP_JUMP_FORWARD_IF_FALSE", "POP_JUMP_BACKWARD_IF_FALSE", versions=[(3, 11)])
+    @handles("POP_JUMP_IF_FALSE", versions=[(3, 12), (3, 13)])
+    def _pop_jump_if_false(self, inst):
+        self._cond_jump(inst, lambda v: not self.truth(v, inst.opname))
+
+    @handles("POP_JUMP_FORWARD_IF_TRUE", "POP_JUMP_BACKWARD_IF_TRUE", versions=[(3, 11)])
+    @handles("POP_JUMP_IF_TRUE", versions=[(3, 12), (3, 13)])
+    def _pop_jump_if_true(self, inst):
+        self._cond_jump(inst, lambda v: self.truth(v, inst.opname))
+
+    @handles("POP_JUMP_FORWARD_IF_NONE", "POP_JUMP_BACKWARD_IF_NONE", versions=[(3, 11)])
+    @handles("POP_JUMP_IF_NONE", versions=[(3, 12), (3, 13)])
+    def _pop_jump_if_none(self, inst):
+        self._cond_jump(inst, self._is_none)
+
+    @handles("POP_JUMP_FORWARD_IF_NOT_NONE", "POP_JUMP_BACKWARD_IF_NOT_NONE", versions=[(3, 11)])
+    @handles("POP_JUMP_IF_NOT_NONE", versions=[(3, 12), (3, 13)])
+    def _pop_jump_if_not_none(self, inst):
+        self._cond_jump(inst, lambda v: not self._is_none(v))
+
+    @handles("JUMP_IF_FALSE_OR_POP", versions=[(3, 11)])
+    def _jump_if_false_or_pop(self, inst):
+        if not self.truth(self.stack[-1], inst.opname):
+            self.jump_to(inst)
+        else:
+            self.pop()
+
+    @handles("JUMP_IF_TRUE_OR_POP", versions=[(3, 11)])
+    def _jump_if_true_or_pop(self, inst):
+        if self.truth(self.stack[-1], inst.opname):
+            self.jump_to(inst)
+        else:
+            self.pop()
+
+    @handles("JUMP_FORWARD", "JUMP_BACKWARD", "JUMP_BACKWARD_NO_INTERRUPT")
+    def _jump(self, inst):
+        self.jump_to(inst)           # backward jumps (loops) raise Unsupported
+
+
+class _UnboundTensorMethod(VariableTracker):
+    """`torch.Tensor.add` used as a function: a call_method node on its first argument."""
+
+    def __init__(self, name):
+        self.name = name
+
+
+# ----------------------------------------------------------------------------------------
+# Entry point
+# ----------------------------------------------------------------------------------------
+@dataclass
+class Capture:
+    gm: torch.fx.GraphModule
+    example_inputs: List[torch.Tensor]
+    get_inputs: Callable[[tuple, dict], List[torch.Tensor]]
+    build_output: Callable[[Sequence[torch.Tensor]], Any]
+    guard: Callable[[tuple, dict], bool]
+    guard_source: str
+    code: types.CodeType
+    get_inputs_source: str = ""
+    input_sources: Optional[List[str]] = None
+
+
+def _is_impure(node: torch.fx.Node) -> bool:
+    if node.op in ("placeholder", "output"):
+        return True
+    if node.op == "call_method":
+        name = str(node.target)
+        return (name.endswith("_") and not name.endswith("__")) or "out" in node.kwargs
+    if node.op == "call_function":
+        return node.target in INPLACE_OPERATORS or "out" in node.kwargs or node.is_impure()
+    return False
+
+
+def _flatten_output(tx: InstructionTranslator, v: VariableTracker, proxies: list):
+    """-> a template that `_rebuild` turns back into the Python return value."""
+    if isinstance(v, TensorVariable):
+        proxies.append(v.proxy)
+        return ("tensor", len(proxies) - 1)
+    if isinstance(v, ConstantVariable):
+        return ("const", v.value)
+    if isinstance(v, NamedTupleVariable):
+        return ("namedtuple", v.tuple_cls, [_flatten_output(tx, i, proxies) for i in v.items])
+    if isinstance(v, BaseListVariable):
+        return (v.python_type.__name__, None, [_flatten_output(tx, i, proxies) for i in v.items])
+    if isinstance(v, DictVariable):
+        return ("dict", None, [(k, _flatten_output(tx, i, proxies)) for k, i in v.items.items()])
+    if isinstance(v, NNModuleVariable):
+        return ("const", v.module)
+    raise tx.unsupported(f"returning {v.describe()}", "only tensors, constants and "
+                         "tuples/lists/dicts of them can be returned from a captured function")
+
+
+def _rebuild(t, outs):
+    kind = t[0]
+    if kind == "tensor":
+        return outs[t[1]]
+    if kind == "const":
+        return t[1]
+    if kind == "tuple":
+        return tuple(_rebuild(x, outs) for x in t[2])
+    if kind == "list":
+        return [_rebuild(x, outs) for x in t[2]]
+    if kind == "namedtuple":
+        return t[1]([_rebuild(x, outs) for x in t[2]])
+    if kind == "dict":
+        return {k: _rebuild(x, outs) for k, x in t[2]}
+    raise AssertionError(kind)
+
+
+def capture(fn, args: tuple, kwargs: dict) -> Capture:
+    """Trace ONE call of `fn(*args, **kwargs)` into an FX graph (see module docstring).
+
+    fn: a plain Python function or a bound method (e.g. `module.forward`); an nn.Module is
+    taken as its `forward`. Raises Unsupported on anything it cannot model."""
+    check_python_version()
+    kwargs = dict(kwargs or {})
+    if isinstance(fn, torch.nn.Module):
+        fn = fn.forward
+    func = fn.__func__ if isinstance(fn, types.MethodType) else fn
+    if not isinstance(func, types.FunctionType):
+        raise Unsupported(f"capture of {type(fn).__name__} {fn!r}",
+                          "only Python functions and bound methods have bytecode to trace")
+    code = func.__code__
+    if code.co_flags & (inspect.CO_GENERATOR | inspect.CO_COROUTINE | inspect.CO_ASYNC_GENERATOR):
+        raise Unsupported(f"capture of generator/coroutine {func.__qualname__}")
+    try:
+        binding, values = bind_arguments(fn, tuple(args), kwargs)
+    except TypeError as e:
+        raise Unsupported(f"arguments do not match {func.__qualname__}: {e}",
+                          "the eager call will raise the same error")
+    bound_self = LocalSource(code.co_varnames[0]) if isinstance(fn, types.MethodType) else None
+    output = OutputGraph(bound_self=bound_self)
+    output.guards.grad_mode()
+    gsrc = None
+    if not _is_internal_module_name(func.__globals__.get("__name__", "")):
+        output.guards.add_root("G", func.__globals__)
+        gsrc = RootSource("G")
+    lazy = {name: (value, LocalSource(name)) for name, value in values.items()}
+    tx = InstructionTranslator(output, func, {}, lazy, parent=None, globals_source=gsrc)
+    ret = tx.run()
+
+    proxies: list = []
+    output.tx = tx
+    template = _flatten_output(tx, ret, proxies)
+    output.graph.output(tuple(p.node for p in proxies))
+    # in-place ops have no users but must stay (FX's default DCE would drop them)
+    output.graph.eliminate_dead_code(is_impure_node=_is_impure)
+    # eliminate_dead_code keeps placeholders, so the inputs list stays aligned with them
+    gm = torch.fx.GraphModule(torch.nn.Module(), output.graph)
+    input_exprs = [s.expr() for s in output.input_sources]
+    guard, guard_src, get_inputs, inputs_src = output.guards.build(binding, input_exprs)
+
+    def build_output(outs: Sequence[torch.Tensor]):
+        return _rebuild(template, outs)
+
+    return Capture(gm=gm, example_inputs=list(output.input_examples), get_inputs=get_inputs,
+                   build_output=build_output, guard=guard, guard_source=guard_src, code=code,
+                   get_inputs_source=inputs_src, input_sources=input_exprs)

@@ -1,0 +1,71 @@
+"""Sources: where a value the trace read came from, as a Python expression.
+
+Takes: the path the interpreter followed to reach a value (a local of the captured frame, a
+global, an attribute, an item, a module's parameter). Hands on: an expression string over the
+guard's namespace (`L['x']`, `G['torch']`, `L['self']._modules['fc']._parameters['weight']`),
+the same spelling TorchDynamo uses, so that guards.py can generate one check function and
+`get_inputs` from the same strings, and placeholder names follow (`l_self_modules_fc_...`).
+
+Namespace roots: `L` is the dict of the captured frame's arguments (built from args/kwargs at
+call time), `G` the captured function's globals; anything else (another module's globals, a
+closure cell) is an object held by the generated function under a label chosen by the tracer.
+"""
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+
+class Source:
+    def expr(self) -> str:
+        raise NotImplementedError
+
+    def name(self) -> str:
+        """A Python identifier for graph placeholders: L['x'] -> l_x_ (TorchDynamo's style)."""
+        return re.sub(r"[^A-Za-z0-9]+", "_", self.expr()).lower()
+
+    def __str__(self) -> str:
+        return self.expr()
+
+
+@dataclass(frozen=True, eq=True)
+class LocalSource(Source):
+    local: str
+
+    def expr(self):
+        return f"L[{self.local!r}]"
+
+
+@dataclass(frozen=True, eq=True)
+class RootSource(Source):
+    """An object the guard holds directly under `label` (globals dicts, closure cells)."""
+    label: str
+
+    def expr(self):
+        return self.label
+
+
+@dataclass(frozen=True, eq=True)
+class AttrSource(Source):
+    base: Source
+    attr: str
+
+    def expr(self):
+        return f"{self.base.expr()}.{self.attr}"
+
+
+@dataclass(frozen=True, eq=True)
+class ItemSource(Source):
+    base: Source
+    index: object      # int or str (dict key / module name)
+
+    def expr(self):
+        return f"{self.base.expr()}[{self.index!r}]"
+
+
+def module_member_source(module_source: Source, kind: str, key: str) -> Source:
+    """`self.fc` -> L['self']._modules['fc'] (kind: _modules, _parameters or _buffers).
+
+    Reading the dicts directly skips nn.Module.__getattr__ in the guard and names placeholders
+    exactly as TorchDynamo does."""
+    return ItemSource(AttrSource(module_source, kind), key)

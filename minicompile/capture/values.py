@@ -1,0 +1,252 @@
+"""Symbolic values: what sits on the interpreter's stack and in its locals.
+
+Takes: real Python objects (wrapped by the tracer's `wrap`) and results of traced operations.
+Hands on: `VariableTracker`s the opcode handlers combine. Each knows
+  - `as_proxy()`:   what to put in an FX node's args (an fx.Proxy for tensors, the value for
+                    constants, containers of those);
+  - `as_example()`: the real value, so each traced op can be run on real example inputs (this
+                    is what TorchDynamo does with fake tensors; real tensors are fine here);
+  - `source`:       where it came from, if it came from outside the trace (for guards).
+
+A tensor is always a TensorVariable holding an fx.Proxy plus its example value; any other
+Python value the graph cannot hold must be a constant (specialized and guarded by value) or a
+container of variables. Anything else is a callable the interpreter knows how to call
+(user functions are inlined, torch functions become graph nodes, nn.Modules inline forward).
+"""
+from __future__ import annotations
+
+import types
+from typing import Any, Dict, List, Optional
+
+import torch
+import torch.fx
+
+from .sources import Source
+
+
+class VariableTracker:
+    source: Optional[Source] = None
+
+    def as_proxy(self):
+        raise NotImplementedError(type(self).__name__)
+
+    def as_example(self):
+        raise NotImplementedError(type(self).__name__)
+
+    def is_constant(self) -> bool:
+        return False
+
+    def describe(self) -> str:
+        return type(self).__name__
+
+
+class NullVariable(VariableTracker):
+    """The NULL that LOAD_GLOBAL/LOAD_ATTR/PUSH_NULL push next to a callable."""
+
+    def describe(self):
+        return "NULL"
+
+
+NULL = NullVariable()
+
+
+class TensorVariable(VariableTracker):
+    def __init__(self, proxy: torch.fx.Proxy, example: torch.Tensor, source: Optional[Source] = None):
+        self.proxy = proxy
+        self.example = example
+        self.source = source
+
+    @property
+    def node(self) -> torch.fx.Node:
+        return self.proxy.node
+
+    def as_proxy(self):
+        return self.proxy
+
+    def as_example(self):
+        return self.example
+
+    def describe(self):
+        return f"Tensor({self.node.name}, {tuple(self.example.shape)}, {self.example.dtype})"
+
+
+# Python values that are baked into the graph as literals (specialized, guarded by value).
+CONSTANT_TYPES = (int, float, bool, str, type(None), complex, torch.dtype, torch.device,
+                  torch.layout, torch.memory_format, torch.Size, slice, type(Ellipsis),
+                  type(NotImplemented))
+
+
+def is_constant_value(v) -> bool:
+    if isinstance(v, (tuple, frozenset)) and not isinstance(v, torch.Size):
+        return all(is_constant_value(x) for x in v)
+    return isinstance(v, CONSTANT_TYPES)
+
+
+class ConstantVariable(VariableTracker):
+    def __init__(self, value, source: Optional[Source] = None):
+        self.value = value
+        self.source = source
+
+    def as_proxy(self):
+        return self.value
+
+    def as_example(self):
+        return self.value
+
+    def is_constant(self):
+        return True
+
+    def describe(self):
+        return f"Constant({self.value!r})"
+
+
+class BaseListVariable(VariableTracker):
+    python_type = list
+
+    def __init__(self, items: List[VariableTracker], source: Optional[Source] = None):
+        self.items = list(items)
+        self.source = source
+
+    def as_proxy(self):
+        return self.python_type(i.as_proxy() for i in self.items)
+
+    def as_example(self):
+        return self.python_type(i.as_example() for i in self.items)
+
+    def is_constant(self):
+        return all(i.is_constant() for i in self.items)
+
+    def describe(self):
+        return f"{self.python_type.__name__}[{', '.join(i.describe() for i in self.items)}]"
+
+
+class TupleVariable(BaseListVariable):
+    python_type = tuple
+
+
+class ListVariable(BaseListVariable):
+    python_type = list
+
+
+class NamedTupleVariable(TupleVariable):
+    """A structseq / namedtuple result such as torch.return_types.max (fields by name)."""
+
+    def __init__(self, items, tuple_cls, source=None):
+        super().__init__(items, source)
+        self.tuple_cls = tuple_cls
+
+    def field_index(self, name: str) -> Optional[int]:
+        # namedtuples have _fields; torch.return_types structseqs have __match_args__
+        fields = getattr(self.tuple_cls, "_fields", None) or getattr(self.tuple_cls, "__match_args__", ())
+        return list(fields).index(name) if name in fields else None
+
+
+class DictVariable(VariableTracker):
+    def __init__(self, items: Dict[Any, VariableTracker], source: Optional[Source] = None):
+        self.items = dict(items)      # keys are Python constants
+        self.source = source
+
+    def as_proxy(self):
+        return {k: v.as_proxy() for k, v in self.items.items()}
+
+    def as_example(self):
+        return {k: v.as_example() for k, v in self.items.items()}
+
+    def describe(self):
+        return "dict{" + ", ".join(f"{k!r}: {v.describe()}" for k, v in self.items.items()) + "}"
+
+
+class CallableVariable(VariableTracker):
+    """Something the interpreter can call; `value` is the real callable."""
+
+    def __init__(self, value, source: Optional[Source] = None):
+        self.value = value
+        self.source = source
+
+    def as_example(self):
+        return self.value
+
+    def describe(self):
+        return f"{type(self).__name__}({getattr(self.value, '__qualname__', self.value)!r})"
+
+
+class UserFunctionVariable(CallableVariable):
+    """A plain Python function written by the user: calls are inlined."""
+
+
+class TorchFunctionVariable(CallableVariable):
+    """A torch.* / torch.nn.functional.* / operator.* callable: a call becomes one FX node."""
+
+    def as_proxy(self):
+        return self.value
+
+
+class BuiltinVariable(CallableVariable):
+    """A Python builtin (len, isinstance, getattr, ...), modelled case by case."""
+
+
+class TypeVariable(CallableVariable):
+    """A class (tuple, list, dict, torch.Size, a user class): modelled case by case."""
+
+
+class PythonModuleVariable(CallableVariable):
+    """An imported Python module (torch, torch.nn.functional, math): attribute reads only."""
+
+
+class NNModuleVariable(VariableTracker):
+    """An nn.Module instance; calling it inlines its forward (parameters become placeholders)."""
+
+    def __init__(self, module: torch.nn.Module, source: Optional[Source]):
+        self.module = module
+        self.source = source
+
+    def as_example(self):
+        return self.module
+
+    def describe(self):
+        return f"NNModule({type(self.module).__name__})"
+
+
+class TensorMethodVariable(VariableTracker):
+    """`x.sum` before the call: calling it emits a call_method node."""
+
+    def __init__(self, tensor: TensorVariable, name: str):
+        self.tensor = tensor
+        self.name = name
+
+    def describe(self):
+        return f"TensorMethod({self.name})"
+
+
+class BoundMethodVariable(VariableTracker):
+    """`obj.method` for a Python-level method of a module or object: inlined with self bound."""
+
+    def __init__(self, func, self_var: VariableTracker, source: Optional[Source] = None):
+        self.func = func
+        self.self_var = self_var
+        self.source = source
+
+    def describe(self):
+        return f"BoundMethod({getattr(self.func, '__qualname__', self.func)})"
+
+
+class ConstantMethodVariable(VariableTracker):
+    """A method of a constant/container (e.g. `shape.numel`, `d.items`): evaluated in Python."""
+
+    def __init__(self, obj: VariableTracker, name: str):
+        self.obj = obj
+        self.name = name
+
+
+class SliceVariable(VariableTracker):
+    """slice(a, b, c) whose parts are not all constants (never occurs with static shapes,
+    kept so BUILD_SLICE always has a result)."""
+
+    def __init__(self, parts: List[VariableTracker]):
+        self.parts = parts
+
+    def as_proxy(self):
+        return slice(*[p.as_proxy() for p in self.parts])
+
+    def as_example(self):
+        return slice(*[p.as_example() for p in self.parts])

@@ -1,0 +1,212 @@
+"""C++ code generation for CPU tensors: one C++ function per fused kernel.
+
+Takes fusion `Kernel`s; hands the wrapper callables loaded from a shared library.
+
+Shape of a kernel: OpenMP splits the outer loops across cores (`#pragma omp parallel for`),
+the innermost loop is written so the compiler vectorizes it (`#pragma omp simd`); half
+precision is loaded into float and rounded once when stored. All kernels of a graph go into one
+translation unit, compiled once by the system's C++ compiler and loaded with ctypes (no Python
+build step), and cached on disk by the hash of the source and the compiler command.
+"""
+from __future__ import annotations
+
+import ctypes
+import hashlib
+import math
+import os
+import subprocess
+import tempfile
+
+import torch
+
+from .. import config, ir
+from ..ir import Index, use_ops
+from .common import KernelWriter, plan_loops, reduction_identity
+
+CTYPES = {torch.float32: "float", torch.float64: "double", torch.float16: "_Float16",
+          torch.bfloat16: None, torch.int64: "int64_t", torch.int32: "int32_t",
+          torch.int16: "int16_t", torch.int8: "int8_t", torch.uint8: "uint8_t", torch.bool: "bool"}
+
+PRELUDE = r"""
+#include <cmath>
+#include <cstdint>
+#include <limits>
+// NaN-propagating helpers, as PyTorch's maximum/minimum/relu behave.
+template <typename T> static inline T mc_max(T a, T b) { return (a != a || a > b) ? a : b; }
+template <typename T> static inline T mc_min(T a, T b) { return (a != a || a < b) ? a : b; }
+template <typename T> static inline T mc_relu(T a) { return a < T(0) ? T(0) : a; }
+template <typename T> static inline T mc_sigmoid(T a) { return T(1) / (T(1) + std::exp(-a)); }
+"""
+
+
+class KernelCompileError(RuntimeError):
+    """A generated kernel failed to compile: the message names the compiler and its error."""
+
+
+class CppWriter(KernelWriter):
+    OPS = {
+        "add": "({0} + {1})", "sub": "({0} - {1})", "mul": "({0} * {1})", "truediv": "({0} / {1})",
+        "pow": "std::pow({0}, {1})", "maximum": "mc_max({0}, {1})", "minimum": "mc_min({0}, {1})",
+        "eq": "({0} == {1})", "ne": "({0} != {1})", "lt": "({0} < {1})", "le": "({0} <= {1})",
+        "gt": "({0} > {1})", "ge": "({0} >= {1})", "logical_and": "({0} && {1})",
+        "logical_or": "({0} || {1})", "logical_not": "(!{0})", "neg": "(-{0})",
+        "abs": "std::abs({0})", "relu": "mc_relu({0})", "exp": "std::exp({0})", "log": "std::log({0})",
+        "sqrt": "std::sqrt({0})", "rsqrt": "(1 / std::sqrt({0}))", "sin": "std::sin({0})",
+        "cos": "std::cos({0})", "tanh": "std::tanh({0})", "sigmoid": "mc_sigmoid({0})",
+        "erf": "std::erf({0})", "reciprocal": "(1 / {0})", "floor": "std::floor({0})",
+        "ceil": "std::ceil({0})", "isnan": "({0} != {0})", "where": "({0} ? {1} : {2})",
+    }
+
+    def assign(self, var, expr):
+        return f"auto {var} = {expr};"
+
+    def load_expr(self, name, index, dtype):
+        value = f"{self.arg_name(name)}[{index.render('/')}]"
+        cd = ir.compute_dtype(dtype)
+        return f"static_cast<{ctype(cd)}>({value})" if cd != dtype else value
+
+    def constant_expr(self, value, dtype):
+        t = ctype(dtype)
+        if isinstance(value, float) and math.isinf(value):
+            return f"(-std::numeric_limits<{t}>::infinity())" if value < 0 else f"std::numeric_limits<{t}>::infinity()"
+        if isinstance(value, float) and math.isnan(value):
+            return f"std::numeric_limits<{t}>::quiet_NaN()"
+        if dtype == torch.bool:
+            return "true" if value else "false"
+        return f"static_cast<{t}>({value!r})"
+
+    def cast_expr(self, x, dtype):
+        return f"static_cast<{ctype(dtype)}>({x})"
+
+
+def ctype(dtype: torch.dtype) -> str:
+    t = CTYPES.get(dtype)
+    if t is None:
+        raise NotImplementedError(f"no C++ kernels for {dtype} yet")
+    return t
+
+
+def kernel_source(kernel, buffers: dict[str, ir.IRNode]) -> tuple[str, list[str]]:
+    """C++ source of one kernel, and the names of the buffers it takes (inputs, then output)."""
+    box = kernel.box
+    comp = box.computation
+    plan = plan_loops(box, ir.contiguous_strides(box.shape))
+    writer = CppWriter(plan, buffers)
+    x_idx = [Index.var(f"i{d}") for d in range(len(comp.shape))]
+    store = plan.apply(ir.flat_index(x_idx, ir.contiguous_strides(box.shape)))
+    out_t = ctype(box.dtype)
+    xs = list(zip(plan.x_vars, plan.x_sizes))
+    rs = list(zip(plan.r_vars, plan.r_sizes))
+    numel = math.prod(plan.x_sizes) * max(1, math.prod(plan.r_sizes))
+    parallel_if = f"if({numel} >= 32768)"
+    body: list[str] = []
+
+    with use_ops(writer):
+        if isinstance(comp, ir.Reduction):
+            r_idx = [Index.var(f"r{d}") for d in range(len(comp.reduction_ranges))]
+            value = comp.inner_fn(x_idx, r_idx)
+            acc_t = ctype(comp.src_dtype)
+            init = writer.constant_expr(reduction_identity(comp.reduction_type, comp.src_dtype), comp.src_dtype)
+            combine, omp_op = {
+                "sum": ("acc = acc + {v};", "+"), "mean": ("acc = acc + {v};", "+"),
+                "prod": ("acc = acc * {v};", "*"),
+                "max": ("acc = {v} > acc ? {v} : acc; nan_seen |= ({v} != {v});", "max"),
+                "min": ("acc = {v} < acc ? {v} : acc; nan_seen |= ({v} != {v});", "min"),
+            }[comp.reduction_type]
+            inner = [f"    {line}" for line in writer.lines] + [f"    {combine.format(v=value)}"]
+            clauses = f"reduction({omp_op}:acc) reduction(|:nan_seen)"
+            loops = _nest(rs, inner, innermost_pragma=f"#pragma omp simd {clauses}",
+                          outer_pragma=(f"#pragma omp parallel for {clauses} {parallel_if}" if not xs else None))
+            result = "acc"
+            if comp.reduction_type == "mean":
+                result = f"(acc / static_cast<{acc_t}>({comp.rnumel()}))"
+            if comp.reduction_type in ("max", "min") and comp.src_dtype.is_floating_point:
+                result = f"(nan_seen ? std::numeric_limits<{acc_t}>::quiet_NaN() : {result})"
+            body = [f"{acc_t} acc = {init};", "int nan_seen = 0;", *loops,
+                    f"out_ptr0[{store.render('/')}] = static_cast<{out_t}>({result});"]
+            body = _nest(xs, body, innermost_pragma=None,
+                         outer_pragma=f"#pragma omp parallel for {parallel_if}", collapse=True)
+        else:
+            value = comp.inner_fn(x_idx)
+            inner = writer.lines + [f"out_ptr0[{store.render('/')}] = static_cast<{out_t}>({value});"]
+            if len(xs) <= 1:
+                body = _nest(xs, inner, innermost_pragma=f"#pragma omp parallel for simd {parallel_if}")
+            else:
+                inner_loop = _nest(xs[-1:], inner, innermost_pragma="#pragma omp simd")
+                body = _nest(xs[:-1], inner_loop, innermost_pragma=None,
+                             outer_pragma=f"#pragma omp parallel for {parallel_if}", collapse=True)
+
+    params = [f"const {ctype(buffers[n].dtype)}* __restrict__ in_ptr{i}" for i, n in enumerate(writer.args)]
+    params.append(f"{out_t}* __restrict__ out_ptr0")
+    lines = [f'extern "C" void {kernel.name}({", ".join(params)}) {{']
+    lines += ["    " + line for line in body] + ["}"]
+    return "\n".join(lines), writer.args + [box.name]
+
+
+def _nest(loops, body, innermost_pragma=None, outer_pragma=None, collapse=False):
+    """Nested for-loops over (var, size) pairs around body lines."""
+    if not loops:
+        return list(body)
+    lines = list(body)
+    for depth, (var, size) in enumerate(reversed(loops)):
+        is_outer = depth == len(loops) - 1
+        head = [f"for (int64_t {var} = 0; {var} < {size}; {var}++) {{"]
+        pragma = None
+        if depth == 0 and innermost_pragma:
+            pragma = innermost_pragma
+        if is_outer and outer_pragma:
+            pragma = outer_pragma + (f" collapse({len(loops)})" if collapse and len(loops) > 1 else "")
+        if pragma:
+            head.insert(0, pragma)
+        lines = head + ["    " + line for line in lines] + ["}"]
+    return lines
+
+
+def compile_library(source: str) -> ctypes.CDLL:
+    """Compile a translation unit to a shared library (cached by hash) and load it."""
+    command = [config.cxx, *config.cxx_flags]
+    key = hashlib.sha256((source + "\0" + " ".join(command)).encode()).hexdigest()[:24]
+    directory = os.path.join(config.cache_dir, "cpp")
+    os.makedirs(directory, exist_ok=True)
+    lib_path = os.path.join(directory, f"k{key}.so")
+    if not os.path.exists(lib_path):
+        src_path = os.path.join(directory, f"k{key}.cpp")
+        with open(src_path, "w") as f:
+            f.write(source)
+        fd, tmp_lib = tempfile.mkstemp(suffix=".so", dir=directory)
+        os.close(fd)
+        try:
+            proc = subprocess.run([*command, src_path, "-o", tmp_lib], capture_output=True, text=True)
+        except FileNotFoundError:
+            raise KernelCompileError(
+                f"the C++ compiler '{config.cxx}' was not found: install g++ (or set CXX), "
+                "or run on a GPU, or use minicompile.config.cpu_backend = 'triton'") from None
+        if proc.returncode != 0:
+            os.unlink(tmp_lib)
+            raise KernelCompileError(
+                f"C++ kernel failed to compile with `{' '.join(command)}` ({src_path}):\n"
+                + "\n".join(proc.stderr.splitlines()[:20]))
+        os.replace(tmp_lib, lib_path)       # atomic: parallel processes never load half a file
+    return ctypes.CDLL(lib_path)
+
+
+def generate(kernels, buffers) -> tuple[str, dict]:
+    """Source of all kernels of a graph, and {kernel name: argument buffer names}."""
+    parts, signatures = [PRELUDE], {}
+    for kernel in kernels:
+        src, args = kernel_source(kernel, buffers)
+        parts.append(src)
+        signatures[kernel.name] = args
+    return "\n\n".join(parts) + "\n", signatures
+
+
+def load(source: str, signatures: dict) -> dict:
+    """{kernel name: C function taking data pointers} from compiled source."""
+    lib = compile_library(source)
+    out = {}
+    for name, args in signatures.items():
+        fn = getattr(lib, name)
+        fn.argtypes = [ctypes.c_void_p] * len(args)
+        fn.restype = None
+        out[name] = fn
+    return out

@@ -1,0 +1,220 @@
+"""Triton code generation for GPU tensors (and for CPU tensors through Triton's interpreter).
+
+Takes fusion `Kernel`s; hands the wrapper `@triton.jit` functions and their launch settings.
+
+Pointwise kernels are flat: each program handles XBLOCK consecutive output elements and
+recovers the per-dimension indices with `//` and `%` (only for dimensions that could not be
+merged). Reductions are 2-D blocks, XBLOCK rows by RBLOCK reduction elements: *persistent*
+(the whole row in one block) when the row is short, *looped* (accumulate RBLOCK at a time)
+when it is long. Values are computed in float32 for half inputs and rounded when stored.
+"""
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import math
+import os
+import sys
+
+import torch
+
+from .. import config, ir
+from ..ir import Index, use_ops
+from .common import KernelWriter, plan_loops, reduction_identity
+
+TL_TYPES = {torch.float32: "tl.float32", torch.float16: "tl.float16", torch.bfloat16: "tl.bfloat16",
+            torch.float64: "tl.float64", torch.int64: "tl.int64", torch.int32: "tl.int32",
+            torch.int16: "tl.int16", torch.int8: "tl.int8", torch.uint8: "tl.uint8", torch.bool: "tl.int1"}
+
+PERSISTENT_RBLOCK_LIMIT = 4096      # rows up to this many elements are reduced in registers
+
+
+def import_triton():
+    """Import triton; on a machine without a GPU, switch on its interpreter first (it must be
+    set before triton is imported, so the error says so when it is too late)."""
+    if not torch.cuda.is_available():
+        if "triton" in sys.modules and os.environ.get("TRITON_INTERPRET") != "1":
+            raise RuntimeError("Triton kernels on a CPU need Triton's interpreter: set the "
+                               "environment variable TRITON_INTERPRET=1 before triton is imported")
+        os.environ["TRITON_INTERPRET"] = "1"
+    try:
+        import triton
+    except ImportError:
+        raise RuntimeError("Triton is not installed: `pip install triton` (it comes with PyTorch's "
+                           "CUDA builds), or use the C++ backend on a CPU") from None
+    return triton
+
+
+class TritonWriter(KernelWriter):
+    OPS = {
+        "add": "({0} + {1})", "sub": "({0} - {1})", "mul": "({0} * {1})", "truediv": "({0} / {1})",
+        "pow": "tl.exp(tl.log({0}) * {1})",
+        "maximum": "tl.where(({0} != {0}) | ({0} > {1}), {0}, {1})",
+        "minimum": "tl.where(({0} != {0}) | ({0} < {1}), {0}, {1})",
+        "eq": "({0} == {1})", "ne": "({0} != {1})", "lt": "({0} < {1})", "le": "({0} <= {1})",
+        "gt": "({0} > {1})", "ge": "({0} >= {1})", "logical_and": "({0} & {1})",
+        "logical_or": "({0} | {1})", "logical_not": "({0} == 0)", "neg": "(-{0})",
+        "abs": "tl.abs({0})", "relu": "tl.where({0} < 0, 0, {0})", "exp": "tl.exp({0})",
+        "log": "tl.log({0})", "sqrt": "tl.sqrt({0})", "rsqrt": "tl.rsqrt({0})", "sin": "tl.sin({0})",
+        "cos": "tl.cos({0})", "tanh": "(2 * tl.sigmoid(2 * {0}) - 1)", "sigmoid": "tl.sigmoid({0})",
+        "erf": "tl.erf({0})", "reciprocal": "(1 / {0})", "floor": "tl.floor({0})",
+        "ceil": "tl.ceil({0})", "isnan": "({0} != {0})", "where": "tl.where({0}, {1}, {2})",
+    }
+
+    def __init__(self, plan, buffers, mask: str):
+        super().__init__(plan, buffers)
+        self.mask = mask
+
+    def assign(self, var, expr):
+        return f"{var} = {expr}"
+
+    def load_expr(self, name, index, dtype):
+        if index.variables():
+            value = f"tl.load({self.arg_name(name)} + ({index.render('//')}), {self.mask}, other=0)"
+        else:   # one element for every lane: a scalar load (a block mask needs a block pointer)
+            value = f"tl.load({self.arg_name(name)} + {index.render('//')})"
+        cd = ir.compute_dtype(dtype)
+        return f"{value}.to({TL_TYPES[cd]})" if cd != dtype else value
+
+    def constant_expr(self, value, dtype):
+        if isinstance(value, float) and (math.isinf(value) or math.isnan(value)):
+            return f"float('{value}')"
+        if dtype == torch.bool:
+            return "1" if value else "0"
+        if dtype == torch.float64 or not dtype.is_floating_point:
+            return f"tl.full([1], {value!r}, {TL_TYPES[dtype]})"
+        return repr(float(value))
+
+    def cast_expr(self, x, dtype):
+        return f"({x}).to({TL_TYPES[dtype]})"
+
+
+def _decompose(flat: str, names: list[str], sizes: list[int]) -> list[str]:
+    """Lines recovering per-dimension variables from a flat index (innermost last)."""
+    lines, stride = [], 1
+    for k in range(len(names) - 1, -1, -1):
+        expr = flat if stride == 1 else f"({flat} // {stride})"
+        if k > 0:
+            expr = f"{expr} % {sizes[k]}"
+        lines.append(f"{names[k]} = {expr}")
+        stride *= sizes[k]
+    return lines[::-1]
+
+
+def kernel_source(kernel, buffers):
+    """Source of one @triton.jit kernel, its buffer arguments and launch settings."""
+    box = kernel.box
+    comp = box.computation
+    plan = plan_loops(box, ir.contiguous_strides(box.shape))
+    x_idx = [Index.var(f"i{d}") for d in range(len(comp.shape))]
+    store = plan.apply(ir.flat_index(x_idx, ir.contiguous_strides(box.shape)))
+    store_text = store.render("//") if store.variables() else f"{store.render('//')} + 0 * xindex"
+    xnumel = math.prod(plan.x_sizes)
+    out_tl = TL_TYPES[box.dtype]
+    big = max(xnumel * max(1, math.prod(plan.r_sizes)), _largest_offset(buffers)) >= 2**31
+    pid = "tl.program_id(0).to(tl.int64)" if big else "tl.program_id(0)"
+
+    if isinstance(comp, ir.Reduction):
+        rnumel = math.prod(plan.r_sizes)
+        writer = TritonWriter(plan, buffers, "xmask & rmask")
+        r_idx = [Index.var(f"r{d}") for d in range(len(comp.reduction_ranges))]
+        with use_ops(writer):
+            value = comp.inner_fn(x_idx, r_idx)
+        persistent = rnumel <= PERSISTENT_RBLOCK_LIMIT
+        rblock = _next_pow2(rnumel) if persistent else 1024
+        xblock = max(1, min(_next_pow2(xnumel), 4096 // rblock if persistent else 1))
+        num_warps = 8 if rblock >= 2048 else 4 if rblock >= 256 else 2
+        acc_tl = TL_TYPES[comp.src_dtype]
+        init = reduction_identity(comp.reduction_type, comp.src_dtype)
+        init = f"float('{init}')" if isinstance(init, float) and math.isinf(init) else repr(init)
+        reduce_fn = {"sum": "tl.sum", "mean": "tl.sum", "max": "tl.max", "min": "tl.min"}.get(comp.reduction_type)
+        if reduce_fn is None:
+            raise NotImplementedError(f"Triton reduction '{comp.reduction_type}'")
+        combine = {"sum": "acc + {v}", "mean": "acc + {v}",
+                   "max": "tl.where(({v} != {v}) | ({v} > acc), {v}, acc)",
+                   "min": "tl.where(({v} != {v}) | ({v} < acc), {v}, acc)"}[comp.reduction_type]
+        head = [f"xindex = {pid} * XBLOCK + tl.arange(0, XBLOCK)[:, None]", "xmask = xindex < xnumel",
+                *_decompose("xindex", plan.x_vars, plan.x_sizes), "rbase = tl.arange(0, RBLOCK)[None, :]"]
+        rvars = [*_decompose("rindex", plan.r_vars, plan.r_sizes), "rmask = rindex < rnumel"]
+        masked = f"tl.where(xmask & rmask, {value}, {init})"
+        if persistent:
+            body = head + ["rindex = rbase", *rvars, *writer.lines,
+                           f"result = {reduce_fn}({masked}.to({acc_tl}), 1)[:, None]"]
+        else:
+            body = head + [f"acc = tl.full([XBLOCK, RBLOCK], {init}, {acc_tl})",
+                           "for roffset in range(0, rnumel, RBLOCK):",
+                           *["    " + line for line in ["rindex = roffset + rbase", *rvars, *writer.lines,
+                                                        f"v = {masked}.to({acc_tl})",
+                                                        f"acc = {combine.format(v='v')}"]],
+                           f"result = {reduce_fn}(acc, 1)[:, None]"]
+        if comp.reduction_type == "mean":
+            body.append(f"result = result / {rnumel}")
+        body.append(f"tl.store(out_ptr0 + ({store_text}), result.to({out_tl}), xmask)")
+        # rnumel is a compile-time constant: sizes are static for now, and Triton's interpreter
+        # (with NumPy 2) cannot use a run-time scalar as a loop bound
+        params = ["xnumel", "rnumel: tl.constexpr", "XBLOCK: tl.constexpr", "RBLOCK: tl.constexpr"]
+        launch = {"xnumel": xnumel, "rnumel": rnumel, "XBLOCK": xblock, "RBLOCK": rblock,
+                  "num_warps": num_warps, "grid": math.ceil(xnumel / xblock)}
+    else:
+        writer = TritonWriter(plan, buffers, "xmask")
+        with use_ops(writer):
+            value = comp.inner_fn(x_idx)
+        if value in writer.constants:      # a constant output still needs a block of values
+            value = f"tl.full([XBLOCK], {value}, {out_tl})"
+        xblock, num_warps = _pointwise_config(xnumel)
+        body = [f"xindex = {pid} * XBLOCK + tl.arange(0, XBLOCK)", "xmask = xindex < xnumel",
+                *_decompose("xindex", plan.x_vars, plan.x_sizes), *writer.lines,
+                f"tl.store(out_ptr0 + ({store_text}), ({value}).to({out_tl}), xmask)"]
+        params = ["xnumel", "XBLOCK: tl.constexpr"]
+        launch = {"xnumel": xnumel, "XBLOCK": xblock, "num_warps": num_warps,
+                  "grid": math.ceil(xnumel / xblock)}
+    args = [f"in_ptr{i}" for i in range(len(writer.args))] + ["out_ptr0"]
+    lines = ["@triton.jit", f"def {kernel.name}({', '.join(args + params)}):"]
+    lines += ["    " + line for line in body]
+    return "\n".join(lines), writer.args + [box.name], launch
+
+
+def _pointwise_config(xnumel: int) -> tuple[int, int]:
+    """Block size and warps: large blocks for large tensors (fewer, fuller programs), small for
+    small ones (enough programs to fill the GPU)."""
+    if xnumel >= 2**22:
+        return 2048, 8
+    if xnumel >= 2**16:
+        return 1024, 4
+    return max(16, min(1024, _next_pow2(xnumel))), 4 if xnumel >= 1024 else 1
+
+
+def _next_pow2(n: int) -> int:
+    return 1 << max(0, (n - 1).bit_length())
+
+
+def _largest_offset(buffers) -> int:
+    return max([math.prod(b.shape) for b in buffers.values()] + [0])
+
+
+def generate(kernels, buffers) -> tuple[str, dict]:
+    parts = ["import triton", "import triton.language as tl", ""]
+    meta = {}
+    for kernel in kernels:
+        src, args, launch = kernel_source(kernel, buffers)
+        parts += [src, ""]
+        meta[kernel.name] = (args, launch)
+    return "\n".join(parts) + "\n", meta
+
+
+def load(source: str, meta: dict) -> dict:
+    """Write the module to the cache (Triton reads a kernel's source from its file) and import it."""
+    import_triton()
+    key = hashlib.sha256(source.encode()).hexdigest()[:24]
+    directory = os.path.join(config.cache_dir, "triton")
+    os.makedirs(directory, exist_ok=True)
+    path = os.path.join(directory, f"k{key}.py")
+    if not os.path.exists(path):
+        tmp = f"{path}.{os.getpid()}.tmp"
+        with open(tmp, "w") as f:
+            f.write(source)
+        os.replace(tmp, path)
+    spec = importlib.util.spec_from_file_location(f"minicompile_triton_{key}", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return {name: getattr(module, name) for name in meta}

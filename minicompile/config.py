@@ -1,0 +1,19 @@
+"""Settings read by every stage. Change them as attributes: `minicompile.config.recompile_limit = 4`."""
+import os
+
+# After this many compiled entries for one code object, the frame runs eagerly (with a warning),
+# as in torch.compile (torch._dynamo.config.recompile_limit).
+recompile_limit = 8
+
+# Kernels for CPU tensors: "cpp" (C++ with OpenMP, the default) or "triton" (through Triton's
+# interpreter: slow, but it runs the exact Triton code a GPU would get).
+cpu_backend = os.environ.get("MINICOMPILE_CPU_BACKEND", "cpp")
+
+# Where compiled C++ libraries and generated Triton modules are cached, keyed by source hash.
+cache_dir = os.environ.get("MINICOMPILE_CACHE_DIR",
+                           os.path.join(os.path.expanduser("~"), ".cache", "minicompile"))
+
+# The C++ compiler and its flags (OpenMP for the outer loop; the inner loop is vectorized).
+cxx = os.environ.get("CXX", "g++")
+cxx_flags = ["-O3", "-march=native", "-fopenmp", "-fno-math-errno", "-fno-trapping-math",
+             "-shared", "-fPIC", "-std=c++17"]

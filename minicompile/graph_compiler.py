@@ -1,0 +1,28 @@
+"""The backend half of minicompile: an FX graph and example inputs -> a compiled callable.
+
+This is the contract between capture and code generation, and it is torch.compile's own
+backend contract, so `torch.compile(f, backend=minicompile.backend)` runs real TorchDynamo with
+minicompile's lowering, fusion and kernels.
+
+    gm, example_inputs --lower--> Program --fusion.schedule--> steps --wrapper.build--> callable
+"""
+from __future__ import annotations
+
+import torch
+
+from . import fusion
+from .codegen import wrapper
+from .lower import lower
+
+
+def compile_graph(gm: torch.fx.GraphModule, example_inputs) -> wrapper.CompiledGraph:
+    program = lower(gm, list(example_inputs))
+    steps = fusion.schedule(program)
+    compiled = wrapper.build(program, steps)
+    return compiled
+
+
+def backend(gm: torch.fx.GraphModule, example_inputs):
+    """A torch.compile backend: `torch.compile(f, backend=minicompile.backend)`."""
+    compiled = compile_graph(gm, example_inputs)
+    return lambda *args: compiled(*args)

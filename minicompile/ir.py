@@ -1,0 +1,402 @@
+"""The loop-level IR: what lowering produces and what fusion and code generation consume.
+
+Takes nothing from other stages; it is the vocabulary they share.
+
+A tensor in the IR is an `IRNode` with a shape and a dtype that knows how to *load* one element
+given an index: `node.make_loader()(index) -> value`. Index expressions are explicit (`Index`,
+linear combinations of loop variables plus a few floor-division and modulo atoms), so a view
+(transpose, broadcast, slice) is only a different index, never a copy. Values are built by calling
+operations on `ops`, a handler that is swapped per use: while code is generated it prints C++ or
+Triton, while fusion analyses a node it records which buffers it reads. This is how one
+`inner_fn` serves every backend (TorchInductor's `V.ops` idea, in miniature).
+
+Nodes:
+  InputBuffer   a graph input, with its real strides and offset
+  Pointwise     out[i] = inner_fn(i)
+  Reduction     out[i] = reduce_{r} inner_fn(i, r), reduction_type in REDUCTIONS
+  Extern        a call of a PyTorch kernel (matrix products, and any op without a lowering)
+  ComputedBuffer  a Pointwise or Reduction that fusion decided to store in memory
+"""
+from __future__ import annotations
+
+import contextlib
+import itertools
+import math
+from dataclasses import dataclass, field
+from typing import Any, Callable, Sequence
+
+import torch
+
+# --------------------------------------------------------------------------- index expressions
+
+
+class Index:
+    """sum(coeff * atom) + const, with atoms that are loop variables (str) or
+    FloorDiv/Mod atoms. Immutable; + and * by ints fold as they go."""
+
+    __slots__ = ("terms", "const")
+
+    def __init__(self, terms: dict | None = None, const: int = 0):
+        self.terms = {k: v for k, v in (terms or {}).items() if v != 0}
+        self.const = const
+
+    @staticmethod
+    def var(name: str) -> "Index":
+        return Index({name: 1})
+
+    @staticmethod
+    def of(value: "Index | int") -> "Index":
+        return value if isinstance(value, Index) else Index({}, int(value))
+
+    def __add__(self, other):
+        other = Index.of(other)
+        terms = dict(self.terms)
+        for k, v in other.terms.items():
+            terms[k] = terms.get(k, 0) + v
+        return Index(terms, self.const + other.const)
+
+    __radd__ = __add__
+
+    def __mul__(self, k: int):
+        assert isinstance(k, int), k
+        return Index({a: c * k for a, c in self.terms.items()}, self.const * k)
+
+    __rmul__ = __mul__
+
+    def __floordiv__(self, k: int) -> "Index":
+        if k == 1:
+            return self
+        if not self.terms:
+            return Index({}, self.const // k)
+        return Index({FloorDiv(self, k): 1})
+
+    def __mod__(self, k: int) -> "Index":
+        if k == 1:
+            return Index()
+        if not self.terms:
+            return Index({}, self.const % k)
+        return Index({Mod(self, k): 1})
+
+    def coeff(self, var: str) -> int:
+        return self.terms.get(var, 0)
+
+    def variables(self) -> set[str]:
+        out = set()
+        for atom in self.terms:
+            out |= {atom} if isinstance(atom, str) else atom.index.variables()
+        return out
+
+    def nonlinear_variables(self) -> set[str]:
+        out = set()
+        for atom in self.terms:
+            if not isinstance(atom, str):
+                out |= atom.index.variables()
+        return out
+
+    def substitute(self, mapping: dict[str, "Index"]) -> "Index":
+        result = Index({}, self.const)
+        for atom, c in self.terms.items():
+            if isinstance(atom, str):
+                result = result + (mapping[atom] if atom in mapping else Index.var(atom)) * c
+            else:
+                inner = atom.index.substitute(mapping)
+                result = result + (inner // atom.k if isinstance(atom, FloorDiv) else inner % atom.k) * c
+        return result
+
+    def render(self, floordiv: str = "//") -> str:
+        parts = []
+        for atom, c in sorted(self.terms.items(), key=lambda t: str(t[0])):
+            if isinstance(atom, str):
+                text = atom
+            else:
+                op = floordiv if isinstance(atom, FloorDiv) else "%"
+                text = f"(({atom.index.render(floordiv)}) {op} {atom.k})"
+            parts.append(text if c == 1 else f"{c}*{text}")
+        if self.const or not parts:
+            parts.append(str(self.const))
+        return " + ".join(parts)
+
+    def __repr__(self):
+        return self.render()
+
+    def __eq__(self, other):
+        return isinstance(other, Index) and self.terms == other.terms and self.const == other.const
+
+    def __hash__(self):
+        return hash((frozenset(self.terms.items()), self.const))
+
+
+@dataclass(frozen=True)
+class FloorDiv:
+    index: Index
+    k: int
+
+
+@dataclass(frozen=True)
+class Mod:
+    index: Index
+    k: int
+
+
+def contiguous_strides(shape: Sequence[int]) -> list[int]:
+    strides, acc = [], 1
+    for size in reversed(shape):
+        strides.append(acc)
+        acc *= max(size, 1)
+    return strides[::-1]
+
+
+def flat_index(index: Sequence[Index], strides: Sequence[int], offset: int = 0) -> Index:
+    out = Index({}, offset)
+    for i, s in zip(index, strides):
+        out = out + i * s
+    return out
+
+
+def unflatten(flat: Index, shape: Sequence[int]) -> list[Index]:
+    """The per-dimension indices of a contiguous tensor of `shape` at flat position `flat`."""
+    out, stride = [], 1
+    for size in reversed(shape):
+        out.append((flat // stride) % size if size != 1 else Index())
+        stride *= size
+    return out[::-1]
+
+
+# --------------------------------------------------------------------------- ops handlers
+
+class _Virtualized:
+    """`ops.add(a, b)` calls whichever handler is installed (`with use_ops(handler)`)."""
+
+    def __init__(self):
+        self._handler = None
+
+    def __getattr__(self, name):
+        # Resolved when called, so `ops.add` can be passed around before any handler exists.
+        def call(*args, **kwargs):
+            if self._handler is None:
+                raise RuntimeError("no ops handler installed: inner functions run only inside "
+                                   "code generation or analysis (with use_ops(...))")
+            return getattr(self._handler, name)(*args, **kwargs)
+        call.__name__ = name
+        return call
+
+
+ops = _Virtualized()
+
+
+@contextlib.contextmanager
+def use_ops(handler):
+    previous, ops._handler = ops._handler, handler
+    try:
+        yield handler
+    finally:
+        ops._handler = previous
+
+
+# The pointwise operations every backend prints. Lowerings may use nothing else (plus
+# load / constant / to_dtype / where / index_expr). name -> number of operands.
+POINTWISE_OPS = {
+    "add": 2, "sub": 2, "mul": 2, "truediv": 2, "floordiv": 2, "remainder": 2, "pow": 2,
+    "maximum": 2, "minimum": 2,
+    "eq": 2, "ne": 2, "lt": 2, "le": 2, "gt": 2, "ge": 2,
+    "logical_and": 2, "logical_or": 2,
+    "neg": 1, "abs": 1, "relu": 1, "exp": 1, "log": 1, "sqrt": 1, "rsqrt": 1,
+    "sin": 1, "cos": 1, "tanh": 1, "sigmoid": 1, "erf": 1, "reciprocal": 1,
+    "floor": 1, "ceil": 1, "logical_not": 1, "isnan": 1,
+}
+
+# name -> (identity element as a function of the accumulator dtype)
+REDUCTIONS = ("sum", "mean", "max", "min", "prod")
+
+
+class RecordingOps:
+    """An ops handler that evaluates nothing and records what an inner_fn reads."""
+
+    def __init__(self):
+        self.loads: list[tuple[str, Index]] = []
+        self.op_count = 0
+
+    def load(self, name: str, index: Index):
+        self.loads.append((name, index))
+        return "v"
+
+    def __getattr__(self, name):
+        def record(*args, **kwargs):
+            self.op_count += 1
+            return "v"
+        return record
+
+
+# --------------------------------------------------------------------------- nodes
+
+DTYPE_NAMES = {torch.float32: "float32", torch.float16: "float16", torch.bfloat16: "bfloat16",
+               torch.float64: "float64", torch.int64: "int64", torch.int32: "int32",
+               torch.int16: "int16", torch.int8: "int8", torch.uint8: "uint8",
+               torch.bool: "bool"}
+
+
+def compute_dtype(dtype: torch.dtype) -> torch.dtype:
+    """The dtype arithmetic is done in: half types are computed in float32 (as Inductor does),
+    rounded once when stored."""
+    return torch.float32 if dtype in (torch.float16, torch.bfloat16) else dtype
+
+
+class IRNode:
+    """Every IR value has .shape (list of ints), .dtype, .device and, once it lives in
+    memory, a .name."""
+
+    def make_loader(self) -> Callable[[Sequence[Index]], Any]:
+        raise NotImplementedError
+
+    def numel(self) -> int:
+        return math.prod(self.shape)
+
+
+@dataclass(eq=False)
+class InputBuffer(IRNode):
+    name: str
+    shape: list[int]
+    stride: list[int]
+    offset: int
+    dtype: torch.dtype
+    device: torch.device
+
+    def make_loader(self):
+        def load(index):
+            return ops.load(self.name, flat_index(index, self.stride, self.offset))
+        return load
+
+
+@dataclass(eq=False)
+class Pointwise(IRNode):
+    shape: list[int]
+    dtype: torch.dtype
+    device: torch.device
+    inner_fn: Callable[[Sequence[Index]], Any]
+    origin: str = ""            # the aten op it was lowered from, for logs
+    users: int = 0              # how many IR nodes read it (set by lowering)
+
+    def make_loader(self):
+        return self.inner_fn
+
+
+@dataclass(eq=False)
+class Reduction(IRNode):
+    shape: list[int]            # output shape (reduced dims dropped or kept as 1)
+    dtype: torch.dtype
+    device: torch.device
+    reduction_type: str
+    reduction_ranges: list[int]
+    inner_fn: Callable[[Sequence[Index], Sequence[Index]], Any]
+    src_dtype: torch.dtype = torch.float32
+    origin: str = ""
+    users: int = 0
+
+    def rnumel(self) -> int:
+        return math.prod(self.reduction_ranges)
+
+
+@dataclass(eq=False)
+class ComputedBuffer(IRNode):
+    """A Pointwise or Reduction stored in a contiguous buffer; consumers load from memory."""
+    name: str
+    data: Pointwise | Reduction
+
+    @property
+    def shape(self):
+        return self.data.shape
+
+    @property
+    def dtype(self):
+        return self.data.dtype
+
+    @property
+    def device(self):
+        return self.data.device
+
+    @property
+    def stride(self):
+        return contiguous_strides(self.shape)
+
+    def make_loader(self):
+        strides = self.stride
+
+        def load(index):
+            return ops.load(self.name, flat_index(index, strides))
+        return load
+
+
+@dataclass(eq=False)
+class Extern(IRNode):
+    """A call of a PyTorch operator on realized buffers: extern kernels (mm, conv, attention)
+    and the fallback for any op minicompile has no lowering for. Its result has the strides
+    PyTorch gives it (recorded from the traced example value)."""
+    name: str
+    op: Any
+    args: tuple
+    kwargs: dict
+    shape: list[int]
+    stride: list[int]
+    dtype: torch.dtype
+    device: torch.device
+    reason: str = ""              # why this op is not generated code ("" for extern kernels)
+    kind: str = "function"        # "function": op(*args); "method": args[0].op(*args[1:])
+    value_is_tensor: bool = True  # False for ops returning tuples or Python values
+
+    def make_loader(self):
+        def load(index):
+            return ops.load(self.name, flat_index(index, self.stride))
+        return load
+
+
+@dataclass(eq=False)
+class ViewOfBuffer(IRNode):
+    """A view (reshape, permute, slice...) of a realized buffer, as strides over its storage."""
+    base: IRNode
+    shape: list[int]
+    stride: list[int]
+    offset: int
+
+    @property
+    def dtype(self):
+        return self.base.dtype
+
+    @property
+    def device(self):
+        return self.base.device
+
+    @property
+    def name(self):
+        return self.base.name
+
+    def make_loader(self):
+        def load(index):
+            return ops.load(self.base.name, flat_index(index, self.stride, self.offset))
+        return load
+
+
+@dataclass
+class Program:
+    """What lowering hands to fusion: inputs, every node in order, and the outputs."""
+    inputs: list[InputBuffer]
+    nodes: list[IRNode]                   # Pointwise / Reduction / Extern, topological order
+    outputs: list[Any]                    # IRNode, or a Python scalar / None for non-tensor outputs
+    device: torch.device
+    output_spec: Any = None               # pytree spec: how outputs nest (tuple, list, single)
+    _names: Any = field(default_factory=lambda: itertools.count())
+
+    def new_name(self, prefix: str = "buf") -> str:
+        return f"{prefix}{next(self._names)}"
+
+
+def reads_of(node: IRNode) -> RecordingOps:
+    """Which buffers a node's inner function loads, and how many ops it does."""
+    rec = RecordingOps()
+    with use_ops(rec):
+        idx = [Index.var(f"i{d}") for d in range(len(node.shape))]
+        if isinstance(node, Reduction):
+            ridx = [Index.var(f"r{d}") for d in range(len(node.reduction_ranges))]
+            node.inner_fn(idx, ridx)
+        else:
+            node.make_loader()(idx)
+    return rec

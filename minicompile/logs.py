@@ -1,0 +1,43 @@
+"""Logs, switched on per artifact as in torch.compile's TORCH_LOGS:
+
+    minicompile.set_logs(graph_code=True, output_code=True)
+    MINICOMPILE_LOGS="graph_code,fusion" python train.py
+
+Artifacts: graph_code (each captured graph, with the user's source lines), graph_breaks,
+guards, recompiles, bytecode, output_code (generated kernels and wrapper), fusion (decisions).
+"""
+from __future__ import annotations
+
+import os
+import sys
+
+ARTIFACTS = ("graph_code", "graph_breaks", "guards", "recompiles", "bytecode", "output_code", "fusion")
+_enabled: set[str] = set()
+
+
+def set_logs(**artifacts: bool) -> None:
+    """Enable (True) or disable (False) log artifacts by name; unknown names are an error."""
+    unknown = set(artifacts) - set(ARTIFACTS)
+    if unknown:
+        raise ValueError(f"unknown log artifact(s) {sorted(unknown)}; known: {', '.join(ARTIFACTS)}")
+    for name, on in artifacts.items():
+        (_enabled.add if on else _enabled.discard)(name)
+
+
+def enabled(artifact: str) -> bool:
+    return artifact in _enabled
+
+
+def log(artifact: str, message: str) -> None:
+    if artifact in _enabled:
+        print(f"[minicompile:{artifact}] {message}", file=sys.stdout)
+
+
+def _from_environment() -> None:
+    value = os.environ.get("MINICOMPILE_LOGS", "")
+    names = [n.strip().lstrip("+") for n in value.split(",") if n.strip()]
+    if names:
+        set_logs(**{n: True for n in names})
+
+
+_from_environment()

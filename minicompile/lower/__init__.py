@@ -1,0 +1,107 @@
+"""Lowering: an FX graph of torch-level calls -> the loop IR (`minicompile.ir.Program`).
+
+Takes the backend contract's `torch.fx.GraphModule` and example inputs (from minicompile's own
+capture, or from TorchDynamo when minicompile is a `torch.compile` backend) and hands fusion a
+`Program`: input buffers, IR nodes in order, outputs.
+
+Each FX node is looked up in the lowering table (`lowerings.py`) by its target: an operator
+(`operator.add`), a torch function (`torch.relu`, `F.gelu`) or a tensor method name (`"sum"`).
+Arguments are bound to the op's declared signature, so `torch.sum(x, 1)`, `x.sum(dim=1)` and
+`torch.sum(input=x, dim=1)` lower alike. An op with no lowering is not an error: it becomes an
+`Extern` that calls the same PyTorch function at run time on realized inputs (what Inductor
+calls a fallback kernel), and the reason is recorded for the `fusion` log.
+
+Lowering never decides what is fused; it builds every value as an unrealized `TensorBox`
+and leaves realization to the fusion passes.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+import torch.fx
+import torch.utils._pytree as pytree
+
+from .. import ir
+from .boxes import TensorBox
+from .lowerings import LOWERINGS, lower_fallback, lookup
+
+
+def _example_values(gm: torch.fx.GraphModule, example_inputs) -> dict[torch.fx.Node, Any]:
+    """The value each node produced: from node.meta where the tracer left it (minicompile's
+    capture and TorchDynamo both do), otherwise by running the graph once."""
+    nodes = list(gm.graph.nodes)
+    if all("example_value" in n.meta or "val" in n.meta for n in nodes if n.op not in ("output",)):
+        return {n: n.meta.get("example_value", n.meta.get("val")) for n in nodes if n.op != "output"}
+    values: dict[torch.fx.Node, Any] = {}
+
+    class Recorder(torch.fx.Interpreter):
+        def run_node(self, n):
+            out = super().run_node(n)
+            values[n] = out
+            return out
+
+    with torch.no_grad():
+        Recorder(gm).run(*example_inputs)
+    return values
+
+
+def lower(gm: torch.fx.GraphModule, example_inputs) -> ir.Program:
+    values = _example_values(gm, example_inputs)
+    placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
+    devices = [v.device for v in example_inputs if isinstance(v, torch.Tensor)]
+    device = devices[0] if devices else torch.device("cpu")
+    program = ir.Program(inputs=[], nodes=[], outputs=[], device=device)
+
+    env: dict[torch.fx.Node, Any] = {}
+    for i, (node, value) in enumerate(zip(placeholders, example_inputs)):
+        if isinstance(value, torch.Tensor):
+            buf = ir.InputBuffer(f"arg{i}", list(value.shape), list(value.stride()), 0,
+                                 value.dtype, value.device)
+            program.inputs.append(buf)
+            env[node] = TensorBox(buf, program)
+        else:
+            # A SymInt or Python scalar input (dynamic shapes come with the guards issue).
+            raise NotImplementedError(
+                f"graph input {node.name} is a {type(value).__name__}, not a tensor: symbolic "
+                "sizes are not supported yet (guards and dynamic shapes stage)")
+
+    for node in gm.graph.nodes:
+        if node.op in ("placeholder",):
+            continue
+        if node.op == "output":
+            leaves, program.output_spec = pytree.tree_flatten(node.args[0])
+            program.outputs = [env_lookup(env, a) for a in leaves]
+            break
+        args = torch.fx.node.map_arg(node.args, lambda n: env[n])
+        kwargs = torch.fx.node.map_arg(node.kwargs, lambda n: env[n])
+        if node.op == "get_attr":
+            value = _fetch_attr(gm, node.target)
+            raise NotImplementedError(f"get_attr {node.target}: constants in the graph are lifted "
+                                      f"as inputs by capture ({type(value).__name__})")
+        if node.op == "call_module":
+            target = gm.get_submodule(node.target)
+        else:
+            target = node.target
+        lowering = lookup(node.op, target)
+        result = None
+        if lowering is not None:
+            result = lowering(node, values, *args, **kwargs)
+        if result is None or result is NotImplemented:
+            result = lower_fallback(program, node, values, target, args, kwargs)
+        env[node] = result
+    return program
+
+
+def env_lookup(env, a):
+    return env[a] if isinstance(a, torch.fx.Node) else a
+
+
+def _fetch_attr(gm, target: str):
+    obj = gm
+    for part in target.split("."):
+        obj = getattr(obj, part)
+    return obj
+
+
+__all__ = ["lower", "LOWERINGS", "TensorBox"]

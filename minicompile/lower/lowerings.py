@@ -1,0 +1,584 @@
+"""The lowering table: torch-level operations -> IR nodes.
+
+One entry per operation, registered for every spelling it has in an FX graph (operator, torch
+function, tensor method name), with a declared signature so arguments bind the same way however
+they were passed. Each lowering returns a TensorBox (or a Python value), or NotImplemented to
+let the generic fallback (an Extern calling PyTorch) handle a case it does not model exactly.
+
+Type promotion follows PyTorch: the result dtype is the one the traced example value has;
+operands are converted to its compute dtype (float16/bfloat16 compute in float32, rounded once
+when stored).
+"""
+from __future__ import annotations
+
+import math
+import operator
+from typing import Any, Callable
+
+import torch
+import torch.nn.functional as F
+
+from .. import ir
+from ..ir import Index, compute_dtype, ops
+from .boxes import TensorBox
+
+LOWERINGS: dict[Any, Callable] = {}
+
+
+class Signature:
+    """'input, dim=None, keepdim=False, *, dtype=None' -> binds args and kwargs to names."""
+
+    def __init__(self, text: str):
+        self.params: list[tuple[str, Any, bool]] = []   # (name, default, keyword_only)
+        kw_only = False
+        for part in [p.strip() for p in text.split(",") if p.strip()]:
+            if part == "*":
+                kw_only = True
+                continue
+            if part.startswith("*"):
+                self.params.append((part, (), False))
+                continue
+            name, _, default = part.partition("=")
+            self.params.append((name, eval(default) if default else _REQUIRED, kw_only))
+
+    def bind(self, args, kwargs) -> dict | None:
+        out, rest = {}, list(args)
+        for name, default, kw_only in self.params:
+            if name.startswith("*"):
+                out[name[1:]] = tuple(rest)
+                rest = []
+            elif not kw_only and rest:
+                out[name] = rest.pop(0)
+            elif name in kwargs:
+                out[name] = kwargs[name]
+            elif default is _REQUIRED:
+                return None
+            else:
+                out[name] = default
+        unknown = set(kwargs) - {p[0] for p in self.params}
+        return None if rest or unknown else out
+
+
+_REQUIRED = object()
+
+
+def register(targets, signature: str):
+    sig = Signature(signature)
+
+    def wrap(fn):
+        def lowering(node, values, *args, **kwargs):
+            bound = sig.bind(args, kwargs)
+            if bound is None:
+                return NotImplemented
+            return fn(node, values, **bound)
+        for t in targets:
+            LOWERINGS[t] = lowering
+        return fn
+    return wrap
+
+
+def lookup(op: str, target) -> Callable | None:
+    if op == "call_method":
+        return LOWERINGS.get(target)
+    if op == "call_module":
+        return None
+    return LOWERINGS.get(target)
+
+
+# --------------------------------------------------------------------------- helpers
+
+def _meta(node, values):
+    v = values[node]
+    return v if isinstance(v, torch.Tensor) else None
+
+
+def _as_index_value(x, shape, cdtype):
+    """A loader that produces x (a box or a Python scalar) broadcast to `shape`, in cdtype."""
+    if isinstance(x, TensorBox):
+        load, src = x.make_loader(), list(x.shape)
+        off = len(shape) - len(src)
+        src_cdtype = compute_dtype(x.dtype)
+
+        def f(idx):
+            sub = [Index() if src[d] == 1 else idx[d + off] for d in range(len(src))]
+            return ops.to_dtype(load(sub), cdtype, src_cdtype)
+        return f
+    if isinstance(x, (bool, int, float)):
+        return lambda idx: ops.constant(x, cdtype)
+    return None
+
+
+def _pointwise_box(node, values, fn, inputs, cdtype=None, origin=None):
+    meta = _meta(node, values)
+    if meta is None:
+        return NotImplemented
+    shape, dtype = list(meta.shape), meta.dtype
+    cdtype = cdtype or compute_dtype(dtype)
+    loaders = [_as_index_value(x, shape, cdtype) for x in inputs]
+    if any(l is None for l in loaders):
+        return NotImplemented
+    box_inputs = [x for x in inputs if isinstance(x, TensorBox)]
+    program = box_inputs[0].program
+    if any(b.device != meta.device for b in box_inputs):
+        return NotImplemented
+
+    def inner_fn(idx):
+        return fn(*[l(idx) for l in loaders])
+    data = ir.Pointwise(shape, dtype, meta.device, inner_fn, origin or _origin(node))
+    return TensorBox(data, program, box_inputs)
+
+
+def _origin(node) -> str:
+    t = node.target
+    return t if isinstance(t, str) else getattr(t, "__name__", str(t))
+
+
+def _promoted(*xs) -> torch.dtype:
+    probes = [torch.empty((1,), dtype=x.dtype) if isinstance(x, TensorBox) else x for x in xs]
+    return torch.result_type(*probes) if len(probes) > 1 else probes[0].dtype
+
+
+def _unary(name, fn):
+    @register([getattr(torch, name, None), getattr(torch.Tensor, name, None), name,
+               getattr(F, name, None)], "input")
+    def lower(node, values, input):
+        return _pointwise_box(node, values, fn, [input])
+    return lower
+
+
+def _binary(names_targets, fn, compare=False):
+    @register(names_targets, "input, other")
+    def lower(node, values, input, other):
+        if not isinstance(input, TensorBox) and not isinstance(other, TensorBox):
+            return NotImplemented
+        cdtype = compute_dtype(_promoted(input, other)) if compare else None
+        return _pointwise_box(node, values, fn, [input, other], cdtype=cdtype)
+    return lower
+
+
+# --------------------------------------------------------------------------- pointwise
+
+for _name in ["exp", "log", "sqrt", "rsqrt", "sin", "cos", "tanh", "sigmoid", "erf",
+              "reciprocal", "floor", "ceil", "abs", "neg", "relu"]:
+    _unary(_name, (lambda n: (lambda x: getattr(ops, n)(x)))(_name))
+
+LOWERINGS[operator.neg] = LOWERINGS[torch.neg]
+LOWERINGS[operator.abs] = LOWERINGS[torch.abs]
+
+
+@register([torch.square, torch.Tensor.square, "square"], "input")
+def _square(node, values, input):
+    return _pointwise_box(node, values, lambda x: ops.mul(x, x), [input])
+
+
+def _arith(op, targets):
+    _binary(targets, lambda a, b: getattr(ops, op)(a, b))
+
+
+_arith("add", [operator.add, operator.iadd, "__radd__"])
+_arith("sub", [operator.sub, operator.isub])
+_arith("mul", [operator.mul, operator.imul, torch.mul, torch.Tensor.mul, "mul", "__rmul__", torch.multiply])
+_arith("truediv", [operator.truediv, operator.itruediv, torch.true_divide, "true_divide"])
+_arith("pow", [operator.pow, torch.pow, torch.Tensor.pow, "pow"])
+_arith("maximum", [torch.maximum, "maximum"])
+_arith("minimum", [torch.minimum, "minimum"])
+_arith("logical_and", [torch.logical_and, "logical_and"])
+_arith("logical_or", [torch.logical_or, "logical_or"])
+for _op, _targets in [("eq", [operator.eq, torch.eq, "eq"]), ("ne", [operator.ne, torch.ne, "ne"]),
+                      ("lt", [operator.lt, torch.lt, "lt"]), ("le", [operator.le, torch.le, "le"]),
+                      ("gt", [operator.gt, torch.gt, "gt"]), ("ge", [operator.ge, torch.ge, "ge"])]:
+    _binary(_targets, (lambda o: lambda a, b: getattr(ops, o)(a, b))(_op), compare=True)
+
+
+@register([torch.add, torch.Tensor.add, "add"], "input, other, *, alpha=1")
+def _add(node, values, input, other, alpha):
+    if alpha != 1:
+        return NotImplemented
+    return _pointwise_box(node, values, ops.add, [input, other])
+
+
+@register([torch.sub, torch.Tensor.sub, "sub", torch.subtract], "input, other, *, alpha=1")
+def _sub(node, values, input, other, alpha):
+    if alpha != 1:
+        return NotImplemented
+    return _pointwise_box(node, values, ops.sub, [input, other])
+
+
+@register([torch.div, torch.Tensor.div, "div", torch.divide], "input, other, *, rounding_mode=None")
+def _div(node, values, input, other, rounding_mode):
+    if rounding_mode is not None:
+        return NotImplemented
+    return _pointwise_box(node, values, ops.truediv, [input, other])
+
+
+@register([F.gelu, "gelu"], "input, approximate='none'")
+def _gelu(node, values, input, approximate):
+    if approximate == "tanh":
+        k = math.sqrt(2 / math.pi)
+
+        def fn(x):
+            inner = ops.mul(ops.constant(k, torch.float32),
+                            ops.add(x, ops.mul(ops.constant(0.044715, torch.float32), ops.mul(x, ops.mul(x, x)))))
+            return ops.mul(ops.mul(ops.constant(0.5, torch.float32), x),
+                           ops.add(ops.constant(1.0, torch.float32), ops.tanh(inner)))
+    else:
+        def fn(x):
+            return ops.mul(ops.mul(ops.constant(0.5, torch.float32), x),
+                           ops.add(ops.constant(1.0, torch.float32),
+                                   ops.erf(ops.mul(x, ops.constant(1 / math.sqrt(2), torch.float32)))))
+    if not input.dtype.is_floating_point:
+        return NotImplemented
+    return _pointwise_box(node, values, fn, [input])
+
+
+@register([F.silu, "silu"], "input, inplace=False")
+def _silu(node, values, input, inplace):
+    if inplace:
+        return NotImplemented
+    return _pointwise_box(node, values, lambda x: ops.mul(x, ops.sigmoid(x)), [input])
+
+
+@register([F.relu], "input, inplace=False")
+def _relu(node, values, input, inplace):
+    if inplace:
+        return NotImplemented
+    return _pointwise_box(node, values, ops.relu, [input])
+
+
+@register([torch.clamp, torch.clip, torch.Tensor.clamp, "clamp", "clip"], "input, min=None, max=None")
+def _clamp(node, values, input, min, max):
+    if isinstance(min, TensorBox) or isinstance(max, TensorBox):
+        return NotImplemented
+
+    def fn(x):
+        if min is not None:
+            x = ops.maximum(x, ops.constant(min, compute_dtype(input.dtype)))
+        if max is not None:
+            x = ops.minimum(x, ops.constant(max, compute_dtype(input.dtype)))
+        return x
+    return _pointwise_box(node, values, fn, [input])
+
+
+@register([torch.where, "where"], "condition, input, other")
+def _where(node, values, condition, input, other):
+    meta = _meta(node, values)
+    if meta is None or not isinstance(condition, TensorBox):
+        return NotImplemented
+    cd = compute_dtype(meta.dtype)
+    shape = list(meta.shape)
+    cond = _as_index_value(condition, shape, torch.bool)
+    a, b = _as_index_value(input, shape, cd), _as_index_value(other, shape, cd)
+    if a is None or b is None:
+        return NotImplemented
+    boxes = [x for x in (condition, input, other) if isinstance(x, TensorBox)]
+    data = ir.Pointwise(shape, meta.dtype, meta.device, lambda idx: ops.where(cond(idx), a(idx), b(idx)), "where")
+    return TensorBox(data, condition.program, boxes)
+
+
+def _cast(node, values, input):
+    meta = _meta(node, values)
+    if meta is None or not isinstance(input, TensorBox) or meta.device != input.device:
+        return NotImplemented
+    return _pointwise_box(node, values, lambda x: x, [input])
+
+
+@register(["to"], "input, *args, dtype=None, non_blocking=False, copy=False, memory_format=None")
+def _to(node, values, input, args, dtype, non_blocking, copy, memory_format):
+    return _cast(node, values, input)
+
+
+for _m in ["float", "half", "double", "bfloat16", "int", "long", "bool", "type_as",
+           "contiguous", "clone", "detach"]:
+    LOWERINGS[_m] = lambda node, values, input, *a, **k: _cast(node, values, input)
+LOWERINGS[torch.clone] = LOWERINGS["clone"]
+LOWERINGS[torch.Tensor.contiguous] = LOWERINGS["contiguous"]
+
+
+# --------------------------------------------------------------------------- reductions
+
+def _reduction_box(meta, input, dims, keepdim, reduction_type):
+    """meta: a tensor with the result's shape, dtype and device."""
+    if meta is None or not isinstance(input, TensorBox):
+        return NotImplemented
+    ndim = len(input.shape)
+    if dims is None or dims == [] or dims == ():
+        dims = list(range(ndim))
+    elif isinstance(dims, int):
+        dims = [dims]
+    dims = sorted({d % ndim for d in dims}) if ndim else []
+    kept = [d for d in range(ndim) if d not in dims]
+    ranges = [input.shape[d] for d in dims]
+    load = input.make_loader()
+    acc = compute_dtype(meta.dtype)
+    if reduction_type in ("sum", "prod") and not meta.dtype.is_floating_point:
+        acc = torch.int64
+    src_cd = compute_dtype(input.dtype)
+
+    def inner_fn(idx, ridx):
+        full = [None] * ndim
+        for j, d in enumerate(kept):
+            full[d] = idx[d] if keepdim else idx[j]
+        for j, d in enumerate(dims):
+            full[d] = ridx[j]
+        return ops.to_dtype(load(full), acc, src_cd)
+    data = ir.Reduction(list(meta.shape), meta.dtype, meta.device, reduction_type, ranges,
+                        inner_fn, src_dtype=acc, origin=reduction_type)
+    return TensorBox(data, input.program, [input])
+
+
+def _reg_reduction(rtype, targets):
+    @register(targets, "input, dim=None, keepdim=False, *, dtype=None")
+    def lower(node, values, input, dim, keepdim, dtype):
+        if dtype is not None:
+            return NotImplemented
+        return _reduction_box(_meta(node, values), input, dim, keepdim, rtype)
+
+
+_reg_reduction("sum", [torch.sum, torch.Tensor.sum, "sum"])
+_reg_reduction("mean", [torch.mean, torch.Tensor.mean, "mean"])
+_reg_reduction("prod", [torch.prod, "prod"])
+_reg_reduction("max", [torch.amax, torch.Tensor.amax, "amax"])
+_reg_reduction("min", [torch.amin, torch.Tensor.amin, "amin"])
+
+
+def _max_min(rtype, elementwise):
+    def lower(node, values, input, *args, **kwargs):
+        if args and isinstance(args[0], TensorBox):       # torch.max(a, b)
+            return _pointwise_box(node, values, getattr(ops, elementwise), [input, args[0]])
+        if not args and not kwargs:                        # full reduction, returns a tensor
+            return _reduction_box(_meta(node, values), input, None, False, rtype)
+        return NotImplemented                              # (values, indices): fallback
+    return lower
+
+
+LOWERINGS[torch.max] = LOWERINGS["max"] = LOWERINGS[torch.Tensor.max] = _max_min("max", "maximum")
+LOWERINGS[torch.min] = LOWERINGS["min"] = LOWERINGS[torch.Tensor.min] = _max_min("min", "minimum")
+
+
+@register([torch.softmax, F.softmax, torch.Tensor.softmax, "softmax"], "input, dim=None, _stacklevel=3, dtype=None")
+def _softmax(node, values, input, dim, _stacklevel, dtype):
+    return _softmax_like(node, values, input, dim, dtype, log=False)
+
+
+@register([torch.log_softmax, F.log_softmax, torch.Tensor.log_softmax, "log_softmax"],
+          "input, dim=None, _stacklevel=3, dtype=None")
+def _log_softmax(node, values, input, dim, _stacklevel, dtype):
+    return _softmax_like(node, values, input, dim, dtype, log=True)
+
+
+def _softmax_like(node, values, input, dim, dtype, log):
+    meta = _meta(node, values)
+    if dim is None or dtype is not None or meta is None or not meta.dtype.is_floating_point:
+        return NotImplemented
+    shape, device, program = list(input.shape), input.device, input.program
+    m = _reduce(input, dim, "max")
+    shifted = _pw(program, shape, meta.dtype, device, ops.sub, [input, m], "sub")
+    e = _pw(program, shape, meta.dtype, device, ops.exp, [shifted], "exp")
+    s = _reduce(e, dim, "sum")
+    if log:
+        return _pw(program, shape, meta.dtype, device, lambda a, b: ops.sub(a, ops.log(b)), [shifted, s], "log_softmax")
+    return _pw(program, shape, meta.dtype, device, ops.truediv, [e, s], "softmax")
+
+
+@register([F.layer_norm], "input, normalized_shape, weight=None, bias=None, eps=1e-05")
+def _layer_norm(node, values, input, normalized_shape, weight, bias, eps):
+    meta = _meta(node, values)
+    if meta is None or not meta.dtype.is_floating_point:
+        return NotImplemented
+    shape, device, program, dt = list(input.shape), input.device, input.program, meta.dtype
+    dims = list(range(len(shape) - len(normalized_shape), len(shape)))
+    mean = _reduce(input, dims, "mean")
+    centered = _pw(program, shape, dt, device, ops.sub, [input, mean], "sub")
+    var = _reduce(_pw(program, shape, dt, device, lambda c: ops.mul(c, c), [centered], "square"), dims, "mean")
+    out = _pw(program, shape, dt, device,
+              lambda c, v: ops.mul(c, ops.rsqrt(ops.add(v, ops.constant(eps, torch.float32)))),
+              [centered, var], "normalize")
+    if weight is not None:
+        out = _pw(program, shape, dt, device, ops.mul, [out, weight], "mul")
+    if bias is not None:
+        out = _pw(program, shape, dt, device, ops.add, [out, bias], "add")
+    return out
+
+
+def _reduce(box, dims, rtype):
+    """A keepdim reduction of box over dims (for composite lowerings)."""
+    ndim = len(box.shape)
+    dims = [dims] if isinstance(dims, int) else list(dims)
+    dims = sorted(d % ndim for d in dims)
+    out_shape = [1 if d in dims else s for d, s in enumerate(box.shape)]
+    meta = torch.empty(out_shape, dtype=box.dtype, device="meta")
+    result = _reduction_box(meta, box, dims, True, rtype)
+    result.data.device = box.device
+    return result
+
+
+def _pw(program, shape, dtype, device, fn, inputs, origin):
+    cd = compute_dtype(dtype)
+    loaders = [_as_index_value(x, shape, cd) for x in inputs]
+
+    def inner_fn(idx):
+        return fn(*[l(idx) for l in loaders])
+    return TensorBox(ir.Pointwise(shape, dtype, device, inner_fn, origin), program,
+                     [x for x in inputs if isinstance(x, TensorBox)])
+
+
+# --------------------------------------------------------------------------- views
+
+def _view_box(node, values, input, index_map):
+    """A view: out[idx] = input[index_map(idx)]; no data moves."""
+    meta = _meta(node, values)
+    if meta is None or not isinstance(input, TensorBox):
+        return NotImplemented
+    load = input.make_loader()
+    data = ir.Pointwise(list(meta.shape), meta.dtype, meta.device,
+                        lambda idx: load(index_map(idx)), _origin(node))
+    return TensorBox(data, input.program, [input])
+
+
+def _reshape_map(in_shape, out_shape):
+    squeeze_in = [s for s in in_shape if s != 1]
+    if squeeze_in == [s for s in out_shape if s != 1]:
+        # only size-1 dims inserted or removed: map dims directly, no division
+        out_pos = [d for d, s in enumerate(out_shape) if s != 1]
+
+        def f(idx):
+            it = iter(out_pos)
+            return [Index() if s == 1 else idx[next(it)] for s in in_shape]
+        return f
+    out_strides = ir.contiguous_strides(out_shape)
+    return lambda idx: ir.unflatten(ir.flat_index(idx, out_strides), in_shape)
+
+
+@register(["view", "reshape", torch.reshape, "flatten", torch.flatten, "unsqueeze", torch.unsqueeze,
+           "squeeze", torch.squeeze, "view_as", "reshape_as", "unflatten"], "input, *args")
+def _reshape(node, values, input, args):
+    meta = _meta(node, values)
+    if meta is None or not isinstance(input, TensorBox):
+        return NotImplemented
+    return _view_box(node, values, input, _reshape_map(list(input.shape), list(meta.shape)))
+
+
+@register(["permute", torch.permute], "input, *dims")
+def _permute(node, values, input, dims):
+    if len(dims) == 1 and isinstance(dims[0], (list, tuple)):
+        dims = dims[0]
+    ndim = len(input.shape)
+    dims = [d % ndim for d in dims]
+
+    def f(idx):
+        src = [None] * ndim
+        for i, d in enumerate(dims):
+            src[d] = idx[i]
+        return src
+    return _view_box(node, values, input, f)
+
+
+@register(["transpose", torch.transpose, "swapaxes", torch.swapaxes], "input, dim0, dim1")
+def _transpose(node, values, input, dim0, dim1):
+    ndim = len(input.shape)
+    a, b = dim0 % ndim, dim1 % ndim
+
+    def f(idx):
+        idx = list(idx)
+        idx[a], idx[b] = idx[b], idx[a]
+        return idx
+    return _view_box(node, values, input, f)
+
+
+@register(["t", torch.t], "input")
+def _t(node, values, input):
+    return _view_box(node, values, input, lambda idx: list(idx)[::-1])
+
+
+@register(["expand", "expand_as"], "input, *sizes")
+def _expand(node, values, input, sizes):
+    meta = _meta(node, values)
+    if meta is None:
+        return NotImplemented
+    shape = list(meta.shape)
+    src = list(input.shape)
+    off = len(shape) - len(src)
+    return _view_box(node, values, input,
+                     lambda idx: [Index() if src[d] == 1 else idx[d + off] for d in range(len(src))])
+
+
+@register([operator.getitem], "input, item")
+def _getitem(node, values, input, item):
+    """Basic indexing (ints, slices, None, Ellipsis) as a view; anything else falls back."""
+    if not isinstance(input, TensorBox):
+        return NotImplemented
+    if isinstance(input.data, ir.Extern):
+        return NotImplemented       # indexing the tuple an Extern returned: fallback handles it
+    items = item if isinstance(item, tuple) else (item,)
+    if not all(isinstance(i, (int, slice, type(None), type(Ellipsis))) for i in items):
+        return NotImplemented
+    shape = list(input.shape)
+    n_real = sum(1 for i in items if i is not None and i is not Ellipsis)
+    if Ellipsis in items:
+        k = items.index(Ellipsis)
+        items = items[:k] + (slice(None),) * (len(shape) - n_real) + items[k + 1:]
+    items = items + (slice(None),) * (len(shape) - sum(1 for i in items if i is not None))
+    plan, d = [], 0      # per output dim: ("take", src_dim, start, step) ; fixed picks listed apart
+    fixed = {}
+    for it in items:
+        if it is None:
+            plan.append(("new",))
+        elif isinstance(it, int):
+            fixed[d] = it % shape[d]
+            d += 1
+        else:
+            start, _, step = it.indices(shape[d])
+            if step <= 0:
+                return NotImplemented
+            plan.append(("take", d, start, step))
+            d += 1
+
+    def f(idx):
+        src = [None] * len(shape)
+        for dim, val in fixed.items():
+            src[dim] = Index({}, val)
+        for out_i, p in enumerate(plan):
+            if p[0] == "take":
+                src[p[1]] = idx[out_i] * p[3] + p[2]
+        return src
+    return _view_box(node, values, input, f)
+
+
+# --------------------------------------------------------------------------- fallback
+
+def lower_fallback(program: ir.Program, node, values, target, args, kwargs):
+    """Any op without a lowering: an Extern that calls PyTorch on realized inputs."""
+    boxes = []
+
+    def realize(x):
+        if isinstance(x, TensorBox):
+            boxes.append(x.realize())
+        return x
+    args = torch.fx.node.map_aggregate(args, realize)
+    kwargs = torch.fx.node.map_aggregate(kwargs, realize)
+    value = values.get(node)
+    kind = "method" if node.op == "call_method" else "function"
+    name = program.new_name("buf")
+    if isinstance(value, torch.Tensor):
+        shape, stride, dtype, device = list(value.shape), list(value.stride()), value.dtype, value.device
+    else:
+        shape, stride, dtype, device = [], [], None, program.device
+    reason = "" if _is_extern_kernel(target) else f"no lowering for {_origin(node)}"
+    data = ir.Extern(name, target, args, kwargs, shape, stride, dtype, device, reason=reason,
+                     kind=kind, value_is_tensor=isinstance(value, torch.Tensor))
+    return TensorBox(data, program, boxes)
+
+
+EXTERN_KERNELS = {torch.matmul, operator.matmul, torch.mm, torch.bmm, torch.addmm, F.linear,
+                  torch.conv2d, F.conv2d, F.scaled_dot_product_attention, "matmul", "mm", "bmm",
+                  torch.baddbmm, torch.einsum}
+
+
+def _is_extern_kernel(target) -> bool:
+    try:
+        return target in EXTERN_KERNELS or isinstance(target, torch.nn.Module)
+    except TypeError:
+        return False
+
+
+LOWERINGS.pop(None, None)

@@ -1,0 +1,23 @@
+"""Counters a test, a notebook or an assignment's grader can assert on.
+
+    minicompile.metrics.reset()
+    f(x)
+    minicompile.metrics.kernels        # kernels generated since the reset
+    minicompile.metrics.kernel_bytes   # [(kernel name, bytes read, bytes written), ...]
+"""
+graphs = 0          # FX graphs captured and compiled
+graph_breaks = 0    # graph breaks (a frame that could not be captured whole counts one)
+recompiles = 0      # compiles of a frame that already had a compiled entry
+kernels = 0         # kernels generated (Triton or C++), extern calls not counted
+kernel_bytes: list = []
+
+
+def reset() -> None:
+    global graphs, graph_breaks, recompiles, kernels, kernel_bytes
+    graphs = graph_breaks = recompiles = kernels = 0
+    kernel_bytes = []
+
+
+def bytes_moved() -> int:
+    """Total bytes read plus written by the kernels generated since the reset."""
+    return sum(r + w for _, r, w in kernel_bytes)

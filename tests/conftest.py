@@ -1,0 +1,52 @@
+"""Shared test set-up.
+
+Triton's interpreter must be switched on before triton is first imported, so it is done here,
+before any test module imports minicompile, on machines without a GPU.
+"""
+import os
+
+import pytest
+import torch
+
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
+import minicompile  # noqa: E402
+
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def _has_triton() -> bool:
+    try:
+        import triton  # noqa: F401
+        return True
+    except ImportError:
+        return False
+
+
+HAS_TRITON = _has_triton()
+
+
+@pytest.fixture(autouse=True)
+def _fresh_state():
+    """Every test starts with empty caches, zeroed counters and the default CPU backend."""
+    minicompile.reset()
+    minicompile.metrics.reset()
+    backend = minicompile.config.cpu_backend
+    yield
+    minicompile.config.cpu_backend = backend
+
+
+def kernel_backends():
+    """The code generators a test can run here: C++ on a CPU; Triton on a GPU, or through the
+    interpreter on a CPU."""
+    if DEVICE == "cuda":
+        return ["triton"]
+    return ["cpp"] + (["triton"] if HAS_TRITON else [])
+
+
+@pytest.fixture(params=kernel_backends())
+def kernel_backend(request):
+    """Selects the code generator for the test (on a CPU: C++ or Triton's interpreter)."""
+    minicompile.config.cpu_backend = request.param
+    return request.param

@@ -1,0 +1,167 @@
+"""Lowering, fusion and code generation, tested through the backend contract alone.
+
+Graphs come from torch.fx.symbolic_trace (independent of minicompile's capture); every result is
+compared with eager PyTorch on fresh random inputs. Each test runs once per kernel backend that
+this machine can run (C++; Triton through its interpreter on a CPU, for real on a GPU).
+"""
+import pytest
+import torch
+import torch.fx
+import torch.nn.functional as F
+
+import minicompile
+from conftest import DEVICE
+from helpers import assert_same, randn
+from minicompile.graph_compiler import compile_graph
+
+
+def run_compiled(fn, *args):
+    gm = torch.fx.symbolic_trace(fn)
+    compiled = compile_graph(gm, list(args))
+    return compiled(*args)
+
+
+def check(fn, *args, dtype=torch.float32, **tolerance):
+    """Compiled equals eager. Long float32 sums differ from eager by summation order alone;
+    such tests pass a tolerance scaled to the number of terms."""
+    expected = fn(*args)
+    actual = run_compiled(fn, *args)
+    if tolerance:
+        torch.testing.assert_close(actual, expected, **tolerance)
+    else:
+        assert_same(actual, expected, dtype)
+    return actual
+
+
+POINTWISE = {
+    "relu_chain": lambda x: torch.relu(x + 1) * 2,
+    "gelu": lambda x: F.gelu(x),
+    "gelu_tanh": lambda x: F.gelu(x, approximate="tanh"),
+    "silu": lambda x: F.silu(x),
+    "sigmoid_tanh": lambda x: torch.sigmoid(x) * torch.tanh(x) - x.abs(),
+    "exp_log": lambda x: torch.log(torch.exp(x) + 1.5).sqrt(),
+    "rsqrt_div": lambda x: x / (x.abs() + 1) + torch.rsqrt(x * x + 2),
+    "where_compare": lambda x: torch.where(x > 0.5, x * 3, -x),
+    "clamp": lambda x: x.clamp(-0.5, 0.7) + torch.clamp(x, min=0.1),
+    "max_min": lambda x: torch.maximum(x, x * 0.5) - torch.minimum(x, -x),
+    "erf_pow": lambda x: torch.erf(x) + (x.abs() + 1) ** 2,
+}
+
+
+@pytest.mark.parametrize("name", sorted(POINTWISE))
+def test_pointwise_ops(kernel_backend, name):
+    check(POINTWISE[name], randn(123, 45))
+
+
+@pytest.mark.parametrize("layout", ["contiguous", "transposed", "strided"])
+def test_awkward_sizes_and_layouts(kernel_backend, layout):
+    shape = (1823, 781) if kernel_backend == "cpp" or DEVICE == "cuda" else (183, 78)
+    check(lambda x: torch.relu(x + 1) * 2, randn(*shape, layout=layout))
+
+
+def test_broadcast_inputs(kernel_backend):
+    x, row, col = randn(37, 19), randn(19), randn(37, 1)
+    check(lambda x, r, c: (x + r) * c - r, x, row, col)
+    check(lambda x, r: x * r.expand(37, 19), x, row)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+def test_dtypes(kernel_backend, dtype):
+    x = randn(67, 129, dtype=dtype)
+    check(lambda x: F.gelu(x * 2 + 1) - x, x, dtype=dtype)
+    check(lambda x: x.sum(-1), x, dtype=dtype)
+
+
+def test_type_promotion(kernel_backend):
+    a = randn(31, 17)
+    i = torch.randint(-5, 5, (31, 17), device=DEVICE)
+    check(lambda a, i: a * i + i, a, i)
+    check(lambda a, i: (i > 0) & (a < 0.5), a, i)
+    check(lambda i: i * 3 + 1, i)
+
+
+@pytest.mark.parametrize("op", ["sum", "mean", "amax", "amin"])
+@pytest.mark.parametrize("keepdim", [False, True])
+def test_last_dim_reductions(kernel_backend, op, keepdim):
+    x = randn(129, 781)
+    check(lambda x: getattr(torch, op)(torch.relu(x) * 2 + 1, -1, keepdim=keepdim), x)
+
+
+def test_reductions_other_dims(kernel_backend):
+    x = randn(13, 29, 31)
+    check(lambda x: x.sum(0), x)
+    check(lambda x: x.amax((0, 2)), x)
+    check(lambda x: x.mean(1, keepdim=True), x)
+    check(lambda x: x.sum(), x, rtol=1e-5, atol=x.numel() * 2e-7)
+    check(lambda x: x.max(), x)
+
+
+def test_long_rows_use_looped_reduction(kernel_backend):
+    x = randn(7, 10007)
+    check(lambda x: x.sum(-1) + x.amax(-1), x)
+
+
+def test_non_contiguous_reduction(kernel_backend):
+    check(lambda x: x.sum(-1), randn(781, 123, layout="transposed"))
+
+
+def test_softmax_layer_norm(kernel_backend):
+    x, w, b = randn(67, 129), randn(129), randn(129)
+    check(lambda x: torch.softmax(x, -1), x)
+    check(lambda x: F.log_softmax(x, dim=-1), x)
+    check(lambda x, w, b: F.layer_norm(x, (129,), w, b), x, w, b)
+
+
+def test_views(kernel_backend):
+    x = randn(6, 10, 14)
+    check(lambda x: x.permute(2, 0, 1) * 2, x)
+    check(lambda x: x.transpose(0, 1).sum(-1), x)
+    check(lambda x: x.reshape(60, 14) + 1, x)
+    check(lambda x: (x * 2).view(6, 140).sum(-1), x)
+    check(lambda x: x[:, 2:9:3, 1] + x[0, 1:4, 5] - x[..., 3:, None][:, 1, :3, 0], x)
+    check(lambda x: x.unsqueeze(1).squeeze(1) * x[None, ...].squeeze(0), x)
+
+
+def test_extern_matmul_with_pointwise(kernel_backend):
+    a, b, bias = randn(33, 65), randn(65, 17), randn(17)
+    check(lambda a, b, bias: torch.relu(a @ b + bias), a, b, bias)
+    check(lambda a, b, bias: F.linear(a, b.t(), bias).softmax(-1), a, b, bias)
+
+
+def test_op_without_lowering_falls_back_to_pytorch(kernel_backend):
+    x = randn(20, 30)
+    check(lambda x: torch.cumsum(x + 1, 1) * 2, x)
+
+
+def test_multiple_outputs_and_shared_intermediate(kernel_backend):
+    x = randn(50, 60)
+
+    def f(x):
+        y = torch.sigmoid(x) * torch.tanh(x) + torch.exp(x) / (x.abs() + 1)
+        return y + 1, y.sum(-1), x
+    expected = f(x)
+    actual = run_compiled(f, x)
+    for a, e in zip(actual, expected):
+        assert_same(a, e)
+
+
+def test_relu_chain_is_one_kernel(kernel_backend):
+    minicompile.metrics.reset()
+    check(lambda x: torch.relu(x + 1) * 2, randn(64, 64))
+    assert minicompile.metrics.kernels == 1
+    (name, read, written), = minicompile.metrics.kernel_bytes
+    assert read == written == 64 * 64 * 4
+
+
+def test_reduction_fuses_its_pointwise_input(kernel_backend):
+    minicompile.metrics.reset()
+    check(lambda x: (torch.relu(x) * 2 + 1).sum(-1), randn(64, 100))
+    assert minicompile.metrics.kernels == 1
+
+
+def test_torch_compile_backend(kernel_backend):
+    torch._dynamo.reset()
+    x = randn(45, 67)
+    f = torch.compile(lambda x: torch.relu(x + 1) * 2 - x.mean(-1, keepdim=True),
+                      backend=minicompile.backend)
+    assert_same(f(x), torch.relu(x + 1) * 2 - x.mean(-1, keepdim=True))
