@@ -152,9 +152,6 @@ class CompiledModule(torch.nn.Module):
     def named_buffers(self, *args, **kwargs):
         return self._orig_mod.named_buffers(*args, **kwargs)
 
-    def named_children(self):
-        return self._orig_mod.named_children()
-
     def extra_repr(self):
         return f"compiled by minicompile ({self._compiled_forward.backend_name})"
 

@@ -108,22 +108,45 @@ def compare(fns: dict[str, Callable], args: Sequence, *, warmup: int = 5, repeat
     """Time several implementations of one function on the same inputs, in this one run.
 
     fns maps a label ("eager", "torch.compile", "minicompile", ...) to a callable. Each
-    callable's first call is timed on its own (for compiled callables: the compile time), then
-    its steady state. With check=True every result must equal the first callable's.
-    Returns {label: {"first_call_s", "median_ms", "speedup"}} with speedup over the first label.
+    callable's first call is timed on its own (for a compiled callable: its compile time). With
+    check=True every result must equal the first callable's. Then the timed calls go round-robin
+    (one call of each, `repeat` times), so a slow drift of the machine (another process, clock
+    changes) affects every version alike. Returns {label: {"first_call_s", "median_ms",
+    "speedup"}}, speedup over the first label.
     """
+    device = next((a.device for a in args if isinstance(a, torch.Tensor)), torch.device("cpu"))
     records: dict[str, dict] = {}
     reference = None
     for label, fn in fns.items():
-        first = first_call_seconds(fn, *args)
+        records[label] = {"first_call_s": first_call_seconds(fn, *args)}
         out = fn(*args)
         if check:
             if reference is None:
                 reference = out
             else:
                 torch.testing.assert_close(out, reference, rtol=rtol, atol=atol)
-        records[label] = {"first_call_s": first,
-                          "median_ms": median_ms(fn, *args, warmup=warmup, repeat=repeat)}
+    for label, fn in fns.items():
+        time_calls(fn, *args, warmup=warmup, repeat=0, device=device)
+    times: dict[str, list[float]] = {label: [] for label in fns}
+    if torch.device(device).type == "cuda":
+        # events for every call, queued back to back; one synchronization at the end
+        events = []
+        for _ in range(repeat):
+            for label, fn in fns.items():
+                start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                start.record()
+                fn(*args)
+                end.record()
+                events.append((label, start, end))
+        torch.cuda.synchronize(device)
+        for label, start, end in events:
+            times[label].append(start.elapsed_time(end))
+    else:
+        for _ in range(repeat):
+            for label, fn in fns.items():
+                times[label] += time_calls(fn, *args, warmup=0, repeat=1, device=device)
+    for label, rec in records.items():
+        rec["median_ms"] = statistics.median(times[label])
     base = next(iter(records.values()))["median_ms"]
     for rec in records.values():
         rec["speedup"] = base / rec["median_ms"]

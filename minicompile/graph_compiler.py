@@ -26,3 +26,16 @@ def backend(gm: torch.fx.GraphModule, example_inputs):
     """A torch.compile backend: `torch.compile(f, backend=minicompile.backend)`."""
     compiled = compile_graph(gm, example_inputs)
     return lambda *args: compiled(*args)
+
+
+def generated_source(gm: torch.fx.GraphModule, example_inputs, kernel_backend: str) -> str:
+    """The kernel source minicompile would generate for this graph with the given backend
+    ("cpp" or "triton"), without compiling or running it: for reading, on any machine."""
+    from .codegen import cpp, triton as triton_codegen
+
+    program = lower(gm, list(example_inputs))
+    kernels = [s for s in fusion.schedule(program) if isinstance(s, fusion.Kernel)]
+    buffers = {b.name: b for b in program.inputs}
+    buffers.update({box.name: box for box in program.nodes if box.is_realized})
+    generator = {"cpp": cpp, "triton": triton_codegen}[kernel_backend]
+    return generator.generate(kernels, buffers)[0]

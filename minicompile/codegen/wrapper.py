@@ -18,6 +18,7 @@ import torch.utils._pytree as pytree
 from .. import config, ir, logs, metrics
 from ..fusion import ExternCall, Kernel
 from ..lower.boxes import TensorBox
+from ..runtime import memory
 from . import cpp, triton as triton_codegen
 
 
@@ -67,7 +68,7 @@ def build(program: ir.Program, steps: list) -> CompiledGraph:
         kernel_args = {name: args for name, (args, _) in meta.items()}
 
     namespace: dict[str, Any] = {"torch": torch, "pytree": pytree, "output_spec": program.output_spec,
-                                 "empty_strided": torch.empty_strided}
+                                 "empty_strided": memory.empty_strided}
     namespace.update(launchers)
     lines = ["def call(args):"]
     if program.inputs:

@@ -1,0 +1,2 @@
+"""Run-time support for generated code: buffer allocation (memory.py). Later: CUDA graphs,
+autotuning, the on-disk compile cache."""

@@ -1,0 +1,44 @@
+"""Buffer allocation for the generated wrapper code.
+
+Takes a shape, strides, dtype and device; hands back an uninitialized tensor.
+
+On a CPU, a freshly allocated large tensor costs more than the kernel that fills it: the
+operating system maps its memory lazily and takes a page fault (and zeroes a 4 KiB page) on the
+first write to each page, 16,384 faults for a 64 MiB result. Asking for transparent huge pages
+(`madvise(MADV_HUGEPAGE)`, where the kernel allows it) makes that 32 faults of 2 MiB. Eager
+PyTorch and TorchInductor allocate the ordinary way; the "Why compile?" chapter measures the
+difference. On a GPU, PyTorch's caching allocator already reuses memory.
+"""
+from __future__ import annotations
+
+import ctypes
+import sys
+
+import torch
+
+HUGE_PAGE = 2 << 20
+MIN_BYTES = 4 * HUGE_PAGE          # below this, huge pages do not pay for the system call
+MADV_HUGEPAGE = 14
+
+_madvise = None
+if sys.platform.startswith("linux"):
+    try:
+        _libc = ctypes.CDLL(None, use_errno=True)
+        _madvise = _libc.madvise
+        _madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
+        _madvise.restype = ctypes.c_int
+    except (OSError, AttributeError):
+        _madvise = None
+
+
+def empty_strided(shape, stride, dtype, device) -> torch.Tensor:
+    out = torch.empty_strided(shape, stride, dtype=dtype, device=device)
+    if _madvise is not None and out.device.type == "cpu":
+        nbytes = out.untyped_storage().nbytes()
+        if nbytes >= MIN_BYTES:
+            start = out.data_ptr()
+            first = (start + HUGE_PAGE - 1) // HUGE_PAGE * HUGE_PAGE
+            last = (start + nbytes) // HUGE_PAGE * HUGE_PAGE
+            if last > first:
+                _madvise(first, last - first, MADV_HUGEPAGE)   # advice only: failure is harmless
+    return out

@@ -1,0 +1,213 @@
+"""The public names of minicompile, end to end: capture -> lowering -> fusion -> kernels.
+
+Every compiled result is compared with eager PyTorch on fresh random inputs.
+"""
+import os
+import subprocess
+import sys
+import warnings
+
+import pytest
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+import minicompile
+from conftest import DEVICE
+from helpers import assert_same, randn
+
+
+def relu_chain(x):
+    return torch.relu(x + 1) * 2
+
+
+def test_public_names_exist():
+    for name in ["compile", "explain", "reset", "mark_dynamic", "set_logs", "backend", "config",
+                 "Unsupported", "metrics"]:
+        assert hasattr(minicompile, name), name
+    assert minicompile.config.recompile_limit == 8
+    for counter in ["graphs", "graph_breaks", "recompiles", "kernels", "kernel_bytes"]:
+        assert hasattr(minicompile.metrics, counter)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+@pytest.mark.parametrize("layout", ["contiguous", "transposed", "strided"])
+def test_relu_chain_one_kernel(kernel_backend, dtype, layout):
+    shape = (1823, 781) if kernel_backend == "cpp" or DEVICE == "cuda" else (183, 78)
+    x = randn(*shape, dtype=dtype, layout=layout)
+    f = minicompile.compile(relu_chain)
+    assert_same(f(x), relu_chain(x), dtype)
+    assert minicompile.metrics.kernels == 1
+    assert minicompile.metrics.graphs == 1
+    (_, read, written), = minicompile.metrics.kernel_bytes
+    assert read == written == x.numel() * x.element_size()
+
+
+def test_call_and_decorator_forms():
+    x = randn(33, 17)
+
+    @minicompile.compile
+    def a(x):
+        return x.sin() * 2
+
+    @minicompile.compile(fullgraph=True)
+    def b(x):
+        return x.cos() + 1
+
+    c = minicompile.compile(lambda x: x.exp() - 1, fullgraph=False, dynamic=False)
+    assert_same(a(x), x.sin() * 2)
+    assert_same(b(x), x.cos() + 1)
+    assert_same(c(x), x.exp() - 1)
+    assert a.__name__ == "a"
+
+
+class Block(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Linear(24, 16)
+        self.norm = nn.LayerNorm(16)
+        self.scale = 0.5
+
+    def forward(self, x):
+        return self.norm(F.gelu(self.fc(x))) * self.scale + x[:, :16]
+
+
+def test_module_behaves_like_the_original():
+    torch.manual_seed(0)
+    model = Block().to(DEVICE)
+    compiled = minicompile.compile(model)
+    x = randn(37, 24)
+    assert_same(compiled(x), model(x))
+    assert isinstance(compiled, nn.Module)
+    assert list(compiled.state_dict()) == list(model.state_dict())
+    assert [n for n, _ in compiled.named_parameters()] == [n for n, _ in model.named_parameters()]
+    assert all(p is q for p, q in zip(compiled.parameters(), model.parameters()))
+    assert compiled.scale == 0.5 and compiled.fc is model.fc
+    # weights are read live, never copied into the compiled code
+    with torch.no_grad():
+        model.fc.weight.mul_(-1)
+    assert_same(compiled(x), model(x))
+    # a checkpoint of the compiled module loads into the original, and back
+    fresh = Block().to(DEVICE)
+    fresh.load_state_dict(compiled.state_dict())
+    assert_same(fresh(x), model(x))
+    compiled.eval()
+    assert not model.training
+
+
+def test_shape_change_recompiles_and_stays_correct():
+    f = minicompile.compile(relu_chain)
+    for shape in [(8, 5), (8, 5), (9, 5), (8, 5)]:
+        x = randn(*shape)
+        assert_same(f(x), relu_chain(x))
+    assert minicompile.metrics.graphs == 2
+    assert minicompile.metrics.recompiles == 1
+
+
+def test_recompile_limit_falls_back_to_eager_with_warning():
+    minicompile.config.recompile_limit, limit = 2, minicompile.config.recompile_limit
+    try:
+        f = minicompile.compile(relu_chain)
+        for n in (3, 4):
+            f(randn(n))
+        with pytest.warns(UserWarning, match="recompile limit"):
+            x = randn(5)
+            assert_same(f(x), relu_chain(x))
+        assert minicompile.metrics.graphs == 2
+    finally:
+        minicompile.config.recompile_limit = limit
+
+
+def with_print(x):
+    y = x * 2
+    print("debug")
+    return y + 1
+
+
+def test_unsupported_runs_eagerly_with_a_warning(capsys):
+    f = minicompile.compile(with_print)
+    x = randn(4, 4)
+    with pytest.warns(UserWarning, match="runs eagerly"):
+        assert_same(f(x), x * 2 + 1)
+    assert "debug" in capsys.readouterr().out
+    assert minicompile.metrics.graph_breaks == 1
+
+
+def test_fullgraph_raises_unsupported_with_source_line():
+    f = minicompile.compile(with_print, fullgraph=True)
+    with pytest.raises(minicompile.Unsupported, match='print\\("debug"\\)'):
+        f(randn(4, 4))
+
+
+def test_explain():
+    out = minicompile.explain(relu_chain)(randn(5, 5))
+    assert out.graph_count == 1 and out.graph_break_count == 0
+    assert len(out.ops_per_graph[0]) == 3
+    broken = minicompile.explain(with_print)(randn(5, 5))
+    assert broken.graph_break_count == 1
+    assert "print" in str(broken)
+
+
+def test_later_stages_say_so():
+    with pytest.raises(NotImplementedError, match="dynamic shapes"):
+        minicompile.mark_dynamic(randn(3, 3), 0)
+    with pytest.raises(NotImplementedError, match="dynamic"):
+        minicompile.compile(relu_chain, dynamic=True)
+    with pytest.raises(NotImplementedError, match="reduce-overhead"):
+        minicompile.compile(relu_chain, mode="reduce-overhead")
+
+
+def test_bad_arguments_name_the_cause():
+    with pytest.raises(TypeError, match="function or an nn.Module"):
+        minicompile.compile(42)
+    with pytest.raises(ValueError, match="unknown mode"):
+        minicompile.compile(relu_chain, mode="fastest")
+    with pytest.raises(ValueError, match="backend must be"):
+        minicompile.compile(relu_chain, backend="tvm")
+    with pytest.raises(TypeError, match="fullgraph"):
+        minicompile.compile(relu_chain, fullgraph="yes")
+    with pytest.raises(ValueError, match="unknown log artifact"):
+        minicompile.set_logs(kernels=True)
+
+
+def test_kernel_compile_error_is_a_sentence(monkeypatch):
+    from minicompile.codegen.cpp import KernelCompileError
+    monkeypatch.setattr(minicompile.config, "cxx_flags", minicompile.config.cxx_flags + ["-fno-such-flag"])
+    monkeypatch.setattr(minicompile.config, "cpu_backend", "cpp")
+    f = minicompile.compile(lambda x: x * 3 + 0.25)
+    with pytest.raises(KernelCompileError, match="C\\+\\+ kernel failed to compile"):
+        f(torch.randn(8, 8))
+
+
+def test_logs_from_environment_variable(tmp_path):
+    script = tmp_path / "prog.py"
+    script.write_text("import torch, minicompile\n"
+                      "f = minicompile.compile(lambda x: torch.relu(x + 1) * 2)\n"
+                      "f(torch.randn(16, 16))\n")
+    out = subprocess.run([sys.executable, str(script)], capture_output=True, text=True,
+                         env=dict(os.environ, MINICOMPILE_LOGS="graph_code,output_code,fusion"))
+    assert out.returncode == 0, out.stderr
+    assert "[minicompile:graph_code]" in out.stdout and "torch.relu(x + 1) * 2" in out.stdout
+    assert "def call(args)" in out.stdout and "[minicompile:fusion] kernel0" in out.stdout
+
+
+def test_backend_eager_and_custom():
+    seen = []
+
+    def my_backend(gm, example_inputs):
+        seen.append(gm)
+        return gm
+    x = randn(6, 7)
+    assert_same(minicompile.compile(relu_chain, backend="eager")(x), relu_chain(x))
+    assert_same(minicompile.compile(relu_chain, backend=my_backend)(x), relu_chain(x))
+    assert len(seen) == 1
+
+
+def test_unsupported_python_version_warns_and_runs_eagerly(monkeypatch):
+    import minicompile.api as api
+    monkeypatch.setattr(api, "SUPPORTED_PYTHONS", ())
+    monkeypatch.setattr(api, "_warned_python", False)
+    with pytest.warns(UserWarning, match="Python 3.11 to 3.13"):
+        x = randn(3)
+        assert_same(minicompile.compile(relu_chain)(x), relu_chain(x))
+    assert minicompile.metrics.graphs == 0
