@@ -66,8 +66,9 @@ def _resolve_backend(backend) -> tuple[Callable, str]:
 class CompiledFunction:
     """A function whose calls go through minicompile's cache of compiled entries."""
 
-    def __init__(self, fn: Callable, *, fullgraph: bool, backend, dynamic):
+    def __init__(self, fn: Callable, *, fullgraph: bool, backend, dynamic, options=None):
         self.fn = fn
+        self.options = dict(options or {})
         self.fullgraph = fullgraph
         self.backend, self.backend_name = _resolve_backend(backend)
         self.dynamic = dynamic
@@ -77,7 +78,7 @@ class CompiledFunction:
     @property
     def _key(self):
         code = getattr(self.fn, "__code__", None) or getattr(getattr(self.fn, "__func__", None), "__code__", None)
-        return (code, self.backend_name, id(self.backend))
+        return (code, self.backend_name, id(self.backend), tuple(sorted(self.options.items())))
 
     def __call__(self, *args, **kwargs):
         if not _python_supported():
@@ -109,7 +110,8 @@ class CompiledFunction:
             metrics.recompiles += 1
             logs.log("recompiles", f"recompiling {self.__name__}: no earlier entry's guard held "
                                    f"({len(entries)} entries)")
-        compiled = self.backend(cap.gm, cap.example_inputs)
+        with config.patch(**self.options):
+            compiled = self.backend(cap.gm, cap.example_inputs)
         metrics.graphs += 1
         entry = CacheEntry(cap, compiled)
         entries.insert(0, entry)
@@ -178,18 +180,17 @@ def compile(model: Callable | None = None, *, fullgraph: bool = False, dynamic: 
     if mode not in MODES:
         raise ValueError(f"unknown mode {mode!r}; torch.compile's modes are 'default', "
                          "'reduce-overhead', 'max-autotune', 'max-autotune-no-cudagraphs'")
-    for key, value in (options or {}).items():
-        if not hasattr(config, key):
-            raise ValueError(f"unknown option {key!r}: options are attributes of minicompile.config")
-        setattr(config, key, value)
+    config.patch(**(options or {}))          # validates the names now, applies at compile time
     if disable:
         return model
     if isinstance(model, torch.nn.Module):
-        return CompiledModule(model, fullgraph=fullgraph, backend=backend, dynamic=dynamic)
+        return CompiledModule(model, fullgraph=fullgraph, backend=backend, dynamic=dynamic,
+                              options=options)
     if not callable(model):
         raise TypeError(f"minicompile.compile takes a function or an nn.Module, not "
                         f"{type(model).__name__}")
-    return CompiledFunction(model, fullgraph=fullgraph, backend=backend, dynamic=dynamic)
+    return CompiledFunction(model, fullgraph=fullgraph, backend=backend, dynamic=dynamic,
+                            options=options)
 
 
 @dataclass

@@ -54,8 +54,10 @@ def _sync(device: torch.device | str | None) -> None:
 
 
 def time_calls(fn: Callable, *args, warmup: int = 5, repeat: int = 50,
-               device: torch.device | str | None = None) -> list[float]:
-    """Milliseconds of each of `repeat` calls of fn(*args), after `warmup` untimed calls."""
+               device: torch.device | str | None = None, synchronize_each: bool = False) -> list[float]:
+    """Milliseconds of each of `repeat` calls of fn(*args), after `warmup` untimed calls.
+    On a GPU, calls are queued back to back unless synchronize_each=True, which waits for the
+    device before and after every call (so the host's launch work is timed too)."""
     if device is None:
         device = next((a.device for a in args if isinstance(a, torch.Tensor)), torch.device("cpu"))
     for _ in range(warmup):
@@ -65,6 +67,8 @@ def time_calls(fn: Callable, *args, warmup: int = 5, repeat: int = 50,
         starts = [torch.cuda.Event(enable_timing=True) for _ in range(repeat)]
         ends = [torch.cuda.Event(enable_timing=True) for _ in range(repeat)]
         for start, end in zip(starts, ends):
+            if synchronize_each:
+                torch.cuda.synchronize(device)
             start.record()
             fn(*args)
             end.record()
@@ -218,3 +222,36 @@ def cold_first_call(compiler: str, device: str, n: int) -> float:
         if out.returncode != 0:
             raise RuntimeError(f"cold first call of {compiler} failed:\n{out.stderr[-2000:]}")
         return float(out.stdout.strip().splitlines()[-1])
+
+
+def main(argv=None) -> None:
+    """Command line: time eager, torch.compile and minicompile on an expression of x.
+
+        python -m minicompile.bench "torch.relu(x + 1) * 2" --shape 4096 4096 [--device cuda]
+    """
+    import argparse
+
+    parser = argparse.ArgumentParser(prog="python -m minicompile.bench", description=main.__doc__.splitlines()[0])
+    parser.add_argument("expression", help="a Python expression of the tensor x, e.g. 'x.softmax(-1)'")
+    parser.add_argument("--shape", type=int, nargs="+", default=[4096, 4096])
+    parser.add_argument("--dtype", default="float32")
+    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    parser.add_argument("--repeat", type=int, default=50)
+    parser.add_argument("--save", metavar="NAME", help="write benchmarks/results/NAME.json")
+    args = parser.parse_args(argv)
+    import minicompile
+
+    fn = eval(f"lambda x: {args.expression}", {"torch": torch, "F": torch.nn.functional})
+    x = torch.randn(*args.shape, dtype=getattr(torch, args.dtype), device=args.device)
+    records = compare({"eager": fn, "torch.compile": torch.compile(fn), "minicompile": minicompile.compile(fn)},
+                      [x], repeat=args.repeat)
+    for label, rec in records.items():
+        print(f"{label:<15} first call {rec['first_call_s']:7.3f} s   median {rec['median_ms']:9.3f} ms"
+              f"   speedup {rec['speedup']:.2f}x")
+    if args.save:
+        print("wrote", save_results(args.save, {"expression": args.expression, "shape": args.shape,
+                                                "dtype": args.dtype, "records": records}))
+
+
+if __name__ == "__main__":
+    main()

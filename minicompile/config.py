@@ -1,5 +1,6 @@
 """Settings read by every stage. Change them as attributes: `minicompile.config.recompile_limit = 4`."""
 import os
+import sys
 
 # After this many compiled entries for one code object, the frame runs eagerly (with a warning),
 # as in torch.compile (torch._dynamo.config.recompile_limit).
@@ -17,3 +18,25 @@ cache_dir = os.environ.get("MINICOMPILE_CACHE_DIR",
 cxx = os.environ.get("CXX", "g++")
 cxx_flags = ["-O3", "-march=native", "-fopenmp", "-fno-math-errno", "-fno-trapping-math",
              "-shared", "-fPIC", "-std=c++17"]
+# Linked after the source: glibc's vector math library (exp, tanh, erf... on 8 floats at once).
+cxx_libs = ["-lmvec"] if sys.platform.startswith("linux") else []
+
+
+def patch(**changes):
+    """Context manager: `with config.patch(cpu_backend="triton"): ...` sets these settings for
+    the block only (how `minicompile.compile(..., options={...})` applies its options)."""
+    import contextlib
+
+    unknown = [k for k in changes if k not in globals() or k.startswith("_") or callable(globals()[k])]
+    if unknown:
+        raise ValueError(f"unknown option(s) {unknown}: options are the settings in minicompile.config")
+
+    @contextlib.contextmanager
+    def patched():
+        saved = {k: globals()[k] for k in changes}
+        globals().update(changes)
+        try:
+            yield
+        finally:
+            globals().update(saved)
+    return patched()

@@ -24,8 +24,7 @@ def compile_graph(gm: torch.fx.GraphModule, example_inputs) -> wrapper.CompiledG
 
 def backend(gm: torch.fx.GraphModule, example_inputs):
     """A torch.compile backend: `torch.compile(f, backend=minicompile.backend)`."""
-    compiled = compile_graph(gm, example_inputs)
-    return lambda *args: compiled(*args)
+    return compile_graph(gm, example_inputs)
 
 
 def generated_source(gm: torch.fx.GraphModule, example_inputs, kernel_backend: str) -> str:

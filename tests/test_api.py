@@ -211,3 +211,18 @@ def test_unsupported_python_version_warns_and_runs_eagerly(monkeypatch):
         x = randn(3)
         assert_same(minicompile.compile(relu_chain)(x), relu_chain(x))
     assert minicompile.metrics.graphs == 0
+
+
+def test_options_apply_to_that_function_only():
+    import minicompile.api as api
+    x = randn(16, 16)
+    before = minicompile.config.cpu_backend
+    other = "triton" if before == "cpp" else "cpp"
+    f = minicompile.compile(relu_chain, options={"cpu_backend": other})
+    assert_same(f(x), relu_chain(x))
+    assert minicompile.config.cpu_backend == before
+    if DEVICE == "cpu":
+        (entry,), = [e for e in api._CACHES.values() if e]
+        assert entry.compiled.backend == other
+    with pytest.raises(ValueError, match="unknown option"):
+        minicompile.compile(relu_chain, options={"no_such_setting": 1})

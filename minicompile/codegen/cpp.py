@@ -28,6 +28,12 @@ CTYPES = {torch.float32: "float", torch.float64: "double", torch.float16: "_Floa
           torch.int16: "int16_t", torch.int8: "int8_t", torch.uint8: "uint8_t", torch.bool: "bool"}
 
 PRELUDE = r"""
+// glibc declares the vector versions of exp, log, tanh, erf... (libmvec) only under fast-math.
+// We want those declarations (so loops calling them vectorize) without fast-math's semantics
+// (NaN and infinity must behave as in PyTorch), so we ask for the declarations alone.
+#if defined(__linux__) && !defined(__FAST_MATH__)
+#define __FAST_MATH__ 1
+#endif
 #include <cmath>
 #include <cstdint>
 #include <limits>
@@ -165,7 +171,7 @@ def _nest(loops, body, innermost_pragma=None, outer_pragma=None, collapse=False)
 def compile_library(source: str) -> ctypes.CDLL:
     """Compile a translation unit to a shared library (cached by hash) and load it."""
     command = [config.cxx, *config.cxx_flags]
-    key = hashlib.sha256((source + "\0" + " ".join(command)).encode()).hexdigest()[:24]
+    key = hashlib.sha256((source + "\0" + " ".join(command + config.cxx_libs)).encode()).hexdigest()[:24]
     directory = os.path.join(config.cache_dir, "cpp")
     os.makedirs(directory, exist_ok=True)
     lib_path = os.path.join(directory, f"k{key}.so")
@@ -176,7 +182,8 @@ def compile_library(source: str) -> ctypes.CDLL:
         fd, tmp_lib = tempfile.mkstemp(suffix=".so", dir=directory)
         os.close(fd)
         try:
-            proc = subprocess.run([*command, src_path, "-o", tmp_lib], capture_output=True, text=True)
+            proc = subprocess.run([*command, src_path, "-o", tmp_lib, *config.cxx_libs],
+                                  capture_output=True, text=True)
         except FileNotFoundError:
             raise KernelCompileError(
                 f"the C++ compiler '{config.cxx}' was not found: install g++ (or set CXX), "
