@@ -196,7 +196,7 @@ def use_ops(handler):
 # The pointwise operations every backend prints. Lowerings may use nothing else (plus
 # load / constant / to_dtype / where / index_expr). name -> number of operands.
 POINTWISE_OPS = {
-    "add": 2, "sub": 2, "mul": 2, "truediv": 2, "floordiv": 2, "remainder": 2, "pow": 2,
+    "add": 2, "sub": 2, "mul": 2, "truediv": 2, 
     "maximum": 2, "minimum": 2,
     "eq": 2, "ne": 2, "lt": 2, "le": 2, "gt": 2, "ge": 2,
     "logical_and": 2, "logical_or": 2,
@@ -273,8 +273,7 @@ class Pointwise(IRNode):
     dtype: torch.dtype
     device: torch.device
     inner_fn: Callable[[Sequence[Index]], Any]
-    origin: str = ""            # the aten op it was lowered from, for logs
-    users: int = 0              # how many IR nodes read it (set by lowering)
+    origin: str = ""            # the op it was lowered from, for logs
 
     def make_loader(self):
         return self.inner_fn
@@ -290,7 +289,15 @@ class Reduction(IRNode):
     inner_fn: Callable[[Sequence[Index], Sequence[Index]], Any]
     src_dtype: torch.dtype = torch.float32
     origin: str = ""
-    users: int = 0
+    input_shape: list[int] = field(default_factory=list)   # the shape reduced over
+    reduced_dims: list[int] = field(default_factory=list)
+    keepdim: bool = False
+
+    @property
+    def trailing(self) -> bool:
+        """Reduces the last dims of its input: rows that other row-wise work can share."""
+        n = len(self.input_shape)
+        return bool(self.reduced_dims) and self.reduced_dims == list(range(n - len(self.reduced_dims), n))
 
     def rnumel(self) -> int:
         return math.prod(self.reduction_ranges)

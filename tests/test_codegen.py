@@ -45,6 +45,8 @@ POINTWISE = {
     "clamp": lambda x: x.clamp(-0.5, 0.7) + torch.clamp(x, min=0.1),
     "max_min": lambda x: torch.maximum(x, x * 0.5) - torch.minimum(x, -x),
     "erf_pow": lambda x: torch.erf(x) + (x.abs() + 1) ** 2,
+    "pow_constants": lambda x: x ** 3 - x.abs() ** 0.5 + (x.abs() + 1) ** -2 + (x.abs() + 0.5) ** 1.7 + x ** 0,
+    "pow_tensor_exponent_falls_back": lambda x: (x.abs() + 0.5) ** x,
 }
 
 
@@ -165,3 +167,48 @@ def test_torch_compile_backend(kernel_backend):
     f = torch.compile(lambda x: torch.relu(x + 1) * 2 - x.mean(-1, keepdim=True),
                       backend=minicompile.backend)
     assert_same(f(x), torch.relu(x + 1) * 2 - x.mean(-1, keepdim=True))
+
+
+def rms_norm(x, w, eps=1e-6):
+    return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps) * w
+
+
+ONE_KERNEL = {
+    "softmax": (lambda x, w: torch.softmax(x, -1), (67, 129)),
+    "log_softmax": (lambda x, w: F.log_softmax(x, -1), (67, 129)),
+    "layer_norm": (lambda x, w: F.layer_norm(x, (x.shape[-1],), w, w * 0.5), (67, 129)),
+    "rms_norm": (lambda x, w: rms_norm(x, w), (67, 129)),
+    "layer_norm_3d": (lambda x, w: F.layer_norm(x, (x.shape[-1],), w, None), (3, 23, 129)),
+    "sum_and_max_of_same_rows": (lambda x, w: x.sum(-1) + x.amax(-1), (67, 129)),
+    "softmax_long_rows": (lambda x, w: torch.softmax(x * 2, -1), (5, 6001)),
+    "rms_norm_long_rows": (lambda x, w: rms_norm(x, w), (5, 6001)),
+}
+
+
+@pytest.mark.parametrize("name", sorted(ONE_KERNEL))
+def test_row_fusion_one_kernel(kernel_backend, name):
+    fn, shape = ONE_KERNEL[name]
+    x, w = randn(*shape), randn(shape[-1])
+    minicompile.metrics.reset()
+    check(fn, x, w)
+    assert minicompile.metrics.kernels == 1, name
+    (_, read, written), = minicompile.metrics.kernel_bytes
+    assert written == fn(x, w).numel() * 4          # intermediates stay in registers
+
+
+def test_row_fusion_keeps_intermediates_that_are_returned(kernel_backend):
+    x = randn(33, 65)
+
+    def f(x):
+        m = x.amax(-1, keepdim=True)
+        return torch.softmax(x, -1), m
+    actual, expected = run_compiled(f, x), f(x)
+    for a, e in zip(actual, expected):
+        assert_same(a, e)
+
+
+def test_no_fusion_across_rows(kernel_backend):
+    # the second reduction reads the first one's results along another dim: not row-local
+    x = randn(30, 40)
+    check(lambda x: (x - x.amax(0, keepdim=True)).sum(-1), x)
+    check(lambda x: x.sum(-1, keepdim=True).t() + x[:1, :30], x)

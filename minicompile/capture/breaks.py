@@ -57,3 +57,21 @@ class Unsupported(Exception):
 
 class UnsupportedPythonVersion(Unsupported):
     """This Python's bytecode has no opcode tables here (only 3.11, 3.12, 3.13)."""
+
+
+class GraphBreak(Exception):
+    """Raised by the root frame's interpreter when an instruction cannot be traced and the
+    frame may be split there: the graph so far is compiled, `inst` runs for real on the live
+    values, and tracing resumes after it (see frame.py).
+
+    stack:    the value stack *before* `inst` ran (its operands are still on it)
+    kw_names: 3.11/3.12 KW_NAMES pending for a CALL
+    """
+
+    def __init__(self, unsupported: Unsupported, inst, stack, kw_names, tx):
+        super().__init__(unsupported.reason)
+        self.unsupported = unsupported
+        self.inst = inst
+        self.stack = stack
+        self.kw_names = kw_names
+        self.tx = tx

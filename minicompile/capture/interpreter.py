@@ -36,7 +36,7 @@ import torch
 import torch.fx
 from torch.fx.proxy import GraphAppendingTracer
 
-from .breaks import Unsupported, source_line
+from .breaks import GraphBreak, Unsupported, source_line
 from .bytecode import (BINARY_OP_SYMBOLS, Instruction, check_python_version, current_version,
                        decode, dispatch_table, handles)
 from .guards import ArgBinding, GuardBuilder, bind_arguments
@@ -46,7 +46,8 @@ from .values import (NULL, BaseListVariable, BoundMethodVariable, BuiltinVariabl
                      NamedTupleVariable, NNModuleVariable, NullVariable, PythonModuleVariable,
                      SliceVariable, TensorMethodVariable, TensorVariable, TorchFunctionVariable,
                      TupleVariable, TypeVariable, UserFunctionVariable, VariableTracker,
-                     is_constant_value)
+                     is_constant_value, IteratorVariable, CellVariable, NestedFunctionVariable,
+                     GradModeVariable, WithExitVariable)
 
 MAX_INLINE_DEPTH = 32
 
@@ -118,6 +119,30 @@ class OutputGraph:
         # the `self` of a captured bound method: fixed by the capture, so not guarded by id
         self.bound_self = bound_self
         self.tx: Optional["InstructionTranslator"] = None     # the frame running now
+        # in-place changes to containers made in the trace: (variable, old items), so that
+        # a graph break inside an inlined call can roll the trace back to the call site
+        self.undo_log: List[Tuple[VariableTracker, Any]] = []
+        # inline user functions and modules (False in a frame run eagerly: every user call
+        # is then made for real, and the callee compiled on its own, as Dynamo does)
+        self.inline_user_calls = True
+        self.breaks_allowed = False          # root-frame Unsupported -> GraphBreak
+        self.instruction_budget = 200_000     # unrolled loops: a bound, not a hang
+
+    def record_mutation(self, var: VariableTracker):
+        if isinstance(var, DictVariable):
+            self.undo_log.append((var, dict(var.items)))
+        elif isinstance(var, IteratorVariable):
+            self.undo_log.append((var, var.index))
+        else:
+            self.undo_log.append((var, list(var.items)))
+
+    def rollback(self, mark: int):
+        while len(self.undo_log) > mark:
+            var, old = self.undo_log.pop()
+            if isinstance(var, IteratorVariable):
+                var.index = old
+            else:
+                var.items = old
 
     # -- roots: objects the guard holds directly --------------------------------------
     def root_source(self, obj, hint: str) -> RootSource:
@@ -424,11 +449,12 @@ class _Return(Exception):
 class InstructionTranslator:
     def __init__(self, output: OutputGraph, func: types.FunctionType,
                  locals_: Dict[str, VariableTracker], lazy_locals: Dict[str, Tuple[Any, Source]],
-                 parent: Optional["InstructionTranslator"] = None, globals_source: Optional[Source] = None):
+                 parent: Optional["InstructionTranslator"] = None, globals_source: Optional[Source] = None,
+                 closure_cells: Optional[Dict[str, VariableTracker]] = None, code=None):
         self.output = output
         self.func = func
-        self.code: types.CodeType = func.__code__
-        self.f_globals = func.__globals__
+        self.code: types.CodeType = code if code is not None else func.__code__
+        self.f_globals = func.__globals__ if func is not None else None
         self.globals_source = globals_source
         self.parent = parent
         self.depth = 0 if parent is None else parent.depth + 1
@@ -443,7 +469,10 @@ class InstructionTranslator:
         self.kw_names: Tuple[str, ...] = ()
         self.return_value: Optional[VariableTracker] = None
         # free variables: name -> cell (read through its contents, guarded like a global)
-        self.freevars = dict(zip(self.code.co_freevars, func.__closure__ or ()))
+        self.freevars = dict(zip(self.code.co_freevars, (func.__closure__ or ()) if func is not None else ()))
+        # free variables of a function made inside the trace: CellVariables
+        self.closure_cells: Dict[str, VariableTracker] = dict(closure_cells or {})
+        self.with_depth = 0                   # open `with` blocks (a break inside: no resume)
 
     # -- where we are (for error messages and node meta) ---------------------------------
     def location(self):
@@ -471,26 +500,53 @@ class InstructionTranslator:
     def run(self) -> VariableTracker:
         prev_tx = self.output.tx
         self.output.tx = self
+        out = self.output
+        root = self.parent is None and out.breaks_allowed
         try:
             while True:
                 inst = self.instructions[self.pc]
                 self.current = inst
                 self.pc += 1
+                out.instruction_budget -= 1
+                if out.instruction_budget < 0:
+                    raise self.unsupported("too many instructions (an unrolled loop that does "
+                                           "not end on Python values?)")
                 handler = self.dispatch.get(inst.opname)
-                if handler is None:
-                    raise self.unsupported(
-                        f"opcode {inst.opname}" + (f" ({inst.argrepr})" if inst.argrepr else ""),
-                        f"minicompile's capture has no handler for {inst.opname} on Python "
-                        f"{self.version[0]}.{self.version[1]} yet (control flow, loops, "
-                        "exceptions, closures and side effects come later)")
+                if root:
+                    # what a graph break at this instruction needs: the stack before it, and a
+                    # checkpoint to roll the graph back to (an inlined call may have added nodes)
+                    stack_before = list(self.stack)
+                    kw_before = self.kw_names
+                    undo_mark = len(out.undo_log)
+                    grad_before = torch.is_grad_enabled()
+                    nodes_before = set(out.graph.nodes) if inst.opname.startswith("CALL") else None
                 try:
-                    handler(self, inst)
-                except (_Return, Unsupported):
-                    raise
-                except Exception as e:
-                    raise self.unsupported(
-                        f"internal error while tracing {inst.opname}: {type(e).__name__}: {e}",
-                        "minicompile could not model this instruction") from e
+                    if handler is None:
+                        raise self.unsupported(
+                            f"opcode {inst.opname}" + (f" ({inst.argrepr})" if inst.argrepr else ""),
+                            f"minicompile's capture has no handler for {inst.opname} on Python "
+                            f"{self.version[0]}.{self.version[1]}")
+                    try:
+                        handler(self, inst)
+                    except (_Return, Unsupported, GraphBreak):
+                        raise
+                    except Exception as e:
+                        raise self.unsupported(
+                            f"internal error while tracing {inst.opname}: {type(e).__name__}: {e}",
+                            "minicompile could not model this instruction") from e
+                except Unsupported as e:
+                    if not root:
+                        raise
+                    out.rollback(undo_mark)
+                    torch._C._set_grad_enabled(grad_before)
+                    if nodes_before is not None:
+                        for node in reversed(list(out.graph.nodes)):
+                            if node not in nodes_before and node.op != "placeholder" and not node.users:
+                                out.graph.erase_node(node)
+                    self.stack = stack_before
+                    self.kw_names = kw_before
+                    self.current = inst
+                    raise GraphBreak(e, inst, stack_before, kw_before, self) from None
         except _Return:
             return self.return_value
         finally:
@@ -511,11 +567,8 @@ class InstructionTranslator:
         return vals
 
     def jump_to(self, inst: Instruction):
-        target = self.offset_to_index[inst.argval]
-        if target <= inst.index:
-            raise self.unsupported(f"loop (backward jump {inst.opname})",
-                                   "loops are not supported by the capture yet")
-        self.pc = target
+        # loops are unrolled: a backward jump is followed like any other
+        self.pc = self.offset_to_index[inst.argval]
 
     # -- building blocks used by handlers -------------------------------------------------
     def load_local(self, name: str) -> VariableTracker:
@@ -806,7 +859,201 @@ class InstructionTranslator:
     @handles("LOAD_FAST")
     @handles("LOAD_FAST_CHECK", versions=[(3, 12), (3, 13)])
     def _load_fast(self, inst):
+        if self.version >= (3, 13) and inst.argval in self.code.co_cellvars \
+                and self._next_builds_closure():
+            self.push(CellVariable(self, inst.argval))      # 3.13: LOAD_CLOSURE became LOAD_FAST
+            return
         self.push(self.load_local(inst.argval))
+
+    def _next_builds_closure(self) -> bool:
+        for ins in self.instructions[self.pc:self.pc + 64]:
+            if ins.opname in ("LOAD_FAST", "LOAD_FAST_CHECK") and ins.argval in self.code.co_cellvars:
+                continue
+            if ins.opname == "BUILD_TUPLE":
+                continue
+            return ins.opname == "LOAD_CONST" and isinstance(ins.argval, types.CodeType)
+        return False
+
+    @handles("LOAD_CLOSURE", versions=[(3, 11), (3, 12)])
+    def _load_closure(self, inst):
+        name = inst.argval
+        if name in self.closure_cells:                    # passing our own free variable on
+            self.push(self.closure_cells[name])
+        elif name in self.freevars:
+            self.push(self.freevars[name])
+        else:
+            self.push(CellVariable(self, name))
+
+    @handles("MAKE_FUNCTION")
+    def _make_function(self, inst):
+        code = self.pop().as_example()
+        if self.version >= (3, 13):
+            self.push(NestedFunctionVariable(code, self.f_globals, code.co_qualname))
+            return
+        flags = inst.arg or 0
+        closure = self.pop() if flags & 0x08 else None
+        if flags & 0x04:
+            self.pop()                                    # annotations
+        kwdefaults = self.pop() if flags & 0x02 else None
+        defaults = self.pop() if flags & 0x01 else None
+        self.push(NestedFunctionVariable(code, self.f_globals, code.co_qualname, defaults,
+                                         kwdefaults, closure))
+
+    @handles("SET_FUNCTION_ATTRIBUTE", versions=[(3, 13)])
+    def _set_function_attribute(self, inst):
+        fn = self.pop()
+        value = self.pop()
+        flag = inst.arg
+        if flag == 0x08:
+            fn.closure = value
+        elif flag == 0x02:
+            fn.kwdefaults = value
+        elif flag == 0x01:
+            fn.defaults = value
+        self.push(fn)
+
+    # f-strings --------------------------------------------------------------------------
+    def _format(self, value: VariableTracker, conversion: Optional[str], spec: str = ""):
+        if not value.is_constant():
+            if isinstance(value, (NNModuleVariable, TypeVariable, UserFunctionVariable)) and not spec:
+                v = value.as_example()
+            else:
+                raise self.unsupported(f"formatting {value.describe()} in an f-string",
+                                       "the text would depend on a tensor's values")
+        else:
+            v = value.as_example()
+        if conversion == "s":
+            v = str(v)
+        elif conversion == "r":
+            v = repr(v)
+        elif conversion == "a":
+            v = ascii(v)
+        return ConstantVariable(format(v, spec))
+
+    @handles("FORMAT_VALUE", versions=[(3, 11), (3, 12)])
+    def _format_value(self, inst):
+        flags = inst.arg or 0
+        spec = self.pop().as_example() if flags & 0x04 else ""
+        value = self.pop()
+        conv = {0: None, 1: "s", 2: "r", 3: "a"}[flags & 0x03]
+        self.push(self._format(value, conv, spec))
+
+    @handles("CONVERT_VALUE", versions=[(3, 13)])
+    def _convert_value(self, inst):
+        value = self.pop()
+        conv = {1: "s", 2: "r", 3: "a"}.get(inst.arg)
+        self.push(self._format(value, conv))
+
+    @handles("FORMAT_SIMPLE", versions=[(3, 13)])
+    def _format_simple(self, inst):
+        self.push(self._format(self.pop(), None))
+
+    @handles("FORMAT_WITH_SPEC", versions=[(3, 13)])
+    def _format_with_spec(self, inst):
+        spec = self.pop().as_example()
+        self.push(self._format(self.pop(), None, spec))
+
+    @handles("BUILD_STRING")
+    def _build_string(self, inst):
+        parts = self.popn(inst.arg)
+        self.push(ConstantVariable("".join(p.as_example() for p in parts)))
+
+    # iteration (loops are unrolled) -----------------------------------------------------
+    @handles("GET_ITER")
+    def _get_iter(self, inst):
+        v = self.pop()
+        if isinstance(v, IteratorVariable):
+            self.push(v)
+        else:
+            self.push(IteratorVariable(self.iterate(v)))
+
+    @handles("FOR_ITER")
+    def _for_iter(self, inst):
+        it = self.stack[-1]
+        if not isinstance(it, IteratorVariable):
+            raise self.unsupported(f"for loop over {it.describe()}")
+        if it.index < len(it.items):
+            self.output.record_mutation(it)
+            it.index += 1
+            self.push(it.items[it.index - 1])
+            return
+        # exhausted: the iterator is popped and the loop's END_FOR (3.12: END_FOR,
+        # 3.13: END_FOR + POP_TOP, which would pop it) skipped
+        self.pop()
+        target = self.offset_to_index[inst.argval]
+        if self.version >= (3, 12) and self.instructions[target].opname == "END_FOR":
+            target += 1
+            if self.version >= (3, 13) and self.instructions[target].opname == "POP_TOP":
+                target += 1
+        self.pc = target
+
+    @handles("END_FOR", versions=[(3, 12), (3, 13)])
+    def _end_for(self, inst):
+        self.pop()
+        if self.version == (3, 12):
+            self.pop()
+
+    @handles("POP_ITER", versions=[(3, 13)])
+    def _pop_iter(self, inst):
+        self.pop()
+
+    # with blocks: torch.no_grad() and friends ---------------------------------------------
+    @handles("BEFORE_WITH")
+    def _before_with(self, inst):
+        ctx = self.pop()
+        if not isinstance(ctx, GradModeVariable):
+            raise self.unsupported(f"with-block on {ctx.describe()}",
+                                   "only torch.no_grad/enable_grad/set_grad_enabled are modelled")
+        prev = torch.is_grad_enabled()
+        self.set_grad(ctx.enabled)
+        self.with_depth += 1
+        self.push(WithExitVariable(ctx, prev))
+        self.push(ConstantVariable(None))
+
+    def set_grad(self, enabled: bool):
+        if torch.is_grad_enabled() != enabled:
+            node = self.output.graph.call_function(torch._C._set_grad_enabled, (enabled,))
+            self.output._set_meta(node, None)
+            torch._C._set_grad_enabled(enabled)
+
+    @handles("STORE_SUBSCR")
+    def _store_subscr(self, inst):
+        idx = self.pop()
+        obj = self.pop()
+        value = self.pop()
+        if isinstance(obj, TensorVariable):
+            self.output.call("call_function", operator.setitem, [obj, idx, value], {})
+        elif isinstance(obj, (ListVariable, DictVariable)) and idx.is_constant():
+            self.check_mutable(obj)
+            self.output.record_mutation(obj)
+            obj.items[idx.as_example()] = value
+        else:
+            raise self.unsupported(f"item assignment on {obj.describe()}")
+
+    @handles("DELETE_SUBSCR")
+    def _delete_subscr(self, inst):
+        idx = self.pop()
+        obj = self.pop()
+        if isinstance(obj, (ListVariable, DictVariable)) and idx.is_constant():
+            self.check_mutable(obj)
+            self.output.record_mutation(obj)
+            del obj.items[idx.as_example()]
+        else:
+            raise self.unsupported(f"del on {obj.describe()}")
+
+    @handles("STORE_ATTR")
+    def _store_attr(self, inst):
+        obj = self.pop()
+        self.pop()
+        raise self.unsupported(f"setting attribute .{inst.argval} of {obj.describe()}",
+                               "a side effect on an object outside the graph",
+                               "it runs for real at a graph break")
+
+    def check_mutable(self, obj: VariableTracker):
+        if obj.source is not None:
+            raise self.unsupported(f"mutation of {obj.describe()} that came from outside the frame",
+                                   "changing Python state outside the frame is done for real "
+                                   "at a graph break")
 
     @handles("LOAD_FAST_AND_CLEAR", versions=[(3, 12), (3, 13)])
     def _load_fast_and_clear(self, inst):
@@ -880,6 +1127,13 @@ class InstructionTranslator:
     @handles("LOAD_DEREF")
     def _load_deref(self, inst):
         name = inst.argval
+        if name in self.closure_cells:
+            cell = self.closure_cells[name]
+            if isinstance(cell, CellVariable):
+                self.push(cell.tx.load_local(cell.name))
+                return
+            self.push(self.output.wrap(cell.cell_contents, None))
+            return
         if name in self.freevars:
             cell = self.freevars[name]
             src = None
@@ -895,6 +1149,13 @@ class InstructionTranslator:
 
     @handles("STORE_DEREF")
     def _store_deref(self, inst):
+        cell = self.closure_cells.get(inst.argval)
+        if isinstance(cell, CellVariable):
+            if cell.tx.parent is None and cell.tx is not self and cell.tx.output is not self.output:
+                raise self.unsupported("nonlocal assignment to another frame")
+            cell.tx.lazy_locals.pop(cell.name, None)
+            cell.tx.locals[cell.name] = self.pop()
+            return
         if inst.argval in self.freevars:
             raise self.unsupported(f"assignment to free variable {inst.argval!r} (nonlocal)",
                                    "side effects on enclosing scopes are not modelled yet")

@@ -250,3 +250,65 @@ class SliceVariable(VariableTracker):
 
     def as_example(self):
         return slice(*[p.as_example() for p in self.parts])
+
+
+class IteratorVariable(VariableTracker):
+    """An iterator over already-known items (iter(list), range, enumerate, zip, map, a
+    ModuleList): loops are unrolled, so every item is known when the iterator is made."""
+
+    def __init__(self, items: List[VariableTracker], index: int = 0):
+        self.items = list(items)
+        self.index = index
+
+    def remaining(self) -> List[VariableTracker]:
+        return self.items[self.index:]
+
+    def describe(self):
+        return f"iterator({len(self.items) - self.index} left)"
+
+
+class CellVariable(VariableTracker):
+    """A closure cell of a frame being traced: reads and writes go to that frame's local."""
+
+    def __init__(self, tx, name: str):
+        self.tx = tx
+        self.name = name
+
+    def describe(self):
+        return f"cell({self.name})"
+
+
+class NestedFunctionVariable(VariableTracker):
+    """A function made by MAKE_FUNCTION inside the trace (lambda, closure, 3.11 comprehension):
+    code + globals + defaults and closure cells as variables. Calls are inlined."""
+
+    def __init__(self, code, f_globals, name: str, defaults=None, kwdefaults=None,
+                 closure=None):
+        self.code = code
+        self.f_globals = f_globals
+        self.name = name
+        self.defaults = defaults           # TupleVariable or None
+        self.kwdefaults = kwdefaults       # DictVariable or None
+        self.closure = closure             # TupleVariable of CellVariable (or cells) or None
+
+    def describe(self):
+        return f"NestedFunction({self.name})"
+
+
+class GradModeVariable(VariableTracker):
+    """torch.no_grad() / torch.enable_grad() / torch.set_grad_enabled(b) as a context manager."""
+
+    def __init__(self, enabled: bool, cls=None):
+        self.enabled = enabled
+        self.cls = cls
+
+    def describe(self):
+        return f"GradMode({self.enabled})"
+
+
+class WithExitVariable(VariableTracker):
+    """The __exit__ that BEFORE_WITH pushes: calling it restores the previous grad mode."""
+
+    def __init__(self, ctx: GradModeVariable, prev: bool):
+        self.ctx = ctx
+        self.prev = prev

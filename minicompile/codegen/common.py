@@ -1,13 +1,15 @@
-"""What the C++ and Triton code generators share: the loop plan and the CSE code buffer.
+"""What the C++ and Triton code generators share: the loop plan and the CSE code writer.
 
-Takes a fusion `Kernel`; hands each backend a `LoopPlan` (the iteration space with adjacent
-dimensions merged wherever every access allows it, so a contiguous 2-D pointwise kernel is one
-flat loop) and a `KernelWriter`, the `ops` handler base class that turns each operation into one
-line of code, reusing a line already written for the same expression (common subexpression
-elimination). A backend subclasses `KernelWriter` with its own spelling of each operation.
+Takes a fusion `Kernel`; hands each backend a `LoopPlan` (the kernel's iteration space with
+adjacent dimensions merged wherever every access allows it, so a contiguous 2-D pointwise
+kernel is one flat loop) and a `KernelWriter`, the `ops` handler base class that turns each
+operation into one line of code, reusing a line already written for the same expression
+(common subexpression elimination). A backend subclasses `KernelWriter` with its own spelling
+of each operation, and walks the kernel's members in order.
 """
 from __future__ import annotations
 
+import contextlib
 import math
 from dataclasses import dataclass
 
@@ -20,23 +22,26 @@ from ..ir import Index
 @dataclass
 class LoopPlan:
     """Loop variables after merging. `x_sizes` are the output (parallel) loops, `r_sizes` the
-    reduction loops. `apply` rewrites an index over the original variables into the merged ones."""
+    reduction loops. `apply` rewrites an index over the canonical variables (x0.., r0..) into
+    the merged ones (also named x0.., r0.., fewer of them)."""
     x_sizes: list[int]
     r_sizes: list[int]
-    groups: list[tuple[list[str], str, int]]     # (original vars, merged var, merged size)
-    zero: list[str]                              # original vars of size 1 (always index 0)
+    groups: list[tuple[list[str], str, int]]     # (canonical vars, merged var, merged size)
+    zero: list[str]                              # canonical vars of size 1 (always index 0)
 
     def apply(self, index: Index) -> Index:
-        index = index.substitute({v: Index() for v in self.zero}) if self.zero else index
+        if self.zero:
+            index = index.substitute({v: Index() for v in self.zero})
+        renames = {}
         for names, merged, _ in self.groups:
             if len(names) == 1:
-                if names[0] != merged:
-                    index = index.substitute({names[0]: Index.var(merged)})
+                renames[names[0]] = Index.var("_" + merged)
                 continue
             c = index.coeff(names[-1])
             terms = {k: v for k, v in index.terms.items() if k not in names}
-            index = Index(terms, index.const) + Index.var(merged) * c
-        return index
+            index = Index(terms, index.const) + Index.var("_" + merged) * c
+        index = index.substitute(renames)
+        return index.substitute({f"_{m}": Index.var(m) for _, m, _ in self.groups})
 
     @property
     def x_vars(self) -> list[str]:
@@ -47,69 +52,108 @@ class LoopPlan:
         return [m for _, m, _ in self.groups if m.startswith("r")]
 
 
-def plan_loops(kernel_box, store_strides: list[int]) -> LoopPlan:
-    """Merge adjacent loop dimensions d, d+1 when every load and the store index them as one
+def canonical_indices(kernel) -> tuple[list[Index], list[Index]]:
+    return ([Index.var(f"x{d}") for d in range(len(kernel.x_sizes))],
+            [Index.var(f"r{d}") for d in range(len(kernel.r_sizes))])
+
+
+def plan_loops(kernel) -> LoopPlan:
+    """Merge adjacent loop dimensions d, d+1 when every load and store indexes them as one
     (coefficient of d == coefficient of d+1 times size of d+1) and neither appears inside a
     division or modulo."""
-    comp = kernel_box.computation
-    x_sizes = list(comp.shape)
-    r_sizes = list(comp.reduction_ranges) if isinstance(comp, ir.Reduction) else []
-    rec = ir.reads_of(comp)
-    store = ir.flat_index([Index.var(f"i{d}") for d in range(len(x_sizes))], store_strides)
-    indices = [idx for _, idx in rec.loads] + [store]
+    x_idx, r_idx = canonical_indices(kernel)
+    indices = []
+    for m in kernel.members:
+        rec = ir.RecordingOps()
+        with ir.use_ops(rec):
+            m.run(x_idx, r_idx)
+        indices += [idx for _, idx in rec.loads]
+        indices.append(m.store_index(x_idx, r_idx))
     nonlinear = set().union(*[i.nonlinear_variables() for i in indices]) if indices else set()
 
-    def groups_for(prefix: str, sizes: list[int], out_prefix: str):
+    def groups_for(prefix: str, sizes: list[int]):
         dims = [(f"{prefix}{d}", s) for d, s in enumerate(sizes)]
         zero = [v for v, s in dims if s == 1]
-        live = [(v, s) for v, s in dims if s != 1]
         groups: list[list[tuple[str, int]]] = []
-        for v, s in live:
+        for v, s in [(v, s) for v, s in dims if s != 1]:
             if groups:
-                pv, ps = groups[-1][-1]
+                pv, _ = groups[-1][-1]
                 if (pv not in nonlinear and v not in nonlinear
                         and all(i.coeff(pv) == i.coeff(v) * s for i in indices)):
                     groups[-1].append((v, s))
                     continue
             groups.append([(v, s)])
-        merged = [([v for v, _ in g], f"{out_prefix}{k}", math.prod(s for _, s in g))
+        merged = [([v for v, _ in g], f"{prefix}{k}", math.prod(s for _, s in g))
                   for k, g in enumerate(groups)]
         return merged, zero
 
-    xg, xz = groups_for("i", x_sizes, "x")
-    rg, rz = groups_for("r", r_sizes, "r")
+    xg, xz = groups_for("x", kernel.x_sizes)
+    rg, rz = groups_for("r", kernel.r_sizes)
     return LoopPlan([g[2] for g in xg], [g[2] for g in rg], xg + rg, xz + rz)
 
 
 class KernelWriter:
     """An ops handler that writes one line per new expression. Subclasses fill OPS (name ->
-    format string over the operands) and the few methods that differ by language."""
+    format string over the operands) and the few methods that differ by language.
+
+    Reads of buffers this kernel computes itself never touch memory: a per-row value (a
+    reduction's result) is the variable that holds it, and an element of a pointwise member is
+    recomputed from the member's own expression at the same position (the fuse-rows pass
+    guarantees reads are at that position)."""
 
     OPS: dict[str, str] = {}
 
-    def __init__(self, plan: LoopPlan, buffers: dict[str, ir.IRNode]):
+    def __init__(self, kernel, plan: LoopPlan, buffers: dict[str, ir.IRNode]):
+        self.kernel = kernel
         self.plan = plan
         self.buffers = buffers           # name -> node with .dtype (inputs, realized buffers)
         self.lines: list[str] = []
         self.cache: dict[str, str] = {}
-        self.args: list[str] = []        # buffer names in the order the kernel takes them
+        self.count = 0
+        self.args: list[str] = []        # buffers loaded from memory, in argument order
         self.constants: set[str] = set()
+        self.row_values: dict[str, str] = {}        # member name -> variable (per-row results)
+        self.members = {m.box.name: m for m in kernel.members}
+        self.canonical = canonical_indices(kernel)
 
-    # -- the handler interface used by inner functions
+    # -- code buffer
     def _emit(self, expr: str) -> str:
         if expr in self.cache:
             return self.cache[expr]
-        var = f"tmp{len(self.cache)}"
+        var = f"tmp{self.count}"
+        self.count += 1
         self.cache[expr] = var
         self.lines.append(self.assign(var, expr))
         return var
+
+    @contextlib.contextmanager
+    def scope(self):
+        """Lines written inside are collected apart (a loop body); their variables are not
+        reused after it."""
+        saved_lines, saved_cache = self.lines, dict(self.cache)
+        self.lines = []
+        body = self.lines
+        try:
+            yield body
+        finally:
+            self.lines, self.cache = saved_lines, saved_cache
 
     def arg_name(self, buffer_name: str) -> str:
         if buffer_name not in self.args:
             self.args.append(buffer_name)
         return f"in_ptr{self.args.index(buffer_name)}"
 
+    def out_name(self, buffer_name: str) -> str:
+        stored = [m.box.name for m in self.kernel.members if m.box.name in self.kernel.stored]
+        return f"out_ptr{stored.index(buffer_name)}"
+
+    # -- the handler interface used by inner functions
     def load(self, name: str, index: Index) -> str:
+        if name in self.row_values:
+            return self.row_values[name]
+        member = self.members.get(name)
+        if member is not None:
+            return member.run(*self.canonical)
         return self._emit(self.load_expr(name, self.plan.apply(index), self.buffers[name].dtype))
 
     def constant(self, value, dtype: torch.dtype) -> str:

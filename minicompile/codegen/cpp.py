@@ -50,9 +50,10 @@ class KernelCompileError(RuntimeError):
 
 
 class CppWriter(KernelWriter):
+    """Spells each operation in C++ (values of the compute dtype; `auto` keeps them so)."""
     OPS = {
         "add": "({0} + {1})", "sub": "({0} - {1})", "mul": "({0} * {1})", "truediv": "({0} / {1})",
-        "pow": "std::pow({0}, {1})", "maximum": "mc_max({0}, {1})", "minimum": "mc_min({0}, {1})",
+"maximum": "mc_max({0}, {1})", "minimum": "mc_min({0}, {1})",
         "eq": "({0} == {1})", "ne": "({0} != {1})", "lt": "({0} < {1})", "le": "({0} <= {1})",
         "gt": "({0} > {1})", "ge": "({0} >= {1})", "logical_and": "({0} && {1})",
         "logical_or": "({0} || {1})", "logical_not": "(!{0})", "neg": "(-{0})",
@@ -92,61 +93,92 @@ def ctype(dtype: torch.dtype) -> str:
     return t
 
 
+REDUCE = {  # reduction type -> (combine statement, OpenMP reduction operator)
+    "sum": ("{acc} = {acc} + {v};", "+"), "mean": ("{acc} = {acc} + {v};", "+"),
+    "prod": ("{acc} = {acc} * {v};", "*"),
+    "max": ("{acc} = {v} > {acc} ? {v} : {acc}; {nan} |= ({v} != {v});", "max"),
+    "min": ("{acc} = {v} < {acc} ? {v} : {acc}; {nan} |= ({v} != {v});", "min"),
+}
+
+
 def kernel_source(kernel, buffers: dict[str, ir.IRNode]) -> tuple[str, list[str]]:
-    """C++ source of one kernel, and the names of the buffers it takes (inputs, then output)."""
-    box = kernel.box
-    comp = box.computation
-    plan = plan_loops(box, ir.contiguous_strides(box.shape))
-    writer = CppWriter(plan, buffers)
-    x_idx = [Index.var(f"i{d}") for d in range(len(comp.shape))]
-    store = plan.apply(ir.flat_index(x_idx, ir.contiguous_strides(box.shape)))
-    out_t = ctype(box.dtype)
+    """C++ source of one kernel, and the names of the buffers it takes (inputs, then outputs).
+
+    Shape: the x loops run in parallel (OpenMP); inside, each member in order: a reduction is
+    an inner r loop into an accumulator, a pointwise member over whole rows is an inner r loop
+    that stores, a per-row value is a few scalar lines. Without r loops (a pointwise kernel)
+    all members share the innermost x loop, which the compiler vectorizes."""
+    plan = plan_loops(kernel)
+    writer = CppWriter(kernel, plan, buffers)
+    x_idx, r_idx = writer.canonical
     xs = list(zip(plan.x_vars, plan.x_sizes))
     rs = list(zip(plan.r_vars, plan.r_sizes))
     numel = math.prod(plan.x_sizes) * max(1, math.prod(plan.r_sizes))
     parallel_if = f"if({numel} >= 32768)"
-    body: list[str] = []
+
+    def store(member, value) -> str:
+        name = member.box.name
+        index = plan.apply(member.store_index(x_idx, r_idx))
+        return f"{writer.out_name(name)}[{index.render('/')}] = static_cast<{ctype(member.box.dtype)}>({value});"
 
     with use_ops(writer):
-        if isinstance(comp, ir.Reduction):
-            r_idx = [Index.var(f"r{d}") for d in range(len(comp.reduction_ranges))]
-            value = comp.inner_fn(x_idx, r_idx)
-            acc_t = ctype(comp.src_dtype)
-            init = writer.constant_expr(reduction_identity(comp.reduction_type, comp.src_dtype), comp.src_dtype)
-            combine, omp_op = {
-                "sum": ("acc = acc + {v};", "+"), "mean": ("acc = acc + {v};", "+"),
-                "prod": ("acc = acc * {v};", "*"),
-                "max": ("acc = {v} > acc ? {v} : acc; nan_seen |= ({v} != {v});", "max"),
-                "min": ("acc = {v} < acc ? {v} : acc; nan_seen |= ({v} != {v});", "min"),
-            }[comp.reduction_type]
-            inner = [f"    {line}" for line in writer.lines] + [f"    {combine.format(v=value)}"]
-            clauses = f"reduction({omp_op}:acc) reduction(|:nan_seen)"
-            loops = _nest(rs, inner, innermost_pragma=f"#pragma omp simd {clauses}",
-                          outer_pragma=(f"#pragma omp parallel for {clauses} {parallel_if}" if not xs else None))
-            result = "acc"
-            if comp.reduction_type == "mean":
-                result = f"(acc / static_cast<{acc_t}>({comp.rnumel()}))"
-            if comp.reduction_type in ("max", "min") and comp.src_dtype.is_floating_point:
-                result = f"(nan_seen ? std::numeric_limits<{acc_t}>::quiet_NaN() : {result})"
-            body = [f"{acc_t} acc = {init};", "int nan_seen = 0;", *loops,
-                    f"out_ptr0[{store.render('/')}] = static_cast<{out_t}>({result});"]
-            body = _nest(xs, body, innermost_pragma=None,
-                         outer_pragma=f"#pragma omp parallel for {parallel_if}", collapse=True)
-        else:
-            value = comp.inner_fn(x_idx)
-            inner = writer.lines + [f"out_ptr0[{store.render('/')}] = static_cast<{out_t}>({value});"]
+        if not kernel.r_sizes:                       # pointwise: one loop nest, every member inside
+            for m in kernel.members:
+                value = m.run(x_idx, r_idx)
+                if m.box.name in kernel.stored:
+                    writer.lines.append(store(m, value))
             if len(xs) <= 1:
-                body = _nest(xs, inner, innermost_pragma=f"#pragma omp parallel for simd {parallel_if}")
+                body = _nest(xs, writer.lines, innermost_pragma=f"#pragma omp parallel for simd {parallel_if}")
             else:
-                inner_loop = _nest(xs[-1:], inner, innermost_pragma="#pragma omp simd")
-                body = _nest(xs[:-1], inner_loop, innermost_pragma=None,
-                             outer_pragma=f"#pragma omp parallel for {parallel_if}", collapse=True)
+                inner_loop = _nest(xs[-1:], writer.lines, innermost_pragma="#pragma omp simd")
+                body = _nest(xs[:-1], inner_loop, outer_pragma=f"#pragma omp parallel for {parallel_if}",
+                             collapse=True)
+        else:
+            serial_rows = not xs and len(kernel.members) == 1
+            for k, m in enumerate(kernel.members):
+                comp = m.comp
+                if isinstance(comp, ir.Reduction):
+                    acc, nan = f"acc{k}", f"nan{k}"
+                    acc_t = ctype(comp.src_dtype)
+                    init = writer.constant_expr(reduction_identity(comp.reduction_type, comp.src_dtype), comp.src_dtype)
+                    combine, omp_op = REDUCE[comp.reduction_type]
+                    with writer.scope() as loop_body:
+                        value = m.run(x_idx, r_idx)
+                        loop_body.append(combine.format(acc=acc, v=value, nan=nan))
+                    clauses = f"reduction({omp_op}:{acc}) reduction(|:{nan})"
+                    writer.lines += [f"{acc_t} {acc} = {init};", f"int {nan} = 0;"]
+                    writer.lines += _nest(rs, loop_body, innermost_pragma=f"#pragma omp simd {clauses}",
+                                          outer_pragma=f"#pragma omp parallel for {clauses} {parallel_if}"
+                                          if serial_rows else None)
+                    result = acc
+                    if comp.reduction_type == "mean":
+                        result = f"({acc} / static_cast<{acc_t}>({comp.rnumel()}))"
+                    if comp.reduction_type in ("max", "min") and comp.src_dtype.is_floating_point:
+                        result = f"({nan} ? std::numeric_limits<{acc_t}>::quiet_NaN() : {result})"
+                    var = writer._emit(result)
+                    writer.row_values[m.box.name] = var
+                    if m.box.name in kernel.stored:
+                        writer.lines.append(store(m, var))
+                elif m.role == "row":
+                    with writer.scope() as loop_body:
+                        value = m.run(x_idx, r_idx)
+                        if m.box.name in kernel.stored:
+                            loop_body.append(store(m, value))
+                    writer.lines += _nest(rs, loop_body, innermost_pragma="#pragma omp simd")
+                else:                                # a per-row pointwise value
+                    value = m.run(x_idx, r_idx)
+                    writer.row_values[m.box.name] = value
+                    if m.box.name in kernel.stored:
+                        writer.lines.append(store(m, value))
+            body = _nest(xs, writer.lines, outer_pragma=f"#pragma omp parallel for {parallel_if}",
+                         collapse=True)
 
+    stored = [m.box for m in kernel.members if m.box.name in kernel.stored]
     params = [f"const {ctype(buffers[n].dtype)}* __restrict__ in_ptr{i}" for i, n in enumerate(writer.args)]
-    params.append(f"{out_t}* __restrict__ out_ptr0")
+    params += [f"{ctype(b.dtype)}* __restrict__ out_ptr{i}" for i, b in enumerate(stored)]
     lines = [f'extern "C" void {kernel.name}({", ".join(params)}) {{']
     lines += ["    " + line for line in body] + ["}"]
-    return "\n".join(lines), writer.args + [box.name]
+    return "\n".join(lines), writer.args + [b.name for b in stored]
 
 
 def _nest(loops, body, innermost_pragma=None, outer_pragma=None, collapse=False):

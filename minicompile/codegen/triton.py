@@ -48,7 +48,6 @@ def import_triton():
 class TritonWriter(KernelWriter):
     OPS = {
         "add": "({0} + {1})", "sub": "({0} - {1})", "mul": "({0} * {1})", "truediv": "({0} / {1})",
-        "pow": "tl.exp(tl.log({0}) * {1})",
         "maximum": "tl.where(({0} != {0}) | ({0} > {1}), {0}, {1})",
         "minimum": "tl.where(({0} != {0}) | ({0} < {1}), {0}, {1})",
         "eq": "({0} == {1})", "ne": "({0} != {1})", "lt": "({0} < {1})", "le": "({0} <= {1})",
@@ -61,8 +60,8 @@ class TritonWriter(KernelWriter):
         "ceil": "tl.ceil({0})", "isnan": "({0} != {0})", "where": "tl.where({0}, {1}, {2})",
     }
 
-    def __init__(self, plan, buffers, mask: str):
-        super().__init__(plan, buffers)
+    def __init__(self, kernel, plan, buffers, mask: str):
+        super().__init__(kernel, plan, buffers)
         self.mask = mask
 
     def assign(self, var, expr):
@@ -102,76 +101,115 @@ def _decompose(flat: str, names: list[str], sizes: list[int]) -> list[str]:
 
 
 def kernel_source(kernel, buffers):
-    """Source of one @triton.jit kernel, its buffer arguments and launch settings."""
-    box = kernel.box
-    comp = box.computation
-    plan = plan_loops(box, ir.contiguous_strides(box.shape))
-    x_idx = [Index.var(f"i{d}") for d in range(len(comp.shape))]
-    store = plan.apply(ir.flat_index(x_idx, ir.contiguous_strides(box.shape)))
-    store_text = store.render("//") if store.variables() else f"{store.render('//')} + 0 * xindex"
-    xnumel = math.prod(plan.x_sizes)
-    out_tl = TL_TYPES[box.dtype]
-    big = max(xnumel * max(1, math.prod(plan.r_sizes)), _largest_offset(buffers)) >= 2**31
-    pid = "tl.program_id(0).to(tl.int64)" if big else "tl.program_id(0)"
+    """Source of one @triton.jit kernel, the buffers it takes (inputs, then outputs) and its
+    launch settings.
 
-    if isinstance(comp, ir.Reduction):
-        rnumel = math.prod(plan.r_sizes)
-        writer = TritonWriter(plan, buffers, "xmask & rmask")
-        r_idx = [Index.var(f"r{d}") for d in range(len(comp.reduction_ranges))]
-        with use_ops(writer):
-            value = comp.inner_fn(x_idx, r_idx)
-        persistent = rnumel <= PERSISTENT_RBLOCK_LIMIT
-        rblock = _next_pow2(rnumel) if persistent else 1024
-        xblock = max(1, min(_next_pow2(xnumel), 4096 // rblock if persistent else 1))
-        num_warps = 8 if rblock >= 2048 else 4 if rblock >= 256 else 2
-        acc_tl = TL_TYPES[comp.src_dtype]
-        init = reduction_identity(comp.reduction_type, comp.src_dtype)
-        init = f"float('{init}')" if isinstance(init, float) and math.isinf(init) else repr(init)
-        reduce_fn = {"sum": "tl.sum", "mean": "tl.sum", "max": "tl.max", "min": "tl.min"}.get(comp.reduction_type)
-        if reduce_fn is None:
-            raise NotImplementedError(f"Triton reduction '{comp.reduction_type}'")
-        combine = {"sum": "acc + {v}", "mean": "acc + {v}",
-                   "max": "tl.where(({v} != {v}) | ({v} > acc), {v}, acc)",
-                   "min": "tl.where(({v} != {v}) | ({v} < acc), {v}, acc)"}[comp.reduction_type]
-        head = [f"xindex = {pid} * XBLOCK + tl.arange(0, XBLOCK)[:, None]", "xmask = xindex < xnumel",
-                *_decompose("xindex", plan.x_vars, plan.x_sizes), "rbase = tl.arange(0, RBLOCK)[None, :]"]
-        rvars = [*_decompose("rindex", plan.r_vars, plan.r_sizes), "rmask = rindex < rnumel"]
-        masked = f"tl.where(xmask & rmask, {value}, {init})"
-        if persistent:
-            body = head + ["rindex = rbase", *rvars, *writer.lines,
-                           f"result = {reduce_fn}({masked}.to({acc_tl}), 1)[:, None]"]
+    Without r loops: a flat block of XBLOCK elements. With them: a block of XBLOCK rows by
+    RBLOCK row elements; members are computed in order, a reduction's result stays in
+    registers for the members after it. Short rows are reduced in one block (persistent);
+    long rows in RBLOCK chunks, one loop per member that walks the row."""
+    plan = plan_loops(kernel)
+    xnumel = math.prod(plan.x_sizes)
+    rnumel = math.prod(plan.r_sizes)
+    big = max(xnumel * max(1, rnumel), _largest_offset(buffers)) >= 2**31
+    pid = "tl.program_id(0).to(tl.int64)" if big else "tl.program_id(0)"
+    mask = "xmask & rmask" if kernel.r_sizes else "xmask"
+    writer = TritonWriter(kernel, plan, buffers, mask)
+    x_idx, r_idx = writer.canonical
+
+    def store(member, value, row: bool) -> str:
+        index = plan.apply(member.store_index(x_idx, r_idx))
+        text = index.render("//") if index.variables() else f"{index.render('//')} + 0 * xindex"
+        if value in writer.constants:       # a constant output still needs a block of values
+            value = f"tl.full([XBLOCK], {value}, {TL_TYPES[member.box.dtype]})"
+        return (f"tl.store({writer.out_name(member.box.name)} + ({text}), "
+                f"({value}).to({TL_TYPES[member.box.dtype]}), {'xmask & rmask' if row else 'xmask'})")
+
+    with use_ops(writer):
+        if not kernel.r_sizes:
+            for m in kernel.members:
+                value = m.run(x_idx, r_idx)
+                if m.box.name in kernel.stored:
+                    writer.lines.append(store(m, value, row=False))
+            xblock, num_warps = _pointwise_config(xnumel)
+            body = [f"xindex = {pid} * XBLOCK + tl.arange(0, XBLOCK)", "xmask = xindex < xnumel",
+                    *_decompose("xindex", plan.x_vars, plan.x_sizes), *writer.lines]
+            params = ["xnumel", "XBLOCK: tl.constexpr"]
+            launch = {"xnumel": xnumel, "XBLOCK": xblock, "num_warps": num_warps,
+                      "grid": math.ceil(xnumel / xblock)}
         else:
-            body = head + [f"acc = tl.full([XBLOCK, RBLOCK], {init}, {acc_tl})",
-                           "for roffset in range(0, rnumel, RBLOCK):",
-                           *["    " + line for line in ["rindex = roffset + rbase", *rvars, *writer.lines,
-                                                        f"v = {masked}.to({acc_tl})",
-                                                        f"acc = {combine.format(v='v')}"]],
-                           f"result = {reduce_fn}(acc, 1)[:, None]"]
-        if comp.reduction_type == "mean":
-            body.append(f"result = result / {rnumel}")
-        body.append(f"tl.store(out_ptr0 + ({store_text}), result.to({out_tl}), xmask)")
-        # rnumel is a compile-time constant: sizes are static for now, and Triton's interpreter
-        # (with NumPy 2) cannot use a run-time scalar as a loop bound
-        params = ["xnumel", "rnumel: tl.constexpr", "XBLOCK: tl.constexpr", "RBLOCK: tl.constexpr"]
-        launch = {"xnumel": xnumel, "rnumel": rnumel, "XBLOCK": xblock, "RBLOCK": rblock,
-                  "num_warps": num_warps, "grid": math.ceil(xnumel / xblock)}
-    else:
-        writer = TritonWriter(plan, buffers, "xmask")
-        with use_ops(writer):
-            value = comp.inner_fn(x_idx)
-        if value in writer.constants:      # a constant output still needs a block of values
-            value = f"tl.full([XBLOCK], {value}, {out_tl})"
-        xblock, num_warps = _pointwise_config(xnumel)
-        body = [f"xindex = {pid} * XBLOCK + tl.arange(0, XBLOCK)", "xmask = xindex < xnumel",
-                *_decompose("xindex", plan.x_vars, plan.x_sizes), *writer.lines,
-                f"tl.store(out_ptr0 + ({store_text}), ({value}).to({out_tl}), xmask)"]
-        params = ["xnumel", "XBLOCK: tl.constexpr"]
-        launch = {"xnumel": xnumel, "XBLOCK": xblock, "num_warps": num_warps,
-                  "grid": math.ceil(xnumel / xblock)}
-    args = [f"in_ptr{i}" for i in range(len(writer.args))] + ["out_ptr0"]
+            persistent = rnumel <= PERSISTENT_RBLOCK_LIMIT
+            rblock = _next_pow2(rnumel) if persistent else 1024
+            xblock = max(1, min(_next_pow2(xnumel), 4096 // rblock if persistent else 1))
+            num_warps = 8 if rblock >= 2048 else 4 if rblock >= 256 else 2
+            rvars = [*_decompose("rindex", plan.r_vars, plan.r_sizes), "rmask = rindex < rnumel"]
+            head = [f"xindex = {pid} * XBLOCK + tl.arange(0, XBLOCK)[:, None]", "xmask = xindex < xnumel",
+                    *_decompose("xindex", plan.x_vars, plan.x_sizes), "rbase = tl.arange(0, RBLOCK)[None, :]"]
+            if persistent:
+                writer.lines += ["rindex = rbase", *rvars]
+            for k, m in enumerate(kernel.members):
+                comp = m.comp
+                # a per-row value loads one element per row: a row mask would widen it
+                writer.mask = "xmask" if m.role == "x" and not isinstance(comp, ir.Reduction) else mask
+                if isinstance(comp, ir.Reduction):
+                    acc_tl = TL_TYPES[comp.src_dtype]
+                    init = reduction_identity(comp.reduction_type, comp.src_dtype)
+                    init = f"float('{init}')" if isinstance(init, float) and math.isinf(init) else repr(init)
+                    reduce_fn = REDUCE_FN.get(comp.reduction_type)
+                    if reduce_fn is None:
+                        raise NotImplementedError(f"Triton reduction '{comp.reduction_type}'")
+                    if persistent:
+                        value = m.run(x_idx, r_idx)
+                        result = writer._emit(f"{reduce_fn}(tl.where(xmask & rmask, {value}, {init}).to({acc_tl}), 1)[:, None]")
+                    else:
+                        acc = f"acc{k}"
+                        with writer.scope() as loop_body:
+                            value = m.run(x_idx, r_idx)
+                            loop_body.append(f"v = tl.where(xmask & rmask, {value}, {init}).to({acc_tl})")
+                            loop_body.append(f"{acc} = {COMBINE[comp.reduction_type].format(acc=acc, v='v')}")
+                        writer.lines += [f"{acc} = tl.full([XBLOCK, RBLOCK], {init}, {acc_tl})",
+                                         "for roffset in range(0, rnumel, RBLOCK):",
+                                         *["    " + line for line in ["rindex = roffset + rbase", *rvars, *loop_body]]]
+                        result = writer._emit(f"{reduce_fn}({acc}, 1)[:, None]")
+                    if comp.reduction_type == "mean":
+                        result = writer._emit(f"{result} / {comp.rnumel()}")
+                    writer.row_values[m.box.name] = result
+                    if m.box.name in kernel.stored:
+                        writer.lines.append(store(m, result, row=False))
+                elif m.role == "row":
+                    if persistent:
+                        value = m.run(x_idx, r_idx)
+                        if m.box.name in kernel.stored:
+                            writer.lines.append(store(m, value, row=True))
+                    else:
+                        with writer.scope() as loop_body:
+                            value = m.run(x_idx, r_idx)
+                            if m.box.name in kernel.stored:
+                                loop_body.append(store(m, value, row=True))
+                        writer.lines += ["for roffset in range(0, rnumel, RBLOCK):",
+                                         *["    " + line for line in ["rindex = roffset + rbase", *rvars, *loop_body]]]
+                else:
+                    value = m.run(x_idx, r_idx)
+                    writer.row_values[m.box.name] = value
+                    if m.box.name in kernel.stored:
+                        writer.lines.append(store(m, value, row=False))
+            body = head + writer.lines
+            # rnumel is a compile-time constant: sizes are static for now, and Triton's
+            # interpreter (with NumPy 2) cannot use a run-time scalar as a loop bound
+            params = ["xnumel", "rnumel: tl.constexpr", "XBLOCK: tl.constexpr", "RBLOCK: tl.constexpr"]
+            launch = {"xnumel": xnumel, "rnumel": rnumel, "XBLOCK": xblock, "RBLOCK": rblock,
+                      "num_warps": num_warps, "grid": math.ceil(xnumel / xblock)}
+    stored = [m.box for m in kernel.members if m.box.name in kernel.stored]
+    args = [f"in_ptr{i}" for i in range(len(writer.args))] + [f"out_ptr{i}" for i in range(len(stored))]
     lines = ["@triton.jit", f"def {kernel.name}({', '.join(args + params)}):"]
     lines += ["    " + line for line in body]
-    return "\n".join(lines), writer.args + [box.name], launch
+    return "\n".join(lines), writer.args + [b.name for b in stored], launch
+
+
+REDUCE_FN = {"sum": "tl.sum", "mean": "tl.sum", "max": "tl.max", "min": "tl.min"}
+COMBINE = {"sum": "{acc} + {v}", "mean": "{acc} + {v}",
+           "max": "tl.where(({v} != {v}) | ({v} > {acc}), {v}, {acc})",
+           "min": "tl.where(({v} != {v}) | ({v} < {acc}), {v}, {acc})"}
 
 
 def _pointwise_config(xnumel: int) -> tuple[int, int]:

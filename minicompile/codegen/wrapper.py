@@ -95,12 +95,14 @@ def build(program: ir.Program, steps: list) -> CompiledGraph:
 
     for step in steps:
         if isinstance(step, Kernel):
-            box = step.box
-            # a 0-dim result is allocated as one element (Triton's interpreter reads 0-dim
-            # tensors as Python scalars), then viewed as 0-dim
-            shape = tuple(box.shape) or (1,)
-            lines.append(f"    {box.name} = empty_strided({shape}, "
-                         f"{tuple(ir.contiguous_strides(shape))}, dtype={box.dtype}, device={device})")
+            for m in step.members:
+                if m.box.name not in step.stored:
+                    continue
+                # a 0-dim result is allocated as one element (Triton's interpreter reads 0-dim
+                # tensors as Python scalars), then viewed as 0-dim
+                shape = tuple(m.box.shape) or (1,)
+                lines.append(f"    {m.box.name} = empty_strided({shape}, "
+                             f"{tuple(ir.contiguous_strides(shape))}, dtype={m.box.dtype}, device={device})")
             args = kernel_args[step.name]
             if backend == "cpp":
                 lines.append(f"    {step.name}({', '.join(f'{a}.data_ptr()' for a in args)})")
@@ -109,8 +111,9 @@ def build(program: ir.Program, steps: list) -> CompiledGraph:
                 grid = launch.pop("grid")
                 settings = ", ".join(f"{k}={v}" for k, v in launch.items())
                 lines.append(f"    {step.name}[({grid},)]({', '.join(args)}, {settings})")
-            if not box.shape:
-                lines.append(f"    {box.name} = {box.name}.view(())")
+            for m in step.members:
+                if m.box.name in step.stored and not m.box.shape:
+                    lines.append(f"    {m.box.name} = {m.box.name}.view(())")
             metrics.kernels += 1
             metrics.kernel_bytes.append((step.name, step.bytes_read, step.bytes_written))
         elif isinstance(step, ExternCall):

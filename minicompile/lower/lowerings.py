@@ -179,7 +179,33 @@ _arith("add", [operator.add, operator.iadd, "__radd__"])
 _arith("sub", [operator.sub, operator.isub])
 _arith("mul", [operator.mul, operator.imul, torch.mul, torch.Tensor.mul, "mul", "__rmul__", torch.multiply])
 _arith("truediv", [operator.truediv, operator.itruediv, torch.true_divide, "true_divide"])
-_arith("pow", [operator.pow, torch.pow, torch.Tensor.pow, "pow"])
+
+
+@register([operator.pow, torch.pow, torch.Tensor.pow, "pow"], "input, exponent")
+def _pow(node, values, input, exponent):
+    """x ** k for a constant k: small integer powers as multiplications (exact, and right for
+    negative x), 0.5 and -0.5 as square roots, other k as exp(k * log(x)) (NaN for negative x,
+    as PyTorch gives for a fractional power). Tensor exponents fall back to PyTorch."""
+    if not isinstance(input, TensorBox) or not isinstance(exponent, (int, float)) or isinstance(exponent, bool):
+        return NotImplemented
+    k = exponent
+    if float(k).is_integer() and abs(k) <= 4:
+        def fn(x):
+            if k == 0:
+                return ops.constant(1, compute_dtype(input.dtype))
+            y = x
+            for _ in range(int(abs(k)) - 1):
+                y = ops.mul(y, x)
+            return ops.reciprocal(y) if k < 0 else y
+    elif k in (0.5, -0.5):
+        def fn(x):
+            return ops.sqrt(x) if k > 0 else ops.rsqrt(x)
+    elif not float(k).is_integer() and input.dtype.is_floating_point:
+        def fn(x):
+            return ops.exp(ops.mul(ops.log(x), ops.constant(float(k), torch.float32)))
+    else:
+        return NotImplemented
+    return _pointwise_box(node, values, fn, [input])
 _arith("maximum", [torch.maximum, "maximum"])
 _arith("minimum", [torch.minimum, "minimum"])
 _arith("logical_and", [torch.logical_and, "logical_and"])
@@ -322,7 +348,8 @@ def _reduction_box(meta, input, dims, keepdim, reduction_type):
             full[d] = ridx[j]
         return ops.to_dtype(load(full), acc, src_cd)
     data = ir.Reduction(list(meta.shape), meta.dtype, meta.device, reduction_type, ranges,
-                        inner_fn, src_dtype=acc, origin=reduction_type)
+                        inner_fn, src_dtype=acc, origin=reduction_type,
+                        input_shape=list(input.shape), reduced_dims=dims, keepdim=bool(keepdim))
     return TensorBox(data, input.program, [input])
 
 
