@@ -26,7 +26,7 @@ TL_TYPES = {torch.float32: "tl.float32", torch.float16: "tl.float16", torch.bflo
             torch.float64: "tl.float64", torch.int64: "tl.int64", torch.int32: "tl.int32",
             torch.int16: "tl.int16", torch.int8: "tl.int8", torch.uint8: "tl.uint8", torch.bool: "tl.int1"}
 
-PERSISTENT_RBLOCK_LIMIT = 4096      # rows up to this many elements are reduced in registers
+PERSISTENT_RBLOCK_LIMIT = 16384     # rows up to this many elements are reduced in registers
 
 
 def import_triton():
@@ -138,10 +138,7 @@ def kernel_source(kernel, buffers):
             launch = {"xnumel": xnumel, "XBLOCK": xblock, "num_warps": num_warps,
                       "grid": math.ceil(xnumel / xblock)}
         else:
-            persistent = rnumel <= PERSISTENT_RBLOCK_LIMIT
-            rblock = _next_pow2(rnumel) if persistent else 1024
-            xblock = max(1, min(_next_pow2(xnumel), 4096 // rblock if persistent else 1))
-            num_warps = 8 if rblock >= 2048 else 4 if rblock >= 256 else 2
+            persistent, xblock, rblock, num_warps = _reduction_config(xnumel, rnumel)
             rvars = [*_decompose("rindex", plan.r_vars, plan.r_sizes), "rmask = rindex < rnumel"]
             head = [f"xindex = {pid} * XBLOCK + tl.arange(0, XBLOCK)[:, None]", "xmask = xindex < xnumel",
                     *_decompose("xindex", plan.x_vars, plan.x_sizes), "rbase = tl.arange(0, RBLOCK)[None, :]"]
@@ -210,6 +207,17 @@ REDUCE_FN = {"sum": "tl.sum", "mean": "tl.sum", "max": "tl.max", "min": "tl.min"
 COMBINE = {"sum": "{acc} + {v}", "mean": "{acc} + {v}",
            "max": "tl.where(({v} != {v}) | ({v} > {acc}), {v}, {acc})",
            "min": "tl.where(({v} != {v}) | ({v} < {acc}), {v}, {acc})"}
+
+
+def _reduction_config(xnumel: int, rnumel: int) -> tuple[bool, int, int, int]:
+    """(persistent, XBLOCK, RBLOCK, num_warps) for a reduction kernel. A row that fits is
+    held in registers whole (persistent: the row is read from memory once, however many
+    members walk it); about 4096 elements per program, one warp per 256 of them."""
+    persistent = rnumel <= PERSISTENT_RBLOCK_LIMIT
+    rblock = _next_pow2(rnumel) if persistent else 2048
+    xblock = max(1, min(_next_pow2(xnumel), 4096 // rblock if persistent else 1))
+    num_warps = max(2, min(16, (xblock * rblock) // 256))
+    return persistent, xblock, rblock, num_warps
 
 
 def _pointwise_config(xnumel: int) -> tuple[int, int]:
