@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import functools
 import sys
+import types
 import warnings
 from dataclasses import dataclass, field
 from typing import Any, Callable
@@ -22,18 +23,8 @@ SUPPORTED_PYTHONS = ((3, 11), (3, 12), (3, 13))
 MODES = (None, "default")
 LATER_MODES = ("reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
 
-# One list of entries per (code object, backend): newest first, as Dynamo's cache.
-_CACHES: dict[tuple, list["CacheEntry"]] = {}
-
-
-@dataclass
-class CacheEntry:
-    capture: Capture
-    compiled: Callable
-
-    def run(self, args, kwargs):
-        outputs = self.compiled(*self.capture.get_inputs(args, kwargs))
-        return self.capture.build_output(outputs)
+# One _FrameCache per (code object, backend): its segments, newest first, as Dynamo's cache.
+_CACHES: dict[tuple, "_FrameCache"] = {}
 
 
 def reset() -> None:
@@ -73,6 +64,8 @@ class CompiledFunction:
         self.backend, self.backend_name = _resolve_backend(backend)
         self.dynamic = dynamic
         self.eager_reason: Unsupported | None = None
+        self._backend_arg = backend
+        self._callees: dict = {}
         functools.update_wrapper(self, fn)
 
     @property
@@ -83,39 +76,183 @@ class CompiledFunction:
     def __call__(self, *args, **kwargs):
         if not _python_supported():
             return self.fn(*args, **kwargs)
-        entries = _CACHES.setdefault(self._key, [])
-        for entry in entries:
-            if entry.capture.guard(args, kwargs):
-                return entry.run(args, kwargs)
-        if self.eager_reason is not None:
+        frame = _CACHES.setdefault(self._key, _FrameCache())
+        if frame.eager_reason is not None:
             return self.fn(*args, **kwargs)
-        if len(entries) >= config.recompile_limit:
-            warnings.warn(f"minicompile: {self.__name__} reached the recompile limit "
+        # the frame is a chain of segments: graph, break run for real, resume point, ...
+        offset, a, k, eager = 0, args, kwargs, False
+        while True:
+            seg = self._segment(frame, offset, a, k, eager)
+            if seg is None:                       # the whole frame runs eagerly
+                return self.fn(*args, **kwargs)
+            result = seg.run(a, k, self._call_for_real)
+            if result[0] == "return":
+                return result[1]
+            _, offset, state = result
+            a, k, eager = (), state, eager or seg.eager
+
+    def _segment(self, frame: "_FrameCache", offset: int, args, kwargs, eager: bool):
+        """The cached segment of this frame starting at `offset` whose guard holds, or a new one."""
+        from .capture.interpreter import trace_segment
+        if not eager and offset in frame.skipped:
+            eager = True
+        entries = frame.segments.setdefault((offset, eager), [])
+        for seg in entries:
+            if seg.guard(args, kwargs):
+                return seg
+        where = self.__name__ if offset == 0 else f"{self.__name__} (resume at offset {offset})"
+        if not eager and len(entries) >= config.recompile_limit:
+            warnings.warn(f"minicompile: {where} reached the recompile limit "
                           f"(config.recompile_limit = {config.recompile_limit}); it runs eagerly "
-                          "for inputs that match none of its compiled entries", stacklevel=2)
-            return self.fn(*args, **kwargs)
+                          "for inputs that match none of its compiled entries", stacklevel=3)
+            if offset == 0:
+                return None
+            eager = True
+            entries = frame.segments.setdefault((offset, eager), [])
         try:
-            cap = capture(self.fn, args, kwargs)
+            seg = trace_segment(self.fn, args, kwargs, offset, breaks=not self.fullgraph,
+                                eager=eager)
         except Unsupported as err:
             if self.fullgraph:
                 raise
-            metrics.graph_breaks += 1
-            self.eager_reason = err
-            logs.log("graph_breaks", str(err))
-            warnings.warn(f"minicompile: {self.__name__} runs eagerly: {err}", stacklevel=2)
-            return self.fn(*args, **kwargs)
-        logs.log("graph_code", _graph_code(cap))
-        logs.log("guards", cap.guard_source)
-        if entries:
-            metrics.recompiles += 1
-            logs.log("recompiles", f"recompiling {self.__name__}: no earlier entry's guard held "
-                                   f"({len(entries)} entries)")
-        with config.patch(**self.options):
-            compiled = self.backend(cap.gm, cap.example_inputs)
-        metrics.graphs += 1
-        entry = CacheEntry(cap, compiled)
-        entries.insert(0, entry)
-        return entry.run(args, kwargs)
+            if not eager:
+                # Dynamo skips the frame (here: from this segment on): it runs eagerly, its
+                # calls to user functions are compiled on their own
+                metrics.graph_breaks += 1
+                frame.skipped[offset] = err
+                _record(None, err)
+                logs.log("graph_breaks", f"frame {where} runs eagerly: "
+                         f"{getattr(err, 'frame_skip', '')}\n{err}")
+                return self._segment(frame, offset, args, kwargs, True)
+            if offset == 0:
+                frame.eager_reason = err
+                self.eager_reason = err
+                warnings.warn(f"minicompile: {self.__name__} runs eagerly: {err}", stacklevel=3)
+                return None
+            raise RuntimeError(f"minicompile: cannot continue {where} eagerly after a graph "
+                               f"break: {err}") from err
+        if not eager:
+            if offset == 0 and not frame.logged_bytecode:
+                frame.logged_bytecode = True
+                if logs.enabled("bytecode"):
+                    logs.log("bytecode", _original_bytecode(seg.code))
+            if seg.n_calls:
+                logs.log("graph_code", _graph_code(seg))
+                logs.log("guards", seg.guard_source)
+                if entries:
+                    metrics.recompiles += 1
+                    logs.log("recompiles", f"recompiling {where}: no earlier entry's guard held "
+                                           f"({len(entries)} entries)")
+                with config.patch(**self.options):
+                    seg.compiled = self.backend(seg.gm, seg.example_inputs)
+                metrics.graphs += 1
+                _record(seg.gm, seg.reason)
+            if seg.end == "break":
+                metrics.graph_breaks += 1
+                logs.log("graph_breaks", _break_text(seg))
+            if logs.enabled("bytecode"):
+                logs.log("bytecode", describe_segment(seg, self.__name__))
+        entries.insert(0, seg)
+        return seg
+
+    def _call_for_real(self, fn, args, kwargs):
+        """A call made at a graph break. A user function (or a user module's forward) is
+        compiled on its own, as Dynamo's frame hook compiles every frame it sees."""
+        target, pre = None, []
+        if isinstance(fn, torch.nn.Module) and not _is_torch_internal(type(fn).__module__) \
+                and not (fn._forward_hooks or fn._forward_pre_hooks or fn._backward_hooks
+                         or torch.nn.modules.module._global_forward_hooks
+                         or torch.nn.modules.module._global_forward_pre_hooks):
+            forward = getattr(type(fn), "forward", None)
+            if isinstance(forward, types.FunctionType) and getattr(fn.forward, "__func__", None) is forward:
+                target, pre = forward, [fn]
+        elif isinstance(fn, types.MethodType) and isinstance(fn.__func__, types.FunctionType):
+            target, pre = fn.__func__, [fn.__self__]
+        elif isinstance(fn, types.FunctionType):
+            target = fn
+        if target is None or _is_torch_internal(target.__module__ or "") or \
+                target.__code__.co_flags & 0x2A0:          # generators, coroutines
+            return fn(*args, **kwargs)
+        callee = self._callees.get(target)
+        if callee is None:
+            callee = CompiledFunction(target, fullgraph=False, backend=self._backend_arg,
+                                      dynamic=self.dynamic, options=self.options)
+            callee.backend, callee.backend_name = self.backend, self.backend_name
+            self._callees[target] = callee
+        return callee(*pre, *args, **kwargs)
+
+
+@dataclass
+class _FrameCache:
+    """Everything compiled for one code object: segments per (offset, eager), newest first."""
+    segments: dict = field(default_factory=dict)
+    skipped: dict = field(default_factory=dict)      # offset -> why the rest runs eagerly
+    eager_reason: Any = None
+    logged_bytecode: bool = False
+
+    def __iter__(self):          # the compiled segments
+        return iter([seg for entries in self.segments.values() for seg in entries
+                     if seg.compiled is not None])
+
+    def __len__(self):
+        return len(list(iter(self)))
+
+
+_RECORDERS: list = []
+
+
+def _record(gm, reason):
+    for rec in _RECORDERS:
+        rec.append((gm, reason))
+
+
+def _is_torch_internal(modname: str) -> bool:
+    return modname.split(".")[0] in ("torch", "functools", "typing", "builtins", "minicompile")
+
+
+def _break_text(seg) -> str:
+    r = seg.reason
+    where = ""
+    if r.user_stack:
+        f, l, t = r.user_stack[-1]
+        where = f"{f}:{l} ({t})"
+    return (f"Graph break in {seg.code.co_name} at offset {seg.break_inst.offset} "
+            f"({seg.break_inst.opname}) {where}\n{r}")
+
+
+def _original_bytecode(code) -> str:
+    import dis
+    import io
+    buf = io.StringIO()
+    dis.dis(code, file=buf, depth=0)
+    return f"ORIGINAL BYTECODE {code.co_name} {code.co_filename}:{code.co_firstlineno}\n{buf.getvalue()}"
+
+
+def describe_segment(seg, name: str) -> str:
+    """One segment of a transformed frame, as the Python it stands for (depyf's style)."""
+    start = "entry" if seg.offset == 0 else f"resume point at offset {seg.offset}"
+    ins = ", ".join(seg.input_sources) or "no tensor inputs"
+    lines = [f"MODIFIED FRAME {name}, {start}:"]
+    if seg.n_calls and not seg.eager:
+        lines.append(f"    outs = __compiled_graph({ins})   # {seg.n_calls} ops, compiled")
+    elif seg.n_calls:
+        lines.append(f"    outs = __eager_graph({ins})   # {seg.n_calls} ops, run eagerly (frame skipped)")
+    else:
+        lines.append("    # no ops here: no graph")
+    if seg.end == "return":
+        lines.append("    return <rebuilt from outs>")
+    else:
+        inst = seg.break_inst
+        stack_t, locals_t = seg.template
+        text = seg.reason.user_stack[-1][2] if seg.reason.user_stack else ""
+        lines.append(f"    # graph break: {seg.reason.reason}")
+        lines.append(f"    stack, locals = <rebuilt from outs>  # stack depth {len(stack_t)}, "
+                     f"live locals {sorted(locals_t)}")
+        lines.append(f"    <run {inst.opname} for real>   # {text}")
+        nxt = seg.instructions[inst.index + 1].offset if inst.index + 1 < len(seg.instructions) else None
+        lines.append(f"    return __resume_{seg.code.co_name}_at_{nxt}(*stack, **locals)"
+                     + ("   # or the jump target" if inst.opname.startswith(("POP_JUMP", "JUMP_IF")) else ""))
+    return "\n".join(lines)
 
 
 class CompiledModule(torch.nn.Module):
@@ -195,18 +332,33 @@ def compile(model: Callable | None = None, *, fullgraph: bool = False, dynamic: 
 
 @dataclass
 class ExplainOutput:
-    """What explain() found, with the fields torch._dynamo.explain gives."""
+    """What explain() found, with the fields torch._dynamo.explain gives.
+
+    graph_break_count is graph_count - 1, exactly as Dynamo computes it (so a frame that
+    ran wholly eagerly reports -1, as Dynamo's does). break_reasons: one `Unsupported` per
+    graph that ended at a break, and one per frame (or rest of a frame) that ran eagerly."""
     graphs: list = field(default_factory=list)
     graph_count: int = 0
     graph_break_count: int = 0
     break_reasons: list = field(default_factory=list)
+    op_count: int = 0
     ops_per_graph: list = field(default_factory=list)
 
     def __str__(self):
         lines = [f"Graph Count: {self.graph_count}", f"Graph Break Count: {self.graph_break_count}",
-                 f"Op Count: {sum(len(ops) for ops in self.ops_per_graph)}", "Break Reasons:"]
+                 f"Op Count: {self.op_count}", "Break Reasons:"]
         for i, reason in enumerate(self.break_reasons, 1):
-            lines.append(f"  Break Reason {i}:\n    {str(reason).replace(chr(10), chr(10) + '    ')}")
+            lines.append(f"  Break Reason {i}:")
+            lines.append(f"    Reason: {reason.reason}")
+            if getattr(reason, "frame_skip", None):
+                lines.append(f"    Frame runs eagerly: {reason.frame_skip}")
+            if reason.explanation:
+                lines.append(f"    Explanation: {reason.explanation}")
+            if reason.hint:
+                lines.append(f"    Hint: {reason.hint}")
+            lines.append("    User Stack:")
+            for filename, lineno, text in reason.user_stack:
+                lines.append(f"      File \"{filename}\", line {lineno}: {text}")
         lines.append("Ops per Graph:")
         for i, ops in enumerate(self.ops_per_graph, 1):
             lines.append(f"  Ops {i}:")
@@ -215,25 +367,38 @@ class ExplainOutput:
 
 
 def explain(fn: Callable):
-    """explain(fn)(*args, **kwargs) -> ExplainOutput: the graphs and breaks of one call."""
+    """explain(fn)(*args, **kwargs) -> ExplainOutput: the graphs and breaks of one call.
+
+    Like torch._dynamo.explain, it runs the call (compiled afresh, graphs run as traced), so
+    side effects such as prints happen; functions compiled on their own at breaks count too."""
     def run(*args, **kwargs):
-        out = ExplainOutput()
-        target = fn.forward if isinstance(fn, torch.nn.Module) else fn
+        def explain_backend(gm, example_inputs):
+            return gm
+        compiled = compile(fn, backend=explain_backend)
+        rec: list = []
+        _RECORDERS.append(rec)
         try:
-            cap = capture(target, args, kwargs)
-        except Unsupported as err:
-            out.graph_break_count = 1
-            out.break_reasons.append(err)
-            return out
-        out.graphs.append(cap.gm)
-        out.graph_count = 1
-        out.ops_per_graph.append([n.target for n in cap.gm.graph.nodes
-                                  if n.op in ("call_function", "call_method", "call_module")])
+            compiled(*args, **kwargs)
+        finally:
+            _RECORDERS.remove(rec)
+            for key in [k for k in _CACHES if k[2] == id(explain_backend)]:
+                del _CACHES[key]
+        out = ExplainOutput()
+        for gm, reason in rec:
+            if gm is not None:
+                out.graphs.append(gm)
+                ops = [n.target for n in gm.graph.nodes if n.op == "call_function"]
+                out.ops_per_graph.append(ops)
+                out.op_count += len(ops)
+            if reason is not None:
+                out.break_reasons.append(reason)
+        out.graph_count = len(out.graphs)
+        out.graph_break_count = out.graph_count - 1
         return out
     return run
 
 
-def _graph_code(cap: Capture) -> str:
+def _graph_code(cap) -> str:
     """The captured graph's code, with the user's source line above each op (as Dynamo's
     graph_code log)."""
     lines, last = [f"TRACED GRAPH ({cap.code.co_name})"], None

@@ -349,6 +349,7 @@ class Extern(IRNode):
     reason: str = ""              # why this op is not generated code ("" for extern kernels)
     kind: str = "function"        # "function": op(*args); "method": args[0].op(*args[1:])
     value_is_tensor: bool = True  # False for ops returning tuples or Python values
+    meta_value: Any = None        # the result's layout, as meta tensors (a tensor or a tuple)
 
     def make_loader(self):
         def load(index):

@@ -212,3 +212,15 @@ def test_no_fusion_across_rows(kernel_backend):
     x = randn(30, 40)
     check(lambda x: (x - x.amax(0, keepdim=True)).sum(-1), x)
     check(lambda x: x.sum(-1, keepdim=True).t() + x[:1, :30], x)
+
+
+def test_extern_output_layout_follows_realized_inputs(kernel_backend):
+    # Eager passes attention non-contiguous views and gets an output laid out as (B, T, H, D);
+    # the compiled graph passes realized (contiguous) inputs: the output layout differs, and
+    # kernels reading it must use the layout it really has.
+    def f(qkv):
+        q, k, v = qkv.split(16, dim=2)
+        q, k, v = (t.view(2, 8, 2, 8).transpose(1, 2) for t in (q, k, v))
+        y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        return y.transpose(1, 2).contiguous().view(2, 8, 16) * 2
+    check(f, randn(2, 8, 48))

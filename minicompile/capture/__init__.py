@@ -10,7 +10,8 @@ Anything that cannot be traced raises `Unsupported` (later: a graph break).
     sources.py      where a value came from, as a guard expression (L['x'], G['torch'], ...)
     interpreter.py  the symbolic interpreter (one handler per opcode) and `capture`
     guards.py       the generated guard function
-    breaks.py       `Unsupported`
+    breaks.py       `Unsupported`, `GraphBreak`
+    frame.py        a frame as a chain of segments: graph, break run for real, resume point
 """
 from .breaks import Unsupported, UnsupportedPythonVersion
 from .bytecode import SUPPORTED_VERSIONS, check_python_version

@@ -64,7 +64,8 @@ def bind_arguments(fn, args: tuple, kwargs: dict) -> Tuple[ArgBinding, Dict[str,
     full_args = ((self_obj,) + tuple(args)) if self_obj is not None else tuple(args)
     bound = sig.bind(*full_args, **kwargs)       # TypeError exactly as the call would raise
     bound.apply_defaults()
-    values = dict(bound.arguments)
+    values = {("." + k[8:] if k.startswith("implicit") and "." + k[8:] in code.co_varnames else k): v
+              for k, v in bound.arguments.items()}     # inspect renames a comprehension's .0
 
     defaults = {}
     exprs: Dict[str, str] = {}
@@ -177,6 +178,10 @@ class GuardBuilder:
         self._add(("dict", e), source,
                   f"type({{e}}) is dict and list({{e}}.keys()) == {list(value.keys())!r}",
                   f"{e}: dict type and keys")
+
+    def type_check(self, source: Source, ty):
+        e = source.expr()
+        self._add(("type", e), source, f"type({{e}}) is {self._ref(ty, 'TYPE_')}", f"{e}: type")
 
     def identity(self, source: Source, obj, what: str = "object"):
         e = source.expr()

@@ -16,9 +16,10 @@ How it works (the same scheme as TorchDynamo's InstructionTranslator):
   the guards: every value read from outside the trace is wrapped once (`wrap`), and wrapping
   records the check that value needs.
 
-Straight-line code only for now: branches are followed only when their condition is a
-constant (e.g. `if self.bias is not None`); a branch on a tensor, and any loop, raises
-Unsupported, which later becomes a graph break.
+Control flow on Python values and shapes is followed (loops unrolled, instruction budget
+bounded). In the root frame, an instruction that cannot be traced raises `GraphBreak` (the
+graph rolled back to before it, including anything an inlined call added); frame.py turns it
+into a graph break with a resume point, `trace_segment` traces from any resume offset.
 """
 from __future__ import annotations
 
@@ -122,6 +123,9 @@ class OutputGraph:
         # in-place changes to containers made in the trace: (variable, old items), so that
         # a graph break inside an inlined call can roll the trace back to the call site
         self.undo_log: List[Tuple[VariableTracker, Any]] = []
+        # objects from outside the frame changed by the trace (global lists, attributes):
+        # the changes are made on the real objects after the graph runs
+        self.side_effects: List[VariableTracker] = []
         # inline user functions and modules (False in a frame run eagerly: every user call
         # is then made for real, and the callee compiled on its own, as Dynamo does)
         self.inline_user_calls = True
@@ -129,7 +133,7 @@ class OutputGraph:
         self.instruction_budget = 200_000     # unrolled loops: a bound, not a hang
 
     def record_mutation(self, var: VariableTracker):
-        if isinstance(var, DictVariable):
+        if isinstance(var, (DictVariable, UserObjectVariable)):
             self.undo_log.append((var, dict(var.items)))
         elif isinstance(var, IteratorVariable):
             self.undo_log.append((var, var.index))
@@ -215,6 +219,22 @@ class OutputGraph:
                 g.dict_keys(source, value)
             return DictVariable({k: self.wrap(v, ItemSource(source, k) if source else None)
                                  for k, v in value.items()}, source)
+        from .frame import ListIter, NULL_VALUE
+        if value is NULL_VALUE:
+            return NULL
+        if type(value) is ListIter:
+            if source is None:
+                raise self.unsupported("an iterator of unknown origin")
+            g.type_check(source, ListIter)
+            items_src = AttrSource(source, "items")
+            g.sequence(items_src, value.items)
+            return IteratorVariable([self.wrap(v, ItemSource(items_src, i))
+                                     for i, v in enumerate(value.items)])
+        known = (isinstance(value, (types.ModuleType, types.FunctionType, types.MethodType, type))
+                 or _is_torch_callable(value) or (_hashable(value) and value in _BUILTIN_HANDLERS))
+        if source is not None and not known:
+            g.type_check(source, type(value))     # its attributes are guarded one by one
+            return UserObjectVariable(value, source)
         # callables and modules: guarded by identity when read from a guardable place
         if source is not None:
             g.identity(source, value, type(value).__name__)
@@ -403,7 +423,7 @@ def _builtin_container(kind):
             return kind([ConstantVariable(k) for k in x.items])
         if isinstance(x, TensorVariable):
             return kind(tx.unpack_tensor(x, len(x.example)))
-        raise tx.unsupported(f"{kind.python_type.__name__}() of {x.describe()}")
+        return kind(tx.iterate(x))
     return impl
 
 
@@ -424,12 +444,146 @@ def _builtin_print(tx, args, kwargs):
                          "cannot hold", "remove the print, or print outside the compiled code")
 
 
+def _builtin_iter(kind):
+    def impl(tx, args, kwargs):
+        if kind == "enumerate":
+            start = args[1].as_example() if len(args) > 1 else kwargs.get("start", ConstantVariable(0)).as_example()
+            return IteratorVariable([TupleVariable([ConstantVariable(start + i), v])
+                                     for i, v in enumerate(tx.iterate(args[0]))])
+        if kind == "zip":
+            if kwargs.get("strict", ConstantVariable(False)).as_example():
+                lists = [tx.iterate(a) for a in args]
+                if len({len(l) for l in lists}) > 1:
+                    raise tx.unsupported("zip(strict=True) of unequal lengths")
+            lists = [tx.iterate(a) for a in args]
+            return IteratorVariable([TupleVariable(list(t)) for t in zip(*lists)])
+        if kind == "map":
+            fn, seqs = args[0], [tx.iterate(a) for a in args[1:]]
+            return IteratorVariable([tx.call_function(fn, list(t), {}) for t in zip(*seqs)])
+        if kind == "filter":
+            fn, items = args[0], tx.iterate(args[1])
+            keep = []
+            for it in items:
+                r = it if isinstance(fn, ConstantVariable) and fn.value is None else tx.call_function(fn, [it], {})
+                if tx.truth(r, "filter"):
+                    keep.append(it)
+            return IteratorVariable(keep)
+        if kind == "reversed":
+            return IteratorVariable(list(reversed(tx.iterate(args[0]))))
+        if kind == "iter":
+            return IteratorVariable(tx.iterate(args[0]))
+        raise AssertionError(kind)
+    return impl
+
+
+def _builtin_next(tx, args, kwargs):
+    it = args[0]
+    if not isinstance(it, IteratorVariable):
+        raise tx.unsupported(f"next() of {it.describe()}")
+    if it.index >= len(it.items):
+        if len(args) > 1:
+            return args[1]
+        raise tx.unsupported("next() of an exhausted iterator (StopIteration)")
+    tx.output.record_mutation(it)
+    it.index += 1
+    return it.items[it.index - 1]
+
+
+def _builtin_reduce(kind):
+    def impl(tx, args, kwargs):
+        items = tx.iterate(args[0]) if len(args) == 1 else list(args)
+        if kind == "sum":
+            start = args[1] if len(args) > 1 else kwargs.get("start", ConstantVariable(0))
+            items = tx.iterate(args[0])
+            acc = start
+            for it in items:
+                acc = tx.binary("+", acc, it)
+            return acc
+        if all(i.is_constant() for i in items) and all(v.is_constant() for v in kwargs.values()):
+            fn = {"min": min, "max": max, "any": any, "all": all, "sorted": sorted}[kind]
+            r = fn([i.as_example() for i in items], **{k: v.as_example() for k, v in kwargs.items()})
+            if kind == "sorted":
+                return ListVariable([ConstantVariable(x) for x in r])
+            return ConstantVariable(r)
+        if kind in ("any", "all"):
+            vals = [tx.truth(i, kind) for i in items]
+            return ConstantVariable(any(vals) if kind == "any" else all(vals))
+        if kind in ("min", "max") and not kwargs and len(items) == 2 and _contains_tensor(items):
+            raise tx.unsupported(f"builtin {kind}() comparing tensors",
+                                 "which is smaller depends on the tensors' values")
+        raise tx.unsupported(f"builtin {kind}() on non-constant values")
+    return impl
+
+
+def _builtin_hasattr(tx, args, kwargs):
+    obj, name = args
+    try:
+        tx.load_attr(obj, name.as_example())
+        return ConstantVariable(True)
+    except AttributeError:
+        return ConstantVariable(False)
+    except Unsupported:
+        return ConstantVariable(hasattr(obj.as_example(), name.as_example()))
+
+
+def _builtin_dict(tx, args, kwargs):
+    items = {}
+    if args:
+        src = args[0]
+        if isinstance(src, DictVariable):
+            items.update(src.items)
+        else:
+            for pair in tx.iterate(src):
+                k, v = tx.unpack(pair, 2)
+                if not k.is_constant():
+                    raise tx.unsupported("dict() with non-constant keys")
+                items[k.as_example()] = v
+    items.update(kwargs)
+    return DictVariable(items)
+
+
+def _builtin_callable(tx, args, kwargs):
+    v = args[0]
+    if v.is_constant():
+        return ConstantVariable(callable(v.as_example()))
+    return ConstantVariable(not isinstance(v, (TensorVariable, BaseListVariable, DictVariable)))
+
+
+def _builtin_type(tx, args, kwargs):
+    v = args[0]
+    if isinstance(v, TensorVariable):
+        return tx.output.wrap(type(v.example), None)
+    if isinstance(v, BaseListVariable):
+        return tx.output.wrap(v.python_type, None)
+    if isinstance(v, DictVariable):
+        return tx.output.wrap(dict, None)
+    if isinstance(v, NNModuleVariable):
+        return TypeVariable(type(v.module))
+    if v.is_constant():
+        return tx.output.wrap(type(v.as_example()), None)
+    raise tx.unsupported(f"type() of {v.describe()}")
+
+
+def _builtin_id(tx, args, kwargs):
+    v = args[0]
+    if isinstance(v, NNModuleVariable):
+        return ConstantVariable(id(v.module))
+    raise tx.unsupported(f"id() of {v.describe()}")
+
+
 _BUILTIN_HANDLERS: Dict[Any, Callable] = {
     len: _builtin_len, isinstance: _builtin_isinstance, getattr: _builtin_getattr,
     tuple: _builtin_container(TupleVariable), list: _builtin_container(ListVariable),
     print: _builtin_print,
+    enumerate: _builtin_iter("enumerate"), zip: _builtin_iter("zip"), map: _builtin_iter("map"),
+    filter: _builtin_iter("filter"), reversed: _builtin_iter("reversed"), iter: _builtin_iter("iter"),
+    next: _builtin_next, sum: _builtin_reduce("sum"), min: _builtin_reduce("min"),
+    max: _builtin_reduce("max"), any: _builtin_reduce("any"), all: _builtin_reduce("all"),
+    sorted: _builtin_reduce("sorted"), hasattr: _builtin_hasattr, dict: _builtin_dict,
+    callable: _builtin_callable, type: _builtin_type, id: _builtin_id,
 }
-for _f in (int, float, bool, str, abs, min, max, pow, round, range, slice, divmod, hash, repr):
+for _f in (int, float, bool, str, abs, pow, round, range, slice, divmod, hash, repr, chr, ord,
+           set, frozenset, complex, format, ascii, bin, hex, oct):
     _BUILTIN_HANDLERS[_f] = _builtin_const(_f)
 
 
@@ -597,7 +751,32 @@ class InstructionTranslator:
         return [self.output.call("call_function", operator.getitem, [t, ConstantVariable(i)], {})
                 for i in range(n)]
 
+    def iterate(self, v: VariableTracker) -> List[VariableTracker]:
+        """The items a for loop over `v` sees (all known: loops are unrolled)."""
+        if isinstance(v, IteratorVariable):
+            self.output.record_mutation(v)
+            items = v.remaining()
+            v.index = len(v.items)
+            return items
+        if isinstance(v, NNModuleVariable):
+            mod = v.module
+            if isinstance(mod, (torch.nn.ModuleList, torch.nn.Sequential)):
+                return [self.load_module_attr(v, k) for k in mod._modules]
+            if isinstance(mod, torch.nn.ModuleDict):
+                return [ConstantVariable(k) for k in mod._modules]
+            if isinstance(mod, (torch.nn.ParameterList,)):
+                return [self.load_module_attr(v, k) for k in mod._parameters]
+            raise self.unsupported(f"iterating over {type(mod).__name__}")
+        if isinstance(v, ConstantVariable) and isinstance(v.value, (str, dict, frozenset, set)):
+            return [ConstantVariable(x) for x in v.value]
+        return self.unpack(v)
+
     def unpack(self, v: VariableTracker, n: Optional[int] = None) -> List[VariableTracker]:
+        if isinstance(v, (IteratorVariable, NNModuleVariable)):
+            items = self.iterate(v)
+            if n is not None and len(items) != n:
+                raise self.unsupported(f"unpacking {len(items)} values into {n}")
+            return items
         if isinstance(v, BaseListVariable):
             items = list(v.items)
         elif isinstance(v, ConstantVariable) and isinstance(v.value, (tuple, list, torch.Size, range)):
@@ -624,6 +803,7 @@ class InstructionTranslator:
                 "by the capture yet (later: a graph break)",
                 "use torch.where, or move the condition out of the compiled function")
         if isinstance(v, (NNModuleVariable, UserFunctionVariable, TorchFunctionVariable,
+                          UserObjectVariable, NestedFunctionVariable, IteratorVariable,
                           PythonModuleVariable, TypeVariable, BuiltinVariable)):
             return True
         raise self.unsupported(f"truth value of {v.describe()}")
@@ -641,6 +821,21 @@ class InstructionTranslator:
             raise self.unsupported(f"tensor attribute .{name}")
         if isinstance(obj, NNModuleVariable):
             return self.load_module_attr(obj, name)
+        if isinstance(obj, UserObjectVariable):
+            if name in obj.overrides:
+                return obj.overrides[name]
+            value = obj.value
+            d = getattr(value, "__dict__", None)
+            if d is not None and name in d:
+                return out.wrap(d[name], AttrSource(obj.source, name))
+            attr = inspect.getattr_static(type(value), name)     # AttributeError as Python
+            if isinstance(attr, types.FunctionType):
+                return BoundMethodVariable(attr, obj)
+            if isinstance(attr, property) and attr.fget is not None:
+                return self.inline_call(attr.fget, [obj], {})
+            if is_constant_value(attr):
+                return ConstantVariable(attr)
+            raise self.unsupported(f"attribute .{name} of {type(value).__name__}")
         if isinstance(obj, PythonModuleVariable):
             mod = obj.value
             if not hasattr(mod, name):
@@ -705,6 +900,29 @@ class InstructionTranslator:
     def call_function(self, fn: VariableTracker, args: List[VariableTracker],
                       kwargs: Dict[str, VariableTracker]) -> VariableTracker:
         out = self.output
+        if not out.inline_user_calls and self.parent is None and isinstance(
+                fn, (UserFunctionVariable, BoundMethodVariable, NestedFunctionVariable)) \
+                or not out.inline_user_calls and self.parent is None and isinstance(fn, NNModuleVariable) \
+                and not type(fn.module).__module__.startswith("torch."):
+            raise self.unsupported(f"call to {fn.describe()} from a frame that runs eagerly",
+                                   "the callee is compiled on its own")
+        if isinstance(fn, NestedFunctionVariable):
+            return self.inline_nested(fn, args, kwargs)
+        if isinstance(fn, WithExitVariable):
+            self.set_grad(fn.prev)
+            self.with_depth -= 1
+            return ConstantVariable(None)
+        if isinstance(fn, TypeVariable) and fn.value in (torch.no_grad, torch.enable_grad,
+                                                         torch.set_grad_enabled):
+            if fn.value is torch.set_grad_enabled:
+                mode = args[0].as_example() if args else kwargs["mode"].as_example()
+                if not isinstance(mode, bool):
+                    raise self.unsupported("set_grad_enabled with a non-constant mode")
+                # as a function it takes effect at once (it is also a context manager)
+                prev = torch.is_grad_enabled()
+                self.set_grad(mode)
+                return GradModeVariable(mode, prev)
+            return GradModeVariable(fn.value is torch.enable_grad)
         if isinstance(fn, TorchFunctionVariable):
             return out.call("call_function", fn.value, args, kwargs)
         if isinstance(fn, TensorMethodVariable):
@@ -743,6 +961,60 @@ class InstructionTranslator:
             if fn.name == "items":
                 return TupleVariable([TupleVariable([ConstantVariable(k), v])
                                       for k, v in obj.items.items()])
+        if isinstance(obj, ListVariable) and fn.name in ("append", "extend", "insert", "pop",
+                                                          "clear", "reverse", "remove", "sort"):
+            self.check_mutable(obj)
+            self.output.record_mutation(obj)
+            if fn.name == "append":
+                obj.items.append(args[0])
+            elif fn.name == "extend":
+                obj.items.extend(self.iterate(args[0]))
+            elif fn.name == "insert":
+                obj.items.insert(args[0].as_example(), args[1])
+            elif fn.name == "pop":
+                return obj.items.pop(*[a.as_example() for a in args])
+            elif fn.name == "clear":
+                obj.items.clear()
+            elif fn.name == "reverse":
+                obj.items.reverse()
+            elif fn.name == "remove" and args[0].is_constant() and obj.is_constant():
+                obj.items = [ConstantVariable(v) for v in obj.as_example()]
+                obj.items.remove(ConstantVariable(args[0].as_example())) if False else \
+                    obj.items.pop([i.as_example() for i in obj.items].index(args[0].as_example()))
+            elif fn.name == "sort" and obj.is_constant() and not kwargs:
+                obj.items = [ConstantVariable(v) for v in sorted(obj.as_example())]
+            else:
+                raise self.unsupported(f"list.{fn.name}() on {obj.describe()}")
+            return ConstantVariable(None)
+        if isinstance(obj, BaseListVariable) and fn.name == "copy":
+            return ListVariable(list(obj.items))
+        if isinstance(obj, DictVariable) and fn.name in ("update", "pop", "setdefault", "clear",
+                                                          "copy", "popitem"):
+            if fn.name == "copy":
+                return DictVariable(dict(obj.items))
+            self.check_mutable(obj)
+            self.output.record_mutation(obj)
+            if fn.name == "update":
+                new = _builtin_dict(self, args, kwargs)
+                obj.items.update(new.items)
+                return ConstantVariable(None)
+            if fn.name == "pop":
+                key = args[0].as_example()
+                if key in obj.items:
+                    return obj.items.pop(key)
+                if len(args) > 1:
+                    return args[1]
+                raise self.unsupported(f"dict.pop of missing key {key!r}")
+            if fn.name == "setdefault":
+                key = args[0].as_example()
+                if key not in obj.items:
+                    obj.items[key] = args[1] if len(args) > 1 else ConstantVariable(None)
+                return obj.items[key]
+            if fn.name == "clear":
+                obj.items.clear()
+                return ConstantVariable(None)
+            k, v = obj.items.popitem()
+            return TupleVariable([ConstantVariable(k), v])
         if isinstance(obj, DictVariable) and fn.name == "get" and args and args[0].is_constant():
             default = args[1] if len(args) > 1 else ConstantVariable(None)
             return obj.items.get(args[0].as_example(), default)
@@ -773,7 +1045,7 @@ class InstructionTranslator:
         return self.inline_call(forward, [mv] + list(args), kwargs)
 
     def inline_call(self, func: types.FunctionType, args: List[VariableTracker],
-                    kwargs: Dict[str, VariableTracker]) -> VariableTracker:
+                    kwargs: Dict[str, VariableTracker], closure_cells=None, markers=None) -> VariableTracker:
         code = func.__code__
         name = func.__qualname__
         if code.co_flags & (inspect.CO_GENERATOR | inspect.CO_COROUTINE |
@@ -794,15 +1066,37 @@ class InstructionTranslator:
                 value = TupleVariable([v for v in value])
             elif kind is inspect.Parameter.VAR_KEYWORD:
                 value = DictVariable(dict(value))
+            elif markers and id(value) in markers:             # a default made in the trace
+                value = markers[id(value)]
             elif not isinstance(value, VariableTracker):      # a default value
                 value = self.output.wrap(value, None)
+            if pname.startswith("implicit") and "." + pname[8:] in code.co_varnames:
+                pname = "." + pname[8:]           # inspect renames a comprehension's .0
             locals_[pname] = value
         glob_name = func.__globals__.get("__name__", "")
         gsrc = None
         if not _is_internal_module_name(glob_name):
             gsrc = self.output.root_source(func.__globals__, "G_" + glob_name)
-        child = InstructionTranslator(self.output, func, locals_, {}, parent=self, globals_source=gsrc)
+        child = InstructionTranslator(self.output, func, locals_, {}, parent=self, globals_source=gsrc,
+                                      closure_cells=closure_cells)
         return child.run()
+
+    def inline_nested(self, fn: NestedFunctionVariable, args, kwargs) -> VariableTracker:
+        code = fn.code
+        markers = {}
+
+        def mark(v):
+            m = object()
+            markers[id(m)] = v
+            return m
+        defaults = tuple(mark(v) for v in self.unpack(fn.defaults)) if fn.defaults is not None else None
+        closure_vals = list(fn.closure.items) if fn.closure is not None else []
+        func = types.FunctionType(code, fn.f_globals, code.co_name, defaults,
+                                  tuple(types.CellType() for _ in code.co_freevars) or None)
+        if fn.kwdefaults is not None:
+            func.__kwdefaults__ = {k: mark(v) for k, v in fn.kwdefaults.items.items()}
+        cells = dict(zip(code.co_freevars, closure_vals))
+        return self.inline_call(func, args, kwargs, closure_cells=cells, markers=markers)
 
     def call_with_stack_layout(self, argc: int, kw_names: Tuple[str, ...]):
         """CALL's operands: [NULL, callable, args] / [callable, self, args] on 3.11-3.12,
@@ -1044,12 +1338,25 @@ class InstructionTranslator:
     @handles("STORE_ATTR")
     def _store_attr(self, inst):
         obj = self.pop()
-        self.pop()
+        value = self.pop()
+        if isinstance(obj, UserObjectVariable) and obj.source is not None and \
+                not isinstance(value, (NNModuleVariable,)):
+            # replayed with setattr after the graph; later reads in the trace see the new value
+            self.output.record_mutation(obj)
+            obj.overrides[inst.argval] = value
+            if obj not in self.output.side_effects:
+                self.output.side_effects.append(obj)
+            return
         raise self.unsupported(f"setting attribute .{inst.argval} of {obj.describe()}",
                                "a side effect on an object outside the graph",
                                "it runs for real at a graph break")
 
     def check_mutable(self, obj: VariableTracker):
+        if obj.source is not None and isinstance(obj, ListVariable) and obj.source.expr().startswith(("G[", "G_")):
+            # a global list: the change is replayed on the real list after the graph, as Dynamo does
+            if obj not in self.output.side_effects:
+                self.output.side_effects.append(obj)
+            return
         if obj.source is not None:
             raise self.unsupported(f"mutation of {obj.describe()} that came from outside the frame",
                                    "changing Python state outside the frame is done for real "
@@ -1340,14 +1647,36 @@ class InstructionTranslator:
         lst = self.stack[-inst.arg]
         if not isinstance(lst, ListVariable):
             raise self.unsupported("LIST_EXTEND on a non-list")
-        # containers are immutable in the trace so far: replace instead of mutating
-        self.stack[-inst.arg] = ListVariable(lst.items + self.unpack(v))
+        self.output.record_mutation(lst)
+        lst.items.extend(self.iterate(v))
 
     @handles("LIST_APPEND")
     def _list_append(self, inst):
         v = self.pop()
         lst = self.stack[-inst.arg]
-        self.stack[-inst.arg] = ListVariable(lst.items + [v])
+        self.output.record_mutation(lst)
+        lst.items.append(v)
+
+    @handles("MAP_ADD")
+    def _map_add(self, inst):
+        value = self.pop()
+        key = self.pop()
+        d = self.stack[-inst.arg]
+        if not key.is_constant():
+            raise self.unsupported("dict comprehension with a non-constant key")
+        self.output.record_mutation(d)
+        d.items[key.as_example()] = value
+
+    @handles("SET_ADD")
+    def _set_add(self, inst):
+        raise self.unsupported("set comprehension", "sets are not modelled")
+
+    @handles("BUILD_SET")
+    def _build_set(self, inst):
+        items = self.popn(inst.arg)
+        if not all(i.is_constant() for i in items):
+            raise self.unsupported("a set of non-constant values")
+        self.push(ConstantVariable(frozenset(i.as_example() for i in items)))
 
     @handles("BUILD_MAP")
     def _build_map(self, inst):
@@ -1369,7 +1698,8 @@ class InstructionTranslator:
         d = self.stack[-inst.arg]
         if not isinstance(v, DictVariable) or not isinstance(d, DictVariable):
             raise self.unsupported(f"{inst.opname} with {v.describe()}")
-        self.stack[-inst.arg] = DictVariable({**d.items, **v.items})
+        self.output.record_mutation(d)
+        d.items.update(v.items)
 
     @handles("BUILD_SLICE")
     def _build_slice(self, inst):
@@ -1489,6 +1819,26 @@ class InstructionTranslator:
         self.jump_to(inst)           # backward jumps (loops) raise Unsupported
 
 
+class UserObjectVariable(VariableTracker):
+    """Any other Python object read from the arguments or globals (a config object, a
+    dataclass): guarded by identity, its attributes read (and guarded) one by one."""
+
+    def __init__(self, value, source):
+        self.value = value
+        self.source = source
+        self.items = {}          # (so record_mutation can save/restore the overrides)
+
+    @property
+    def overrides(self):
+        return self.items
+
+    def as_example(self):
+        return self.value
+
+    def describe(self):
+        return f"{type(self.value).__name__} object"
+
+
 class _UnboundTensorMethod(VariableTracker):
     """`torch.Tensor.add` used as a function: a call_method node on its first argument."""
 
@@ -1523,88 +1873,158 @@ def _is_impure(node: torch.fx.Node) -> bool:
     return False
 
 
-def _flatten_output(tx: InstructionTranslator, v: VariableTracker, proxies: list):
-    """-> a template that `_rebuild` turns back into the Python return value."""
-    if isinstance(v, TensorVariable):
-        proxies.append(v.proxy)
-        return ("tensor", len(proxies) - 1)
-    if isinstance(v, ConstantVariable):
-        return ("const", v.value)
-    if isinstance(v, NamedTupleVariable):
-        return ("namedtuple", v.tuple_cls, [_flatten_output(tx, i, proxies) for i in v.items])
-    if isinstance(v, BaseListVariable):
-        return (v.python_type.__name__, None, [_flatten_output(tx, i, proxies) for i in v.items])
-    if isinstance(v, DictVariable):
-        return ("dict", None, [(k, _flatten_output(tx, i, proxies)) for k, i in v.items.items()])
-    if isinstance(v, NNModuleVariable):
-        return ("const", v.module)
-    raise tx.unsupported(f"returning {v.describe()}", "only tensors, constants and "
-                         "tuples/lists/dicts of them can be returned from a captured function")
+def _effect_templates(output, builder, source_fn):
+    effects = []
+    for var in output.side_effects:
+        if source_fn(var.source) is None:
+            raise output.unsupported("a side effect on state outside the frame in a whole-graph capture")
+        if isinstance(var, ListVariable):
+            effects.append(("list", source_fn(var.source), builder.build(TupleVariable(var.items))))
+        else:
+            effects.append(("attrs", source_fn(var.source),
+                            [(k, builder.build(v)) for k, v in var.items.items()]))
+    return effects
 
 
-def _rebuild(t, outs):
-    kind = t[0]
-    if kind == "tensor":
-        return outs[t[1]]
-    if kind == "const":
-        return t[1]
-    if kind == "tuple":
-        return tuple(_rebuild(x, outs) for x in t[2])
-    if kind == "list":
-        return [_rebuild(x, outs) for x in t[2]]
-    if kind == "namedtuple":
-        return t[1]([_rebuild(x, outs) for x in t[2]])
-    if kind == "dict":
-        return {k: _rebuild(x, outs) for k, x in t[2]}
-    raise AssertionError(kind)
-
-
-def capture(fn, args: tuple, kwargs: dict) -> Capture:
-    """Trace ONE call of `fn(*args, **kwargs)` into an FX graph (see module docstring).
-
-    fn: a plain Python function or a bound method (e.g. `module.forward`); an nn.Module is
-    taken as its `forward`. Raises Unsupported on anything it cannot model."""
-    check_python_version()
-    kwargs = dict(kwargs or {})
+def _function_of(fn):
     if isinstance(fn, torch.nn.Module):
         fn = fn.forward
     func = fn.__func__ if isinstance(fn, types.MethodType) else fn
     if not isinstance(func, types.FunctionType):
         raise Unsupported(f"capture of {type(fn).__name__} {fn!r}",
                           "only Python functions and bound methods have bytecode to trace")
-    code = func.__code__
-    if code.co_flags & (inspect.CO_GENERATOR | inspect.CO_COROUTINE | inspect.CO_ASYNC_GENERATOR):
+    if func.__code__.co_flags & (inspect.CO_GENERATOR | inspect.CO_COROUTINE | inspect.CO_ASYNC_GENERATOR):
         raise Unsupported(f"capture of generator/coroutine {func.__qualname__}")
-    try:
-        binding, values = bind_arguments(fn, tuple(args), kwargs)
-    except TypeError as e:
-        raise Unsupported(f"arguments do not match {func.__qualname__}: {e}",
-                          "the eager call will raise the same error")
-    bound_self = LocalSource(code.co_varnames[0]) if isinstance(fn, types.MethodType) else None
+    return fn, func
+
+
+def trace_segment(fn, args: tuple, kwargs: dict, offset: int = 0, *, breaks: bool = True,
+                  eager: bool = False, sources_in_templates: bool = True):
+    """Trace `fn`'s code from `offset` to a return or a graph break -> frame.Segment.
+
+    offset 0: (args, kwargs) are the call's arguments. A resume offset: args is () and kwargs
+    the live state at that point (locals by name, the value stack as ___stack0, ...).
+    breaks=False: any Unsupported propagates (a whole-graph capture, fullgraph=True).
+    eager=True: the frame runs eagerly (Dynamo skipped it): user calls are not inlined and
+    any instruction the concrete executor knows is a break."""
+    from . import frame as F
+    check_python_version()
+    kwargs = dict(kwargs or {})
+    fn, func = _function_of(fn)
+    code = func.__code__
+    is_method = isinstance(fn, types.MethodType)
+    if offset == 0:
+        try:
+            binding, values = bind_arguments(fn, tuple(args), kwargs)
+        except TypeError as e:
+            raise Unsupported(f"arguments do not match {func.__qualname__}: {e}",
+                              "the eager call will raise the same error")
+    else:
+        names = tuple(sorted(kwargs))
+        binding = ArgBinding(0, names, {k: f"kwargs[{k!r}]" for k in names}, {"D": {}, "S": None})
+        values = dict(kwargs)
+    bound_self = LocalSource(code.co_varnames[0]) if is_method and code.co_varnames else None
     output = OutputGraph(bound_self=bound_self)
+    output.breaks_allowed = breaks
+    output.inline_user_calls = not eager
     output.guards.grad_mode()
     gsrc = None
     if not _is_internal_module_name(func.__globals__.get("__name__", "")):
         output.guards.add_root("G", func.__globals__)
         gsrc = RootSource("G")
-    lazy = {name: (value, LocalSource(name)) for name, value in values.items()}
+    stack_names = sorted((k for k in values if k.startswith("___stack")), key=lambda k: int(k[8:]))
+    lazy = {name: (value, LocalSource(name)) for name, value in values.items()
+            if not name.startswith("___stack")}
     tx = InstructionTranslator(output, func, {}, lazy, parent=None, globals_source=gsrc)
-    ret = tx.run()
+    grad = torch.is_grad_enabled()
+    ns = output.guards.namespace
 
-    proxies: list = []
+    def source_fn(src):
+        if not sources_in_templates:
+            return None
+        expr = src.expr()
+        return lambda env, e=expr: eval(e, ns, {"L": env})
+
+    result = None
+    try:
+        output.tx = tx
+        for k in stack_names:
+            v = values[k]
+            tx.stack.append(NULL if v is F.NULL_VALUE else output.wrap(v, LocalSource(k)))
+        if offset:
+            tx.pc = tx.offset_to_index[offset]
+        try:
+            ret = tx.run()
+            builder = F.TemplateBuilder(tx, source_fn)
+            output.tx = tx
+            template = builder.build(ret)
+            end, reason, inst, kw = "return", None, None, ()
+            effects = _effect_templates(output, builder, source_fn)
+        except GraphBreak as gb:
+            reason, inst = gb.unsupported, gb.inst
+            ok = inst.opname in (F.EXECUTABLE if eager else F.RESUMABLE)
+            why = None
+            if tx.with_depth:
+                why = "a graph break inside a `with` block is not resumed"
+            elif not ok:
+                why = f"a graph break at {inst.opname} (not a call or a jump) is not resumed"
+            elif not eager and F.maybe_has_backedge(tx):
+                why = "graph break in a for/while loop: the frame is skipped, as Dynamo does"
+            if why is not None:
+                reason.frame_skip = why
+                raise reason
+            builder = F.TemplateBuilder(tx, source_fn)
+            live = F.live_locals(tx, inst.index)
+            stack_t = [builder.build(v) for v in gb.stack]
+            locals_t = {}
+            for name, v in tx.locals.items():
+                if name in live:
+                    locals_t[name] = builder.build(v)
+            for name, (value, src) in tx.lazy_locals.items():
+                if name in live:
+                    locals_t[name] = ["src", source_fn(src)]
+            template = [stack_t, locals_t]
+            end, kw = "break", gb.kw_names
+            effects = _effect_templates(output, builder, source_fn)
+    finally:
+        torch._C._set_grad_enabled(grad)
+        output.tx = None
+    if torch.is_grad_enabled() != grad:
+        torch._C._set_grad_enabled(grad)
     output.tx = tx
-    template = _flatten_output(tx, ret, proxies)
-    output.graph.output(tuple(p.node for p in proxies))
-    # in-place ops have no users but must stay (FX's default DCE would drop them)
+    output.graph.output(tuple(p.node for p in builder.proxies))
     output.graph.eliminate_dead_code(is_impure_node=_is_impure)
-    # eliminate_dead_code keeps placeholders, so the inputs list stays aligned with them
     gm = torch.fx.GraphModule(torch.nn.Module(), output.graph)
     input_exprs = [s.expr() for s in output.input_sources]
     guard, guard_src, get_inputs, inputs_src = output.guards.build(binding, input_exprs)
+    env_ns = dict(ns)
+    env_ns.update(binding.namespace)
+    env_src = "def make_env(args, kwargs):\n" + "\n".join(binding.prologue()) + "\n    return L\n"
+    exec(compile(env_src, "<minicompile env>", "exec"), env_ns)
+    n_calls = sum(1 for n in gm.graph.nodes if n.op in ("call_function", "call_method", "call_module"))
+    seg = F.Segment(code=code, offset=offset, gm=gm, example_inputs=list(output.input_examples),
+                    get_inputs=get_inputs, guard=guard, guard_source=guard_src,
+                    make_env=env_ns["make_env"], end=end, template=template, reason=reason,
+                    break_inst=inst, kw_names=kw, f_globals=func.__globals__,
+                    offset_to_index=tx.offset_to_index, instructions=tx.instructions,
+                    n_calls=n_calls, eager=eager, input_sources=input_exprs, effects=effects)
+    seg.get_inputs_source = inputs_src
+    return seg
 
-    def build_output(outs: Sequence[torch.Tensor]):
-        return _rebuild(template, outs)
 
-    return Capture(gm=gm, example_inputs=list(output.input_examples), get_inputs=get_inputs,
-                   build_output=build_output, guard=guard, guard_source=guard_src, code=code,
-                   get_inputs_source=inputs_src, input_sources=input_exprs)
+def capture(fn, args: tuple, kwargs: dict) -> Capture:
+    """Trace ONE call of `fn(*args, **kwargs)` into a single FX graph (fullgraph): anything
+    that would be a graph break raises Unsupported."""
+    seg = trace_segment(fn, args, kwargs, 0, breaks=False, sources_in_templates=False)
+    template = seg.template
+    from .frame import rebuild
+
+    def build_output(outs):
+        return rebuild(template, outs, {})
+    cap = Capture(gm=seg.gm, example_inputs=seg.example_inputs, get_inputs=seg.get_inputs,
+                  build_output=build_output, guard=seg.guard, guard_source=seg.guard_source,
+                  code=seg.code, get_inputs_source=seg.get_inputs_source,
+                  input_sources=seg.input_sources)
+    cap.segment = seg
+    return cap
+

@@ -68,7 +68,7 @@ def build(program: ir.Program, steps: list) -> CompiledGraph:
         kernel_args = {name: args for name, (args, _) in meta.items()}
 
     namespace: dict[str, Any] = {"torch": torch, "pytree": pytree, "output_spec": program.output_spec,
-                                 "empty_strided": memory.empty_strided}
+                                 "empty_strided": memory.empty_strided, "as_layout": memory.as_layout}
     namespace.update(launchers)
     lines = ["def call(args):"]
     if program.inputs:
@@ -127,6 +127,9 @@ def build(program: ir.Program, steps: list) -> CompiledGraph:
                 call = f"{render(target)}({args})"
             comment = f"  # {ext.reason}" if ext.reason else ""
             lines.append(f"    {ext.name} = {call}{comment}")
+            if ext.value_is_tensor:
+                # kernels index this buffer with the strides lowering predicted: make sure
+                lines.append(f"    {ext.name} = as_layout({ext.name}, {tuple(ext.stride)})")
     outs = ", ".join(render(o) for o in program.outputs)
     lines.append(f"    return pytree.tree_unflatten([{outs}], output_spec)")
     source = "\n".join(lines) + "\n"

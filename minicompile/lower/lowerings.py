@@ -583,17 +583,58 @@ def lower_fallback(program: ir.Program, node, values, target, args, kwargs):
         return x
     args = torch.fx.node.map_aggregate(args, realize)
     kwargs = torch.fx.node.map_aggregate(kwargs, realize)
-    value = values.get(node)
     kind = "method" if node.op == "call_method" else "function"
+    # The traced value's strides can differ from what the call will return at run time: the
+    # inputs are now realized buffers (contiguous), not the views eager passed. Predict the
+    # layout by running the op on meta tensors laid out as the realized inputs will be.
+    value = _predict_on_meta(target, kind, args, kwargs)
+    if value is None:
+        value = values.get(node)
     name = program.new_name("buf")
     if isinstance(value, torch.Tensor):
-        shape, stride, dtype, device = list(value.shape), list(value.stride()), value.dtype, value.device
+        traced = values.get(node)
+        device = traced.device if isinstance(traced, torch.Tensor) else program.device
+        shape, stride, dtype = list(value.shape), list(value.stride()), value.dtype
     else:
         shape, stride, dtype, device = [], [], None, program.device
     reason = "" if _is_extern_kernel(target) else f"no lowering for {_origin(node)}"
     data = ir.Extern(name, target, args, kwargs, shape, stride, dtype, device, reason=reason,
-                     kind=kind, value_is_tensor=isinstance(value, torch.Tensor))
+                     kind=kind, value_is_tensor=isinstance(value, torch.Tensor),
+                     meta_value=_to_meta(value))
     return TensorBox(data, program, boxes)
+
+
+def _to_meta(value):
+    def convert(v):
+        if isinstance(v, torch.Tensor) and v.device.type != "meta":
+            return torch.empty_strided(v.shape, v.stride(), dtype=v.dtype, device="meta")
+        return v
+    return torch.utils._pytree.tree_map(convert, value)
+
+
+def _predict_on_meta(target, kind, args, kwargs):
+    """The op's result on meta tensors with the realized inputs' layouts, or None if the op
+    cannot run on meta tensors (then the traced value is used, and the wrapper checks)."""
+    if isinstance(target, torch.nn.Module):
+        return None
+
+    def meta(x):
+        if not isinstance(x, TensorBox):
+            return x
+        data = x.data
+        if isinstance(data, ir.Extern):
+            return data.meta_value
+        stride = data.stride if isinstance(data, ir.InputBuffer) else ir.contiguous_strides(x.shape)
+        return torch.empty_strided(x.shape, stride, dtype=x.dtype, device="meta")
+    try:
+        margs = torch.fx.node.map_aggregate(args, meta)
+        mkwargs = torch.fx.node.map_aggregate(kwargs, meta)
+        with torch.no_grad():
+            out = getattr(margs[0], target)(*margs[1:], **mkwargs) if kind == "method" else target(*margs, **mkwargs)
+    except Exception:       # no meta kernel, or a Python value that is not a tensor op
+        return None
+    leaves = torch.utils._pytree.tree_leaves(out)
+    return out if leaves and all(isinstance(v, torch.Tensor) and v.device.type == "meta" for v in leaves) else None
 
 
 EXTERN_KERNELS = {torch.matmul, operator.matmul, torch.mm, torch.bmm, torch.addmm, F.linear,

@@ -1,0 +1,403 @@
+"""A compiled frame as a chain of segments: graph, graph break, resume point, graph, ...
+
+Takes: a function (or bound method) and one call's arguments. Hands on: the result of the call,
+computed by running, in order, `Segment`s: each is an FX graph traced from an instruction
+offset of the function's code object (0 for the first, a resume point for the others) to a
+`return` or to a graph break. At a break:
+
+  1. the graph so far runs (compiled by the backend) and returns every live tensor;
+  2. the live Python state (the value stack before the breaking instruction and the live
+     locals) is rebuilt from those outputs and the call's own values (a `template`);
+  3. the breaking instruction runs for real (`execute`): the call to `print`, to an untraceable
+     function (a user function is compiled on its own), the data-dependent jump...;
+  4. execution resumes at the next instruction: the segment traced from that offset, cached
+     per (code object, offset) and guarded on the live state, like any frame.
+
+This is option 2 of DESIGN.md: TorchDynamo writes new bytecode (a resume function per break);
+minicompile keeps the chain as data, and `describe()` shows it as Python.
+
+A frame whose break cannot be resumed (a break inside a loop, as Dynamo's
+`maybe_has_backedge` decides; inside a `with` block; at an instruction that is not a call or a
+jump) runs *eagerly* from that segment on, as Dynamo skips the frame: its segments are traced
+but not compiled or counted, every user-function call in it is made for real (the callee
+compiled on its own), and every unsupported instruction runs for real.
+"""
+from __future__ import annotations
+
+import dis
+import inspect
+import operator
+import types
+from dataclasses import dataclass, field
+from typing import Any, Callable, Dict, List, Optional, Tuple
+
+import torch
+
+from .breaks import GraphBreak, Unsupported
+from .bytecode import BINARY_OP_SYMBOLS, current_version
+
+NULL_VALUE = type("NULL_VALUE", (), {"__repr__": lambda self: "NULL"})()
+VERSION = current_version()
+
+
+class ListIter:
+    """A loop's iterator carried across a graph break: the items not yet taken, visible to the
+    guard (a real list_iterator cannot be read without being consumed)."""
+
+    def __init__(self, items):
+        self.items = list(items)
+
+    def __iter__(self):
+        return self
+
+    def __next__(self):
+        if not self.items:
+            raise StopIteration
+        return self.items.pop(0)
+
+
+# ---------------------------------------------------------------------------------------
+# Which breaks can be resumed
+# ---------------------------------------------------------------------------------------
+CALL_OPS = {"CALL", "CALL_KW", "CALL_FUNCTION_EX"}
+JUMP_OPS = {"POP_JUMP_IF_FALSE", "POP_JUMP_IF_TRUE", "POP_JUMP_IF_NONE", "POP_JUMP_IF_NOT_NONE",
+            "POP_JUMP_FORWARD_IF_FALSE", "POP_JUMP_FORWARD_IF_TRUE", "POP_JUMP_BACKWARD_IF_FALSE",
+            "POP_JUMP_BACKWARD_IF_TRUE", "POP_JUMP_FORWARD_IF_NONE", "POP_JUMP_FORWARD_IF_NOT_NONE",
+            "POP_JUMP_BACKWARD_IF_NONE", "POP_JUMP_BACKWARD_IF_NOT_NONE",
+            "JUMP_IF_FALSE_OR_POP", "JUMP_IF_TRUE_OR_POP"}
+# Dynamo splits the graph at these (break_graph_if_unsupported + generic_jump); other
+# instructions that cannot be traced make it skip the frame
+RESUMABLE = CALL_OPS | JUMP_OPS | {"STORE_ATTR"}
+EXECUTABLE = RESUMABLE | {"BINARY_OP", "COMPARE_OP", "BINARY_SUBSCR", "STORE_SUBSCR",
+                          "DELETE_SUBSCR", "UNARY_NOT", "UNARY_NEGATIVE", "UNARY_INVERT",
+                          "TO_BOOL", "CONTAINS_OP", "IS_OP", "GET_ITER", "STORE_GLOBAL",
+                          "LOAD_ATTR", "LOAD_METHOD", "FORMAT_VALUE", "FORMAT_SIMPLE",
+                          "BUILD_STRING", "UNPACK_SEQUENCE"}
+JUMP_NAMES = {dis.opname[o] for o in dis.hasjrel + dis.hasjabs}
+
+
+def maybe_has_backedge(tx) -> bool:
+    """Dynamo's heuristic, exactly: from the breaking instruction to the next return, does any
+    jump go back before it? (then the break is taken to be inside a loop)"""
+    cur = tx.current.offset
+    for inst in tx.instructions[tx.pc:]:
+        if inst.opname in ("RETURN_VALUE", "RETURN_CONST"):
+            break
+        if inst.opname in JUMP_NAMES and isinstance(inst.argval, int) and inst.argval < cur:
+            return True
+    return False
+
+
+def live_locals(tx, start_index: int) -> set:
+    """Names any instruction reachable from `start_index` may read (a safe over-estimate)."""
+    insts, seen, todo, names = tx.instructions, set(), [start_index], set()
+    while todo:
+        i = todo.pop()
+        while i < len(insts) and i not in seen:
+            seen.add(i)
+            ins = insts[i]
+            op = ins.opname
+            if op.startswith("LOAD_FAST") or op in ("LOAD_DEREF", "LOAD_CLOSURE", "DELETE_FAST",
+                                                     "STORE_FAST_LOAD_FAST"):
+                v = ins.argval
+                names.update(v if isinstance(v, tuple) else (v,))
+            if op in JUMP_NAMES and isinstance(ins.argval, int) and ins.argval in tx.offset_to_index:
+                todo.append(tx.offset_to_index[ins.argval])
+            if op in ("JUMP_FORWARD", "JUMP_BACKWARD", "JUMP_BACKWARD_NO_INTERRUPT", "JUMP",
+                      "RETURN_VALUE", "RETURN_CONST", "RAISE_VARARGS", "RERAISE"):
+                break
+            i += 1
+    names.update(tx.code.co_cellvars)
+    return names
+
+
+# ---------------------------------------------------------------------------------------
+# Executing one instruction for real
+# ---------------------------------------------------------------------------------------
+def _call_layout(stack, argc, kw_names):
+    args = stack[len(stack) - argc:] if argc else []
+    del stack[len(stack) - argc:]
+    b = stack.pop()
+    a = stack.pop()
+    if VERSION >= (3, 13):
+        fn = a
+        if b is not NULL_VALUE:
+            args = [b] + args
+    elif a is NULL_VALUE:
+        fn = b
+    else:
+        fn, args = a, [b] + args
+    nkw = len(kw_names)
+    kwargs = dict(zip(kw_names, args[len(args) - nkw:])) if nkw else {}
+    return fn, (args[:len(args) - nkw] if nkw else args), kwargs
+
+
+def execute(inst, stack: list, f_locals: dict, f_globals: dict, kw_names, call: Callable,
+            offset_to_index) -> int:
+    """Run `inst` on real values (mutating `stack`); -> the index of the next instruction."""
+    op = inst.opname
+    nxt = inst.index + 1
+    if op == "CALL":
+        fn, args, kwargs = _call_layout(stack, inst.arg, () if VERSION >= (3, 13) else kw_names)
+        stack.append(call(fn, args, kwargs))
+    elif op == "CALL_KW":
+        names = stack.pop()
+        fn, args, kwargs = _call_layout(stack, inst.arg, tuple(names))
+        stack.append(call(fn, args, kwargs))
+    elif op == "CALL_FUNCTION_EX":
+        kwargs = stack.pop() if inst.arg & 1 else {}
+        args = stack.pop()
+        a, b = stack.pop(), stack.pop()
+        fn = b if VERSION >= (3, 13) else a
+        stack.append(call(fn, list(args), dict(kwargs)))
+    elif op in JUMP_OPS:
+        v = stack[-1]
+        if "NONE" in op:
+            cond = v is None
+            if "NOT_NONE" in op:
+                cond = not cond
+        else:
+            cond = bool(v)
+            if "FALSE" in op:
+                cond = not cond
+        if op.startswith("JUMP_IF"):
+            if cond:
+                return offset_to_index[inst.argval]
+            stack.pop()
+            return nxt
+        stack.pop()
+        return offset_to_index[inst.argval] if cond else nxt
+    elif op == "STORE_ATTR":
+        obj = stack.pop()
+        setattr(obj, inst.argval, stack.pop())
+    elif op == "STORE_GLOBAL":
+        f_globals[inst.argval] = stack.pop()
+    elif op == "STORE_SUBSCR":
+        idx, obj, value = stack.pop(), stack.pop(), stack.pop()
+        obj[idx] = value
+    elif op == "DELETE_SUBSCR":
+        idx, obj = stack.pop(), stack.pop()
+        del obj[idx]
+    elif op == "BINARY_SUBSCR":
+        idx, obj = stack.pop(), stack.pop()
+        stack.append(obj[idx])
+    elif op == "BINARY_OP":
+        b, a = stack.pop(), stack.pop()
+        from .interpreter import BINARY_OPS
+        stack.append(BINARY_OPS[BINARY_OP_SYMBOLS[inst.arg]](a, b))
+    elif op == "COMPARE_OP":
+        from .interpreter import COMPARE_OPS, _cmp_symbol
+        b, a = stack.pop(), stack.pop()
+        sym = _cmp_symbol(inst.argval)
+        stack.append(COMPARE_OPS.get(sym, COMPARE_OPS.get(_cmp_symbol(inst.argrepr)))(a, b))
+    elif op == "UNARY_NOT":
+        stack.append(not stack.pop())
+    elif op == "TO_BOOL":
+        stack.append(bool(stack.pop()))
+    elif op == "UNARY_NEGATIVE":
+        stack.append(-stack.pop())
+    elif op == "UNARY_INVERT":
+        stack.append(~stack.pop())
+    elif op == "CONTAINS_OP":
+        c, x = stack.pop(), stack.pop()
+        stack.append((x in c) != bool(inst.arg))
+    elif op == "IS_OP":
+        b, a = stack.pop(), stack.pop()
+        stack.append((a is b) != bool(inst.arg))
+    elif op == "GET_ITER":
+        stack.append(ListIter(stack.pop()))
+    elif op == "UNPACK_SEQUENCE":
+        items = list(stack.pop())
+        if len(items) != inst.arg:
+            raise ValueError(f"expected {inst.arg} values to unpack, got {len(items)}")
+        stack.extend(reversed(items))
+    elif op == "BUILD_STRING":
+        parts = stack[len(stack) - inst.arg:]
+        del stack[len(stack) - inst.arg:]
+        stack.append("".join(parts))
+    elif op == "FORMAT_SIMPLE":
+        stack.append(format(stack.pop()))
+    elif op == "FORMAT_VALUE":
+        flags = inst.arg or 0
+        spec = stack.pop() if flags & 0x04 else ""
+        v = stack.pop()
+        v = {0: lambda x: x, 1: str, 2: repr, 3: ascii}[flags & 3](v)
+        stack.append(format(v, spec))
+    elif op in ("LOAD_ATTR", "LOAD_METHOD"):
+        obj = stack.pop()
+        attr = getattr(obj, inst.argval)
+        method = op == "LOAD_METHOD" or (VERSION >= (3, 12) and inst.arg & 1)
+        if method and VERSION >= (3, 13):
+            stack += [attr, NULL_VALUE]
+        elif method:
+            stack += [NULL_VALUE, attr]
+        else:
+            stack.append(attr)
+    else:
+        raise NotImplementedError(op)
+    return nxt
+
+
+# ---------------------------------------------------------------------------------------
+# Templates: symbolic values -> the real values after the graph ran
+# ---------------------------------------------------------------------------------------
+class TemplateBuilder:
+    """Turns the variables live at a break (or returned) into a template that `rebuild`
+    evaluates on the graph's outputs and the call's state. Identity is kept: a variable seen
+    twice (a list in two locals) is rebuilt once."""
+
+    def __init__(self, tx, source_fn: Callable[[Any], Callable]):
+        self.tx = tx
+        self.proxies: List[Any] = []
+        self._memo: Dict[int, Any] = {}
+        self._source_fn = source_fn
+
+    def build(self, v):
+        key = id(v)
+        if key in self._memo:
+            return self._memo[key]
+        t = self._build(v)
+        self._memo[key] = t
+        return t
+
+    def _build(self, v):
+        from . import values as V
+        if isinstance(v, V.TensorVariable):
+            if v.source is not None and v.node.op == "placeholder" and self._source_fn(v.source):
+                return ["src", self._source_fn(v.source)]
+            for i, p in enumerate(self.proxies):
+                if p.node is v.node:
+                    return ["out", i]
+            self.proxies.append(v.proxy)
+            return ["out", len(self.proxies) - 1]
+        if isinstance(v, V.NullVariable):
+            return ["const", NULL_VALUE]
+        if isinstance(v, V.ConstantVariable):
+            return ["const", v.value]
+        if isinstance(v, (V.BaseListVariable, V.DictVariable)) and v.source is not None \
+                and self._source_fn(v.source) is not None:
+            return ["src", self._source_fn(v.source)]
+        if isinstance(v, V.NamedTupleVariable):
+            return ["namedtuple", v.tuple_cls, [self.build(i) for i in v.items]]
+        if isinstance(v, V.BaseListVariable):
+            return [v.python_type.__name__, [self.build(i) for i in v.items]]
+        if isinstance(v, V.DictVariable):
+            return ["dict", [(k, self.build(i)) for k, i in v.items.items()]]
+        if isinstance(v, V.IteratorVariable):
+            return ["iter", [self.build(i) for i in v.remaining()]]
+        if isinstance(v, V.NNModuleVariable):
+            return ["const", v.module]
+        if type(v).__name__ == "UserObjectVariable":
+            src = self._source_fn(v.source) if v.source is not None else None
+            return ["src", src] if src is not None else ["const", v.value]
+        if isinstance(v, (V.CallableVariable,)):
+            return ["const", v.value]
+        if isinstance(v, V.TensorMethodVariable):
+            return ["attr", self.build(v.tensor), v.name]
+        if isinstance(v, V.ConstantMethodVariable):
+            return ["attr", self.build(v.obj), v.name]
+        if isinstance(v, V.BoundMethodVariable):
+            return ["bound", v.func, self.build(v.self_var)]
+        if isinstance(v, V.GradModeVariable):
+            return ["grad", v.enabled]
+        if isinstance(v, V.NestedFunctionVariable):
+            return ["nested", v, self.build(v.defaults) if v.defaults is not None else None,
+                    [self.build(c.tx.load_local(c.name)) if isinstance(c, V.CellVariable) else ["const", c]
+                     for c in (v.closure.items if v.closure is not None else [])]]
+        raise self.tx.unsupported(f"{v.describe()} live across a graph break",
+                                  "minicompile cannot rebuild it as a Python value")
+
+
+def rebuild(t, outs, env, memo=None):
+    memo = {} if memo is None else memo
+    key = id(t)
+    if key in memo:
+        return memo[key]
+    kind = t[0]
+    if kind == "out":
+        r = outs[t[1]]
+    elif kind == "src":
+        r = t[1](env)
+    elif kind == "const":
+        r = t[1]
+    elif kind == "tuple":
+        r = tuple(rebuild(x, outs, env, memo) for x in t[1])
+    elif kind == "list":
+        r = [rebuild(x, outs, env, memo) for x in t[1]]
+    elif kind == "namedtuple":
+        r = t[1](*[rebuild(x, outs, env, memo) for x in t[2]])
+    elif kind == "dict":
+        r = {k: rebuild(x, outs, env, memo) for k, x in t[1]}
+    elif kind == "iter":
+        r = ListIter(rebuild(x, outs, env, memo) for x in t[1])
+    elif kind == "attr":
+        r = getattr(rebuild(t[1], outs, env, memo), t[2])
+    elif kind == "bound":
+        r = types.MethodType(t[1], rebuild(t[2], outs, env, memo))
+    elif kind == "grad":
+        r = torch.enable_grad() if t[1] else torch.no_grad()
+    elif kind == "nested":
+        v = t[1]
+        defaults = rebuild(t[2], outs, env, memo) if t[2] is not None else None
+        cells = tuple(types.CellType(rebuild(c, outs, env, memo)) for c in t[3]) or None
+        r = types.FunctionType(v.code, v.f_globals, v.code.co_name, defaults, cells)
+    else:
+        raise AssertionError(kind)
+    memo[key] = r
+    return r
+
+
+@dataclass
+class Segment:
+    """One traced piece of a frame (see the module docstring)."""
+    code: types.CodeType
+    offset: int                       # where it starts (0: the frame's entry)
+    gm: torch.fx.GraphModule
+    example_inputs: List[torch.Tensor]
+    get_inputs: Callable
+    guard: Callable
+    guard_source: str
+    make_env: Callable                # (args, kwargs) -> the L dict the templates read
+    end: str                          # "return" or "break"
+    template: Any                     # return value / [stack templates, {local: template}]
+    reason: Optional[Unsupported] = None
+    break_inst: Any = None
+    kw_names: tuple = ()
+    f_globals: dict = None
+    offset_to_index: dict = None
+    instructions: list = None
+    n_calls: int = 0                  # call nodes: a graph without any is not compiled (Dynamo)
+    eager: bool = False               # part of a frame that runs eagerly (not compiled/counted)
+    compiled: Any = None
+    input_sources: List[str] = field(default_factory=list)
+    effects: list = field(default_factory=list)   # side effects replayed after the graph
+
+    def run(self, args, kwargs, call):
+        """-> ("return", value) or ("resume", offset, state)."""
+        inputs = self.get_inputs(args, kwargs)
+        if self.compiled is not None:
+            outs = self.compiled(*inputs)
+        elif self.n_calls:
+            outs = self.gm(*inputs)
+        else:                          # no ops: the outputs are placeholders or nothing
+            outs = self.gm(*inputs)
+        env = self.make_env(args, kwargs)
+        memo: dict = {}
+        for kind, obj_fn, t in self.effects:
+            obj = obj_fn(env)
+            if kind == "list":
+                obj[:] = list(rebuild(t, outs, env, memo))
+            else:
+                for name, vt in t:
+                    setattr(obj, name, rebuild(vt, outs, env, memo))
+        if self.end == "return":
+            return ("return", rebuild(self.template, outs, env, memo))
+        stack_t, locals_t = self.template
+        stack = [rebuild(t, outs, env, memo) for t in stack_t]
+        f_locals = {k: rebuild(t, outs, env, memo) for k, t in locals_t.items()}
+        nxt = execute(self.break_inst, stack, f_locals, self.f_globals, self.kw_names, call,
+                      self.offset_to_index)
+        state = dict(f_locals)
+        for i, v in enumerate(stack):
+            state[f"___stack{i}"] = v
+        return ("resume", self.instructions[nxt].offset, state)
