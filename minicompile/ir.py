@@ -103,6 +103,57 @@ class Index:
                 result = result + (inner // atom.k if isinstance(atom, FloorDiv) else inner % atom.k) * c
         return result
 
+    # -- simplification, given the range of each loop variable (0 <= v < size)
+
+    def bounds(self, ranges: dict[str, int]) -> tuple[int, int]:
+        lo = hi = self.const
+        for atom, c in self.terms.items():
+            if isinstance(atom, str):
+                a_lo, a_hi = 0, ranges.get(atom, 2**62) - 1
+            elif isinstance(atom, Mod):
+                a_lo, a_hi = 0, atom.k - 1
+            else:
+                i_lo, i_hi = atom.index.bounds(ranges)
+                a_lo, a_hi = i_lo // atom.k, i_hi // atom.k
+            lo, hi = (lo + c * a_lo, hi + c * a_hi) if c > 0 else (lo + c * a_hi, hi + c * a_lo)
+        return lo, hi
+
+    def simplify(self, ranges: dict[str, int]) -> "Index":
+        """Remove divisions and modulos that the ranges make unnecessary:
+        (q*k + r) // k -> q and (q*k + r) % k -> r when 0 <= r < k, and
+        c*k*(a // k) + c*(a % k) -> c*a. This is what turns a reshape of a contiguous
+        tensor back into a plain linear index."""
+        result = Index({}, self.const)
+        for atom, c in self.terms.items():
+            if isinstance(atom, str):
+                result = result + Index({atom: c})
+                continue
+            inner = atom.index.simplify(ranges)
+            k = atom.k
+            q = Index({a: v // k for a, v in inner.terms.items() if v % k == 0}, inner.const // k)
+            r = Index({a: v for a, v in inner.terms.items() if v % k != 0}, inner.const % k)
+            lo, hi = r.bounds(ranges)
+            # (q*k + r) // k == q + r // k and (q*k + r) % k == r % k for integers
+            if isinstance(atom, FloorDiv):
+                simple = q if 0 <= lo and hi < k else q + r // k
+            else:
+                simple = r if 0 <= lo and hi < k else r % k
+            result = result + simple * c
+        return result._combine_div_mod()
+
+    def _combine_div_mod(self) -> "Index":
+        terms = dict(self.terms)
+        for atom, c in list(terms.items()):
+            if isinstance(atom, Mod) and atom in terms:
+                partner = FloorDiv(atom.index, atom.k)
+                if terms.get(partner) == c * atom.k:
+                    del terms[atom], terms[partner]
+                    return (Index(terms, self.const) + atom.index * c)._combine_div_mod()
+        return self
+
+    def is_linear(self) -> bool:
+        return all(isinstance(a, str) for a in self.terms)
+
     def render(self, floordiv: str = "//") -> str:
         parts = []
         for atom, c in sorted(self.terms.items(), key=lambda t: str(t[0])):

@@ -124,13 +124,28 @@ def with_print(x):
     return y + 1
 
 
-def test_unsupported_runs_eagerly_with_a_warning(capsys):
+def test_graph_break_resumes_after_print(capsys):
+    # the graph so far, print run for real, the rest compiled from the resume point
     f = minicompile.compile(with_print)
     x = randn(4, 4)
-    with pytest.warns(UserWarning, match="runs eagerly"):
-        assert_same(f(x), x * 2 + 1)
+    assert_same(f(x), x * 2 + 1)
     assert "debug" in capsys.readouterr().out
-    assert minicompile.metrics.graph_breaks == 1
+    assert minicompile.metrics.graph_breaks == 1 and minicompile.metrics.graphs == 2
+    x = randn(4, 4)
+    assert_same(f(x), x * 2 + 1)                      # cached: no new graph
+    assert minicompile.metrics.graphs == 2 and "debug" in capsys.readouterr().out
+
+
+def test_unsupported_runs_eagerly_with_a_warning(capsys):
+    import contextlib
+
+    def uses_cm(x, cm):
+        with cm:                             # an untraceable context manager: no resume
+            return x * 2
+    f = minicompile.compile(uses_cm)
+    x = randn(4, 4)
+    with pytest.warns(UserWarning, match="runs eagerly"):
+        assert_same(f(x, contextlib.nullcontext()), x * 2)
 
 
 def test_fullgraph_raises_unsupported_with_source_line():

@@ -470,12 +470,6 @@ def has_item(x):
     return x * x.sum().item()
 
 
-def has_loop(x):
-    for i in range(3):
-        x = x + i
-    return x
-
-
 def calls_print_inside(x):
     return has_print(x) * 2
 
@@ -484,7 +478,6 @@ def calls_print_inside(x):
     (has_print, 'print("y is", y)', "print"),
     (has_branch, "if x.sum() > 0:", "branch"),
     (has_item, "return x * x.sum().item()", "item"),
-    (has_loop, "for i in range(3):", ""),
 ])
 def test_unsupported_names_source_line(fn, line, what):
     with pytest.raises(Unsupported) as ei:

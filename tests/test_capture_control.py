@@ -1,0 +1,395 @@
+"""Control flow, containers, closures, builtins and graph breaks, each compared with eager
+(fresh random inputs) and with torch._dynamo.explain (graph count and graph break count).
+
+Every function runs through minicompile.compile (backend "eager" to keep the tests fast: the
+capture is what is tested here; one test runs the default backend) and minicompile.explain.
+"""
+import math
+import operator
+import os
+import sys
+
+import pytest
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+import minicompile  # noqa: E402
+
+
+def assert_same(a, b):
+    if isinstance(a, torch.Tensor):
+        assert isinstance(b, torch.Tensor)
+        torch.testing.assert_close(a, b)
+    elif isinstance(a, (tuple, list)):
+        assert type(a) is type(b) and len(a) == len(b), (a, b)
+        for x, y in zip(a, b):
+            assert_same(x, y)
+    elif isinstance(a, dict):
+        assert type(b) is dict and list(a) == list(b)
+        for k in a:
+            assert_same(a[k], b[k])
+    else:
+        assert a == b, (a, b)
+
+
+def compare(fn, make_args, backend="eager", check_ops=True):
+    """Counts equal Dynamo's; results equal eager's on two fresh sets of inputs."""
+    torch._dynamo.reset()
+    args = make_args()
+    expected = torch._dynamo.explain(fn)(*args)
+    torch._dynamo.reset()
+    ours = minicompile.explain(fn)(*args)
+    assert (ours.graph_count, ours.graph_break_count) == \
+        (expected.graph_count, expected.graph_break_count), (str(ours), str(expected))
+    if check_ops:
+        assert [len(o) for o in ours.ops_per_graph] == [len(o) for o in expected.ops_per_graph], \
+            (str(ours), str(expected))
+    compiled = minicompile.compile(fn, backend=backend)
+    for _ in range(2):
+        fresh = make_args()
+        assert_same(fn(*fresh), compiled(*fresh))
+    return ours
+
+
+def r(*shape):
+    return torch.randn(*shape)
+
+
+one = lambda: (r(4, 5),)  # noqa: E731
+two = lambda: (r(4, 5), r(4, 5))  # noqa: E731
+
+
+# ------------------------------------------------------------------------------------------
+# control flow on Python values and shapes (unrolled)
+# ------------------------------------------------------------------------------------------
+def if_on_shapes(x):
+    if x.shape[0] > 2 and x.dim() == 2:
+        x = x * 2
+    elif x.numel() == 0:
+        x = x - 1
+    else:
+        x = x + 1
+    return x.relu() if x.size(1) % 5 == 0 else x
+
+
+def while_loop(x):
+    i, acc = 0, x
+    while i < 4:
+        acc = acc * 0.5 + i
+        i += 1
+        if i == 3:
+            break
+    return acc
+
+
+def for_loops(x, y):
+    out = []
+    for i in range(3):
+        x = x + i
+    for i, t in enumerate([x, y]):
+        out.append(t * i)
+    for a, b in zip((x, y), [1.0, 2.0]):
+        out.append(a - b)
+    d = {"p": x, "q": y}
+    for k in d:
+        out.append(d[k].sum(0))
+    for k, v in d.items():
+        out.append(v + len(k))
+    for t in reversed(out[:2]):
+        x = x + t
+    return out, x
+
+
+class Stack(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.layers = nn.ModuleList([nn.Linear(5, 5) for _ in range(3)])
+        self.seq = nn.Sequential(nn.Linear(5, 5), nn.ReLU(), nn.Linear(5, 5))
+
+    def forward(self, x):
+        for i, layer in enumerate(self.layers):
+            x = layer(x) + i
+        for m in self.seq:
+            x = m(x)
+        return self.seq(x)
+
+
+@pytest.mark.parametrize("fn, make", [(if_on_shapes, one), (while_loop, one), (for_loops, two)])
+def test_control_flow(fn, make):
+    compare(fn, make)
+
+
+def test_module_list_and_sequential_loops():
+    m = Stack()
+    compare(m, one)
+
+
+# ------------------------------------------------------------------------------------------
+# containers, comprehensions, f-strings
+# ------------------------------------------------------------------------------------------
+def containers(xs, d):
+    a, *rest = xs
+    (p, q), r2 = (a, rest[0]), rest[-1]
+    lst = [p, q, r2][::-1]
+    lst[0] = lst[0] * 2
+    t = tuple(lst[1:]) + (d["w"],)
+    dd = dict(d, extra=a + 1)
+    dd["sum"] = sum(lst)
+    del dd["w"]
+    first, second = t[:2]
+    return {"t": t, "dd": dd, "n": len(xs), "pair": [first, second]}, lst
+
+
+def comprehensions(x, y):
+    squares = [t * t for t in (x, y)]
+    scaled = {f"k{i}": t * i for i, t in enumerate(squares)}
+    nested = [[a + b for a in squares] for b in (x, y)]
+    picked = [t for t in squares if t.dim() == 2]
+    return squares, scaled, nested, picked
+
+
+def fstrings(x):
+    name = f"{x.shape[0]}x{x.shape[1]:03d} {x.dtype!r} {'ok'!s:>4}"
+    return x + len(name), name
+
+
+@pytest.mark.parametrize("fn, make", [
+    (containers, lambda: ([r(3), r(3), r(3)], {"w": r(3)})),
+    (comprehensions, two), (fstrings, one)])
+def test_containers(fn, make):
+    compare(fn, make)
+
+
+# ------------------------------------------------------------------------------------------
+# calls: closures, lambdas, *args/**kwargs, defaults; builtins; math/operator; no_grad
+# ------------------------------------------------------------------------------------------
+def _helper(a, b=2.0, *rest, scale=1.0, **extra):
+    out = a * b * scale
+    for v in rest:
+        out = out + v
+    for k, v in extra.items():
+        out = out - v
+    return out
+
+
+def calls(x, y):
+    k = 3
+
+    def inner(t):
+        return t * k
+
+    def counter():
+        nonlocal k
+        k += 1
+        return k
+    sq = lambda t, p=2: t ** p  # noqa: E731
+    args, kwargs = (x, 0.5), {"scale": 2.0, "z": y}
+    a = _helper(*args, **kwargs)
+    b = _helper(x, 3.0, y, y, scale=0.5)
+    counter()
+    return inner(a), sq(b), sq(b, 3), list(map(inner, [x, y])), k
+
+
+def builtins_and_math(x, y):
+    n = len([x, y]) + sum([1, 2, 3]) + min(4, 5) + max((x.shape[0], 2))
+    ok = isinstance(x, torch.Tensor) and hasattr(x, "shape") and not hasattr(x, "nope")
+    shape = getattr(x, "shape")
+    c = math.sqrt(n) + math.floor(2.7) + operator.mul(2, 3)
+    z = operator.add(x, y) * c
+    z = torch.clamp(z, min=-abs(-2.0), max=float(n))
+    return z + ok, shape, sorted([3, 1, 2]), any([0, 1]), all([])
+
+
+def no_grad_and_attrs(x, w):
+    with torch.no_grad():
+        y = x @ w
+    z = (x @ w).T
+    return y, z + z.ndim, y.requires_grad, x.dtype == torch.float32, x.device.type
+
+
+@pytest.mark.parametrize("fn, make", [
+    (calls, two), (builtins_and_math, two),
+    (no_grad_and_attrs, lambda: (r(4, 5), r(5, 5).requires_grad_()))])
+def test_calls_builtins(fn, make):
+    compare(fn, make)
+
+
+# ------------------------------------------------------------------------------------------
+# graph breaks with resume
+# ------------------------------------------------------------------------------------------
+def untraceable(t):
+    return t.numpy().sum()           # numpy: not traceable
+
+
+def leaf_print(x):
+    x = x + 1
+    print("inside")
+    return x * 2
+
+
+def brk_print(x):
+    y = x.sin()
+    print("y", y.shape)
+    return y.cos() + 1
+
+
+def brk_inlined(x):
+    y = x.sin() + 1
+    z = leaf_print(y)
+    return z.cos() * 3
+
+
+def brk_branch(x):
+    y = x * 2
+    if y.sum() > 0:
+        y = y + 1
+    else:
+        y = y - 1
+    return y * 3
+
+
+def brk_item(x):
+    s = x.sum()
+    n = s.item()
+    return x * n + 1
+
+
+def brk_tolist(x):
+    y = x + 1
+    vals = y.tolist()
+    return y * len(vals), vals[0][0]
+
+
+def brk_numpy(x):
+    y = x * 2
+    a = untraceable(y)
+    return y + float(a)
+
+
+def brk_loop(x):
+    for i in range(3):
+        x = x + i
+        if x.sum() > 100:
+            break
+    return x
+
+
+def brk_loop_calls(x):
+    for i in range(2):
+        x = leaf_print(x)        # a break in a loop skips this frame; the callee compiles
+    return x
+
+
+SEEN = []
+
+
+def brk_global_append(x):
+    y = x + 1
+    SEEN.append(y.shape)
+    return y * 2
+
+
+class Config:
+    def __init__(self):
+        self.scale = 2.0
+        self.count = 0
+
+
+def brk_setattr(x, cfg):
+    y = x * cfg.scale
+    cfg.count = cfg.count + 1
+    return y + 1
+
+
+class BreaksInside(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.a = nn.Linear(5, 5)
+        self.b = nn.Linear(5, 5)
+
+    def forward(self, x):
+        x = self.a(x)
+        print("between")
+        return self.b(x).relu()
+
+
+@pytest.mark.parametrize("fn, make", [
+    (brk_print, one), (brk_inlined, one), (brk_branch, one), (brk_item, one),
+    (brk_tolist, one), (brk_loop, one), (brk_loop_calls, one), (brk_global_append, one)])
+def test_graph_breaks(fn, make, capsys):
+    compare(fn, make)
+
+
+def test_break_on_numpy():
+    # Same graph and break counts as Dynamo; Dynamo's graphs hold more ops because it traces
+    # NumPy calls through torch._numpy, where minicompile runs them for real at the break.
+    compare(brk_numpy, one, check_ops=False)
+
+
+def test_break_with_mutation_of_an_object():
+    cfg = Config()
+    compare(lambda x: brk_setattr(x, cfg), one)
+    # Dynamo's explain once, ours once, eager twice, compiled twice: each call moved it by one
+    assert cfg.count == 6
+
+
+def test_break_inside_module_forward(capsys):
+    compare(BreaksInside(), one)
+
+
+def test_breaks_are_counted_and_resume_points_cached(capsys):
+    minicompile.metrics.reset()
+    f = minicompile.compile(brk_inlined)
+    for _ in range(3):
+        x = r(4, 5)
+        assert_same(f(x), brk_inlined(x))
+    # brk_inlined: graph, break (at the call of leaf_print), resume graph; leaf_print on its
+    # own: graph, break (print), resume graph. Compiled once, reused after.
+    assert minicompile.metrics.graphs == 4
+    assert minicompile.metrics.graph_breaks == 2
+
+
+def test_data_dependent_branch_takes_both_ways():
+    f = minicompile.compile(brk_branch, backend="eager")
+    for sign in (1, -1, 1, -1):
+        x = sign * (r(4, 5).abs() + 0.1)
+        assert_same(f(x), brk_branch(x))
+
+
+def test_default_backend_across_a_break(capsys):
+    x = r(8, 9)
+    assert_same(minicompile.compile(brk_inlined)(x), brk_inlined(x))
+
+
+def test_explain_fields():
+    out = minicompile.explain(brk_inlined)(r(4, 5))
+    assert out.graph_count == 4 and out.graph_break_count == 3
+    assert len(out.break_reasons) == 2
+    reason = out.break_reasons[0]
+    assert "print" in reason.reason
+    files = [f for f, _, _ in reason.user_stack]
+    assert files[-1] == __file__ and reason.user_stack[-1][2] == 'print("inside")'
+    assert reason.user_stack[0][2] == "z = leaf_print(y)"
+    text = str(out)
+    assert "Graph Count: 4" in text and "Break Reason 1" in text and 'print("inside")' in text
+
+
+def test_fullgraph_raises_at_first_break():
+    f = minicompile.compile(brk_branch, fullgraph=True)
+    with pytest.raises(minicompile.Unsupported, match="if y.sum"):
+        f(r(4, 5))
+
+
+def test_logs_graph_breaks_and_bytecode(capsys):
+    minicompile.set_logs(graph_breaks=True, bytecode=True)
+    try:
+        minicompile.compile(brk_print, backend="eager")(r(3, 3))
+    finally:
+        minicompile.set_logs(graph_breaks=False, bytecode=False)
+    out = capsys.readouterr().out
+    assert "[minicompile:graph_breaks] Graph break in brk_print" in out
+    assert "ORIGINAL BYTECODE brk_print" in out and "MODIFIED FRAME brk_print" in out
+    assert "__resume_brk_print_at_" in out
