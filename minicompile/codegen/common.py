@@ -52,6 +52,11 @@ class LoopPlan:
         return [m for _, m, _ in self.groups if m.startswith("r")]
 
 
+def canonical_ranges(kernel) -> dict[str, int]:
+    return {**{f"x{d}": s for d, s in enumerate(kernel.x_sizes)},
+            **{f"r{d}": s for d, s in enumerate(kernel.r_sizes)}}
+
+
 def canonical_indices(kernel) -> tuple[list[Index], list[Index]]:
     return ([Index.var(f"x{d}") for d in range(len(kernel.x_sizes))],
             [Index.var(f"r{d}") for d in range(len(kernel.r_sizes))])
@@ -62,12 +67,13 @@ def plan_loops(kernel) -> LoopPlan:
     (coefficient of d == coefficient of d+1 times size of d+1) and neither appears inside a
     division or modulo."""
     x_idx, r_idx = canonical_indices(kernel)
+    ranges = canonical_ranges(kernel)
     indices = []
     for m in kernel.members:
         rec = ir.RecordingOps()
         with ir.use_ops(rec):
             m.run(x_idx, r_idx)
-        indices += [idx for _, idx in rec.loads]
+        indices += [idx.simplify(ranges) for _, idx in rec.loads]
         indices.append(m.store_index(x_idx, r_idx))
     nonlinear = set().union(*[i.nonlinear_variables() for i in indices]) if indices else set()
 
@@ -115,6 +121,7 @@ class KernelWriter:
         self.row_values: dict[str, str] = {}        # member name -> variable (per-row results)
         self.members = {m.box.name: m for m in kernel.members}
         self.canonical = canonical_indices(kernel)
+        self.ranges = canonical_ranges(kernel)
 
     # -- code buffer
     def _emit(self, expr: str) -> str:
@@ -154,7 +161,8 @@ class KernelWriter:
         member = self.members.get(name)
         if member is not None:
             return member.run(*self.canonical)
-        return self._emit(self.load_expr(name, self.plan.apply(index), self.buffers[name].dtype))
+        index = self.plan.apply(index.simplify(self.ranges))
+        return self._emit(self.load_expr(name, index, self.buffers[name].dtype))
 
     def constant(self, value, dtype: torch.dtype) -> str:
         text = self.constant_expr(value, dtype)

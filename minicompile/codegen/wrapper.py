@@ -55,7 +55,7 @@ def build(program: ir.Program, steps: list) -> CompiledGraph:
     backend = choose_backend(program.device)
     buffers: dict[str, ir.IRNode] = {b.name: b for b in program.inputs}
     for box in program.nodes:
-        if box.is_realized:
+        if box.owns_buffer:
             buffers[box.name] = box
 
     if backend == "cpp":
@@ -80,6 +80,10 @@ def build(program: ir.Program, steps: list) -> CompiledGraph:
     def render(value) -> str:
         nonlocal constants
         if isinstance(value, TensorBox):
+            if isinstance(value.data, ir.ViewOfBuffer):
+                v = value.data
+                return (f"torch.as_strided({v.base.name}, {tuple(v.shape)}, {tuple(v.stride)}, "
+                        f"{v.base.name}.storage_offset() + {v.offset})")
             return value.name
         if isinstance(value, (list, tuple)):
             inner = ", ".join(render(v) for v in value)

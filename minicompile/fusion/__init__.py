@@ -261,15 +261,20 @@ def _reads_are_local(members: list[Member], x_sizes, r_sizes) -> bool:
     per-row values at the same x: never another row's or another element's value."""
     x_idx = [Index.var(f"x{d}") for d in range(len(x_sizes))]
     r_idx = [Index.var(f"r{d}") for d in range(len(r_sizes))]
+    ranges = {**{f"x{d}": s for d, s in enumerate(x_sizes)}, **{f"r{d}": s for d, s in enumerate(r_sizes)}}
+    ones = {v: Index() for v, s in ranges.items() if s == 1}
+
+    def canonical(index: Index) -> Index:       # equal positions compare equal
+        return index.substitute(ones).simplify(ranges) if ones else index.simplify(ranges)
     positions = {}
     for m in members:
         rec = ir.RecordingOps()
         with ir.use_ops(rec):
             m.run(x_idx, r_idx)
         for name, index in rec.loads:
-            if name in positions and positions[name] != index:
+            if name in positions and positions[name] != canonical(index):
                 return False
-        positions[m.box.name] = m.store_index(x_idx, r_idx)
+        positions[m.box.name] = canonical(m.store_index(x_idx, r_idx))
         if m.role == "x" and r_sizes and any(v.startswith("r") for v in positions[m.box.name].variables()):
             return False
     return True
@@ -348,6 +353,6 @@ def _bytes_moved(kernel: Kernel, buffers: dict) -> tuple[int, int]:
 def _buffers_by_name(program: ir.Program) -> dict:
     out = {b.name: b for b in program.inputs}
     for box in program.nodes:
-        if box.is_realized:
+        if box.owns_buffer:
             out[box.name] = box
     return out

@@ -35,6 +35,11 @@ class TensorBox(ir.IRNode):
         return not isinstance(self.data, (ir.Pointwise, ir.Reduction))
 
     @property
+    def owns_buffer(self) -> bool:
+        """Realized into memory of its own (not an input, not a view of another buffer)."""
+        return self.is_realized and not isinstance(self.data, ir.ViewOfBuffer)
+
+    @property
     def computation(self):
         """The Pointwise / Reduction behind this box, realized or not (None for inputs, externs)."""
         data = self.data.data if isinstance(self.data, ir.ComputedBuffer) else self.data

@@ -579,6 +579,9 @@ def lower_fallback(program: ir.Program, node, values, target, args, kwargs):
 
     def realize(x):
         if isinstance(x, TensorBox):
+            view = _as_view_of_buffer(x)
+            if view is not None:         # a transpose or slice of a buffer: pass a strided view
+                x.data = view
             boxes.append(x.realize())
         return x
     args = torch.fx.node.map_aggregate(args, realize)
@@ -604,6 +607,29 @@ def lower_fallback(program: ir.Program, node, values, target, args, kwargs):
     return TensorBox(data, program, boxes)
 
 
+def _as_view_of_buffer(box: TensorBox):
+    """If box only re-indexes a buffer in memory (no arithmetic; a linear index once
+    divisions are simplified away), that buffer viewed with strides and an offset; else None."""
+    if box.is_realized or not isinstance(box.data, ir.Pointwise):
+        return None
+    try:
+        rec = ir.reads_of(box)
+    except NotImplementedError:      # reads a reduction not yet realized: not a plain view
+        return None
+    if rec.op_count or len(rec.loads) != 1:
+        return None
+    name, index = rec.loads[0]
+    index = index.simplify({f"i{d}": s for d, s in enumerate(box.shape)})
+    base = next((b for b in [*box.program.inputs, *box.program.nodes]
+                 if getattr(b, "name", None) == name and (not isinstance(b, TensorBox) or b.is_realized)), None)
+    if base is None or not index.is_linear() or base.dtype != box.dtype:
+        return None
+    stride = [index.coeff(f"i{d}") for d in range(len(box.shape))]
+    if any(st < 0 for st in stride) or index.const < 0:
+        return None
+    return ir.ViewOfBuffer(base, list(box.shape), stride, index.const)
+
+
 def _to_meta(value):
     def convert(v):
         if isinstance(v, torch.Tensor) and v.device.type != "meta":
@@ -624,6 +650,8 @@ def _predict_on_meta(target, kind, args, kwargs):
         data = x.data
         if isinstance(data, ir.Extern):
             return data.meta_value
+        if isinstance(data, ir.ViewOfBuffer):
+            return torch.empty_strided(data.shape, data.stride, dtype=x.dtype, device="meta")
         stride = data.stride if isinstance(data, ir.InputBuffer) else ir.contiguous_strides(x.shape)
         return torch.empty_strided(x.shape, stride, dtype=x.dtype, device="meta")
     try:
