@@ -172,6 +172,8 @@ def load_results(name: str) -> dict:
     path = RESULTS_DIR / f"{name}.json"
     if path.exists():
         return json.loads(path.read_text())
+    if (RESULTS_DIR.parent.parent / "pyproject.toml").exists():     # a checkout without it
+        raise FileNotFoundError(f"no committed results named {name!r} in {RESULTS_DIR}")
     from importlib.metadata import metadata
     from urllib.request import urlopen
 

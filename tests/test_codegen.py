@@ -224,3 +224,39 @@ def test_extern_output_layout_follows_realized_inputs(kernel_backend):
         y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
         return y.transpose(1, 2).contiguous().view(2, 8, 16) * 2
     check(f, randn(2, 8, 48))
+
+
+def test_var_std_batch_norm_dropout(kernel_backend):
+    x = randn(37, 53)
+    check(lambda x: x.var(-1), x)
+    check(lambda x: torch.std(x, dim=1, keepdim=True) + x, x)
+    check(lambda x: x.var(0, unbiased=False), x)
+    check(lambda x: F.dropout(x * 2, p=0.3, training=False), x)
+    img, mean, var, w, b = randn(4, 6, 5, 7), randn(6), randn(6).abs() + 0.5, randn(6), randn(6)
+    check(lambda img, m, v, w, b: F.relu(F.batch_norm(img, m, v, w, b, training=False)), img, mean, var, w, b)
+
+
+def test_var_is_one_kernel(kernel_backend):
+    minicompile.metrics.reset()
+    check(lambda x: x.var(-1), randn(37, 53))
+    assert minicompile.metrics.kernels == 1
+
+
+def test_dead_buffers_are_reused(kernel_backend):
+    def f(x):
+        a = x.sum(0, keepdim=True)        # reductions over dim 0: one kernel each
+        b = (x - a).amax(0, keepdim=True)
+        c = (x * b).sum(0, keepdim=True)
+        d = (x + c).amin(0, keepdim=True)
+        return (x - d).mean(0)
+    x = randn(64, 32)
+    compiled = compile_graph(torch.fx.symbolic_trace(f), [x])
+    assert_same(compiled(x), f(x))
+    assert compiled.wrapper_source.count("reuses") >= 2
+
+
+def test_pointwise_after_extern_is_generated(kernel_backend):
+    # regression: the extern's predicted layout must not carry the meta device into lowering
+    minicompile.metrics.reset()
+    check(lambda x, w: torch.relu(x @ w) * 2, randn(6, 4), randn(4, 5))
+    assert minicompile.metrics.kernels == 1

@@ -110,6 +110,11 @@ class OutputGraph:
     def __init__(self, bound_self: Optional[Source]):
         self.graph = torch.fx.Graph()
         self.tracer = GraphAppendingTracer(self.graph)
+        # `graph`/`tracer` are where nodes go now: the root graph, or the body of a
+        # higher-order op (a torch.cond branch) being traced; graph inputs always go to the root
+        self.root_graph, self.root_tracer = self.graph, self.tracer
+        self.subgraphs: List[Any] = []        # higher_order.SubgraphState, innermost last
+        self.root_module = torch.nn.Module()  # holds the subgraphs (get_attr targets)
         self.guards = GuardBuilder()
         self.input_sources: List[Source] = []
         self.input_examples: List[torch.Tensor] = []
@@ -161,11 +166,11 @@ class OutputGraph:
     # -- graph inputs -------------------------------------------------------------------
     def add_input(self, value: torch.Tensor, source: Source) -> TensorVariable:
         if self._last_placeholder is None:
-            ctx = self.graph.inserting_before(None)    # placeholders go first
+            ctx = self.root_graph.inserting_before(None)    # placeholders go first
         else:
-            ctx = self.graph.inserting_after(self._last_placeholder)
+            ctx = self.root_graph.inserting_after(self._last_placeholder)
         with ctx:
-            node = self.graph.placeholder(source.name())
+            node = self.root_graph.placeholder(source.name())
         node.meta["example_value"] = value
         node.meta["source_expr"] = source.expr()
         self._last_placeholder = node
@@ -176,7 +181,7 @@ class OutputGraph:
         except Exception:
             pass
         self.guards.tensor(source, value)
-        return TensorVariable(torch.fx.Proxy(node, self.tracer), value, source)
+        return TensorVariable(torch.fx.Proxy(node, self.root_tracer), value, source)
 
     # -- VariableBuilder: a real value read from `source` -> a VariableTracker + guards -----
     def wrap(self, value, source: Optional[Source]) -> VariableTracker:
@@ -289,10 +294,19 @@ class OutputGraph:
             if not is_constant_value(result):
                 raise self.unsupported(f"{name}() returned a {type(result).__name__}")
             return ConstantVariable(result)
-        proxy = self.tracer.create_proxy(kind, target, tuple(a.as_proxy() for a in args),
-                                         {k: v.as_proxy() for k, v in kwargs.items()})
+        proxy = self.tracer.create_proxy(kind, target, self.lift(tuple(a.as_proxy() for a in args)),
+                                         self.lift({k: v.as_proxy() for k, v in kwargs.items()}))
         self._set_meta(proxy.node, result)
         return self._wrap_result(proxy, result)
+
+    def lift(self, proxies):
+        """Proxies (nested in tuples/lists/dicts) of an enclosing graph -> inputs of the
+        subgraph being traced (free variables of a torch.cond branch become extra operands,
+        as Dynamo lifts them)."""
+        if not self.subgraphs:
+            return proxies
+        from .higher_order import lift_proxy
+        return torch.fx.node.map_aggregate(proxies, lambda p: lift_proxy(self, p))
 
     def _set_meta(self, node: torch.fx.Node, example):
         node.meta["example_value"] = example
@@ -924,6 +938,9 @@ class InstructionTranslator:
                 return GradModeVariable(mode, prev)
             return GradModeVariable(fn.value is torch.enable_grad)
         if isinstance(fn, TorchFunctionVariable):
+            if fn.value is torch.cond:
+                from .higher_order import call_cond
+                return call_cond(self, args, kwargs)
             return out.call("call_function", fn.value, args, kwargs)
         if isinstance(fn, TensorMethodVariable):
             return out.call("call_method", fn.name, [fn.tensor] + list(args), kwargs)
@@ -1286,10 +1303,6 @@ class InstructionTranslator:
         self.pop()
         if self.version == (3, 12):
             self.pop()
-
-    @handles("POP_ITER", versions=[(3, 13)])
-    def _pop_iter(self, inst):
-        self.pop()
 
     # with blocks: torch.no_grad() and friends ---------------------------------------------
     @handles("BEFORE_WITH")
@@ -1994,7 +2007,7 @@ def trace_segment(fn, args: tuple, kwargs: dict, offset: int = 0, *, breaks: boo
     output.tx = tx
     output.graph.output(tuple(p.node for p in builder.proxies))
     output.graph.eliminate_dead_code(is_impure_node=_is_impure)
-    gm = torch.fx.GraphModule(torch.nn.Module(), output.graph)
+    gm = torch.fx.GraphModule(output.root_module, output.graph)
     input_exprs = [s.expr() for s in output.input_sources]
     guard, guard_src, get_inputs, inputs_src = output.guards.build(binding, input_exprs)
     env_ns = dict(ns)

@@ -39,6 +39,39 @@ class CompiledGraph:
         return f"# ---- kernels ({self.backend})\n{self.kernel_source}\n# ---- wrapper\n{self.wrapper_source}"
 
 
+def _qualified_name(value) -> str | None:
+    """'torch.cumsum', 'operator.matmul', 'torch.nn.functional.linear'... for a function the
+    generated code can name (so the wrapper reads like the program), else None."""
+    import operator
+
+    name = getattr(value, "__name__", None)
+    if not callable(value) or not isinstance(name, str):
+        return None
+    for prefix, module in (("torch", torch), ("torch.nn.functional", torch.nn.functional),
+                           ("operator", operator), ("torch.Tensor", torch.Tensor)):
+        if getattr(module, name, None) is value:
+            return f"{prefix}.{name}"
+    return None
+
+
+def plan_reuse(program: ir.Program, steps: list, kernel_args: dict) -> tuple[dict, set]:
+    """Memory planning: the step after which each buffer is last read, and which buffers'
+    memory may be reused once dead: those a kernel wrote, that are not outputs and that no
+    extern op saw (an extern's result may be a view of its input, so its memory is not ours)."""
+    last_use: dict[str, int] = {}
+    reusable: set[str] = set()
+    seen_by_extern = set()
+    for i, step in enumerate(steps):
+        if isinstance(step, Kernel):
+            reusable |= {m.box.name for m in step.members if m.box.name in step.stored}
+            for name in kernel_args[step.name]:
+                last_use[name] = i
+        else:
+            seen_by_extern |= {r.name for r in step.box.reads}
+    outputs = {o.name for o in program.outputs if isinstance(o, TensorBox)}
+    return last_use, reusable - seen_by_extern - outputs
+
+
 def choose_backend(device: torch.device) -> str:
     if device.type == "cuda":
         return "triton"
@@ -67,7 +100,8 @@ def build(program: ir.Program, steps: list) -> CompiledGraph:
         launchers = triton_codegen.load(kernel_source, meta) if kernels else {}
         kernel_args = {name: args for name, (args, _) in meta.items()}
 
-    namespace: dict[str, Any] = {"torch": torch, "pytree": pytree, "output_spec": program.output_spec,
+    import operator
+    namespace: dict[str, Any] = {"torch": torch, "operator": operator, "pytree": pytree, "output_spec": program.output_spec,
                                  "empty_strided": memory.empty_strided, "as_layout": memory.as_layout}
     namespace.update(launchers)
     lines = ["def call(args):"]
@@ -93,11 +127,16 @@ def build(program: ir.Program, steps: list) -> CompiledGraph:
         if value is None or isinstance(value, (bool, int, str)) or (
                 isinstance(value, float) and math.isfinite(value)):
             return repr(value)
+        readable = _qualified_name(value)
+        if readable is not None:
+            return readable
         constants += 1
         namespace[f"const{constants}"] = value
         return f"const{constants}"
 
-    for step in steps:
+    last_use, reusable = plan_reuse(program, steps, kernel_args)
+    free: dict[tuple, list[str]] = {}        # (bytes, dtype) -> buffers whose memory is free
+    for i, step in enumerate(steps):
         if isinstance(step, Kernel):
             for m in step.members:
                 if m.box.name not in step.stored:
@@ -105,8 +144,15 @@ def build(program: ir.Program, steps: list) -> CompiledGraph:
                 # a 0-dim result is allocated as one element (Triton's interpreter reads 0-dim
                 # tensors as Python scalars), then viewed as 0-dim
                 shape = tuple(m.box.shape) or (1,)
-                lines.append(f"    {m.box.name} = empty_strided({shape}, "
-                             f"{tuple(ir.contiguous_strides(shape))}, dtype={m.box.dtype}, device={device})")
+                stride = tuple(ir.contiguous_strides(shape))
+                key = (math.prod(shape) * m.box.dtype.itemsize, m.box.dtype)
+                if free.get(key):
+                    old = free[key].pop()
+                    lines.append(f"    {m.box.name} = {old}.as_strided({shape}, {stride}); del {old}"
+                                 f"  # reuses {old}'s memory")
+                else:
+                    lines.append(f"    {m.box.name} = empty_strided({shape}, {stride}, "
+                                 f"dtype={m.box.dtype}, device={device})")
             args = kernel_args[step.name]
             if backend == "cpp":
                 lines.append(f"    {step.name}({', '.join(f'{a}.data_ptr()' for a in args)})")
@@ -120,6 +166,10 @@ def build(program: ir.Program, steps: list) -> CompiledGraph:
                     lines.append(f"    {m.box.name} = {m.box.name}.view(())")
             metrics.kernels += 1
             metrics.kernel_bytes.append((step.name, step.bytes_read, step.bytes_written))
+            for name in args:
+                if last_use.get(name) == i and name in reusable:
+                    buf = buffers[name]
+                    free.setdefault((math.prod(buf.shape or [1]) * buf.dtype.itemsize, buf.dtype), []).append(name)
         elif isinstance(step, ExternCall):
             ext = step.box.data
             target = ext.op

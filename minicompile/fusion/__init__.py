@@ -176,6 +176,9 @@ class MakeKernels(FusionPass):
         for box in state.program.nodes:
             if isinstance(box.data, ir.Extern):
                 state.steps.append(ExternCall(box))
+                ext = box.data
+                state.log(f"{self.name}: {box.name} calls PyTorch: "
+                          + (ext.reason if ext.reason else "an extern kernel"))
             elif isinstance(box.data, ir.ComputedBuffer):
                 x_sizes, r_sizes, role = _space(box)
                 state.steps.append(Kernel(f"kernel{count}", [Member(box, role)], x_sizes, r_sizes,

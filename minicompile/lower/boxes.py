@@ -51,4 +51,5 @@ class TensorBox(ir.IRNode):
         return self
 
     def __repr__(self):
-        return f"TensorBox({type(self.data).__name__} {self.name} {self.shape} {self.dtype})"
+        name = getattr(self.data, "name", None) or "(not stored)"
+        return f"TensorBox({type(self.data).__name__} {name} {list(self.shape)} {self.dtype})"

@@ -427,6 +427,73 @@ def _layer_norm(node, values, input, normalized_shape, weight, bias, eps):
     return out
 
 
+@register([torch.var, torch.Tensor.var, "var", torch.std, torch.Tensor.std, "std"],
+          "input, dim=None, unbiased=None, keepdim=False, *, correction=None")
+def _var(node, values, input, dim, unbiased, keepdim, correction):
+    """var = sum((x - mean)^2) / (n - correction): two reductions over the same rows (one
+    kernel after fuse-rows), then a per-row scale; std takes its square root."""
+    meta = _meta(node, values)
+    if meta is None or not isinstance(input, TensorBox) or not input.dtype.is_floating_point:
+        return NotImplemented
+    if correction is None:
+        correction = 1 if unbiased is None or unbiased else 0
+    ndim = len(input.shape)
+    dims = list(range(ndim)) if dim is None else [dim] if isinstance(dim, int) else list(dim)
+    dims = sorted(d % ndim for d in dims)
+    n = math.prod(input.shape[d] for d in dims)
+    shape, device, program, dt = list(input.shape), input.device, input.program, input.dtype
+    mean = _reduce(input, dims, "mean")
+    centered_sq = _pw(program, shape, dt, device, lambda x, m: ops.mul(ops.sub(x, m), ops.sub(x, m)),
+                      [input, mean], "square")
+    total = _reduction_box(meta, centered_sq, dims, keepdim, "sum")
+    is_std = _origin(node) == "std"
+    scale = 1.0 / max(n - correction, 0) if n - correction > 0 else math.nan
+
+    def finish(v):
+        v = ops.mul(v, ops.constant(scale, torch.float32))
+        return ops.sqrt(v) if is_std else v
+    return _pw(program, list(meta.shape), meta.dtype, device, finish, [total], "std" if is_std else "var")
+
+
+@register([F.batch_norm], "input, running_mean, running_var, weight=None, bias=None, training=False, "
+          "momentum=0.1, eps=1e-05")
+def _batch_norm(node, values, input, running_mean, running_var, weight, bias, training, momentum, eps):
+    """Inference batch norm: one pointwise expression over the running statistics (channel
+    dim 1). In training mode it updates those statistics in place: left to PyTorch."""
+    if training or not isinstance(running_mean, TensorBox) or not isinstance(running_var, TensorBox):
+        return NotImplemented
+    ndim = len(input.shape)
+
+    def per_channel(box):        # view a (C,) vector as (1, C, 1, ...) for broadcasting
+        return None if box is None else _channel_view(box, ndim)
+    parts = [input, per_channel(running_mean), per_channel(running_var), per_channel(weight), per_channel(bias)]
+
+    def fn(x, m, v, w=None, b=None):
+        y = ops.mul(ops.sub(x, m), ops.rsqrt(ops.add(v, ops.constant(eps, torch.float32))))
+        y = ops.mul(y, w) if w is not None else y
+        return ops.add(y, b) if b is not None else y
+    present = [p for p in parts if p is not None]
+    if weight is None and bias is not None:
+        return NotImplemented
+    return _pointwise_box(node, values, fn, present)
+
+
+def _channel_view(box, ndim):
+    shape = [1, box.shape[0]] + [1] * (ndim - 2)
+    load = box.make_loader()
+    data = ir.Pointwise(shape, box.dtype, box.device, lambda idx: load([idx[1]]), "view")
+    return TensorBox(data, box.program, [box])
+
+
+@register([F.dropout, torch.dropout, "dropout"], "input, p=0.5, training=True, inplace=False")
+def _dropout(node, values, input, p, training, inplace):
+    """Dropout is the identity in evaluation mode (or with p = 0); random masks are left to
+    PyTorch, whose random stream minicompile does not reproduce."""
+    if (training and p > 0) or inplace:
+        return NotImplemented
+    return _cast(node, values, input)
+
+
 def _reduce(box, dims, rtype):
     """A keepdim reduction of box over dims (for composite lowerings)."""
     ndim = len(box.shape)
