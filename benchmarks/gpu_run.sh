@@ -5,7 +5,7 @@
 set -u
 export PYTHONPATH=$PWD PYTHONUNBUFFERED=1 MINICOMPILE_CACHE_DIR=/tmp/mc-cache
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
-what=" ${*:-tests why memory} "
+what=" ${*:-tests why memory models} "
 python3 -c 'import sys, torch, triton; print(sys.version.split()[0], torch.__version__, triton.__version__, torch.cuda.get_device_name())'
 nvidia-smi --query-gpu=name,clocks.sm,clocks.mem,temperature.gpu --format=csv,noheader
 if [[ $what == *" tests "* ]]; then
@@ -14,3 +14,4 @@ fi
 if [[ $what == *" sweep "* ]]; then python3 benchmarks/sweep_pointwise.py 8192 2>&1 | tee "$OUT/sweep.log"; fi
 if [[ $what == *" why "* ]]; then python3 benchmarks/why_compile.py --device cuda --out "$OUT" 2>&1 | tail -8; fi
 if [[ $what == *" memory "* ]]; then python3 benchmarks/memory_bound.py --device cuda --out "$OUT" 2>&1 | tail -9; fi
+if [[ $what == *" models "* ]]; then python3 benchmarks/models_bench.py --device cuda --out "$OUT" 2>&1 | tail -5; fi

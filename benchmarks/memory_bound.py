@@ -10,9 +10,15 @@ same run. Writes memory_bound_<cpu|h100|...>.json and prints a table.
 import argparse
 import os
 import sys
+import tempfile
 
-import torch
-import torch.nn.functional as F
+_cache = tempfile.mkdtemp(prefix="bench-caches-")      # first calls are cold: empty compile caches
+os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", f"{_cache}/inductor")
+os.environ.setdefault("TRITON_CACHE_DIR", f"{_cache}/triton")
+os.environ.setdefault("MINICOMPILE_CACHE_DIR", f"{_cache}/minicompile")
+
+import torch  # noqa: E402
+import torch.nn.functional as F  # noqa: E402
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 import minicompile  # noqa: E402
