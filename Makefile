@@ -48,3 +48,43 @@ sync-url: $(STAMP)
 
 clean:
 	rm -rf _build
+
+# ---- Python 3.13: the capture tests in a Debian trixie chroot (not part of `make test`) ----
+# Built once into chroot/ (ignored): debootstrap, Python 3.13 in a venv, torch's cp313 wheel from
+# PyPI with its dependencies (PyPI's Linux wheel is the CUDA build: `import torch` loads the CUDA
+# libraries even on a CPU-only machine, so --no-deps does not work), pytest, numpy.
+# Needs root (debootstrap, chroot, bind mounts).
+PY313_ROOT := chroot/trixie
+PY313_PKGS := numpy pytest
+
+.PHONY: test-py313 py313-chroot
+PY313_CHROOT = chroot $(PY313_ROOT) /usr/bin/env -i HOME=/root PATH=/opt/py313/bin:/usr/bin:/bin \
+    PIP_CERT=/etc/ssl/certs/host-ca.crt PIP_DISABLE_PIP_VERSION_CHECK=1
+
+py313-chroot: $(PY313_ROOT)/.ready
+$(PY313_ROOT)/.ready:
+	command -v debootstrap >/dev/null || apt-get install -y debootstrap
+	test -e $(PY313_ROOT)/.debootstrapped || { \
+	    debootstrap --variant=minbase --include=python3,python3-venv,python3-pip,ca-certificates \
+	        trixie $(CURDIR)/$(PY313_ROOT) && touch $(PY313_ROOT)/.debootstrapped; }
+	cp /etc/resolv.conf $(PY313_ROOT)/etc/resolv.conf
+	# g++: minicompile's C++ kernels (the tests that run the default backend)
+	chroot $(PY313_ROOT) /usr/bin/env -i PATH=/usr/sbin:/usr/bin:/sbin:/bin DEBIAN_FRONTEND=noninteractive \
+	    sh -c 'command -v g++ >/dev/null || { apt-get update -q && apt-get install -y -q --no-install-recommends g++; }'
+	# this machine's CA bundle (it may include the certificate of a TLS-inspecting proxy)
+	cp /etc/ssl/certs/ca-certificates.crt $(PY313_ROOT)/etc/ssl/certs/host-ca.crt
+	test -x $(PY313_ROOT)/opt/py313/bin/python || chroot $(PY313_ROOT) python3 -m venv /opt/py313
+	$(PY313_CHROOT) pip install -q --no-cache-dir torch==2.13.0 $(PY313_PKGS)
+	$(PY313_CHROOT) python -c 'import sys, torch; print(sys.version.split()[0], torch.__version__, torch.ones(2).sum().item())'
+	du -sh $(PY313_ROOT)
+	touch $@
+
+# The repository is bind-mounted read-write at /repo; the trap unmounts it whatever the tests do.
+PY313_TESTS ?= tests/test_capture*.py tests/test_api.py
+test-py313: $(PY313_ROOT)/.ready
+	mkdir -p $(PY313_ROOT)/repo $(PY313_ROOT)/proc
+	trap 'umount -q $(CURDIR)/$(PY313_ROOT)/repo; umount -q $(CURDIR)/$(PY313_ROOT)/proc' EXIT; \
+	mountpoint -q $(PY313_ROOT)/proc || mount -t proc proc $(PY313_ROOT)/proc; \
+	mountpoint -q $(PY313_ROOT)/repo || mount --bind $(CURDIR) $(PY313_ROOT)/repo; \
+	$(PY313_CHROOT) PYTHONPATH=/repo PYTHONDONTWRITEBYTECODE=1 /bin/bash -c \
+	    'cd /repo && python --version && python -m pytest -q -p no:cacheprovider $(PY313_TESTS)'

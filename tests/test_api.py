@@ -241,3 +241,15 @@ def test_options_apply_to_that_function_only():
         assert entry.compiled.backend == other
     with pytest.raises(ValueError, match="unknown option"):
         minicompile.compile(relu_chain, options={"no_such_setting": 1})
+
+
+def test_torch_cond_compiles_end_to_end(kernel_backend):
+    def f(x, y):
+        z = x * 2
+        out = torch.cond(z.sum() > 0, lambda a, b: (a + b).relu(), lambda a, b: a - b, (z, y))
+        return out * 3
+    compiled = minicompile.compile(f, fullgraph=True)
+    for sign in (1, -1):
+        x, y = randn(8, 8) * sign, randn(8, 8)
+        assert_same(compiled(x, y), f(x, y))
+    assert minicompile.metrics.graphs == 1 and minicompile.metrics.graph_breaks == 0

@@ -260,3 +260,16 @@ def test_pointwise_after_extern_is_generated(kernel_backend):
     minicompile.metrics.reset()
     check(lambda x, w: torch.relu(x @ w) * 2, randn(6, 4), randn(4, 5))
     assert minicompile.metrics.kernels == 1
+
+
+@pytest.mark.parametrize("op", ["sum", "mean", "amax", "amin"])
+def test_split_reductions_of_few_long_rows(kernel_backend, op):
+    # one (or a few) very long rows: reduced in two stages so many programs share the work
+    x = randn(2, 2**16 + 2**14) if kernel_backend == "cpp" or DEVICE == "cuda" else randn(2, 2**16)
+    tol = dict(rtol=1e-4, atol=x.shape[1] * 1e-6)
+    check(lambda x: getattr(torch, op)(x, -1), x, **tol)
+    check(lambda x: getattr(torch, op)(x * 2), x, **tol)
+    check(lambda x: getattr(torch, op)(x.t(), 0, keepdim=True), x, **tol)
+    minicompile.metrics.reset()
+    check(lambda x: getattr(torch, op)(x), x, **tol)
+    assert minicompile.metrics.kernels == 2          # partial results, then their reduction

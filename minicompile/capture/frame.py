@@ -72,7 +72,7 @@ EXECUTABLE = RESUMABLE | {"BINARY_OP", "COMPARE_OP", "BINARY_SUBSCR", "STORE_SUB
                           "DELETE_SUBSCR", "UNARY_NOT", "UNARY_NEGATIVE", "UNARY_INVERT",
                           "TO_BOOL", "CONTAINS_OP", "IS_OP", "GET_ITER", "STORE_GLOBAL",
                           "LOAD_ATTR", "LOAD_METHOD", "FORMAT_VALUE", "FORMAT_SIMPLE",
-                          "BUILD_STRING", "UNPACK_SEQUENCE"}
+                          "BUILD_STRING", "UNPACK_SEQUENCE", "BEFORE_WITH"}
 JUMP_NAMES = {dis.opname[o] for o in dis.hasjrel + dis.hasjabs}
 
 
@@ -170,6 +170,12 @@ def execute(inst, stack: list, f_locals: dict, f_globals: dict, kw_names, call: 
     elif op == "STORE_ATTR":
         obj = stack.pop()
         setattr(obj, inst.argval, stack.pop())
+    elif op == "BEFORE_WITH":
+        # a context manager the trace does not model, entered for real (a frame that runs
+        # eagerly); its __exit__ is called for real by the CALL that ends the block
+        mgr = stack.pop()
+        exit_ = type(mgr).__exit__.__get__(mgr)
+        stack += [exit_, type(mgr).__enter__(mgr)]
     elif op == "STORE_GLOBAL":
         f_globals[inst.argval] = stack.pop()
     elif op == "STORE_SUBSCR":
@@ -288,7 +294,10 @@ class TemplateBuilder:
         if isinstance(v, V.NNModuleVariable):
             return ["const", v.module]
         if type(v).__name__ == "UserObjectVariable":
-            src = self._source_fn(v.source) if v.source is not None else None
+            if v.source is None:
+                # an object made in the frame: a new one per call, its attributes from the trace
+                return ["obj", type(v.value), [(k, self.build(i)) for k, i in v.items.items()]]
+            src = self._source_fn(v.source)
             return ["src", src] if src is not None else ["const", v.value]
         if isinstance(v, (V.CallableVariable,)):
             return ["const", v.value]
@@ -324,6 +333,13 @@ def rebuild(t, outs, env, memo=None):
         r = tuple(rebuild(x, outs, env, memo) for x in t[1])
     elif kind == "list":
         r = [rebuild(x, outs, env, memo) for x in t[1]]
+    elif kind == "set":
+        r = {rebuild(x, outs, env, memo) for x in t[1]}
+    elif kind == "obj":
+        r = object.__new__(t[1])
+        memo[key] = r                          # before the attributes: they may refer back
+        for name, x in t[2]:
+            setattr(r, name, rebuild(x, outs, env, memo))
     elif kind == "namedtuple":
         r = t[1](*[rebuild(x, outs, env, memo) for x in t[2]])
     elif kind == "dict":

@@ -508,7 +508,7 @@ def _builtin_reduce(kind):
         items = tx.iterate(args[0]) if len(args) == 1 else list(args)
         if kind == "sum":
             start = args[1] if len(args) > 1 else kwargs.get("start", ConstantVariable(0))
-            items = tx.iterate(args[0])
+            items = tx.iterate(args[0]) if len(args) > 1 else items   # (an iterator is read once)
             acc = start
             for it in items:
                 acc = tx.binary("+", acc, it)
@@ -641,6 +641,7 @@ class InstructionTranslator:
         # free variables of a function made inside the trace: CellVariables
         self.closure_cells: Dict[str, VariableTracker] = dict(closure_cells or {})
         self.with_depth = 0                   # open `with` blocks (a break inside: no resume)
+        self.generator_items: Optional[List[VariableTracker]] = None   # a generator's yields
 
     # -- where we are (for error messages and node meta) ---------------------------------
     def location(self):
@@ -835,12 +836,14 @@ class InstructionTranslator:
             raise self.unsupported(f"tensor attribute .{name}")
         if isinstance(obj, NNModuleVariable):
             return self.load_module_attr(obj, name)
+        if isinstance(obj, SuperVariable):
+            return self.load_super_attr(obj, name)
         if isinstance(obj, UserObjectVariable):
             if name in obj.overrides:
                 return obj.overrides[name]
             value = obj.value
             d = getattr(value, "__dict__", None)
-            if d is not None and name in d:
+            if d is not None and name in d and obj.source is not None:
                 return out.wrap(d[name], AttrSource(obj.source, name))
             attr = inspect.getattr_static(type(value), name)     # AttributeError as Python
             if isinstance(attr, types.FunctionType):
@@ -876,6 +879,34 @@ class InstructionTranslator:
             if is_constant_value(attr):
                 return ConstantVariable(attr)
         raise self.unsupported(f"attribute .{name} of {obj.describe()}")
+
+    def load_super_attr(self, sup: "SuperVariable", name: str) -> VariableTracker:
+        """super(cls, obj).name: the first class after `cls` in obj's MRO that defines it."""
+        obj = sup.obj
+        target = obj.value if isinstance(obj, TypeVariable) else obj.as_example()
+        mro = target.__mro__ if isinstance(obj, TypeVariable) else type(target).__mro__
+        if sup.cls not in mro:
+            raise self.unsupported("super(): the object is not an instance of the class")
+        for klass in mro[mro.index(sup.cls) + 1:]:
+            if name in klass.__dict__:
+                attr = klass.__dict__[name]
+                break
+        else:
+            raise AttributeError(name)
+        if isinstance(attr, types.FunctionType):
+            if isinstance(obj, TypeVariable):
+                return self.output.wrap(attr, None)
+            return BoundMethodVariable(attr, obj)
+        if isinstance(attr, classmethod):
+            return BoundMethodVariable(attr.__func__, obj if isinstance(obj, TypeVariable)
+                                       else TypeVariable(type(target)))
+        if isinstance(attr, staticmethod):
+            return self.output.wrap(attr.__func__, None)
+        if attr is object.__init__:
+            return _NoOpCallable()
+        if is_constant_value(attr):
+            return ConstantVariable(attr)
+        raise self.unsupported(f"super().{name} ({type(attr).__name__})")
 
     def load_module_attr(self, obj: NNModuleVariable, name: str) -> VariableTracker:
         mod, src, out = obj.module, obj.source, self.output
@@ -922,6 +953,8 @@ class InstructionTranslator:
                                    "the callee is compiled on its own")
         if isinstance(fn, NestedFunctionVariable):
             return self.inline_nested(fn, args, kwargs)
+        if isinstance(fn, _NoOpCallable):
+            return ConstantVariable(None)
         if isinstance(fn, WithExitVariable):
             self.set_grad(fn.prev)
             self.with_depth -= 1
@@ -959,8 +992,26 @@ class InstructionTranslator:
         if isinstance(fn, TypeVariable):
             if fn.value is torch.Size and all(a.is_constant() for a in args):
                 return ConstantVariable(torch.Size(*[a.as_example() for a in args]))
+            if fn.value is super:
+                return self.make_super(args)
+            if _is_plain_user_class(fn.value):
+                return self.new_object(fn.value, args, kwargs)
         name = getattr(getattr(fn, "value", None), "__qualname__", None) or fn.describe()
         raise self.unsupported(f"call to {name}", "the capture cannot model this callable yet")
+
+    def new_object(self, cls: type, args, kwargs) -> VariableTracker:
+        """`cls(*args)` for a plain Python class: a real instance with no attributes yet (its
+        attributes live in the trace) and `__init__` inlined, as Dynamo does for user objects
+        made inside the frame. After the graph the object is rebuilt (frame.rebuild)."""
+        obj = UserObjectVariable(object.__new__(cls), None)
+        init = inspect.getattr_static(cls, "__init__")
+        if isinstance(init, types.FunctionType):
+            ret = self.inline_call(init, [obj] + list(args), kwargs)
+            if not (isinstance(ret, ConstantVariable) and ret.value is None):
+                raise self.unsupported(f"{cls.__qualname__}.__init__ returned a value")
+        elif init is not object.__init__ or args or kwargs:
+            raise self.unsupported(f"creating a {cls.__qualname__} (its __init__ is not Python)")
+        return obj
 
     def call_constant_method(self, fn: ConstantMethodVariable, args, kwargs):
         obj = fn.obj
@@ -1003,6 +1054,16 @@ class InstructionTranslator:
             else:
                 raise self.unsupported(f"list.{fn.name}() on {obj.describe()}")
             return ConstantVariable(None)
+        if isinstance(obj, SetVariable) and fn.name in ("add", "update", "discard") and \
+                all(a.is_constant() for a in args):
+            self.check_mutable(obj)
+            self.output.record_mutation(obj)
+            real = set(obj.as_example())
+            getattr(real, fn.name)(*[a.as_example() for a in args])
+            obj.items = SetVariable.of(real).items
+            return ConstantVariable(None)
+        if isinstance(obj, SetVariable) and fn.name == "copy":
+            return SetVariable(list(obj.items))
         if isinstance(obj, BaseListVariable) and fn.name == "copy":
             return ListVariable(list(obj.items))
         if isinstance(obj, DictVariable) and fn.name in ("update", "pop", "setdefault", "clear",
@@ -1065,8 +1126,11 @@ class InstructionTranslator:
                     kwargs: Dict[str, VariableTracker], closure_cells=None, markers=None) -> VariableTracker:
         code = func.__code__
         name = func.__qualname__
-        if code.co_flags & (inspect.CO_GENERATOR | inspect.CO_COROUTINE |
-                            inspect.CO_ASYNC_GENERATOR | inspect.CO_ITERABLE_COROUTINE):
+        if code.co_flags & (inspect.CO_COROUTINE | inspect.CO_ASYNC_GENERATOR |
+                            inspect.CO_ITERABLE_COROUTINE) or \
+                code.co_flags & inspect.CO_GENERATOR and code.co_name != "<genexpr>":
+            # a generator function's object may be kept and resumed later (a contextmanager);
+            # only generator expressions, consumed where they are made, are run to the end
             raise self.unsupported(f"call to generator/coroutine function {name}")
         if self.depth + 1 > MAX_INLINE_DEPTH:
             raise self.unsupported(f"call to {name}: inlining depth limit {MAX_INLINE_DEPTH}")
@@ -1096,6 +1160,12 @@ class InstructionTranslator:
             gsrc = self.output.root_source(func.__globals__, "G_" + glob_name)
         child = InstructionTranslator(self.output, func, locals_, {}, parent=self, globals_source=gsrc,
                                       closure_cells=closure_cells)
+        if code.co_flags & inspect.CO_GENERATOR:
+            # a generator expression is run to the end at once and its values kept:
+            # `sum(f(t) for t in ts)`, `tuple(...)`, `any(...)` consume it whole
+            child.generator_items = []
+            child.run()
+            return IteratorVariable(child.generator_items)
         return child.run()
 
     def inline_nested(self, fn: NestedFunctionVariable, args, kwargs) -> VariableTracker:
@@ -1166,6 +1236,49 @@ class InstructionTranslator:
     @handles("PRECALL", versions=[(3, 11)])
     def _precall(self, inst):
         pass
+
+    # generators (see inline_call): run to the end, each yielded value collected
+    @handles("RETURN_GENERATOR")
+    def _return_generator(self, inst):
+        if self.generator_items is None:
+            raise self.unsupported("RETURN_GENERATOR outside an inlined generator")
+        self.push(ConstantVariable(None))         # popped by the POP_TOP that follows
+
+    @handles("YIELD_VALUE")
+    def _yield_value(self, inst):
+        if self.generator_items is None:
+            raise self.unsupported("yield outside an inlined generator")
+        self.generator_items.append(self.pop())
+        self.push(ConstantVariable(None))         # what `yield` evaluates to: nothing was sent
+
+    # super(): zero-argument (3.11: a call of `super`; 3.12+: LOAD_SUPER_ATTR) and two-argument
+    def make_super(self, args) -> "SuperVariable":
+        if args:
+            if len(args) != 2 or not isinstance(args[0], TypeVariable):
+                raise self.unsupported("super() with unusual arguments")
+            return SuperVariable(args[0].value, args[1])
+        cell = self.freevars.get("__class__")
+        if cell is None or not self.code.co_argcount:
+            raise self.unsupported("super() outside a method")
+        return SuperVariable(cell.cell_contents, self.load_local(self.code.co_varnames[0]))
+
+    @handles("LOAD_SUPER_ATTR", versions=[(3, 12), (3, 13)])
+    def _load_super_attr(self, inst):
+        obj = self.pop()
+        cls = self.pop()
+        self.pop()                                # the global `super`
+        if not isinstance(cls, TypeVariable):
+            raise self.unsupported(f"super() with {cls.describe()}")
+        attr = self.load_attr(SuperVariable(cls.value, obj), inst.argval)
+        if inst.arg & 1:                          # a method load, as LOAD_ATTR's low bit
+            if self.version >= (3, 13):
+                self.push(attr)
+                self.push(NULL)
+            else:
+                self.push(NULL)
+                self.push(attr)
+        else:
+            self.push(attr)
 
     @handles("LOAD_FAST")
     @handles("LOAD_FAST_CHECK", versions=[(3, 12), (3, 13)])
@@ -1352,6 +1465,11 @@ class InstructionTranslator:
     def _store_attr(self, inst):
         obj = self.pop()
         value = self.pop()
+        if isinstance(obj, UserObjectVariable) and obj.source is None:
+            # an object made in the frame: its attributes are trace state
+            self.output.record_mutation(obj)
+            obj.overrides[inst.argval] = value
+            return
         if isinstance(obj, UserObjectVariable) and obj.source is not None and \
                 not isinstance(value, (NNModuleVariable,)):
             # replayed with setattr after the graph; later reads in the trace see the new value
@@ -1682,14 +1800,30 @@ class InstructionTranslator:
 
     @handles("SET_ADD")
     def _set_add(self, inst):
-        raise self.unsupported("set comprehension", "sets are not modelled")
+        item = self.pop()
+        s = self.stack[-inst.arg]
+        if not isinstance(s, SetVariable) or not item.is_constant():
+            raise self.unsupported(f"adding {item.describe()} to a set",
+                                   "sets of Python constants are modelled, not sets of tensors")
+        self.output.record_mutation(s)
+        s.items = SetVariable.of(set(s.as_example()) | {item.as_example()}).items
 
     @handles("BUILD_SET")
     def _build_set(self, inst):
         items = self.popn(inst.arg)
         if not all(i.is_constant() for i in items):
             raise self.unsupported("a set of non-constant values")
-        self.push(ConstantVariable(frozenset(i.as_example() for i in items)))
+        self.push(SetVariable.of({i.as_example() for i in items}))
+
+    @handles("SET_UPDATE")
+    def _set_update(self, inst):
+        v = self.pop()
+        s = self.stack[-inst.arg]
+        items = self.iterate(v)
+        if not isinstance(s, SetVariable) or not all(i.is_constant() for i in items):
+            raise self.unsupported("a set of non-constant values")
+        self.output.record_mutation(s)
+        s.items = SetVariable.of(set(s.as_example()) | {i.as_example() for i in items}).items
 
     @handles("BUILD_MAP")
     def _build_map(self, inst):
@@ -1852,6 +1986,46 @@ class UserObjectVariable(VariableTracker):
         return f"{type(self.value).__name__} object"
 
 
+class SetVariable(BaseListVariable):
+    """A set of Python constants made in the frame (a set display or comprehension). Its items
+    are kept in the order Python's own set iterates them."""
+    python_type = set
+
+    @staticmethod
+    def of(values: set) -> "SetVariable":
+        return SetVariable([ConstantVariable(v) for v in values])
+
+
+class SuperVariable(VariableTracker):
+    """super(cls, obj) (or the zero-argument form): attribute reads only."""
+
+    def __init__(self, cls: type, obj: VariableTracker):
+        self.cls = cls
+        self.obj = obj
+
+    def describe(self):
+        return f"super({self.cls.__name__})"
+
+
+class _NoOpCallable(VariableTracker):
+    """object.__init__ reached through super(): calling it does nothing."""
+
+
+def _is_plain_user_class(cls) -> bool:
+    """A class written in Python whose instances are ordinary objects (no custom __new__, no
+    metaclass, not a torch or builtin type): safe to create inside the trace."""
+    if not isinstance(cls, type) or type(cls) is not type:
+        return False
+    top = cls.__module__.split(".")[0]
+    if top in sys.stdlib_module_names or top in ("torch", "builtins", "numpy"):
+        return False
+    if issubclass(cls, (BaseException, torch.nn.Module, torch.Tensor, tuple, list, dict, set)):
+        return False
+    if inspect.getattr_static(cls, "__new__") is not object.__new__:
+        return False
+    return all(k.__dict__.get("__slots__") is None for k in cls.__mro__[:-1])
+
+
 class _UnboundTensorMethod(VariableTracker):
     """`torch.Tensor.add` used as a function: a call_method node on its first argument."""
 
@@ -1873,6 +2047,14 @@ class Capture:
     code: types.CodeType
     get_inputs_source: str = ""
     input_sources: Optional[List[str]] = None
+
+
+def _in_exception_block(code: types.CodeType, offset: int) -> bool:
+    """Is `offset` covered by the code's exception table (a try body, a with body, a handler)?"""
+    parse = getattr(dis, "_parse_exception_table", None)
+    if parse is None:
+        return False
+    return any(e.start <= offset < e.end for e in parse(code))
 
 
 def _is_impure(node: torch.fx.Node) -> bool:
@@ -1976,8 +2158,17 @@ def trace_segment(fn, args: tuple, kwargs: dict, offset: int = 0, *, breaks: boo
         except GraphBreak as gb:
             reason, inst = gb.unsupported, gb.inst
             ok = inst.opname in (F.EXECUTABLE if eager else F.RESUMABLE)
+            if eager and offset == 0 and inst.opname == "BEFORE_WITH":
+                # an unmodelled context manager met before any break: the whole frame runs
+                # for real, so that Python routes exceptions through its __exit__ (entering it
+                # for real is the fallback when the frame has already been split)
+                ok = False
             why = None
-            if tx.with_depth:
+            if _in_exception_block(code, inst.offset):
+                # the chain of segments cannot route an exception to the frame's handler (a
+                # try block, or the __exit__ of a `with` block): the frame runs for real
+                why = "a graph break inside a try or with block: the frame runs eagerly"
+            elif tx.with_depth:
                 why = "a graph break inside a `with` block is not resumed"
             elif not ok:
                 why = f"a graph break at {inst.opname} (not a call or a jump) is not resumed"

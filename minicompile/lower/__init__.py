@@ -24,7 +24,7 @@ import torch.utils._pytree as pytree
 
 from .. import ir
 from .boxes import TensorBox
-from .lowerings import LOWERINGS, lower_fallback, lookup
+from .lowerings import LOWERINGS, constant_tensor, lower_fallback, lookup
 
 
 def _example_values(gm: torch.fx.GraphModule, example_inputs) -> dict[torch.fx.Node, Any]:
@@ -76,9 +76,11 @@ def lower(gm: torch.fx.GraphModule, example_inputs) -> ir.Program:
         args = torch.fx.node.map_arg(node.args, lambda n: env[n])
         kwargs = torch.fx.node.map_arg(node.kwargs, lambda n: env[n])
         if node.op == "get_attr":
+            # a subgraph (torch.cond's branches) is a Python value for the extern that uses it;
+            # a constant tensor becomes an extern "op" that returns it
             value = _fetch_attr(gm, node.target)
-            raise NotImplementedError(f"get_attr {node.target}: constants in the graph are lifted "
-                                      f"as inputs by capture ({type(value).__name__})")
+            env[node] = constant_tensor(program, value) if isinstance(value, torch.Tensor) else value
+            continue
         if node.op == "call_module":
             target = gm.get_submodule(node.target)
         else:

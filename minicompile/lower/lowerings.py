@@ -340,6 +340,10 @@ def _reduction_box(meta, input, dims, keepdim, reduction_type):
         acc = torch.int64
     src_cd = compute_dtype(input.dtype)
 
+    split = _split_factor(math.prod(input.shape[d] for d in kept), math.prod(ranges))
+    if split and reduction_type in ("sum", "mean", "max", "min"):
+        return _split_reduction(meta, input, dims, kept, ranges, reduction_type, acc, split)
+
     def inner_fn(idx, ridx):
         full = [None] * ndim
         for j, d in enumerate(kept):
@@ -351,6 +355,55 @@ def _reduction_box(meta, input, dims, keepdim, reduction_type):
                         inner_fn, src_dtype=acc, origin=reduction_type,
                         input_shape=list(input.shape), reduced_dims=dims, keepdim=bool(keepdim))
     return TensorBox(data, input.program, [input])
+
+
+def _split_factor(rows: int, row_length: int) -> int:
+    """How many pieces to cut each row into, when there are too few rows to keep a machine
+    busy and each is long (a full sum of a large tensor would otherwise run in one program):
+    a divisor of the row length, so no piece needs a bound check; 0 for no split."""
+    if rows > 64 or row_length < 2**16:
+        return 0
+    for pieces in (1024, 512, 256, 128, 64):
+        if row_length % pieces == 0 and row_length // pieces >= 1024:
+            return pieces
+    return 0
+
+
+def _split_reduction(meta, input, dims, kept, ranges, reduction_type, acc, pieces):
+    """A reduction in two stages: partial results of `pieces` chunks of each row (many
+    programs in parallel), then a reduction of those (as Inductor's split reductions)."""
+    ndim, program, device = len(input.shape), input.program, input.device
+    kept_shape = [input.shape[d] for d in kept]
+    chunk = math.prod(ranges) // pieces
+    load, src_cd = input.make_loader(), compute_dtype(input.dtype)
+    partial_type = "sum" if reduction_type == "mean" else reduction_type
+
+    def partial_fn(idx, ridx):                  # idx: kept dims + [piece]; ridx: [j]
+        position = ir.unflatten(idx[-1] * chunk + ridx[0], ranges)
+        full = [None] * ndim
+        for j, d in enumerate(kept):
+            full[d] = idx[j]
+        for j, d in enumerate(dims):
+            full[d] = position[j]
+        return ops.to_dtype(load(full), acc, src_cd)
+    partial = TensorBox(ir.Reduction(kept_shape + [pieces], acc, device, partial_type, [chunk], partial_fn,
+                                     src_dtype=acc, origin=f"{reduction_type} (split)",
+                                     input_shape=kept_shape + [pieces, chunk], reduced_dims=[len(kept) + 1]),
+                        program, [input])
+    load_partial = partial.make_loader()
+    total = TensorBox(ir.Reduction(kept_shape, acc, device, partial_type, [pieces],
+                                   lambda idx, ridx: load_partial(list(idx) + [ridx[0]]),
+                                   src_dtype=acc, origin=reduction_type, input_shape=kept_shape + [pieces],
+                                   reduced_dims=[len(kept)]), program, [partial])
+    load_total, scale = total.make_loader(), 1.0 / math.prod(ranges)
+    out_kept = [d for d in range(len(meta.shape)) if len(meta.shape) == len(kept) or d in kept]
+
+    def finish(idx):
+        value = load_total([idx[d] for d in out_kept])
+        value = ops.mul(value, ops.constant(scale, acc)) if reduction_type == "mean" else value
+        return ops.to_dtype(value, meta.dtype, acc)
+    return TensorBox(ir.Pointwise(list(meta.shape), meta.dtype, device, finish, reduction_type),
+                     program, [total])
 
 
 def _reg_reduction(rtype, targets):
@@ -672,6 +725,24 @@ def lower_fallback(program: ir.Program, node, values, target, args, kwargs):
                      kind=kind, value_is_tensor=isinstance(value, torch.Tensor),
                      meta_value=_to_meta(value))
     return TensorBox(data, program, boxes)
+
+
+class _Constant:
+    """A constant tensor of the graph, as an extern op of no arguments that returns it."""
+
+    def __init__(self, value: torch.Tensor):
+        self.value = value
+        self.__name__ = "constant"
+
+    def __call__(self):
+        return self.value
+
+
+def constant_tensor(program: ir.Program, value: torch.Tensor) -> TensorBox:
+    data = ir.Extern(program.new_name("buf"), _Constant(value), (), {}, list(value.shape),
+                     list(value.stride()), value.dtype, value.device, reason="a constant tensor",
+                     meta_value=_to_meta(value))
+    return TensorBox(data, program)
 
 
 def _as_view_of_buffer(box: TensorBox):
