@@ -273,3 +273,17 @@ def test_split_reductions_of_few_long_rows(kernel_backend, op):
     minicompile.metrics.reset()
     check(lambda x: getattr(torch, op)(x), x, **tol)
     assert minicompile.metrics.kernels == 2          # partial results, then their reduction
+
+
+def test_repeated_launches_and_misaligned_inputs(kernel_backend):
+    # later launches take the fast path on a GPU; a pointer with another alignment must not
+    f = minicompile.compile(lambda x, y: torch.relu(x + 1) * y)
+    for _ in range(3):
+        x, y = randn(33, 19), randn(33, 19)
+        assert_same(f(x, y), torch.relu(x + 1) * y)
+    base = randn(34, 19)
+    x = base[1:]                         # same shape and strides, data 76 bytes in: misaligned
+    assert x.data_ptr() % 16 != 0
+    y = randn(33, 19)
+    assert_same(f(x, y), torch.relu(x + 1) * y)
+    assert_same(f(x, y), torch.relu(x + 1) * y)
