@@ -710,7 +710,9 @@ def lower_fallback(program: ir.Program, node, values, target, args, kwargs):
     # The traced value's strides can differ from what the call will return at run time: the
     # inputs are now realized buffers (contiguous), not the views eager passed. Predict the
     # layout by running the op on meta tensors laid out as the realized inputs will be.
-    value = _predict_on_meta(target, kind, args, kwargs)
+    value = values.get(node) if _inputs_laid_out_as_traced(node, values, (args, kwargs)) else None
+    if value is None:
+        value = _predict_on_meta(target, kind, args, kwargs)
     if value is None:
         value = values.get(node)
     name = program.new_name("buf")
@@ -766,6 +768,30 @@ def _as_view_of_buffer(box: TensorBox):
     if any(st < 0 for st in stride) or index.const < 0:
         return None
     return ir.ViewOfBuffer(base, list(box.shape), stride, index.const)
+
+
+def _layout(box: TensorBox) -> list[int]:
+    data = box.data
+    if isinstance(data, (ir.InputBuffer, ir.Extern, ir.ViewOfBuffer)):
+        return list(data.stride)
+    return ir.contiguous_strides(box.shape)
+
+
+def _inputs_laid_out_as_traced(node, values, mapped) -> bool:
+    """True when every tensor the call will get has the layout the traced call had: then the
+    traced result's layout is exactly what the call returns."""
+    traced = torch.utils._pytree.tree_leaves(torch.fx.node.map_arg((node.args, node.kwargs), lambda n: n))
+    now = torch.utils._pytree.tree_leaves(mapped)
+    if len(traced) != len(now):
+        return False
+    for t, b in zip(traced, now):
+        if isinstance(b, TensorBox):
+            v = values.get(t) if isinstance(t, torch.fx.Node) else None
+            if not isinstance(v, torch.Tensor) or not isinstance(b.data, (ir.InputBuffer, ir.ComputedBuffer, ir.Extern, ir.ViewOfBuffer)):
+                return False
+            if any(a != c and n > 1 for a, c, n in zip(_layout(b), v.stride(), v.shape)):
+                return False
+    return True
 
 
 def _to_meta(value):
