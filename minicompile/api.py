@@ -7,7 +7,9 @@ warning that gives the reason; with fullgraph=True it raises minicompile.Unsuppo
 """
 from __future__ import annotations
 
+import dataclasses
 import functools
+import itertools
 import sys
 import types
 import warnings
@@ -25,11 +27,16 @@ LATER_MODES = ("reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
 
 # One _FrameCache per (code object, backend): its segments, newest first, as Dynamo's cache.
 _CACHES: dict[tuple, "_FrameCache"] = {}
+_FRAME_IDS = itertools.count()
+_GENERATION = 0        # bumped whenever entries of _CACHES are dropped (compiled objects re-look)
 
 
 def reset() -> None:
     """Forget every compiled entry (as torch._dynamo.reset()). Counters: minicompile.metrics.reset()."""
+    global _FRAME_IDS, _GENERATION
     _CACHES.clear()
+    _GENERATION += 1
+    _FRAME_IDS = itertools.count()
 
 
 def mark_dynamic(tensor: torch.Tensor, dim) -> None:
@@ -66,6 +73,7 @@ class CompiledFunction:
         self.eager_reason: Unsupported | None = None
         self._backend_arg = backend
         self._callees: dict = {}
+        self._frame, self._frame_generation = None, -1
         functools.update_wrapper(self, fn)
 
     @property
@@ -74,9 +82,14 @@ class CompiledFunction:
         return (code, self.backend_name, id(self.backend), tuple(sorted(self.options.items())))
 
     def __call__(self, *args, **kwargs):
-        if not _python_supported():
-            return self.fn(*args, **kwargs)
-        frame = _CACHES.setdefault(self._key, _FrameCache())
+        frame = self._frame
+        if frame is None or self._frame_generation != _GENERATION:
+            # found once, not per call (the key is computed, the cache looked up): a hit's
+            # cost is the guard and the compiled code
+            if not _python_supported():
+                return self.fn(*args, **kwargs)
+            frame = self._frame = _CACHES.setdefault(self._key, _FrameCache())
+            self._frame_generation = _GENERATION
         if frame.eager_reason is not None:
             return self.fn(*args, **kwargs)
         # the frame is a chain of segments: graph, break run for real, resume point, ...
@@ -93,18 +106,30 @@ class CompiledFunction:
 
     def _segment(self, frame: "_FrameCache", offset: int, args, kwargs, eager: bool):
         """The cached segment of this frame starting at `offset` whose guard holds, or a new one."""
-        from .capture.interpreter import trace_segment
         if not eager and offset in frame.skipped:
             eager = True
         entries = frame.segments.setdefault((offset, eager), [])
         for seg in entries:
             if seg.guard(args, kwargs):
                 return seg
+        from .capture.interpreter import trace_segment
         where = self.__name__ if offset == 0 else f"{self.__name__} (resume at offset {offset})"
-        if not eager and len(entries) >= config.recompile_limit:
-            warnings.warn(f"minicompile: {where} reached the recompile limit "
-                          f"(config.recompile_limit = {config.recompile_limit}); it runs eagerly "
-                          "for inputs that match none of its compiled entries", stacklevel=3)
+        # a miss: ask each earlier entry which of its checks failed (the slow twin of its guard);
+        # not once the frame is past its limit and has said so (then the call just runs eagerly)
+        past_limit = (offset, eager) in frame.limit_warned
+        failures = [] if eager or past_limit else [
+            (seg, seg.guard.failure(args, kwargs)) for seg in entries if hasattr(seg.guard, "failure")]
+        if offset == 0 and not eager:
+            seg = _rebound(self.fn, failures, args, kwargs)
+            if seg is not None:                  # same arguments, passed another way
+                entries.insert(0, seg)
+                logs.log("guards", f"[{seg.compile_id}] {where} (arguments passed another way)"
+                                   f"\n{seg.guard_source}")
+                return seg
+        if not eager and _n_entries(entries) >= config.recompile_limit:
+            if (offset, eager) not in frame.limit_warned:      # once per frame, as Dynamo
+                frame.limit_warned.add((offset, eager))
+                warnings.warn(_limit_text(self.fn, where, failures), stacklevel=3)
             if offset == 0:
                 return None
             eager = True
@@ -138,11 +163,9 @@ class CompiledFunction:
                     logs.log("bytecode", _original_bytecode(seg.code))
             if seg.n_calls:
                 logs.log("graph_code", _graph_code(seg))
-                logs.log("guards", seg.guard_source)
                 if entries:
                     metrics.recompiles += 1
-                    logs.log("recompiles", f"recompiling {where}: no earlier entry's guard held "
-                                           f"({len(entries)} entries)")
+                    logs.log("recompiles", _recompile_text(self.fn, where, failures))
                 with config.patch(**self.options):
                     seg.compiled = self.backend(seg.gm, seg.example_inputs)
                 metrics.graphs += 1
@@ -152,6 +175,13 @@ class CompiledFunction:
                 logs.log("graph_breaks", _break_text(seg))
             if logs.enabled("bytecode"):
                 logs.log("bytecode", describe_segment(seg, self.__name__))
+        if not eager:
+            # Dynamo's compile id: frame/attempt ("0/1" is the second compile of frame 0)
+            if offset not in frame.frame_ids:
+                frame.frame_ids[offset] = next(_FRAME_IDS)
+            fid = frame.frame_ids[offset]
+            seg.compile_id = f"{fid}/{_n_entries(entries)}"
+            logs.log("guards", f"[{seg.compile_id}] {where}\n{seg.guard_source}")
         entries.insert(0, seg)
         return seg
 
@@ -189,6 +219,8 @@ class _FrameCache:
     skipped: dict = field(default_factory=dict)      # offset -> why the rest runs eagerly
     eager_reason: Any = None
     logged_bytecode: bool = False
+    frame_ids: dict = field(default_factory=dict)    # offset -> Dynamo-style frame id
+    limit_warned: set = field(default_factory=set)
 
     def __iter__(self):          # the compiled segments
         return iter([seg for entries in self.segments.values() for seg in entries
@@ -208,6 +240,85 @@ def _record(gm, reason):
 
 def _is_torch_internal(modname: str) -> bool:
     return modname.split(".")[0] in ("torch", "functools", "typing", "builtins", "minicompile")
+
+
+def _n_entries(entries) -> int:
+    """Compiled entries (an entry re-bound for another call shape shares its compile id)."""
+    return len({getattr(e, "compile_id", id(e)) for e in entries})
+
+
+def _rebound(fn, failures, args, kwargs):
+    """An entry whose only failing check is the call's shape (how the arguments were passed),
+    re-bound to this call: no new trace and no compile, as Dynamo binds arguments before its
+    guards run. None if there is none."""
+    for i, (seg, failure) in enumerate(failures):
+        if failure is None or not failure[0].startswith("call shape") \
+                or not hasattr(seg.guard, "rebind"):
+            continue
+        new = seg.guard.rebind(fn, args, kwargs)
+        if new is None:
+            continue
+        if not new[0](args, kwargs):
+            # for the log: what failed besides the way the arguments were passed
+            failures[i] = (seg, new[0].failure(args, kwargs))
+            continue
+        guard, guard_src, get_inputs, inputs_src, make_env = new
+        clone = dataclasses.replace(seg, guard=guard, guard_source=guard_src,
+                                    get_inputs=get_inputs, make_env=make_env)
+        clone.get_inputs_source = inputs_src
+        clone.compile_id = getattr(seg, "compile_id", "?")
+        return clone
+    return None
+
+
+def _function_where(fn) -> tuple:
+    func = getattr(fn, "__func__", fn)
+    code = getattr(func, "__code__", None)
+    return (code.co_filename, code.co_firstlineno) if code is not None else ("?", 0)
+
+
+def _failure_lines(compile_id, failure, prefix: str) -> list:
+    """One entry's failed guard, as Dynamo prints it: `0/1: flag == True  # line`, then the
+    user's stack where the trace relied on the value."""
+    text, stack = failure
+    lines = [f"{prefix}{compile_id}: {text}"]
+    if stack:
+        lines.append(f"{prefix}User stack trace:")
+        for f, line, code, fn in stack:
+            lines.append(f'{prefix}  File "{f}", line {line}, in {fn}')
+            lines.append(f"{prefix}    {code.strip()}")
+    return lines
+
+
+def _recompile_text(fn, where: str, failures) -> str:
+    """The `recompiles` log of one recompile, in the shape of torch 2.13's
+    (torch._logging.set_logs(recompiles=True)): every earlier entry, newest first."""
+    filename, line = _function_where(fn)
+    lines = [f"Recompiling function {where} in {filename}:{line}",
+             "    triggered by the following guard failure(s):"]
+    for seg, failure in failures:
+        if failure is not None:
+            lines += _failure_lines(getattr(seg, "compile_id", "?"), failure, "    - ")
+    return "\n".join(lines)
+
+
+def _limit_text(fn, where: str, failures) -> str:
+    """The recompile-limit warning, in the shape of torch.compile's: it names the failing
+    guard of the newest entry ("last reason")."""
+    filename, line = _function_where(fn)
+    lines = [f"minicompile hit config.recompile_limit ({config.recompile_limit})",
+             f"   function: '{where}' ({filename}:{line})"]
+    last = next(((seg, f) for seg, f in failures if f is not None), None)
+    if last is not None:
+        seg, (text, stack) = last
+        lines.append(f"   last reason: {getattr(seg, 'compile_id', '?')}: {text}")
+        if stack:
+            lines += _failure_lines("", (text, stack), "")[1:]
+    lines.append('To log all recompilation reasons, use minicompile.set_logs(recompiles=True) '
+                 'or MINICOMPILE_LOGS="recompiles".')
+    lines.append(f"'{where}' runs eagerly (the recompile limit) for inputs that match none of "
+                 f"its {config.recompile_limit} compiled entries.")
+    return "\n".join(lines)
 
 
 def _break_text(seg) -> str:
@@ -381,8 +492,10 @@ def explain(fn: Callable):
             compiled(*args, **kwargs)
         finally:
             _RECORDERS.remove(rec)
+            global _GENERATION
             for key in [k for k in _CACHES if k[2] == id(explain_backend)]:
                 del _CACHES[key]
+            _GENERATION += 1
         out = ExplainOutput()
         for gm, reason in rec:
             if gm is not None:

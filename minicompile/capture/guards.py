@@ -8,7 +8,8 @@ needs; at the end, how the captured frame's arguments were passed (`ArgBinding`)
 
 What is checked, and why:
 - the call's shape (number of positional args, keyword names): the graph's inputs are found
-  at fixed positions;
+  at fixed positions (a miss on the call's shape alone re-binds the entry, `rebind`: no new
+  trace, since Dynamo, which binds arguments before guarding, would not recompile either);
 - every tensor input (parameters and buffers too): exact type, dtype, device, sizes, strides,
   requires_grad: the graph was specialized to all of these (static shapes);
 - Python scalars, strings, None, dtypes: by value (they were baked into the graph);
@@ -18,10 +19,20 @@ What is checked, and why:
 - grad mode.
 Each check is a plain expression, evaluated in order, failing fast; no helper calls, so the
 guard costs a few microseconds.
+
+On a miss (no entry's guard holds) the cache asks each entry *why*: a second generated
+function, `guard.fail_reason(args, kwargs)`, runs the same checks one part at a time and returns
+the first that fails in TorchDynamo's words (`tensor 'x' size mismatch at index 0. expected 4,
+actual 8`, `flag == True`, `G['scale'] == 2.0`, `self.training == True`,
+`GLOBAL_STATE changed: grad_mode`), with the user's line that made the trace rely on it. It is
+never run on a hit, so the fast path stays one function returning a bool.
 """
 from __future__ import annotations
 
 import inspect
+import os
+import re
+import sys
 import types
 from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, List, Optional, Tuple
@@ -109,19 +120,101 @@ def _literal(value, ns: Dict[str, Any]) -> str:
     return name
 
 
+# torch's own (c10 ScalarType) names, which Dynamo's tensor guard prints: Float, Half, ...
+_SCALAR_NAMES = {torch.float32: "Float", torch.float64: "Double", torch.float16: "Half",
+                 torch.bfloat16: "BFloat16", torch.int64: "Long", torch.int32: "Int",
+                 torch.int16: "Short", torch.int8: "Char", torch.uint8: "Byte", torch.bool: "Bool",
+                 torch.complex64: "ComplexFloat", torch.complex128: "ComplexDouble"}
+
+
+def _scalar_name(dtype) -> str:
+    return _SCALAR_NAMES.get(dtype, str(dtype))
+
+
+def display(expr: str) -> str:
+    """A source as Dynamo's guard failure reasons spell it on torch 2.13: locals by their own
+    name (`L['x']` -> `x`, `L['self'].training` -> `self.training`), globals as `G['name']`."""
+    return re.sub(r"^L\[(['\"])([A-Za-z_][A-Za-z0-9_]*)\1\]", r"\2", expr)
+
+
+def tensor_failure(v, name, ty, dtype, device, sizes, strides, requires_grad) -> Optional[str]:
+    """Why tensor `v` fails the guard of a tensor seen with this metadata, in Dynamo's words
+    and in Dynamo's order (TensorCheck::check_verbose): type, dtype, device, requires_grad,
+    rank, then size and stride dimension by dimension. None if it passes."""
+    if not isinstance(v, torch.Tensor):
+        return f"expected type of '{name}' to be a tensor type, ' but found {type(v)}"
+    if type(v) is not ty:
+        return f"tensor '{name}' type mismatch. expected {ty.__name__}, actual {type(v).__name__}"
+    if v.dtype != dtype:
+        return (f"tensor '{name}' dtype mismatch. expected {_scalar_name(dtype)}, "
+                f"actual {_scalar_name(v.dtype)}")
+    if v.device != device:
+        return f"tensor '{name}' device mismatch. expected {device}, actual {v.device}"
+    if v.requires_grad is not requires_grad:
+        return f"tensor '{name}' requires_grad mismatch. expected requires_grad={int(requires_grad)}"
+    if v.dim() != len(sizes):
+        return f"tensor '{name}' rank mismatch. expected {len(sizes)}, actual {v.dim()}"
+    actual_sizes, actual_strides = v.shape, v.stride()
+    for i in range(len(sizes)):
+        if actual_sizes[i] != sizes[i]:
+            return (f"tensor '{name}' size mismatch at index {i}. expected {sizes[i]}, "
+                    f"actual {actual_sizes[i]}")
+        if actual_strides[i] != strides[i]:
+            return (f"tensor '{name}' stride mismatch at index {i}. expected {strides[i]}, "
+                    f"actual {actual_strides[i]}")
+    return None
+
+
+@dataclass
+class Check:
+    """One guarded fact. `parts`: (condition over {e}, reason if it is False), tested in order;
+    the fast guard joins the conditions with `and`. `slow`: a call over {e} that returns the
+    reason (or None), used by the failure function instead of `parts` (tensors)."""
+    source: Optional[Source]
+    parts: List[Tuple[str, str]]
+    comment: str
+    slow: Optional[str] = None
+    where: Optional[list] = None          # the user's stack when the trace relied on it
+
+
 class GuardBuilder:
     def __init__(self):
-        # (source or None, expression template over {e} = the source's value, comment)
-        self.checks: List[Tuple[Optional[Source], str, str]] = []
+        self.checks: List[Check] = []
         self._seen = set()
+        self._by_key: Dict[Any, Check] = {}
         self.namespace: Dict[str, Any] = {"torch": torch, "Tensor": torch.Tensor,
-                                          "Parameter": torch.nn.Parameter}
+                                          "Parameter": torch.nn.Parameter,
+                                          "TENSOR_FAILURE": tensor_failure}
 
-    def _add(self, key, source: Optional[Source], template: str, comment: str = ""):
+    def _add(self, key, source: Optional[Source], parts, comment: str = "", slow=None,
+             stack: bool = True):
         if key in self._seen:
             return
         self._seen.add(key)
-        self.checks.append((source, template, comment))
+        if isinstance(parts, str):
+            parts = [(parts, "")]
+        self.checks.append(Check(source, list(parts), comment, slow,
+                                 self._user_stack() if stack else None))
+        self._by_key[key] = self.checks[-1]
+
+    def _user_stack(self):
+        """The user's frames at the instruction the tracer is running (for the `# line` part
+        of a failure reason). The tracer owns this builder as `output.guards`, and its
+        `output.tx` is the frame being traced; found by walking up the Python stack, at trace
+        time only."""
+        try:
+            f = sys._getframe(1)
+            for _ in range(20):
+                if f is None:
+                    return None
+                owner = f.f_locals.get("self")
+                if owner is not None and getattr(owner, "guards", None) is self:
+                    tx = getattr(owner, "tx", None)
+                    return tx.full_stack() if tx is not None else None
+                f = f.f_back
+        except Exception:
+            pass
+        return None
 
     def _ref(self, obj, prefix: str) -> str:
         for k, v in self.namespace.items():
@@ -145,20 +238,40 @@ class GuardBuilder:
             ty = self._ref(type(t), "TYPE_")
         dev = self._ref(t.device, "DEVICE_") if t.device.type != "cpu" else "DEVICE_cpu"
         self.namespace.setdefault("DEVICE_cpu", torch.device("cpu"))
-        expr = (f"type({{e}}) is {ty} and {{e}}.dtype == {t.dtype} and {{e}}.device == {dev} "
-                f"and {{e}}.shape == {tuple(t.shape)} and {{e}}.stride() == {tuple(t.stride())} "
+        # the dtype as a name in the guard's namespace (`is`: dtypes are singletons), and
+        # `.is_cpu` rather than a device comparison: the cheapest spellings of the same checks
+        dt = str(t.dtype).replace(".", "_")
+        self.namespace[dt] = t.dtype
+        on_dev = "{e}.is_cpu" if t.device.type == "cpu" else f"{{e}}.device == {dev}"
+        sizes, strides = tuple(t.shape), tuple(t.stride())
+        expr = (f"type({{e}}) is {ty} and {{e}}.dtype is {dt} and {on_dev} "
+                f"and {{e}}.shape == {sizes} and {{e}}.stride() == {strides} "
                 f"and {{e}}.requires_grad is {t.requires_grad}")
+        slow = (f"TENSOR_FAILURE({{e}}, {display(e)!r}, {ty}, {t.dtype}, {dev}, {sizes}, "
+                f"{strides}, {t.requires_grad})")
         self._add(("tensor", e), source, expr,
-                  f"{e}: tensor type, dtype, device, sizes, strides, requires_grad")
+                  f"{e}: tensor type, dtype, device, sizes, strides, requires_grad", slow,
+                  stack=False)
 
     def constant(self, source: Source, value):
         e = source.expr()
+        if isinstance(source, AttrSource) and source.attr == "training" and \
+                ("training", source.base.expr()) in self._by_key:
+            # a module's `training` is already checked (module()); this read is the line a
+            # failure should point to (`if self.training:`), as in Dynamo's reason
+            check = self._by_key[("training", source.base.expr())]
+            if not getattr(check, "read", False):
+                check.where, check.read = self._user_stack(), True
+            return
+        d = display(e)
         if value is None or isinstance(value, bool):
-            expr = f"{{e}} is {value}"
+            # Dynamo: `flag == True` (an ID_MATCH on the singleton, printed as ==)
+            parts = [(f"{{e}} is {value}", f"{d} is None" if value is None else f"{d} == {value}")]
         else:
-            expr = (f"type({{e}}) is {self._type_name(type(value))} and "
-                    f"{{e}} == {_literal(value, self.namespace)}")
-        self._add(("const", e), source, expr, f"{e}: constant, specialized by value")
+            tn = self._type_name(type(value))
+            parts = [(f"type({{e}}) is {tn}", f"type({d}) is {type(value).__name__}"),
+                     (f"{{e}} == {_literal(value, self.namespace)}", f"{d} == {value!r}")]
+        self._add(("const", e), source, parts, f"{e}: constant, specialized by value")
 
     def _type_name(self, ty) -> str:
         if ty in (int, float, str, tuple, list, dict, complex):
@@ -169,88 +282,175 @@ class GuardBuilder:
 
     def sequence(self, source: Source, value):
         e = source.expr()
+        d = display(e)
         self._add(("seq", e), source,
-                  f"type({{e}}) is {self._type_name(type(value))} and len({{e}}) == {len(value)}",
+                  [(f"type({{e}}) is {self._type_name(type(value))}", f"type({d}) is {type(value).__name__}"),
+                   (f"len({{e}}) == {len(value)}", f"len({d}) == {len(value)}")],
                   f"{e}: container type and length (items guarded one by one)")
 
     def dict_keys(self, source: Source, value: dict):
         e = source.expr()
+        d = display(e)
         self._add(("dict", e), source,
-                  f"type({{e}}) is dict and list({{e}}.keys()) == {list(value.keys())!r}",
+                  [("type({e}) is dict", f"type({d}) is dict"),
+                   (f"list({{e}}.keys()) == {list(value.keys())!r}",
+                    f"list({d}.keys()) == {list(value.keys())!r}")],
                   f"{e}: dict type and keys")
 
     def type_check(self, source: Source, ty):
         e = source.expr()
-        self._add(("type", e), source, f"type({{e}}) is {self._ref(ty, 'TYPE_')}", f"{e}: type")
+        self._add(("type", e), source,
+                  [(f"type({{e}}) is {self._ref(ty, 'TYPE_')}", f"type({display(e)}) is {ty.__qualname__}")],
+                  f"{e}: type")
 
     def identity(self, source: Source, obj, what: str = "object"):
         e = source.expr()
-        self._add(("id", e), source, f"{{e}} is {self._ref(obj, 'OBJ_')}", f"{e}: {what}, identity")
+        label = getattr(obj, "__qualname__", None) or getattr(obj, "__name__", None) or what
+        self._add(("id", e), source,
+                  [(f"{{e}} is {self._ref(obj, 'OBJ_')}", f"{display(e)} is {label} (identity)")],
+                  f"{e}: {what}, identity")
 
     def module(self, source: Source, mod: torch.nn.Module, check_identity: bool = True):
         e = source.expr()
+        d = display(e)
         if check_identity:
             self.identity(source, mod, f"nn.Module {type(mod).__name__}")
-        self._add(("training", e), source, f"{{e}}.training is {mod.training}", f"{e}.training")
-        self._add(("hooks", e), source, "not ({e}._forward_hooks or {e}._forward_pre_hooks)",
+        self._add(("training", e), source,
+                  [(f"{{e}}.training is {mod.training}", f"{d}.training == {mod.training}")],
+                  f"{e}.training")
+        self._add(("hooks", e), source,
+                  [("not ({e}._forward_hooks or {e}._forward_pre_hooks)",
+                    f"{d} has forward hooks now (its forward was inlined without them)")],
                   f"{e}: forward was inlined, so no hooks")
         self.namespace["HOOKS"] = torch.nn.modules.module
         self._add(("global_hooks",), None,
-                  "not (HOOKS._global_forward_hooks or HOOKS._global_forward_pre_hooks)",
-                  "no global module hooks")
+                  [("not (HOOKS._global_forward_hooks or HOOKS._global_forward_pre_hooks)",
+                    "global module hooks were registered")],
+                  "no global module hooks", stack=False)
 
     def grad_mode(self):
-        self._add(("grad",), None, f"torch.is_grad_enabled() is {torch.is_grad_enabled()}",
-                  "grad mode")
+        self._add(("grad",), None,
+                  [(f"torch.is_grad_enabled() is {torch.is_grad_enabled()}",
+                    "GLOBAL_STATE changed: grad_mode")],
+                  "grad mode", stack=False)
 
     # --- code generation ---------------------------------------------------------------
     def build(self, binding: ArgBinding, input_exprs: List[str]):
-        """-> (guard, guard_source, get_inputs, get_inputs_source)."""
+        """-> (guard, guard_source, get_inputs, get_inputs_source).
+
+        `guard(args, kwargs) -> bool` is the fast check run on every call. It carries, as
+        attributes, its slow twin run only on a miss: `guard.fail_reason(args, kwargs)` -> the
+        first failing check in words (None if the guard holds), `guard.failure(args, kwargs)`
+        -> (reason, user stack) or None, and `guard.failure_source` (the generated text)."""
         ns = dict(self.namespace)
         ns.update(binding.namespace)
         kw = repr(binding.kwnames)
+        shape_test = (f"len(args) != {binding.nargs} or "
+                      + ("kwargs" if not binding.kwnames else f"tuple(sorted(kwargs)) != {kw}"))
         lines = ["def guard(args, kwargs):",
                  f"    # call shape: {binding.nargs} positional, keywords {kw}",
-                 f"    if len(args) != {binding.nargs} or "
-                 + ("kwargs" if not binding.kwnames else f"tuple(sorted(kwargs)) != {kw}")
-                 + (": return False" if binding.kwnames else ": return False")]
-        if not binding.kwnames:
-            lines[-1] = f"    if len(args) != {binding.nargs} or kwargs: return False"
+                 f"    if {shape_test}: return False"]
+        slow = ["def guard_failure(args, kwargs):",
+                "    # run on a cache miss only: (the first check of `guard` that fails, its index)",
+                f"    if {shape_test}:",
+                f"        return ({'call shape: expected %d positional arguments and keywords %s' % (binding.nargs, kw)!r}"
+                " + f', got {len(args)} and {tuple(sorted(kwargs))}', -1)"]
         lines += binding.prologue()
+        slow += binding.prologue()
         # Each source's value is fetched once into a local (v0, v1, ...) and shared prefixes
         # (L['self']._modules['fc']) are fetched once too: most of a guard's cost is lookups.
         # A lookup that fails (a module lost an attribute) means the guard fails.
         lines.append("    try:")
+        slow.append("    at = ''")
+        slow.append("    try:")
         body: List[str] = []
         names: Dict[str, str] = {}
 
-        def local(src: Source) -> str:
+        def local(src: Source, out: List[str]) -> str:
             key = src.expr()
             if key in names:
                 return names[key]
             if isinstance(src, AttrSource):
-                rhs = f"{local(src.base)}.{src.attr}"
+                rhs = f"{local(src.base, out)}.{src.attr}"
             elif isinstance(src, ItemSource):
-                rhs = f"{local(src.base)}[{src.index!r}]"
+                rhs = f"{local(src.base, out)}[{src.index!r}]"
             else:
                 rhs = key                        # L['x'], G, a root label
             names[key] = f"v{len(names)}"
-            body.append(f"        {names[key]} = {rhs}")
+            out.append(f"        {names[key]} = {rhs}")
             return names[key]
 
-        for source, template, comment in self.checks:
-            e = local(source) if source is not None else ""
-            body.append(f"        # {comment}")
-            check = template.replace("{e}", e)
+        for i, c in enumerate(self.checks):
+            e = local(c.source, body) if c.source is not None else ""
+            body.append(f"        # {c.comment}")
+            check = " and ".join(cond for cond, _ in c.parts).replace("{e}", e)
             body.append(f"        if not ({check}): return False")
+        names.clear()
+        for i, c in enumerate(self.checks):
+            if c.source is not None:
+                slow.append(f"        at = {c.source.expr()!r}")
+            e = local(c.source, slow) if c.source is not None else ""
+            if c.slow is not None:
+                slow.append(f"        r = {c.slow.replace('{e}', e)}")
+                slow.append(f"        if r: return (r, {i})")
+            else:
+                for cond, text in c.parts:
+                    slow.append(f"        if not ({cond.replace('{e}', e)}): return ({text!r}, {i})")
         lines += body
         lines += ["    except (AttributeError, KeyError, IndexError, TypeError):",
                   "        return False",
                   "    return True"]
+        slow += ["    except (AttributeError, KeyError, IndexError, TypeError) as err:",
+                 "        return (f'{at}: cannot be read now ({type(err).__name__}: {err})', -1)",
+                 "    return None"]
         guard_src = "\n".join(lines) + "\n"
+        failure_src = "\n".join(slow) + "\n"
         inputs_src = "\n".join(["def get_inputs(args, kwargs):"] + binding.prologue()
                                + [f"    return [{', '.join(input_exprs)}]"]) + "\n"
         exec(compile(guard_src, "<minicompile guard>", "exec"), ns)
+        exec(compile(failure_src, "<minicompile guard_failure>", "exec"), ns)
         exec(compile(inputs_src, "<minicompile get_inputs>", "exec"), ns)
-        guard, get_inputs = ns["guard"], ns["get_inputs"]
+        guard, get_inputs, raw = ns["guard"], ns["get_inputs"], ns["guard_failure"]
+        checks = list(self.checks)
+
+        def failure(args, kwargs):
+            """-> (reason with the user's line, the user's stack as (file, line, code, function))
+            or None if the guard holds."""
+            hit = raw(args, kwargs)
+            if hit is None:
+                return None
+            text, i = hit
+            where = checks[i].where if i >= 0 else None
+            if where:
+                f, line, code, fn = where[-1]
+                text = f"{text:<56} # {code.strip()}  # {os.path.basename(f)}:{line} in {fn}"
+            return text, list(where or [])
+
+        def fail_reason(args, kwargs):
+            """The first check of the guard that fails on this call, in words; None if it holds."""
+            hit = failure(args, kwargs)
+            return None if hit is None else hit[0]
+
+        guard.failure = failure
+        guard.fail_reason = fail_reason
+        guard.failure_source = failure_src
+        guard.rebind = lambda fn, args, kwargs: self.rebind(fn, args, kwargs, input_exprs)
         return guard, guard_src, get_inputs, inputs_src
+
+    def rebind(self, fn, args: tuple, kwargs: dict, input_exprs: List[str]):
+        """The same checks for another way of passing the same arguments (`f(x)` and then
+        `f(x, True)` or `f(x, flag=True)`): TorchDynamo binds the arguments before its guards
+        run, so the call's shape is not part of its guard; minicompile's guard reads arguments
+        at fixed positions, so a new call shape gets the entry's checks re-generated for it
+        rather than a new trace. -> (guard, guard_source, get_inputs, get_inputs_source,
+        make_env), or None if the arguments do not bind."""
+        try:
+            binding, _ = bind_arguments(fn, tuple(args), dict(kwargs))
+        except TypeError:
+            return None
+        guard, guard_src, get_inputs, inputs_src = self.build(binding, input_exprs)
+        ns = dict(self.namespace)
+        ns.update(binding.namespace)
+        env_src = "def make_env(args, kwargs):\n" + "\n".join(binding.prologue()) + "\n    return L\n"
+        exec(compile(env_src, "<minicompile env>", "exec"), ns)
+        return guard, guard_src, get_inputs, inputs_src, ns["make_env"]

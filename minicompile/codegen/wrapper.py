@@ -54,6 +54,30 @@ def _qualified_name(value) -> str | None:
     return None
 
 
+def _literal_structure(spec, leaves: list) -> str | None:
+    """The expression that rebuilds `spec` (a pytree spec of tuples/lists) from the leaves'
+    expressions, or None for anything else (then pytree.tree_unflatten does it at run time)."""
+    it = iter(leaves)
+
+    def build(s):
+        if s.is_leaf():
+            return next(it)
+        if s.type not in (tuple, list):
+            raise ValueError
+        children = s.children() if hasattr(s, "children") else s.children_specs
+        items = [build(c) for c in children]
+        if s.type is list:
+            return "[" + ", ".join(items) + "]"
+        return "(" + ", ".join(items) + ("," if len(items) == 1 else "") + ")"
+    try:
+        expr = build(spec)
+    except (ValueError, StopIteration, AttributeError, TypeError):
+        return None
+    if next(it, None) is not None:
+        return None
+    return expr
+
+
 def plan_reuse(program: ir.Program, steps: list, kernel_args: dict) -> tuple[dict, set]:
     """Memory planning: the step after which each buffer is last read, and which buffers'
     memory may be reused once dead: those a kernel wrote, that are not outputs and that no
@@ -102,7 +126,8 @@ def build(program: ir.Program, steps: list) -> CompiledGraph:
 
     import operator
     namespace: dict[str, Any] = {"torch": torch, "operator": operator, "pytree": pytree, "output_spec": program.output_spec,
-                                 "empty_strided": memory.empty_strided, "as_layout": memory.as_layout}
+                                 "empty_strided": memory.empty_strided, "as_layout": memory.as_layout,
+                                 "torch_empty_strided": torch.empty_strided}
     namespace.update(launchers)
     lines = ["def call(args):"]
     if program.inputs:
@@ -150,6 +175,10 @@ def build(program: ir.Program, steps: list) -> CompiledGraph:
                     old = free[key].pop()
                     lines.append(f"    {m.box.name} = {old}.as_strided({shape}, {stride}); del {old}"
                                  f"  # reuses {old}'s memory")
+                elif key[0] < memory.MIN_BYTES:
+                    # too small for huge pages: PyTorch's own allocation, without a Python call
+                    lines.append(f"    {m.box.name} = torch_empty_strided({shape}, {stride}, "
+                                 f"dtype={m.box.dtype}, device={device})")
                 else:
                     lines.append(f"    {m.box.name} = empty_strided({shape}, {stride}, "
                                  f"dtype={m.box.dtype}, device={device})")
@@ -185,7 +214,11 @@ def build(program: ir.Program, steps: list) -> CompiledGraph:
                 # kernels index this buffer with the strides lowering predicted: make sure
                 lines.append(f"    {ext.name} = as_layout({ext.name}, {tuple(ext.stride)})")
     outs = ", ".join(render(o) for o in program.outputs)
-    lines.append(f"    return pytree.tree_unflatten([{outs}], output_spec)")
+    literal = _literal_structure(program.output_spec, [render(o) for o in program.outputs])
+    if literal is not None:          # tuples/lists of tensors: built directly (per-call cost)
+        lines.append(f"    return {literal}")
+    else:
+        lines.append(f"    return pytree.tree_unflatten([{outs}], output_spec)")
     source = "\n".join(lines) + "\n"
     exec(compile(source, "<minicompile wrapper>", "exec"), namespace)
     logs.log("output_code", f"\n{kernel_source}\n{source}")

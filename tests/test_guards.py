@@ -1,0 +1,344 @@
+"""Guards and recompilation, against the real torch.compile.
+
+Each test runs one sequence of calls whose inputs change (a shape, a dtype, a Python scalar, a
+flag, requires_grad, a global, a module's training flag, the layout, grad mode) through
+minicompile and through torch.compile with a counting backend, and asserts that every result
+equals eager's and that both compiled the same number of graphs.
+
+minicompile's shapes are static for now (a new size is a new compile), so the comparison is
+with `torch.compile(..., dynamic=False)`. With the default `dynamic=None`, torch.compile would
+recompile once after a size (or int) change and then reuse a dynamic graph: fewer compiles
+than minicompile on longer sequences (test_shape_change_dynamic_none_differs shows it).
+"""
+import re
+import warnings
+
+import pytest
+import torch
+import torch.nn as nn
+
+import minicompile
+from helpers import assert_same
+
+
+def run_both(fn, calls, *, backend="minicompile", dynamic=False):
+    """Run `calls` (each a zero-argument function returning (args, kwargs); it may change
+    globals or modules first) through minicompile, torch.compile and eager.
+
+    -> (minicompile's graph count, torch.compile's graph count)."""
+    torch._dynamo.reset()
+    minicompile.reset()
+    minicompile.metrics.reset()
+    graphs = []
+
+    def counter(gm, example_inputs):
+        graphs.append(gm)
+        return gm.forward
+
+    ours = minicompile.compile(fn, backend=backend)
+    theirs = torch.compile(fn, backend=counter, dynamic=dynamic)
+    for prepare in calls:
+        args, kwargs = prepare()
+        expected = fn(*args, **kwargs)
+        for compiled in (ours, theirs):
+            got = compiled(*args, **kwargs)
+            if isinstance(expected, torch.Tensor):
+                assert_same(got.detach(), expected.detach(), expected.dtype)
+            else:
+                assert got == expected
+    torch._dynamo.reset()
+    return minicompile.metrics.graphs, len(graphs)
+
+
+def call(*args, **kwargs):
+    return lambda: (args, kwargs)
+
+
+def pointwise(x):
+    return torch.relu(x + 1) * 2
+
+
+# --- sequences: compile counts equal torch.compile's -------------------------------------
+def test_shape_change():
+    calls = [call(torch.randn(4)), call(torch.randn(4)), call(torch.randn(8)), call(torch.randn(4)),
+             call(torch.randn(3, 5))]
+    assert run_both(pointwise, calls) == (3, 3)
+
+
+def test_shape_change_dynamic_none_differs():
+    # a deliberate difference: torch.compile's default dynamic=None marks the size dynamic
+    # after the first change, so sizes 8 and 16 share one graph; minicompile's shapes are
+    # static, so each size is a compile
+    calls = [call(torch.randn(n)) for n in (4, 8, 16)]
+    ours, theirs = run_both(pointwise, calls, dynamic=None)
+    assert (ours, theirs) == (3, 2)
+
+
+def test_dtype_change():
+    calls = [call(torch.randn(6)), call(torch.randn(6, dtype=torch.float16)), call(torch.randn(6)),
+             call(torch.randn(6, dtype=torch.float64))]
+    assert run_both(pointwise, calls) == (3, 3)
+
+
+def scaled(x, n):
+    return x * n + 1
+
+
+def test_python_scalar_change():
+    # ints and floats are specialized by value (dynamic=False: torch.compile's default would
+    # make an int that changed dynamic, as for sizes)
+    calls = [call(torch.randn(5), 2), call(torch.randn(5), 2), call(torch.randn(5), 3),
+             call(torch.randn(5), 2), call(torch.randn(5), 2.0)]
+    assert run_both(scaled, calls) == (3, 3)
+
+
+def branchy(x, flag):
+    if flag:
+        return x.sin() * 2
+    return x.cos() - 1
+
+
+def test_bool_flag_change():
+    calls = [call(torch.randn(7), True), call(torch.randn(7), False), call(torch.randn(7), True),
+             call(torch.randn(7), False)]
+    assert run_both(branchy, calls) == (2, 2)
+
+
+def test_requires_grad_change():
+    calls = [call(torch.randn(5)), call(torch.randn(5, requires_grad=True)), call(torch.randn(5)),
+             call(torch.randn(5, requires_grad=True))]
+    assert run_both(pointwise, calls) == (2, 2)
+
+
+SCALE = 2.0
+
+
+def uses_global(x):
+    return x * SCALE
+
+
+def set_scale(value, n=4):
+    def prepare():
+        global SCALE
+        SCALE = value
+        return (torch.randn(n),), {}
+    return prepare
+
+
+def test_global_change():
+    calls = [set_scale(2.0), set_scale(3.0), set_scale(2.0), set_scale(0.5)]
+    try:
+        assert run_both(uses_global, calls) == (3, 3)
+    finally:
+        set_scale(2.0)()
+
+
+class Net(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Linear(6, 4)
+
+    def forward(self, x):
+        y = self.fc(x)
+        if self.training:
+            return y * 2
+        return torch.tanh(y)
+
+
+def test_module_training_change():
+    torch.manual_seed(0)
+    net = Net()
+
+    def mode(training):
+        def prepare():
+            net.train(training)
+            return (torch.randn(3, 6),), {}
+        return prepare
+
+    calls = [mode(True), mode(False), mode(True), mode(False)]
+    # compile(module) and torch.compile(module) both guard `self.training`
+    torch._dynamo.reset()
+    graphs = []
+
+    def counter(gm, example_inputs):
+        graphs.append(gm)
+        return gm.forward
+    ours = minicompile.compile(net)
+    theirs = torch.compile(net, backend=counter, dynamic=False)
+    with torch.no_grad():
+        for prepare in calls:
+            (x,), _ = prepare()
+            expected = net(x)
+            assert_same(ours(x), expected)
+            assert_same(theirs(x), expected)
+    assert (minicompile.metrics.graphs, len(graphs)) == (2, 2)
+    torch._dynamo.reset()
+
+
+def test_layout_change():
+    base = torch.randn(6, 5)
+    calls = [call(torch.randn(5, 6)), call(base.t()), call(torch.randn(5, 6)),
+             call(torch.randn(6, 5).t())]
+    assert run_both(pointwise, calls) == (2, 2)
+
+
+def test_grad_mode_change():
+    def prepare(grad):
+        def p():
+            torch.set_grad_enabled(grad)
+            return (torch.randn(5),), {}
+        return p
+    try:
+        assert run_both(pointwise, [prepare(True), prepare(False), prepare(True)]) == (2, 2)
+    finally:
+        torch.set_grad_enabled(True)
+
+
+def defaulted(x, flag=True):
+    return x * 2 if flag else x - 1
+
+
+def test_call_shape_change_is_not_a_recompile():
+    # minicompile's guard reads arguments at fixed positions; an entry is re-bound (checks
+    # re-generated, no trace, no compile) when only the way the arguments are passed changed,
+    # as Dynamo binds arguments before its guards run
+    calls = [call(torch.randn(3)), call(torch.randn(3), True), call(torch.randn(3), flag=True),
+             call(x=torch.randn(3)), call(torch.randn(3), False), call(torch.randn(3), flag=False)]
+    assert run_both(defaulted, calls) == (2, 2)
+
+
+def test_call_shape_and_size_change_logs_the_size(capsys):
+    minicompile.set_logs(recompiles=True)
+    try:
+        f = minicompile.compile(defaulted, backend="eager")
+        f(torch.randn(3))
+        f(torch.randn(4), True)
+    finally:
+        minicompile.set_logs(recompiles=False)
+    out = capsys.readouterr().out
+    assert "- 0/0: tensor 'x' size mismatch at index 0. expected 3, actual 4" in out
+    assert minicompile.metrics.graphs == 2
+
+
+# --- failure reasons ---------------------------------------------------------------------
+def guard_of(fn, *args):
+    from minicompile.capture import capture
+    return capture(fn, args, {}).guard
+
+
+def test_fail_reason_tensor_metadata():
+    g = guard_of(pointwise, torch.randn(4, 6))
+    assert g.fail_reason((torch.randn(4, 6),), {}) is None
+    assert g.fail_reason((torch.randn(8, 6),), {}) == \
+        "tensor 'x' size mismatch at index 0. expected 4, actual 8"
+    assert g.fail_reason((torch.randn(4, 6, dtype=torch.float16),), {}) == \
+        "tensor 'x' dtype mismatch. expected Float, actual Half"
+    assert g.fail_reason((torch.randn(6, 4).t(),), {}) == \
+        "tensor 'x' stride mismatch at index 0. expected 6, actual 1"
+    assert g.fail_reason((torch.randn(4, 6, requires_grad=True),), {}) == \
+        "tensor 'x' requires_grad mismatch. expected requires_grad=0"
+    assert g.fail_reason((torch.randn(4),), {}) == "tensor 'x' rank mismatch. expected 2, actual 1"
+    assert g.fail_reason((3,), {}).startswith("expected type of 'x' to be a tensor type")
+    with torch.no_grad():
+        assert g.fail_reason((torch.randn(4, 6),), {}) == "GLOBAL_STATE changed: grad_mode"
+
+
+def test_fail_reason_constants_globals_modules():
+    g = guard_of(branchy, torch.randn(3), True)
+    assert g.fail_reason((torch.randn(3), False), {}).startswith("flag == True ")
+    assert "# if flag:" in g.fail_reason((torch.randn(3), False), {})
+    g = guard_of(scaled, torch.randn(3), 2)
+    assert g.fail_reason((torch.randn(3), 3), {}).startswith("n == 2")
+    assert g.fail_reason((torch.randn(3), 2.0), {}).startswith("type(n) is int")
+    g = guard_of(uses_global, torch.randn(3))
+    global SCALE
+    SCALE = 3.0
+    try:
+        assert g.fail_reason((torch.randn(3),), {}).startswith("G['SCALE'] == 2.0")
+    finally:
+        SCALE = 2.0
+    net = Net()
+    g = guard_of(net.forward, torch.randn(2, 6))
+    net.eval()
+    reason = g.fail_reason((torch.randn(2, 6),), {})
+    assert reason.startswith("self.training == True")
+    assert "# if self.training:" in reason            # the line that read it, as Dynamo's
+
+
+def test_reset_forgets_entries_of_live_compiled_functions():
+    # the hit path keeps its frame's cache on the compiled function; reset() must still
+    # empty it (as torch._dynamo.reset())
+    f = minicompile.compile(pointwise, backend="eager")
+    x = torch.randn(4)
+    f(x)
+    f(x)
+    minicompile.reset()
+    assert_same(f(x), pointwise(x))
+    assert minicompile.metrics.graphs == 2
+
+
+def test_fast_guard_stays_one_boolean_function():
+    g = guard_of(pointwise, torch.randn(4))
+    assert g((torch.randn(4),), {}) is True and g((torch.randn(5),), {}) is False
+    from minicompile.capture import capture
+    src = capture(pointwise, (torch.randn(4),), {}).guard_source
+    assert src.startswith("def guard(args, kwargs):")
+    assert "TENSOR_FAILURE" not in src and "return False" in src     # no helper calls, no strings
+    assert "def guard_failure(args, kwargs):" in g.failure_source
+
+
+def test_guards_log_shows_the_generated_guard(capsys):
+    minicompile.set_logs(guards=True)
+    try:
+        minicompile.compile(pointwise, backend="eager")(torch.randn(4))
+    finally:
+        minicompile.set_logs(guards=False)
+    out = capsys.readouterr().out
+    assert "[minicompile:guards] [0/0] pointwise" in out
+    assert "def guard(args, kwargs):" in out
+    assert "v0.shape == (4,)" in out or ".shape == (4,)" in out
+
+
+def test_recompiles_log(capsys):
+    minicompile.set_logs(recompiles=True)
+    try:
+        f = minicompile.compile(branchy, backend="eager")
+        f(torch.randn(4), True)
+        f(torch.randn(8), True)
+        f(torch.randn(8), False)
+    finally:
+        minicompile.set_logs(recompiles=False)
+    out = capsys.readouterr().out
+    blocks = out.split("[minicompile:recompiles] ")[1:]
+    assert len(blocks) == 2
+    first, second = blocks
+    assert first.startswith(f"Recompiling function branchy in {__file__}:")
+    assert "    triggered by the following guard failure(s):\n" in first
+    assert "    - 0/0: tensor 'x' size mismatch at index 0. expected 4, actual 8" in first
+    # the second recompile lists both earlier entries, newest first
+    lines = [l for l in second.splitlines() if re.match(r"    - \d+/\d+: ", l)]
+    assert [l.split(":")[0] for l in lines] == ["    - 0/1", "    - 0/0"]
+    assert lines[0].startswith("    - 0/1: flag == True ")
+    assert "    - User stack trace:" in second
+    assert "    -     if flag:" in second
+
+
+def test_recompile_limit_warning_names_the_last_failing_guard():
+    assert minicompile.config.recompile_limit == 8
+    f = minicompile.compile(scaled, backend="eager")
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        for n in range(10):
+            x = torch.randn(3)
+            assert_same(f(x, n), scaled(x, n))
+    limit = [w for w in caught if "recompile_limit" in str(w.message)]
+    assert len(limit) == 1                       # once per frame, as torch.compile
+    text = str(limit[0].message)
+    assert text.startswith("minicompile hit config.recompile_limit (8)\n")
+    assert "   function: 'scaled' (" in text
+    assert re.search(r"   last reason: 0/7: n == 7 ", text), text
+    assert minicompile.metrics.graphs == 8
+    # the same number of compiles as torch.compile's, and the same words
+    calls = [call(torch.randn(3), n) for n in range(10)]
+    ours, theirs = run_both(scaled, calls, backend="eager")
+    assert (ours, theirs) == (8, 8)
