@@ -166,8 +166,15 @@ class CompiledFunction:
                 if entries:
                     metrics.recompiles += 1
                     logs.log("recompiles", _recompile_text(self.fn, where, failures))
-                with config.patch(**self.options):
-                    seg.compiled = self.backend(seg.gm, seg.example_inputs)
+                try:
+                    with config.patch(**self.options):
+                        seg.compiled = self.backend(seg.gm, seg.example_inputs)
+                except NotImplementedError as err:
+                    # a stage minicompile does not have yet (a dtype, an op): the captured
+                    # graph runs on PyTorch's kernels instead, which gives eager's results
+                    seg.compiled = None
+                    warnings.warn(f"minicompile: {where}: the graph runs on PyTorch's kernels, "
+                                  f"not compiled: {err}", stacklevel=3)
                 metrics.graphs += 1
                 _record(seg.gm, seg.reason)
             if seg.end == "break":

@@ -245,7 +245,7 @@ def use_ops(handler):
 
 
 # The pointwise operations every backend prints. Lowerings may use nothing else (plus
-# load / constant / to_dtype / where / index_expr). name -> number of operands.
+# load / constant / to_dtype / round_to / where). name -> number of operands.
 POINTWISE_OPS = {
     "add": 2, "sub": 2, "mul": 2, "truediv": 2, 
     "maximum": 2, "minimum": 2,

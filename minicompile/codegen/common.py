@@ -176,6 +176,10 @@ class KernelWriter:
             return x
         return self._emit(self.cast_expr(x, ir.compute_dtype(dtype)))
 
+    def round_to(self, x: str, dtype: torch.dtype) -> str:
+        """x (a float32 value) rounded to `dtype`'s precision, still held as float32."""
+        return self._emit(self.cast_expr(self.cast_expr(x, dtype), ir.compute_dtype(dtype)))
+
     def where(self, c: str, a: str, b: str) -> str:
         return self._emit(self.OPS["where"].format(c, a, b))
 

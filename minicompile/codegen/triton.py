@@ -155,9 +155,13 @@ def kernel_source(kernel, buffers):
                     reduce_fn = REDUCE_FN.get(comp.reduction_type)
                     if reduce_fn is None:
                         raise NotImplementedError(f"Triton reduction '{comp.reduction_type}'")
+                    nan_aware = comp.reduction_type in ("max", "min") and comp.src_dtype.is_floating_point
                     if persistent:
                         value = m.run(x_idx, r_idx)
                         result = writer._emit(f"{reduce_fn}(tl.where(xmask & rmask, {value}, {init}).to({acc_tl}), 1)[:, None]")
+                        if nan_aware:     # tl.max/tl.min skip NaN; PyTorch's amax/amin return it
+                            nan = writer._emit(f"tl.max(tl.where(xmask & rmask, {value} != {value}, 0).to(tl.int32), 1)[:, None]")
+                            result = writer._emit(f"tl.where({nan} > 0, float('nan'), {result})")
                     else:
                         acc = f"acc{k}"
                         with writer.scope() as loop_body:
@@ -168,6 +172,9 @@ def kernel_source(kernel, buffers):
                                          "for roffset in range(0, rnumel, RBLOCK):",
                                          *["    " + line for line in ["rindex = roffset + rbase", *rvars, *loop_body]]]
                         result = writer._emit(f"{reduce_fn}({acc}, 1)[:, None]")
+                        if nan_aware:     # the accumulators kept NaN; tl.max/tl.min would drop it
+                            result = writer._emit(f"tl.where(tl.max(({acc} != {acc}).to(tl.int32), 1)[:, None] > 0, "
+                                                  f"float('nan'), {result})")
                     if comp.reduction_type == "mean":
                         result = writer._emit(f"{result} / {comp.rnumel()}")
                     writer.row_values[m.box.name] = result

@@ -302,9 +302,13 @@ def _where(node, values, condition, input, other):
 
 
 def _cast(node, values, input):
+    """A dtype conversion. Narrowing to half precision rounds right here, as eager does (other
+    values stay in float32 until stored, so an explicit cast is where rounding must happen)."""
     meta = _meta(node, values)
     if meta is None or not isinstance(input, TensorBox) or meta.device != input.device:
         return NotImplemented
+    if meta.dtype in (torch.float16, torch.bfloat16) and input.dtype not in (torch.float16, torch.bfloat16):
+        return _pointwise_box(node, values, lambda x: ops.round_to(x, meta.dtype), [input])
     return _pointwise_box(node, values, lambda x: x, [input])
 
 

@@ -1,0 +1,91 @@
+"""A wide sweep of what people write, each compiled and compared with eager: ops with and
+without lowerings (the latter must fall back to PyTorch), integer and boolean tensors, dtype
+casts, NaN and infinity, empty and 0-dim tensors, containers as outputs."""
+import warnings
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import minicompile
+from conftest import DEVICE
+
+
+def X(*shape):
+    return torch.randn(*shape, device=DEVICE)
+
+
+def I(*shape):
+    return torch.randint(-9, 9, shape, device=DEVICE)
+
+
+NAN = float("nan")
+CASES = {
+    "masked_fill": (lambda x: x.masked_fill(x > 0.5, -1.0) * 2, lambda: (X(7, 9),)),
+    "cat": (lambda x, y: torch.cat([x * 2, y.relu()], dim=1).sum(-1), lambda: (X(5, 3), X(5, 4))),
+    "stack": (lambda x, y: torch.stack([x, y * 2], 0).mean(0), lambda: (X(5, 3), X(5, 3))),
+    "chunk": (lambda x: sum(c.sum() for c in x.chunk(3, dim=1)), lambda: (X(4, 9),)),
+    "argmax": (lambda x: x.argmax(-1) + 1, lambda: (X(6, 11),)),
+    "topk": (lambda x: x.topk(3, dim=-1).values * 2, lambda: (X(6, 11),)),
+    "einsum": (lambda a, b: torch.einsum("ij,jk->ik", a, b).tanh(), lambda: (X(4, 5), X(5, 6))),
+    "int_ops": (lambda i: (i * 3 + 1) % 5, lambda: (I(6, 7),)),
+    "int_floor_div": (lambda i: i // 3 + torch.div(i, 2, rounding_mode="floor"), lambda: (I(6, 7),)),
+    "bool_mask_mean": (lambda x: (x > 0).float().mean(-1), lambda: (X(6, 7),)),
+    "where_scalar": (lambda x: torch.where(x > 0, x, 0.0) + torch.where(x < 0, 1.0, x), lambda: (X(6, 7),)),
+    "clamp_tensor": (lambda x, lo: torch.clamp(x, min=lo), lambda: (X(6, 7), X(7))),
+    "inplace_on_intermediate": (lambda x: x.clone().mul_(2).add_(1), lambda: (X(6, 7),)),
+    "reshape_minus_one": (lambda x: x.reshape(-1, 3).sum(0), lambda: (X(4, 6),)),
+    "expand_sum": (lambda x: x.unsqueeze(0).expand(3, -1, -1).sum(0), lambda: (X(4, 6),)),
+    "mean_tuple_dims": (lambda x: x.mean((0, 2), keepdim=True) - x, lambda: (X(3, 4, 5),)),
+    "explicit_half_cast": (lambda x: (x.half() * 2).float().sum(-1), lambda: (X(5, 8),)),
+    "sum_dtype_arg": (lambda x: x.sum(-1, dtype=torch.float64), lambda: (X(5, 8),)),
+    "softmax_dim0": (lambda x: torch.softmax(x, 0), lambda: (X(5, 8),)),
+    "log_softmax_3d": (lambda x: F.log_softmax(x, dim=1), lambda: (X(2, 5, 8),)),
+    "layer_norm_2d": (lambda x, w, b: F.layer_norm(x, (4, 5), w, b), lambda: (X(3, 4, 5), X(4, 5), X(4, 5))),
+    "mse_loss": (lambda a, b: F.mse_loss(a, b), lambda: (X(6, 7), X(6, 7))),
+    "cross_entropy": (lambda a, t: F.cross_entropy(a, t),
+                      lambda: (X(6, 7), torch.randint(0, 7, (6,), device=DEVICE))),
+    "tensor_index": (lambda x, i: x[i] * 2, lambda: (X(6, 7), torch.tensor([0, 2, 5], device=DEVICE))),
+    "bool_index": (lambda x: x[x > 0].sum(), lambda: (X(6, 7),)),
+    "negative_slices": (lambda x: x[:, -3:] + x[:, :3], lambda: (X(6, 7),)),
+    "transpose_matmul": (lambda x, w: (x.t() @ w).relu(), lambda: (X(6, 5), X(6, 4))),
+    "reverse_ops": (lambda x: 1 - x + 1 / (x.abs() + 1), lambda: (X(6, 7),)),
+    "count_in_range": (lambda x: ((x > -0.5) & (x < 0.5)).sum(), lambda: (X(6, 7),)),
+    "int_amax": (lambda i: i.amax(-1), lambda: (I(6, 7),)),
+    "sum_of_bools": (lambda x: (x > 0).sum(-1), lambda: (X(6, 7),)),
+    "cumsum": (lambda x: x.cumsum(0) * 2, lambda: (X(6, 7),)),
+    "bce_logits": (lambda x, t: F.binary_cross_entropy_with_logits(x, t),
+                   lambda: (X(6, 7), torch.rand(6, 7, device=DEVICE))),
+    "norm": (lambda x: x.norm(dim=-1), lambda: (X(6, 7),)),
+    "nested_outputs": (lambda x: [x + 1, (x * 2, {"a": x.sum()})], lambda: (X(3, 3),)),
+    "empty": (lambda x: x.sum(-1) * 2, lambda: (X(0, 4),)),
+    "one_element": (lambda x: (x + 1).relu(), lambda: (X(1),)),
+    "zero_dim": (lambda x: x * 3 + 1, lambda: (torch.tensor(2.0, device=DEVICE),)),
+    "var_mean": (lambda x: torch.var_mean(x, -1), lambda: (X(5, 9),)),
+    "max_with_dim": (lambda x: x.max(-1).values + x.min(dim=0)[0].sum(), lambda: (X(5, 9),)),
+    "factories": (lambda x: torch.full_like(x, 3.0) + torch.ones_like(x) * x, lambda: (X(5, 9),)),
+    "arange": (lambda x: x + torch.arange(9, device=x.device), lambda: (X(5, 9),)),
+    "activations": (lambda x: F.leaky_relu(x, 0.1) + F.elu(x) + F.hardtanh(x) + F.relu6(x * 4), lambda: (X(5, 9),)),
+    "embedding": (lambda i, w: F.embedding(i, w).sum(-1),
+                  lambda: (torch.randint(0, 10, (3, 4), device=DEVICE), X(10, 6))),
+    "conv_pool": (lambda x, w: F.max_pool2d(F.conv2d(x, w, padding=1).relu(), 2).mean((2, 3)),
+                  lambda: (X(2, 3, 8, 8), X(4, 3, 3, 3))),
+    "nan_in_max": (lambda x: x.amax(-1) + x.amin(-1),
+                   lambda: (torch.tensor([[1.0, NAN, 2.0], [1.0, 3.0, 2.0]], device=DEVICE),)),
+    "nan_in_relu_and_maximum": (lambda x: x.relu() + torch.maximum(x, torch.zeros_like(x)),
+                                lambda: (torch.tensor([NAN, -1.0, 2.0], device=DEVICE),)),
+    "overflow_to_inf": (lambda x: torch.exp(x * 1000).sum(-1), lambda: (X(3, 4),)),
+    "bfloat16": (lambda x: torch.relu(x + 1) * 2, lambda: (X(8, 8).bfloat16(),)),
+}
+
+
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_matches_eager(kernel_backend, name):
+    fn, make_args = CASES[name]
+    args = make_args()
+    expected = fn(*args)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")          # some cases run parts on PyTorch, and say so
+        actual = minicompile.compile(fn)(*args)
+    tol = dict(rtol=2e-2, atol=2e-2) if name == "bfloat16" else dict(rtol=1e-4, atol=1e-4)
+    torch.testing.assert_close(actual, expected, equal_nan=True, **tol)
