@@ -253,3 +253,11 @@ def test_torch_cond_compiles_end_to_end(kernel_backend):
         x, y = randn(8, 8) * sign, randn(8, 8)
         assert_same(compiled(x, y), f(x, y))
     assert minicompile.metrics.graphs == 1 and minicompile.metrics.graph_breaks == 0
+
+
+def test_minicompile_capture_with_inductor_backend():
+    model = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.GELU(), torch.nn.Linear(32, 8)).to(DEVICE)
+    x = randn(4, 16)
+    with torch.no_grad():
+        assert_same(minicompile.compile(model, backend="inductor")(x), model(x))
+    assert minicompile.metrics.graphs == 1

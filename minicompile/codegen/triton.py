@@ -273,6 +273,25 @@ def load(source: str, meta: dict) -> dict:
     return {name: Launcher(getattr(module, name)) for name in meta}
 
 
+def precompile(launchers: dict, meta: dict, buffers: dict) -> None:
+    """Compile every kernel of a graph at once, in threads (Triton's compiler spends most of
+    its time outside Python), instead of one by one at first launch. Each kernel is compiled
+    for the specialization its first real launch will ask for: 16-byte-aligned pointers."""
+    if os.environ.get("TRITON_INTERPRET") == "1" or len(launchers) < 2:
+        return
+    from concurrent.futures import ThreadPoolExecutor
+
+    def compile_one(name):
+        args, launch = meta[name]
+        settings = {k: v for k, v in launch.items() if k != "grid"}
+        try:
+            launchers[name].jit_fn.warmup(*[buffers[a].dtype for a in args], grid=(1,), **settings)
+        except Exception:           # the real launch compiles again, and reports the error
+            pass
+    with ThreadPoolExecutor(max_workers=min(8, len(launchers))) as pool:
+        list(pool.map(compile_one, launchers))
+
+
 class Launcher:
     """`launcher[grid](*args, **constexprs)`, as a @triton.jit function is launched, but with
     less work per call on a GPU: the first launch goes through Triton's JIT (which binds the

@@ -122,6 +122,7 @@ def build(program: ir.Program, steps: list) -> CompiledGraph:
     else:
         kernel_source, meta = triton_codegen.generate(kernels, buffers)
         launchers = triton_codegen.load(kernel_source, meta) if kernels else {}
+        triton_codegen.precompile(launchers, meta, buffers)
         kernel_args = {name: args for name, (args, _) in meta.items()}
 
     import operator
