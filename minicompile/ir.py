@@ -271,6 +271,12 @@ class RecordingOps:
         self.loads.append((name, index))
         return "v"
 
+    def to_dtype(self, x, dtype, src_dtype=None):
+        if src_dtype is not None and compute_dtype(dtype) == src_dtype:
+            return x                     # no conversion: not an operation
+        self.op_count += 1
+        return "v"
+
     def __getattr__(self, name):
         def record(*args, **kwargs):
             self.op_count += 1

@@ -89,3 +89,27 @@ def test_matches_eager(kernel_backend, name):
         actual = minicompile.compile(fn)(*args)
     tol = dict(rtol=2e-2, atol=2e-2) if name == "bfloat16" else dict(rtol=1e-4, atol=1e-4)
     torch.testing.assert_close(actual, expected, equal_nan=True, **tol)
+
+
+def _mutate_after_use(x):
+    y = x * 2
+    z = y + 1            # computed before the mutation: must not see it
+    y.mul_(3)
+    return z, y + 0
+
+
+def _mutate_with_view(x):
+    y = x * 2
+    v = y[0]             # a view: must see the mutation, as in eager
+    y.add_(1)
+    return v * 1
+
+
+@pytest.mark.parametrize("fn", [_mutate_after_use, _mutate_with_view])
+def test_in_place_ops_on_intermediates(kernel_backend, fn):
+    x = X(4, 5)
+    expected = fn(x)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        actual = minicompile.compile(fn)(x)
+    torch.testing.assert_close(actual, expected)

@@ -203,10 +203,10 @@ def build(program: ir.Program, steps: list) -> CompiledGraph:
         elif isinstance(step, ExternCall):
             ext = step.box.data
             target = ext.op
-            args = ", ".join([render(a) for a in ext.args] + [f"{k}={render(v)}" for k, v in ext.kwargs.items()])
+            rendered = [render(a) for a in ext.args] + [f"{k}={render(v)}" for k, v in ext.kwargs.items()]
+            args = ", ".join(rendered)
             if ext.kind == "method":
-                first, _, rest = args.partition(", ")
-                call = f"{first}.{target}({rest})"
+                call = f"{rendered[0]}.{target}({', '.join(rendered[1:])})"
             else:
                 call = f"{render(target)}({args})"
             comment = f"  # {ext.reason}" if ext.reason else ""

@@ -85,14 +85,45 @@ def lower(gm: torch.fx.GraphModule, example_inputs) -> ir.Program:
             target = gm.get_submodule(node.target)
         else:
             target = node.target
+        mutated = _mutated_input(node, args)
+        if mutated is not None:
+            # x.mul_(2) on an intermediate: computed as x * 2, and every later use of x reads
+            # the new value (functionalization). Views of x would have to see the change too,
+            # which values computed on the fly cannot: that case is left to PyTorch.
+            if any(_is_view_of(reader, mutated) for reader in mutated.readers):
+                raise NotImplementedError(f"in-place {target} on a tensor that has views")
+            target = target[:-1]
         lowering = lookup(node.op, target)
         result = None
         if lowering is not None:
             result = lowering(node, values, *args, **kwargs)
         if result is None or result is NotImplemented:
+            if mutated is not None:
+                raise NotImplementedError(f"in-place {target}_ without a functional lowering")
             result = lower_fallback(program, node, values, target, args, kwargs)
         env[node] = result
+        if mutated is not None and isinstance(node.args[0], torch.fx.Node):
+            env[node.args[0]] = result
     return program
+
+
+def _mutated_input(node: torch.fx.Node, args):
+    """The box an in-place tensor method (`x.add_(y)`) writes to, else None."""
+    if node.op == "call_method" and node.target.endswith("_") and not node.target.startswith("_") \
+            and args and isinstance(args[0], TensorBox):
+        return args[0]
+    return None
+
+
+def _is_view_of(reader: TensorBox, box: TensorBox) -> bool:
+    """reader only re-indexes box (a view), rather than computing from it."""
+    if reader.is_realized or not isinstance(reader.data, ir.Pointwise):
+        return False
+    try:
+        rec = ir.reads_of(reader)
+    except NotImplementedError:
+        return False
+    return rec.op_count == 0
 
 
 def env_lookup(env, a):

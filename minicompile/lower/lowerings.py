@@ -701,9 +701,11 @@ def lower_fallback(program: ir.Program, node, values, target, args, kwargs):
     """Any op without a lowering: an Extern that calls PyTorch on realized inputs."""
     boxes = []
 
+    pure = _is_extern_kernel(target)     # reads its inputs only: a strided view will do
+
     def realize(x):
         if isinstance(x, TensorBox):
-            view = _as_view_of_buffer(x)
+            view = _as_view_of_buffer(x) if pure else None
             if view is not None:         # a transpose or slice of a buffer: pass a strided view
                 x.data = view
             boxes.append(x.realize())
