@@ -331,6 +331,7 @@ class Pointwise(IRNode):
     device: torch.device
     inner_fn: Callable[[Sequence[Index]], Any]
     origin: str = ""            # the op it was lowered from, for logs
+    aliases: bool = False       # a view of its input in eager (shares its memory there)
 
     def make_loader(self):
         return self.inner_fn

@@ -113,3 +113,17 @@ def test_in_place_ops_on_intermediates(kernel_backend, fn):
         warnings.simplefilter("ignore")
         actual = minicompile.compile(fn)(x)
     torch.testing.assert_close(actual, expected)
+
+
+def _mutate_a_view(x):
+    b = x * 2
+    y = b[0]             # mutating a view changes its base, as in eager
+    y.add_(1)
+    return b
+
+
+def test_in_place_op_on_a_view_changes_the_base(kernel_backend):
+    x = X(4, 5)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        torch.testing.assert_close(minicompile.compile(_mutate_a_view)(x), _mutate_a_view(x))

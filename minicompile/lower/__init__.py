@@ -92,6 +92,10 @@ def lower(gm: torch.fx.GraphModule, example_inputs) -> ir.Program:
             # which values computed on the fly cannot: that case is left to PyTorch.
             if any(_is_view_of(reader, mutated) for reader in mutated.readers):
                 raise NotImplementedError(f"in-place {target} on a tensor that has views")
+            if mutated.computation is None or _is_view_of(mutated, None):
+                # an input, an extern's result (which may share memory with another tensor), or
+                # itself a view: the change would have to reach memory we do not model
+                raise NotImplementedError(f"in-place {target} on a tensor that may share memory")
             target = target[:-1]
         lowering = lookup(node.op, target)
         result = None
@@ -116,14 +120,9 @@ def _mutated_input(node: torch.fx.Node, args):
 
 
 def _is_view_of(reader: TensorBox, box: TensorBox) -> bool:
-    """reader only re-indexes box (a view), rather than computing from it."""
-    if reader.is_realized or not isinstance(reader.data, ir.Pointwise):
-        return False
-    try:
-        rec = ir.reads_of(reader)
-    except NotImplementedError:
-        return False
-    return rec.op_count == 0
+    """reader is, in eager, a view of box (shares its memory), so it sees box's mutations."""
+    comp = reader.computation
+    return isinstance(comp, ir.Pointwise) and comp.aliases
 
 
 def env_lookup(env, a):

@@ -309,7 +309,10 @@ def _cast(node, values, input):
         return NotImplemented
     if meta.dtype in (torch.float16, torch.bfloat16) and input.dtype not in (torch.float16, torch.bfloat16):
         return _pointwise_box(node, values, lambda x: ops.round_to(x, meta.dtype), [input])
-    return _pointwise_box(node, values, lambda x: x, [input])
+    box = _pointwise_box(node, values, lambda x: x, [input])
+    if isinstance(box, TensorBox) and meta.dtype == input.dtype and _origin(node) not in ("clone",):
+        box.data.aliases = True          # .contiguous(), .to(same dtype), .detach() may return x itself
+    return box
 
 
 @register(["to"], "input, *args, dtype=None, non_blocking=False, copy=False, memory_format=None")
@@ -582,7 +585,7 @@ def _view_box(node, values, input, index_map):
         return NotImplemented
     load = input.make_loader()
     data = ir.Pointwise(list(meta.shape), meta.dtype, meta.device,
-                        lambda idx: load(index_map(idx)), _origin(node))
+                        lambda idx: load(index_map(idx)), _origin(node), aliases=True)
     return TensorBox(data, input.program, [input])
 
 
