@@ -525,7 +525,8 @@ def _graph_code(cap) -> str:
     for node in cap.gm.graph.nodes:
         src = node.meta.get("source")
         if src and src != last and node.op != "placeholder":
-            lines.append(f"    # File: {src[0]}:{src[1]} in {cap.code.co_name}, code: {src[2].strip()}")
+            function = node.meta.get("function", cap.code.co_name)
+            lines.append(f"    # File: {src[0]}:{src[1]} in {function}, code: {src[2].strip()}")
             last = src
         lines.append(f"    {node.format_node()}")
     return "\n".join(lines)

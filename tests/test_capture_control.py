@@ -393,3 +393,18 @@ def test_logs_graph_breaks_and_bytecode(capsys):
     assert "[minicompile:graph_breaks] Graph break in brk_print" in out
     assert "ORIGINAL BYTECODE brk_print" in out and "MODIFIED FRAME brk_print" in out
     assert "__resume_brk_print_at_" in out
+
+
+def test_explicit_graph_break_matches_dynamo():
+    import minicompile
+
+    def gb(x):
+        y = x.sin()
+        torch._dynamo.graph_break()
+        return y.cos()
+    x = torch.randn(5)
+    torch._dynamo.reset()
+    expected = torch._dynamo.explain(gb)(x)
+    got = minicompile.explain(gb)(x)
+    assert (got.graph_count, got.graph_break_count) == (expected.graph_count, expected.graph_break_count)
+    torch.testing.assert_close(minicompile.compile(gb)(x), gb(x))

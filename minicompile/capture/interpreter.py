@@ -313,6 +313,7 @@ class OutputGraph:
         if self.tx is not None:
             fn, lineno, text = self.tx.location()
             node.meta["source"] = (fn, lineno, text)
+            node.meta["function"] = self.tx.code.co_name
             node.meta["stack_trace"] = "".join(
                 f'  File "{f}", line {l}, in {n}\n    {t}\n' for f, l, t, n in self.tx.full_stack())
 
@@ -814,9 +815,10 @@ class InstructionTranslator:
         if isinstance(v, TensorVariable):
             raise self.unsupported(
                 f"data-dependent branch ({opname} on a tensor)",
-                "the branch taken depends on a tensor's values; control flow is not supported "
-                "by the capture yet (later: a graph break)",
-                "use torch.where, or move the condition out of the compiled function")
+                "the branch taken depends on a tensor's values, which are not known while "
+                "tracing: the graph so far is compiled, the branch runs in Python, and the code "
+                "after it is compiled on its own (a graph break)",
+                "use torch.where or torch.cond to keep one graph")
         if isinstance(v, (NNModuleVariable, UserFunctionVariable, TorchFunctionVariable,
                           UserObjectVariable, NestedFunctionVariable, IteratorVariable,
                           PythonModuleVariable, TypeVariable, BuiltinVariable)):
@@ -971,6 +973,10 @@ class InstructionTranslator:
                 return GradModeVariable(mode, prev)
             return GradModeVariable(fn.value is torch.enable_grad)
         if isinstance(fn, TorchFunctionVariable):
+            if fn.value is getattr(torch._dynamo, "graph_break", None):
+                raise self.unsupported("torch._dynamo.graph_break()",
+                                       "a graph break the user asked for",
+                                       "remove the call to keep one graph")
             if fn.value is torch.cond:
                 from .higher_order import call_cond
                 return call_cond(self, args, kwargs)
