@@ -308,19 +308,27 @@ class Launcher:
         return lambda *args, **kwargs: self.launch(grid, args, kwargs)
 
     def launch(self, grid, args, kwargs):
-        from triton import knobs
-
         key = (grid, tuple(a.data_ptr() % 16 == 0 for a in args if isinstance(a, torch.Tensor)))
         fast = self.compiled.get(key)
-        hooks = knobs.runtime.launch_enter_hook or knobs.runtime.launch_exit_hook
-        if fast is None or hooks:
+        if fast is None:
             kernel = self.jit_fn[grid](*args, **kwargs)
             if kernel is not None and hasattr(kernel, "run") and os.environ.get("TRITON_INTERPRET") != "1":
+                from triton import knobs
                 from triton.runtime.driver import driver
-                self.compiled[key] = (kernel.run, kernel.function, kernel.packed_metadata, driver.active)
+                self.compiled[key] = (kernel, driver.active, knobs.runtime)
             return
-        run, function, packed, active = fast
+        kernel, active, runtime = fast
         values = [v for k, v in kwargs.items() if k not in ("num_warps", "num_stages")]
         stream = active.get_current_stream(active.get_current_device())
-        run(grid[0], grid[1] if len(grid) > 1 else 1, grid[2] if len(grid) > 2 else 1, stream, function,
-            packed, None, None, None, *args, *values)
+        enter, leave = _active(runtime.launch_enter_hook), _active(runtime.launch_exit_hook)
+        # hooks (a profiler, torch.compile's own) get the launch's metadata, as Triton gives it
+        metadata = kernel.launch_metadata(grid, stream, *args, *values) if enter or leave else None
+        kernel.run(grid[0], grid[1] if len(grid) > 1 else 1, grid[2] if len(grid) > 2 else 1, stream,
+                   kernel.function, kernel.packed_metadata, metadata, enter, leave, *args, *values)
+
+
+def _active(hook):
+    """The hook, or None when there is nothing to call (Triton 3.6 keeps an empty HookChain)."""
+    if hook is None or (hasattr(hook, "calls") and not hook.calls):
+        return None
+    return hook
