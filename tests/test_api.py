@@ -261,3 +261,14 @@ def test_minicompile_capture_with_inductor_backend():
     with torch.no_grad():
         assert_same(minicompile.compile(model, backend="inductor")(x), model(x))
     assert minicompile.metrics.graphs == 1
+
+
+def test_first_call_does_not_import_torch_dynamo():
+    """TorchDynamo and Inductor take seconds to import; minicompile's own path needs neither
+    (the cold first call is a published figure of the book)."""
+    code = ("import sys, torch, minicompile\n"
+            "f = minicompile.compile(lambda x: torch.relu(x + 1) * 2)\n"
+            "f(torch.randn(8, 8))\n"
+            "assert 'torch._dynamo' not in sys.modules and 'torch._inductor' not in sys.modules\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr

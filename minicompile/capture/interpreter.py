@@ -973,7 +973,10 @@ class InstructionTranslator:
                 return GradModeVariable(mode, prev)
             return GradModeVariable(fn.value is torch.enable_grad)
         if isinstance(fn, TorchFunctionVariable):
-            if fn.value is getattr(torch._dynamo, "graph_break", None):
+            # (looked up without importing torch._dynamo: that import alone takes seconds, and
+            # code that calls graph_break() has imported it already)
+            dynamo = sys.modules.get("torch._dynamo")
+            if dynamo is not None and fn.value is getattr(dynamo, "graph_break", None):
                 raise self.unsupported("torch._dynamo.graph_break()",
                                        "a graph break the user asked for",
                                        "remove the call to keep one graph")
