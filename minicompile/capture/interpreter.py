@@ -1279,15 +1279,7 @@ class InstructionTranslator:
         if not isinstance(cls, TypeVariable):
             raise self.unsupported(f"super() with {cls.describe()}")
         attr = self.load_attr(SuperVariable(cls.value, obj), inst.argval)
-        if inst.arg & 1:                          # a method load, as LOAD_ATTR's low bit
-            if self.version >= (3, 13):
-                self.push(attr)
-                self.push(NULL)
-            else:
-                self.push(NULL)
-                self.push(attr)
-        else:
-            self.push(attr)
+        self._push_attribute(attr, method_load=bool(inst.arg & 1))   # as LOAD_ATTR
 
     @handles("LOAD_FAST")
     @handles("LOAD_FAST_CHECK", versions=[(3, 12), (3, 13)])
@@ -1625,15 +1617,18 @@ class InstructionTranslator:
         # low bit set: a method load for a following CALL; 3.12 pushes [NULL|meth, attr|self],
         # 3.13 pushes [attr|meth, NULL|self]
         obj = self.pop()
-        attr = self.load_attr(obj, inst.argval)
-        if inst.arg & 1:
-            if self.version >= (3, 13):
-                self.push(attr)
-                self.push(NULL)
-            else:
-                self.push(NULL)
-                self.push(attr)
+        self._push_attribute(self.load_attr(obj, inst.argval), method_load=bool(inst.arg & 1))
+
+    def _push_attribute(self, attr, method_load: bool):
+        """Push a loaded attribute; a method load for a following CALL also pushes the NULL
+        marker, before the attribute in 3.12 and after it in 3.13."""
+        if not method_load:
+            self.push(attr)
+        elif self.version >= (3, 13):
+            self.push(attr)
+            self.push(NULL)
         else:
+            self.push(NULL)
             self.push(attr)
 
     @handles("PUSH_NULL")
