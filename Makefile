@@ -68,9 +68,9 @@ $(PY313_ROOT)/.ready:
 	    debootstrap --variant=minbase --include=python3,python3-venv,python3-pip,ca-certificates \
 	        trixie $(CURDIR)/$(PY313_ROOT) && touch $(PY313_ROOT)/.debootstrapped; }
 	cp /etc/resolv.conf $(PY313_ROOT)/etc/resolv.conf
-	# g++: minicompile's C++ kernels (the tests that run the default backend)
+	# g++: minicompile's C++ kernels; python3-dev: Inductor's (the tests that run it)
 	chroot $(PY313_ROOT) /usr/bin/env -i PATH=/usr/sbin:/usr/bin:/sbin:/bin DEBIAN_FRONTEND=noninteractive \
-	    sh -c 'command -v g++ >/dev/null || { apt-get update -q && apt-get install -y -q --no-install-recommends g++; }'
+	    sh -c '{ command -v g++ && ls /usr/include/python3*/Python.h; } >/dev/null 2>&1 || { apt-get update -q && apt-get install -y -q --no-install-recommends g++ python3-dev; }'
 	# this machine's CA bundle (it may include the certificate of a TLS-inspecting proxy)
 	cp /etc/ssl/certs/ca-certificates.crt $(PY313_ROOT)/etc/ssl/certs/host-ca.crt
 	test -x $(PY313_ROOT)/opt/py313/bin/python || chroot $(PY313_ROOT) python3 -m venv /opt/py313

@@ -255,6 +255,14 @@ def test_torch_cond_compiles_end_to_end(kernel_backend):
     assert minicompile.metrics.graphs == 1 and minicompile.metrics.graph_breaks == 0
 
 
+def _python_headers() -> bool:
+    import os
+    import sysconfig
+    return os.path.exists(os.path.join(sysconfig.get_paths()["include"], "Python.h"))
+
+
+@pytest.mark.skipif(DEVICE == "cpu" and not _python_headers(),
+                    reason="Inductor's C++ kernels need the Python headers (python3-dev)")
 def test_minicompile_capture_with_inductor_backend():
     model = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.GELU(), torch.nn.Linear(32, 8)).to(DEVICE)
     x = randn(4, 16)
