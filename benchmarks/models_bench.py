@@ -10,12 +10,9 @@ Writes models_<cpu|h100|...>.json.
 import argparse
 import os
 import sys
-import tempfile
 
-_cache = tempfile.mkdtemp(prefix="bench-caches-")
-os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", f"{_cache}/inductor")
-os.environ.setdefault("TRITON_CACHE_DIR", f"{_cache}/triton")
-os.environ.setdefault("MINICOMPILE_CACHE_DIR", f"{_cache}/minicompile")
+sys.path.insert(0, os.path.dirname(__file__))
+import cold_caches  # noqa: E402,F401  (before torch: first calls in this run are cold)
 
 import torch  # noqa: E402
 
