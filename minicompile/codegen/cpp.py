@@ -4,9 +4,10 @@ Takes fusion `Kernel`s; hands the wrapper callables loaded from a shared library
 
 Shape of a kernel: OpenMP splits the outer loops across cores (`#pragma omp parallel for`),
 the innermost loop is written so the compiler vectorizes it (`#pragma omp simd`); half
-precision is loaded into float and rounded once when stored. All kernels of a graph go into one
-translation unit, compiled once by the system's C++ compiler and loaded with ctypes (no Python
-build step), and cached on disk by the hash of the source and the compiler command.
+precision is loaded into float and rounded once when stored. The kernels of a graph are split into
+one translation unit per core, compiled at the same time by the system's C++ compiler, loaded
+with ctypes (no Python build step), and cached on disk by the hash of the source and the
+compiler command.
 """
 from __future__ import annotations
 
@@ -229,21 +230,34 @@ def compile_library(source: str) -> ctypes.CDLL:
     return ctypes.CDLL(lib_path)
 
 
+KERNEL_MARK = "// ---- kernel "
+
+
 def generate(kernels, buffers) -> tuple[str, dict]:
     """Source of all kernels of a graph, and {kernel name: argument buffer names}."""
     parts, signatures = [PRELUDE], {}
     for kernel in kernels:
         src, args = kernel_source(kernel, buffers)
-        parts.append(src)
+        parts.append(f"{KERNEL_MARK}{kernel.name}\n{src}")
         signatures[kernel.name] = args
     return "\n\n".join(parts) + "\n", signatures
 
 
 def load(source: str, signatures: dict) -> dict:
-    """{kernel name: C function taking data pointers} from compiled source."""
-    lib = compile_library(source)
+    """{kernel name: C function taking data pointers} from compiled source. The kernels are
+    split into as many translation units as there are cores, compiled at the same time."""
+    prelude, *kernels = source.split(KERNEL_MARK)
+    units = max(1, min(os.cpu_count() or 1, len(kernels)))
+    chunks = ["".join(KERNEL_MARK + k for k in kernels[i::units]) for i in range(units)]
+    if units == 1:
+        libraries = [compile_library(prelude + chunks[0])]
+    else:
+        from concurrent.futures import ThreadPoolExecutor       # the compiler runs outside Python
+        with ThreadPoolExecutor(max_workers=units) as pool:
+            libraries = list(pool.map(lambda chunk: compile_library(prelude + chunk), chunks))
     out = {}
     for name, args in signatures.items():
+        lib = next(lib for lib, chunk in zip(libraries, chunks) if f"void {name}(" in chunk)
         fn = getattr(lib, name)
         fn.argtypes = [ctypes.c_void_p] * len(args)
         fn.restype = None
