@@ -8,6 +8,8 @@ minicompile's lowering, fusion and kernels.
 """
 from __future__ import annotations
 
+import warnings
+
 import torch
 
 from . import fusion
@@ -23,7 +25,17 @@ def compile_graph(gm: torch.fx.GraphModule, example_inputs) -> wrapper.CompiledG
 
 
 def backend(gm: torch.fx.GraphModule, example_inputs):
-    """A torch.compile backend: `torch.compile(f, backend=minicompile.backend)`."""
+    """A torch.compile backend: `torch.compile(f, backend=minicompile.backend)`.
+
+    Generated kernels compute values, not gradients: AOT autograd (a joint forward and backward
+    graph) is a later stage. So a graph that must record gradients (grad mode on and an input
+    that requires grad) runs on PyTorch's kernels, with a warning, rather than silently
+    returning tensors that autograd cannot differentiate."""
+    if torch.is_grad_enabled() and any(isinstance(t, torch.Tensor) and t.requires_grad for t in example_inputs):
+        warnings.warn("minicompile: this graph needs gradients (an input requires grad and grad mode "
+                      "is on); compiled training (AOT autograd) is a later stage, so it runs on "
+                      "PyTorch's kernels. Use torch.no_grad() for inference.", stacklevel=2)
+        return gm
     return compile_graph(gm, example_inputs)
 
 

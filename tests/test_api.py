@@ -280,3 +280,23 @@ def test_first_call_does_not_import_torch_dynamo():
             "assert 'torch._dynamo' not in sys.modules and 'torch._inductor' not in sys.modules\n")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert out.returncode == 0, out.stderr
+
+
+def test_training_keeps_gradients():
+    """Without compiled autograd, a graph that needs gradients must still give eager's
+    gradients (it runs on PyTorch's kernels, with a warning), never tensors without them."""
+    import copy
+    torch.manual_seed(0)
+    model = Block().to(DEVICE)
+    twin = copy.deepcopy(model)
+    x = randn(9, 24)
+    model(x).square().sum().backward()
+    with pytest.warns(UserWarning, match="needs gradients"):
+        out = minicompile.compile(twin)(x)
+    out.square().sum().backward()
+    for p, q in zip(model.parameters(), twin.parameters()):
+        torch.testing.assert_close(q.grad, p.grad)
+    with torch.no_grad():                 # inference is compiled
+        minicompile.metrics.reset()
+        assert_same(minicompile.compile(twin)(x), model(x))
+        assert minicompile.metrics.kernels > 0
