@@ -19,9 +19,9 @@ from typing import Any, Callable
 import torch
 
 from . import config, logs, metrics
-from .capture import Capture, Unsupported, capture
+from .capture import SUPPORTED_VERSIONS, Capture, Unsupported, capture
 
-SUPPORTED_PYTHONS = ((3, 11), (3, 12), (3, 13))
+SUPPORTED_PYTHONS = SUPPORTED_VERSIONS       # capture's list: the versions it has opcode tables for
 MODES = (None, "default")
 LATER_MODES = ("reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
 

@@ -46,7 +46,6 @@ def generated_source(gm: torch.fx.GraphModule, example_inputs, kernel_backend: s
 
     program = lower(gm, list(example_inputs))
     kernels = [s for s in fusion.schedule(program) if isinstance(s, fusion.Kernel)]
-    buffers = {b.name: b for b in program.inputs}
-    buffers.update({box.name: box for box in program.nodes if box.owns_buffer})
+    buffers = fusion.buffers_by_name(program)
     generator = {"cpp": cpp, "triton": triton_codegen}[kernel_backend]
     return generator.generate(kernels, buffers)[0]

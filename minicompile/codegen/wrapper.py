@@ -16,7 +16,7 @@ import torch
 import torch.utils._pytree as pytree
 
 from .. import config, ir, logs, metrics
-from ..fusion import ExternCall, Kernel
+from ..fusion import ExternCall, Kernel, buffers_by_name
 from ..lower.boxes import TensorBox
 from ..runtime import memory
 from . import cpp, triton as triton_codegen
@@ -110,10 +110,7 @@ def choose_backend(device: torch.device) -> str:
 def build(program: ir.Program, steps: list) -> CompiledGraph:
     kernels = [s for s in steps if isinstance(s, Kernel)]
     backend = choose_backend(program.device)
-    buffers: dict[str, ir.IRNode] = {b.name: b for b in program.inputs}
-    for box in program.nodes:
-        if box.owns_buffer:
-            buffers[box.name] = box
+    buffers = buffers_by_name(program)
 
     if backend == "cpp":
         kernel_source, signatures = cpp.generate(kernels, buffers)

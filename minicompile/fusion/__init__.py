@@ -315,7 +315,7 @@ def schedule(program: ir.Program, passes: list[FusionPass] | None = None) -> lis
     state = FusionState(program, list(program.nodes), outputs)
     for p in PASSES if passes is None else passes:
         p.run(state)
-    buffers = _buffers_by_name(program)
+    buffers = buffers_by_name(program)
     for step in state.steps:
         if isinstance(step, Kernel):
             step.fused = [o for m in step.members for o in _fused_origins(m.box)]
@@ -353,7 +353,8 @@ def _bytes_moved(kernel: Kernel, buffers: dict) -> tuple[int, int]:
     return read, written
 
 
-def _buffers_by_name(program: ir.Program) -> dict:
+def buffers_by_name(program: ir.Program) -> dict:
+    """{name: node} of every buffer in memory: the inputs and each box with a buffer of its own."""
     out = {b.name: b for b in program.inputs}
     for box in program.nodes:
         if box.owns_buffer:

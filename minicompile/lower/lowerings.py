@@ -112,20 +112,11 @@ def _pointwise_box(node, values, fn, inputs, cdtype=None, origin=None):
     meta = _meta(node, values)
     if meta is None:
         return NotImplemented
-    shape, dtype = list(meta.shape), meta.dtype
-    cdtype = cdtype or compute_dtype(dtype)
-    loaders = [_as_index_value(x, shape, cdtype) for x in inputs]
-    if any(l is None for l in loaders):
-        return NotImplemented
     box_inputs = [x for x in inputs if isinstance(x, TensorBox)]
-    program = box_inputs[0].program
     if any(b.device != meta.device for b in box_inputs):
         return NotImplemented
-
-    def inner_fn(idx):
-        return fn(*[l(idx) for l in loaders])
-    data = ir.Pointwise(shape, dtype, meta.device, inner_fn, origin or _origin(node))
-    return TensorBox(data, program, box_inputs)
+    return _pw(box_inputs[0].program, list(meta.shape), meta.dtype, meta.device, fn, inputs,
+               origin or _origin(node), cdtype)
 
 
 def _origin(node) -> str:
@@ -566,9 +557,12 @@ def _reduce(box, dims, rtype):
     return result
 
 
-def _pw(program, shape, dtype, device, fn, inputs, origin):
-    cd = compute_dtype(dtype)
-    loaders = [_as_index_value(x, shape, cd) for x in inputs]
+def _pw(program, shape, dtype, device, fn, inputs, origin, cdtype=None):
+    """out[i] = fn(inputs broadcast to shape, at i), computed in cdtype (default: dtype's
+    compute dtype); NotImplemented if an input is neither a tensor nor a Python number."""
+    loaders = [_as_index_value(x, shape, cdtype or compute_dtype(dtype)) for x in inputs]
+    if any(l is None for l in loaders):
+        return NotImplemented
 
     def inner_fn(idx):
         return fn(*[l(idx) for l in loaders])
