@@ -13,7 +13,7 @@ Triton, while fusion analyses a node it records which buffers it reads. This is 
 Nodes:
   InputBuffer   a graph input, with its real strides and offset
   Pointwise     out[i] = inner_fn(i)
-  Reduction     out[i] = reduce_{r} inner_fn(i, r), reduction_type sum/mean/max/min/prod
+  Reduction     out[i] = reduce_{r} inner_fn(i, r), reduction_type in REDUCTIONS
   Extern        a call of a PyTorch kernel (matrix products, and any op without a lowering)
   ComputedBuffer  a Pointwise or Reduction that fusion decided to store in memory
 """
@@ -244,8 +244,21 @@ def use_ops(handler):
         ops._handler = previous
 
 
-# The operations an inner function may call on `ops`: the names in the backends' OPS tables
-# (codegen/cpp.py, codegen/triton.py), plus load / constant / to_dtype / round_to / where.
+# The pointwise operations every backend prints (tests/test_codegen.py checks that both do).
+# Lowerings may use nothing else (plus load / constant / to_dtype / round_to / where).
+# name -> number of operands.
+POINTWISE_OPS = {
+    "add": 2, "sub": 2, "mul": 2, "truediv": 2,
+    "maximum": 2, "minimum": 2,
+    "eq": 2, "ne": 2, "lt": 2, "le": 2, "gt": 2, "ge": 2,
+    "logical_and": 2, "logical_or": 2,
+    "neg": 1, "abs": 1, "relu": 1, "exp": 1, "log": 1, "sqrt": 1, "rsqrt": 1,
+    "sin": 1, "cos": 1, "tanh": 1, "sigmoid": 1, "erf": 1, "reciprocal": 1,
+    "floor": 1, "ceil": 1, "logical_not": 1, "isnan": 1,
+}
+
+# The reduction types a Reduction node may have.
+REDUCTIONS = ("sum", "mean", "max", "min", "prod")
 
 
 class RecordingOps:

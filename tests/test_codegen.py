@@ -287,3 +287,12 @@ def test_repeated_launches_and_misaligned_inputs(kernel_backend):
     y = randn(33, 19)
     assert_same(f(x, y), torch.relu(x + 1) * y)
     assert_same(f(x, y), torch.relu(x + 1) * y)
+
+
+def test_both_backends_print_every_ir_operation():
+    from minicompile import ir
+    from minicompile.codegen.cpp import CppWriter
+    from minicompile.codegen.triton import TritonWriter
+    for writer in (CppWriter, TritonWriter):
+        missing = set(ir.POINTWISE_OPS) - set(writer.OPS)
+        assert not missing, (writer.__name__, missing)
