@@ -40,8 +40,52 @@ def reset() -> None:
 
 
 def mark_dynamic(tensor: torch.Tensor, dim) -> None:
-    raise NotImplementedError("minicompile.mark_dynamic comes with the guards and dynamic shapes "
-                              "stage (Part II, 'Guards and dynamic shapes'); shapes are static for now")
+    """Compile graphs that take `tensor` generic in dimension `dim` (an int or a list of
+    ints) from the first compile on, as torch._dynamo.mark_dynamic does. It records the mark
+    where TorchDynamo reads it, so either function marks a tensor for both compilers.
+    A dim of size 0 or 1 is specialized all the same."""
+    if not isinstance(tensor, torch.Tensor):
+        raise TypeError(f"mark_dynamic takes a tensor, not {type(tensor).__name__}")
+    dims = [dim] if isinstance(dim, int) else list(dim) if isinstance(dim, (list, tuple)) else None
+    if dims is None or not all(isinstance(d, int) and not isinstance(d, bool) for d in dims):
+        raise TypeError(f"mark_dynamic: dim must be an int or a list of ints, not {dim!r}")
+    for d in dims:
+        if not -tensor.dim() <= d < tensor.dim():
+            raise IndexError(f"mark_dynamic: dim {d} is out of range for a tensor of "
+                             f"{tensor.dim()} dims")
+    marked = set(getattr(tensor, "_dynamo_dynamic_indices", set()))
+    tensor._dynamo_dynamic_indices = marked | {d % tensor.dim() for d in dims}
+
+
+def _dynamic_policy(frame: "_FrameCache", offset: int, dynamic, backend):
+    """Which dims of each graph input are dynamic, read when the tracer meets the input:
+    - those marked with mark_dynamic, always;
+    - dynamic=True: every dim of every tensor but parameters and module buffers;
+    - dynamic=None ("automatic dynamic", TorchDynamo's default): a dim whose size differs from
+      the size the previous compile of this frame saw; the first compile is static;
+    - dynamic=False: none (but marked ones).
+    None when the backend cannot take dynamic graphs (it would compile them for one size)."""
+    if not getattr(backend, "supports_dynamic_shapes", False):
+        return None
+
+    def policy(source: str, t: torch.Tensor) -> set:
+        dims = set(getattr(t, "_dynamo_dynamic_indices", ()))
+        seen = frame.seen_sizes.get((offset, source))
+        frame.seen_sizes[(offset, source)] = tuple(t.shape)
+        static_kind = isinstance(t, torch.nn.Parameter) or source.endswith("]") and "_buffers" in source
+        if dynamic is True and not static_kind:
+            dims |= set(range(t.dim()))
+        elif dynamic is None:
+            auto = frame.auto_dynamic.setdefault((offset, source), set())
+            if seen is not None and len(seen) == t.dim():
+                changed = {d for d in range(t.dim()) if seen[d] != t.size(d)}
+                if changed - auto:
+                    logs.log("dynamic", f"{source}: size of dims {sorted(changed - auto)} changed "
+                                        f"({seen} -> {tuple(t.shape)}): compiled as dynamic")
+                auto |= changed
+            dims |= auto
+        return dims
+    return policy
 
 
 def _resolve_backend(backend) -> tuple[Callable, str]:
@@ -49,7 +93,10 @@ def _resolve_backend(backend) -> tuple[Callable, str]:
         from .graph_compiler import backend as ours
         return ours, "minicompile"
     if backend == "eager":
-        return (lambda gm, example_inputs: gm), "eager"
+        def eager(gm, example_inputs):
+            return gm
+        eager.supports_dynamic_shapes = True          # the graph runs as PyTorch: any size
+        return eager, "eager"
     if backend == "inductor":
         def inductor(gm, example_inputs):
             from torch._inductor.compile_fx import compile_fx
@@ -136,7 +183,9 @@ class CompiledFunction:
             entries = frame.segments.setdefault((offset, eager), [])
         try:
             seg = trace_segment(self.fn, args, kwargs, offset, breaks=not self.fullgraph,
-                                eager=eager)
+                                eager=eager,
+                                dynamic=None if eager else _dynamic_policy(frame, offset, self.dynamic,
+                                                                            self.backend))
         except Unsupported as err:
             if self.fullgraph:
                 raise
@@ -169,6 +218,7 @@ class CompiledFunction:
                 try:
                     with config.patch(**self.options):
                         seg.compiled = self.backend(seg.gm, seg.example_inputs)
+                    _add_shape_guards(seg)
                 except NotImplementedError as err:
                     # a stage minicompile does not have yet (a dtype, an op): the captured
                     # graph runs on PyTorch's kernels instead, which gives eager's results
@@ -228,6 +278,9 @@ class _FrameCache:
     logged_bytecode: bool = False
     frame_ids: dict = field(default_factory=dict)    # offset -> Dynamo-style frame id
     limit_warned: set = field(default_factory=set)
+    # automatic dynamic: (offset, source) -> sizes the last trace saw / dims seen to change
+    seen_sizes: dict = field(default_factory=dict)
+    auto_dynamic: dict = field(default_factory=dict)
 
     def __iter__(self):          # the compiled segments
         return iter([seg for entries in self.segments.values() for seg in entries
@@ -252,6 +305,21 @@ def _is_torch_internal(modname: str) -> bool:
 def _n_entries(entries) -> int:
     """Compiled entries (an entry re-bound for another call shape shares its compile id)."""
     return len({getattr(e, "compile_id", id(e)) for e in entries})
+
+
+def _add_shape_guards(seg) -> None:
+    """Dynamic shapes: add to the entry's guard the conditions between sizes that its compiled
+    code relies on (the backend's `shape_guards`, over its inputs arg0, arg1...), written over
+    the inputs' sources."""
+    conditions = getattr(seg.compiled, "shape_guards", None)
+    if not conditions:
+        return
+    import re
+    for cond in conditions:
+        text = re.sub(r"\barg(\d+)\b", lambda m: seg.input_sources[int(m.group(1))], cond)
+        seg.guard_builder.shape_condition(text, text)
+    seg.guard, seg.guard_source, seg.get_inputs, seg.get_inputs_source = \
+        seg.guard_builder.build(seg.binding, seg.input_sources)
 
 
 def _rebound(fn, failures, args, kwargs):
@@ -426,9 +494,6 @@ def compile(model: Callable | None = None, *, fullgraph: bool = False, dynamic: 
         raise TypeError(f"fullgraph must be True or False, not {fullgraph!r}")
     if dynamic not in (None, True, False):
         raise TypeError(f"dynamic must be None, True or False, not {dynamic!r}")
-    if dynamic is True:
-        raise NotImplementedError("dynamic=True comes with the guards and dynamic shapes stage; "
-                                  "use dynamic=None or False for now")
     if mode in LATER_MODES:
         raise NotImplementedError(f"mode={mode!r} comes with the runtime stage (CUDA graphs, "
                                   "autotuning); use mode=None for now")

@@ -12,16 +12,67 @@ import warnings
 
 import torch
 
-from . import fusion
+from . import fusion, logs
 from .codegen import wrapper
 from .lower import lower
 
 
 def compile_graph(gm: torch.fx.GraphModule, example_inputs) -> wrapper.CompiledGraph:
-    program = lower(gm, list(example_inputs))
-    steps = fusion.schedule(program)
-    compiled = wrapper.build(program, steps)
-    return compiled
+    try:
+        program = lower(gm, list(example_inputs))
+        steps = fusion.schedule(program)
+        compiled = wrapper.build(program, steps)
+        compiled.shape_guards = shape_guards(program)
+        return compiled
+    except (TypeError, NotImplementedError) as err:
+        dynamic = _dynamic_dims(gm)
+        if not dynamic:
+            raise
+        # code generic in the sizes could not be made (an op decided on a size): code for
+        # these sizes, and guards that say so, as TorchDynamo specializes a symbol
+        logs.log("dynamic", f"no size-generic code ({type(err).__name__}: {err}); "
+                            f"compiled for the example's sizes")
+        conditions = []
+        for i, (node, dims) in enumerate(dynamic):
+            for d in sorted(dims):
+                conditions.append(f"arg{i}.size({d}) == {example_inputs[i].size(d)}")
+            node.meta["dynamic_dims"] = set()
+        compiled = compile_graph(gm, example_inputs)
+        compiled.shape_guards = conditions
+        return compiled
+
+
+def _dynamic_dims(gm) -> list:
+    placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
+    dims = [(n, set(n.meta.get("dynamic_dims", ()))) for n in placeholders]
+    return dims if any(d for _, d in dims) else []
+
+
+def shape_guards(program) -> list[str]:
+    """Dynamic shapes: what the shape environment learnt must hold of the size symbols while
+    the graph ran on fake tensors (two sizes that broadcast together are equal, a view's
+    sizes divide...), as Python conditions over the graph's inputs (`arg0.size(0) ==
+    arg1.size(0)`). Conditions true for every size are left out. Each symbol is at least 2:
+    that is the caller's to check (it decided which dimensions are dynamic)."""
+    shape_env = getattr(program, "shape_env", None)
+    if shape_env is None:
+        return []
+    import sympy
+    from torch.utils._sympy.printers import PythonPrinter
+
+    reads = {sym: sympy.Symbol(read) for sym, read in program.symbols.items()}
+    out = []
+    for guard in shape_env.guards:
+        # as recorded, not simplified with what the environment learnt since (which would
+        # make `s0 == s2` true by having replaced s2 with s0)
+        expr = guard.expr
+        if expr == sympy.true:
+            continue
+        expr = expr.xreplace({s: reads[str(s)] for s in expr.free_symbols if str(s) in reads})
+        if any(str(s) in program.symbols for s in expr.free_symbols):
+            raise NotImplementedError(f"a shape condition on a size no input has: {guard.expr}")
+        out.append(PythonPrinter().doprint(expr))
+    return out
 
 
 def backend(gm: torch.fx.GraphModule, example_inputs):
@@ -37,6 +88,9 @@ def backend(gm: torch.fx.GraphModule, example_inputs):
                       "PyTorch's kernels. Use torch.no_grad() for inference.", stacklevel=2)
         return gm
     return compile_graph(gm, example_inputs)
+
+
+backend.supports_dynamic_shapes = True     # takes graphs whose inputs have dynamic dims
 
 
 def generated_source(gm: torch.fx.GraphModule, example_inputs, kernel_backend: str) -> str:

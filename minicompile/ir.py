@@ -10,6 +10,13 @@ operations on `ops`, a handler that is swapped per use: while code is generated 
 Triton, while fusion analyses a node it records which buffers it reads. This is how one
 `inner_fn` serves every backend (TorchInductor's `V.ops` idea, in miniature).
 
+Sizes are ints, or sympy expressions over size symbols (`s0`, `s27`...) when shapes are
+dynamic: a symbolic size is a kernel argument, so a kernel serves every size. Every size that
+enters the IR goes through `size_expr` (ints stay ints, expressions are expanded, so equal
+sizes compare equal), and nothing decides on a symbolic size except by what holds for every
+value it may take (`provably_nonneg`, `divides`); a size symbol is at least 2 (sizes 0 and 1
+are specialized before a dimension is made dynamic, as in TorchDynamo).
+
 Nodes:
   InputBuffer   a graph input, with its real strides and offset
   Pointwise     out[i] = inner_fn(i)
@@ -25,7 +32,97 @@ import math
 from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
 
+import sympy
 import torch
+
+# --------------------------------------------------------------------------- symbolic sizes
+
+Size = "int | sympy.Expr"
+
+
+def size_expr(size) -> "int | sympy.Expr":
+    """An int, or an expanded sympy expression for a symbolic size (a torch.SymInt's too)."""
+    if isinstance(size, torch.SymInt):
+        node = size.node            # with the replacements its shape environment has learnt
+        size = node.shape_env.replace(node.expr) if node.shape_env is not None else node.expr
+    if isinstance(size, sympy.Basic):
+        size = sympy.expand(size)
+        return int(size) if size.is_Integer else size
+    return int(size)
+
+
+def is_symbolic(size) -> bool:
+    return isinstance(size, sympy.Basic)
+
+
+def shape_of(t: torch.Tensor) -> list:
+    return [size_expr(s) for s in t.shape]
+
+
+def stride_of(t: torch.Tensor) -> list:
+    return [size_expr(s) for s in t.stride()]
+
+
+def provably_nonneg(e) -> bool:
+    """e >= 0 for every value of its size symbols (each >= 2): true when, writing each symbol
+    as 2 + t with t >= 0, every coefficient of the expanded polynomial is >= 0. A sufficient
+    test, not a complete one: False means "not known"."""
+    if e is None:
+        return False
+    if not is_symbolic(e):
+        return e >= 0
+    shifted = sympy.expand(e.subs({v: v + 2 for v in e.free_symbols}, simultaneous=True))
+    if not shifted.is_polynomial(*shifted.free_symbols):
+        return False
+    return all(c >= 0 for c in sympy.Poly(shifted, *shifted.free_symbols).coeffs()) if shifted.free_symbols \
+        else shifted >= 0
+
+
+def divides(k, v) -> "int | sympy.Expr | None":
+    """v / k when it is an integer for every value of the symbols, else None."""
+    if not is_symbolic(k) and not is_symbolic(v):
+        return v // k if v % k == 0 else None
+    q = sympy.cancel(sympy.sympify(v) / k)
+    syms = sorted(q.free_symbols, key=str)
+    if q.is_Integer:
+        return int(q)
+    if syms and q.is_polynomial(*syms) and all(c.is_Integer for c in sympy.Poly(q, *syms).coeffs()):
+        return size_expr(q)
+    return None
+
+
+class _SizePrinter(sympy.printing.str.StrPrinter):
+    """Sizes as C / Python integer expressions: products instead of powers, floor division
+    spelled per language (all sizes are non-negative, where C's / is floor division)."""
+
+    def __init__(self, floordiv: str):
+        super().__init__()
+        self.floordiv = floordiv
+
+    def _print_Pow(self, e):
+        base, exp = e.args
+        if exp.is_Integer and exp > 0:
+            return "(" + "*".join([self.parenthesize(base, 100)] * int(exp)) + ")"
+        raise NotImplementedError(f"size expression {e}")
+
+    def _print_FloorDiv(self, e):
+        return f"(({self._print(e.args[0])}) {self.floordiv} ({self._print(e.args[1])}))"
+
+    def _print_Mod(self, e):
+        return f"(({self._print(e.args[0])}) % ({self._print(e.args[1])}))"
+
+    _print_PythonMod = _print_Mod
+
+
+def render_size(size, floordiv: str = "//") -> str:
+    if not is_symbolic(size):
+        return str(size)
+    return _SizePrinter(floordiv).doprint(size)
+
+
+def size_symbols(size) -> set[str]:
+    return {str(v) for v in size.free_symbols} if is_symbolic(size) else set()
+
 
 # --------------------------------------------------------------------------- index expressions
 
@@ -36,9 +133,10 @@ class Index:
 
     __slots__ = ("terms", "const")
 
-    def __init__(self, terms: dict | None = None, const: int = 0):
-        self.terms = {k: v for k, v in (terms or {}).items() if v != 0}
-        self.const = const
+    def __init__(self, terms: dict | None = None, const=0):
+        terms = {k: size_expr(v) if is_symbolic(v) else v for k, v in (terms or {}).items()}
+        self.terms = {k: v for k, v in terms.items() if v != 0}
+        self.const = size_expr(const) if is_symbolic(const) else const
 
     @staticmethod
     def var(name: str) -> "Index":
@@ -46,7 +144,7 @@ class Index:
 
     @staticmethod
     def of(value: "Index | int") -> "Index":
-        return value if isinstance(value, Index) else Index({}, int(value))
+        return value if isinstance(value, Index) else Index({}, size_expr(value))
 
     def __add__(self, other):
         other = Index.of(other)
@@ -57,23 +155,23 @@ class Index:
 
     __radd__ = __add__
 
-    def __mul__(self, k: int):
-        assert isinstance(k, int), k
+    def __mul__(self, k):
+        assert isinstance(k, (int, sympy.Basic)), k
         return Index({a: c * k for a, c in self.terms.items()}, self.const * k)
 
     __rmul__ = __mul__
 
-    def __floordiv__(self, k: int) -> "Index":
+    def __floordiv__(self, k) -> "Index":
         if k == 1:
             return self
-        if not self.terms:
+        if not self.terms and not is_symbolic(self.const) and not is_symbolic(k):
             return Index({}, self.const // k)
         return Index({FloorDiv(self, k): 1})
 
     def __mod__(self, k: int) -> "Index":
         if k == 1:
             return Index()
-        if not self.terms:
+        if not self.terms and not is_symbolic(self.const) and not is_symbolic(k):
             return Index({}, self.const % k)
         return Index({Mod(self, k): 1})
 
@@ -105,24 +203,39 @@ class Index:
 
     # -- simplification, given the range of each loop variable (0 <= v < size)
 
-    def bounds(self, ranges: dict[str, int]) -> tuple[int, int]:
+    def bounds(self, ranges: dict):
+        """(lo, hi) over the ranges (sizes may be symbolic); None where not known."""
         lo = hi = self.const
         for atom, c in self.terms.items():
             if isinstance(atom, str):
-                a_lo, a_hi = 0, ranges.get(atom, 2**62) - 1
+                a_lo, a_hi = 0, size_expr(ranges.get(atom, 2**62)) - 1
             elif isinstance(atom, Mod):
-                a_lo, a_hi = 0, atom.k - 1
+                a_lo, a_hi = 0, size_expr(atom.k - 1)
             else:
                 i_lo, i_hi = atom.index.bounds(ranges)
-                a_lo, a_hi = i_lo // atom.k, i_hi // atom.k
-            lo, hi = (lo + c * a_lo, hi + c * a_hi) if c > 0 else (lo + c * a_hi, hi + c * a_lo)
+                if is_symbolic(atom.k) or is_symbolic(i_lo) or is_symbolic(i_hi) or None in (i_lo, i_hi):
+                    # floor division by k >= 1 of a non-negative value stays in [0, value]
+                    if not provably_nonneg(i_lo):
+                        return None, None
+                    a_lo, a_hi = 0, i_hi
+                else:
+                    a_lo, a_hi = i_lo // atom.k, i_hi // atom.k
+            if lo is None or a_lo is None or a_hi is None:
+                return None, None
+            if provably_nonneg(c):
+                lo, hi = size_expr(lo + c * a_lo), size_expr(hi + c * a_hi)
+            elif provably_nonneg(-c):
+                lo, hi = size_expr(lo + c * a_hi), size_expr(hi + c * a_lo)
+            else:
+                return None, None
         return lo, hi
 
-    def simplify(self, ranges: dict[str, int]) -> "Index":
+    def simplify(self, ranges: dict) -> "Index":
         """Remove divisions and modulos that the ranges make unnecessary:
         (q*k + r) // k -> q and (q*k + r) % k -> r when 0 <= r < k, and
         c*k*(a // k) + c*(a % k) -> c*a. This is what turns a reshape of a contiguous
-        tensor back into a plain linear index."""
+        tensor back into a plain linear index. With symbolic sizes, a term goes to q only if
+        k divides it for every size, and 0 <= r < k must be provable."""
         result = Index({}, self.const)
         for atom, c in self.terms.items():
             if isinstance(atom, str):
@@ -130,14 +243,27 @@ class Index:
                 continue
             inner = atom.index.simplify(ranges)
             k = atom.k
-            q = Index({a: v // k for a, v in inner.terms.items() if v % k == 0}, inner.const // k)
-            r = Index({a: v for a, v in inner.terms.items() if v % k != 0}, inner.const % k)
+            q_terms, r_terms = {}, {}
+            for a, v in inner.terms.items():
+                quotient = divides(k, v)
+                if quotient is None:
+                    r_terms[a] = v
+                else:
+                    q_terms[a] = quotient
+            if not is_symbolic(inner.const) and not is_symbolic(k):
+                q_const, r_const = inner.const // k, inner.const % k
+            elif divides(k, inner.const) is not None:
+                q_const, r_const = divides(k, inner.const), 0
+            else:
+                q_const, r_const = 0, inner.const
+            q, r = Index(q_terms, q_const), Index(r_terms, r_const)
             lo, hi = r.bounds(ranges)
+            fits = provably_nonneg(lo) and hi is not None and provably_nonneg(size_expr(k - 1 - hi))
             # (q*k + r) // k == q + r // k and (q*k + r) % k == r % k for integers
             if isinstance(atom, FloorDiv):
-                simple = q if 0 <= lo and hi < k else q + r // k
+                simple = q if fits else q + r // k
             else:
-                simple = r if 0 <= lo and hi < k else r % k
+                simple = r if fits else r % k
             result = result + simple * c
         return result._combine_div_mod()
 
@@ -146,7 +272,7 @@ class Index:
         for atom, c in list(terms.items()):
             if isinstance(atom, Mod) and atom in terms:
                 partner = FloorDiv(atom.index, atom.k)
-                if terms.get(partner) == c * atom.k:
+                if terms.get(partner) == size_expr(c * atom.k):
                     del terms[atom], terms[partner]
                     return (Index(terms, self.const) + atom.index * c)._combine_div_mod()
         return self
@@ -161,11 +287,23 @@ class Index:
                 text = atom
             else:
                 op = floordiv if isinstance(atom, FloorDiv) else "%"
-                text = f"(({atom.index.render(floordiv)}) {op} {atom.k})"
-            parts.append(text if c == 1 else f"{c}*{text}")
-        if self.const or not parts:
-            parts.append(str(self.const))
+                k = render_size(atom.k, floordiv)
+                text = f"(({atom.index.render(floordiv)}) {op} {k if not is_symbolic(atom.k) else f'({k})'})"
+            coeff = render_size(c, floordiv)
+            parts.append(text if c == 1 else f"{coeff}*{text}" if not is_symbolic(c) else f"({coeff})*{text}")
+        if self.const != 0 or not parts:
+            const = render_size(self.const, floordiv)
+            parts.append(f"({const})" if is_symbolic(self.const) else const)
         return " + ".join(parts)
+
+    def symbols(self) -> set[str]:
+        """The size symbols the expression uses (kernel arguments)."""
+        out = size_symbols(self.const)
+        for atom, c in self.terms.items():
+            out |= size_symbols(c)
+            if not isinstance(atom, str):
+                out |= atom.index.symbols() | size_symbols(atom.k)
+        return out
 
     def __repr__(self):
         return self.render()
@@ -180,20 +318,20 @@ class Index:
 @dataclass(frozen=True)
 class FloorDiv:
     index: Index
-    k: int
+    k: "int | sympy.Expr"
 
 
 @dataclass(frozen=True)
 class Mod:
     index: Index
-    k: int
+    k: "int | sympy.Expr"
 
 
 def contiguous_strides(shape: Sequence[int]) -> list[int]:
     strides, acc = [], 1
     for size in reversed(shape):
         strides.append(acc)
-        acc *= max(size, 1)
+        acc = size_expr(acc * size) if is_symbolic(size) else acc * max(size, 1)
     return strides[::-1]
 
 
@@ -209,7 +347,7 @@ def unflatten(flat: Index, shape: Sequence[int]) -> list[Index]:
     out, stride = [], 1
     for size in reversed(shape):
         out.append((flat // stride) % size if size != 1 else Index())
-        stride *= size
+        stride = size_expr(stride * size)
     return out[::-1]
 
 
@@ -323,6 +461,14 @@ class InputBuffer(IRNode):
 
 
 @dataclass(eq=False)
+class SizeInput:
+    """A graph input that is a size (an int), not a tensor: TorchDynamo passes the values of
+    size symbols this way when shapes are dynamic."""
+    name: str
+    value: Any
+
+
+@dataclass(eq=False)
 class Pointwise(IRNode):
     shape: list[int]
     dtype: torch.dtype
@@ -355,8 +501,8 @@ class Reduction(IRNode):
         n = len(self.input_shape)
         return bool(self.reduced_dims) and self.reduced_dims == list(range(n - len(self.reduced_dims), n))
 
-    def rnumel(self) -> int:
-        return math.prod(self.reduction_ranges)
+    def rnumel(self):
+        return size_expr(math.prod(self.reduction_ranges))
 
 
 @dataclass(eq=False)
@@ -442,11 +588,13 @@ class ViewOfBuffer(IRNode):
 @dataclass
 class Program:
     """What lowering hands to fusion: inputs, every node in order, and the outputs."""
-    inputs: list[InputBuffer]
+    inputs: list                          # InputBuffer (tensors) and SizeInput (sizes)
     nodes: list[IRNode]                   # Pointwise / Reduction / Extern, topological order
     outputs: list[Any]                    # IRNode, or a Python scalar / None for non-tensor outputs
     device: torch.device
     output_spec: Any = None               # pytree spec: how outputs nest (tuple, list, single)
+    # size symbol -> how the wrapper reads it from the graph's inputs ("arg0.size(1)")
+    symbols: dict = field(default_factory=dict)
     _names: Any = field(default_factory=lambda: itertools.count())
 
     def new_name(self, prefix: str = "buf") -> str:

@@ -4,14 +4,15 @@
     MINICOMPILE_LOGS="graph_code,fusion" python train.py
 
 Artifacts: graph_code (each captured graph, with the user's source lines), graph_breaks,
-guards, recompiles, bytecode, output_code (generated kernels and wrapper), fusion (decisions).
+guards, recompiles, dynamic (which dimensions are dynamic, and why some became static), bytecode, output_code (generated kernels and wrapper), fusion (decisions).
 """
 from __future__ import annotations
 
 import os
 import sys
 
-ARTIFACTS = ("graph_code", "graph_breaks", "guards", "recompiles", "bytecode", "output_code", "fusion")
+ARTIFACTS = ("graph_code", "graph_breaks", "guards", "recompiles", "dynamic", "bytecode", "output_code",
+             "fusion")
 _enabled: set[str] = set()
 
 

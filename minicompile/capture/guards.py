@@ -137,6 +137,31 @@ def display(expr: str) -> str:
     return re.sub(r"^L\[(['\"])([A-Za-z_][A-Za-z0-9_]*)\1\]", r"\2", expr)
 
 
+def dense_order(t: torch.Tensor) -> Optional[List[int]]:
+    """The dims from outermost to innermost when t's strides are those of a dense tensor with
+    its dims in that order (contiguous: 0, 1, ...; a transpose: 1, 0); None otherwise (a
+    slice, a broadcast). A dynamic tensor's strides are then functions of its sizes."""
+    order = sorted(range(t.dim()), key=lambda d: (-t.stride(d), d))
+    expected = 1
+    for d in reversed(order):
+        if t.size(d) != 1 and t.stride(d) != expected:
+            return None
+        expected *= t.size(d)
+    return order
+
+
+def dense_strides_expr(t: torch.Tensor, dynamic: set, e: str) -> str:
+    """The Python expression of t's strides over the sizes of `e` (the tensor in the guard):
+    a dynamic dim's size is read, a static one is a literal."""
+    order = dense_order(t)
+    strides = [""] * t.dim()
+    inner: List[str] = []
+    for d in reversed(order):
+        strides[d] = "*".join(inner) or "1" if t.size(d) != 1 else str(t.stride(d))
+        inner.append(f"{e}.size({d})" if d in dynamic else str(t.size(d)))
+    return "(" + ", ".join(strides) + ("," if len(strides) == 1 else "") + ")"
+
+
 def tensor_failure(v, name, ty, dtype, device, sizes, strides, requires_grad) -> Optional[str]:
     """Why tensor `v` fails the guard of a tensor seen with this metadata, in Dynamo's words
     and in Dynamo's order (TensorCheck::check_verbose): type, dtype, device, requires_grad,
@@ -156,6 +181,10 @@ def tensor_failure(v, name, ty, dtype, device, sizes, strides, requires_grad) ->
         return f"tensor '{name}' rank mismatch. expected {len(sizes)}, actual {v.dim()}"
     actual_sizes, actual_strides = v.shape, v.stride()
     for i in range(len(sizes)):
+        if sizes[i] is None:                 # a dynamic dim: any size but 0 and 1
+            if actual_sizes[i] < 2:
+                return f"2 <= {name}.size()[{i}]  (a dynamic dim; sizes 0 and 1 are specialized)"
+            continue
         if actual_sizes[i] != sizes[i]:
             return (f"tensor '{name}' size mismatch at index {i}. expected {sizes[i]}, "
                     f"actual {actual_sizes[i]}")
@@ -175,6 +204,7 @@ class Check:
     comment: str
     slow: Optional[str] = None
     where: Optional[list] = None          # the user's stack when the trace relied on it
+    refresh: Optional[Callable] = None    # rewrites parts/slow when the guard is built
 
 
 class GuardBuilder:
@@ -228,7 +258,17 @@ class GuardBuilder:
         self.namespace[label] = obj
 
     # --- one method per kind of check -------------------------------------------------
-    def tensor(self, source: Source, t: torch.Tensor):
+    def tensor(self, source: Source, t: torch.Tensor, dynamic: Optional[set] = None):
+        """`dynamic`: the dims the graph is generic in (the capture's own set: a dim it later
+        specializes leaves it, so the check is written when the guard is built)."""
+        if dynamic is not None:
+            self._add(("tensor", source.expr()), source, [], "", stack=False)
+            check = self._by_key[("tensor", source.expr())]
+            check.refresh = lambda: self._tensor_check(check, source, t, dynamic)
+            return
+        self._tensor_check(None, source, t, set())
+
+    def _tensor_check(self, check: Optional[Check], source: Source, t: torch.Tensor, dynamic: set):
         e = source.expr()
         if type(t) is torch.Tensor:
             ty = "Tensor"
@@ -243,15 +283,32 @@ class GuardBuilder:
         dt = str(t.dtype).replace(".", "_")
         self.namespace[dt] = t.dtype
         on_dev = "{e}.is_cpu" if t.device.type == "cpu" else f"{{e}}.device == {dev}"
-        sizes, strides = tuple(t.shape), tuple(t.stride())
+        comment = f"{e}: tensor type, dtype, device, sizes, strides, requires_grad"
+        if not dynamic:
+            sizes, strides = tuple(t.shape), tuple(t.stride())
+            shape_test = f"{{e}}.shape == {sizes} and {{e}}.stride() == {strides}"
+        else:
+            # dynamic dims: any size >= 2 (0 and 1 are specialized, as TorchDynamo does);
+            # static dims by value; strides those of the same dense layout at these sizes
+            sizes = tuple(None if d in dynamic else n for d, n in enumerate(t.shape))
+            strides = dense_strides_expr(t, dynamic, "{e}")
+            shape_test = " and ".join([f"{{e}}.dim() == {t.dim()}"]
+                                      + [f"{{e}}.size({d}) >= 2" if n is None else f"{{e}}.size({d}) == {n}"
+                                         for d, n in enumerate(sizes)] + [f"{{e}}.stride() == {strides}"])
+            comment += f" (dims {sorted(dynamic)} dynamic)"
         expr = (f"type({{e}}) is {ty} and {{e}}.dtype is {dt} and {on_dev} "
-                f"and {{e}}.shape == {sizes} and {{e}}.stride() == {strides} "
-                f"and {{e}}.requires_grad is {t.requires_grad}")
+                f"and {shape_test} and {{e}}.requires_grad is {t.requires_grad}")
         slow = (f"TENSOR_FAILURE({{e}}, {display(e)!r}, {ty}, {t.dtype}, {dev}, {sizes}, "
                 f"{strides}, {t.requires_grad})")
-        self._add(("tensor", e), source, expr,
-                  f"{e}: tensor type, dtype, device, sizes, strides, requires_grad", slow,
-                  stack=False)
+        if check is not None:
+            check.parts, check.slow, check.comment = [(expr, "")], slow, comment
+            return
+        self._add(("tensor", e), source, expr, comment, slow, stack=False)
+
+    def shape_condition(self, condition: str, text: str):
+        """A condition between sizes that the compiled code relies on (from the backend's
+        shape environment: two dynamic sizes that must be equal, say), over sources."""
+        self._add(("shape", condition), None, [(condition, text)], f"sizes: {text}", stack=False)
 
     def constant(self, source: Source, value):
         e = source.expr()
@@ -342,6 +399,9 @@ class GuardBuilder:
         attributes, its slow twin run only on a miss: `guard.fail_reason(args, kwargs)` -> the
         first failing check in words (None if the guard holds), `guard.failure(args, kwargs)`
         -> (reason, user stack) or None, and `guard.failure_source` (the generated text)."""
+        for c in self.checks:
+            if c.refresh is not None:
+                c.refresh()
         ns = dict(self.namespace)
         ns.update(binding.namespace)
         kw = repr(binding.kwnames)

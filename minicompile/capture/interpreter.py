@@ -40,7 +40,8 @@ from torch.fx.proxy import GraphAppendingTracer
 from .breaks import GraphBreak, Unsupported, source_line
 from .bytecode import (BINARY_OP_SYMBOLS, Instruction, check_python_version, current_version,
                        decode, dispatch_table, handles)
-from .guards import ArgBinding, GuardBuilder, bind_arguments
+from .. import logs
+from .guards import ArgBinding, GuardBuilder, bind_arguments, dense_order
 from .sources import AttrSource, ItemSource, LocalSource, RootSource, Source, module_member_source
 from .values import (NULL, BaseListVariable, BoundMethodVariable, BuiltinVariable,
                      ConstantMethodVariable, ConstantVariable, DictVariable, ListVariable,
@@ -82,6 +83,8 @@ TENSOR_TENSOR_ATTRS = {"T", "mT", "H", "mH", "real", "imag"}
 METADATA_METHODS = {"size", "dim", "ndimension", "numel", "nelement", "stride",
                     "is_contiguous", "element_size", "is_floating_point", "is_complex",
                     "get_device", "storage_offset", "type", "__len__", "is_signed"}
+# Metadata reads that reveal a size: with dynamic shapes they specialize it (see specialize_sizes)
+SIZE_READS = {"size", "numel", "nelement", "stride", "__len__", "storage_offset"}
 METADATA_FUNCTIONS = {torch.is_tensor, torch.is_floating_point, torch.is_complex, torch.numel,
                       len, isinstance}
 
@@ -134,6 +137,9 @@ class OutputGraph:
         # inline user functions and modules (False in a frame run eagerly: every user call
         # is then made for real, and the callee compiled on its own, as Dynamo does)
         self.inline_user_calls = True
+        # dynamic shapes: (source expression, tensor) -> the dims to make dynamic (set by the
+        # caller: dynamic=True, automatic dynamic, mark_dynamic); None: every shape is static
+        self.dynamic_policy: Optional[Callable] = None
         self.breaks_allowed = False          # root-frame Unsupported -> GraphBreak
         self.instruction_budget = 200_000     # unrolled loops: a bound, not a hang
 
@@ -173,6 +179,13 @@ class OutputGraph:
             node = self.root_graph.placeholder(source.name())
         node.meta["example_value"] = value
         node.meta["source_expr"] = source.expr()
+        # the dims this input's graph is generic in; shared with its guard, and emptied if
+        # the trace reads the size (the trace then depends on its value)
+        dynamic = set(self.dynamic_policy(source.expr(), value)) if self.dynamic_policy else set()
+        dynamic = {d for d in dynamic if value.size(d) >= 2}       # 0 and 1 are specialized
+        if dynamic and dense_order(value) is None:
+            dynamic = set()          # strides not a function of the sizes: static (see guards)
+        node.meta["dynamic_dims"] = dynamic
         self._last_placeholder = node
         self.input_sources.append(source)
         self.input_examples.append(value)
@@ -180,8 +193,27 @@ class OutputGraph:
             self.input_storages.add(value.untyped_storage().data_ptr())
         except Exception:
             pass
-        self.guards.tensor(source, value)
+        self.guards.tensor(source, value, dynamic)
         return TensorVariable(torch.fx.Proxy(node, self.root_tracer), value, source)
+
+    def specialize_sizes(self, tensors: List["TensorVariable"], why: str) -> None:
+        """The trace read a size (`x.shape`, `x.size(0)`, `len(x)`, `x.numel()`) as a Python
+        int, so the graph depends on its value: the dimensions it may reveal become static
+        again (guarded by value). A graph input's read specializes that input's dims; a read
+        of any other tensor, whose sizes may derive from any input's, specializes them all.
+        (TorchDynamo instead traces the size as a symbolic int; minicompile keeps sizes in
+        Python static, which is correct, and costs a recompile per size of those dims.)"""
+        nodes = [n for n in self.root_graph.nodes if n.op == "placeholder" and n.meta.get("dynamic_dims")]
+        if not nodes:
+            return
+        inputs = {id(n) for n in nodes}
+        if tensors and all(id(t.node) in inputs for t in tensors):
+            nodes = [t.node for t in tensors]
+        for n in nodes:
+            if n.meta["dynamic_dims"]:
+                logs.log("dynamic", f"{n.meta['source_expr']}: dims {sorted(n.meta['dynamic_dims'])} "
+                                    f"made static: {why}")
+                n.meta["dynamic_dims"].clear()
 
     # -- VariableBuilder: a real value read from `source` -> a VariableTracker + guards -----
     def wrap(self, value, source: Optional[Source]) -> VariableTracker:
@@ -286,6 +318,9 @@ class OutputGraph:
                                    "running the operation on the example inputs failed; "
                                    "eager execution will raise the same error") from e
         if not _contains_tensor_value(result):
+            if name in SIZE_READS or target in (torch.numel, len):
+                self.specialize_sizes([a for a in args if isinstance(a, TensorVariable)],
+                                             f"the trace read {name}()")
             if has_tensor and not (name in METADATA_METHODS or target in METADATA_FUNCTIONS):
                 raise self.unsupported(
                     f"data-dependent operation {name}() (returns {type(result).__name__})",
@@ -762,6 +797,7 @@ class InstructionTranslator:
         raise self.unsupported(f"global name {name!r} is not defined")
 
     def unpack_tensor(self, t: TensorVariable, n: int) -> List[VariableTracker]:
+        self.output.specialize_sizes([t], "the trace unpacked a tensor")
         if t.example.dim() == 0 or len(t.example) != n:
             raise self.unsupported(f"unpacking a tensor of shape {tuple(t.example.shape)} into {n}")
         return [self.output.call("call_function", operator.getitem, [t, ConstantVariable(i)], {})
@@ -830,6 +866,8 @@ class InstructionTranslator:
         out = self.output
         if isinstance(obj, TensorVariable):
             if name in TENSOR_CONSTANT_ATTRS:
+                if name == "shape":
+                    out.specialize_sizes([obj], "the trace read .shape")
                 return ConstantVariable(getattr(obj.example, name))
             if name in TENSOR_TENSOR_ATTRS:
                 return out.call("call_function", getattr, [obj, ConstantVariable(name)], {})
@@ -2098,7 +2136,7 @@ def _function_of(fn):
 
 
 def trace_segment(fn, args: tuple, kwargs: dict, offset: int = 0, *, breaks: bool = True,
-                  eager: bool = False, sources_in_templates: bool = True):
+                  eager: bool = False, sources_in_templates: bool = True, dynamic=None):
     """Trace `fn`'s code from `offset` to a return or a graph break -> frame.Segment.
 
     offset 0: (args, kwargs) are the call's arguments. A resume offset: args is () and kwargs
@@ -2126,6 +2164,7 @@ def trace_segment(fn, args: tuple, kwargs: dict, offset: int = 0, *, breaks: boo
     output = OutputGraph(bound_self=bound_self)
     output.breaks_allowed = breaks
     output.inline_user_calls = not eager
+    output.dynamic_policy = dynamic
     output.guards.grad_mode()
     gsrc = None
     if not _is_internal_module_name(func.__globals__.get("__name__", "")):
@@ -2217,6 +2256,7 @@ def trace_segment(fn, args: tuple, kwargs: dict, offset: int = 0, *, breaks: boo
                     offset_to_index=tx.offset_to_index, instructions=tx.instructions,
                     n_calls=n_calls, eager=eager, input_sources=input_exprs, effects=effects)
     seg.get_inputs_source = inputs_src
+    seg.guard_builder, seg.binding = output.guards, binding
     return seg
 
 

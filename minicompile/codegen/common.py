@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import math
+import re
 from dataclasses import dataclass
 
 import torch
@@ -85,11 +86,11 @@ def plan_loops(kernel) -> LoopPlan:
             if groups:
                 pv, _ = groups[-1][-1]
                 if (pv not in nonlinear and v not in nonlinear
-                        and all(i.coeff(pv) == i.coeff(v) * s for i in indices)):
+                        and all(i.coeff(pv) == ir.size_expr(i.coeff(v) * s) for i in indices)):
                     groups[-1].append((v, s))
                     continue
             groups.append([(v, s)])
-        merged = [([v for v, _ in g], f"{prefix}{k}", math.prod(s for _, s in g))
+        merged = [([v for v, _ in g], f"{prefix}{k}", ir.size_expr(math.prod(s for _, s in g)))
                   for k, g in enumerate(groups)]
         return merged, zero
 
@@ -180,6 +181,10 @@ class KernelWriter:
         """x (a float32 value) rounded to `dtype`'s precision, still held as float32."""
         return self._emit(self.cast_expr(self.cast_expr(x, dtype), ir.compute_dtype(dtype)))
 
+    def size_value(self, size, dtype: torch.dtype) -> str:
+        """A size (maybe symbolic: a kernel argument) as a value of `dtype`."""
+        return self._emit(self.cast_expr(self.render_size(size), ir.compute_dtype(dtype)))
+
     def where(self, c: str, a: str, b: str) -> str:
         return self._emit(self.OPS["where"].format(c, a, b))
 
@@ -204,6 +209,17 @@ class KernelWriter:
 
     def cast_expr(self, x: str, dtype: torch.dtype) -> str:
         raise NotImplementedError
+
+    def render_size(self, size) -> str:
+        raise NotImplementedError
+
+
+SYMBOL = re.compile(r"\bs\d+\b")
+
+
+def size_symbols_in(source: str) -> list[str]:
+    """The size symbols (s0, s27, ...) a kernel's source uses: its size arguments, in order."""
+    return sorted(set(SYMBOL.findall(source)), key=lambda s: int(s[1:]))
 
 
 def reduction_identity(reduction_type: str, dtype: torch.dtype):

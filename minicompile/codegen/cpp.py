@@ -22,7 +22,7 @@ import torch
 
 from .. import config, ir
 from ..ir import Index, use_ops
-from .common import KernelWriter, plan_loops, reduction_identity
+from .common import SYMBOL, KernelWriter, plan_loops, reduction_identity, size_symbols_in
 
 CTYPES = {torch.float32: "float", torch.float64: "double", torch.float16: "_Float16",
           torch.bfloat16: None, torch.int64: "int64_t", torch.int32: "int32_t",
@@ -86,6 +86,9 @@ class CppWriter(KernelWriter):
     def cast_expr(self, x, dtype):
         return f"static_cast<{ctype(dtype)}>({x})"
 
+    def render_size(self, size):
+        return ir.render_size(size, "/")
+
 
 def ctype(dtype: torch.dtype) -> str:
     t = CTYPES.get(dtype)
@@ -114,8 +117,8 @@ def kernel_source(kernel, buffers: dict[str, ir.IRNode]) -> tuple[str, list[str]
     x_idx, r_idx = writer.canonical
     xs = list(zip(plan.x_vars, plan.x_sizes))
     rs = list(zip(plan.r_vars, plan.r_sizes))
-    numel = math.prod(plan.x_sizes) * max(1, math.prod(plan.r_sizes))
-    parallel_if = f"if({numel} >= 32768)"
+    numel = ir.size_expr(math.prod(plan.x_sizes) * math.prod(plan.r_sizes))
+    parallel_if = f"if({writer.render_size(numel)} >= 32768)"
 
     def store(member, value) -> str:
         name = member.box.name
@@ -153,7 +156,7 @@ def kernel_source(kernel, buffers: dict[str, ir.IRNode]) -> tuple[str, list[str]
                                           if serial_rows else None)
                     result = acc
                     if comp.reduction_type == "mean":
-                        result = f"({acc} / static_cast<{acc_t}>({comp.rnumel()}))"
+                        result = f"({acc} / static_cast<{acc_t}>({writer.render_size(comp.rnumel())}))"
                     if comp.reduction_type in ("max", "min") and comp.src_dtype.is_floating_point:
                         result = f"({nan} ? std::numeric_limits<{acc_t}>::quiet_NaN() : {result})"
                     var = writer._emit(result)
@@ -175,11 +178,13 @@ def kernel_source(kernel, buffers: dict[str, ir.IRNode]) -> tuple[str, list[str]
                          collapse=True)
 
     stored = [m.box for m in kernel.members if m.box.name in kernel.stored]
+    symbols = size_symbols_in("\n".join(body))          # dynamic sizes: passed as arguments
     params = [f"const {ctype(buffers[n].dtype)}* __restrict__ in_ptr{i}" for i, n in enumerate(writer.args)]
     params += [f"{ctype(b.dtype)}* __restrict__ out_ptr{i}" for i, b in enumerate(stored)]
+    params += [f"int64_t {s}" for s in symbols]
     lines = [f'extern "C" void {kernel.name}({", ".join(params)}) {{']
     lines += ["    " + line for line in body] + ["}"]
-    return "\n".join(lines), writer.args + [b.name for b in stored]
+    return "\n".join(lines), writer.args + [b.name for b in stored] + symbols
 
 
 def _nest(loops, body, innermost_pragma=None, outer_pragma=None, collapse=False):
@@ -189,7 +194,7 @@ def _nest(loops, body, innermost_pragma=None, outer_pragma=None, collapse=False)
     lines = list(body)
     for depth, (var, size) in enumerate(reversed(loops)):
         is_outer = depth == len(loops) - 1
-        head = [f"for (int64_t {var} = 0; {var} < {size}; {var}++) {{"]
+        head = [f"for (int64_t {var} = 0; {var} < {ir.render_size(size, '/')}; {var}++) {{"]
         pragma = None
         if depth == 0 and innermost_pragma:
             pragma = innermost_pragma
@@ -259,7 +264,8 @@ def load(source: str, signatures: dict) -> dict:
     for name, args in signatures.items():
         lib = next(lib for lib, chunk in zip(libraries, chunks) if f"void {name}(" in chunk)
         fn = getattr(lib, name)
-        fn.argtypes = [ctypes.c_void_p] * len(args)
+        # buffers by data pointer, size symbols (dynamic shapes) by value
+        fn.argtypes = [ctypes.c_int64 if SYMBOL.fullmatch(a) else ctypes.c_void_p for a in args]
         fn.restype = None
         out[name] = fn
     return out

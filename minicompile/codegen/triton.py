@@ -20,7 +20,7 @@ import torch
 
 from .. import config, ir
 from ..ir import Index, use_ops
-from .common import KernelWriter, plan_loops, reduction_identity
+from .common import KernelWriter, plan_loops, reduction_identity, size_symbols_in
 
 TL_TYPES = {torch.float32: "tl.float32", torch.float16: "tl.float16", torch.bfloat16: "tl.bfloat16",
             torch.float64: "tl.float64", torch.int64: "tl.int64", torch.int32: "tl.int32",
@@ -42,7 +42,27 @@ def import_triton():
     except ImportError:
         raise RuntimeError("Triton is not installed: `pip install triton` (it comes with PyTorch's "
                            "CUDA builds), or use the C++ backend on a CPU") from None
+    if os.environ.get("TRITON_INTERPRET") == "1":
+        _patch_interpreter_scalars()
     return triton
+
+
+def _patch_interpreter_scalars():
+    """Triton's interpreter holds a scalar argument as a one-element array, and converts it
+    with int(array), which NumPy 2 refuses for arrays of one dimension: a run-time size used
+    as a loop bound (`range(0, rnumel, RBLOCK)`, a dynamic row length) then fails. Convert
+    the element instead."""
+    from triton.runtime import interpreter
+
+    original = interpreter._patch_lang_tensor
+    if getattr(original, "minicompile", False):
+        return
+
+    def patch(tensor, scope):
+        original(tensor, scope)
+        scope.set_attr(tensor, "__index__", lambda self: int(self.handle.data.reshape(-1)[0]))
+    patch.minicompile = True
+    interpreter._patch_lang_tensor = patch
 
 
 class TritonWriter(KernelWriter):
@@ -87,16 +107,23 @@ class TritonWriter(KernelWriter):
     def cast_expr(self, x, dtype):
         return f"({x}).to({TL_TYPES[dtype]})"
 
+    def render_size(self, size):
+        return ir.render_size(size, "//")
+
+    def size_value(self, size, dtype):
+        # a size argument is a scalar, not a block: a full block of it, then the cast
+        return self._emit(self.cast_expr(f"tl.full([1], {self.render_size(size)}, tl.int64)", ir.compute_dtype(dtype)))
+
 
 def _decompose(flat: str, names: list[str], sizes: list[int]) -> list[str]:
     """Lines recovering per-dimension variables from a flat index (innermost last)."""
     lines, stride = [], 1
     for k in range(len(names) - 1, -1, -1):
-        expr = flat if stride == 1 else f"({flat} // {stride})"
+        expr = flat if stride == 1 else f"({flat} // ({ir.render_size(stride)}))"
         if k > 0:
-            expr = f"{expr} % {sizes[k]}"
+            expr = f"{expr} % ({ir.render_size(sizes[k])})"
         lines.append(f"{names[k]} = {expr}")
-        stride *= sizes[k]
+        stride = ir.size_expr(stride * sizes[k])
     return lines[::-1]
 
 
@@ -109,9 +136,11 @@ def kernel_source(kernel, buffers):
     registers for the members after it. Short rows are reduced in one block (persistent);
     long rows in RBLOCK chunks, one loop per member that walks the row."""
     plan = plan_loops(kernel)
-    xnumel = math.prod(plan.x_sizes)
-    rnumel = math.prod(plan.r_sizes)
-    big = max(xnumel * max(1, rnumel), _largest_offset(buffers)) >= 2**31
+    xnumel = ir.size_expr(math.prod(plan.x_sizes))
+    rnumel = ir.size_expr(math.prod(plan.r_sizes))
+    dynamic = ir.is_symbolic(xnumel) or ir.is_symbolic(rnumel) or _largest_offset(buffers) is None
+    # 32-bit indices unless some size could pass 2**31 (a dynamic size could: 64-bit then)
+    big = dynamic or max(xnumel * max(1, rnumel), _largest_offset(buffers)) >= 2**31
     pid = "tl.program_id(0).to(tl.int64)" if big else "tl.program_id(0)"
     mask = "xmask & rmask" if kernel.r_sizes else "xmask"
     writer = TritonWriter(kernel, plan, buffers, mask)
@@ -135,8 +164,8 @@ def kernel_source(kernel, buffers):
             body = [f"xindex = {pid} * XBLOCK + tl.arange(0, XBLOCK)", "xmask = xindex < xnumel",
                     *_decompose("xindex", plan.x_vars, plan.x_sizes), *writer.lines]
             params = ["xnumel", "XBLOCK: tl.constexpr"]
-            launch = {"xnumel": xnumel, "XBLOCK": xblock, "num_warps": num_warps,
-                      "grid": math.ceil(xnumel / xblock)}
+            launch = {"xnumel": _launch_value(xnumel), "XBLOCK": xblock, "num_warps": num_warps,
+                      "grid": _grid(xnumel, xblock)}
         else:
             persistent, xblock, rblock, num_warps = _reduction_config(xnumel, rnumel)
             rvars = [*_decompose("rindex", plan.r_vars, plan.r_sizes), "rmask = rindex < rnumel"]
@@ -176,7 +205,7 @@ def kernel_source(kernel, buffers):
                             result = writer._emit(f"tl.where(tl.max(({acc} != {acc}).to(tl.int32), 1)[:, None] > 0, "
                                                   f"float('nan'), {result})")
                     if comp.reduction_type == "mean":
-                        result = writer._emit(f"{result} / {comp.rnumel()}")
+                        result = writer._emit(f"{result} / {writer.render_size(comp.rnumel())}")
                     writer.row_values[m.box.name] = result
                     if m.box.name in kernel.stored:
                         writer.lines.append(store(m, result, row=False))
@@ -198,14 +227,19 @@ def kernel_source(kernel, buffers):
                     if m.box.name in kernel.stored:
                         writer.lines.append(store(m, value, row=False))
             body = head + writer.lines
-            # rnumel is a compile-time constant: sizes are static for now, and Triton's
-            # interpreter (with NumPy 2) cannot use a run-time scalar as a loop bound
-            params = ["xnumel", "rnumel: tl.constexpr", "XBLOCK: tl.constexpr", "RBLOCK: tl.constexpr"]
-            launch = {"xnumel": xnumel, "rnumel": rnumel, "XBLOCK": xblock, "RBLOCK": rblock,
-                      "num_warps": num_warps, "grid": math.ceil(xnumel / xblock)}
+            # a static row length is a compile-time constant (the loop over it is unrolled or
+            # bounded at compile time); a dynamic one is an argument like the other sizes
+            params = ["xnumel", "rnumel" if ir.is_symbolic(rnumel) else "rnumel: tl.constexpr",
+                      "XBLOCK: tl.constexpr", "RBLOCK: tl.constexpr"]
+            launch = {"xnumel": _launch_value(xnumel), "rnumel": _launch_value(rnumel), "XBLOCK": xblock,
+                      "RBLOCK": rblock, "num_warps": num_warps, "grid": _grid(xnumel, xblock)}
     stored = [m.box for m in kernel.members if m.box.name in kernel.stored]
     args = [f"in_ptr{i}" for i in range(len(writer.args))] + [f"out_ptr{i}" for i in range(len(stored))]
-    lines = ["@triton.jit", f"def {kernel.name}({', '.join(args + params)}):"]
+    # dynamic sizes the body uses (not those only in xnumel / rnumel): arguments, before the
+    # launch settings, in the order the launcher passes them
+    symbols = size_symbols_in("\n".join(body))
+    launch = {**{sym: sym for sym in symbols}, **launch}
+    lines = ["@triton.jit", f"def {kernel.name}({', '.join(args + symbols + params)}):"]
     lines += ["    " + line for line in body]
     return "\n".join(lines), writer.args + [b.name for b in stored], launch
 
@@ -220,16 +254,23 @@ def _reduction_config(xnumel: int, rnumel: int) -> tuple[bool, int, int, int]:
     """(persistent, XBLOCK, RBLOCK, num_warps) for a reduction kernel. A row that fits is
     held in registers whole (persistent: the row is read from memory once, however many
     members walk it); about 4096 elements per program, one warp per 256 of them."""
+    if ir.is_symbolic(rnumel):
+        # a row of any length: looped, in blocks sized for short rows (a persistent block
+        # would have to hold the longest row the size could be)
+        return False, 16, 256, 8
     persistent = rnumel <= PERSISTENT_RBLOCK_LIMIT
     rblock = _next_pow2(rnumel) if persistent else 2048
-    xblock = max(1, min(_next_pow2(xnumel), 4096 // rblock if persistent else 1))
+    rows = 4096 if ir.is_symbolic(xnumel) else _next_pow2(xnumel)
+    xblock = max(1, min(rows, 4096 // rblock if persistent else 1))
     num_warps = max(2, min(16, (xblock * rblock) // 256))
     return persistent, xblock, rblock, num_warps
 
 
 def _pointwise_config(xnumel: int) -> tuple[int, int]:
     """Block size and warps: large blocks for large tensors (fewer, fuller programs), small for
-    small ones (enough programs to fill the GPU)."""
+    small ones (enough programs to fill the GPU); one middle size for a dynamic number."""
+    if ir.is_symbolic(xnumel):
+        return 1024, 4
     if xnumel >= 2**22:
         return 2048, 8
     if xnumel >= 2**16:
@@ -241,8 +282,21 @@ def _next_pow2(n: int) -> int:
     return 1 << max(0, (n - 1).bit_length())
 
 
-def _largest_offset(buffers) -> int:
-    return max([math.prod(b.shape) for b in buffers.values()] + [0])
+def _largest_offset(buffers):
+    """The most elements any buffer has; None when some size is dynamic."""
+    sizes = [ir.size_expr(math.prod(b.shape)) for b in buffers.values()]
+    return None if any(ir.is_symbolic(n) for n in sizes) else max(sizes + [0])
+
+
+def _launch_value(size):
+    """A launch argument: an int, or the Python expression the wrapper evaluates per call."""
+    return ir.render_size(size) if ir.is_symbolic(size) else size
+
+
+def _grid(xnumel, xblock):
+    if ir.is_symbolic(xnumel):
+        return f"-(-({ir.render_size(xnumel)}) // {xblock})"
+    return math.ceil(xnumel / xblock)
 
 
 def generate(kernels, buffers) -> tuple[str, dict]:
@@ -284,6 +338,8 @@ def precompile(launchers: dict, meta: dict, buffers: dict) -> None:
     def compile_one(name):
         args, launch = meta[name]
         settings = {k: v for k, v in launch.items() if k != "grid"}
+        if any(isinstance(v, str) for v in settings.values()):
+            return                  # dynamic sizes: compiled at its first launch
         try:
             launchers[name].jit_fn.warmup(*[buffers[a].dtype for a in args], grid=(1,), **settings)
         except Exception:           # the real launch compiles again, and reports the error
@@ -308,7 +364,10 @@ class Launcher:
         return lambda *args, **kwargs: self.launch(grid, args, kwargs)
 
     def launch(self, grid, args, kwargs):
-        key = (grid, tuple(a.data_ptr() % 16 == 0 for a in args if isinstance(a, torch.Tensor)))
+        # what Triton specializes a compiled kernel on: pointer alignment, and whether each
+        # integer argument (a dynamic size) is 1 or a multiple of 16
+        key = (grid, tuple(a.data_ptr() % 16 == 0 for a in args if isinstance(a, torch.Tensor)),
+               tuple((v == 1, v % 16 == 0) for v in kwargs.values() if type(v) is int))
         fast = self.compiled.get(key)
         if fast is None:
             kernel = self.jit_fn[grid](*args, **kwargs)

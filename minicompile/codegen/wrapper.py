@@ -30,6 +30,9 @@ class CompiledGraph:
     kernel_source: str
     backend: str                 # "cpp" or "triton"
     kernels: list = field(default_factory=list)
+    # dynamic shapes: what must hold of the inputs' sizes for this code to be right, as Python
+    # conditions over the inputs (arg0, arg1...); the caller's guards check them
+    shape_guards: list = field(default_factory=list)
 
     def __call__(self, *args):
         return self.fn(list(args))
@@ -96,6 +99,18 @@ def plan_reuse(program: ir.Program, steps: list, kernel_args: dict) -> tuple[dic
     return last_use, reusable - seen_by_extern - outputs
 
 
+def sizes(values) -> str:
+    """A shape or strides as the Python tuple the wrapper evaluates (dynamic sizes by name)."""
+    items = [ir.render_size(v) for v in values]
+    return "(" + ", ".join(items) + ("," if len(items) == 1 else "") + ")"
+
+
+def nbytes(buf):
+    """A buffer's size in bytes (an expression when its shape is dynamic): buffers of equal
+    size may share memory."""
+    return ir.size_expr(math.prod(buf.shape or [1]) * buf.dtype.itemsize)
+
+
 def choose_backend(device: torch.device) -> str:
     if device.type == "cuda":
         return "triton"
@@ -131,6 +146,8 @@ def build(program: ir.Program, steps: list) -> CompiledGraph:
     if program.inputs:
         lines.append(f"    {', '.join(b.name for b in program.inputs)}, = args")
         lines.append("    args.clear()")
+    for symbol, read in program.symbols.items():       # dynamic sizes, read from the inputs
+        lines.append(f"    {symbol} = {read}")
     device = repr(str(program.device))
     constants = 0
 
@@ -139,9 +156,11 @@ def build(program: ir.Program, steps: list) -> CompiledGraph:
         if isinstance(value, TensorBox):
             if isinstance(value.data, ir.ViewOfBuffer):
                 v = value.data
-                return (f"torch.as_strided({v.base.name}, {tuple(v.shape)}, {tuple(v.stride)}, "
-                        f"{v.base.name}.storage_offset() + {v.offset})")
+                return (f"torch.as_strided({v.base.name}, {sizes(v.shape)}, {sizes(v.stride)}, "
+                        f"{v.base.name}.storage_offset() + {ir.render_size(v.offset)})")
             return value.name
+        if ir.is_symbolic(value):
+            return ir.render_size(value)
         if isinstance(value, (list, tuple)):
             inner = ", ".join(render(v) for v in value)
             return f"[{inner}]" if isinstance(value, list) else f"({inner}{',' if len(value) == 1 else ''})"
@@ -167,22 +186,23 @@ def build(program: ir.Program, steps: list) -> CompiledGraph:
                 # a 0-dim result is allocated as one element (Triton's interpreter reads 0-dim
                 # tensors as Python scalars), then viewed as 0-dim
                 shape = tuple(m.box.shape) or (1,)
-                stride = tuple(ir.contiguous_strides(shape))
-                key = (math.prod(shape) * m.box.dtype.itemsize, m.box.dtype)
+                stride = sizes(ir.contiguous_strides(shape))
+                key = (nbytes(m.box), m.box.dtype)
                 if free.get(key):
                     old = free[key].pop()
-                    lines.append(f"    {m.box.name} = {old}.as_strided({shape}, {stride}); del {old}"
+                    lines.append(f"    {m.box.name} = {old}.as_strided({sizes(shape)}, {stride}); del {old}"
                                  f"  # reuses {old}'s memory")
-                elif key[0] < memory.MIN_BYTES:
+                elif not ir.is_symbolic(key[0]) and key[0] < memory.MIN_BYTES:
                     # too small for huge pages: PyTorch's own allocation, without a Python call
-                    lines.append(f"    {m.box.name} = torch_empty_strided({shape}, {stride}, "
+                    lines.append(f"    {m.box.name} = torch_empty_strided({sizes(shape)}, {stride}, "
                                  f"dtype={m.box.dtype}, device={device})")
                 else:
-                    lines.append(f"    {m.box.name} = empty_strided({shape}, {stride}, "
+                    lines.append(f"    {m.box.name} = empty_strided({sizes(shape)}, {stride}, "
                                  f"dtype={m.box.dtype}, device={device})")
             args = kernel_args[step.name]
             if backend == "cpp":
-                lines.append(f"    {step.name}({', '.join(f'{a}.data_ptr()' for a in args)})")
+                passed = [a if a in program.symbols else f"{a}.data_ptr()" for a in args]
+                lines.append(f"    {step.name}({', '.join(passed)})")
             else:
                 launch = dict(meta[step.name][1])
                 grid = launch.pop("grid")
@@ -196,7 +216,7 @@ def build(program: ir.Program, steps: list) -> CompiledGraph:
             for name in args:
                 if last_use.get(name) == i and name in reusable:
                     buf = buffers[name]
-                    free.setdefault((math.prod(buf.shape or [1]) * buf.dtype.itemsize, buf.dtype), []).append(name)
+                    free.setdefault((nbytes(buf), buf.dtype), []).append(name)
         elif isinstance(step, ExternCall):
             ext = step.box.data
             target = ext.op
@@ -210,7 +230,7 @@ def build(program: ir.Program, steps: list) -> CompiledGraph:
             lines.append(f"    {ext.name} = {call}{comment}")
             if ext.value_is_tensor:
                 # kernels index this buffer with the strides lowering predicted: make sure
-                lines.append(f"    {ext.name} = as_layout({ext.name}, {tuple(ext.stride)})")
+                lines.append(f"    {ext.name} = as_layout({ext.name}, {sizes(ext.stride)})")
     outs = ", ".join(render(o) for o in program.outputs)
     literal = _literal_structure(program.output_spec, [render(o) for o in program.outputs])
     if literal is not None:          # tuples/lists of tensors: built directly (per-call cost)

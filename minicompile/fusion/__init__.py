@@ -355,7 +355,7 @@ def _bytes_moved(kernel: Kernel, buffers: dict) -> tuple[int, int]:
 
 def buffers_by_name(program: ir.Program) -> dict:
     """{name: node} of every buffer in memory: the inputs and each box with a buffer of its own."""
-    out = {b.name: b for b in program.inputs}
+    out = {b.name: b for b in program.inputs if isinstance(b, ir.InputBuffer)}
     for box in program.nodes:
         if box.owns_buffer:
             out[box.name] = box

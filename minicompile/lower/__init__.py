@@ -46,25 +46,87 @@ def _example_values(gm: torch.fx.GraphModule, example_inputs) -> dict[torch.fx.N
     return values
 
 
+def _symbolic_example_values(gm: torch.fx.GraphModule, example_inputs):
+    """Dynamic shapes: the value of each node as a fake tensor whose dynamic dimensions are
+    size symbols, or None when no input has a dynamic dimension.
+
+    minicompile's capture marks them in each placeholder's `meta["dynamic_dims"]`; the graph
+    is run once on fake tensors (no data) under torch's own shape environment, which works out
+    every intermediate size as an expression of the symbols and records what the ops needed
+    to hold of them (its guards: `s0 == s1` where two sizes broadcast together, say).
+    TorchDynamo's graphs arrive with these fake values already in `meta["example_value"]`."""
+    placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
+    dynamic = [set(n.meta.get("dynamic_dims", ())) for n in placeholders]
+    if not any(dynamic):
+        return None, None
+    from torch._dynamo.source import ConstantSource
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    from torch.fx.experimental.symbolic_shapes import DimDynamic, ShapeEnv, StatelessSymbolicContext
+
+    shape_env = ShapeEnv()
+    mode = FakeTensorMode(shape_env=shape_env, allow_non_fake_inputs=True)
+    fakes = []
+    for i, (dims, value) in enumerate(zip(dynamic, example_inputs)):
+        if not isinstance(value, torch.Tensor):
+            fakes.append(value)
+            continue
+        sizes = [DimDynamic.DYNAMIC if d in dims else DimDynamic.STATIC for d in range(value.dim())]
+        fakes.append(mode.from_tensor(value, source=ConstantSource(f"arg{i}"),
+                                      symbolic_context=StatelessSymbolicContext(dynamic_sizes=sizes)))
+    values: dict[torch.fx.Node, Any] = dict(zip(placeholders, fakes))
+
+    class Recorder(torch.fx.Interpreter):
+        def run_node(self, n):
+            out = super().run_node(n)
+            values[n] = out
+            return out
+
+    with torch.no_grad(), mode:
+        Recorder(gm).run(*fakes)
+    return values, shape_env
+
+
 def lower(gm: torch.fx.GraphModule, example_inputs) -> ir.Program:
-    values = _example_values(gm, example_inputs)
+    values, shape_env = _symbolic_example_values(gm, example_inputs)
+    if values is None:
+        values = _example_values(gm, example_inputs)
     placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
     devices = [v.device for v in example_inputs if isinstance(v, torch.Tensor)]
     device = devices[0] if devices else torch.device("cpu")
     program = ir.Program(inputs=[], nodes=[], outputs=[], device=device)
+    program.shape_env = shape_env
 
     env: dict[torch.fx.Node, Any] = {}
     for i, (node, value) in enumerate(zip(placeholders, example_inputs)):
+        traced = values.get(node, value)
         if isinstance(value, torch.Tensor):
-            buf = ir.InputBuffer(f"arg{i}", list(value.shape), list(value.stride()), 0,
+            if not isinstance(traced, torch.Tensor):
+                traced = value
+            buf = ir.InputBuffer(f"arg{i}", ir.shape_of(traced), ir.stride_of(traced), 0,
                                  value.dtype, value.device)
             program.inputs.append(buf)
             env[node] = TensorBox(buf, program)
+            # where the wrapper reads each size symbol: every input's own symbol, also one the
+            # shape environment has since replaced by another (its guards still name it)
+            for d, size in enumerate(traced.shape):
+                raw = getattr(size.node, "_expr", size.node.expr) if isinstance(size, torch.SymInt) else None
+                if raw is not None and raw.is_Symbol:
+                    program.symbols.setdefault(str(raw), f"arg{i}.size({d})")
+        elif isinstance(traced, torch.SymInt) or isinstance(value, int):
+            # a size passed as an input (TorchDynamo does this with dynamic shapes)
+            size = ir.size_expr(traced)
+            env[node] = size
+            if ir.is_symbolic(size) and size.is_Symbol:
+                program.symbols.setdefault(str(size), f"arg{i}")
+            program.inputs.append(ir.SizeInput(f"arg{i}", size))
         else:
-            # A SymInt or Python scalar input (dynamic shapes come with the guards issue).
             raise NotImplementedError(
-                f"graph input {node.name} is a {type(value).__name__}, not a tensor: symbolic "
-                "sizes are not supported yet (guards and dynamic shapes stage)")
+                f"graph input {node.name} is a {type(value).__name__}: graph inputs must be "
+                "tensors or sizes")
+    unknown = set().union(*[ir.size_symbols(s) for b in program.inputs if isinstance(b, ir.InputBuffer)
+                            for s in (*b.shape, *b.stride)]) - set(program.symbols)
+    if unknown:
+        raise NotImplementedError(f"size symbols {sorted(unknown)} are not sizes of any input")
 
     for node in gm.graph.nodes:
         if node.op in ("placeholder",):

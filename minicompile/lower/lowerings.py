@@ -13,8 +13,10 @@ from __future__ import annotations
 
 import math
 import operator
+import types
 from typing import Any, Callable
 
+import sympy
 import torch
 import torch.nn.functional as F
 
@@ -115,7 +117,7 @@ def _pointwise_box(node, values, fn, inputs, cdtype=None, origin=None):
     box_inputs = [x for x in inputs if isinstance(x, TensorBox)]
     if any(b.device != meta.device for b in box_inputs):
         return NotImplemented
-    return _pw(box_inputs[0].program, list(meta.shape), meta.dtype, meta.device, fn, inputs,
+    return _pw(box_inputs[0].program, ir.shape_of(meta), meta.dtype, meta.device, fn, inputs,
                origin or _origin(node), cdtype)
 
 
@@ -282,7 +284,7 @@ def _where(node, values, condition, input, other):
     if meta is None or not isinstance(condition, TensorBox):
         return NotImplemented
     cd = compute_dtype(meta.dtype)
-    shape = list(meta.shape)
+    shape = ir.shape_of(meta)
     cond = _as_index_value(condition, shape, torch.bool)
     a, b = _as_index_value(input, shape, cd), _as_index_value(other, shape, cd)
     if a is None or b is None:
@@ -349,7 +351,7 @@ def _reduction_box(meta, input, dims, keepdim, reduction_type):
         for j, d in enumerate(dims):
             full[d] = ridx[j]
         return ops.to_dtype(load(full), acc, src_cd)
-    data = ir.Reduction(list(meta.shape), meta.dtype, meta.device, reduction_type, ranges,
+    data = ir.Reduction(ir.shape_of(meta), meta.dtype, meta.device, reduction_type, ranges,
                         inner_fn, src_dtype=acc, origin=reduction_type,
                         input_shape=list(input.shape), reduced_dims=dims, keepdim=bool(keepdim))
     return TensorBox(data, input.program, [input])
@@ -359,7 +361,7 @@ def _split_factor(rows: int, row_length: int) -> int:
     """How many pieces to cut each row into, when there are too few rows to keep a machine
     busy and each is long (a full sum of a large tensor would otherwise run in one program):
     a divisor of the row length, so no piece needs a bound check; 0 for no split."""
-    if rows > 64 or row_length < 2**16:
+    if ir.is_symbolic(rows) or ir.is_symbolic(row_length) or rows > 64 or row_length < 2**16:
         return 0
     for pieces in (1024, 512, 256, 128, 64):
         if row_length % pieces == 0 and row_length // pieces >= 1024:
@@ -400,7 +402,7 @@ def _split_reduction(meta, input, dims, kept, ranges, reduction_type, acc, piece
         value = load_total([idx[d] for d in out_kept])
         value = ops.mul(value, ops.constant(scale, acc)) if reduction_type == "mean" else value
         return ops.to_dtype(value, meta.dtype, acc)
-    return TensorBox(ir.Pointwise(list(meta.shape), meta.dtype, device, finish, reduction_type),
+    return TensorBox(ir.Pointwise(ir.shape_of(meta), meta.dtype, device, finish, reduction_type),
                      program, [total])
 
 
@@ -498,12 +500,22 @@ def _var(node, values, input, dim, unbiased, keepdim, correction):
                       [input, mean], "square")
     total = _reduction_box(meta, centered_sq, dims, keepdim, "sum")
     is_std = _origin(node) == "std"
-    scale = 1.0 / max(n - correction, 0) if n - correction > 0 else math.nan
+    if ir.is_symbolic(n):
+        if not ir.provably_nonneg(n - correction - 1):
+            return NotImplemented
+
+        def scaled(v):      # the divisor is a size known only when the kernel runs
+            return ops.truediv(v, ops.size_value(ir.size_expr(n - correction), torch.float32))
+    else:
+        scale = 1.0 / max(n - correction, 0) if n - correction > 0 else math.nan
+
+        def scaled(v):
+            return ops.mul(v, ops.constant(scale, torch.float32))
 
     def finish(v):
-        v = ops.mul(v, ops.constant(scale, torch.float32))
+        v = scaled(v)
         return ops.sqrt(v) if is_std else v
-    return _pw(program, list(meta.shape), meta.dtype, device, finish, [total], "std" if is_std else "var")
+    return _pw(program, ir.shape_of(meta), meta.dtype, device, finish, [total], "std" if is_std else "var")
 
 
 @register([F.batch_norm], "input, running_mean, running_var, weight=None, bias=None, training=False, "
@@ -551,10 +563,8 @@ def _reduce(box, dims, rtype):
     dims = [dims] if isinstance(dims, int) else list(dims)
     dims = sorted(d % ndim for d in dims)
     out_shape = [1 if d in dims else s for d, s in enumerate(box.shape)]
-    meta = torch.empty(out_shape, dtype=box.dtype, device="meta")
-    result = _reduction_box(meta, box, dims, True, rtype)
-    result.data.device = box.device
-    return result
+    meta = types.SimpleNamespace(shape=out_shape, dtype=box.dtype, device=box.device)
+    return _reduction_box(meta, box, dims, True, rtype)
 
 
 def _pw(program, shape, dtype, device, fn, inputs, origin, cdtype=None):
@@ -578,7 +588,7 @@ def _view_box(node, values, input, index_map):
     if meta is None or not isinstance(input, TensorBox):
         return NotImplemented
     load = input.make_loader()
-    data = ir.Pointwise(list(meta.shape), meta.dtype, meta.device,
+    data = ir.Pointwise(ir.shape_of(meta), meta.dtype, meta.device,
                         lambda idx: load(index_map(idx)), _origin(node), aliases=True)
     return TensorBox(data, input.program, [input])
 
@@ -603,7 +613,7 @@ def _reshape(node, values, input, args):
     meta = _meta(node, values)
     if meta is None or not isinstance(input, TensorBox):
         return NotImplemented
-    return _view_box(node, values, input, _reshape_map(list(input.shape), list(meta.shape)))
+    return _view_box(node, values, input, _reshape_map(list(input.shape), ir.shape_of(meta)))
 
 
 @register(["permute", torch.permute], "input, *dims")
@@ -643,7 +653,7 @@ def _expand(node, values, input, sizes):
     meta = _meta(node, values)
     if meta is None:
         return NotImplemented
-    shape = list(meta.shape)
+    shape = ir.shape_of(meta)
     src = list(input.shape)
     off = len(shape) - len(src)
     return _view_box(node, values, input,
@@ -672,7 +682,20 @@ def _getitem(node, values, input, item):
         if it is None:
             plan.append(("new",))
         elif isinstance(it, int):
-            fixed[d] = it % shape[d]
+            fixed[d] = _position(it, shape[d])
+            if fixed[d] is None:
+                return NotImplemented
+            d += 1
+        elif ir.is_symbolic(shape[d]):
+            # a dynamic dimension: only what holds for every size (the slice's length is the
+            # traced value's, whose guards the shape environment keeps)
+            step = 1 if it.step is None else it.step
+            start = it.start or 0          # from 0 up: the slice's length bounds every read
+            if isinstance(start, int) and start < 0:
+                start = _position(start, shape[d])
+            if not isinstance(step, int) or step <= 0 or not isinstance(start, (int, sympy.Basic)):
+                return NotImplemented
+            plan.append(("take", d, start, step))
             d += 1
         else:
             start, _, step = it.indices(shape[d])
@@ -690,6 +713,18 @@ def _getitem(node, values, input, item):
                 src[p[1]] = idx[out_i] * p[3] + p[2]
         return src
     return _view_box(node, values, input, f)
+
+
+def _position(i, size):
+    """Index i (negative counts from the end) of a dimension of `size`, or None when a
+    symbolic size does not decide it for every value."""
+    if not isinstance(i, int):
+        return None
+    if not ir.is_symbolic(size):
+        return i % size if -size <= i < size else None
+    if i >= 0:
+        return i if ir.provably_nonneg(size - i - 1) else None
+    return ir.size_expr(size + i) if ir.provably_nonneg(size + i) else None
 
 
 # --------------------------------------------------------------------------- fallback
@@ -713,16 +748,22 @@ def lower_fallback(program: ir.Program, node, values, target, args, kwargs):
     # The traced value's strides can differ from what the call will return at run time: the
     # inputs are now realized buffers (contiguous), not the views eager passed. Predict the
     # layout by running the op on meta tensors laid out as the realized inputs will be.
-    value = values.get(node) if _inputs_laid_out_as_traced(node, values, (args, kwargs)) else None
-    if value is None:
-        value = _predict_on_meta(target, kind, args, kwargs)
-    if value is None:
-        value = values.get(node)
+    traced = values.get(node)
+    if _has_symbolic_sizes(traced):
+        # dynamic shapes: the traced (fake) value's symbolic layout; as_layout in the wrapper
+        # makes it hold at run time
+        value = traced
+    else:
+        value = traced if _inputs_laid_out_as_traced(node, values, (args, kwargs)) else None
+        if value is None:
+            value = _predict_on_meta(target, kind, args, kwargs)
+        if value is None:
+            value = traced
     name = program.new_name("buf")
     if isinstance(value, torch.Tensor):
         traced = values.get(node)
         device = traced.device if isinstance(traced, torch.Tensor) else program.device
-        shape, stride, dtype = list(value.shape), list(value.stride()), value.dtype
+        shape, stride, dtype = ir.shape_of(value), ir.stride_of(value), value.dtype
     else:
         shape, stride, dtype, device = [], [], None, program.device
     reason = "" if _is_extern_kernel(target) else f"no lowering for {_origin(node)}"
@@ -768,7 +809,7 @@ def _as_view_of_buffer(box: TensorBox):
     if base is None or not index.is_linear() or base.dtype != box.dtype:
         return None
     stride = [index.coeff(f"i{d}") for d in range(len(box.shape))]
-    if any(st < 0 for st in stride) or index.const < 0:
+    if not all(ir.provably_nonneg(st) for st in stride) or not ir.provably_nonneg(index.const):
         return None
     return ir.ViewOfBuffer(base, list(box.shape), stride, index.const)
 
@@ -797,7 +838,14 @@ def _inputs_laid_out_as_traced(node, values, mapped) -> bool:
     return True
 
 
+def _has_symbolic_sizes(value) -> bool:
+    return any(isinstance(s, torch.SymInt) for v in torch.utils._pytree.tree_leaves(value)
+               if isinstance(v, torch.Tensor) for s in (*v.shape, *v.stride()))
+
+
 def _to_meta(value):
+    if _has_symbolic_sizes(value):
+        return value                 # a fake tensor already: no data, symbolic sizes
     def convert(v):
         if isinstance(v, torch.Tensor) and v.device.type != "meta":
             return torch.empty_strided(v.shape, v.stride(), dtype=v.dtype, device="meta")

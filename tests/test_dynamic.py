@@ -1,0 +1,221 @@
+"""Dynamic shapes: graphs generic in a size, against eager and the real torch.compile.
+
+A dynamic dimension is a size symbol from capture to the generated kernels (a kernel argument),
+so a new size runs the same compiled code: no new trace, no new kernel. Each test checks every
+result against eager on fresh random inputs and counts compiles, against torch.compile's count
+on the same sequence where the two should agree.
+"""
+import re
+import warnings
+
+import pytest
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+import minicompile
+from conftest import DEVICE
+from helpers import assert_same
+
+
+def torch_compiles(fn, calls, dynamic=None, mark=None):
+    """How many graphs torch.compile makes over `calls` (argument tuples)."""
+    torch._dynamo.reset()
+    graphs = []
+
+    def counter(gm, example_inputs):
+        graphs.append(gm)
+        return gm.forward
+    compiled = torch.compile(fn, backend=counter, dynamic=dynamic)
+    for args in calls:
+        if mark:
+            mark(args)
+        compiled(*args)
+    torch._dynamo.reset()
+    return len(graphs)
+
+
+def our_compiles(fn, calls, dynamic=None, mark=None, dtype=torch.float32):
+    minicompile.reset()
+    minicompile.metrics.reset()
+    compiled = minicompile.compile(fn, dynamic=dynamic)
+    for args in calls:
+        if mark:
+            mark(args)
+        assert_same(compiled(*args), fn(*args), dtype)
+    return minicompile.metrics.graphs
+
+
+def rows_softmax(x, y):
+    return torch.softmax(x * 2, -1) + y.sum(-1, keepdim=True)
+
+
+def test_sizes_2_to_64_cost_two_compiles(kernel_backend):
+    # dynamic=None: the first call compiles for its sizes; the first size change recompiles
+    # with that dimension symbolic, and every later size reuses that graph and its kernels
+    calls = [(torch.randn(n, 7, device=DEVICE), torch.randn(n, 3, device=DEVICE)) for n in range(2, 65)]
+    assert our_compiles(rows_softmax, calls) == 2
+    assert torch_compiles(rows_softmax, calls) == 2
+
+
+def test_a_new_size_runs_the_same_kernels(kernel_backend):
+    f = minicompile.compile(rows_softmax)
+    for n in (5, 6):
+        f(torch.randn(n, 7, device=DEVICE), torch.randn(n, 3, device=DEVICE))
+    frame = next(iter(minicompile.api._CACHES.values()))
+    entry = list(frame)[0]                           # newest first: the dynamic one
+    # the size is read from the input on each call and passed to the kernels
+    assert re.search(r"\bs\d+ = arg0\.size\(0\)", entry.compiled.wrapper_source)
+    assert "5" not in re.sub(r"\w*\d\w*", "", entry.compiled.kernel_source)
+    kernels = entry.compiled.kernels
+    for n in (9, 31, 64):
+        x, y = torch.randn(n, 7, device=DEVICE), torch.randn(n, 3, device=DEVICE)
+        assert_same(f(x, y), rows_softmax(x, y))
+    assert list(frame)[0] is entry and entry.compiled.kernels is kernels
+    assert len(list(frame)) == 2 and minicompile.metrics.graphs == 2
+
+
+def test_row_length_dynamic_too(kernel_backend):
+    # the reduced dimension changes: rows of any length (a looped reduction over a size argument)
+    calls = [(torch.randn(4, n, device=DEVICE), torch.randn(4, 3, device=DEVICE)) for n in (5, 6, 17, 300, 2)]
+    assert our_compiles(rows_softmax, calls) == 2
+    assert torch_compiles(rows_softmax, calls) == 2
+
+
+def norms(x, w, b):
+    return F.layer_norm(x, (8,), w, b).relu() + x.var(-1, keepdim=True)
+
+
+def test_dynamic_true_one_compile_and_0_1_specialized(kernel_backend):
+    make = lambda n: (torch.randn(n, 3, 8, device=DEVICE), torch.randn(8, device=DEVICE),  # noqa: E731
+                      torch.randn(8, device=DEVICE))
+    calls = [make(n) for n in (4, 7, 2, 33)]
+    assert our_compiles(norms, calls, dynamic=True) == 1
+    assert torch_compiles(norms, calls, dynamic=True) == 1
+    # size 1 is specialized (a dim of size 1 broadcasts; it is never made a symbol)
+    calls.append(make(1))
+    assert our_compiles(norms, calls, dynamic=True) == 2
+    assert torch_compiles(norms, calls, dynamic=True) == 2
+
+
+def test_dynamic_false_compiles_every_size():
+    calls = [(torch.randn(n, 7), torch.randn(n, 3)) for n in (3, 4, 5)]
+    assert our_compiles(rows_softmax, calls, dynamic=False) == 3
+    assert torch_compiles(rows_softmax, calls, dynamic=False) == 3
+
+
+def test_mark_dynamic_from_the_first_compile(kernel_backend):
+    calls = [(torch.randn(n, 7, device=DEVICE), torch.randn(n, 3, device=DEVICE)) for n in (3, 4, 9)]
+
+    def mark(args):
+        minicompile.mark_dynamic(args[0], 0)
+        torch._dynamo.mark_dynamic(args[1], 0)      # either marks a tensor for both compilers
+    assert our_compiles(rows_softmax, calls, mark=mark) == 1
+    assert torch_compiles(rows_softmax, calls, mark=mark) == 1
+
+
+def test_mark_dynamic_rejects_bad_arguments():
+    with pytest.raises(TypeError, match="tensor"):
+        minicompile.mark_dynamic([1, 2], 0)
+    with pytest.raises(IndexError, match="out of range"):
+        minicompile.mark_dynamic(torch.randn(3), 1)
+    with pytest.raises(TypeError, match="int or a list"):
+        minicompile.mark_dynamic(torch.randn(3), "0")
+
+
+def test_sizes_that_must_agree_are_guarded():
+    # x and y broadcast together, so the compiled code needs x.size(0) == y.size(0): a call
+    # where they differ must not reuse it, and fails as eager fails
+    f = minicompile.compile(rows_softmax)
+    for n in (3, 4):
+        f(torch.randn(n, 7), torch.randn(n, 3))
+    with pytest.raises(Exception) as ours:
+        f(torch.randn(5, 7), torch.randn(6, 3))
+    with pytest.raises(Exception) as eager:
+        rows_softmax(torch.randn(5, 7), torch.randn(6, 3))
+    assert type(ours.value) is type(eager.value)
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.float64, torch.int64])
+def test_dtypes(kernel_backend, dtype):
+    def f(x):
+        return (x * 3 + 1).sum(-1) - x.amax(-1)
+    compiled = minicompile.compile(f)
+    for n in (3, 4, 11, 2):
+        x = (torch.randn(n, n + 1, device=DEVICE) * 4).to(dtype)
+        # half: minicompile rounds once per stored value, eager after each op (1 ulp apart)
+        tol = {"atol": 2e-2, "rtol": 1e-2} if dtype == torch.float16 else {}
+        torch.testing.assert_close(compiled(x), f(x), **tol)
+    assert minicompile.metrics.graphs == 2
+
+
+def test_non_contiguous_inputs(kernel_backend):
+    # a transposed input is dense in another order: dynamic, its strides guarded as
+    # functions of its sizes; a strided slice is not: each size is a compile, still right
+    def f(x):
+        return (x.exp() * 2).sum(0)
+    transposed = [(torch.randn(7, n, device=DEVICE).t(),) for n in (3, 4, 9, 2)]
+    assert our_compiles(f, transposed) == 2
+    assert torch_compiles(f, transposed) == 2
+    sliced = [(torch.randn(n, 8, device=DEVICE)[:, ::2],) for n in (3, 4, 9)]
+    assert our_compiles(f, sliced) >= 2
+
+
+def test_broadcast_and_views(kernel_backend):
+    def f(x, b):
+        y = x.transpose(0, 1).reshape(x.shape[1], -1)        # reads a size: specialized
+        return (x + b).relu()[1:].sum(1) + x[:, -1].mean()
+    f2 = lambda x, b: ((x + b).relu()[1:].sum(1) + x[:, -1].mean(), x.unsqueeze(0) * 2)  # noqa: E731
+    calls = [(torch.randn(n, 6, device=DEVICE), torch.randn(6, device=DEVICE)) for n in (3, 5, 8)]
+    assert our_compiles(f2, calls) == 2
+    assert our_compiles(f, calls) == 3          # see test_size_read_specializes
+
+
+def test_size_read_specializes(capsys):
+    # A size the trace reads as a Python int is baked into the graph, so that dimension is
+    # static again (guarded by value): correct, one compile per size. torch.compile traces the
+    # size as a symbolic int instead, and compiles twice; a deliberate difference.
+    def f(x):
+        return x.view(x.shape[0], -1).relu()
+    calls = [(torch.randn(n, 3, 4),) for n in (2, 3, 4, 5)]
+    minicompile.set_logs(dynamic=True)
+    try:
+        assert our_compiles(f, calls) == 4
+    finally:
+        minicompile.set_logs(dynamic=False)
+    assert "made static: the trace read .shape" in capsys.readouterr().out
+    assert torch_compiles(f, calls) == 2
+
+
+def test_models_with_a_dynamic_batch(kernel_backend):
+    mlp = nn.Sequential(nn.Linear(16, 32), nn.GELU(), nn.LayerNorm(32), nn.Linear(32, 4)).to(DEVICE).eval()
+    compiled = minicompile.compile(mlp)
+    with torch.no_grad():
+        for n in (2, 3, 17, 5):
+            x = torch.randn(n, 16, device=DEVICE)
+            assert_same(compiled(x), mlp(x))
+    assert minicompile.metrics.graphs == 2
+
+
+def test_as_a_torch_compile_backend_with_dynamic_true(kernel_backend):
+    # TorchDynamo hands the backend fake tensors with symbolic sizes and the sizes as inputs
+    torch._dynamo.reset()
+    compiled = torch.compile(rows_softmax, backend=minicompile.backend, dynamic=True)
+    for n in (3, 8, 5):
+        x, y = torch.randn(n, 7, device=DEVICE), torch.randn(n, 3, device=DEVICE)
+        assert_same(compiled(x, y), rows_softmax(x, y))
+    torch._dynamo.reset()
+
+
+def test_other_backends_stay_static():
+    # a backend that does not say it takes dynamic graphs gets static ones: each size compiles
+    seen = []
+
+    def backend(gm, example_inputs):
+        seen.append([tuple(t.shape) for t in example_inputs])
+        return gm.forward
+    f = minicompile.compile(rows_softmax, backend=backend)
+    for n in (3, 4, 5):
+        x, y = torch.randn(n, 7), torch.randn(n, 3)
+        assert_same(f(x, y), rows_softmax(x, y))
+    assert len(seen) == 3
