@@ -564,10 +564,7 @@ def explain(fn: Callable):
             compiled(*args, **kwargs)
         finally:
             _RECORDERS.remove(rec)
-            global _GENERATION
-            for key in [k for k in _CACHES if k[2] == id(explain_backend)]:
-                del _CACHES[key]
-            _GENERATION += 1
+            _forget(explain_backend)
         out = ExplainOutput()
         for gm, reason in rec:
             if gm is not None:
@@ -581,6 +578,36 @@ def explain(fn: Callable):
         out.graph_break_count = out.graph_count - 1
         return out
     return run
+
+
+def _forget(backend) -> None:
+    """Drop the entries compiled with this backend (a throwaway one: explain's, capture_graph's),
+    so a later backend that happens to get the same id() cannot hit them."""
+    global _GENERATION
+    for key in [k for k in _CACHES if k[2] == id(backend)]:
+        del _CACHES[key]
+    _GENERATION += 1
+
+
+def capture_graph(fn: Callable, *args, **kwargs):
+    """(gm, example_inputs): the one FX graph minicompile captures for this call of `fn` (a
+    function or an nn.Module) and the inputs its backend receives (a module's parameters
+    included), which is what `lower` takes. The call runs once (under torch.no_grad(): the
+    graph is the inference graph minicompile compiles). A graph break raises Unsupported
+    (fullgraph=True); explain(fn)(...).graphs lists the graphs of a call that breaks."""
+    graphs: list = []
+
+    def record(gm, example_inputs):
+        graphs.append((gm, list(example_inputs)))
+        return gm
+    try:
+        with torch.no_grad():
+            compile(fn, fullgraph=True, backend=record)(*args, **kwargs)
+    finally:
+        _forget(record)
+    if not graphs:
+        raise Unsupported("the call captured no graph (it ran eagerly)")
+    return graphs[0]
 
 
 def _graph_code(cap) -> str:

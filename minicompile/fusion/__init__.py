@@ -16,6 +16,8 @@ method over the `FusionState`:
 4. elide-stores drops the store of a buffer that nothing outside its kernel reads.
 
 Part III's assignments add passes to this list. Every decision is logged (`fusion` log).
+`draw(fn_or_gm, example_inputs, passes)` (picture.py) draws the resulting kernels, one plan per
+column, so the decisions can be looked at (the book's fusion chapter uses it).
 """
 from __future__ import annotations
 
@@ -360,3 +362,6 @@ def buffers_by_name(program: ir.Program) -> dict:
         if box.owns_buffer:
             out[box.name] = box
     return out
+
+
+from .picture import draw, format_bytes  # noqa: E402  (the decisions as a picture; needs the above)
