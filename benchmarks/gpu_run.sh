@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Everything checked and measured on a GPU machine, in one call (see .library device notes):
 # the unit tests (Triton kernels compiled for real, capture on that machine's Python) and the
-# benchmarks. Results land in $OUT. Usage: benchmarks/gpu_run.sh [tests] [why] [memory] [sweep]
+# benchmarks. Results land in $OUT. Usage: benchmarks/gpu_run.sh [tests] [why] [memory] [models] [dynamic] [sweep]
 set -u
 export PYTHONPATH=$PWD PYTHONUNBUFFERED=1 MINICOMPILE_CACHE_DIR=/tmp/mc-cache
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
@@ -15,3 +15,4 @@ if [[ $what == *" sweep "* ]]; then python3 benchmarks/sweep_pointwise.py 8192 2
 if [[ $what == *" why "* ]]; then python3 benchmarks/why_compile.py --device cuda --out "$OUT" 2>&1 | tail -8; fi
 if [[ $what == *" memory "* ]]; then python3 benchmarks/memory_bound.py --device cuda --out "$OUT" 2>&1 | tail -9; fi
 if [[ $what == *" models "* ]]; then python3 benchmarks/models_bench.py --device cuda --out "$OUT" 2>&1 | tail -5; fi
+if [[ $what == *" dynamic "* ]]; then python3 benchmarks/dynamic_shapes.py --device cuda --out "$OUT" 2>&1 | tail -8; fi
