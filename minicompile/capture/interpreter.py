@@ -73,7 +73,8 @@ INPLACE_OPERATORS = {operator.iadd, operator.isub, operator.imul, operator.itrue
                      operator.irshift, operator.setitem}
 
 # Tensor attributes that are metadata: read as Python constants (valid because every input's
-# dtype/device/sizes/strides/requires_grad is guarded, and shapes are static).
+# dtype/device/sizes/strides/requires_grad is guarded; a dynamic size read this way is
+# specialized again, see OutputGraph.specialize_sizes).
 TENSOR_CONSTANT_ATTRS = {"shape", "dtype", "device", "ndim", "requires_grad", "is_cuda",
                          "layout", "is_sparse", "is_quantized", "is_meta", "is_leaf",
                          "is_mkldnn", "is_nested", "itemsize"}
