@@ -13,9 +13,14 @@ lengths drawn at random from 2..64 (seeded), in three ways, by minicompile and t
 - padded:    dynamic=False on inputs padded up to a multiple of 16 (4 buckets), results sliced.
 
 For each: the number of compiles, the wall time of the whole sequence (compiles included) and the
-median time of one call afterwards (all lengths compiled, CUDA events on a GPU). Results: JSON
-with the device, versions and date (benchmarks/results/dynamic_shapes_<device>.json).
+median time of one call afterwards (all lengths compiled, CUDA events on a GPU). Each of the six
+runs is a fresh process with empty compile caches (minicompile's, Triton's, Inductor's), so no
+run reuses another's kernels. Results: JSON with the device, versions and date
+(benchmarks/results/dynamic_shapes_<device>.json).
 """
+import json
+import subprocess
+import tempfile
 import argparse
 import os
 import random
@@ -91,14 +96,26 @@ def main():
     parser.add_argument("--calls", type=int, default=60)
     parser.add_argument("--batch", type=int, default=8)
     parser.add_argument("--out", default=None)
+    parser.add_argument("--one", nargs=2, metavar=("COMPILER", "STRATEGY"), help=argparse.SUPPRESS)
     args = parser.parse_args()
     rng = random.Random(0)
     lengths = [rng.randint(2, 64) for _ in range(args.calls)]
+    if args.one:                      # one run, in this (fresh) process: print its result
+        print("RESULT " + json.dumps(run(*args.one, lengths, args.device, args.batch)))
+        return
     results = {}
     for compiler in ("minicompile", "torch.compile"):
         for strategy in ("static", "automatic", "padded"):
-            r = run(compiler, strategy, lengths, args.device, args.batch)
-            results[f"{compiler} / {strategy}"] = r
+            with tempfile.TemporaryDirectory() as cache:
+                env = dict(os.environ, MINICOMPILE_CACHE_DIR=f"{cache}/mc", TRITON_CACHE_DIR=f"{cache}/triton",
+                           TORCHINDUCTOR_CACHE_DIR=f"{cache}/inductor")
+                proc = subprocess.run([sys.executable, __file__, "--device", args.device, "--calls", str(args.calls),
+                                       "--batch", str(args.batch), "--one", compiler, strategy],
+                                      env=env, capture_output=True, text=True)
+            line = next((l for l in proc.stdout.splitlines() if l.startswith("RESULT ")), None)
+            if line is None:
+                raise RuntimeError(f"{compiler} / {strategy} failed:\n{proc.stderr[-3000:]}")
+            r = results[f"{compiler} / {strategy}"] = json.loads(line[7:])
             print(f"{compiler:14s} {strategy:10s} compiles {r['compiles']:3d}  whole run {r['total_s']:7.2f} s  "
                   f"per call {r['per_call_ms']:.3f} ms  max error {r['max_abs_error']:.1e}", flush=True)
     payload = {"environment": bench.environment(), "device": args.device, "lengths": lengths,

@@ -163,28 +163,63 @@ def test_non_contiguous_inputs(kernel_backend):
 
 def test_broadcast_and_views(kernel_backend):
     def f(x, b):
-        y = x.transpose(0, 1).reshape(x.shape[1], -1)        # reads a size: specialized
-        return (x + b).relu()[1:].sum(1) + x[:, -1].mean()
-    f2 = lambda x, b: ((x + b).relu()[1:].sum(1) + x[:, -1].mean(), x.unsqueeze(0) * 2)  # noqa: E731
+        y = x.transpose(0, 1).reshape(x.shape[1], -1)        # a static size, read: a constant
+        return (x + b).relu()[1:].sum(1) + x[:, -1].mean() + y.sum()
     calls = [(torch.randn(n, 6, device=DEVICE), torch.randn(6, device=DEVICE)) for n in (3, 5, 8)]
-    assert our_compiles(f2, calls) == 2
-    assert our_compiles(f, calls) == 3          # see test_size_read_specializes
+    assert our_compiles(f, calls) == 2
+    assert torch_compiles(f, calls) == 2
 
 
-def test_size_read_specializes(capsys):
-    # A size the trace reads as a Python int is baked into the graph, so that dimension is
-    # static again (guarded by value): correct, one compile per size. torch.compile traces the
-    # size as a symbolic int instead, and compiles twice; a deliberate difference.
+def test_sizes_read_by_the_code_stay_symbolic(kernel_backend):
+    # x.shape[0] and x.size(1) are graph nodes (symbolic ints) when the dim is dynamic, and
+    # arithmetic on them too, so view(B, -1) and x * T stay generic, as with TorchDynamo
     def f(x):
-        return x.view(x.shape[0], -1).relu()
-    calls = [(torch.randn(n, 3, 4),) for n in (2, 3, 4, 5)]
+        B, T = x.shape[0], x.size(1)
+        return x.view(B, -1).relu() * T + x.numel() + (T * 2 - 1)
+    calls = [(torch.randn(n, n + 1, 4, device=DEVICE),) for n in (2, 3, 4, 5, 9)]
+    assert our_compiles(f, calls) == 2
+    assert torch_compiles(f, calls) == 2
+
+
+def test_a_size_used_in_python_specializes(capsys):
+    # a branch, range() or any Python use of a dynamic size needs its value: that dim becomes
+    # static again (guarded by value), so each size compiles; the results stay right
+    def f(x):
+        if x.shape[0] > 3:
+            return x * 2
+        return x - 1
+    calls = [(torch.randn(n, 3),) for n in (2, 3, 4, 5)]
     minicompile.set_logs(dynamic=True)
     try:
-        assert our_compiles(f, calls) == 4
+        ours = our_compiles(f, calls)
     finally:
         minicompile.set_logs(dynamic=False)
-    assert "made static: the trace read .shape" in capsys.readouterr().out
-    assert torch_compiles(f, calls) == 2
+    assert "made static: the trace used a size" in capsys.readouterr().out
+    # torch.compile keeps the size symbolic and guards on the branch (x.size(0) > 3)
+    assert (ours, torch_compiles(f, calls)) == (4, 3)
+
+
+def test_attention_with_a_dynamic_sequence_length(kernel_backend):
+    import math
+
+    class Attention(nn.Module):
+        def __init__(self, C=32, H=4, T=64):
+            super().__init__()
+            self.qkv, self.proj, self.H = nn.Linear(C, 3 * C), nn.Linear(C, C), H
+            self.register_buffer("mask", torch.tril(torch.ones(T, T)).view(1, 1, T, T))
+
+        def forward(self, x):
+            B, T, C = x.size()
+            q, k, v = self.qkv(x).split(C, dim=2)
+            q, k, v = (t.view(B, T, self.H, C // self.H).transpose(1, 2) for t in (q, k, v))
+            att = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(k.size(-1)))
+            att = att.masked_fill(self.mask[:, :, :T, :T] == 0, float("-inf")).softmax(-1)
+            return self.proj((att @ v).transpose(1, 2).contiguous().view(B, T, C))
+    model = Attention().to(DEVICE).eval()
+    calls = [(torch.randn(2, t, 32, device=DEVICE),) for t in (5, 7, 12, 33, 64)]
+    with torch.no_grad():
+        # T = 64 (the whole mask) is a case of its own for both: the slice :T is then the mask
+        assert our_compiles(model, calls) == torch_compiles(model, calls) == 3
 
 
 def test_models_with_a_dynamic_batch(kernel_backend):

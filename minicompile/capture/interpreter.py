@@ -49,7 +49,7 @@ from .values import (NULL, BaseListVariable, BoundMethodVariable, BuiltinVariabl
                      SliceVariable, TensorMethodVariable, TensorVariable, TorchFunctionVariable,
                      TupleVariable, TypeVariable, UserFunctionVariable, VariableTracker,
                      is_constant_value, IteratorVariable, CellVariable, NestedFunctionVariable,
-                     GradModeVariable, WithExitVariable)
+                     GradModeVariable, WithExitVariable, SymIntVariable, example_of, sym_leaves)
 
 MAX_INLINE_DEPTH = 32
 
@@ -84,6 +84,10 @@ TENSOR_TENSOR_ATTRS = {"T", "mT", "H", "mH", "real", "imag"}
 METADATA_METHODS = {"size", "dim", "ndimension", "numel", "nelement", "stride",
                     "is_contiguous", "element_size", "is_floating_point", "is_complex",
                     "get_device", "storage_offset", "type", "__len__", "is_signed"}
+# Integer arithmetic kept symbolic on dynamic sizes (anything else specializes them)
+SIZE_ARITHMETIC = {"+": operator.add, "+=": operator.add, "-": operator.sub, "-=": operator.sub,
+                   "*": operator.mul, "*=": operator.mul, "//": operator.floordiv,
+                   "//=": operator.floordiv}
 # Metadata reads that reveal a size: with dynamic shapes they specialize it (see specialize_sizes)
 SIZE_READS = {"size", "numel", "nelement", "stride", "__len__", "storage_offset"}
 METADATA_FUNCTIONS = {torch.is_tensor, torch.is_floating_point, torch.is_complex, torch.numel,
@@ -216,6 +220,71 @@ class OutputGraph:
                                     f"made static: {why}")
                 n.meta["dynamic_dims"].clear()
 
+    # -- sizes read by the traced code, with dynamic shapes ------------------------------
+    def has_dynamic_inputs(self) -> bool:
+        return any(n.meta.get("dynamic_dims") for n in self.root_graph.nodes if n.op == "placeholder")
+
+    def size_of(self, t: TensorVariable, d: int) -> VariableTracker:
+        """x.size(d) as the traced code sees it: a constant when that size cannot change
+        between calls of this entry, else a SymIntVariable (a `size` node in the graph)."""
+        d = d % max(t.example.dim(), 1)
+        if not self._is_dynamic_dim(t, d):
+            return ConstantVariable(t.example.size(d))
+        proxy = self.tracer.create_proxy("call_method", "size", (t.as_proxy(), d), {})
+        self._set_meta(proxy.node, t.example.size(d))
+        return SymIntVariable(proxy, t.example.size(d), [t], self.specialize_sizes)
+
+    def shape_of(self, t: TensorVariable) -> VariableTracker:
+        return TupleVariable([self.size_of(t, d) for d in range(t.example.dim())])
+
+    def _is_dynamic_dim(self, t: TensorVariable, d: int) -> bool:
+        """Whether dim d of t's size depends on a dynamic input dim: for an input, its own
+        mark; for any other tensor, its size in a run of the graph so far on fake tensors
+        (torch's shape propagation, the same the backend does) is a symbol, not an int."""
+        node = t.node
+        if node.op == "placeholder":
+            return d in node.meta.get("dynamic_dims", ())
+        if not self.has_dynamic_inputs():
+            return False
+        try:
+            fake = self._fake_value(node)
+        except Exception:           # the graph so far does not run on fake tensors: assume so
+            return True
+        return isinstance(fake.shape[d], torch.SymInt)
+
+    def _fake_value(self, node: torch.fx.Node):
+        """The node's value as a fake tensor with symbolic sizes for the dynamic input dims,
+        computed (and remembered) from its inputs'."""
+        state = getattr(self, "_fake", None)
+        if state is None:
+            from torch._dynamo.source import ConstantSource
+            from torch._subclasses.fake_tensor import FakeTensorMode
+            from torch.fx.experimental.symbolic_shapes import ShapeEnv
+            state = self._fake = {"mode": FakeTensorMode(shape_env=ShapeEnv(), allow_non_fake_inputs=True),
+                                  "values": {}, "source": ConstantSource}
+        values, mode = state["values"], state["mode"]
+        if node in values:
+            return values[node]
+        if node.op == "placeholder":
+            from torch.fx.experimental.symbolic_shapes import DimDynamic, StatelessSymbolicContext
+            example, dims = node.meta["example_value"], node.meta.get("dynamic_dims", ())
+            sizes = [DimDynamic.DYNAMIC if d in dims else DimDynamic.STATIC for d in range(example.dim())]
+            value = mode.from_tensor(example, source=state["source"](node.name),
+                                     symbolic_context=StatelessSymbolicContext(dynamic_sizes=sizes))
+        elif node.op == "get_attr":
+            value = getattr(self.root_module, node.target)
+        else:
+            args = torch.fx.node.map_arg((node.args, node.kwargs), self._fake_value)
+            with mode, torch.no_grad():
+                if node.op == "call_method":
+                    value = getattr(args[0][0], node.target)(*args[0][1:], **args[1])
+                elif node.op == "call_module":
+                    value = self.root_module.get_submodule(node.target)(*args[0], **args[1])
+                else:
+                    value = node.target(*args[0], **args[1])
+        values[node] = value
+        return value
+
     # -- VariableBuilder: a real value read from `source` -> a VariableTracker + guards -----
     def wrap(self, value, source: Optional[Source]) -> VariableTracker:
         if source is not None:
@@ -302,9 +371,13 @@ class OutputGraph:
              kwargs: Dict[str, VariableTracker]) -> VariableTracker:
         """Run `target` on the example values and, if tensors are involved, record a node."""
         has_tensor = _contains_tensor(list(args) + list(kwargs.values()))
-        ex_args = [a.as_example() for a in args]
-        ex_kwargs = {k: v.as_example() for k, v in kwargs.items()}
         name = target if kind == "call_method" else getattr(target, "__name__", str(target))
+        if args and isinstance(args[0], TensorVariable) and self.has_dynamic_inputs():
+            sized = self._dynamic_size_call(kind, target, args, kwargs)
+            if sized is not None:
+                return sized
+        ex_args = [example_of(a) for a in args]
+        ex_kwargs = {k: example_of(v) for k, v in kwargs.items()}
         if has_tensor:
             self._check_mutation(kind, target, args, kwargs)
         try:
@@ -319,6 +392,8 @@ class OutputGraph:
                                    "running the operation on the example inputs failed; "
                                    "eager execution will raise the same error") from e
         if not _contains_tensor_value(result):
+            for sym in sym_leaves(list(args) + list(kwargs.values())):
+                sym.as_example()                 # a Python result of a size: specialized
             if name in SIZE_READS or target in (torch.numel, len):
                 self.specialize_sizes([a for a in args if isinstance(a, TensorVariable)],
                                              f"the trace read {name}()")
@@ -334,6 +409,34 @@ class OutputGraph:
                                          self.lift({k: v.as_proxy() for k, v in kwargs.items()}))
         self._set_meta(proxy.node, result)
         return self._wrap_result(proxy, result)
+
+    def _dynamic_size_call(self, kind, target, args, kwargs):
+        """x.size(), x.size(d), len(x), x.numel() with dynamic shapes: symbolic where the size
+        may change; None for anything else."""
+        t = args[0]
+        rest = [a for a in args[1:]] + list(kwargs.values())
+        if not all(isinstance(a, ConstantVariable) and not isinstance(a, SymIntVariable) for a in rest):
+            return None
+        if kind == "call_method" and target == "size" and len(rest) <= 1:
+            return self.shape_of(t) if not rest else self.size_of(t, rest[0].value)
+        if (kind == "call_function" and target is len and not rest) and t.example.dim():
+            return self.size_of(t, 0)
+        if (kind == "call_method" and target in ("numel", "nelement") or target is torch.numel) and not rest:
+            dims = [self.size_of(t, d) for d in range(t.example.dim())]
+            if not any(isinstance(v, SymIntVariable) for v in dims):
+                return ConstantVariable(t.example.numel())
+            proxy = self.tracer.create_proxy("call_method", "numel", (t.as_proxy(),), {})
+            self._set_meta(proxy.node, t.example.numel())
+            return SymIntVariable(proxy, t.example.numel(), [t], self.specialize_sizes)
+        return None
+
+    def sym_arith(self, op, a: VariableTracker, b: VariableTracker) -> VariableTracker:
+        """Integer arithmetic on sizes, at least one of them symbolic: a graph node."""
+        example = op(example_of(a), example_of(b))
+        proxy = self.tracer.create_proxy("call_function", op, (a.as_proxy(), b.as_proxy()), {})
+        self._set_meta(proxy.node, example)
+        deps = [t for v in (a, b) if isinstance(v, SymIntVariable) for t in v.deps]
+        return SymIntVariable(proxy, example, deps, self.specialize_sizes)
 
     def lift(self, proxies):
         """Proxies (nested in tuples/lists/dicts) of an enclosing graph -> inputs of the
@@ -867,8 +970,8 @@ class InstructionTranslator:
         out = self.output
         if isinstance(obj, TensorVariable):
             if name in TENSOR_CONSTANT_ATTRS:
-                if name == "shape":
-                    out.specialize_sizes([obj], "the trace read .shape")
+                if name == "shape" and out.has_dynamic_inputs():
+                    return out.shape_of(obj)
                 return ConstantVariable(getattr(obj.example, name))
             if name in TENSOR_TENSOR_ATTRS:
                 return out.call("call_function", getattr, [obj, ConstantVariable(name)], {})
@@ -1254,6 +1357,9 @@ class InstructionTranslator:
 
     def binary(self, sym: str, a: VariableTracker, b: VariableTracker) -> VariableTracker:
         op = BINARY_OPS.get(sym) or COMPARE_OPS[sym]
+        if (isinstance(a, SymIntVariable) or isinstance(b, SymIntVariable)) and sym in SIZE_ARITHMETIC \
+                and all(isinstance(v, SymIntVariable) or type(getattr(v, "value", None)) is int for v in (a, b)):
+            return self.output.sym_arith(SIZE_ARITHMETIC[sym], a, b)
         if a.is_constant() and b.is_constant():
             return ConstantVariable(op(a.as_example(), b.as_example()))
         if isinstance(a, TensorVariable) or isinstance(b, TensorVariable):
@@ -1894,7 +2000,7 @@ class InstructionTranslator:
     @handles("BUILD_SLICE")
     def _build_slice(self, inst):
         parts = self.popn(inst.arg)
-        if all(p.is_constant() for p in parts):
+        if all(p.is_constant() and not isinstance(p, SymIntVariable) for p in parts):
             self.push(ConstantVariable(slice(*[p.as_example() for p in parts])))
         else:
             self.push(SliceVariable(parts))

@@ -16,7 +16,7 @@ container of variables. Anything else is a callable the interpreter knows how to
 from __future__ import annotations
 
 import types
-from typing import Any, Dict, List, Optional
+from typing import Any, Callable, Dict, List, Optional
 
 import torch
 import torch.fx
@@ -228,6 +228,68 @@ class BoundMethodVariable(VariableTracker):
 
     def describe(self):
         return f"BoundMethod({getattr(self.func, '__qualname__', self.func)})"
+
+
+class SymIntVariable(ConstantVariable):
+    """A size that is dynamic (a symbol in the backend), read by the traced code: `x.shape[0]`,
+    `x.size(1)`, and arithmetic on them (`T * 2`, `C // heads`). In the graph it is a node (a
+    `size` call, an `operator.mul`...), so a `view(B, T, -1)` stays generic in T, as with
+    TorchDynamo's SymInt.
+
+    Any use the tracer does not model symbolically reads `.value` (a comparison, a branch,
+    `range(T)`, a Python function): the graph then depends on the number itself, so reading it
+    *specializes* the size (the dims it came from become static, guarded by value) before
+    handing out the int. Correct by default; symbolic only where the tracer knows how."""
+
+    def __init__(self, proxy, example: int, deps: list, specialize: Callable):
+        self.proxy = proxy
+        self.example = example
+        self.deps = deps                  # the TensorVariables whose sizes it was read from
+        self._specialize = specialize
+        self.source = None
+
+    @property
+    def value(self):
+        self._specialize(self.deps, f"the trace used a size ({self.example}) as a Python int")
+        return self.example
+
+    def as_example(self):
+        return self.value
+
+    def as_proxy(self):
+        return self.proxy
+
+    def describe(self):
+        return f"SymInt({self.proxy.node.name}, {self.example})"
+
+
+def example_of(v: VariableTracker):
+    """v's example value for running an op on the tracer's examples, without specializing a
+    SymIntVariable inside it (the op's graph node takes the symbolic size)."""
+    if isinstance(v, SymIntVariable):
+        return v.example
+    if isinstance(v, BaseListVariable):
+        return v.python_type(example_of(i) for i in v.items)
+    if isinstance(v, DictVariable):
+        return {k: example_of(i) for k, i in v.items.items()}
+    if isinstance(v, SliceVariable):
+        return slice(*[example_of(p) for p in v.parts])
+    return v.as_example()
+
+
+def sym_leaves(v) -> list:
+    """The SymIntVariables inside v (containers searched)."""
+    if isinstance(v, SymIntVariable):
+        return [v]
+    if isinstance(v, (list, tuple)):
+        return [s for i in v for s in sym_leaves(i)]
+    if isinstance(v, BaseListVariable):
+        return sym_leaves(v.items)
+    if isinstance(v, DictVariable):
+        return sym_leaves(list(v.items.values()))
+    if isinstance(v, SliceVariable):
+        return sym_leaves(v.parts)
+    return []
 
 
 class ConstantMethodVariable(VariableTracker):

@@ -24,7 +24,7 @@ import torch.utils._pytree as pytree
 
 from .. import ir
 from .boxes import TensorBox
-from .lowerings import LOWERINGS, constant_tensor, lower_fallback, lookup
+from .lowerings import LOWERINGS, constant_tensor, lower_fallback, lookup, size_arithmetic
 
 
 def _example_values(gm: torch.fx.GraphModule, example_inputs) -> dict[torch.fx.Node, Any]:
@@ -159,6 +159,11 @@ def lower(gm: torch.fx.GraphModule, example_inputs) -> ir.Program:
                 # itself a view: the change would have to reach memory we do not model
                 raise NotImplementedError(f"in-place {target} on a tensor that may share memory")
             target = target[:-1]
+        if node.op == "call_function":
+            size = size_arithmetic(target, args)       # arithmetic on sizes read by the code
+            if size is not None:
+                env[node] = size
+                continue
         lowering = lookup(node.op, target)
         result = None
         if lowering is not None:

@@ -107,6 +107,8 @@ def _as_index_value(x, shape, cdtype):
         return f
     if isinstance(x, (bool, int, float)):
         return lambda idx: ops.constant(x, cdtype)
+    if ir.is_symbolic(x):                # a dynamic size used as a number (x * T)
+        return lambda idx: ops.size_value(x, cdtype)
     return None
 
 
@@ -686,7 +688,7 @@ def _getitem(node, values, input, item):
             if fixed[d] is None:
                 return NotImplemented
             d += 1
-        elif ir.is_symbolic(shape[d]):
+        elif ir.is_symbolic(shape[d]) or any(ir.is_symbolic(p) for p in (it.start, it.stop, it.step)):
             # a dynamic dimension: only what holds for every size (the slice's length is the
             # traced value's, whose guards the shape environment keeps)
             step = 1 if it.step is None else it.step
@@ -725,6 +727,43 @@ def _position(i, size):
     if i >= 0:
         return i if ir.provably_nonneg(size - i - 1) else None
     return ir.size_expr(size + i) if ir.provably_nonneg(size + i) else None
+
+
+# --------------------------------------------------------------------------- sizes
+
+@register(["size"], "input, dim=None")
+def _size(node, values, input, dim):
+    """x.size(d) in the graph (the traced code read a dynamic size): the size itself, an int
+    or a symbolic expression, for the ops that take it."""
+    if not isinstance(input, TensorBox):
+        return NotImplemented
+    shape = list(input.shape)
+    return tuple(shape) if dim is None else shape[dim % len(shape)]
+
+
+@register(["numel", "nelement", torch.numel], "input")
+def _numel(node, values, input):
+    if not isinstance(input, TensorBox):
+        return NotImplemented
+    return ir.size_expr(math.prod(input.shape))
+
+
+def size_arithmetic(target, args):
+    """operator.add/sub/mul/floordiv on sizes (ints and symbolic expressions): the result as
+    a size, or None when these are not sizes."""
+    if target not in _SIZE_OPS or len(args) != 2 or not all(
+            (isinstance(a, int) and not isinstance(a, bool)) or ir.is_symbolic(a) for a in args):
+        return None
+    a, b = args
+    if target is operator.floordiv and (ir.is_symbolic(a) or ir.is_symbolic(b)):
+        from torch.utils._sympy.functions import FloorDiv
+        q = ir.divides(b, a)
+        return q if q is not None else FloorDiv(a, b)
+    return ir.size_expr(_SIZE_OPS[target](a, b))
+
+
+_SIZE_OPS = {operator.add: operator.add, operator.sub: operator.sub, operator.mul: operator.mul,
+             operator.floordiv: operator.floordiv}
 
 
 # --------------------------------------------------------------------------- fallback
