@@ -60,15 +60,23 @@ def mark_dynamic(tensor: torch.Tensor, dim) -> None:
 def _dynamic_policy(frame: "_FrameCache", offset: int, dynamic, backend):
     """Which dims of each graph input are dynamic, read when the tracer meets the input:
     - those marked with mark_dynamic, always;
-    - dynamic=True: every dim of every tensor but parameters and module buffers;
+    - dynamic=True: every dim of every tensor but parameters and module buffers, and every
+      int argument;
     - dynamic=None ("automatic dynamic", TorchDynamo's default): a dim whose size differs from
-      the size the previous compile of this frame saw; the first compile is static;
+      the size the previous compile of this frame saw, an int argument whose value differs;
+      the first compile is static;
     - dynamic=False: none (but marked ones).
     None when the backend cannot take dynamic graphs (it would compile them for one size)."""
     if not getattr(backend, "supports_dynamic_shapes", False):
         return None
 
-    def policy(source: str, t: torch.Tensor) -> set:
+    def policy(source: str, t) -> set:
+        if not isinstance(t, torch.Tensor):            # an int argument: {0} makes it symbolic
+            seen = frame.seen_sizes.get((offset, source))
+            frame.seen_sizes[(offset, source)] = t
+            if dynamic is None and seen is not None and seen != t:
+                frame.auto_dynamic[(offset, source)] = {0}
+            return {0} if dynamic is True or frame.auto_dynamic.get((offset, source)) else set()
         dims = set(getattr(t, "_dynamo_dynamic_indices", ()))
         seen = frame.seen_sizes.get((offset, source))
         frame.seen_sizes[(offset, source)] = tuple(t.shape)

@@ -72,6 +72,13 @@ def shape_guards(program) -> list[str]:
         if any(str(s) in program.symbols for s in expr.free_symbols):
             raise NotImplementedError(f"a shape condition on a size no input has: {guard.expr}")
         out.append(PythonPrinter().doprint(expr))
+    # an int input used as a size: the IR assumes every size symbol is at least 2, as it is
+    # for a tensor's dynamic dim (whose own guard says so)
+    sizes = {str(v) for box in [*program.inputs, *program.nodes] if hasattr(box, "shape")
+             for size in getattr(box, "shape", ()) for v in getattr(size, "free_symbols", ())}
+    for sym, read in program.symbols.items():
+        if sym in sizes and "." not in read:
+            out.append(f"{read} >= 2")
     return out
 
 

@@ -99,6 +99,13 @@ class _SizePrinter(sympy.printing.str.StrPrinter):
         super().__init__()
         self.floordiv = floordiv
 
+    def _print(self, expr, **kwargs):
+        # torch's FloorDiv and Mod print themselves (`a//b`); C needs its own spelling
+        name = type(expr).__name__
+        if name in ("FloorDiv", "Mod", "PythonMod"):
+            return getattr(self, f"_print_{name}")(expr)
+        return super()._print(expr, **kwargs)
+
     def _print_Pow(self, e):
         base, exp = e.args
         if exp.is_Integer and exp > 0:

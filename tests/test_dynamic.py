@@ -254,3 +254,23 @@ def test_other_backends_stay_static():
         x, y = torch.randn(n, 7), torch.randn(n, 3)
         assert_same(f(x, y), rows_softmax(x, y))
     assert len(seen) == 3
+
+
+def scaled(x, n):
+    return x * n + 1
+
+
+def view_rows(x, n):
+    return x.view(n, -1) * 2
+
+
+def test_an_int_argument_that_changes_becomes_symbolic(kernel_backend):
+    # dynamic=None: an int argument whose value changed is a graph input (a symbolic int)
+    # in the second compile, as TorchDynamo makes it a SymInt input; 0 reuses it too
+    calls = [(torch.randn(5, device=DEVICE), k) for k in (2, 2, 3, 2, 5, 0, 9, -4)]
+    assert our_compiles(scaled, calls) == torch_compiles(scaled, calls) == 2
+    # used as a size, it must divide the length; a bad one fails as eager fails
+    calls = [(torch.randn(6, device=DEVICE), k) for k in (2, 3, 6)]
+    assert our_compiles(view_rows, calls) == torch_compiles(view_rows, calls) == 3
+    with pytest.raises(RuntimeError):
+        minicompile.compile(view_rows)(torch.randn(6), 4)

@@ -305,6 +305,25 @@ class GuardBuilder:
             return
         self._add(("tensor", e), source, expr, comment, slow, stack=False)
 
+    def dynamic_int(self, source: Source, value: int, dynamic: set):
+        """An int graph input: any int while it is symbolic (`dynamic` non-empty), its value
+        once the trace specialized it."""
+        e = source.expr()
+        self._add(("const", e), source, [], "", stack=False)
+        check = self._by_key[("const", e)]
+        d = display(e)
+
+        def refresh():
+            if dynamic:
+                # any int (as in TorchDynamo); the backend adds `>= 2` if it used it as a size
+                check.parts = [("type({e}) is int", f"type({d}) is int")]
+                check.comment = f"{e}: an int graph input (dynamic)"
+            else:
+                check.parts = [("type({e}) is int", f"type({d}) is int"), (f"{{e}} == {value}", f"{d} == {value}")]
+                check.comment = f"{e}: an int graph input, specialized by value"
+        check.refresh = refresh
+        refresh()
+
     def shape_condition(self, condition: str, text: str):
         """A condition between sizes that the compiled code relies on (from the backend's
         shape environment: two dynamic sizes that must be equal, say), over sources."""
@@ -457,10 +476,10 @@ class GuardBuilder:
                 for cond, text in c.parts:
                     slow.append(f"        if not ({cond.replace('{e}', e)}): return ({text!r}, {i})")
         lines += body
-        lines += ["    except (AttributeError, KeyError, IndexError, TypeError):",
+        lines += ["    except (AttributeError, KeyError, IndexError, TypeError, ZeroDivisionError):",
                   "        return False",
                   "    return True"]
-        slow += ["    except (AttributeError, KeyError, IndexError, TypeError) as err:",
+        slow += ["    except (AttributeError, KeyError, IndexError, TypeError, ZeroDivisionError) as err:",
                  "        return (f'{at}: cannot be read now ({type(err).__name__}: {err})', -1)",
                  "    return None"]
         guard_src = "\n".join(lines) + "\n"

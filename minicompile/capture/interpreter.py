@@ -201,6 +201,24 @@ class OutputGraph:
         self.guards.tensor(source, value, dynamic)
         return TensorVariable(torch.fx.Proxy(node, self.root_tracer), value, source)
 
+    def add_int_input(self, value: int, source: Source) -> "SymIntVariable":
+        """An int argument whose value changed between compiles (automatic dynamic) or any
+        int argument with dynamic=True: a graph input, symbolic, as TorchDynamo makes such
+        ints SymInt inputs. (Used as a size, the backend's guard adds that it is >= 2.)"""
+        ctx = (self.root_graph.inserting_before(None) if self._last_placeholder is None
+               else self.root_graph.inserting_after(self._last_placeholder))
+        with ctx:
+            node = self.root_graph.placeholder(source.name())
+        node.meta["example_value"] = value
+        node.meta["source_expr"] = source.expr()
+        node.meta["dynamic_dims"] = {0}           # emptied if the trace needs its value
+        self._last_placeholder = node
+        self.input_sources.append(source)
+        self.input_examples.append(value)
+        self.guards.dynamic_int(source, value, node.meta["dynamic_dims"])
+        proxy = torch.fx.Proxy(node, self.root_tracer)
+        return SymIntVariable(proxy, value, [types.SimpleNamespace(node=node)], self.specialize_sizes)
+
     def specialize_sizes(self, tensors: List["TensorVariable"], why: str) -> None:
         """The trace read a size (`x.shape`, `x.size(0)`, `len(x)`, `x.numel()`) as a Python
         int, so the graph depends on its value: the dimensions it may reveal become static
@@ -304,6 +322,9 @@ class OutputGraph:
                                        "only tensors reachable from the arguments, globals or "
                                        "modules can become graph inputs")
             return self.add_input(value, source)
+        if type(value) is int and isinstance(source, LocalSource) and self.dynamic_policy \
+                and self.dynamic_policy(source.expr(), value):
+            return self.add_int_input(value, source)
         if is_constant_value(value):
             if source is not None:
                 g.constant(source, value)

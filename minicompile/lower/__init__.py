@@ -68,6 +68,9 @@ def _symbolic_example_values(gm: torch.fx.GraphModule, example_inputs):
     fakes = []
     for i, (dims, value) in enumerate(zip(dynamic, example_inputs)):
         if not isinstance(value, torch.Tensor):
+            if dims and type(value) is int:           # an int input made symbolic
+                value = shape_env.create_unspecified_symint_and_symbol(
+                    value, ConstantSource(f"arg{i}"), DimDynamic.DYNAMIC)
             fakes.append(value)
             continue
         sizes = [DimDynamic.DYNAMIC if d in dims else DimDynamic.STATIC for d in range(value.dim())]
@@ -116,8 +119,9 @@ def lower(gm: torch.fx.GraphModule, example_inputs) -> ir.Program:
             # a size passed as an input (TorchDynamo does this with dynamic shapes)
             size = ir.size_expr(traced)
             env[node] = size
-            if ir.is_symbolic(size) and size.is_Symbol:
-                program.symbols.setdefault(str(size), f"arg{i}")
+            raw = getattr(traced.node, "_expr", None) if isinstance(traced, torch.SymInt) else None
+            if raw is not None and raw.is_Symbol:
+                program.symbols.setdefault(str(raw), f"arg{i}")
             program.inputs.append(ir.SizeInput(f"arg{i}", size))
         else:
             raise NotImplementedError(
