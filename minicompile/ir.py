@@ -13,7 +13,8 @@ Triton, while fusion analyses a node it records which buffers it reads. This is 
 Nodes:
   InputBuffer   a graph input, with its real strides and offset
   Pointwise     out[i] = inner_fn(i)
-  Reduction     out[i] = reduce_{r} inner_fn(i, r), reduction_type in REDUCTIONS
+  Reduction     out[i] = reduce_{r} inner_fn(i, r), reduction_type in REDUCTIONS (argmax and
+                argmin give the position of the best inner_fn value instead of the value)
   Extern        a call of a PyTorch kernel (matrix products, and any op without a lowering)
   ComputedBuffer  a Pointwise or Reduction that fusion decided to store in memory
 """
@@ -258,7 +259,13 @@ POINTWISE_OPS = {
 }
 
 # The reduction types a Reduction node may have.
-REDUCTIONS = ("sum", "mean", "max", "min", "prod")
+REDUCTIONS = ("sum", "mean", "max", "min", "prod", "argmax", "argmin")
+
+# Reductions whose result is a position, not a value: the flat (row-major) index over
+# reduction_ranges of the first greatest (least) value, NaN counting as greatest (least) and
+# the first NaN winning, as PyTorch's argmax/argmin. Their src_dtype is the dtype the values
+# are compared in; the result is int64.
+ARG_REDUCTIONS = ("argmax", "argmin")
 
 
 class RecordingOps:

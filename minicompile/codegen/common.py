@@ -212,4 +212,4 @@ def reduction_identity(reduction_type: str, dtype: torch.dtype):
     if reduction_type == "prod":
         return 1
     big = math.inf if dtype.is_floating_point else (torch.iinfo(dtype).max if dtype != torch.bool else 1)
-    return -big if reduction_type == "max" else big
+    return -big if reduction_type in ("max", "argmax") else big

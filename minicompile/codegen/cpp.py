@@ -99,6 +99,9 @@ REDUCE = {  # reduction type -> (combine statement, OpenMP reduction operator)
     "prod": ("{acc} = {acc} * {v};", "*"),
     "max": ("{acc} = {v} > {acc} ? {v} : {acc}; {nan} |= ({v} != {v});", "max"),
     "min": ("{acc} = {v} < {acc} ? {v} : {acc}; {nan} |= ({v} != {v});", "min"),
+    # keep the first NaN, else take a NaN, else a strictly better value (ties keep the first)
+    "argmax": ("if ({acc} == {acc} && ({v} != {v} || {v} > {acc})) {{ {acc} = {v}; {idx} = {r}; }}", None),
+    "argmin": ("if ({acc} == {acc} && ({v} != {v} || {v} < {acc})) {{ {acc} = {v}; {idx} = {r}; }}", None),
 }
 
 
@@ -115,6 +118,8 @@ def kernel_source(kernel, buffers: dict[str, ir.IRNode]) -> tuple[str, list[str]
     xs = list(zip(plan.x_vars, plan.x_sizes))
     rs = list(zip(plan.r_vars, plan.r_sizes))
     numel = math.prod(plan.x_sizes) * max(1, math.prod(plan.r_sizes))
+    # the row-major position of the current element in its row (what argmax/argmin return)
+    position = plan.apply(ir.flat_index(r_idx, ir.contiguous_strides(kernel.r_sizes)))
     parallel_if = f"if({numel} >= 32768)"
 
     def store(member, value) -> str:
@@ -139,19 +144,25 @@ def kernel_source(kernel, buffers: dict[str, ir.IRNode]) -> tuple[str, list[str]
             for k, m in enumerate(kernel.members):
                 comp = m.comp
                 if isinstance(comp, ir.Reduction):
-                    acc, nan = f"acc{k}", f"nan{k}"
+                    acc, nan, idx = f"acc{k}", f"nan{k}", f"idx{k}"
                     acc_t = ctype(comp.src_dtype)
                     init = writer.constant_expr(reduction_identity(comp.reduction_type, comp.src_dtype), comp.src_dtype)
                     combine, omp_op = REDUCE[comp.reduction_type]
                     with writer.scope() as loop_body:
                         value = m.run(x_idx, r_idx)
-                        loop_body.append(combine.format(acc=acc, v=value, nan=nan))
-                    clauses = f"reduction({omp_op}:{acc}) reduction(|:{nan})"
-                    writer.lines += [f"{acc_t} {acc} = {init};", f"int {nan} = 0;"]
-                    writer.lines += _nest(rs, loop_body, innermost_pragma=f"#pragma omp simd {clauses}",
-                                          outer_pragma=f"#pragma omp parallel for {clauses} {parallel_if}"
-                                          if serial_rows else None)
-                    result = acc
+                        loop_body.append(combine.format(acc=acc, v=value, nan=nan, idx=idx,
+                                                        r=position.render("/")))
+                    if comp.reduction_type in ir.ARG_REDUCTIONS:
+                        # an in-order loop: the first position of the best value is kept
+                        writer.lines += [f"{acc_t} {acc} = {init};", f"int64_t {idx} = 0;"]
+                        writer.lines += _nest(rs, loop_body)
+                    else:
+                        clauses = f"reduction({omp_op}:{acc}) reduction(|:{nan})"
+                        writer.lines += [f"{acc_t} {acc} = {init};", f"int {nan} = 0;"]
+                        writer.lines += _nest(rs, loop_body, innermost_pragma=f"#pragma omp simd {clauses}",
+                                              outer_pragma=f"#pragma omp parallel for {clauses} {parallel_if}"
+                                              if serial_rows else None)
+                    result = idx if comp.reduction_type in ir.ARG_REDUCTIONS else acc
                     if comp.reduction_type == "mean":
                         result = f"({acc} / static_cast<{acc_t}>({comp.rnumel()}))"
                     if comp.reduction_type in ("max", "min") and comp.src_dtype.is_floating_point:

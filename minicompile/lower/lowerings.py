@@ -333,7 +333,8 @@ def _reduction_box(meta, input, dims, keepdim, reduction_type):
     kept = [d for d in range(ndim) if d not in dims]
     ranges = [input.shape[d] for d in dims]
     load = input.make_loader()
-    acc = compute_dtype(meta.dtype)
+    # the dtype values are accumulated (or, for argmax/argmin, compared) in
+    acc = compute_dtype(input.dtype if reduction_type in ir.ARG_REDUCTIONS else meta.dtype)
     if reduction_type in ("sum", "prod") and not meta.dtype.is_floating_point:
         acc = torch.int64
     src_cd = compute_dtype(input.dtype)
@@ -417,6 +418,29 @@ _reg_reduction("mean", [torch.mean, torch.Tensor.mean, "mean"])
 _reg_reduction("prod", [torch.prod, "prod"])
 _reg_reduction("max", [torch.amax, torch.Tensor.amax, "amax"])
 _reg_reduction("min", [torch.amin, torch.Tensor.amin, "amin"])
+
+
+@register([torch.argmax, torch.Tensor.argmax, "argmax"], "input, dim=None, keepdim=False")
+def _argmax(node, values, input, dim, keepdim):
+    return _arg_reduction(node, values, input, dim, keepdim, "argmax")
+
+
+@register([torch.argmin, torch.Tensor.argmin, "argmin"], "input, dim=None, keepdim=False")
+def _argmin(node, values, input, dim, keepdim):
+    return _arg_reduction(node, values, input, dim, keepdim, "argmin")
+
+
+def _arg_reduction(node, values, input, dim, keepdim, rtype):
+    """argmax/argmin as one reduction that keeps (value, position): over dim, or over the
+    whole tensor (positions in the flattened tensor) without one. A 0-dim input, an empty
+    row (eager raises) and bool inputs are left to PyTorch."""
+    if not isinstance(input, TensorBox) or not input.shape or input.dtype == torch.bool:
+        return NotImplemented
+    if dim is not None and not isinstance(dim, int):
+        return NotImplemented
+    if (input.shape[dim] if dim is not None else math.prod(input.shape)) == 0:
+        return NotImplemented
+    return _reduction_box(_meta(node, values), input, dim, keepdim, rtype)
 
 
 def _max_min(rtype, elementwise):
