@@ -246,7 +246,13 @@ def use_ops(handler):
 
 
 # The pointwise operations every backend prints (tests/test_codegen.py checks that both do).
-# Lowerings may use nothing else (plus load / constant / to_dtype / round_to / where).
+# Lowerings may use nothing else, plus:
+#   load(name, index), constant(value, dtype), to_dtype(x, dtype, src_dtype), round_to(x, dtype),
+#   where(c, a, b),
+#   index_expr(index, dtype)   the value of an index expression (a position as a number),
+#   masked(mask, body, other)  body() where mask holds, else other; the loads body makes are
+#                              performed only where mask holds (they may be out of bounds
+#                              elsewhere: a concatenation's inputs outside their range).
 # name -> number of operands.
 POINTWISE_OPS = {
     "add": 2, "sub": 2, "mul": 2, "truediv": 2,
@@ -273,10 +279,21 @@ class RecordingOps:
 
     def __init__(self):
         self.loads: list[tuple[str, Index]] = []
+        self.index_exprs: list[Index] = []      # indices used as values (loop plans must see them)
         self.op_count = 0
 
     def load(self, name: str, index: Index):
         self.loads.append((name, index))
+        return "v"
+
+    def index_expr(self, index: Index, dtype):
+        self.index_exprs.append(index)
+        self.op_count += 1
+        return "v"
+
+    def masked(self, mask, body, other):
+        body()
+        self.op_count += 1
         return "v"
 
     def to_dtype(self, x, dtype, src_dtype=None):

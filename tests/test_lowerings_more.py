@@ -1,5 +1,6 @@
 """Lowerings that used to fall back to PyTorch: argmax/argmin (a reduction that keeps a
-position).
+position), cat/stack (pieces selected by position, read under masks), split/chunk/unbind
+(tuples of views).
 
 Each op is compared with eager on fresh random inputs, awkward sizes and non-contiguous
 layouts, for every kernel backend; each test also checks that the op is generated code (no
@@ -91,3 +92,88 @@ def test_argmax_fuses_with_its_row_work(kernel_backend):
     # softmax's max, sum and division, then the argmax of the result: one pass over each row
     check(lambda x: torch.softmax(x * 2, -1).argmax(-1), randn(37, 53), kernels=1)
     check(lambda x: (x.relu() + 1).argmin(-1, keepdim=True) * 2, randn(37, 53), kernels=1)
+
+
+# --------------------------------------------------------------------------- cat / stack
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+def test_cat(kernel_backend, dtype):
+    x, y, z = randn(7, 13, dtype=dtype), randn(7, 5, dtype=dtype, layout="transposed"), randn(7, 1, dtype=dtype)
+    check(lambda x, y, z: torch.cat([x, y, z], 1), x, y, z, dtype=dtype)
+    check(lambda x, y, z: torch.cat([z, x * 2, y.relu(), x], dim=-1), x, y, z, dtype=dtype)
+    check(lambda x, y: torch.cat((x[:3, :7], y.t(), x[:, 2:9].t()), 0), x, y, dtype=dtype)
+    a = randn(3, 4, 5, dtype=dtype, layout="strided")
+    check(lambda a: torch.concat([a, a[:, :2] * 3, a], dim=1), a, dtype=dtype)
+    check(lambda a: torch.cat([a.sin(), a], 2), a, dtype=dtype)
+    check(lambda a: torch.cat([a], 0) + 1, a, dtype=dtype)
+
+
+def test_cat_mixed_dtypes_and_empty_inputs(kernel_backend):
+    x, h, i = randn(7, 13), randn(7, 3, dtype=torch.float16), torch.randint(-5, 5, (7, 4), device=DEVICE)
+    check(lambda x, h: torch.cat([h, x], 1), x, h)                 # float16 and float32: float32
+    check(lambda x, i: torch.cat([i, x, i], 1), x, i)              # int64 and float32: float32
+    check(lambda i: torch.cat([i, i * 2], 0), i)                    # integers stay integers
+    empty = torch.randn(7, 0, device=DEVICE)
+    check(lambda x, e: torch.cat([e, x, e, x], 1), x, empty)
+    check(lambda x, e: torch.cat([x, e]), x, torch.randn(0, device=DEVICE))   # legacy 1-D empty
+
+
+def test_cat_large(kernel_backend):
+    x, y = randn(*small(kernel_backend, (183, 78), (1823, 781))), randn(*small(kernel_backend, (183, 41), (1823, 411)))
+    check(lambda x, y: torch.cat([x, y.exp()], 1), x, y, kernels=1)
+    check(lambda x, y: torch.cat([x.t(), y.t()], 0), x, y, kernels=1)
+
+
+def test_cat_fuses_with_producers_and_consumer(kernel_backend):
+    x, y = randn(5, 3), randn(5, 4)
+    check(lambda x, y: torch.cat([x * 2, y.relu()], 1).sum(-1), x, y, kernels=1)
+    check(lambda x, y: torch.softmax(torch.cat([x, y], -1), -1), x, y, kernels=1)
+    check(lambda x, y: torch.stack([x, y * 2], 0).mean(0), x, x, kernels=1)
+
+
+def test_cat_loads_only_inside_each_inputs_range(kernel_backend):
+    # every read of an input is guarded by the input's range: never an out-of-bounds load
+    x, y = randn(6, 3), randn(6, 4)
+    compiled = check(lambda x, y: torch.cat([x, y, x], 1) * 2, x, y)
+    loads = [line for line in compiled.kernel_source.splitlines() if "in_ptr" in line and "=" in line]
+    assert len(loads) == 3
+    for line in loads:
+        assert ("? in_ptr" in line) if kernel_backend == "cpp" else ("& (tmp" in line), line
+
+
+@pytest.mark.parametrize("dim", [0, 1, 2, -1])
+def test_stack(kernel_backend, dim):
+    x, y = randn(7, 13), randn(7, 13, layout="transposed")
+    check(lambda x, y: torch.stack([x, y, x * y], dim), x, y)
+    check(lambda x, y: torch.stack((x.half(), y.half()), dim).float(), x, y)
+
+
+# --------------------------------------------------------------------------- split / chunk / unbind
+
+def test_split_chunk_unbind_are_views(kernel_backend):
+    x = randn(7, 13, layout="transposed")
+    check(lambda x: x.split(4, dim=1), x)
+    check(lambda x: torch.split(x, [2, 6, 5], 1)[1] * 2, x)
+    check(lambda x: x.chunk(3), x)
+    check(lambda x: torch.chunk(x, 4, dim=-1)[-1].sum(0), x)
+    check(lambda x: x.unbind(1)[5] + torch.unbind(x)[0][:7], x)
+    check(lambda x: (lambda p: p[0] * p[1] + p[2])(x[:, :12].chunk(3, dim=1)), x)
+
+
+def test_split_pieces_fuse_with_their_consumers(kernel_backend):
+    def f(x):
+        a, b = x.chunk(2, dim=-1)
+        return a * torch.sigmoid(b)                  # a gated unit: one kernel
+    check(f, randn(6, 14), kernels=1)
+
+
+def test_split_through_minicompile_capture(kernel_backend):
+    def f(x):
+        q, k, v = x.split(3, dim=1)
+        rows = [t.sum() for t in x.unbind(0)]
+        return q * k + v, torch.stack(rows).argmax(), torch.cat(x.chunk(3, dim=1)[::-1], 1)
+    x = randn(4, 9)
+    expected = f(x)
+    actual = minicompile.compile(f, fullgraph=True)(x)
+    for a, e in zip(actual, expected):
+        torch.testing.assert_close(a, e)

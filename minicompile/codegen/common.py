@@ -73,7 +73,7 @@ def plan_loops(kernel) -> LoopPlan:
         rec = ir.RecordingOps()
         with ir.use_ops(rec):
             m.run(x_idx, r_idx)
-        indices += [idx.simplify(ranges) for _, idx in rec.loads]
+        indices += [idx.simplify(ranges) for idx in [i for _, i in rec.loads] + rec.index_exprs]
         indices.append(m.store_index(x_idx, r_idx))
     nonlinear = set().union(*[i.nonlinear_variables() for i in indices]) if indices else set()
 
@@ -120,6 +120,7 @@ class KernelWriter:
         self.constants: set[str] = set()
         self.row_values: dict[str, str] = {}        # member name -> variable (per-row results)
         self.members = {m.box.name: m for m in kernel.members}
+        self.load_mask: str | None = None         # inside ops.masked: where loads may be made
         self.canonical = canonical_indices(kernel)
         self.ranges = canonical_ranges(kernel)
 
@@ -183,6 +184,20 @@ class KernelWriter:
     def where(self, c: str, a: str, b: str) -> str:
         return self._emit(self.OPS["where"].format(c, a, b))
 
+    def index_expr(self, index: Index, dtype: torch.dtype) -> str:
+        return self._emit(self.index_value_expr(self.plan.apply(index.simplify(self.ranges)), dtype))
+
+    def masked(self, mask: str, body, other: str) -> str:
+        """body() where mask holds, else other. While body runs, loads are guarded by the mask
+        (each backend's load_expr reads self.load_mask), so they never touch memory outside it."""
+        outer = self.load_mask
+        self.load_mask = mask if outer is None else self.logical_and(outer, mask)
+        try:
+            value = body()
+        finally:
+            self.load_mask = outer
+        return self.where(mask, value, other)
+
     def __getattr__(self, name: str):
         if name not in self.OPS:
             raise NotImplementedError(f"{type(self).__name__} has no code for operation '{name}'")
@@ -197,6 +212,10 @@ class KernelWriter:
         raise NotImplementedError
 
     def load_expr(self, name: str, index: Index, dtype: torch.dtype) -> str:
+        """A load of one element (in the compute dtype), guarded by self.load_mask if set."""
+        raise NotImplementedError
+
+    def index_value_expr(self, index: Index, dtype: torch.dtype) -> str:
         raise NotImplementedError
 
     def constant_expr(self, value, dtype: torch.dtype) -> str:

@@ -71,7 +71,13 @@ class CppWriter(KernelWriter):
     def load_expr(self, name, index, dtype):
         value = f"{self.arg_name(name)}[{index.render('/')}]"
         cd = ir.compute_dtype(dtype)
-        return f"static_cast<{ctype(cd)}>({value})" if cd != dtype else value
+        value = f"static_cast<{ctype(cd)}>({value})" if cd != dtype else value
+        if self.load_mask is not None:      # the ternary reads memory only where the mask holds
+            value = f"({self.load_mask} ? {value} : {self.constant_expr(0, cd)})"
+        return value
+
+    def index_value_expr(self, index, dtype):
+        return f"static_cast<{ctype(dtype)}>({index.render('/')})"
 
     def constant_expr(self, value, dtype):
         t = ctype(dtype)

@@ -68,12 +68,21 @@ class TritonWriter(KernelWriter):
         return f"{var} = {expr}"
 
     def load_expr(self, name, index, dtype):
-        if index.variables():
-            value = f"tl.load({self.arg_name(name)} + ({index.render('//')}), {self.mask}, other=0)"
+        ptr = self.arg_name(name)
+        if self.load_mask is not None:     # inside ops.masked: a block load under both masks
+            offset = index.render("//") if index.variables() else f"{index.render('//')} + 0 * xindex"
+            value = f"tl.load({ptr} + ({offset}), {self.mask} & ({self.load_mask}), other=0)"
+        elif index.variables():
+            value = f"tl.load({ptr} + ({index.render('//')}), {self.mask}, other=0)"
         else:   # one element for every lane: a scalar load (a block mask needs a block pointer)
-            value = f"tl.load({self.arg_name(name)} + {index.render('//')})"
+            value = f"tl.load({ptr} + {index.render('//')})"
         cd = ir.compute_dtype(dtype)
         return f"{value}.to({TL_TYPES[cd]})" if cd != dtype else value
+
+    def index_value_expr(self, index, dtype):
+        if not index.variables():
+            return self.constant_expr(index.const, dtype)
+        return f"({index.render('//')}).to({TL_TYPES[dtype]})"
 
     def constant_expr(self, value, dtype):
         if isinstance(value, float) and (math.isinf(value) or math.isnan(value)):

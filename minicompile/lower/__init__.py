@@ -70,8 +70,9 @@ def lower(gm: torch.fx.GraphModule, example_inputs) -> ir.Program:
         if node.op in ("placeholder",):
             continue
         if node.op == "output":
-            leaves, program.output_spec = pytree.tree_flatten(node.args[0])
-            program.outputs = [env_lookup(env, a) for a in leaves]
+            # flattened after lookup: a value may itself be a tuple (split's, chunk's pieces)
+            outputs = torch.fx.node.map_arg(node.args[0], lambda n: env[n])
+            program.outputs, program.output_spec = pytree.tree_flatten(outputs)
             break
         args = torch.fx.node.map_arg(node.args, lambda n: env[n])
         kwargs = torch.fx.node.map_arg(node.kwargs, lambda n: env[n])
@@ -123,10 +124,6 @@ def _is_view_of(reader: TensorBox, box: TensorBox) -> bool:
     """reader is, in eager, a view of box (shares its memory), so it sees box's mutations."""
     comp = reader.computation
     return isinstance(comp, ir.Pointwise) and comp.aliases
-
-
-def env_lookup(env, a):
-    return env[a] if isinstance(a, torch.fx.Node) else a
 
 
 def _fetch_attr(gm, target: str):

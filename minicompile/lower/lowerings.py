@@ -601,9 +601,14 @@ def _view_box(node, values, input, index_map):
     meta = _meta(node, values)
     if meta is None or not isinstance(input, TensorBox):
         return NotImplemented
+    return _view(input, list(meta.shape), index_map, _origin(node))
+
+
+def _view(input, shape, index_map, origin):
+    """A view of `shape` over input (same dtype and device): out[idx] = input[index_map(idx)]."""
     load = input.make_loader()
-    data = ir.Pointwise(list(meta.shape), meta.dtype, meta.device,
-                        lambda idx: load(index_map(idx)), _origin(node), aliases=True)
+    data = ir.Pointwise(shape, input.dtype, input.device, lambda idx: load(index_map(idx)), origin,
+                        aliases=True)
     return TensorBox(data, input.program, [input])
 
 
@@ -676,7 +681,10 @@ def _expand(node, values, input, sizes):
 
 @register([operator.getitem], "input, item")
 def _getitem(node, values, input, item):
-    """Basic indexing (ints, slices, None, Ellipsis) as a view; anything else falls back."""
+    """Basic indexing (ints, slices, None, Ellipsis) as a view; anything else falls back.
+    An item of a tuple lowering returned (split, chunk, unbind) is that tuple's item."""
+    if isinstance(input, (tuple, list)) and isinstance(item, (int, slice)):
+        return input[item]
     if not isinstance(input, TensorBox):
         return NotImplemented
     if isinstance(input.data, ir.Extern):
@@ -714,6 +722,114 @@ def _getitem(node, values, input, item):
                 src[p[1]] = idx[out_i] * p[3] + p[2]
         return src
     return _view_box(node, values, input, f)
+
+
+@register([torch.split, torch.Tensor.split, "split"], "input, split_size_or_sections, dim=0")
+def _split(node, values, input, split_size_or_sections, dim):
+    return _consecutive_views(node, values, input, dim)
+
+
+@register([torch.chunk, torch.Tensor.chunk, "chunk"], "input, chunks, dim=0")
+def _chunk(node, values, input, chunks, dim):
+    return _consecutive_views(node, values, input, dim)
+
+
+def _consecutive_views(node, values, input, dim):
+    """split and chunk: a tuple of views, consecutive slices along dim. The sizes are those of
+    the traced pieces (split's and chunk's rules for the last piece are PyTorch's, not ours)."""
+    pieces = values.get(node)
+    if not isinstance(input, TensorBox) or not isinstance(dim, int) or not input.shape \
+            or not isinstance(pieces, (tuple, list)):
+        return NotImplemented
+    d = dim % len(input.shape)
+    views, start = [], 0
+    for piece in pieces:
+        def index_map(idx, start=start):
+            return [i + start if k == d else i for k, i in enumerate(idx)]
+        views.append(_view(input, list(piece.shape), index_map, _origin(node)))
+        start += piece.shape[d]
+    return tuple(views)
+
+
+@register([torch.unbind, torch.Tensor.unbind, "unbind"], "input, dim=0")
+def _unbind(node, values, input, dim):
+    """A tuple of views, one per position along dim, that dim removed."""
+    if not isinstance(input, TensorBox) or not isinstance(dim, int) or not input.shape:
+        return NotImplemented
+    d = dim % len(input.shape)
+    shape = input.shape[:d] + input.shape[d + 1:]
+    return tuple(_view(input, list(shape), lambda idx, k=k: list(idx[:d]) + [Index({}, k)] + list(idx[d:]),
+                       _origin(node))
+                 for k in range(input.shape[d]))
+
+
+@register([torch.cat, torch.concat], "tensors, dim=0")
+def _cat(node, values, tensors, dim):
+    """Concatenation along dim: input k fills positions [start_k, end_k) of that dim, read
+    at the position less start_k. Empty inputs contribute nothing (PyTorch also skips the
+    legacy 1-D empty tensor); dtypes promote as PyTorch's (the traced result's dtype)."""
+    meta = _meta(node, values)
+    if meta is None or meta.dim() == 0 or not isinstance(dim, int) or not isinstance(tensors, (list, tuple)):
+        return NotImplemented
+    d = dim % meta.dim()
+    pieces, start = [], 0
+    for t in tensors:
+        if not isinstance(t, TensorBox):
+            return NotImplemented
+        if math.prod(t.shape) == 0:
+            continue
+        if len(t.shape) != meta.dim():
+            return NotImplemented
+
+        def index_map(idx, start=start):
+            return [i + (-start) if k == d else i for k, i in enumerate(idx)]
+        pieces.append((t, start, start + t.shape[d], index_map))
+        start += t.shape[d]
+    return _pieces_along(node, values, d, pieces)
+
+
+@register([torch.stack], "tensors, dim=0")
+def _stack(node, values, tensors, dim):
+    """Stacking along a new dim: input k is the slice at position k of that dim."""
+    meta = _meta(node, values)
+    if meta is None or not isinstance(dim, int) or not isinstance(tensors, (list, tuple)) \
+            or not all(isinstance(t, TensorBox) for t in tensors):
+        return NotImplemented
+    d = dim % meta.dim()
+
+    def index_map(idx):
+        return list(idx[:d]) + list(idx[d + 1:])
+    return _pieces_along(node, values, d, [(t, k, k + 1, index_map) for k, t in enumerate(tensors)])
+
+
+def _pieces_along(node, values, dim, pieces):
+    """One pointwise value made of pieces side by side along dim: pieces are (box, start, end,
+    index_map), and out[idx] = box[index_map(idx)] where start <= idx[dim] < end. Each box is
+    read under a mask of its range (ops.masked), so no load leaves it, and the pieces are
+    selected with where: one kernel that also computes the pieces (vertical fusion)."""
+    meta = _meta(node, values)
+    if meta is None or not pieces or meta.numel() == 0 or any(b.device != meta.device for b, *_ in pieces):
+        return NotImplemented
+    cd, size = compute_dtype(meta.dtype), meta.shape[dim]
+
+    def inner_fn(idx):
+        position = ops.index_expr(idx[dim], torch.int64)
+        value = ops.constant(0, cd)
+        for box, start, end, index_map in pieces:
+            conditions = ([ops.ge(position, ops.constant(start, torch.int64))] if start > 0 else []) + \
+                         ([ops.lt(position, ops.constant(end, torch.int64))] if end < size else [])
+            load, src = box.make_loader(), compute_dtype(box.dtype)
+
+            def body(load=load, src=src, index_map=index_map):
+                return ops.to_dtype(load(index_map(idx)), cd, src)
+            if not conditions:
+                value = body()
+                continue
+            mask = conditions[0] if len(conditions) == 1 else ops.logical_and(*conditions)
+            value = ops.masked(mask, body, value)
+        return value
+    return TensorBox(ir.Pointwise(list(meta.shape), meta.dtype, meta.device, inner_fn, _origin(node)),
+                     pieces[0][0].program, [b for b, *_ in pieces])
 
 
 # --------------------------------------------------------------------------- fallback
