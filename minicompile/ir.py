@@ -471,6 +471,9 @@ class Program:
     outputs: list[Any]                    # IRNode, or a Python scalar / None for non-tensor outputs
     device: torch.device
     output_spec: Any = None               # pytree spec: how outputs nest (tuple, list, single)
+    # graph inputs an op writes in place (batch norm's running statistics): input name -> the
+    # node holding its new value, copied into the input after the kernels, as eager leaves it
+    mutated_inputs: dict = field(default_factory=dict)
     _names: Any = field(default_factory=lambda: itertools.count())
 
     def new_name(self, prefix: str = "buf") -> str:

@@ -92,7 +92,7 @@ def plan_reuse(program: ir.Program, steps: list, kernel_args: dict) -> tuple[dic
                 last_use[name] = i
         else:
             seen_by_extern |= {r.name for r in step.box.reads}
-    outputs = {o.name for o in program.outputs if isinstance(o, TensorBox)}
+    outputs = {o.name for o in [*program.outputs, *program.mutated_inputs.values()] if isinstance(o, TensorBox)}
     return last_use, reusable - seen_by_extern - outputs
 
 
@@ -211,6 +211,8 @@ def build(program: ir.Program, steps: list) -> CompiledGraph:
             if ext.value_is_tensor:
                 # kernels index this buffer with the strides lowering predicted: make sure
                 lines.append(f"    {ext.name} = as_layout({ext.name}, {tuple(ext.stride)})")
+    for name, value in program.mutated_inputs.items():      # in-place writes of inputs, as eager
+        lines.append(f"    {name}.copy_({render(value)})")
     outs = ", ".join(render(o) for o in program.outputs)
     literal = _literal_structure(program.output_spec, [render(o) for o in program.outputs])
     if literal is not None:          # tuples/lists of tensors: built directly (per-call cost)

@@ -24,7 +24,7 @@ import torch.utils._pytree as pytree
 
 from .. import ir
 from .boxes import TensorBox
-from .lowerings import LOWERINGS, constant_tensor, lower_fallback, lookup
+from .lowerings import LOWERINGS, constant_tensor, lower_fallback, lookup, writable_input, write_input
 
 
 def _example_values(gm: torch.fx.GraphModule, example_inputs) -> dict[torch.fx.Node, Any]:
@@ -87,19 +87,23 @@ def lower(gm: torch.fx.GraphModule, example_inputs) -> ir.Program:
         else:
             target = node.target
         mutated = _mutated_input(node, args)
+        writes_input = False
         if mutated is not None:
             # x.mul_(2) on an intermediate: computed as x * 2, and every later use of x reads
             # the new value (functionalization). Views of x would have to see the change too,
             # which values computed on the fly cannot: that case is left to PyTorch.
             if any(_is_view_of(reader, mutated) for reader in mutated.readers):
                 raise NotImplementedError(f"in-place {target} on a tensor that has views")
-            if mutated.computation is None or _is_view_of(mutated, None):
-                # an input, an extern's result (which may share memory with another tensor), or
-                # itself a view: the change would have to reach memory we do not model
+            # a graph input (or its value written earlier) is written back after the kernels
+            # (program.mutated_inputs); an extern's result (which may share memory with another
+            # tensor) or a view: the change would have to reach memory we do not model
+            writes_input = writable_input(mutated)
+            if not writes_input and (mutated.computation is None or _is_view_of(mutated, None)):
                 raise NotImplementedError(f"in-place {target} on a tensor that may share memory")
             target = target[:-1]
         lowering = lookup(node.op, target)
         result = None
+        written = dict(program.mutated_inputs)
         if lowering is not None:
             result = lowering(node, values, *args, **kwargs)
         if result is None or result is NotImplemented:
@@ -107,9 +111,28 @@ def lower(gm: torch.fx.GraphModule, example_inputs) -> ir.Program:
                 raise NotImplementedError(f"in-place {target}_ without a functional lowering")
             result = lower_fallback(program, node, values, target, args, kwargs)
         env[node] = result
-        if mutated is not None and isinstance(node.args[0], torch.fx.Node):
+        if writes_input:
+            write_input(mutated, result)
+        elif mutated is not None and isinstance(node.args[0], torch.fx.Node):
             env[node.args[0]] = result
+        _redirect_written_inputs(env, program, written)
     return program
+
+
+def _redirect_written_inputs(env, program: ir.Program, before: dict) -> None:
+    """An op wrote a graph input in place (program.mutated_inputs changed): every later read
+    of that input reads the new value, as in eager."""
+    for name, value in program.mutated_inputs.items():
+        old = before.get(name)
+        if old is value:
+            continue
+        for node, v in env.items():
+            if old is not None:
+                stands_for_input = v is old
+            else:                                  # the input itself, written the first time
+                stands_for_input = isinstance(v, TensorBox) and isinstance(v.data, ir.InputBuffer) and v.name == name
+            if stands_for_input:
+                env[node] = value
 
 
 def _mutated_input(node: torch.fx.Node, args):

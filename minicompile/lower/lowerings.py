@@ -533,31 +533,96 @@ def _var(node, values, input, dim, unbiased, keepdim, correction):
 @register([F.batch_norm], "input, running_mean, running_var, weight=None, bias=None, training=False, "
           "momentum=0.1, eps=1e-05")
 def _batch_norm(node, values, input, running_mean, running_var, weight, bias, training, momentum, eps):
-    """Inference batch norm: one pointwise expression over the running statistics (channel
-    dim 1). In training mode it updates those statistics in place: left to PyTorch."""
-    if training or not isinstance(running_mean, TensorBox) or not isinstance(running_var, TensorBox):
+    """(x - mean) * rsqrt(var + eps) * weight + bias per channel (dim 1): one pointwise
+    expression over the running statistics (inference) or over the batch's (training, which
+    also updates the running statistics in place: `_batch_statistics`)."""
+    if not isinstance(input, TensorBox) or len(input.shape) < 2 or (weight is None and bias is not None):
         return NotImplemented
     ndim = len(input.shape)
-
-    def per_channel(box):        # view a (C,) vector as (1, C, 1, ...) for broadcasting
-        return None if box is None else _channel_view(box, ndim)
-    parts = [input, per_channel(running_mean), per_channel(running_var), per_channel(weight), per_channel(bias)]
+    if training:
+        stats = _batch_statistics(input, running_mean, running_var, momentum)
+        if stats is NotImplemented:
+            return NotImplemented
+        mean, var = stats
+    elif isinstance(running_mean, TensorBox) and isinstance(running_var, TensorBox):
+        mean, var = _channel_view(running_mean, ndim), _channel_view(running_var, ndim)
+    else:
+        return NotImplemented
+    parts = [input, mean, var] + [_channel_view(p, ndim) for p in (weight, bias) if p is not None]
 
     def fn(x, m, v, w=None, b=None):
         y = ops.mul(ops.sub(x, m), ops.rsqrt(ops.add(v, ops.constant(eps, torch.float32))))
         y = ops.mul(y, w) if w is not None else y
         return ops.add(y, b) if b is not None else y
-    present = [p for p in parts if p is not None]
-    if weight is None and bias is not None:
+    return _pointwise_box(node, values, fn, parts)
+
+
+def _batch_statistics(input, running_mean, running_var, momentum):
+    """Training batch norm's statistics, as (1, C, 1, ...) views: the mean and the biased
+    variance over every dim but the channel's, computed in float32 for half inputs. With
+    running statistics, also their update, written into them in place as PyTorch does:
+    running = (1 - momentum) * running + momentum * batch, with the unbiased variance.
+    Reductions run over a channels-first view, so the two reductions and both updates share
+    one kernel (fuse-rows). Falls back for a cumulative average (momentum None), a single
+    value per channel (eager raises), and running statistics that are not graph inputs."""
+    track = running_mean is not None or running_var is not None
+    if track and not (isinstance(momentum, (int, float)) and writable_input(running_mean)
+                      and writable_input(running_var)):
         return NotImplemented
-    return _pointwise_box(node, values, fn, present)
+    shape, program, device = list(input.shape), input.program, input.device
+    channels, ndim = shape[1], len(shape)
+    n = math.prod(shape) // channels if channels else 0
+    if n <= 1:
+        return NotImplemented
+    stats_dtype = compute_dtype(input.dtype)
+    channels_first = _view(input, [channels, shape[0], *shape[2:]],
+                           lambda idx: [idx[1], idx[0], *idx[2:]], "permute", aliases=False)
+    dims = list(range(1, ndim))
+    mean = _reduce(channels_first, dims, "mean", stats_dtype)                # (C, 1, ...)
+    squares = _pw(program, list(channels_first.shape), stats_dtype, device,
+                  lambda x, m: ops.mul(ops.sub(x, m), ops.sub(x, m)), [channels_first, mean], "square")
+    total = _reduce(squares, dims, "sum", stats_dtype)
+    per_channel = [Index()] * (ndim - 1)
+    if track:
+        def update(box, stat, scale):
+            cd = compute_dtype(box.dtype)
+
+            def fn(r, s):
+                return ops.add(ops.mul(r, ops.constant(1.0 - momentum, cd)),
+                               ops.mul(s, ops.constant(momentum * scale, cd)))
+            vector = _view(stat, [channels], lambda idx: [idx[0], *per_channel], "view", aliases=False)
+            return _pw(program, [channels], box.dtype, device, fn, [box, vector], "running stats")
+        write_input(running_mean, update(running_mean, mean, 1.0))
+        write_input(running_var, update(running_var, total, 1.0 / (n - 1)))
+    var = _pw(program, list(total.shape), stats_dtype, device,
+              lambda s: ops.mul(s, ops.constant(1.0 / n, stats_dtype)), [total], "var")
+    # (C, 1, ...) -> (1, C, 1, ...): the channel back at dim 1, to broadcast against the input
+    return tuple(_view(s, [1, channels] + [1] * (ndim - 2), lambda idx: [idx[1], *per_channel], "view",
+                       aliases=False) for s in (mean, var))
+
+
+def writable_input(box) -> bool:
+    """box is a graph input (or the value an earlier op wrote into one) that no view reads:
+    an in-place write of it can be modelled as a new value copied back at the end."""
+    if not isinstance(box, TensorBox) or any(isinstance(r.data, ir.Pointwise) and r.data.aliases
+                                             for r in box.readers):
+        return False
+    return isinstance(box.data, ir.InputBuffer) or any(v is box for v in box.program.mutated_inputs.values())
+
+
+def write_input(box, value) -> None:
+    """Record that `value` is written into the graph input box stands for (lowering then
+    redirects later reads of box to value; the wrapper copies it into the input)."""
+    program = box.program
+    name = box.name if isinstance(box.data, ir.InputBuffer) else \
+        next(k for k, v in program.mutated_inputs.items() if v is box)
+    program.mutated_inputs[name] = value
 
 
 def _channel_view(box, ndim):
+    """A (C,) vector viewed as (1, C, 1, ...) for broadcasting against (N, C, ...)."""
     shape = [1, box.shape[0]] + [1] * (ndim - 2)
-    load = box.make_loader()
-    data = ir.Pointwise(shape, box.dtype, box.device, lambda idx: load([idx[1]]), "view")
-    return TensorBox(data, box.program, [box])
+    return _view(box, shape, lambda idx: [idx[1]], "view", aliases=False)
 
 
 @register([F.dropout, torch.dropout, "dropout"], "input, p=0.5, training=True, inplace=False")
@@ -569,13 +634,14 @@ def _dropout(node, values, input, p, training, inplace):
     return _cast(node, values, input)
 
 
-def _reduce(box, dims, rtype):
-    """A keepdim reduction of box over dims (for composite lowerings)."""
+def _reduce(box, dims, rtype, dtype=None):
+    """A keepdim reduction of box over dims (for composite lowerings), of box's dtype unless
+    another is given."""
     ndim = len(box.shape)
     dims = [dims] if isinstance(dims, int) else list(dims)
     dims = sorted(d % ndim for d in dims)
     out_shape = [1 if d in dims else s for d, s in enumerate(box.shape)]
-    meta = torch.empty(out_shape, dtype=box.dtype, device="meta")
+    meta = torch.empty(out_shape, dtype=dtype or box.dtype, device="meta")
     result = _reduction_box(meta, box, dims, True, rtype)
     result.data.device = box.device
     return result
@@ -604,11 +670,12 @@ def _view_box(node, values, input, index_map):
     return _view(input, list(meta.shape), index_map, _origin(node))
 
 
-def _view(input, shape, index_map, origin):
-    """A view of `shape` over input (same dtype and device): out[idx] = input[index_map(idx)]."""
+def _view(input, shape, index_map, origin, aliases=True):
+    """A view of `shape` over input (same dtype and device): out[idx] = input[index_map(idx)].
+    aliases=False for a lowering's internal re-indexing, which no user code can see."""
     load = input.make_loader()
     data = ir.Pointwise(shape, input.dtype, input.device, lambda idx: load(index_map(idx)), origin,
-                        aliases=True)
+                        aliases=aliases)
     return TensorBox(data, input.program, [input])
 
 
