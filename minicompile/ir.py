@@ -253,6 +253,12 @@ def use_ops(handler):
 #   masked(mask, body, other)  body() where mask holds, else other; the loads body makes are
 #                              performed only where mask holds (they may be out of bounds
 #                              elsewhere: a concatenation's inputs outside their range).
+#   indirect_indexing(value, size)  an Index variable holding `value` (an integer computed in
+#                              the kernel, e.g. loaded from another buffer), for an index that
+#                              depends on data (embedding). A value outside [0, size) is
+#                              replaced by 0, so no load leaves the tensor, and recorded in the
+#                              graph's INDEX_ERRORS buffer: the call then raises IndexError, as
+#                              eager does.
 # name -> number of operands.
 POINTWISE_OPS = {
     "add": 2, "sub": 2, "mul": 2, "truediv": 2,
@@ -263,6 +269,10 @@ POINTWISE_OPS = {
     "sin": 1, "cos": 1, "tanh": 1, "sigmoid": 1, "erf": 1, "reciprocal": 1,
     "floor": 1, "ceil": 1, "logical_not": 1, "isnan": 1,
 }
+
+# The one-element int32 buffer kernels with indirect indexing report an out-of-range index in
+# (the wrapper allocates it zeroed, passes it last, and raises if a kernel set it).
+INDEX_ERRORS = "index_errors"
 
 # The reduction types a Reduction node may have.
 REDUCTIONS = ("sum", "mean", "max", "min", "prod", "argmax", "argmin")
@@ -280,6 +290,7 @@ class RecordingOps:
     def __init__(self):
         self.loads: list[tuple[str, Index]] = []
         self.index_exprs: list[Index] = []      # indices used as values (loop plans must see them)
+        self.indirect: list[str] = []           # variables of indirect indices
         self.op_count = 0
 
     def load(self, name: str, index: Index):
@@ -295,6 +306,11 @@ class RecordingOps:
         body()
         self.op_count += 1
         return "v"
+
+    def indirect_indexing(self, value, size: int) -> Index:
+        self.indirect.append(f"ind{len(self.indirect)}")
+        self.op_count += 1
+        return Index.var(self.indirect[-1])
 
     def to_dtype(self, x, dtype, src_dtype=None):
         if src_dtype is not None and compute_dtype(dtype) == src_dtype:

@@ -1,6 +1,7 @@
 """Lowerings that used to fall back to PyTorch: argmax/argmin (a reduction that keeps a
 position), cat/stack (pieces selected by position, read under masks), split/chunk/unbind
-(tuples of views), training batch norm (running statistics written back into the inputs).
+(tuples of views), training batch norm (running statistics written back into the inputs),
+embedding (an indirect load, its index checked).
 
 Each op is compared with eager on fresh random inputs, awkward sizes and non-contiguous
 layouts, for every kernel backend; each test also checks that the op is generated code (no
@@ -257,3 +258,56 @@ def test_batch_norm_training_falls_back_where_it_must(kernel_backend):
         assert "no lowering for batch_norm" in compiled.wrapper_source
         mine, eager = [x, m.clone(), v.clone()], [x, m.clone(), v.clone()]
         torch.testing.assert_close((compiled(*mine), mine), (f(*eager), eager))
+
+
+# --------------------------------------------------------------------------- embedding
+
+def indices(*shape, high=10, dtype=torch.int64):
+    return torch.randint(0, high, shape, device=DEVICE, dtype=dtype)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+def test_embedding(kernel_backend, dtype):
+    i, w = indices(3, 4), randn(10, 6, dtype=dtype)
+    check(lambda i, w: F.embedding(i, w), i, w, dtype=dtype)
+    check(lambda i, w: F.embedding(i.t(), w) * 2, i, randn(10, 6, dtype=dtype, layout="transposed"), dtype=dtype)
+    check(lambda i, w: torch.embedding(w.t(), 9 - i), i, randn(6, 10, dtype=dtype), dtype=dtype)
+    check(lambda i, w: F.embedding(i, w, padding_idx=0), indices(7, dtype=torch.int32), w, dtype=dtype)
+    check(lambda i, w: F.embedding(i[1, 2], w[:, 1:5]), i, w, dtype=dtype)          # one index
+    check(lambda i, w: torch.cat([F.embedding(i, w), w[:3, None].expand(3, 4, 6)], 1), i, w, dtype=dtype)
+
+
+def test_embedding_large(kernel_backend):
+    rows, dim = small(kernel_backend, (50, 78), (2000, 781))
+    i, w = indices(*small(kernel_backend, (7, 13), (1823,)), high=rows), randn(rows, dim)
+    check(lambda i, w: F.embedding(i, w) + 1, i, w, kernels=1)
+
+
+def test_embedding_fuses_with_indices_and_consumers(kernel_backend):
+    i, w = indices(5, 7), randn(10, 16)
+    check(lambda i, w: F.embedding(i, w).sum(-1), i, w, kernels=1)
+    check(lambda i, w: F.layer_norm(F.embedding(9 - i, w), (16,)), i, w, kernels=1)
+
+
+@pytest.mark.parametrize("bad", [10, -1])
+def test_embedding_index_out_of_range_raises(kernel_backend, bad):
+    i, w = indices(3, 4), randn(10, 6)
+    compiled = check(lambda i, w: F.embedding(i, w).sum(-1), i, w)
+    i[1, 2] = bad
+    with pytest.raises(IndexError):
+        F.embedding(i, w)
+    with pytest.raises(IndexError):
+        compiled(i, w)
+    i[1, 2] = 3
+    torch.testing.assert_close(compiled(i, w), F.embedding(i, w).sum(-1))
+
+
+def test_embedding_module_and_max_norm_fallback(kernel_backend):
+    model = torch.nn.Sequential(torch.nn.Embedding(10, 8), torch.nn.LayerNorm(8)).to(DEVICE)
+    i = indices(2, 5)
+    with torch.no_grad():
+        assert_same(minicompile.compile(model)(i), model(i))
+    assert minicompile.metrics.kernels == 1
+    w = randn(10, 6)
+    compiled = compile_graph(torch.fx.symbolic_trace(lambda i, w: F.embedding(i, w, max_norm=1.0)), [i, w.clone()])
+    assert "no lowering for embedding" in compiled.wrapper_source

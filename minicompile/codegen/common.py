@@ -121,6 +121,7 @@ class KernelWriter:
         self.row_values: dict[str, str] = {}        # member name -> variable (per-row results)
         self.members = {m.box.name: m for m in kernel.members}
         self.load_mask: str | None = None         # inside ops.masked: where loads may be made
+        self.checks_indices = False               # uses indirect indexing: takes INDEX_ERRORS
         self.canonical = canonical_indices(kernel)
         self.ranges = canonical_ranges(kernel)
 
@@ -187,6 +188,17 @@ class KernelWriter:
     def index_expr(self, index: Index, dtype: torch.dtype) -> str:
         return self._emit(self.index_value_expr(self.plan.apply(index.simplify(self.ranges)), dtype))
 
+    def indirect_indexing(self, value: str, size: int) -> Index:
+        """A variable holding value as an int64 index, checked against [0, size) (lines from
+        the backend's `index_check`), once per value."""
+        key = f"indirect_indexing({value}, {size})"
+        if key not in self.cache:
+            var = self.cache[key] = f"tmp{self.count}"
+            self.count += 1
+            self.checks_indices = True
+            self.lines += self.index_check(var, value, size)
+        return Index.var(self.cache[key])
+
     def masked(self, mask: str, body, other: str) -> str:
         """body() where mask holds, else other. While body runs, loads are guarded by the mask
         (each backend's load_expr reads self.load_mask), so they never touch memory outside it."""
@@ -216,6 +228,11 @@ class KernelWriter:
         raise NotImplementedError
 
     def index_value_expr(self, index: Index, dtype: torch.dtype) -> str:
+        raise NotImplementedError
+
+    def index_check(self, var: str, value: str, size: int) -> list[str]:
+        """Lines setting var to value (as int64), or to 0 with INDEX_ERRORS set where value
+        is outside [0, size) on a lane that computes (inside ops.masked: where the mask holds)."""
         raise NotImplementedError
 
     def constant_expr(self, value, dtype: torch.dtype) -> str:

@@ -79,6 +79,13 @@ class CppWriter(KernelWriter):
     def index_value_expr(self, index, dtype):
         return f"static_cast<{ctype(dtype)}>({index.render('/')})"
 
+    def index_check(self, var, value, size):
+        report = f"__atomic_store_n({ir.INDEX_ERRORS}, 1, __ATOMIC_RELAXED);"
+        if self.load_mask is not None:
+            report = f"if ({self.load_mask}) {report}"
+        return [f"int64_t {var} = static_cast<int64_t>({value});",
+                f"if ({var} < 0 || {var} >= {size}) {{ {report} {var} = 0; }}"]
+
     def constant_expr(self, value, dtype):
         t = ctype(dtype)
         if isinstance(value, float) and math.isinf(value):
@@ -194,9 +201,11 @@ def kernel_source(kernel, buffers: dict[str, ir.IRNode]) -> tuple[str, list[str]
     stored = [m.box for m in kernel.members if m.box.name in kernel.stored]
     params = [f"const {ctype(buffers[n].dtype)}* __restrict__ in_ptr{i}" for i, n in enumerate(writer.args)]
     params += [f"{ctype(b.dtype)}* __restrict__ out_ptr{i}" for i, b in enumerate(stored)]
+    checked = [ir.INDEX_ERRORS] if writer.checks_indices else []
+    params += [f"int32_t* __restrict__ {name}" for name in checked]
     lines = [f'extern "C" void {kernel.name}({", ".join(params)}) {{']
     lines += ["    " + line for line in body] + ["}"]
-    return "\n".join(lines), writer.args + [b.name for b in stored]
+    return "\n".join(lines), writer.args + [b.name for b in stored] + checked
 
 
 def _nest(loops, body, innermost_pragma=None, outer_pragma=None, collapse=False):

@@ -84,6 +84,14 @@ class TritonWriter(KernelWriter):
             return self.constant_expr(index.const, dtype)
         return f"({index.render('//')}).to({TL_TYPES[dtype]})"
 
+    def index_check(self, var, value, size):
+        lanes = self.mask if self.load_mask is None else f"{self.mask} & ({self.load_mask})"
+        bad = f"{var}_bad"           # a block of the lanes' shape: the store's pointers need it
+        return [f"{var} = ({value}).to(tl.int64)",
+                f"{bad} = (({var} < 0) | ({var} >= {size})) & {lanes}",
+                f"tl.store({ir.INDEX_ERRORS} + 0 * {bad}.to(tl.int32), 1, {bad})",
+                f"{var} = tl.where({bad}, 0, {var})"]
+
     def constant_expr(self, value, dtype):
         if isinstance(value, float) and (math.isinf(value) or math.isnan(value)):
             return f"float('{value}')"
@@ -227,10 +235,11 @@ def kernel_source(kernel, buffers):
             launch = {"xnumel": xnumel, "rnumel": rnumel, "XBLOCK": xblock, "RBLOCK": rblock,
                       "num_warps": num_warps, "grid": math.ceil(xnumel / xblock)}
     stored = [m.box for m in kernel.members if m.box.name in kernel.stored]
-    args = [f"in_ptr{i}" for i in range(len(writer.args))] + [f"out_ptr{i}" for i in range(len(stored))]
+    checked = [ir.INDEX_ERRORS] if writer.checks_indices else []
+    args = [f"in_ptr{i}" for i in range(len(writer.args))] + [f"out_ptr{i}" for i in range(len(stored))] + checked
     lines = ["@triton.jit", f"def {kernel.name}({', '.join(args + params)}):"]
     lines += ["    " + line for line in body]
-    return "\n".join(lines), writer.args + [b.name for b in stored], launch
+    return "\n".join(lines), writer.args + [b.name for b in stored] + checked, launch
 
 
 def _row_reduce(writer, reduce_fn: str, block: str, nan_aware: bool) -> str:

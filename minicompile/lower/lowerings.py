@@ -899,6 +899,40 @@ def _pieces_along(node, values, dim, pieces):
                      pieces[0][0].program, [b for b, *_ in pieces])
 
 
+@register([F.embedding], "input, weight, padding_idx=None, max_norm=None, norm_type=2.0, "
+          "scale_grad_by_freq=False, sparse=False")
+def _embedding(node, values, input, weight, padding_idx, max_norm, norm_type, scale_grad_by_freq, sparse):
+    """F.embedding: max_norm renormalizes weight rows in place, left to PyTorch (padding_idx,
+    scale_grad_by_freq and sparse only change the gradient)."""
+    if max_norm is not None:
+        return NotImplemented
+    return _embedding_box(node, values, weight, input)
+
+
+@register([torch.embedding], "weight, indices, padding_idx=-1, scale_grad_by_freq=False, sparse=False")
+def _torch_embedding(node, values, weight, indices, padding_idx, scale_grad_by_freq, sparse):
+    return _embedding_box(node, values, weight, indices)
+
+
+def _embedding_box(node, values, weight, indices):
+    """out[i..., j] = weight[indices[i...], j]: the row index is data, loaded in the kernel
+    (ops.indirect_indexing), so the gather fuses with what computes the indices and with what
+    consumes the rows. An index outside the table raises IndexError, as in eager."""
+    meta = _meta(node, values)
+    if meta is None or not isinstance(weight, TensorBox) or not isinstance(indices, TensorBox) \
+            or len(weight.shape) != 2 or weight.shape[0] == 0 \
+            or indices.dtype not in (torch.int64, torch.int32) or weight.device != indices.device:
+        return NotImplemented
+    k, rows = len(indices.shape), weight.shape[0]
+    load_weight, load_index = weight.make_loader(), indices.make_loader()
+
+    def inner_fn(idx):
+        row = ops.indirect_indexing(load_index(list(idx[:k])), rows)
+        return load_weight([row, idx[k]])
+    return TensorBox(ir.Pointwise(list(meta.shape), meta.dtype, meta.device, inner_fn, "embedding"),
+                     weight.program, [weight, indices])
+
+
 # --------------------------------------------------------------------------- fallback
 
 def lower_fallback(program: ir.Program, node, values, target, args, kwargs):
