@@ -355,6 +355,7 @@ class InputBuffer(IRNode):
     offset: int
     dtype: torch.dtype
     device: torch.device
+    shares_memory: bool = False   # another input uses the same storage: writes to it not modelled
 
     def make_loader(self):
         def load(index):

@@ -54,10 +54,12 @@ def lower(gm: torch.fx.GraphModule, example_inputs) -> ir.Program:
     program = ir.Program(inputs=[], nodes=[], outputs=[], device=device)
 
     env: dict[torch.fx.Node, Any] = {}
+    storages = [_storage(v) for v in example_inputs]
     for i, (node, value) in enumerate(zip(placeholders, example_inputs)):
         if isinstance(value, torch.Tensor):
             buf = ir.InputBuffer(f"arg{i}", list(value.shape), list(value.stride()), 0,
-                                 value.dtype, value.device)
+                                 value.dtype, value.device,
+                                 shares_memory=storages.count(storages[i]) > 1)
             program.inputs.append(buf)
             env[node] = TensorBox(buf, program)
         else:
@@ -117,6 +119,14 @@ def lower(gm: torch.fx.GraphModule, example_inputs) -> ir.Program:
             env[node.args[0]] = result
         _redirect_written_inputs(env, program, written)
     return program
+
+
+def _storage(value):
+    """An input's storage, to see which inputs share memory (None where there is none)."""
+    try:
+        return value.untyped_storage().data_ptr() or None
+    except (AttributeError, RuntimeError, NotImplementedError):   # not a tensor, or a fake one
+        return None
 
 
 def _redirect_written_inputs(env, program: ir.Program, before: dict) -> None:

@@ -607,7 +607,9 @@ def writable_input(box) -> bool:
     if not isinstance(box, TensorBox) or any(isinstance(r.data, ir.Pointwise) and r.data.aliases
                                              for r in box.readers):
         return False
-    return isinstance(box.data, ir.InputBuffer) or any(v is box for v in box.program.mutated_inputs.values())
+    if isinstance(box.data, ir.InputBuffer):
+        return not box.data.shares_memory
+    return any(v is box for v in box.program.mutated_inputs.values())
 
 
 def write_input(box, value) -> None:
