@@ -115,6 +115,7 @@ def test_cat(kernel_backend, dtype):
     check(lambda x, y, z: torch.cat([x, y, z], 1), x, y, z, dtype=dtype)
     check(lambda x, y, z: torch.cat([z, x * 2, y.relu(), x], dim=-1), x, y, z, dtype=dtype)
     check(lambda x, y: torch.cat((x[:3, :7], y.t(), x[:, 2:9].t()), 0), x, y, dtype=dtype)
+    check(lambda x, z: torch.cat([x, z[:1].expand(7, 2)], 1), x, z, dtype=dtype)   # one element, read by all
     a = randn(3, 4, 5, dtype=dtype, layout="strided")
     check(lambda a: torch.concat([a, a[:, :2] * 3, a], dim=1), a, dtype=dtype)
     check(lambda a: torch.cat([a.sin(), a], 2), a, dtype=dtype)
