@@ -20,7 +20,8 @@ are specialized before a dimension is made dynamic, as in TorchDynamo).
 Nodes:
   InputBuffer   a graph input, with its real strides and offset
   Pointwise     out[i] = inner_fn(i)
-  Reduction     out[i] = reduce_{r} inner_fn(i, r), reduction_type in REDUCTIONS
+  Reduction     out[i] = reduce_{r} inner_fn(i, r), reduction_type in REDUCTIONS (argmax and
+                argmin give the position of the best inner_fn value instead of the value)
   Extern        a call of a PyTorch kernel (matrix products, and any op without a lowering)
   ComputedBuffer  a Pointwise or Reduction that fusion decided to store in memory
 """
@@ -390,7 +391,19 @@ def use_ops(handler):
 
 
 # The pointwise operations every backend prints (tests/test_codegen.py checks that both do).
-# Lowerings may use nothing else (plus load / constant / to_dtype / round_to / where).
+# Lowerings may use nothing else, plus:
+#   load(name, index), constant(value, dtype), to_dtype(x, dtype, src_dtype), round_to(x, dtype),
+#   where(c, a, b),
+#   index_expr(index, dtype)   the value of an index expression (a position as a number),
+#   masked(mask, body, other)  body() where mask holds, else other; the loads body makes are
+#                              performed only where mask holds (they may be out of bounds
+#                              elsewhere: a concatenation's inputs outside their range).
+#   indirect_indexing(value, size)  an Index variable holding `value` (an integer computed in
+#                              the kernel, e.g. loaded from another buffer), for an index that
+#                              depends on data (embedding). A value outside [0, size) is
+#                              replaced by 0, so no load leaves the tensor, and recorded in the
+#                              graph's INDEX_ERRORS buffer: the call then raises IndexError, as
+#                              eager does.
 # name -> number of operands.
 POINTWISE_OPS = {
     "add": 2, "sub": 2, "mul": 2, "truediv": 2,
@@ -402,8 +415,18 @@ POINTWISE_OPS = {
     "floor": 1, "ceil": 1, "logical_not": 1, "isnan": 1,
 }
 
+# The one-element int32 buffer kernels with indirect indexing report an out-of-range index in
+# (the wrapper allocates it zeroed, passes it last, and raises if a kernel set it).
+INDEX_ERRORS = "index_errors"
+
 # The reduction types a Reduction node may have.
-REDUCTIONS = ("sum", "mean", "max", "min", "prod")
+REDUCTIONS = ("sum", "mean", "max", "min", "prod", "argmax", "argmin")
+
+# Reductions whose result is a position, not a value: the flat (row-major) index over
+# reduction_ranges of the first greatest (least) value, NaN counting as greatest (least) and
+# the first NaN winning, as PyTorch's argmax/argmin. Their src_dtype is the dtype the values
+# are compared in; the result is int64.
+ARG_REDUCTIONS = ("argmax", "argmin")
 
 
 class RecordingOps:
@@ -411,11 +434,28 @@ class RecordingOps:
 
     def __init__(self):
         self.loads: list[tuple[str, Index]] = []
+        self.index_exprs: list[Index] = []      # indices used as values (loop plans must see them)
+        self.indirect: list[str] = []           # variables of indirect indices
         self.op_count = 0
 
     def load(self, name: str, index: Index):
         self.loads.append((name, index))
         return "v"
+
+    def index_expr(self, index: Index, dtype):
+        self.index_exprs.append(index)
+        self.op_count += 1
+        return "v"
+
+    def masked(self, mask, body, other):
+        body()
+        self.op_count += 1
+        return "v"
+
+    def indirect_indexing(self, value, size: int) -> Index:
+        self.indirect.append(f"ind{len(self.indirect)}")
+        self.op_count += 1
+        return Index.var(self.indirect[-1])
 
     def to_dtype(self, x, dtype, src_dtype=None):
         if src_dtype is not None and compute_dtype(dtype) == src_dtype:
@@ -460,6 +500,7 @@ class InputBuffer(IRNode):
     offset: int
     dtype: torch.dtype
     device: torch.device
+    shares_memory: bool = False   # another input uses the same storage: writes to it not modelled
 
     def make_loader(self):
         def load(index):
@@ -602,6 +643,9 @@ class Program:
     output_spec: Any = None               # pytree spec: how outputs nest (tuple, list, single)
     # size symbol -> how the wrapper reads it from the graph's inputs ("arg0.size(1)")
     symbols: dict = field(default_factory=dict)
+    # graph inputs an op writes in place (batch norm's running statistics): input name -> the
+    # node holding its new value, copied into the input after the kernels, as eager leaves it
+    mutated_inputs: dict = field(default_factory=dict)
     _names: Any = field(default_factory=lambda: itertools.count())
 
     def new_name(self, prefix: str = "buf") -> str:

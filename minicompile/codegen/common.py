@@ -74,7 +74,7 @@ def plan_loops(kernel) -> LoopPlan:
         rec = ir.RecordingOps()
         with ir.use_ops(rec):
             m.run(x_idx, r_idx)
-        indices += [idx.simplify(ranges) for _, idx in rec.loads]
+        indices += [idx.simplify(ranges) for idx in [i for _, i in rec.loads] + rec.index_exprs]
         indices.append(m.store_index(x_idx, r_idx))
     nonlinear = set().union(*[i.nonlinear_variables() for i in indices]) if indices else set()
 
@@ -121,6 +121,8 @@ class KernelWriter:
         self.constants: set[str] = set()
         self.row_values: dict[str, str] = {}        # member name -> variable (per-row results)
         self.members = {m.box.name: m for m in kernel.members}
+        self.load_mask: str | None = None         # inside ops.masked: where loads may be made
+        self.checks_indices = False               # uses indirect indexing: takes INDEX_ERRORS
         self.canonical = canonical_indices(kernel)
         self.ranges = canonical_ranges(kernel)
 
@@ -188,6 +190,31 @@ class KernelWriter:
     def where(self, c: str, a: str, b: str) -> str:
         return self._emit(self.OPS["where"].format(c, a, b))
 
+    def index_expr(self, index: Index, dtype: torch.dtype) -> str:
+        return self._emit(self.index_value_expr(self.plan.apply(index.simplify(self.ranges)), dtype))
+
+    def indirect_indexing(self, value: str, size: int) -> Index:
+        """A variable holding value as an int64 index, checked against [0, size) (lines from
+        the backend's `index_check`), once per value."""
+        key = f"indirect_indexing({value}, {size})"
+        if key not in self.cache:
+            var = self.cache[key] = f"tmp{self.count}"
+            self.count += 1
+            self.checks_indices = True
+            self.lines += self.index_check(var, value, size)
+        return Index.var(self.cache[key])
+
+    def masked(self, mask: str, body, other: str) -> str:
+        """body() where mask holds, else other. While body runs, loads are guarded by the mask
+        (each backend's load_expr reads self.load_mask), so they never touch memory outside it."""
+        outer = self.load_mask
+        self.load_mask = mask if outer is None else self.logical_and(outer, mask)
+        try:
+            value = body()
+        finally:
+            self.load_mask = outer
+        return self.where(mask, value, other)
+
     def __getattr__(self, name: str):
         if name not in self.OPS:
             raise NotImplementedError(f"{type(self).__name__} has no code for operation '{name}'")
@@ -202,6 +229,15 @@ class KernelWriter:
         raise NotImplementedError
 
     def load_expr(self, name: str, index: Index, dtype: torch.dtype) -> str:
+        """A load of one element (in the compute dtype), guarded by self.load_mask if set."""
+        raise NotImplementedError
+
+    def index_value_expr(self, index: Index, dtype: torch.dtype) -> str:
+        raise NotImplementedError
+
+    def index_check(self, var: str, value: str, size: int) -> list[str]:
+        """Lines setting var to value (as int64), or to 0 with INDEX_ERRORS set where value
+        is outside [0, size) on a lane that computes (inside ops.masked: where the mask holds)."""
         raise NotImplementedError
 
     def constant_expr(self, value, dtype: torch.dtype) -> str:
@@ -228,4 +264,4 @@ def reduction_identity(reduction_type: str, dtype: torch.dtype):
     if reduction_type == "prod":
         return 1
     big = math.inf if dtype.is_floating_point else (torch.iinfo(dtype).max if dtype != torch.bool else 1)
-    return -big if reduction_type == "max" else big
+    return -big if reduction_type in ("max", "argmax") else big

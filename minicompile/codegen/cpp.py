@@ -71,7 +71,20 @@ class CppWriter(KernelWriter):
     def load_expr(self, name, index, dtype):
         value = f"{self.arg_name(name)}[{index.render('/')}]"
         cd = ir.compute_dtype(dtype)
-        return f"static_cast<{ctype(cd)}>({value})" if cd != dtype else value
+        value = f"static_cast<{ctype(cd)}>({value})" if cd != dtype else value
+        if self.load_mask is not None:      # the ternary reads memory only where the mask holds
+            value = f"({self.load_mask} ? {value} : {self.constant_expr(0, cd)})"
+        return value
+
+    def index_value_expr(self, index, dtype):
+        return f"static_cast<{ctype(dtype)}>({index.render('/')})"
+
+    def index_check(self, var, value, size):
+        report = f"__atomic_store_n({ir.INDEX_ERRORS}, 1, __ATOMIC_RELAXED);"
+        if self.load_mask is not None:
+            report = f"if ({self.load_mask}) {report}"
+        return [f"int64_t {var} = static_cast<int64_t>({value});",
+                f"if ({var} < 0 || {var} >= {size}) {{ {report} {var} = 0; }}"]
 
     def constant_expr(self, value, dtype):
         t = ctype(dtype)
@@ -102,6 +115,9 @@ REDUCE = {  # reduction type -> (combine statement, OpenMP reduction operator)
     "prod": ("{acc} = {acc} * {v};", "*"),
     "max": ("{acc} = {v} > {acc} ? {v} : {acc}; {nan} |= ({v} != {v});", "max"),
     "min": ("{acc} = {v} < {acc} ? {v} : {acc}; {nan} |= ({v} != {v});", "min"),
+    # keep the first NaN, else take a NaN, else a strictly better value (ties keep the first)
+    "argmax": ("if ({acc} == {acc} && ({v} != {v} || {v} > {acc})) {{ {acc} = {v}; {idx} = {r}; }}", None),
+    "argmin": ("if ({acc} == {acc} && ({v} != {v} || {v} < {acc})) {{ {acc} = {v}; {idx} = {r}; }}", None),
 }
 
 
@@ -118,6 +134,8 @@ def kernel_source(kernel, buffers: dict[str, ir.IRNode]) -> tuple[str, list[str]
     xs = list(zip(plan.x_vars, plan.x_sizes))
     rs = list(zip(plan.r_vars, plan.r_sizes))
     numel = ir.size_expr(math.prod(plan.x_sizes) * math.prod(plan.r_sizes))
+    # the row-major position of the current element in its row (what argmax/argmin return)
+    position = plan.apply(ir.flat_index(r_idx, ir.contiguous_strides(kernel.r_sizes)))
     parallel_if = f"if({writer.render_size(numel)} >= 32768)"
 
     def store(member, value) -> str:
@@ -142,19 +160,25 @@ def kernel_source(kernel, buffers: dict[str, ir.IRNode]) -> tuple[str, list[str]
             for k, m in enumerate(kernel.members):
                 comp = m.comp
                 if isinstance(comp, ir.Reduction):
-                    acc, nan = f"acc{k}", f"nan{k}"
+                    acc, nan, idx = f"acc{k}", f"nan{k}", f"idx{k}"
                     acc_t = ctype(comp.src_dtype)
                     init = writer.constant_expr(reduction_identity(comp.reduction_type, comp.src_dtype), comp.src_dtype)
                     combine, omp_op = REDUCE[comp.reduction_type]
                     with writer.scope() as loop_body:
                         value = m.run(x_idx, r_idx)
-                        loop_body.append(combine.format(acc=acc, v=value, nan=nan))
-                    clauses = f"reduction({omp_op}:{acc}) reduction(|:{nan})"
-                    writer.lines += [f"{acc_t} {acc} = {init};", f"int {nan} = 0;"]
-                    writer.lines += _nest(rs, loop_body, innermost_pragma=f"#pragma omp simd {clauses}",
-                                          outer_pragma=f"#pragma omp parallel for {clauses} {parallel_if}"
-                                          if serial_rows else None)
-                    result = acc
+                        loop_body.append(combine.format(acc=acc, v=value, nan=nan, idx=idx,
+                                                        r=position.render("/")))
+                    if comp.reduction_type in ir.ARG_REDUCTIONS:
+                        # an in-order loop: the first position of the best value is kept
+                        writer.lines += [f"{acc_t} {acc} = {init};", f"int64_t {idx} = 0;"]
+                        writer.lines += _nest(rs, loop_body)
+                    else:
+                        clauses = f"reduction({omp_op}:{acc}) reduction(|:{nan})"
+                        writer.lines += [f"{acc_t} {acc} = {init};", f"int {nan} = 0;"]
+                        writer.lines += _nest(rs, loop_body, innermost_pragma=f"#pragma omp simd {clauses}",
+                                              outer_pragma=f"#pragma omp parallel for {clauses} {parallel_if}"
+                                              if serial_rows else None)
+                    result = idx if comp.reduction_type in ir.ARG_REDUCTIONS else acc
                     if comp.reduction_type == "mean":
                         result = f"({acc} / static_cast<{acc_t}>({writer.render_size(comp.rnumel())}))"
                     if comp.reduction_type in ("max", "min") and comp.src_dtype.is_floating_point:
@@ -181,10 +205,12 @@ def kernel_source(kernel, buffers: dict[str, ir.IRNode]) -> tuple[str, list[str]
     symbols = size_symbols_in("\n".join(body))          # dynamic sizes: passed as arguments
     params = [f"const {ctype(buffers[n].dtype)}* __restrict__ in_ptr{i}" for i, n in enumerate(writer.args)]
     params += [f"{ctype(b.dtype)}* __restrict__ out_ptr{i}" for i, b in enumerate(stored)]
+    checked = [ir.INDEX_ERRORS] if writer.checks_indices else []
+    params += [f"int32_t* __restrict__ {name}" for name in checked]
     params += [f"int64_t {s}" for s in symbols]
     lines = [f'extern "C" void {kernel.name}({", ".join(params)}) {{']
     lines += ["    " + line for line in body] + ["}"]
-    return "\n".join(lines), writer.args + [b.name for b in stored] + symbols
+    return "\n".join(lines), writer.args + [b.name for b in stored] + checked + symbols
 
 
 def _nest(loops, body, innermost_pragma=None, outer_pragma=None, collapse=False):

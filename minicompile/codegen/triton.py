@@ -88,12 +88,29 @@ class TritonWriter(KernelWriter):
         return f"{var} = {expr}"
 
     def load_expr(self, name, index, dtype):
-        if index.variables():
-            value = f"tl.load({self.arg_name(name)} + ({index.render('//')}), {self.mask}, other=0)"
+        ptr = self.arg_name(name)
+        if self.load_mask is not None:     # inside ops.masked: a block load under both masks
+            offset = index.render("//") if index.variables() else f"{index.render('//')} + 0 * xindex"
+            value = f"tl.load({ptr} + ({offset}), {self.mask} & ({self.load_mask}), other=0)"
+        elif index.variables():
+            value = f"tl.load({ptr} + ({index.render('//')}), {self.mask}, other=0)"
         else:   # one element for every lane: a scalar load (a block mask needs a block pointer)
-            value = f"tl.load({self.arg_name(name)} + {index.render('//')})"
+            value = f"tl.load({ptr} + {index.render('//')})"
         cd = ir.compute_dtype(dtype)
         return f"{value}.to({TL_TYPES[cd]})" if cd != dtype else value
+
+    def index_value_expr(self, index, dtype):
+        if not index.variables():
+            return self.constant_expr(index.const, dtype)
+        return f"({index.render('//')}).to({TL_TYPES[dtype]})"
+
+    def index_check(self, var, value, size):
+        lanes = self.mask if self.load_mask is None else f"{self.mask} & ({self.load_mask})"
+        bad = f"{var}_bad"           # a block of the lanes' shape: the store's pointers need it
+        return [f"{var} = ({value}).to(tl.int64)",
+                f"{bad} = (({var} < 0) | ({var} >= {size})) & {lanes}",
+                f"tl.store({ir.INDEX_ERRORS} + 0 * {bad}.to(tl.int32), 1, {bad})",
+                f"{var} = tl.where({bad}, 0, {var})"]
 
     def constant_expr(self, value, dtype):
         if isinstance(value, float) and (math.isinf(value) or math.isnan(value)):
@@ -184,26 +201,40 @@ def kernel_source(kernel, buffers):
                     reduce_fn = REDUCE_FN.get(comp.reduction_type)
                     if reduce_fn is None:
                         raise NotImplementedError(f"Triton reduction '{comp.reduction_type}'")
-                    nan_aware = comp.reduction_type in ("max", "min") and comp.src_dtype.is_floating_point
+                    floating = comp.src_dtype.is_floating_point
+                    nan_aware = comp.reduction_type in ("max", "min") and floating
+                    arg = comp.reduction_type in ir.ARG_REDUCTIONS
                     if persistent:
                         value = m.run(x_idx, r_idx)
-                        result = writer._emit(f"{reduce_fn}(tl.where(xmask & rmask, {value}, {init}).to({acc_tl}), 1)[:, None]")
-                        if nan_aware:     # tl.max/tl.min skip NaN; PyTorch's amax/amin return it
-                            nan = writer._emit(f"tl.max(tl.where(xmask & rmask, {value} != {value}, 0).to(tl.int32), 1)[:, None]")
-                            result = writer._emit(f"tl.where({nan} > 0, float('nan'), {result})")
+                        block = writer._emit(f"tl.where(xmask & rmask, {value}, {init}).to({acc_tl})")
+                        if arg:
+                            positions = writer._emit("tl.where(xmask & rmask, rindex, rnumel)")
+                            result = _first_best(writer, reduce_fn, block, positions, floating)
+                        else:
+                            result = _row_reduce(writer, reduce_fn, block, nan_aware)
                     else:
-                        acc = f"acc{k}"
+                        acc, pos = f"acc{k}", f"pos{k}"
                         with writer.scope() as loop_body:
                             value = m.run(x_idx, r_idx)
                             loop_body.append(f"v = tl.where(xmask & rmask, {value}, {init}).to({acc_tl})")
-                            loop_body.append(f"{acc} = {COMBINE[comp.reduction_type].format(acc=acc, v='v')}")
-                        writer.lines += [f"{acc} = tl.full([XBLOCK, RBLOCK], {init}, {acc_tl})",
-                                         "for roffset in range(0, rnumel, RBLOCK):",
+                            if arg:
+                                # per lane, elements come in order: take the first, a NaN over a
+                                # number, or a strictly better value (ties keep the earlier one)
+                                better = ">" if comp.reduction_type == "argmax" else "<"
+                                loop_body += [f"take = xmask & rmask & (({pos} == rnumel) | (v {better} {acc}) | "
+                                              f"((v != v) & ({acc} == {acc})))",
+                                              f"{acc} = tl.where(take, v, {acc})",
+                                              f"{pos} = tl.where(take, rindex, {pos})"]
+                            else:
+                                loop_body.append(f"{acc} = {COMBINE[comp.reduction_type].format(acc=acc, v='v')}")
+                        writer.lines.append(f"{acc} = tl.full([XBLOCK, RBLOCK], {init}, {acc_tl})")
+                        if arg:
+                            writer.lines.append(f"{pos} = tl.full([XBLOCK, RBLOCK], rnumel, tl.int32)")
+                        writer.lines += ["for roffset in range(0, rnumel, RBLOCK):",
                                          *["    " + line for line in ["rindex = roffset + rbase", *rvars, *loop_body]]]
-                        result = writer._emit(f"{reduce_fn}({acc}, 1)[:, None]")
-                        if nan_aware:     # the accumulators kept NaN; tl.max/tl.min would drop it
-                            result = writer._emit(f"tl.where(tl.max(({acc} != {acc}).to(tl.int32), 1)[:, None] > 0, "
-                                                  f"float('nan'), {result})")
+                        # the accumulators kept NaN; tl.max/tl.min alone would drop it
+                        result = (_first_best(writer, reduce_fn, acc, pos, floating) if arg
+                                  else _row_reduce(writer, reduce_fn, acc, nan_aware))
                     if comp.reduction_type == "mean":
                         result = writer._emit(f"{result} / {writer.render_size(comp.rnumel())}")
                     writer.row_values[m.box.name] = result
@@ -234,17 +265,37 @@ def kernel_source(kernel, buffers):
             launch = {"xnumel": _launch_value(xnumel), "rnumel": _launch_value(rnumel), "XBLOCK": xblock,
                       "RBLOCK": rblock, "num_warps": num_warps, "grid": _grid(xnumel, xblock)}
     stored = [m.box for m in kernel.members if m.box.name in kernel.stored]
-    args = [f"in_ptr{i}" for i in range(len(writer.args))] + [f"out_ptr{i}" for i in range(len(stored))]
+    checked = [ir.INDEX_ERRORS] if writer.checks_indices else []
+    args = [f"in_ptr{i}" for i in range(len(writer.args))] + [f"out_ptr{i}" for i in range(len(stored))] + checked
     # dynamic sizes the body uses (not those only in xnumel / rnumel): arguments, before the
     # launch settings, in the order the launcher passes them
     symbols = size_symbols_in("\n".join(body))
     launch = {**{sym: sym for sym in symbols}, **launch}
     lines = ["@triton.jit", f"def {kernel.name}({', '.join(args + symbols + params)}):"]
     lines += ["    " + line for line in body]
-    return "\n".join(lines), writer.args + [b.name for b in stored], launch
+    return "\n".join(lines), writer.args + [b.name for b in stored] + checked, launch
 
 
-REDUCE_FN = {"sum": "tl.sum", "mean": "tl.sum", "max": "tl.max", "min": "tl.min"}
+def _row_reduce(writer, reduce_fn: str, block: str, nan_aware: bool) -> str:
+    """reduce_fn over each row of a [XBLOCK, RBLOCK] block; NaN where the row holds one when
+    nan_aware (tl.max and tl.min skip NaN, PyTorch's amax and amin return it)."""
+    result = writer._emit(f"{reduce_fn}({block}, 1)[:, None]")
+    if not nan_aware:
+        return result
+    return writer._emit(f"tl.where(tl.max(({block} != {block}).to(tl.int32), 1)[:, None] > 0, "
+                        f"float('nan'), {result})")
+
+
+def _first_best(writer, reduce_fn: str, block: str, positions: str, nan_aware: bool) -> str:
+    """argmax/argmin of each row of a block of values and their positions (rnumel where a lane
+    holds no element): the least position holding the row's best value, NaN counting as best."""
+    best = _row_reduce(writer, reduce_fn, block, nan_aware)
+    return writer._emit(f"tl.min(tl.where(({block} == {best}) | (({block} != {block}) & ({best} != {best})), "
+                        f"{positions}, rnumel), 1)[:, None]")
+
+
+REDUCE_FN = {"sum": "tl.sum", "mean": "tl.sum", "max": "tl.max", "min": "tl.min",
+             "argmax": "tl.max", "argmin": "tl.min"}
 COMBINE = {"sum": "{acc} + {v}", "mean": "{acc} + {v}",
            "max": "tl.where(({v} != {v}) | ({v} > {acc}), {v}, {acc})",
            "min": "tl.where(({v} != {v}) | ({v} < {acc}), {v}, {acc})"}

@@ -4,7 +4,9 @@ Takes the fusion schedule (kernels and extern calls) and the kernels' generated 
 back a callable with the backend contract's signature (graph inputs in, graph outputs out) and
 its source text, which the `output_code` log prints whole. The host function allocates each
 buffer, launches the kernels in order (C++ through ctypes with data pointers, Triton with a
-grid), calls PyTorch for extern ops, and returns the outputs in the structure the graph had.
+grid), calls PyTorch for extern ops, raises IndexError if a kernel met an out-of-range
+data-dependent index (ir.INDEX_ERRORS), copies new values into the inputs that ops write in
+place (ir.Program.mutated_inputs), and returns the outputs in the structure the graph had.
 """
 from __future__ import annotations
 
@@ -95,7 +97,7 @@ def plan_reuse(program: ir.Program, steps: list, kernel_args: dict) -> tuple[dic
                 last_use[name] = i
         else:
             seen_by_extern |= {r.name for r in step.box.reads}
-    outputs = {o.name for o in program.outputs if isinstance(o, TensorBox)}
+    outputs = {o.name for o in [*program.outputs, *program.mutated_inputs.values()] if isinstance(o, TensorBox)}
     return last_use, reusable - seen_by_extern - outputs
 
 
@@ -126,6 +128,7 @@ def build(program: ir.Program, steps: list) -> CompiledGraph:
     kernels = [s for s in steps if isinstance(s, Kernel)]
     backend = choose_backend(program.device)
     buffers = buffers_by_name(program)
+    buffers[ir.INDEX_ERRORS] = ir.InputBuffer(ir.INDEX_ERRORS, [1], [1], 0, torch.int32, program.device)
 
     if backend == "cpp":
         kernel_source, signatures = cpp.generate(kernels, buffers)
@@ -150,6 +153,9 @@ def build(program: ir.Program, steps: list) -> CompiledGraph:
         lines.append(f"    {symbol} = {read}")
     device = repr(str(program.device))
     constants = 0
+    checks_indices = any(ir.INDEX_ERRORS in args for args in kernel_args.values())
+    if checks_indices:       # kernels with data-dependent indices report a bad one here
+        lines.append(f"    {ir.INDEX_ERRORS} = torch.zeros((1,), dtype=torch.int32, device={device})")
 
     def render(value) -> str:
         nonlocal constants
@@ -231,6 +237,10 @@ def build(program: ir.Program, steps: list) -> CompiledGraph:
             if ext.value_is_tensor:
                 # kernels index this buffer with the strides lowering predicted: make sure
                 lines.append(f"    {ext.name} = as_layout({ext.name}, {sizes(ext.stride)})")
+    if checks_indices:       # one check per call (on a GPU, a wait for the kernels)
+        lines.append(f"    if {ir.INDEX_ERRORS}.item(): raise IndexError('index out of range in self')")
+    for name, value in program.mutated_inputs.items():      # in-place writes of inputs, as eager
+        lines.append(f"    {name}.copy_({render(value)})")
     outs = ", ".join(render(o) for o in program.outputs)
     literal = _literal_structure(program.output_spec, [render(o) for o in program.outputs])
     if literal is not None:          # tuples/lists of tensors: built directly (per-call cost)

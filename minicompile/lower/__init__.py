@@ -24,7 +24,8 @@ import torch.utils._pytree as pytree
 
 from .. import ir
 from .boxes import TensorBox
-from .lowerings import LOWERINGS, constant_tensor, lower_fallback, lookup, size_arithmetic
+from .lowerings import (LOWERINGS, constant_tensor, lower_fallback, lookup, size_arithmetic,
+                        writable_input, write_input)
 
 
 def _example_values(gm: torch.fx.GraphModule, example_inputs) -> dict[torch.fx.Node, Any]:
@@ -100,13 +101,15 @@ def lower(gm: torch.fx.GraphModule, example_inputs) -> ir.Program:
     program.shape_env = shape_env
 
     env: dict[torch.fx.Node, Any] = {}
+    storages = [_storage(v) for v in example_inputs]
     for i, (node, value) in enumerate(zip(placeholders, example_inputs)):
         traced = values.get(node, value)
         if isinstance(value, torch.Tensor):
             if not isinstance(traced, torch.Tensor):
                 traced = value
             buf = ir.InputBuffer(f"arg{i}", ir.shape_of(traced), ir.stride_of(traced), 0,
-                                 value.dtype, value.device)
+                                 value.dtype, value.device,
+                                 shares_memory=storages.count(storages[i]) > 1)
             program.inputs.append(buf)
             env[node] = TensorBox(buf, program)
             # where the wrapper reads each size symbol: every input's own symbol, also one the
@@ -136,8 +139,9 @@ def lower(gm: torch.fx.GraphModule, example_inputs) -> ir.Program:
         if node.op in ("placeholder",):
             continue
         if node.op == "output":
-            leaves, program.output_spec = pytree.tree_flatten(node.args[0])
-            program.outputs = [env_lookup(env, a) for a in leaves]
+            # flattened after lookup: a value may itself be a tuple (split's, chunk's pieces)
+            outputs = torch.fx.node.map_arg(node.args[0], lambda n: env[n])
+            program.outputs, program.output_spec = pytree.tree_flatten(outputs)
             break
         args = torch.fx.node.map_arg(node.args, lambda n: env[n])
         kwargs = torch.fx.node.map_arg(node.kwargs, lambda n: env[n])
@@ -152,15 +156,18 @@ def lower(gm: torch.fx.GraphModule, example_inputs) -> ir.Program:
         else:
             target = node.target
         mutated = _mutated_input(node, args)
+        writes_input = False
         if mutated is not None:
             # x.mul_(2) on an intermediate: computed as x * 2, and every later use of x reads
             # the new value (functionalization). Views of x would have to see the change too,
             # which values computed on the fly cannot: that case is left to PyTorch.
             if any(_is_view_of(reader, mutated) for reader in mutated.readers):
                 raise NotImplementedError(f"in-place {target} on a tensor that has views")
-            if mutated.computation is None or _is_view_of(mutated, None):
-                # an input, an extern's result (which may share memory with another tensor), or
-                # itself a view: the change would have to reach memory we do not model
+            # a graph input (or its value written earlier) is written back after the kernels
+            # (program.mutated_inputs); an extern's result (which may share memory with another
+            # tensor) or a view: the change would have to reach memory we do not model
+            writes_input = writable_input(mutated)
+            if not writes_input and (mutated.computation is None or _is_view_of(mutated, None)):
                 raise NotImplementedError(f"in-place {target} on a tensor that may share memory")
             target = target[:-1]
         if node.op == "call_function":
@@ -170,6 +177,7 @@ def lower(gm: torch.fx.GraphModule, example_inputs) -> ir.Program:
                 continue
         lowering = lookup(node.op, target)
         result = None
+        written = dict(program.mutated_inputs)
         if lowering is not None:
             result = lowering(node, values, *args, **kwargs)
         if result is None or result is NotImplemented:
@@ -177,9 +185,36 @@ def lower(gm: torch.fx.GraphModule, example_inputs) -> ir.Program:
                 raise NotImplementedError(f"in-place {target}_ without a functional lowering")
             result = lower_fallback(program, node, values, target, args, kwargs)
         env[node] = result
-        if mutated is not None and isinstance(node.args[0], torch.fx.Node):
+        if writes_input:
+            write_input(mutated, result)
+        elif mutated is not None and isinstance(node.args[0], torch.fx.Node):
             env[node.args[0]] = result
+        _redirect_written_inputs(env, program, written)
     return program
+
+
+def _storage(value):
+    """An input's storage, to see which inputs share memory (None where there is none)."""
+    try:
+        return value.untyped_storage().data_ptr() or None
+    except (AttributeError, RuntimeError, NotImplementedError):   # not a tensor, or a fake one
+        return None
+
+
+def _redirect_written_inputs(env, program: ir.Program, before: dict) -> None:
+    """An op wrote a graph input in place (program.mutated_inputs changed): every later read
+    of that input reads the new value, as in eager."""
+    for name, value in program.mutated_inputs.items():
+        old = before.get(name)
+        if old is value:
+            continue
+        for node, v in env.items():
+            if old is not None:
+                stands_for_input = v is old
+            else:                                  # the input itself, written the first time
+                stands_for_input = isinstance(v, TensorBox) and isinstance(v.data, ir.InputBuffer) and v.name == name
+            if stands_for_input:
+                env[node] = value
 
 
 def _mutated_input(node: torch.fx.Node, args):
@@ -194,10 +229,6 @@ def _is_view_of(reader: TensorBox, box: TensorBox) -> bool:
     """reader is, in eager, a view of box (shares its memory), so it sees box's mutations."""
     comp = reader.computation
     return isinstance(comp, ir.Pointwise) and comp.aliases
-
-
-def env_lookup(env, a):
-    return env[a] if isinstance(a, torch.fx.Node) else a
 
 
 def _fetch_attr(gm, target: str):

@@ -337,7 +337,8 @@ def _reduction_box(meta, input, dims, keepdim, reduction_type):
     kept = [d for d in range(ndim) if d not in dims]
     ranges = [input.shape[d] for d in dims]
     load = input.make_loader()
-    acc = compute_dtype(meta.dtype)
+    # the dtype values are accumulated (or, for argmax/argmin, compared) in
+    acc = compute_dtype(input.dtype if reduction_type in ir.ARG_REDUCTIONS else meta.dtype)
     if reduction_type in ("sum", "prod") and not meta.dtype.is_floating_point:
         acc = torch.int64
     src_cd = compute_dtype(input.dtype)
@@ -421,6 +422,29 @@ _reg_reduction("mean", [torch.mean, torch.Tensor.mean, "mean"])
 _reg_reduction("prod", [torch.prod, "prod"])
 _reg_reduction("max", [torch.amax, torch.Tensor.amax, "amax"])
 _reg_reduction("min", [torch.amin, torch.Tensor.amin, "amin"])
+
+
+@register([torch.argmax, torch.Tensor.argmax, "argmax"], "input, dim=None, keepdim=False")
+def _argmax(node, values, input, dim, keepdim):
+    return _arg_reduction(node, values, input, dim, keepdim, "argmax")
+
+
+@register([torch.argmin, torch.Tensor.argmin, "argmin"], "input, dim=None, keepdim=False")
+def _argmin(node, values, input, dim, keepdim):
+    return _arg_reduction(node, values, input, dim, keepdim, "argmin")
+
+
+def _arg_reduction(node, values, input, dim, keepdim, rtype):
+    """argmax/argmin as one reduction that keeps (value, position): over dim, or over the
+    whole tensor (positions in the flattened tensor) without one. A 0-dim input, an empty
+    row (eager raises) and bool inputs are left to PyTorch."""
+    if not isinstance(input, TensorBox) or not input.shape or input.dtype == torch.bool:
+        return NotImplemented
+    if dim is not None and not isinstance(dim, int):
+        return NotImplemented
+    if (input.shape[dim] if dim is not None else math.prod(input.shape)) == 0:
+        return NotImplemented
+    return _reduction_box(_meta(node, values), input, dim, keepdim, rtype)
 
 
 def _max_min(rtype, elementwise):
@@ -523,31 +547,98 @@ def _var(node, values, input, dim, unbiased, keepdim, correction):
 @register([F.batch_norm], "input, running_mean, running_var, weight=None, bias=None, training=False, "
           "momentum=0.1, eps=1e-05")
 def _batch_norm(node, values, input, running_mean, running_var, weight, bias, training, momentum, eps):
-    """Inference batch norm: one pointwise expression over the running statistics (channel
-    dim 1). In training mode it updates those statistics in place: left to PyTorch."""
-    if training or not isinstance(running_mean, TensorBox) or not isinstance(running_var, TensorBox):
+    """(x - mean) * rsqrt(var + eps) * weight + bias per channel (dim 1): one pointwise
+    expression over the running statistics (inference) or over the batch's (training, which
+    also updates the running statistics in place: `_batch_statistics`)."""
+    if not isinstance(input, TensorBox) or len(input.shape) < 2 or (weight is None and bias is not None):
         return NotImplemented
     ndim = len(input.shape)
-
-    def per_channel(box):        # view a (C,) vector as (1, C, 1, ...) for broadcasting
-        return None if box is None else _channel_view(box, ndim)
-    parts = [input, per_channel(running_mean), per_channel(running_var), per_channel(weight), per_channel(bias)]
+    if training:
+        stats = _batch_statistics(input, running_mean, running_var, momentum)
+        if stats is NotImplemented:
+            return NotImplemented
+        mean, var = stats
+    elif isinstance(running_mean, TensorBox) and isinstance(running_var, TensorBox):
+        mean, var = _channel_view(running_mean, ndim), _channel_view(running_var, ndim)
+    else:
+        return NotImplemented
+    parts = [input, mean, var] + [_channel_view(p, ndim) for p in (weight, bias) if p is not None]
 
     def fn(x, m, v, w=None, b=None):
         y = ops.mul(ops.sub(x, m), ops.rsqrt(ops.add(v, ops.constant(eps, torch.float32))))
         y = ops.mul(y, w) if w is not None else y
         return ops.add(y, b) if b is not None else y
-    present = [p for p in parts if p is not None]
-    if weight is None and bias is not None:
+    return _pointwise_box(node, values, fn, parts)
+
+
+def _batch_statistics(input, running_mean, running_var, momentum):
+    """Training batch norm's statistics, as (1, C, 1, ...) views: the mean and the biased
+    variance over every dim but the channel's, computed in float32 for half inputs. With
+    running statistics, also their update, written into them in place as PyTorch does:
+    running = (1 - momentum) * running + momentum * batch, with the unbiased variance.
+    Reductions run over a channels-first view, so the two reductions and both updates share
+    one kernel (fuse-rows). Falls back for a cumulative average (momentum None), a single
+    value per channel (eager raises), and running statistics that are not graph inputs."""
+    track = running_mean is not None or running_var is not None
+    if track and not (isinstance(momentum, (int, float)) and writable_input(running_mean)
+                      and writable_input(running_var)):
         return NotImplemented
-    return _pointwise_box(node, values, fn, present)
+    shape, program, device = list(input.shape), input.program, input.device
+    channels, ndim = shape[1], len(shape)
+    n = math.prod(shape) // channels if channels else 0
+    if n <= 1:
+        return NotImplemented
+    stats_dtype = compute_dtype(input.dtype)
+    channels_first = _view(input, [channels, shape[0], *shape[2:]],
+                           lambda idx: [idx[1], idx[0], *idx[2:]], "permute", aliases=False)
+    dims = list(range(1, ndim))
+    mean = _reduce(channels_first, dims, "mean", stats_dtype)                # (C, 1, ...)
+    squares = _pw(program, list(channels_first.shape), stats_dtype, device,
+                  lambda x, m: ops.mul(ops.sub(x, m), ops.sub(x, m)), [channels_first, mean], "square")
+    total = _reduce(squares, dims, "sum", stats_dtype)
+    per_channel = [Index()] * (ndim - 1)
+    if track:
+        def update(box, stat, scale):
+            cd = compute_dtype(box.dtype)
+
+            def fn(r, s):
+                return ops.add(ops.mul(r, ops.constant(1.0 - momentum, cd)),
+                               ops.mul(s, ops.constant(momentum * scale, cd)))
+            vector = _view(stat, [channels], lambda idx: [idx[0], *per_channel], "view", aliases=False)
+            return _pw(program, [channels], box.dtype, device, fn, [box, vector], "running stats")
+        write_input(running_mean, update(running_mean, mean, 1.0))
+        write_input(running_var, update(running_var, total, 1.0 / (n - 1)))
+    var = _pw(program, list(total.shape), stats_dtype, device,
+              lambda s: ops.mul(s, ops.constant(1.0 / n, stats_dtype)), [total], "var")
+    # (C, 1, ...) -> (1, C, 1, ...): the channel back at dim 1, to broadcast against the input
+    return tuple(_view(s, [1, channels] + [1] * (ndim - 2), lambda idx: [idx[1], *per_channel], "view",
+                       aliases=False) for s in (mean, var))
+
+
+def writable_input(box) -> bool:
+    """box is a graph input (or the value an earlier op wrote into one) that no view reads:
+    an in-place write of it can be modelled as a new value copied back at the end."""
+    if not isinstance(box, TensorBox) or any(isinstance(r.data, ir.Pointwise) and r.data.aliases
+                                             for r in box.readers):
+        return False
+    if isinstance(box.data, ir.InputBuffer):
+        return not box.data.shares_memory
+    return any(v is box for v in box.program.mutated_inputs.values())
+
+
+def write_input(box, value) -> None:
+    """Record that `value` is written into the graph input box stands for (lowering then
+    redirects later reads of box to value; the wrapper copies it into the input)."""
+    program = box.program
+    name = box.name if isinstance(box.data, ir.InputBuffer) else \
+        next(k for k, v in program.mutated_inputs.items() if v is box)
+    program.mutated_inputs[name] = value
 
 
 def _channel_view(box, ndim):
+    """A (C,) vector viewed as (1, C, 1, ...) for broadcasting against (N, C, ...)."""
     shape = [1, box.shape[0]] + [1] * (ndim - 2)
-    load = box.make_loader()
-    data = ir.Pointwise(shape, box.dtype, box.device, lambda idx: load([idx[1]]), "view")
-    return TensorBox(data, box.program, [box])
+    return _view(box, shape, lambda idx: [idx[1]], "view", aliases=False)
 
 
 @register([F.dropout, torch.dropout, "dropout"], "input, p=0.5, training=True, inplace=False")
@@ -559,13 +650,14 @@ def _dropout(node, values, input, p, training, inplace):
     return _cast(node, values, input)
 
 
-def _reduce(box, dims, rtype):
-    """A keepdim reduction of box over dims (for composite lowerings)."""
+def _reduce(box, dims, rtype, dtype=None):
+    """A keepdim reduction of box over dims (for composite lowerings), of box's dtype unless
+    another is given."""
     ndim = len(box.shape)
     dims = [dims] if isinstance(dims, int) else list(dims)
     dims = sorted(d % ndim for d in dims)
     out_shape = [1 if d in dims else s for d, s in enumerate(box.shape)]
-    meta = types.SimpleNamespace(shape=out_shape, dtype=box.dtype, device=box.device)
+    meta = types.SimpleNamespace(shape=out_shape, dtype=dtype or box.dtype, device=box.device)
     return _reduction_box(meta, box, dims, True, rtype)
 
 
@@ -589,9 +681,15 @@ def _view_box(node, values, input, index_map):
     meta = _meta(node, values)
     if meta is None or not isinstance(input, TensorBox):
         return NotImplemented
+    return _view(input, ir.shape_of(meta), index_map, _origin(node))
+
+
+def _view(input, shape, index_map, origin, aliases=True):
+    """A view of `shape` over input (same dtype and device): out[idx] = input[index_map(idx)].
+    aliases=False for a lowering's internal re-indexing, which no user code can see."""
     load = input.make_loader()
-    data = ir.Pointwise(ir.shape_of(meta), meta.dtype, meta.device,
-                        lambda idx: load(index_map(idx)), _origin(node), aliases=True)
+    data = ir.Pointwise(shape, input.dtype, input.device, lambda idx: load(index_map(idx)), origin,
+                        aliases=aliases)
     return TensorBox(data, input.program, [input])
 
 
@@ -664,7 +762,10 @@ def _expand(node, values, input, sizes):
 
 @register([operator.getitem], "input, item")
 def _getitem(node, values, input, item):
-    """Basic indexing (ints, slices, None, Ellipsis) as a view; anything else falls back."""
+    """Basic indexing (ints, slices, None, Ellipsis) as a view; anything else falls back.
+    An item of a tuple lowering returned (split, chunk, unbind) is that tuple's item."""
+    if isinstance(input, (tuple, list)) and isinstance(item, (int, slice)):
+        return input[item]
     if not isinstance(input, TensorBox):
         return NotImplemented
     if isinstance(input.data, ir.Extern):
@@ -764,6 +865,148 @@ def size_arithmetic(target, args):
 
 _SIZE_OPS = {operator.add: operator.add, operator.sub: operator.sub, operator.mul: operator.mul,
              operator.floordiv: operator.floordiv}
+
+
+@register([torch.split, torch.Tensor.split, "split"], "input, split_size_or_sections, dim=0")
+def _split(node, values, input, split_size_or_sections, dim):
+    return _consecutive_views(node, values, input, dim)
+
+
+@register([torch.chunk, torch.Tensor.chunk, "chunk"], "input, chunks, dim=0")
+def _chunk(node, values, input, chunks, dim):
+    return _consecutive_views(node, values, input, dim)
+
+
+def _consecutive_views(node, values, input, dim):
+    """split and chunk: a tuple of views, consecutive slices along dim. The sizes are those of
+    the traced pieces (split's and chunk's rules for the last piece are PyTorch's, not ours)."""
+    pieces = values.get(node)
+    if not isinstance(input, TensorBox) or not isinstance(dim, int) or not input.shape \
+            or not isinstance(pieces, (tuple, list)):
+        return NotImplemented
+    d = dim % len(input.shape)
+    views, start = [], 0
+    for piece in pieces:
+        def index_map(idx, start=start):
+            return [i + start if k == d else i for k, i in enumerate(idx)]
+        views.append(_view(input, ir.shape_of(piece), index_map, _origin(node)))
+        start = ir.size_expr(start + ir.size_expr(piece.shape[d]))
+    return tuple(views)
+
+
+@register([torch.unbind, torch.Tensor.unbind, "unbind"], "input, dim=0")
+def _unbind(node, values, input, dim):
+    """A tuple of views, one per position along dim, that dim removed."""
+    if not isinstance(input, TensorBox) or not isinstance(dim, int) or not input.shape:
+        return NotImplemented
+    d = dim % len(input.shape)
+    shape = input.shape[:d] + input.shape[d + 1:]
+    return tuple(_view(input, list(shape), lambda idx, k=k: list(idx[:d]) + [Index({}, k)] + list(idx[d:]),
+                       _origin(node))
+                 for k in range(input.shape[d]))
+
+
+@register([torch.cat, torch.concat], "tensors, dim=0")
+def _cat(node, values, tensors, dim):
+    """Concatenation along dim: input k fills positions [start_k, end_k) of that dim, read
+    at the position less start_k. Empty inputs contribute nothing (PyTorch also skips the
+    legacy 1-D empty tensor); dtypes promote as PyTorch's (the traced result's dtype)."""
+    meta = _meta(node, values)
+    if meta is None or meta.dim() == 0 or not isinstance(dim, int) or not isinstance(tensors, (list, tuple)):
+        return NotImplemented
+    d = dim % meta.dim()
+    pieces, start = [], 0
+    for t in tensors:
+        if not isinstance(t, TensorBox):
+            return NotImplemented
+        if math.prod(t.shape) == 0:
+            continue
+        if len(t.shape) != meta.dim():
+            return NotImplemented
+
+        def index_map(idx, start=start):
+            return [i + (-start) if k == d else i for k, i in enumerate(idx)]
+        pieces.append((t, start, start + t.shape[d], index_map))
+        start += t.shape[d]
+    return _pieces_along(node, values, d, pieces)
+
+
+@register([torch.stack], "tensors, dim=0")
+def _stack(node, values, tensors, dim):
+    """Stacking along a new dim: input k is the slice at position k of that dim."""
+    meta = _meta(node, values)
+    if meta is None or not isinstance(dim, int) or not isinstance(tensors, (list, tuple)) \
+            or not all(isinstance(t, TensorBox) for t in tensors):
+        return NotImplemented
+    d = dim % meta.dim()
+
+    def index_map(idx):
+        return list(idx[:d]) + list(idx[d + 1:])
+    return _pieces_along(node, values, d, [(t, k, k + 1, index_map) for k, t in enumerate(tensors)])
+
+
+def _pieces_along(node, values, dim, pieces):
+    """One pointwise value made of pieces side by side along dim: pieces are (box, start, end,
+    index_map), and out[idx] = box[index_map(idx)] where start <= idx[dim] < end. Each box is
+    read under a mask of its range (ops.masked), so no load leaves it, and the pieces are
+    selected with where: one kernel that also computes the pieces (vertical fusion)."""
+    meta = _meta(node, values)
+    if meta is None or not pieces or meta.numel() == 0 or any(b.device != meta.device for b, *_ in pieces):
+        return NotImplemented
+    cd, size = compute_dtype(meta.dtype), ir.size_expr(meta.shape[dim])
+
+    def inner_fn(idx):
+        position = ops.index_expr(idx[dim], torch.int64)
+        value = ops.constant(0, cd)
+        for box, start, end, index_map in pieces:
+            conditions = ([ops.ge(position, ops.constant(start, torch.int64))] if start > 0 else []) + \
+                         ([ops.lt(position, ops.constant(end, torch.int64))] if end < size else [])
+            load, src = box.make_loader(), compute_dtype(box.dtype)
+
+            def body(load=load, src=src, index_map=index_map):
+                return ops.to_dtype(load(index_map(idx)), cd, src)
+            if not conditions:
+                value = body()
+                continue
+            mask = conditions[0] if len(conditions) == 1 else ops.logical_and(*conditions)
+            value = ops.masked(mask, body, value)
+        return value
+    return TensorBox(ir.Pointwise(ir.shape_of(meta), meta.dtype, meta.device, inner_fn, _origin(node)),
+                     pieces[0][0].program, [b for b, *_ in pieces])
+
+
+@register([F.embedding], "input, weight, padding_idx=None, max_norm=None, norm_type=2.0, "
+          "scale_grad_by_freq=False, sparse=False")
+def _embedding(node, values, input, weight, padding_idx, max_norm, norm_type, scale_grad_by_freq, sparse):
+    """F.embedding: max_norm renormalizes weight rows in place, left to PyTorch (padding_idx,
+    scale_grad_by_freq and sparse only change the gradient)."""
+    if max_norm is not None:
+        return NotImplemented
+    return _embedding_box(node, values, weight, input)
+
+
+@register([torch.embedding], "weight, indices, padding_idx=-1, scale_grad_by_freq=False, sparse=False")
+def _torch_embedding(node, values, weight, indices, padding_idx, scale_grad_by_freq, sparse):
+    return _embedding_box(node, values, weight, indices)
+
+
+def _embedding_box(node, values, weight, indices):
+    """out[i..., j] = weight[indices[i...], j]: the row index is data, loaded in the kernel
+    (ops.indirect_indexing), so the gather fuses with what computes the indices and with what
+    consumes the rows. An index outside the table raises IndexError, as in eager."""
+    meta = _meta(node, values)
+    if meta is None or not isinstance(weight, TensorBox) or not isinstance(indices, TensorBox) \
+            or len(weight.shape) != 2 or weight.shape[0] == 0 \
+            or indices.dtype not in (torch.int64, torch.int32) or weight.device != indices.device:
+        return NotImplemented
+    k, rows = len(indices.shape), weight.shape[0]
+    load_weight, load_index = weight.make_loader(), indices.make_loader()
+
+    def inner_fn(idx):
+        row = ops.indirect_indexing(load_index(list(idx[:k])), rows)
+        return load_weight([row, idx[k]])
+    return TensorBox(ir.Pointwise(ir.shape_of(meta), meta.dtype, meta.device, inner_fn, "embedding"),
+                     weight.program, [weight, indices])
 
 
 # --------------------------------------------------------------------------- fallback

@@ -1,0 +1,320 @@
+"""Lowerings that used to fall back to PyTorch: argmax/argmin (a reduction that keeps a
+position), cat/stack (pieces selected by position, read under masks), split/chunk/unbind
+(tuples of views), training batch norm (running statistics written back into the inputs),
+embedding (an indirect load, its index checked).
+
+Each op is compared with eager on fresh random inputs, awkward sizes and non-contiguous
+layouts, for every kernel backend; each test also checks that the op is generated code (no
+PyTorch fallback in the wrapper) and, where it matters, that it fuses with its neighbours.
+"""
+
+import copy
+
+import pytest
+import torch
+import torch.fx
+import torch.nn.functional as F
+
+import minicompile
+from conftest import DEVICE
+from helpers import assert_same, randn, tolerances
+from minicompile.graph_compiler import compile_graph
+
+NAN, INF = float("nan"), float("inf")
+
+
+def same_layout_copy(x):
+    if not isinstance(x, torch.Tensor):
+        return x
+    return torch.empty_strided(x.shape, x.stride(), dtype=x.dtype, device=x.device).copy_(x)
+
+
+def check(fn, *args, dtype=torch.float32, kernels=None):
+    """Compiled equals eager (exactly for integer results), inputs included (ops that write
+    them in place), no op fell back to PyTorch, and, if given, the graph is that many kernels.
+    Eager and compilation get copies of the inputs. Returns the compiled graph."""
+    eager_args = [same_layout_copy(a) for a in args]
+    expected = fn(*eager_args)
+    minicompile.metrics.reset()
+    compiled = compile_graph(torch.fx.symbolic_trace(fn), [same_layout_copy(a) for a in args])
+    actual = compiled(*args)
+    leaves = torch.utils._pytree.tree_leaves
+    for a, e in zip(leaves((actual, args)), leaves((expected, eager_args))):
+        assert a.dtype == e.dtype and a.shape == e.shape, (a.dtype, e.dtype, a.shape, e.shape)
+        if e.dtype.is_floating_point:
+            torch.testing.assert_close(a, e, equal_nan=True, **tolerances(dtype))
+        else:
+            assert torch.equal(a, e), (a, e)
+    assert "no lowering" not in compiled.wrapper_source, compiled.wrapper_source
+    if kernels is not None:
+        assert minicompile.metrics.kernels == kernels
+    return compiled
+
+
+def small(kernel_backend, shape, big):
+    """`big` where kernels are fast (C++, a GPU), `shape` under Triton's interpreter."""
+    return big if kernel_backend == "cpp" or DEVICE == "cuda" else shape
+
+
+# --------------------------------------------------------------------------- argmax / argmin
+
+def values(dtype, *shape, layout="contiguous"):
+    if dtype == torch.int64:        # few distinct values: many ties
+        x = torch.randint(-3, 4, shape[::-1] if layout == "transposed" else shape, device=DEVICE)
+        return x.t() if layout == "transposed" else x
+    return randn(*shape, dtype=dtype, layout=layout)
+
+
+@pytest.mark.parametrize("op", ["argmax", "argmin"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.int64])
+@pytest.mark.parametrize("layout", ["contiguous", "transposed"])
+def test_argmax_argmin(kernel_backend, op, dtype, layout):
+    x = values(dtype, 7, 13, layout=layout)
+    for kwargs in [{}, {"dim": 1}, {"dim": 0}, {"dim": -1, "keepdim": True}, {"dim": 0, "keepdim": True}]:
+        check(lambda x: getattr(torch, op)(x, **kwargs), x)
+    check(lambda x: getattr(x, op)(1) + 1, x)
+    check(lambda x: getattr(x[:, 2:11:3], op)(-1), x)
+
+
+@pytest.mark.parametrize("op", ["argmax", "argmin"])
+def test_argmax_argmin_ties_nan_inf(kernel_backend, op):
+    # ties: the first position wins; NaN counts as the best value and the first NaN wins
+    rows = torch.tensor([[1.0, NAN, 3.0, NAN, 3.0], [2.0, 2.0, 1.0, 2.0, 1.0], [-INF] * 5, [INF] * 5,
+                         [NAN] * 5, [0.0, -1.0, 5.0, -1.0, NAN], [3.0, 3.0, 3.0, -1.0, -1.0]], device=DEVICE)
+    check(lambda x: getattr(x, op)(-1), rows)
+    check(lambda x: getattr(x, op)(0), rows)
+    check(lambda x: getattr(x, op)(), rows)
+    check(lambda x: getattr(x, op)(), rows[1:4])
+    # long rows are reduced in chunks (Triton's looped reduction): ties and NaN across chunks
+    long = randn(5, 17001).round()
+    long[1, 7], long[1, 9000], long[2] = NAN, NAN, -INF
+    long[3, 16999] = NAN
+    long[4] = torch.where(long[4] > 0, 1.0, -1.0)
+    check(lambda x: getattr(x, op)(-1), long)
+    check(lambda x: getattr(x, op)(-1), long.half())
+
+
+def test_argmax_large_non_contiguous(kernel_backend):
+    x = randn(*small(kernel_backend, (183, 78), (1823, 781)), layout="transposed")
+    check(lambda x: x.argmax(-1), x)
+    check(lambda x: x.argmin(0), x)
+    check(lambda x: torch.argmax(x), x)
+
+
+def test_argmax_fuses_with_its_row_work(kernel_backend):
+    # softmax's max, sum and division, then the argmax of the result: one pass over each row
+    check(lambda x: torch.softmax(x * 2, -1).argmax(-1), randn(37, 53), kernels=1)
+    check(lambda x: (x.relu() + 1).argmin(-1, keepdim=True) * 2, randn(37, 53), kernels=1)
+
+
+# --------------------------------------------------------------------------- cat / stack
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+def test_cat(kernel_backend, dtype):
+    x, y, z = randn(7, 13, dtype=dtype), randn(7, 5, dtype=dtype, layout="transposed"), randn(7, 1, dtype=dtype)
+    check(lambda x, y, z: torch.cat([x, y, z], 1), x, y, z, dtype=dtype)
+    check(lambda x, y, z: torch.cat([z, x * 2, y.relu(), x], dim=-1), x, y, z, dtype=dtype)
+    check(lambda x, y: torch.cat((x[:3, :7], y.t(), x[:, 2:9].t()), 0), x, y, dtype=dtype)
+    check(lambda x, z: torch.cat([x, z[:1].expand(7, 2)], 1), x, z, dtype=dtype)   # one element, read by all
+    a = randn(3, 4, 5, dtype=dtype, layout="strided")
+    check(lambda a: torch.concat([a, a[:, :2] * 3, a], dim=1), a, dtype=dtype)
+    check(lambda a: torch.cat([a.sin(), a], 2), a, dtype=dtype)
+    check(lambda a: torch.cat([a], 0) + 1, a, dtype=dtype)
+
+
+def test_cat_mixed_dtypes_and_empty_inputs(kernel_backend):
+    x, h, i = randn(7, 13), randn(7, 3, dtype=torch.float16), torch.randint(-5, 5, (7, 4), device=DEVICE)
+    check(lambda x, h: torch.cat([h, x], 1), x, h)                 # float16 and float32: float32
+    check(lambda x, i: torch.cat([i, x, i], 1), x, i)              # int64 and float32: float32
+    check(lambda i: torch.cat([i, i * 2], 0), i)                    # integers stay integers
+    empty = torch.randn(7, 0, device=DEVICE)
+    check(lambda x, e: torch.cat([e, x, e, x], 1), x, empty)
+    check(lambda x, e: torch.cat([x, e]), x, torch.randn(0, device=DEVICE))   # legacy 1-D empty
+
+
+def test_cat_large(kernel_backend):
+    x, y = randn(*small(kernel_backend, (183, 78), (1823, 781))), randn(*small(kernel_backend, (183, 41), (1823, 411)))
+    check(lambda x, y: torch.cat([x, y.exp()], 1), x, y, kernels=1)
+    check(lambda x, y: torch.cat([x.t(), y.t()], 0), x, y, kernels=1)
+
+
+def test_cat_fuses_with_producers_and_consumer(kernel_backend):
+    x, y = randn(5, 3), randn(5, 4)
+    check(lambda x, y: torch.cat([x * 2, y.relu()], 1).sum(-1), x, y, kernels=1)
+    check(lambda x, y: torch.softmax(torch.cat([x, y], -1), -1), x, y, kernels=1)
+    check(lambda x, y: torch.stack([x, y * 2], 0).mean(0), x, x, kernels=1)
+
+
+def test_cat_loads_only_inside_each_inputs_range(kernel_backend):
+    # every read of an input is guarded by the input's range: never an out-of-bounds load
+    x, y = randn(6, 3), randn(6, 4)
+    compiled = check(lambda x, y: torch.cat([x, y, x], 1) * 2, x, y)
+    loads = [line for line in compiled.kernel_source.splitlines() if "in_ptr" in line and "=" in line]
+    assert len(loads) == 3
+    for line in loads:
+        assert ("? in_ptr" in line) if kernel_backend == "cpp" else ("& (tmp" in line), line
+
+
+@pytest.mark.parametrize("dim", [0, 1, 2, -1])
+def test_stack(kernel_backend, dim):
+    x, y = randn(7, 13), randn(7, 13, layout="transposed")
+    check(lambda x, y: torch.stack([x, y, x * y], dim), x, y)
+    check(lambda x, y: torch.stack((x.half(), y.half()), dim).float(), x, y)
+
+
+# --------------------------------------------------------------------------- split / chunk / unbind
+
+def test_split_chunk_unbind_are_views(kernel_backend):
+    x = randn(7, 13, layout="transposed")
+    check(lambda x: x.split(4, dim=1), x)
+    check(lambda x: torch.split(x, [2, 6, 5], 1)[1] * 2, x)
+    check(lambda x: x.chunk(3), x)
+    check(lambda x: torch.chunk(x, 4, dim=-1)[-1].sum(0), x)
+    check(lambda x: x.unbind(1)[5] + torch.unbind(x)[0][:7], x)
+    check(lambda x: (lambda p: p[0] * p[1] + p[2])(x[:, :12].chunk(3, dim=1)), x)
+
+
+def test_split_pieces_fuse_with_their_consumers(kernel_backend):
+    def f(x):
+        a, b = x.chunk(2, dim=-1)
+        return a * torch.sigmoid(b)                  # a gated unit: one kernel
+    check(f, randn(6, 14), kernels=1)
+
+
+def test_split_through_minicompile_capture(kernel_backend):
+    def f(x):
+        q, k, v = x.split(3, dim=1)
+        rows = [t.sum() for t in x.unbind(0)]
+        return q * k + v, torch.stack(rows).argmax(), torch.cat(x.chunk(3, dim=1)[::-1], 1)
+    x = randn(4, 9)
+    expected = f(x)
+    actual = minicompile.compile(f, fullgraph=True)(x)
+    for a, e in zip(actual, expected):
+        torch.testing.assert_close(a, e)
+
+
+# --------------------------------------------------------------------------- batch norm (training)
+
+def channel_stats(c, dtype=torch.float32):
+    """running mean, running var (positive), weight, bias"""
+    return (torch.randn(c, device=DEVICE, dtype=dtype), torch.rand(c, device=DEVICE, dtype=dtype) + 0.5,
+            torch.randn(c, device=DEVICE, dtype=dtype), torch.randn(c, device=DEVICE, dtype=dtype))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+def test_batch_norm_training_updates_running_stats(kernel_backend, dtype):
+    # output normalized with the batch's statistics; running stats updated in place (checked
+    # by check(), which compares the inputs after the call too)
+    x = randn(4, 5, 7, 6, dtype=dtype).permute(0, 3, 1, 2)          # channels last
+    check(lambda x, m, v, w, b: F.batch_norm(x, m, v, w, b, training=True), x, *channel_stats(6), dtype=dtype)
+    check(lambda x, m, v, w, b: F.batch_norm(x, m, v, w, b, True, 0.3, 1e-3).relu() + m.sum(),
+          randn(9, 6, dtype=dtype), *channel_stats(6), dtype=dtype)
+    check(lambda x, m, v: F.batch_norm(x[:, :, 1:], m, v, None, None, True), randn(3, 6, 12, dtype=dtype),
+          *channel_stats(6, dtype)[:2], dtype=dtype)
+    check(lambda x: F.batch_norm(x * 2, None, None, training=True), randn(5, 6, 4, dtype=dtype), dtype=dtype)
+
+
+def test_batch_norm_training_is_two_kernels(kernel_backend):
+    # statistics and both running updates in one pass over the channels; then the output
+    check(lambda x, m, v, w, b: F.batch_norm(x, m, v, w, b, training=True), randn(4, 6, 5, 7),
+          *channel_stats(6), kernels=2)
+
+
+def test_batch_norm_training_twice_and_in_place_ops_on_inputs(kernel_backend):
+    def f(x, m, v, w, b):
+        y = F.batch_norm(x, m, v, w, b, training=True)
+        m.mul_(2)                                  # in-place ops on graph inputs: written back
+        z = F.batch_norm(y, m, v, None, None, training=True, momentum=0.5)
+        v.add_(1)
+        return z + v.sum()
+    check(f, randn(4, 6, 5), *channel_stats(6))
+
+
+def test_batch_norm_training_module_through_torch_compile(kernel_backend):
+    torch._dynamo.reset()
+    model = torch.nn.Sequential(torch.nn.BatchNorm2d(6), torch.nn.ReLU(), torch.nn.Flatten(),
+                                torch.nn.BatchNorm1d(6 * 5 * 4)).to(DEVICE).train()
+    reference = copy.deepcopy(model)
+    compiled = torch.compile(model, backend=minicompile.backend)
+    with torch.no_grad():
+        for _ in range(2):
+            x = randn(3, 6, 5, 4)
+            assert_same(compiled(x), reference(x))
+            for a, e in zip(model.buffers(), reference.buffers()):
+                torch.testing.assert_close(a, e)
+    assert model[0].num_batches_tracked.item() == 2
+
+
+def test_batch_norm_training_falls_back_where_it_must(kernel_backend):
+    x, (m, v, w, b) = randn(4, 6, 5), channel_stats(6)
+
+    def read_by_a_view(x, m, v):         # the write could not reach the view
+        first = m[:2]
+        return F.batch_norm(x, m, v, training=True), first * 1
+
+    def not_inputs(x, m, v):             # running statistics computed in the graph
+        return F.batch_norm(x, m * 1, v * 1, training=True)
+    for f in (read_by_a_view, not_inputs):
+        compiled = compile_graph(torch.fx.symbolic_trace(f), [x, m.clone(), v.clone()])
+        assert "no lowering for batch_norm" in compiled.wrapper_source
+        mine, eager = [x, m.clone(), v.clone()], [x, m.clone(), v.clone()]
+        torch.testing.assert_close((compiled(*mine), mine), (f(*eager), eager))
+
+    def reads_the_other(x, m, v):        # v and m share memory: each write changes the other
+        return F.batch_norm(x, m, v, training=True) + v.sum() + m.sum()
+    shared = torch.rand(12, device=DEVICE) + 0.5
+    compiled = compile_graph(torch.fx.symbolic_trace(reads_the_other), [x, shared[:6], shared[6:]])
+    assert "no lowering for batch_norm" in compiled.wrapper_source
+
+
+# --------------------------------------------------------------------------- embedding
+
+def indices(*shape, high=10, dtype=torch.int64):
+    return torch.randint(0, high, shape, device=DEVICE, dtype=dtype)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+def test_embedding(kernel_backend, dtype):
+    i, w = indices(3, 4), randn(10, 6, dtype=dtype)
+    check(lambda i, w: F.embedding(i, w), i, w, dtype=dtype)
+    check(lambda i, w: F.embedding(i.t(), w) * 2, i, randn(10, 6, dtype=dtype, layout="transposed"), dtype=dtype)
+    check(lambda i, w: torch.embedding(w.t(), 9 - i), i, randn(6, 10, dtype=dtype), dtype=dtype)
+    check(lambda i, w: F.embedding(i, w, padding_idx=0), indices(7, dtype=torch.int32), w, dtype=dtype)
+    check(lambda i, w: F.embedding(i[1, 2], w[:, 1:5]), i, w, dtype=dtype)          # one index
+    check(lambda i, w: torch.cat([F.embedding(i, w), w[:3, None].expand(3, 4, 6)], 1), i, w, dtype=dtype)
+
+
+def test_embedding_large(kernel_backend):
+    rows, dim = small(kernel_backend, (50, 78), (2000, 781))
+    i, w = indices(*small(kernel_backend, (7, 13), (1823,)), high=rows), randn(rows, dim)
+    check(lambda i, w: F.embedding(i, w) + 1, i, w, kernels=1)
+
+
+def test_embedding_fuses_with_indices_and_consumers(kernel_backend):
+    i, w = indices(5, 7), randn(10, 16)
+    check(lambda i, w: F.embedding(i, w).sum(-1), i, w, kernels=1)
+    check(lambda i, w: F.layer_norm(F.embedding(9 - i, w), (16,)), i, w, kernels=1)
+
+
+@pytest.mark.parametrize("bad", [10, -1])
+def test_embedding_index_out_of_range_raises(kernel_backend, bad):
+    i, w = indices(3, 4), randn(10, 6)
+    compiled = check(lambda i, w: F.embedding(i, w).sum(-1), i, w)
+    i[1, 2] = bad
+    with pytest.raises(IndexError):
+        F.embedding(i, w)
+    with pytest.raises(IndexError):
+        compiled(i, w)
+    i[1, 2] = 3
+    torch.testing.assert_close(compiled(i, w), F.embedding(i, w).sum(-1))
+
+
+def test_embedding_module_and_max_norm_fallback(kernel_backend):
+    model = torch.nn.Sequential(torch.nn.Embedding(10, 8), torch.nn.LayerNorm(8)).to(DEVICE)
+    i = indices(2, 5)
+    with torch.no_grad():
+        assert_same(minicompile.compile(model)(i), model(i))
+    assert minicompile.metrics.kernels == 1
+    w = randn(10, 6)
+    compiled = compile_graph(torch.fx.symbolic_trace(lambda i, w: F.embedding(i, w, max_norm=1.0)), [i, w.clone()])
+    assert "no lowering for embedding" in compiled.wrapper_source
