@@ -301,8 +301,9 @@ def test_embedding_index_out_of_range_raises(kernel_backend, bad):
     i, w = indices(3, 4), randn(10, 6)
     compiled = check(lambda i, w: F.embedding(i, w).sum(-1), i, w)
     i[1, 2] = bad
-    with pytest.raises(IndexError):
-        F.embedding(i, w)
+    if DEVICE == "cpu":      # eager on a GPU stops the process with a device-side assert instead
+        with pytest.raises(IndexError):
+            F.embedding(i, w)
     with pytest.raises(IndexError):
         compiled(i, w)
     i[1, 2] = 3

@@ -293,7 +293,8 @@ class OutputGraph:
             value = getattr(self.root_module, node.target)
         else:
             args = torch.fx.node.map_arg((node.args, node.kwargs), self._fake_value)
-            with mode, torch.no_grad():
+            from torch._dispatch.python import enable_python_dispatcher
+            with mode, torch.no_grad(), enable_python_dispatcher():
                 if node.op == "call_method":
                     value = getattr(args[0][0], node.target)(*args[0][1:], **args[1])
                 elif node.op == "call_module":

@@ -85,7 +85,10 @@ def _symbolic_example_values(gm: torch.fx.GraphModule, example_inputs):
             values[n] = out
             return out
 
-    with torch.no_grad(), mode:
+    # the Python dispatcher, as TorchDynamo runs fake tensors: composite ops (matmul, linear)
+    # then decompose through code written for symbolic sizes instead of specializing them
+    from torch._dispatch.python import enable_python_dispatcher
+    with torch.no_grad(), mode, enable_python_dispatcher():
         Recorder(gm).run(*fakes)
     return values, shape_env
 
