@@ -340,3 +340,12 @@ def test_recompile_limit_warning_names_the_last_failing_guard():
     calls = [call(torch.randn(3), n) for n in range(10)]
     ours, theirs = run_both(scaled, calls, backend="eager")
     assert (ours, theirs) == (8, 8)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")
+def test_device_change():
+    # the graph is specialized to the device (its kernels are C++ or Triton): a new device is
+    # a new compile, and going back hits the first entry
+    calls = [call(torch.randn(6)), call(torch.randn(6, device="cuda")), call(torch.randn(6)),
+             call(torch.randn(6, device="cuda"))]
+    assert run_both(pointwise, calls) == (2, 2)

@@ -483,7 +483,9 @@ def _softmax_like(node, values, input, dim, dtype, log):
     s = _reduce(e, dim, "sum")
     if log:
         return _pw(program, shape, meta.dtype, device, lambda a, b: ops.sub(a, ops.log(b)), [shifted, s], "log_softmax")
-    return _pw(program, shape, meta.dtype, device, ops.truediv, [e, s], "softmax")
+    # times the reciprocal of the row's sum, as ATen's CPU kernel: one division per row
+    # (hoisted out of the row's loop), not one per element
+    return _pw(program, shape, meta.dtype, device, lambda a, b: ops.mul(a, ops.reciprocal(b)), [e, s], "softmax")
 
 
 @register([F.layer_norm], "input, normalized_shape, weight=None, bias=None, eps=1e-05")
