@@ -37,12 +37,36 @@ PRELUDE = r"""
 #endif
 #include <cmath>
 #include <cstdint>
+#include <cstring>
 #include <limits>
 // NaN-propagating helpers, as PyTorch's maximum/minimum/relu behave.
 template <typename T> static inline T mc_max(T a, T b) { return (a != a || a > b) ? a : b; }
 template <typename T> static inline T mc_min(T a, T b) { return (a != a || a < b) ? a : b; }
 template <typename T> static inline T mc_relu(T a) { return a < T(0) ? T(0) : a; }
-template <typename T> static inline T mc_sigmoid(T a) { return T(1) / (T(1) + std::exp(-a)); }
+// exp for float, written out so the compiler vectorizes it in any loop: exp(x) = 2^k exp(r),
+// k = round(x / ln 2), r = x - k ln 2 (in two parts), exp(r) by Cephes' polynomial; error
+// under 2 ulp. glibc's vector expf is as fast in its range, but a lane below -87.3 (masked
+// softmax's -inf, a saturated erf's tail) sends the whole vector to a scalar path, ten times
+// slower, and the compiler may call it on a value before clamping it. Below -87.34 (where
+// exp is subnormal) the result is 0.
+template <typename T> static inline T mc_exp(T a) { return std::exp(a); }
+template <> inline float mc_exp<float>(float x) {
+    float c = x < -87.34f ? -87.34f : (x > 88.73f ? 88.73f : x);
+    float k = std::nearbyint(c * 1.44269504088896341f);
+    float r = std::fma(k, 2.12194440e-4f, std::fma(k, -0.693359375f, c));
+    float p = std::fma(std::fma(std::fma(std::fma(std::fma(1.9875691500e-4f, r, 1.3981999507e-3f), r,
+                                                  8.3334519073e-3f), r, 4.1665795894e-2f), r,
+                                1.6666665459e-1f), r, 5.0000001201e-1f);
+    float y = std::fma(p, r * r, r) + 1.0f;
+    int32_t ki = static_cast<int32_t>(k), k1 = ki >> 1;     // 2^k as two factors: no overflow
+    int32_t b1 = (k1 + 127) << 23, b2 = (ki - k1 + 127) << 23;
+    float s1, s2;
+    std::memcpy(&s1, &b1, 4);
+    std::memcpy(&s2, &b2, 4);
+    y = y * s1 * s2;
+    return x < -87.34f ? 0.0f : (x != x ? x : y);
+}
+template <typename T> static inline T mc_sigmoid(T a) { return T(1) / (T(1) + mc_exp(-a)); }
 // erf for float as ATen's vectorized CPU kernels compute it (Abramowitz and Stegun 7.1.26,
 // error below 1.5e-7): an exp and a few multiply-adds, which vectorize, so eager's gelu and
 // this one agree closely and run at the same speed. Other types: the C library's erf.
@@ -51,7 +75,7 @@ template <> inline float mc_erf<float>(float a) {
     float t = 1.0f / std::fma(0.3275911f, std::fabs(a), 1.0f);
     float r = std::fma(std::fma(std::fma(std::fma(1.061405429f, t, -1.453152027f), t, 1.421413741f), t,
                                 -0.284496736f), t, 0.254829592f);
-    return std::copysign(std::fma(-t * std::exp(-a * a), r, 1.0f), a);
+    return std::copysign(std::fma(-t * mc_exp(-a * a), r, 1.0f), a);
 }
 """
 
@@ -68,7 +92,7 @@ class CppWriter(KernelWriter):
         "eq": "({0} == {1})", "ne": "({0} != {1})", "lt": "({0} < {1})", "le": "({0} <= {1})",
         "gt": "({0} > {1})", "ge": "({0} >= {1})", "logical_and": "({0} && {1})",
         "logical_or": "({0} || {1})", "logical_not": "(!{0})", "neg": "(-{0})",
-        "abs": "std::abs({0})", "relu": "mc_relu({0})", "exp": "std::exp({0})", "log": "std::log({0})",
+        "abs": "std::abs({0})", "relu": "mc_relu({0})", "exp": "mc_exp({0})", "log": "std::log({0})",
         "sqrt": "std::sqrt({0})", "rsqrt": "(1 / std::sqrt({0}))", "sin": "std::sin({0})",
         "cos": "std::cos({0})", "tanh": "std::tanh({0})", "sigmoid": "mc_sigmoid({0})",
         "erf": "mc_erf({0})", "reciprocal": "(1 / {0})", "floor": "std::floor({0})",
