@@ -34,8 +34,11 @@ def compile_graph(gm: torch.fx.GraphModule, example_inputs) -> wrapper.CompiledG
                             f"compiled for the example's sizes")
         conditions = []
         for i, (node, dims) in enumerate(dynamic):
-            for d in sorted(dims):
-                conditions.append(f"arg{i}.size({d}) == {example_inputs[i].size(d)}")
+            value = example_inputs[i]
+            if isinstance(value, torch.Tensor):
+                conditions += [f"arg{i}.size({d}) == {value.size(d)}" for d in sorted(dims)]
+            elif dims:                         # an int or float input: its value
+                conditions.append(f"arg{i} == {value!r}")
             node.meta["dynamic_dims"] = set()
         compiled = compile_graph(gm, example_inputs)
         compiled.shape_guards = conditions

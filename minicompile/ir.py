@@ -517,6 +517,15 @@ class SizeInput:
 
 
 @dataclass(eq=False)
+class ScalarInput:
+    """A graph input that is a Python float the graph is generic in (a float argument or
+    global that changed between calls): a kernel argument named `scalar` (scalar0, ...), read
+    with ops.scalar_arg."""
+    name: str                     # the graph input (arg3)
+    scalar: str                   # the kernel argument (scalar0)
+
+
+@dataclass(eq=False)
 class Pointwise(IRNode):
     shape: list[int]
     dtype: torch.dtype
@@ -636,13 +645,15 @@ class ViewOfBuffer(IRNode):
 @dataclass
 class Program:
     """What lowering hands to fusion: inputs, every node in order, and the outputs."""
-    inputs: list                          # InputBuffer (tensors) and SizeInput (sizes)
+    inputs: list                          # InputBuffer (tensors), SizeInput (ints), ScalarInput (floats)
     nodes: list[IRNode]                   # Pointwise / Reduction / Extern, topological order
     outputs: list[Any]                    # IRNode, or a Python scalar / None for non-tensor outputs
     device: torch.device
     output_spec: Any = None               # pytree spec: how outputs nest (tuple, list, single)
     # size symbol -> how the wrapper reads it from the graph's inputs ("arg0.size(1)")
     symbols: dict = field(default_factory=dict)
+    # kernel scalar argument -> the graph input it is (a dynamic float: "scalar0" -> "arg3")
+    scalars: dict = field(default_factory=dict)
     # graph inputs an op writes in place (batch norm's running statistics): input name -> the
     # node holding its new value, copied into the input after the kernels, as eager leaves it
     mutated_inputs: dict = field(default_factory=dict)

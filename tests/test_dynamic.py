@@ -274,3 +274,33 @@ def test_an_int_argument_that_changes_becomes_symbolic(kernel_backend):
     assert our_compiles(view_rows, calls) == torch_compiles(view_rows, calls) == 3
     with pytest.raises(RuntimeError):
         minicompile.compile(view_rows)(torch.randn(6), 4)
+
+
+SCALE = 2.0
+
+
+def uses_global_scale(x):
+    return (x * SCALE).relu()
+
+
+def test_a_float_that_changes_becomes_an_input(kernel_backend):
+    # dynamic=None: a float argument or global whose value changed is a graph input (a kernel
+    # argument) in the second compile, as TorchDynamo makes it one; an int global stays
+    # specialized in both
+    calls = [(torch.randn(5, device=DEVICE), v) for v in (2.0, 2.5, 3.0, 0.0, -1.5)]
+    assert our_compiles(scaled, calls) == torch_compiles(scaled, calls) == 2
+    global SCALE
+
+    def set_scale(value):
+        def prepare(args):
+            global SCALE
+            SCALE = value
+        return prepare
+    for values, expected in [((2.0, 3.0, 4.0), 2), ((2, 3, 4), 3)]:
+        counts = []
+        for counter in (our_compiles, torch_compiles):
+            calls = [(torch.randn(4, device=DEVICE),) for _ in values]
+            it = iter(values)
+            counts.append(counter(uses_global_scale, calls, mark=lambda args: set_scale(next(it))(args)))
+        assert counts == [expected, expected], (values, counts)
+    SCALE = 2.0

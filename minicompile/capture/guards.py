@@ -305,22 +305,24 @@ class GuardBuilder:
             return
         self._add(("tensor", e), source, expr, comment, slow, stack=False)
 
-    def dynamic_int(self, source: Source, value: int, dynamic: set):
-        """An int graph input: any int while it is symbolic (`dynamic` non-empty), its value
-        once the trace specialized it."""
+    def dynamic_number(self, source: Source, value, dynamic: set):
+        """An int or float graph input: any of its type while the graph is generic in it
+        (`dynamic` non-empty), its value once the trace specialized it."""
         e = source.expr()
         self._add(("const", e), source, [], "", stack=False)
         check = self._by_key[("const", e)]
         d = display(e)
 
         def refresh():
+            kind = type(value).__name__
             if dynamic:
-                # any int (as in TorchDynamo); the backend adds `>= 2` if it used it as a size
-                check.parts = [("type({e}) is int", f"type({d}) is int")]
-                check.comment = f"{e}: an int graph input (dynamic)"
+                # any value (as in TorchDynamo); the backend adds `>= 2` if it used an int as a size
+                check.parts = [(f"type({{e}}) is {kind}", f"type({d}) is {kind}")]
+                check.comment = f"{e}: a {kind} graph input (dynamic)"
             else:
-                check.parts = [("type({e}) is int", f"type({d}) is int"), (f"{{e}} == {value}", f"{d} == {value}")]
-                check.comment = f"{e}: an int graph input, specialized by value"
+                check.parts = [(f"type({{e}}) is {kind}", f"type({d}) is {kind}"),
+                               (f"{{e}} == {_literal(value, self.namespace)}", f"{d} == {value!r}")]
+                check.comment = f"{e}: a {kind} graph input, specialized by value"
         check.refresh = refresh
         refresh()
 

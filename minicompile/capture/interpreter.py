@@ -201,10 +201,11 @@ class OutputGraph:
         self.guards.tensor(source, value, dynamic)
         return TensorVariable(torch.fx.Proxy(node, self.root_tracer), value, source)
 
-    def add_int_input(self, value: int, source: Source) -> "SymIntVariable":
-        """An int argument whose value changed between compiles (automatic dynamic) or any
-        int argument with dynamic=True: a graph input, symbolic, as TorchDynamo makes such
-        ints SymInt inputs. (Used as a size, the backend's guard adds that it is >= 2.)"""
+    def add_number_input(self, value, source: Source) -> "SymIntVariable":
+        """An int or float whose value changed between compiles (automatic dynamic), or any
+        with dynamic=True: a graph input the graph is generic in, as TorchDynamo makes such
+        ints SymInt inputs and such floats tensor inputs. (An int used as a size: the
+        backend's guard adds that it is >= 2.)"""
         ctx = (self.root_graph.inserting_before(None) if self._last_placeholder is None
                else self.root_graph.inserting_after(self._last_placeholder))
         with ctx:
@@ -215,7 +216,7 @@ class OutputGraph:
         self._last_placeholder = node
         self.input_sources.append(source)
         self.input_examples.append(value)
-        self.guards.dynamic_int(source, value, node.meta["dynamic_dims"])
+        self.guards.dynamic_number(source, value, node.meta["dynamic_dims"])
         proxy = torch.fx.Proxy(node, self.root_tracer)
         return SymIntVariable(proxy, value, [types.SimpleNamespace(node=node)], self.specialize_sizes)
 
@@ -323,9 +324,9 @@ class OutputGraph:
                                        "only tensors reachable from the arguments, globals or "
                                        "modules can become graph inputs")
             return self.add_input(value, source)
-        if type(value) is int and isinstance(source, LocalSource) and self.dynamic_policy \
+        if self.dynamic_policy and _may_be_dynamic_number(value, source) \
                 and self.dynamic_policy(source.expr(), value):
-            return self.add_int_input(value, source)
+            return self.add_number_input(value, source)
         if is_constant_value(value):
             if source is not None:
                 g.constant(source, value)
@@ -1380,7 +1381,8 @@ class InstructionTranslator:
     def binary(self, sym: str, a: VariableTracker, b: VariableTracker) -> VariableTracker:
         op = BINARY_OPS.get(sym) or COMPARE_OPS[sym]
         if (isinstance(a, SymIntVariable) or isinstance(b, SymIntVariable)) and sym in SIZE_ARITHMETIC \
-                and all(isinstance(v, SymIntVariable) or type(getattr(v, "value", None)) is int for v in (a, b)):
+                and all(type(v.example if isinstance(v, SymIntVariable) else getattr(v, "value", None)) is int
+                        for v in (a, b)):
             return self.output.sym_arith(SIZE_ARITHMETIC[sym], a, b)
         if a.is_constant() and b.is_constant():
             return ConstantVariable(op(a.as_example(), b.as_example()))
@@ -2262,6 +2264,17 @@ def _function_of(fn):
     if func.__code__.co_flags & (inspect.CO_GENERATOR | inspect.CO_COROUTINE | inspect.CO_ASYNC_GENERATOR):
         raise Unsupported(f"capture of generator/coroutine {func.__qualname__}")
     return fn, func
+
+
+def _may_be_dynamic_number(value, source) -> bool:
+    """Numbers automatic dynamic applies to, as in TorchDynamo: ints passed as arguments;
+    floats passed as arguments or read from globals (module attributes stay specialized)."""
+    if type(value) is int:
+        return isinstance(source, LocalSource)
+    if type(value) is float:
+        return isinstance(source, LocalSource) or (
+            isinstance(source, ItemSource) and isinstance(source.base, RootSource) and source.base.expr() == "G")
+    return False
 
 
 def trace_segment(fn, args: tuple, kwargs: dict, offset: int = 0, *, breaks: bool = True,

@@ -183,6 +183,10 @@ class KernelWriter:
         """x (a float32 value) rounded to `dtype`'s precision, still held as float32."""
         return self._emit(self.cast_expr(self.cast_expr(x, dtype), ir.compute_dtype(dtype)))
 
+    def scalar_arg(self, name: str, dtype: torch.dtype) -> str:
+        """A float kernel argument (a dynamic Python float) as a value of `dtype`."""
+        return self._emit(self.cast_expr(name, ir.compute_dtype(dtype)))
+
     def size_value(self, size, dtype: torch.dtype) -> str:
         """A size (maybe symbolic: a kernel argument) as a value of `dtype`."""
         return self._emit(self.cast_expr(self.render_size(size), ir.compute_dtype(dtype)))
@@ -251,11 +255,17 @@ class KernelWriter:
 
 
 SYMBOL = re.compile(r"\bs\d+\b")
+SCALAR = re.compile(r"\bscalar\d+\b")
 
 
 def size_symbols_in(source: str) -> list[str]:
     """The size symbols (s0, s27, ...) a kernel's source uses: its size arguments, in order."""
     return sorted(set(SYMBOL.findall(source)), key=lambda s: int(s[1:]))
+
+
+def scalars_in(source: str) -> list[str]:
+    """The float arguments (scalar0, ...) a kernel's source uses, in order."""
+    return sorted(set(SCALAR.findall(source)), key=lambda s: int(s[6:]))
 
 
 def reduction_identity(reduction_type: str, dtype: torch.dtype):

@@ -22,7 +22,8 @@ import torch
 
 from .. import config, ir
 from ..ir import Index, use_ops
-from .common import SYMBOL, KernelWriter, plan_loops, reduction_identity, size_symbols_in
+from .common import (SCALAR, SYMBOL, KernelWriter, plan_loops, reduction_identity, scalars_in,
+                     size_symbols_in)
 
 CTYPES = {torch.float32: "float", torch.float64: "double", torch.float16: "_Float16",
           torch.bfloat16: None, torch.int64: "int64_t", torch.int32: "int32_t",
@@ -242,9 +243,11 @@ def kernel_source(kernel, buffers: dict[str, ir.IRNode]) -> tuple[str, list[str]
     checked = [ir.INDEX_ERRORS] if writer.checks_indices else []
     params += [f"int32_t* __restrict__ {name}" for name in checked]
     params += [f"int64_t {s}" for s in symbols]
+    scalars = scalars_in("\n".join(body))             # dynamic floats, by value
+    params += [f"double {s}" for s in scalars]
     lines = [f'extern "C" void {kernel.name}({", ".join(params)}) {{']
     lines += ["    " + line for line in body] + ["}"]
-    return "\n".join(lines), writer.args + [b.name for b in stored] + checked + symbols
+    return "\n".join(lines), writer.args + [b.name for b in stored] + checked + symbols + scalars
 
 
 def _nest(loops, body, innermost_pragma=None, outer_pragma=None, collapse=False):
@@ -325,7 +328,8 @@ def load(source: str, signatures: dict) -> dict:
         lib = next(lib for lib, chunk in zip(libraries, chunks) if f"void {name}(" in chunk)
         fn = getattr(lib, name)
         # buffers by data pointer, size symbols (dynamic shapes) by value
-        fn.argtypes = [ctypes.c_int64 if SYMBOL.fullmatch(a) else ctypes.c_void_p for a in args]
+        fn.argtypes = [ctypes.c_int64 if SYMBOL.fullmatch(a) else ctypes.c_double if SCALAR.fullmatch(a)
+                       else ctypes.c_void_p for a in args]
         fn.restype = None
         out[name] = fn
     return out

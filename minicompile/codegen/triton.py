@@ -20,7 +20,7 @@ import torch
 
 from .. import config, ir
 from ..ir import Index, use_ops
-from .common import KernelWriter, plan_loops, reduction_identity, size_symbols_in
+from .common import KernelWriter, plan_loops, reduction_identity, scalars_in, size_symbols_in
 
 TL_TYPES = {torch.float32: "tl.float32", torch.float16: "tl.float16", torch.bfloat16: "tl.bfloat16",
             torch.float64: "tl.float64", torch.int64: "tl.int64", torch.int32: "tl.int32",
@@ -126,6 +126,9 @@ class TritonWriter(KernelWriter):
 
     def render_size(self, size):
         return ir.render_size(size, "//")
+
+    def scalar_arg(self, name, dtype):
+        return self._emit(f"tl.full([1], {name}, {TL_TYPES[ir.compute_dtype(dtype)]})")
 
     def size_value(self, size, dtype):
         # a size argument is a scalar, not a block: a full block of it, then the cast
@@ -270,6 +273,11 @@ def kernel_source(kernel, buffers):
     # dynamic sizes the body uses (not those only in xnumel / rnumel): arguments, before the
     # launch settings, in the order the launcher passes them
     symbols = size_symbols_in("\n".join(body))
+    scalars = scalars_in("\n".join(body))
+    if scalars and any(b.dtype == torch.float64 for b in buffers.values()):
+        # Triton passes a Python float as float32: exact only for float32 and narrower work
+        raise NotImplementedError("a dynamic Python float in a float64 Triton kernel")
+    symbols += scalars
     launch = {**{sym: sym for sym in symbols}, **launch}
     lines = ["@triton.jit", f"def {kernel.name}({', '.join(args + symbols + params)}):"]
     lines += ["    " + line for line in body]

@@ -151,6 +151,8 @@ def build(program: ir.Program, steps: list) -> CompiledGraph:
         lines.append("    args.clear()")
     for symbol, read in program.symbols.items():       # dynamic sizes, read from the inputs
         lines.append(f"    {symbol} = {read}")
+    for scalar, read in program.scalars.items():       # dynamic floats
+        lines.append(f"    {scalar} = {read}")
     device = repr(str(program.device))
     constants = 0
     checks_indices = any(ir.INDEX_ERRORS in args for args in kernel_args.values())
@@ -167,6 +169,8 @@ def build(program: ir.Program, steps: list) -> CompiledGraph:
             return value.name
         if ir.is_symbolic(value):
             return ir.render_size(value)
+        if isinstance(value, ir.ScalarInput):
+            return value.name
         if isinstance(value, (list, tuple)):
             inner = ", ".join(render(v) for v in value)
             return f"[{inner}]" if isinstance(value, list) else f"({inner}{',' if len(value) == 1 else ''})"
@@ -207,7 +211,7 @@ def build(program: ir.Program, steps: list) -> CompiledGraph:
                                  f"dtype={m.box.dtype}, device={device})")
             args = kernel_args[step.name]
             if backend == "cpp":
-                passed = [a if a in program.symbols else f"{a}.data_ptr()" for a in args]
+                passed = [a if a in program.symbols or a in program.scalars else f"{a}.data_ptr()" for a in args]
                 lines.append(f"    {step.name}({', '.join(passed)})")
             else:
                 launch = dict(meta[step.name][1])

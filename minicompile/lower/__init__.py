@@ -129,10 +129,19 @@ def lower(gm: torch.fx.GraphModule, example_inputs) -> ir.Program:
             if raw is not None and raw.is_Symbol:
                 program.symbols.setdefault(str(raw), f"arg{i}")
             program.inputs.append(ir.SizeInput(f"arg{i}", size))
+        elif type(value) is float and node.meta.get("dynamic_dims"):
+            # a float the graph is generic in: a scalar argument of the kernels that use it
+            scalar = ir.ScalarInput(f"arg{i}", f"scalar{len(program.scalars)}")
+            program.scalars[scalar.scalar] = scalar.name
+            program.inputs.append(scalar)
+            env[node] = scalar
+        elif isinstance(value, (float, bool)):
+            env[node] = value
+            program.inputs.append(ir.SizeInput(f"arg{i}", value))
         else:
             raise NotImplementedError(
                 f"graph input {node.name} is a {type(value).__name__}: graph inputs must be "
-                "tensors or sizes")
+                "tensors or numbers")
     unknown = set().union(*[ir.size_symbols(s) for b in program.inputs if isinstance(b, ir.InputBuffer)
                             for s in (*b.shape, *b.stride)]) - set(program.symbols)
     if unknown:

@@ -109,6 +109,8 @@ def _as_index_value(x, shape, cdtype):
         return lambda idx: ops.constant(x, cdtype)
     if ir.is_symbolic(x):                # a dynamic size used as a number (x * T)
         return lambda idx: ops.size_value(x, cdtype)
+    if isinstance(x, ir.ScalarInput):    # a dynamic float: a kernel argument
+        return lambda idx: ops.scalar_arg(x.scalar, cdtype)
     return None
 
 
