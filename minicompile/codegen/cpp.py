@@ -191,48 +191,34 @@ def kernel_source(kernel, buffers: dict[str, ir.IRNode]) -> tuple[str, list[str]
                 body = _nest(xs[:-1], inner_loop, outer_pragma=f"#pragma omp parallel for {parallel_if}",
                              collapse=True)
         else:
-            serial_rows = not xs and len(kernel.members) == 1
+            # Members that walk the row go into one loop (a pass) until one needs a reduction's
+            # final value from the current pass (softmax's exp needs the max): then a new pass.
+            # So y = f(x) stored and sum(y) share one read of x. Without x loops (one long
+            # row) each pass is itself the parallel loop.
+            whole_row = not xs
+            current: list = []
+
+            def flush():
+                if current:
+                    _emit_pass(writer, current, rs, store, position, parallel_if if whole_row else None)
+                    current.clear()
             for k, m in enumerate(kernel.members):
                 comp = m.comp
-                if isinstance(comp, ir.Reduction):
-                    acc, nan, idx = f"acc{k}", f"nan{k}", f"idx{k}"
-                    acc_t = ctype(comp.src_dtype)
-                    init = writer.constant_expr(reduction_identity(comp.reduction_type, comp.src_dtype), comp.src_dtype)
-                    combine, omp_op = REDUCE[comp.reduction_type]
-                    with writer.scope() as loop_body:
-                        value = m.run(x_idx, r_idx)
-                        loop_body.append(combine.format(acc=acc, v=value, nan=nan, idx=idx,
-                                                        r=position.render("/")))
-                    if comp.reduction_type in ir.ARG_REDUCTIONS:
-                        # an in-order loop: the first position of the best value is kept
-                        writer.lines += [f"{acc_t} {acc} = {init};", f"int64_t {idx} = 0;"]
-                        writer.lines += _nest(rs, loop_body)
-                    else:
-                        clauses = f"reduction({omp_op}:{acc}) reduction(|:{nan})"
-                        writer.lines += [f"{acc_t} {acc} = {init};", f"int {nan} = 0;"]
-                        writer.lines += _nest(rs, loop_body, innermost_pragma=f"#pragma omp simd {clauses}",
-                                              outer_pragma=f"#pragma omp parallel for {clauses} {parallel_if}"
-                                              if serial_rows else None)
-                    result = idx if comp.reduction_type in ir.ARG_REDUCTIONS else acc
-                    if comp.reduction_type == "mean":
-                        result = f"({acc} / static_cast<{acc_t}>({writer.render_size(comp.rnumel())}))"
-                    if comp.reduction_type in ("max", "min") and comp.src_dtype.is_floating_point:
-                        result = f"({nan} ? std::numeric_limits<{acc_t}>::quiet_NaN() : {result})"
-                    var = writer._emit(result)
-                    writer.row_values[m.box.name] = var
-                    if m.box.name in kernel.stored:
-                        writer.lines.append(store(m, var))
-                elif m.role == "row":
-                    with writer.scope() as loop_body:
-                        value = m.run(x_idx, r_idx)
-                        if m.box.name in kernel.stored:
-                            loop_body.append(store(m, value))
-                    writer.lines += _nest(rs, loop_body, innermost_pragma="#pragma omp simd")
-                else:                                # a per-row pointwise value
+                if not isinstance(comp, ir.Reduction) and m.role != "row":      # a per-row value
+                    flush()
                     value = m.run(x_idx, r_idx)
                     writer.row_values[m.box.name] = value
                     if m.box.name in kernel.stored:
                         writer.lines.append(store(m, value))
+                    continue
+                reads = {name for name, _ in ir.reads_of(comp).loads}
+                ordered = isinstance(comp, ir.Reduction) and comp.reduction_type in ir.ARG_REDUCTIONS
+                if any(isinstance(c.comp, ir.Reduction) and c.box.name in reads for _, c in current) \
+                        or ordered or any(isinstance(c.comp, ir.Reduction) and c.comp.reduction_type
+                                          in ir.ARG_REDUCTIONS for _, c in current):
+                    flush()
+                current.append((k, m))
+            flush()
             body = _nest(xs, writer.lines, outer_pragma=f"#pragma omp parallel for {parallel_if}",
                          collapse=True)
 
@@ -248,6 +234,54 @@ def kernel_source(kernel, buffers: dict[str, ir.IRNode]) -> tuple[str, list[str]
     lines = [f'extern "C" void {kernel.name}({", ".join(params)}) {{']
     lines += ["    " + line for line in body] + ["}"]
     return "\n".join(lines), writer.args + [b.name for b in stored] + checked + symbols + scalars
+
+
+def _emit_pass(writer, members, rs, store, position, parallel_if) -> None:
+    """One loop over the row for consecutive members: reductions accumulate, row-wise members
+    store, sharing every common subexpression; then each reduction's final value. parallel_if:
+    the pass is the kernel's whole iteration space, run in parallel (one long row)."""
+    inits, finals, clauses, ordered = [], [], [], False
+    with writer.scope() as loop_body:
+        for k, m in members:
+            comp = m.comp
+            value = m.run(*writer.canonical)
+            if not isinstance(comp, ir.Reduction):
+                if m.box.name in writer.kernel.stored:
+                    loop_body.append(store(m, value))
+                continue
+            acc, nan, idx = f"acc{k}", f"nan{k}", f"idx{k}"
+            acc_t = ctype(comp.src_dtype)
+            init = writer.constant_expr(reduction_identity(comp.reduction_type, comp.src_dtype), comp.src_dtype)
+            combine, omp_op = REDUCE[comp.reduction_type]
+            loop_body.append(combine.format(acc=acc, v=value, nan=nan, idx=idx, r=position.render("/")))
+            if comp.reduction_type in ir.ARG_REDUCTIONS:
+                # an in-order loop: the first position of the best value is kept
+                ordered = True
+                inits += [f"{acc_t} {acc} = {init};", f"int64_t {idx} = 0;"]
+                result = idx
+            else:
+                inits += [f"{acc_t} {acc} = {init};", f"int {nan} = 0;"]
+                clauses.append(f"reduction({omp_op}:{acc}) reduction(|:{nan})")
+                result = acc
+            if comp.reduction_type == "mean":
+                result = f"({acc} / static_cast<{acc_t}>({writer.render_size(comp.rnumel())}))"
+            if comp.reduction_type in ("max", "min") and comp.src_dtype.is_floating_point:
+                result = f"({nan} ? std::numeric_limits<{acc_t}>::quiet_NaN() : {result})"
+            finals.append((m, result))
+    writer.lines += inits
+    if ordered:
+        writer.lines += _nest(rs, loop_body)
+    else:
+        clause = " ".join(clauses)
+        simd = " simd" if len(rs) == 1 else ""          # one loop: threads, and vectors in each
+        writer.lines += _nest(rs, loop_body, innermost_pragma=f"#pragma omp simd {clause}".rstrip(),
+                              outer_pragma=f"#pragma omp parallel for{simd} {clause} {parallel_if}"
+                              if parallel_if else None)
+    for m, result in finals:
+        var = writer._emit(result)
+        writer.row_values[m.box.name] = var
+        if m.box.name in writer.kernel.stored:
+            writer.lines.append(store(m, var))
 
 
 def _nest(loops, body, innermost_pragma=None, outer_pragma=None, collapse=False):

@@ -345,7 +345,11 @@ def _reduction_box(meta, input, dims, keepdim, reduction_type):
         acc = torch.int64
     src_cd = compute_dtype(input.dtype)
 
-    split = _split_factor(math.prod(input.shape[d] for d in kept), math.prod(ranges))
+    # a GPU needs a long row split to keep its many cores busy; C++ runs one long row's loop in
+    # parallel itself, and unsplit it can share that loop with the work around it
+    from .. import config
+    cpp = input.device.type == "cpu" and config.cpu_backend == "cpp"
+    split = 0 if cpp else _split_factor(math.prod(input.shape[d] for d in kept), math.prod(ranges))
     if split and reduction_type in ("sum", "mean", "max", "min"):
         return _split_reduction(meta, input, dims, kept, ranges, reduction_type, acc, split)
 
