@@ -24,3 +24,14 @@ def tolerances(dtype):
 
 def assert_same(actual, expected, dtype=torch.float32):
     torch.testing.assert_close(actual, expected, **tolerances(dtype))
+
+
+def graph_counter():
+    """(backend, graphs): a torch.compile backend that records each graph it is given and runs
+    it as is, for counting torch.compile's compiles."""
+    graphs = []
+
+    def counter(gm, example_inputs):
+        graphs.append(gm)
+        return gm.forward
+    return counter, graphs

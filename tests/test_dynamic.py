@@ -15,17 +15,13 @@ import torch.nn.functional as F
 
 import minicompile
 from conftest import DEVICE
-from helpers import assert_same
+from helpers import assert_same, graph_counter
 
 
 def torch_compiles(fn, calls, dynamic=None, mark=None):
     """How many graphs torch.compile makes over `calls` (argument tuples)."""
     torch._dynamo.reset()
-    graphs = []
-
-    def counter(gm, example_inputs):
-        graphs.append(gm)
-        return gm.forward
+    counter, graphs = graph_counter()
     compiled = torch.compile(fn, backend=counter, dynamic=dynamic)
     for args in calls:
         if mark:

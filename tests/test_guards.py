@@ -18,7 +18,7 @@ import torch
 import torch.nn as nn
 
 import minicompile
-from helpers import assert_same
+from helpers import assert_same, graph_counter
 
 
 def run_both(fn, calls, *, backend="minicompile", dynamic=False):
@@ -29,12 +29,7 @@ def run_both(fn, calls, *, backend="minicompile", dynamic=False):
     torch._dynamo.reset()
     minicompile.reset()
     minicompile.metrics.reset()
-    graphs = []
-
-    def counter(gm, example_inputs):
-        graphs.append(gm)
-        return gm.forward
-
+    counter, graphs = graph_counter()
     ours = minicompile.compile(fn, backend=backend, dynamic=dynamic)
     theirs = torch.compile(fn, backend=counter, dynamic=dynamic)
     for prepare in calls:
