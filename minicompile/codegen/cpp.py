@@ -15,8 +15,10 @@ import ctypes
 import hashlib
 import math
 import os
+import re
 import subprocess
 import tempfile
+from dataclasses import dataclass
 
 import torch
 
@@ -86,7 +88,40 @@ class KernelCompileError(RuntimeError):
 
 
 class CppWriter(KernelWriter):
-    """Spells each operation in C++ (values of the compute dtype; `auto` keeps them so)."""
+    """Spells each operation in C++ (values of the compute dtype; `auto` keeps them so).
+
+    Between the passes over one row (softmax: the sum of exp(x - max), then the division) an
+    expensive value a later pass needs again is not recomputed: the first pass also stores it
+    in a row-sized array on the stack (`row0[r]`), the later one loads it, as ATen's softmax
+    keeps exp(x - max). `carry` is on when the kernel allows it (see kernel_source)."""
+
+    def __init__(self, kernel, plan, buffers):
+        super().__init__(kernel, plan, buffers)
+        self.expanded: dict[str, str] = {}      # variable -> its expression over loads only
+        self.carry = None                       # expanded expr -> [pass body, var, array]
+        self.position = None                    # the element's position in its row (C text)
+        self.rows: list[str] = []               # row arrays to declare
+
+    def _emit(self, expr: str) -> str:
+        if expr in self.cache:
+            return self.cache[expr]
+        full = _TMP.sub(lambda m: "(" + self.expanded.get(m.group(0), m.group(0)) + ")", expr)
+        hit = self.carry.get(full) if self.carry is not None else None
+        if hit is not None and hit[0] is not self.lines:         # computed in an earlier pass
+            if hit[2] is None:
+                hit[2] = f"row{len(self.rows)}"
+                self.rows.append(hit[2])
+                hit[0].append(f"{hit[2]}[{self.position}] = {hit[1]};")
+            var = super()._emit(f"{hit[2]}[{self.position}]")
+            self.cache[expr] = var
+            self.expanded[var] = full
+            return var
+        var = super()._emit(expr)
+        self.expanded[var] = full
+        if self.carry is not None and _EXPENSIVE.search(expr):
+            self.carry.setdefault(full, [self.lines, var, None])
+        return var
+
     OPS = {
         "add": "({0} + {1})", "sub": "({0} - {1})", "mul": "({0} * {1})", "truediv": "({0} / {1})",
 "maximum": "mc_max({0}, {1})", "minimum": "mc_min({0}, {1})",
@@ -136,6 +171,11 @@ class CppWriter(KernelWriter):
 
     def render_size(self, size):
         return ir.render_size(size, "/")
+
+
+_TMP = re.compile(r"\btmp\d+\b")
+_EXPENSIVE = re.compile(r"mc_exp\(|mc_erf\(|mc_sigmoid\(|std::(log|tanh|sqrt|sin|cos)\(")
+CARRY_LIMIT = 16384         # row length up to which carried values live in stack arrays
 
 
 def ctype(dtype: torch.dtype) -> str:
@@ -197,6 +237,9 @@ def kernel_source(kernel, buffers: dict[str, ir.IRNode]) -> tuple[str, list[str]
             # row) each pass is itself the parallel loop.
             whole_row = not xs
             current: list = []
+            rnumel = ir.size_expr(math.prod(kernel.r_sizes))
+            if xs and not ir.is_symbolic(rnumel) and rnumel <= CARRY_LIMIT and _all_float32(kernel, buffers):
+                writer.carry, writer.position = {}, position.render("/")
 
             def flush():
                 if current:
@@ -219,7 +262,10 @@ def kernel_source(kernel, buffers: dict[str, ir.IRNode]) -> tuple[str, list[str]
                     flush()
                 current.append((k, m))
             flush()
-            body = _nest(xs, writer.lines, outer_pragma=f"#pragma omp parallel for {parallel_if}",
+            lines = [f"float {row}[{rnumel}];" for row in writer.rows]
+            for line in writer.lines:                     # the passes' loops, now complete
+                lines += _nest(*line.nest_args, **line.nest_kwargs) if isinstance(line, _Loop) else [line]
+            body = _nest(xs, lines, outer_pragma=f"#pragma omp parallel for {parallel_if}",
                          collapse=True)
 
     stored = [m.box for m in kernel.members if m.box.name in kernel.stored]
@@ -234,6 +280,21 @@ def kernel_source(kernel, buffers: dict[str, ir.IRNode]) -> tuple[str, list[str]
     lines = [f'extern "C" void {kernel.name}({", ".join(params)}) {{']
     lines += ["    " + line for line in body] + ["}"]
     return "\n".join(lines), writer.args + [b.name for b in stored] + checked + symbols + scalars
+
+
+@dataclass
+class _Loop:
+    """A pass's loop, nested into lines when the kernel is complete."""
+    nest_args: tuple
+    nest_kwargs: dict
+
+
+def _all_float32(kernel, buffers) -> bool:
+    """Every value of the kernel is computed in float32 (what a row array holds)."""
+    names = {n for m in kernel.members for n, _ in ir.reads_of(m.comp).loads}
+    dtypes = [m.box.dtype for m in kernel.members] + [buffers[n].dtype for n in names if n in buffers]
+    dtypes += [m.comp.src_dtype for m in kernel.members if isinstance(m.comp, ir.Reduction)]
+    return all(ir.compute_dtype(d) == torch.float32 for d in dtypes)
 
 
 def _emit_pass(writer, members, rs, store, position, parallel_if) -> None:
@@ -269,14 +330,16 @@ def _emit_pass(writer, members, rs, store, position, parallel_if) -> None:
                 result = f"({nan} ? std::numeric_limits<{acc_t}>::quiet_NaN() : {result})"
             finals.append((m, result))
     writer.lines += inits
+    # the loop is written out at the end of the kernel: a later pass may still add a line to
+    # its body (storing a value it carries over, see CppWriter)
     if ordered:
-        writer.lines += _nest(rs, loop_body)
+        writer.lines.append(_Loop((rs, loop_body), {}))
     else:
         clause = " ".join(clauses)
         simd = " simd" if len(rs) == 1 else ""          # one loop: threads, and vectors in each
-        writer.lines += _nest(rs, loop_body, innermost_pragma=f"#pragma omp simd {clause}".rstrip(),
-                              outer_pragma=f"#pragma omp parallel for{simd} {clause} {parallel_if}"
-                              if parallel_if else None)
+        writer.lines.append(_Loop((rs, loop_body), dict(
+            innermost_pragma=f"#pragma omp simd {clause}".rstrip(),
+            outer_pragma=f"#pragma omp parallel for{simd} {clause} {parallel_if}" if parallel_if else None)))
     for m, result in finals:
         var = writer._emit(result)
         writer.row_values[m.box.name] = var
