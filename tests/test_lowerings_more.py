@@ -319,3 +319,19 @@ def test_embedding_module_and_max_norm_fallback(kernel_backend):
     w = randn(10, 6)
     compiled = compile_graph(torch.fx.symbolic_trace(lambda i, w: F.embedding(i, w, max_norm=1.0)), [i, w.clone()])
     assert "no lowering for embedding" in compiled.wrapper_source
+
+
+def test_batch_norm_training_called_directly_updates_the_statistics_once(kernel_backend):
+    # capture runs each op on the example values: on copies for an op that writes its
+    # arguments, so the running statistics change once per call (by the compiled code), as eager
+    def f(x, rm, rv, w, b):
+        return F.batch_norm(x, rm, rv, w, b, training=True, momentum=0.1).relu()
+    x, w, b = randn(4, 3, 5, 5), randn(3), randn(3)
+    rm, rv = randn(3), torch.rand(3, device=DEVICE) + 0.5
+    rm_eager, rv_eager = rm.clone(), rv.clone()
+    compiled = minicompile.compile(f)
+    for _ in range(3):
+        assert_same(compiled(x, rm, rv, w, b), f(x, rm_eager, rv_eager, w, b))
+        assert_same(rm, rm_eager)
+        assert_same(rv, rv_eager)
+    assert minicompile.metrics.graphs == 1

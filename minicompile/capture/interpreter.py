@@ -401,6 +401,10 @@ class OutputGraph:
                 return sized
         ex_args = [example_of(a) for a in args]
         ex_kwargs = {k: example_of(v) for k, v in kwargs.items()}
+        for i in _written_in_place(target, ex_args, ex_kwargs):
+            # run on a copy: tracing must not change the caller's tensors (the compiled code
+            # makes the change, once, when it runs)
+            ex_args[i] = ex_args[i].clone()
         if has_tensor:
             self._check_mutation(kind, target, args, kwargs)
         try:
@@ -520,6 +524,17 @@ class OutputGraph:
                 raise self.unsupported(f"in-place operation {name} on a graph input (or a view of one)",
                                        "mutating inputs is not modelled yet",
                                        "use the out-of-place version")
+
+
+def _written_in_place(target, args, kwargs) -> list:
+    """Positions of the tensor arguments a torch function writes in place (not an in-place
+    method, which _check_mutation handles): batch norm's running statistics in training."""
+    import torch.nn.functional as F
+    if target in (F.batch_norm, torch.batch_norm) and len(args) >= 3:
+        training = kwargs.get("training", args[5] if len(args) > 5 else False)
+        if training is True:
+            return [i for i in (1, 2) if isinstance(args[i], torch.Tensor)]
+    return []
 
 
 def _hashable(v) -> bool:
