@@ -132,6 +132,40 @@ def size_symbols(size) -> set[str]:
     return {str(v) for v in size.free_symbols} if is_symbolic(size) else set()
 
 
+def fake_mode():
+    """A fake-tensor mode (tensors without data) over a new shape environment, in which the
+    sizes of values made by `symbolic_fake` are symbols. Real tensors met on the way (module
+    parameters, constants) are taken as they are."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    from torch.fx.experimental.symbolic_shapes import ShapeEnv
+    return FakeTensorMode(shape_env=ShapeEnv(), allow_non_fake_inputs=True)
+
+
+def symbolic_fake(mode, value, dims, name: str):
+    """`value` in `mode` with the dims in `dims` as size symbols: a tensor becomes a fake tensor,
+    an int (with non-empty dims) a symbolic int, anything else stays as it is."""
+    from torch._dynamo.source import ConstantSource
+    from torch.fx.experimental.symbolic_shapes import DimDynamic, StatelessSymbolicContext
+    if not isinstance(value, torch.Tensor):
+        if dims and type(value) is int:
+            return mode.shape_env.create_unspecified_symint_and_symbol(value, ConstantSource(name),
+                                                                       DimDynamic.DYNAMIC)
+        return value
+    sizes = [DimDynamic.DYNAMIC if d in dims else DimDynamic.STATIC for d in range(value.dim())]
+    return mode.from_tensor(value, source=ConstantSource(name),
+                            symbolic_context=StatelessSymbolicContext(dynamic_sizes=sizes))
+
+
+@contextlib.contextmanager
+def running_symbolically(mode):
+    """Run ops on `mode`'s fake values, under the Python dispatcher as TorchDynamo does: composite
+    ops (matmul, linear) then decompose through code written for symbolic sizes instead of
+    specializing them."""
+    from torch._dispatch.python import enable_python_dispatcher
+    with torch.no_grad(), mode, enable_python_dispatcher():
+        yield
+
+
 # --------------------------------------------------------------------------- index expressions
 
 

@@ -40,7 +40,7 @@ from torch.fx.proxy import GraphAppendingTracer
 from .breaks import GraphBreak, Unsupported, source_line
 from .bytecode import (BINARY_OP_SYMBOLS, Instruction, check_python_version, current_version,
                        decode, dispatch_table, handles)
-from .. import logs
+from .. import ir, logs
 from .guards import ArgBinding, GuardBuilder, bind_arguments, dense_order
 from .sources import AttrSource, ItemSource, LocalSource, RootSource, Source, module_member_source
 from .values import (NULL, BaseListVariable, BoundMethodVariable, BuiltinVariable,
@@ -274,28 +274,19 @@ class OutputGraph:
     def _fake_value(self, node: torch.fx.Node):
         """The node's value as a fake tensor with symbolic sizes for the dynamic input dims,
         computed (and remembered) from its inputs'."""
-        state = getattr(self, "_fake", None)
-        if state is None:
-            from torch._dynamo.source import ConstantSource
-            from torch._subclasses.fake_tensor import FakeTensorMode
-            from torch.fx.experimental.symbolic_shapes import ShapeEnv
-            state = self._fake = {"mode": FakeTensorMode(shape_env=ShapeEnv(), allow_non_fake_inputs=True),
-                                  "values": {}, "source": ConstantSource}
-        values, mode = state["values"], state["mode"]
+        if getattr(self, "_fake", None) is None:
+            self._fake = (ir.fake_mode(), {})
+        mode, values = self._fake
         if node in values:
             return values[node]
         if node.op == "placeholder":
-            from torch.fx.experimental.symbolic_shapes import DimDynamic, StatelessSymbolicContext
-            example, dims = node.meta["example_value"], node.meta.get("dynamic_dims", ())
-            sizes = [DimDynamic.DYNAMIC if d in dims else DimDynamic.STATIC for d in range(example.dim())]
-            value = mode.from_tensor(example, source=state["source"](node.name),
-                                     symbolic_context=StatelessSymbolicContext(dynamic_sizes=sizes))
+            value = ir.symbolic_fake(mode, node.meta["example_value"], node.meta.get("dynamic_dims", ()),
+                                     node.name)
         elif node.op == "get_attr":
             value = getattr(self.root_module, node.target)
         else:
             args = torch.fx.node.map_arg((node.args, node.kwargs), self._fake_value)
-            from torch._dispatch.python import enable_python_dispatcher
-            with mode, torch.no_grad(), enable_python_dispatcher():
+            with ir.running_symbolically(mode):
                 if node.op == "call_method":
                     value = getattr(args[0][0], node.target)(*args[0][1:], **args[1])
                 elif node.op == "call_module":

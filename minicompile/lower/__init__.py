@@ -60,23 +60,9 @@ def _symbolic_example_values(gm: torch.fx.GraphModule, example_inputs):
     dynamic = [set(n.meta.get("dynamic_dims", ())) for n in placeholders]
     if not any(dynamic):
         return None, None
-    from torch._dynamo.source import ConstantSource
-    from torch._subclasses.fake_tensor import FakeTensorMode
-    from torch.fx.experimental.symbolic_shapes import DimDynamic, ShapeEnv, StatelessSymbolicContext
-
-    shape_env = ShapeEnv()
-    mode = FakeTensorMode(shape_env=shape_env, allow_non_fake_inputs=True)
-    fakes = []
-    for i, (dims, value) in enumerate(zip(dynamic, example_inputs)):
-        if not isinstance(value, torch.Tensor):
-            if dims and type(value) is int:           # an int input made symbolic
-                value = shape_env.create_unspecified_symint_and_symbol(
-                    value, ConstantSource(f"arg{i}"), DimDynamic.DYNAMIC)
-            fakes.append(value)
-            continue
-        sizes = [DimDynamic.DYNAMIC if d in dims else DimDynamic.STATIC for d in range(value.dim())]
-        fakes.append(mode.from_tensor(value, source=ConstantSource(f"arg{i}"),
-                                      symbolic_context=StatelessSymbolicContext(dynamic_sizes=sizes)))
+    mode = ir.fake_mode()
+    fakes = [ir.symbolic_fake(mode, value, dims, f"arg{i}")
+             for i, (dims, value) in enumerate(zip(dynamic, example_inputs))]
     values: dict[torch.fx.Node, Any] = dict(zip(placeholders, fakes))
 
     class Recorder(torch.fx.Interpreter):
@@ -85,12 +71,9 @@ def _symbolic_example_values(gm: torch.fx.GraphModule, example_inputs):
             values[n] = out
             return out
 
-    # the Python dispatcher, as TorchDynamo runs fake tensors: composite ops (matmul, linear)
-    # then decompose through code written for symbolic sizes instead of specializing them
-    from torch._dispatch.python import enable_python_dispatcher
-    with torch.no_grad(), mode, enable_python_dispatcher():
+    with ir.running_symbolically(mode):
         Recorder(gm).run(*fakes)
-    return values, shape_env
+    return values, mode.shape_env
 
 
 def lower(gm: torch.fx.GraphModule, example_inputs) -> ir.Program:

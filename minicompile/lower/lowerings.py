@@ -20,7 +20,7 @@ import sympy
 import torch
 import torch.nn.functional as F
 
-from .. import ir
+from .. import config, ir
 from ..ir import Index, compute_dtype, ops
 from .boxes import TensorBox
 
@@ -347,7 +347,6 @@ def _reduction_box(meta, input, dims, keepdim, reduction_type):
 
     # a GPU needs a long row split to keep its many cores busy; C++ runs one long row's loop in
     # parallel itself, and unsplit it can share that loop with the work around it
-    from .. import config
     cpp = input.device.type == "cpu" and config.cpu_backend == "cpp"
     split = 0 if cpp else _split_factor(math.prod(input.shape[d] for d in kept), math.prod(ranges))
     if split and reduction_type in ("sum", "mean", "max", "min"):
