@@ -298,3 +298,47 @@ def test_both_backends_print_every_ir_operation():
     for writer in (CppWriter, TritonWriter):
         missing = set(ir.POINTWISE_OPS) - set(writer.OPS)
         assert not missing, (writer.__name__, missing)
+
+
+gpu_only = pytest.mark.skipif(not torch.cuda.is_available(), reason="kernel binaries are saved on a GPU")
+
+
+@gpu_only
+def test_kernel_binaries_are_keyed_by_what_they_were_compiled_for(tmp_path, monkeypatch):
+    # one kernel text serves several compiles: float32 and float64 inputs (there is no cast in
+    # it), rows of 129 and 130 (a constant argument), aligned and misaligned pointers. Each
+    # needs a binary of its own; the second round reads them all back from disk
+    from minicompile import config
+    monkeypatch.setattr(config, "cache_dir", str(tmp_path))
+    for _ in range(2):
+        for dtype in (torch.float32, torch.float64):
+            for n in (129, 130):
+                minicompile.reset()
+                f = minicompile.compile(lambda x: (x * 3).sum(-1))
+                x = randn(37, n, dtype=dtype, device="cuda")
+                assert_same(f(x), (x * 3).sum(-1), dtype)
+                misaligned = randn(37 * n + 1, dtype=dtype, device="cuda")[1:].view(37, n)
+                assert_same(f(misaligned), (misaligned * 3).sum(-1), dtype)
+    assert len(list((tmp_path / "triton" / "bin").glob("*.cubin"))) == 8
+
+
+@gpu_only
+def test_warm_process_runs_kernels_without_importing_triton(tmp_path):
+    # a second process finds every kernel's binary on disk: Triton is not even imported
+    import subprocess
+    import sys
+    script = (
+        "import sys, torch, minicompile\n"
+        "torch.manual_seed(0)\n"
+        "x = torch.randn(300, 257, device='cuda')\n"
+        "f = minicompile.compile(lambda x: torch.softmax(x * 2, -1) + x.relu())\n"
+        "err = (f(x) - (torch.softmax(x * 2, -1) + x.relu())).abs().max().item()\n"
+        "print('triton' in sys.modules, err)\n")
+    env = {**__import__("os").environ, "MINICOMPILE_CACHE_DIR": str(tmp_path)}
+    runs = [subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True)
+            for _ in range(2)]
+    for run in runs:
+        assert run.returncode == 0, run.stderr[-2000:]
+    (cold_imported, cold_err), (warm_imported, warm_err) = [r.stdout.split() for r in runs]
+    assert cold_imported == "True" and warm_imported == "False"
+    assert float(cold_err) < 1e-5 and float(warm_err) < 1e-5

@@ -10,6 +10,7 @@ when it is long. Values are computed in float32 for half inputs and rounded when
 """
 from __future__ import annotations
 
+import functools
 import hashlib
 import importlib.util
 import math
@@ -369,8 +370,9 @@ def generate(kernels, buffers) -> tuple[str, dict]:
 
 
 def load(source: str, meta: dict) -> dict:
-    """Write the module to the cache (Triton reads a kernel's source from its file) and import it."""
-    import_triton()
+    """Write the module to the cache (Triton reads a kernel's source from its file) and hand
+    back one `Launcher` per kernel. Nothing is imported yet: when every kernel's binary is on
+    disk already, the graph runs without importing Triton at all."""
     key = hashlib.sha256(source.encode()).hexdigest()[:24]
     directory = os.path.join(config.cache_dir, "triton")
     os.makedirs(directory, exist_ok=True)
@@ -380,73 +382,249 @@ def load(source: str, meta: dict) -> dict:
         with open(tmp, "w") as f:
             f.write(source)
         os.replace(tmp, path)
-    spec = importlib.util.spec_from_file_location(f"minicompile_triton_{key}", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return {name: Launcher(getattr(module, name)) for name in meta}
+    module = _KernelModule(path, key)
+    return {name: Launcher(module, name, len(args), launch) for name, (args, launch) in meta.items()}
+
+
+class _KernelModule:
+    """The generated module, imported (with Triton) the first time a kernel must be compiled."""
+
+    def __init__(self, path: str, key: str):
+        self.path, self.key, self.module = path, key, None
+
+    def jit_fn(self, name: str):
+        if self.module is None:
+            import_triton()
+            spec = importlib.util.spec_from_file_location(f"minicompile_triton_{self.key}", self.path)
+            module = importlib.util.module_from_spec(spec)
+            spec.loader.exec_module(module)
+            self.module = module
+        return getattr(self.module, name)
 
 
 def precompile(launchers: dict, meta: dict, buffers: dict) -> None:
-    """Compile every kernel of a graph at once, in threads (Triton's compiler spends most of
-    its time outside Python), instead of one by one at first launch. Each kernel is compiled
-    for the specialization its first real launch will ask for: 16-byte-aligned pointers."""
-    if os.environ.get("TRITON_INTERPRET") == "1" or len(launchers) < 2:
+    """Compile every kernel of a graph at once, in threads (Triton's compiler spends much of
+    its time outside Python: LLVM, ptxas), instead of one by one at first launch. Each kernel
+    is compiled for the specialization its first real launch will ask for: 16-byte-aligned
+    pointers. Kernels whose binary is on disk already cost nothing here."""
+    if os.environ.get("TRITON_INTERPRET") == "1" or not torch.cuda.is_available():
         return
-    from concurrent.futures import ThreadPoolExecutor
-
-    def compile_one(name):
+    todo = []
+    for name, launcher in launchers.items():
         args, launch = meta[name]
         settings = {k: v for k, v in launch.items() if k != "grid"}
         if any(isinstance(v, str) for v in settings.values()):
-            return                  # dynamic sizes: compiled at its first launch
+            continue                # dynamic sizes: compiled at its first launch
+        dtypes = [buffers[a].dtype for a in args]
+        key = _spec_key(tuple((dtype, True) for dtype in dtypes), settings)
+        if launcher.binary_path(key) is None:
+            todo.append((launcher, dtypes, settings, key))
+    if not todo:
+        return
+    _set_up_triton()
+
+    def compile_one(job):
+        launcher, dtypes, settings, key = job
         try:
-            launchers[name].jit_fn.warmup(*[buffers[a].dtype for a in args], grid=(1,), **settings)
+            launcher.compile(dtypes, settings, key)
         except Exception:           # the real launch compiles again, and reports the error
             pass
-    with ThreadPoolExecutor(max_workers=min(8, len(launchers))) as pool:
-        list(pool.map(compile_one, launchers))
+    if len(todo) == 1:
+        compile_one(todo[0])
+        return
+    from concurrent.futures import ThreadPoolExecutor
+    with ThreadPoolExecutor(max_workers=min(8, len(todo))) as pool:
+        list(pool.map(compile_one, todo))
+
+
+def _set_up_triton() -> None:
+    """Triton's once-per-process setup before its first compile, with independent parts run
+    side by side instead of one after another: hashing its own sources and library (its cache
+    key), building and loading its CUDA helper module (a gcc run the first time on a machine),
+    and importing its experimental dialect (which its argument binder does). Each part takes
+    0.2 to 0.5 s; they are internals of Triton, so any that is missing is simply skipped."""
+    import importlib
+    from concurrent.futures import ThreadPoolExecutor
+
+    triton = import_triton()
+    parts = [("triton.runtime.cache", lambda m: m.triton_key()),
+             ("triton.runtime.driver", lambda m: m.driver.active.get_current_target()),
+             ("triton.experimental.gluon", lambda m: None)]
+
+    def run(part):
+        try:
+            part[1](importlib.import_module(part[0]))
+        except Exception:           # a Triton without this part: its first compile does the rest
+            pass
+    with ThreadPoolExecutor(max_workers=len(parts)) as pool:
+        list(pool.map(run, parts))
+    del triton
+
+
+def _spec_key(pointers: tuple, kwargs: dict) -> tuple:
+    """What Triton compiles a kernel for: each pointer's dtype and whether it is 16-byte
+    aligned, and whether each integer argument (a dynamic size, a block size) is 1, a
+    multiple of 16, and fits in 32 bits. (The source alone does not say: a kernel without
+    casts reads float32 and float64 with the same text.)"""
+    return pointers, tuple((v == 1, v % 16 == 0, -2**31 <= v < 2**31)
+                           for v in kwargs.values() if type(v) is int)
 
 
 class Launcher:
-    """`launcher[grid](*args, **constexprs)`, as a @triton.jit function is launched, but with
-    less work per call on a GPU: the first launch goes through Triton's JIT (which binds the
-    arguments, specializes and compiles); later launches with the same grid and the same
-    pointer alignment call the compiled kernel directly. Host time per launch matters: for a
-    small model it is what the GPU waits on."""
+    """`launcher[grid](*args, **settings)`, as a @triton.jit function is launched.
 
-    def __init__(self, jit_fn):
-        self.jit_fn = jit_fn
-        self.compiled: dict = {}
-        self.__name__ = jit_fn.__name__
+    Triton's own launch path has two costs a small model feels. Per process: before it can
+    even look up its cache, Triton hashes its own sources and runs `ptxas --version` (about
+    0.6 s), and a cold cache also compiles a C launcher per kernel signature with gcc. Per
+    call: binding and specializing the arguments in Python. So, on a GPU, the compiled
+    kernel's binary (a cubin) and the few facts needed to launch it are saved next to the
+    generated module, and launched with PyTorch's own static CUDA launcher (the one Inductor
+    uses): a later process, or a later call, goes straight from the cubin to `cuLaunchKernel`.
+    Triton compiles (and its JIT launches) only what is not on disk, on a CPU (its
+    interpreter), or while a profiler has hooked Triton's launches."""
+
+    def __init__(self, module: _KernelModule, name: str, positional: int, launch: dict):
+        self.module, self.name, self.__name__ = module, name, name
+        self.positional = positional       # how many arguments come by position (the buffers)
+        # the settings fixed at this launch site (block sizes, a static row length...): part of
+        # what a binary was compiled for, since kernels of several graphs can share one text
+        self.fixed = tuple((k, v) for k, v in launch.items() if k != "grid" and not isinstance(v, str))
+        self.binaries: dict = {}       # specialization key -> _Binary, or None: Triton launches
 
     def __getitem__(self, grid):
         return lambda *args, **kwargs: self.launch(grid, args, kwargs)
 
     def launch(self, grid, args, kwargs):
-        # what Triton specializes a compiled kernel on: pointer alignment, and whether each
-        # integer argument (a dynamic size) is 1 or a multiple of 16
-        key = (grid, tuple(a.data_ptr() % 16 == 0 for a in args if isinstance(a, torch.Tensor)),
-               tuple((v == 1, v % 16 == 0) for v in kwargs.values() if type(v) is int))
-        fast = self.compiled.get(key)
-        if fast is None:
-            kernel = self.jit_fn[grid](*args, **kwargs)
-            if kernel is not None and hasattr(kernel, "run") and os.environ.get("TRITON_INTERPRET") != "1":
-                from triton import knobs
-                from triton.runtime.driver import driver
-                self.compiled[key] = (kernel, driver.active, knobs.runtime)
-            return
-        kernel, active, runtime = fast
-        values = [v for k, v in kwargs.items() if k not in ("num_warps", "num_stages")]
-        stream = active.get_current_stream(active.get_current_device())
-        enter, leave = _active(runtime.launch_enter_hook), _active(runtime.launch_exit_hook)
-        # hooks (a profiler, torch.compile's own) get the launch's metadata, as Triton gives it
-        metadata = kernel.launch_metadata(grid, stream, *args, *values) if enter or leave else None
-        kernel.run(grid[0], grid[1] if len(grid) > 1 else 1, grid[2] if len(grid) > 2 else 1, stream,
-                   kernel.function, kernel.packed_metadata, metadata, enter, leave, *args, *values)
+        key = _spec_key(tuple((a.dtype, a.data_ptr() % 16 == 0) for a in args), kwargs)
+        try:
+            binary = self.binaries[key]
+        except KeyError:
+            binary = self.binaries[key] = self._binary(key, args, kwargs)
+        if binary is not None and not _launch_hooks_active():
+            binary.launch(grid, args, kwargs)
+        else:
+            self.module.jit_fn(self.name)[grid](*args, **kwargs)
+
+    def binary_path(self, key) -> str | None:
+        """Where this kernel's binary for `key` is saved; None when there is none (yet), or
+        when kernels are not launched from binaries here."""
+        if _static_launcher() is None:
+            return None
+        base = _binary_base(self.module.key, self.name, self.fixed, key)
+        return base if os.path.exists(base + ".json") else None
+
+    def compile(self, args, settings, key) -> str | None:
+        """Compile (without launching) for `args` (tensors, or dtypes for aligned pointers)
+        and save the binary; the path, or None when it cannot be launched from its binary."""
+        kernel = self.module.jit_fn(self.name).warmup(*args, grid=(1,), **settings)
+        return _save_binary(kernel, _binary_base(self.module.key, self.name, self.fixed, key))
+
+    def _binary(self, key, args, kwargs):
+        if _static_launcher() is None:
+            return None
+        path = self.binary_path(key) or self.compile(args, kwargs, key)
+        return None if path is None else _Binary(path, self.positional, args[0].device.index)
 
 
-def _active(hook):
-    """The hook, or None when there is nothing to call (Triton 3.6 keeps an empty HookChain)."""
-    if hook is None or (hasattr(hook, "calls") and not hook.calls):
+class _Binary:
+    """A compiled kernel loaded from its cubin, launched by torch._C._StaticCudaLauncher."""
+
+    def __init__(self, base: str, positional: int, device: int):
+        import json
+        with open(base + ".json") as f:
+            facts = json.load(f)
+        self.num_warps, self.shared, self.types = facts["num_warps"], facts["shared"], facts["types"]
+        # each cubin parameter comes from a positional argument (by index) or a setting (by name)
+        self.sources = [i if i < positional else name for i, name in facts["params"]]
+        self.nulls = (None,) * facts["null_params"]
+        # (module, function, registers, spills) in recent PyTorch, (function, ...) before
+        self.function = _static_launcher()._load_kernel(base + ".cubin", facts["name"], self.shared, device)[-3]
+
+    def launch(self, grid, args, kwargs):
+        values = []
+        for source, code in zip(self.sources, self.types):
+            value = args[source] if type(source) is int else kwargs[source]
+            values.append(value.data_ptr() if code == "O" else value)
+        device = torch._C._cuda_getDevice()
+        _static_launcher()._launch_kernel(
+            self.function, grid[0], grid[1] if len(grid) > 1 else 1, grid[2] if len(grid) > 2 else 1,
+            self.num_warps, self.shared, self.types + "O" * len(self.nulls), (*values, *self.nulls),
+            torch._C._cuda_getCurrentRawStream(device))
+
+
+# Triton's type names -> the static launcher's codes (pointers are passed as ints: "O")
+_TYPE_CODES = {"i1": "i", "i8": "b", "i16": "h", "i32": "i", "i64": "l", "u1": "I", "u8": "B",
+               "u16": "H", "u32": "I", "u64": "K", "fp16": "f", "bf16": "f", "fp32": "f", "fp64": "d"}
+
+
+def _save_binary(kernel, base: str) -> str | None:
+    """Save a Triton `CompiledKernel`'s cubin and launch facts under `base`; None (nothing
+    saved) for a kernel the static launcher cannot run."""
+    import json
+    metadata, src = kernel.metadata, kernel.src
+    if "cubin" not in kernel.asm or getattr(metadata, "num_ctas", 1) != 1:
         return None
-    return hook
+    # recent Triton kernels take scratch-memory pointers after the user's parameters;
+    # minicompile's kernels never need scratch, so they get null pointers
+    null_params = 0
+    for field in ("global_scratch_size", "profile_scratch_size"):
+        if hasattr(metadata, field):
+            if getattr(metadata, field) > 0:
+                return None
+            null_params += 1
+    names = src.fn.arg_names
+    constants = {names.index(k) if isinstance(k, str) else k[0] if isinstance(k, tuple) else k
+                 for k in getattr(src, "constants", {})}
+    signature = {names.index(k) if isinstance(k, str) else k: v for k, v in src.signature.items()}
+    params, types = [], ""
+    for i, name in enumerate(names):       # what stays a parameter of the cubin
+        ty = signature.get(i, "constexpr")
+        if ty == "constexpr" or i in constants:
+            continue
+        code = "O" if ty.startswith("*") else _TYPE_CODES.get(ty)
+        if code is None:
+            return None
+        params.append((i, name))
+        types += code
+    facts = {"name": metadata.name, "num_warps": metadata.num_warps, "shared": metadata.shared,
+             "params": params, "types": types, "null_params": null_params}
+    os.makedirs(os.path.dirname(base), exist_ok=True)
+    for suffix, data, mode in ((".cubin", kernel.asm["cubin"], "wb"), (".json", json.dumps(facts), "w")):
+        tmp = f"{base}{suffix}.{os.getpid()}.{id(kernel)}.tmp"
+        with open(tmp, mode) as f:
+            f.write(data)
+        os.replace(tmp, base + suffix)      # the .json last: it says the cubin is complete
+    return base
+
+
+def _binary_base(module_key: str, name: str, fixed: tuple, key) -> str:
+    """A binary depends on the source, the constants it is launched with, the specialization,
+    the GPU and the compiler versions."""
+    text = repr((module_key, name, fixed, key, _toolchain()))
+    return os.path.join(config.cache_dir, "triton", "bin", hashlib.sha256(text.encode()).hexdigest()[:32])
+
+
+@functools.lru_cache(None)
+def _toolchain() -> tuple:
+    from importlib.metadata import version
+    return (version("triton"), torch.__version__, torch.version.cuda,
+            torch.cuda.get_device_capability(torch._C._cuda_getDevice()))
+
+
+@functools.lru_cache(None)
+def _static_launcher():
+    """PyTorch's static CUDA launcher, or None: on a CPU, under Triton's interpreter, or with
+    a PyTorch built without it (Triton's own launch path is used then)."""
+    if os.environ.get("TRITON_INTERPRET") == "1" or not torch.cuda.is_available():
+        return None
+    return getattr(torch._C, "_StaticCudaLauncher", None)
+
+
+def _launch_hooks_active() -> bool:
+    """Whether a profiler has hooked Triton's launches (they would miss a static launch)."""
+    triton = sys.modules.get("triton")
+    if triton is None or not hasattr(triton, "knobs"):
+        return False
+    runtime = triton.knobs.runtime
+    return any(h is not None and not (hasattr(h, "calls") and not h.calls)
+               for h in (runtime.launch_enter_hook, runtime.launch_exit_hook))
