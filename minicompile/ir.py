@@ -377,6 +377,24 @@ def contiguous_strides(shape: Sequence[int]) -> list[int]:
     return strides[::-1]
 
 
+def dense_strides(shape: Sequence[int], order: Sequence[int]) -> list[int]:
+    """Strides of a dense tensor whose dims, from outermost to innermost, are `order`
+    (range(n): contiguous; (0, 2, 3, 1) for a 4-D tensor: channels-last)."""
+    strides, acc = [0] * len(shape), 1
+    for d in reversed(order):
+        strides[d] = acc
+        acc = size_expr(acc * shape[d]) if is_symbolic(shape[d]) else acc * max(shape[d], 1)
+    return strides
+
+
+def stride_order(stride: Sequence[int]) -> list[int]:
+    """The dims from outermost to innermost memory position (ties: the earlier dim outer)."""
+    return sorted(range(len(stride)), key=lambda d: (-stride[d], d))
+
+
+CHANNELS_LAST = (0, 2, 3, 1)      # dim order of a 4-D (N, C, H, W) tensor stored as N, H, W, C
+
+
 def flat_index(index: Sequence[Index], strides: Sequence[int], offset: int = 0) -> Index:
     out = Index({}, offset)
     for i, s in zip(index, strides):
@@ -598,9 +616,17 @@ class Reduction(IRNode):
 
 @dataclass(eq=False)
 class ComputedBuffer(IRNode):
-    """A Pointwise or Reduction stored in a contiguous buffer; consumers load from memory."""
+    """A Pointwise or Reduction stored in memory; consumers load from it. Its strides are
+    dense: contiguous unless a layout was chosen for it (`dense_strides` in some dimension
+    order: channels-last for a convolution's input on a CPU, eager's order for a graph output;
+    see TensorBox.realize)."""
     name: str
     data: Pointwise | Reduction
+    stride: list = None
+
+    def __post_init__(self):
+        if self.stride is None:
+            self.stride = contiguous_strides(self.shape)
 
     @property
     def shape(self):
@@ -613,10 +639,6 @@ class ComputedBuffer(IRNode):
     @property
     def device(self):
         return self.data.device
-
-    @property
-    def stride(self):
-        return contiguous_strides(self.shape)
 
     def make_loader(self):
         strides = self.stride

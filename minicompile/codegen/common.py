@@ -64,9 +64,11 @@ def canonical_indices(kernel) -> tuple[list[Index], list[Index]]:
 
 
 def plan_loops(kernel) -> LoopPlan:
-    """Merge adjacent loop dimensions d, d+1 when every load and store indexes them as one
-    (coefficient of d == coefficient of d+1 times size of d+1) and neither appears inside a
-    division or modulo."""
+    """The x loops nest in the memory order of the first buffer the kernel stores (a
+    channels-last buffer of logical shape N, C, H, W: N, H, W outer and C innermost), so stores
+    are contiguous and the innermost loop vectorizes; then adjacent loop dimensions d, d+1 merge
+    when every load and store indexes them as one (coefficient of d == coefficient of d+1 times
+    size of d+1) and neither appears inside a division or modulo."""
     x_idx, r_idx = canonical_indices(kernel)
     ranges = canonical_ranges(kernel)
     indices = []
@@ -78,8 +80,8 @@ def plan_loops(kernel) -> LoopPlan:
         indices.append(m.store_index(x_idx, r_idx))
     nonlinear = set().union(*[i.nonlinear_variables() for i in indices]) if indices else set()
 
-    def groups_for(prefix: str, sizes: list[int]):
-        dims = [(f"{prefix}{d}", s) for d, s in enumerate(sizes)]
+    def groups_for(prefix: str, sizes: list[int], order=None):
+        dims = [(f"{prefix}{d}", sizes[d]) for d in (order or range(len(sizes)))]
         zero = [v for v, s in dims if s == 1]
         groups: list[list[tuple[str, int]]] = []
         for v, s in [(v, s) for v, s in dims if s != 1]:
@@ -94,9 +96,21 @@ def plan_loops(kernel) -> LoopPlan:
                   for k, g in enumerate(groups)]
         return merged, zero
 
-    xg, xz = groups_for("x", kernel.x_sizes)
+    xg, xz = groups_for("x", kernel.x_sizes, _store_order(kernel, x_idx, r_idx))
     rg, rz = groups_for("r", kernel.r_sizes)
     return LoopPlan([g[2] for g in xg], [g[2] for g in rg], xg + rg, xz + rz)
+
+
+def _store_order(kernel, x_idx, r_idx) -> list[int] | None:
+    """The x dims from outermost to innermost in the first stored buffer (None: as numbered)."""
+    stored = [m for m in kernel.members if m.box.name in kernel.stored]
+    if not stored:
+        return None
+    index = stored[0].store_index(x_idx, r_idx)
+    strides = [index.coeff(f"x{d}") for d in range(len(kernel.x_sizes))]
+    if any(ir.is_symbolic(s) for s in strides):
+        return None
+    return ir.stride_order(strides)
 
 
 class KernelWriter:

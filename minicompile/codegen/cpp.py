@@ -42,9 +42,10 @@ PRELUDE = r"""
 #include <cstdint>
 #include <cstring>
 #include <limits>
-// NaN-propagating helpers, as PyTorch's maximum/minimum/relu behave.
-template <typename T> static inline T mc_max(T a, T b) { return (a != a || a > b) ? a : b; }
-template <typename T> static inline T mc_min(T a, T b) { return (a != a || a < b) ? a : b; }
+// NaN-propagating helpers, as PyTorch's maximum/minimum/relu behave. Two selects, not one
+// select on `a != a || a > b`: GCC does not vectorize a loop calling the latter (max pooling).
+template <typename T> static inline T mc_max(T a, T b) { T m = a > b ? a : b; return a != a ? a : m; }
+template <typename T> static inline T mc_min(T a, T b) { T m = a < b ? a : b; return a != a ? a : m; }
 template <typename T> static inline T mc_relu(T a) { return a < T(0) ? T(0) : a; }
 // exp for float, written out so the compiler vectorizes it in any loop: exp(x) = 2^k exp(r),
 // k = round(x / ln 2), r = x - k ln 2 (in two parts), exp(r) by Cephes' polynomial; error
@@ -202,7 +203,9 @@ def kernel_source(kernel, buffers: dict[str, ir.IRNode]) -> tuple[str, list[str]
     Shape: the x loops run in parallel (OpenMP); inside, each member in order: a reduction is
     an inner r loop into an accumulator, a pointwise member over whole rows is an inner r loop
     that stores, a per-row value is a few scalar lines. Without r loops (a pointwise kernel)
-    all members share the innermost x loop, which the compiler vectorizes."""
+    all members share the innermost x loop, which the compiler vectorizes. A lone reduction
+    whose input is contiguous across rows, not along them, vectorizes across rows instead
+    (`_across_rows`)."""
     plan = plan_loops(kernel)
     writer = CppWriter(kernel, plan, buffers)
     x_idx, r_idx = writer.canonical
@@ -230,6 +233,8 @@ def kernel_source(kernel, buffers: dict[str, ir.IRNode]) -> tuple[str, list[str]
                 inner_loop = _nest(xs[-1:], writer.lines, innermost_pragma="#pragma omp simd")
                 body = _nest(xs[:-1], inner_loop, outer_pragma=f"#pragma omp parallel for {parallel_if}",
                              collapse=True)
+        elif _across_rows_fits(kernel, plan, writer, buffers):
+            body = _across_rows(writer, xs, rs, store, parallel_if)
         else:
             # Members that walk the row go into one loop (a pass) until one needs a reduction's
             # final value from the current pass (softmax's exp needs the max): then a new pass.
@@ -295,6 +300,51 @@ def _all_float32(kernel, buffers) -> bool:
     dtypes = [m.box.dtype for m in kernel.members] + [buffers[n].dtype for n in names if n in buffers]
     dtypes += [m.comp.src_dtype for m in kernel.members if isinstance(m.comp, ir.Reduction)]
     return all(ir.compute_dtype(d) == torch.float32 for d in dtypes)
+
+
+def _across_rows_fits(kernel, plan, writer, buffers) -> bool:
+    """A lone float32 sum/mean/max/min whose every input that varies along the row is
+    contiguous along the innermost row (x) loop: a mean over H and W of a channels-last
+    (N, C, H, W) tensor, whose rows (n, c) are side by side in memory and whose row elements
+    are C apart. Needs an outer x loop to run in parallel, and a short innermost one."""
+    if len(kernel.members) != 1 or len(plan.x_sizes) < 2 or not plan.r_sizes:
+        return False
+    comp = kernel.members[0].comp
+    inner = plan.x_sizes[-1]
+    if not isinstance(comp, ir.Reduction) or comp.reduction_type not in ("sum", "mean", "max", "min") \
+            or ir.is_symbolic(inner) or inner > CARRY_LIMIT or not _all_float32(kernel, buffers):
+        return False
+    rec = ir.RecordingOps()
+    with use_ops(rec):
+        kernel.members[0].run(*writer.canonical)
+    loads = [plan.apply(index.simplify(writer.ranges)) for _, index in rec.loads]
+    along = [i for i in loads if any(i.coeff(r) != 0 for r in plan.r_vars)]
+    return bool(along) and not rec.indirect and all(
+        i.is_linear() and i.coeff(plan.x_vars[-1]) == 1 for i in along)
+
+
+def _across_rows(writer, xs, rs, store, parallel_if) -> list[str]:
+    """Loops of a reduction vectorized across rows: for each outer row group (in parallel),
+    the r loops outside and the innermost x loop inside, accumulating one array element per
+    row (vector loads along x); then each row's result is stored."""
+    member = writer.kernel.members[0]
+    comp = member.comp
+    (xi, n), *_ = xs[-1:]
+    acc, nan = f"acc0[{xi}]", f"nan0[{xi}]"
+    with writer.scope() as body:
+        value = member.run(*writer.canonical)
+        body.append(REDUCE[comp.reduction_type][0].format(acc=acc, v=value, nan=nan))
+    init = writer.constant_expr(reduction_identity(comp.reduction_type, comp.src_dtype), comp.src_dtype)
+    result = acc
+    if comp.reduction_type == "mean":
+        result = f"({acc} / static_cast<float>({writer.render_size(comp.rnumel())}))"
+    if comp.reduction_type in ("max", "min"):
+        result = f"({nan} ? std::numeric_limits<float>::quiet_NaN() : {result})"
+    lines = [f"float acc0[{n}];", f"int nan0[{n}];",
+             *_nest([(xi, n)], [f"{acc} = {init};", f"{nan} = 0;"], innermost_pragma="#pragma omp simd"),
+             *_nest(rs, _nest([(xi, n)], body, innermost_pragma="#pragma omp simd")),
+             *_nest([(xi, n)], [store(member, result)], innermost_pragma="#pragma omp simd")]
+    return _nest(xs[:-1], lines, outer_pragma=f"#pragma omp parallel for {parallel_if}", collapse=True)
 
 
 def _emit_pass(writer, members, rs, store, position, parallel_if) -> None:

@@ -196,7 +196,7 @@ def build(program: ir.Program, steps: list) -> CompiledGraph:
                 # a 0-dim result is allocated as one element (Triton's interpreter reads 0-dim
                 # tensors as Python scalars), then viewed as 0-dim
                 shape = tuple(m.box.shape) or (1,)
-                stride = sizes(ir.contiguous_strides(shape))
+                stride = sizes(m.box.data.stride or (1,))
                 key = (nbytes(m.box), m.box.dtype)
                 if free.get(key):
                     old = free[key].pop()

@@ -60,7 +60,7 @@ class Member:
         return comp.inner_fn(self.index(x_idx, r_idx))
 
     def store_index(self, x_idx, r_idx) -> Index:
-        return ir.flat_index(self.index(x_idx, r_idx), ir.contiguous_strides(self.box.shape))
+        return ir.flat_index(self.index(x_idx, r_idx), self.box.data.stride)
 
 
 @dataclass

@@ -137,6 +137,9 @@ def lower(gm: torch.fx.GraphModule, example_inputs) -> ir.Program:
             # flattened after lookup: a value may itself be a tuple (split's, chunk's pieces)
             outputs = torch.fx.node.map_arg(node.args[0], lambda n: env[n])
             program.outputs, program.output_spec = pytree.tree_flatten(outputs)
+            traced = pytree.tree_leaves(torch.fx.node.map_arg(node.args[0], lambda n: values.get(n)))
+            if len(traced) == len(program.outputs):
+                program.outputs = [_eager_layout(o, v) for o, v in zip(program.outputs, traced)]
             break
         args = torch.fx.node.map_arg(node.args, lambda n: env[n])
         kwargs = torch.fx.node.map_arg(node.kwargs, lambda n: env[n])
@@ -186,6 +189,22 @@ def lower(gm: torch.fx.GraphModule, example_inputs) -> ir.Program:
             env[node.args[0]] = result
         _redirect_written_inputs(env, program, written)
     return program
+
+
+def _eager_layout(box, value):
+    """A graph output computed here, on a CPU, is stored in the dense layout eager gives it (a
+    relu of a channels-last convolution's result is channels-last): set before it is stored,
+    or a copy if it is already stored otherwise (an input of a channels-last convolution that
+    eager returns contiguous). Elsewhere outputs stay contiguous."""
+    if not isinstance(box, TensorBox) or box.computation is None or box.device.type != "cpu" \
+            or not isinstance(value, torch.Tensor) or value.dim() != len(box.shape) \
+            or any(ir.is_symbolic(s) for s in (*box.shape, *ir.stride_of(value))):
+        return box
+    stride = ir.dense_strides(box.shape, ir.stride_order(value.stride()))
+    if box.is_realized:
+        return box.laid_out(stride)
+    box.wanted_stride = stride
+    return box
 
 
 def _storage(value):

@@ -14,6 +14,7 @@ class TensorBox(ir.IRNode):
         self.data = data
         self.program = program
         self.readers: list[TensorBox] = []     # boxes whose inner functions read this one
+        self.wanted_stride = None              # the layout it gets when realized (a graph output's)
         self.reads = [r for r in reads if isinstance(r, TensorBox)]
         for r in self.reads:
             r.readers.append(self)
@@ -45,10 +46,29 @@ class TensorBox(ir.IRNode):
         data = self.data.data if isinstance(self.data, ir.ComputedBuffer) else self.data
         return data if isinstance(data, (ir.Pointwise, ir.Reduction)) else None
 
-    def realize(self) -> "TensorBox":
+    def realize(self, stride=None) -> "TensorBox":
+        """Store the value in a buffer of its own, with `stride` (dense) when the caller needs a
+        layout (a channels-last convolution's input), else `wanted_stride`, else contiguous.
+        Already stored: unchanged (see `laid_out` for a value needed in a given layout)."""
         if not self.is_realized:
-            self.data = ir.ComputedBuffer(self.program.new_name(), self.data)
+            self.data = ir.ComputedBuffer(self.program.new_name(), self.data, stride or self.wanted_stride)
         return self
+
+    def has_strides(self, stride) -> bool:
+        """Stored with these strides (a dim of size 1 may have any stride)."""
+        actual = getattr(self.data, "stride", None) if self.is_realized else None
+        return actual is not None and len(actual) == len(stride) and all(
+            a == b or n == 1 for a, b, n in zip(actual, stride, self.shape))
+
+    def laid_out(self, stride) -> "TensorBox":
+        """This value in memory with strides `stride`: itself when stored so already, realized
+        so when not stored yet, else a copy (one more kernel) that is."""
+        if not self.is_realized:
+            return self.realize(stride)
+        if self.has_strides(stride):
+            return self
+        copy = ir.Pointwise(list(self.shape), self.dtype, self.device, self.make_loader(), "layout copy")
+        return TensorBox(copy, self.program, [self]).realize(stride)
 
     def __repr__(self):
         name = getattr(self.data, "name", None) or "(not stored)"

@@ -1016,10 +1016,84 @@ def _embedding_box(node, values, weight, indices):
                      weight.program, [weight, indices])
 
 
+# --------------------------------------------------------------------------- pooling
+
+@register([F.max_pool2d, torch.max_pool2d], "input, kernel_size, stride=None, padding=0, dilation=1, "
+          "ceil_mode=False, return_indices=False")
+def _max_pool2d(node, values, input, kernel_size, stride, padding, dilation, ceil_mode, return_indices):
+    """out[..., h, w] = max of input over the (dilated) window at (h*sh - ph, w*sw - pw): a
+    pointwise value, as in Inductor, so it fuses with what computes its input (a batch norm and
+    a relu) and with what reads it, instead of storing the input for PyTorch's kernel. Window
+    positions outside the input (padding, ceil_mode's last window) are masked out; a NaN in
+    the window gives NaN, as in eager. Large windows (over 25 elements) stay PyTorch's."""
+    meta = _meta(node, values)
+    if meta is None or return_indices or not isinstance(input, TensorBox) \
+            or not input.dtype.is_floating_point or len(input.shape) not in (3, 4) \
+            or any(ir.is_symbolic(s) for s in (*input.shape, *meta.shape)):
+        return NotImplemented
+
+    def pair(v):
+        v = [v] if isinstance(v, int) else list(v)
+        return (v[0], v[0]) if len(v) == 1 else tuple(v)
+    (kh, kw), (ph, pw), (dh, dw) = pair(kernel_size), pair(padding), pair(dilation)
+    sh, sw = pair(stride) if stride not in (None, (), []) else (kh, kw)
+    if kh * kw > 25:
+        return NotImplemented
+    sizes, out_sizes, steps = input.shape[-2:], meta.shape[-2:], (sh, sw)
+    load, cd = input.make_loader(), compute_dtype(meta.dtype)
+
+    def inner_fn(idx):
+        *lead, oh, ow = idx
+        result = None
+        for i, j in [(i, j) for i in range(kh) for j in range(kw)]:
+            pos, conditions = [], []
+            for o, offset, step, size, out_size in zip((oh, ow), (i * dh - ph, j * dw - pw), steps, sizes, out_sizes):
+                pos.append(o * step + offset)
+                if offset < 0 or (out_size - 1) * step + offset >= size:      # may leave the input
+                    p = ops.index_expr(pos[-1], torch.int64)
+                    conditions += [ops.ge(p, ops.constant(0, torch.int64)), ops.lt(p, ops.constant(size, torch.int64))]
+            if conditions:
+                mask = conditions[0]
+                for c in conditions[1:]:
+                    mask = ops.logical_and(mask, c)
+                value = ops.masked(mask, lambda pos=pos: load([*lead, *pos]), ops.constant(-math.inf, cd))
+            else:
+                value = load([*lead, *pos])
+            result = value if result is None else ops.maximum(result, value)
+        return result
+    return TensorBox(ir.Pointwise(ir.shape_of(meta), meta.dtype, meta.device, inner_fn, _origin(node)),
+                     input.program, [input])
+
+
+# --------------------------------------------------------------------------- convolution
+
+@register([torch.conv2d, F.conv2d], "input, weight, bias=None, stride=1, padding=0, dilation=1, groups=1")
+def _conv2d(node, values, input, weight, bias, stride, padding, dilation, groups):
+    """A 2-D convolution stays PyTorch's kernel (an Extern). On a CPU its input is given to it
+    channels-last, as Inductor's layout optimization does there: oneDNN's channels-last kernels
+    are much faster (about 8x for a 3-channel input), and PyTorch then returns the result
+    channels-last too, so the kernels after it read and write that layout (their loops follow
+    memory order: codegen/common.py's plan_loops). The copy into channels-last is a generated
+    kernel, or no work at all when the input is computed here (it is stored so directly)."""
+    meta = _meta(node, values)
+    if (meta is None or not isinstance(input, TensorBox) or not isinstance(weight, TensorBox)
+            or input.device.type != "cpu" or len(input.shape) != 4 or input.dtype != torch.float32
+            or any(ir.is_symbolic(s) for s in (*input.shape, *meta.shape))
+            or not torch.backends.mkldnn.is_available()):
+        return NotImplemented
+    x = input.laid_out(ir.dense_strides(input.shape, ir.CHANNELS_LAST))
+    # meta kernels answer contiguous here; PyTorch's CPU kernels keep a channels-last input's
+    # layout (and the wrapper's as_layout would copy if one did not)
+    out_stride = ir.dense_strides(ir.shape_of(meta), ir.CHANNELS_LAST)
+    return lower_fallback(input.program, node, values, node.target,
+                          (x, weight, bias, stride, padding, dilation, groups), {}, stride=out_stride)
+
+
 # --------------------------------------------------------------------------- fallback
 
-def lower_fallback(program: ir.Program, node, values, target, args, kwargs):
-    """Any op without a lowering: an Extern that calls PyTorch on realized inputs."""
+def lower_fallback(program: ir.Program, node, values, target, args, kwargs, stride=None):
+    """Any op without a lowering: an Extern that calls PyTorch on realized inputs. `stride`:
+    the result's strides, where the caller knows them better than a meta kernel does."""
     boxes = []
 
     pure = _is_extern_kernel(target)     # reads its inputs only: a strided view will do
@@ -1048,6 +1122,8 @@ def lower_fallback(program: ir.Program, node, values, target, args, kwargs):
             value = _predict_on_meta(target, kind, args, kwargs)
         if value is None:
             value = traced
+        if stride is not None:
+            value = torch.empty_strided(value.shape, stride, dtype=value.dtype, device="meta")
     name = program.new_name("buf")
     if isinstance(value, torch.Tensor):
         traced = values.get(node)
@@ -1105,7 +1181,7 @@ def _as_view_of_buffer(box: TensorBox):
 
 def _layout(box: TensorBox) -> list[int]:
     data = box.data
-    if isinstance(data, (ir.InputBuffer, ir.Extern, ir.ViewOfBuffer)):
+    if isinstance(data, (ir.InputBuffer, ir.Extern, ir.ViewOfBuffer, ir.ComputedBuffer)):
         return list(data.stride)
     return ir.contiguous_strides(box.shape)
 
@@ -1156,7 +1232,7 @@ def _predict_on_meta(target, kind, args, kwargs):
             return data.meta_value
         if isinstance(data, ir.ViewOfBuffer):
             return torch.empty_strided(data.shape, data.stride, dtype=x.dtype, device="meta")
-        stride = data.stride if isinstance(data, ir.InputBuffer) else ir.contiguous_strides(x.shape)
+        stride = data.stride if isinstance(data, (ir.InputBuffer, ir.ComputedBuffer)) else ir.contiguous_strides(x.shape)
         return torch.empty_strided(x.shape, stride, dtype=x.dtype, device="meta")
     try:
         margs = torch.fx.node.map_aggregate(args, meta)

@@ -1,0 +1,143 @@
+"""Memory layouts: channels-last convolutions on a CPU and the kernels around them.
+
+On a CPU a 2-D convolution gets its input channels-last (PyTorch's oneDNN kernels are much
+faster so) and returns its result channels-last; the buffers computed from it keep that layout,
+their loops follow memory order, max pooling is a generated pointwise kernel, and a mean over
+H and W vectorizes across channels. Graph outputs keep the strides eager gives. Every result
+is compared with eager on fresh random inputs of awkward sizes and layouts.
+"""
+import re
+
+import pytest
+import torch
+import torch.fx
+import torch.nn.functional as F
+
+import minicompile
+from conftest import DEVICE
+from helpers import assert_same, randn
+from minicompile.graph_compiler import compile_graph
+from minicompile.runtime import memory
+
+CL = torch.channels_last
+
+
+def compiled_and_expected(fn, *args):
+    gm = torch.fx.symbolic_trace(fn)
+    compiled = compile_graph(gm, list(args))
+    return compiled, compiled(*args), fn(*args)
+
+
+def assert_same_with_strides(actual, expected):
+    """Equal values, and the strides eager gives (dims of size 1 aside)."""
+    for a, e in zip(actual if isinstance(actual, tuple) else (actual,),
+                    expected if isinstance(expected, tuple) else (expected,)):
+        assert_same(a, e)
+        assert all(x == y or n == 1 for x, y, n in zip(a.stride(), e.stride(), e.shape)), \
+            (a.stride(), e.stride(), e.shape)
+
+
+def conv_block(x, w1, b1, mean, var, gamma, beta, w2):
+    """The small CNN's shape: conv, batch norm, relu, max pool, conv, relu, mean over H, W."""
+    y = F.relu(F.batch_norm(F.conv2d(x, w1, b1, padding=1), mean, var, gamma, beta, training=False))
+    p = F.max_pool2d(y, 2)
+    z = F.relu(F.conv2d(p, w2))
+    return y, p * 2, z.mean((2, 3)), z.amax((2, 3))
+
+
+def block_inputs(n, c, h, w, layout):
+    x = randn(n, c, h, w)
+    if layout == "channels_last":
+        x = x.to(memory_format=CL)
+    elif layout == "strided":
+        x = randn(n, c, h, w * 2)[..., ::2]
+    elif layout == "permuted":
+        x = randn(n, h, w, c).permute(0, 3, 1, 2)         # channels-last strides, not .to()
+    return (x, randn(6, c, 3, 3), randn(6), randn(6), randn(6).abs() + 0.5, randn(6), randn(6),
+            randn(5, 6, 1, 1))
+
+
+@pytest.mark.parametrize("size", [(3, 5, 7, 9), (1, 3, 5, 5), (2, 1, 4, 6)])
+@pytest.mark.parametrize("layout", ["contiguous", "channels_last", "strided", "permuted"])
+def test_conv_block_matches_eager_values_and_strides(kernel_backend, size, layout):
+    if kernel_backend == "triton" and (size != (3, 5, 7, 9) or layout == "strided"):
+        pytest.skip("the Triton interpreter is slow: one size, three layouts")
+    args = block_inputs(*size, layout)
+    _, actual, expected = compiled_and_expected(conv_block, *args)
+    assert_same_with_strides(actual, expected)
+
+
+@pytest.mark.skipif(DEVICE != "cpu", reason="the channels-last layout choice is for CPUs")
+def test_kernels_after_a_channels_last_conv_keep_its_layout(monkeypatch):
+    copies = []
+
+    def as_layout(tensor, stride):       # a wrong prediction of a conv's layout costs a copy
+        out = memory_as_layout(tensor, stride)
+        copies.append(out is not tensor)
+        return out
+    memory_as_layout = memory.as_layout
+    monkeypatch.setattr(memory, "as_layout", as_layout)
+    args = block_inputs(3, 5, 7, 9, "contiguous")
+
+    def f(x, w1, b1, mean, var, gamma, beta, w2):
+        y = F.relu(F.batch_norm(F.conv2d(x, w1, b1, padding=1), mean, var, gamma, beta, training=False))
+        return F.relu(F.conv2d(F.max_pool2d(y, 2), w2)).mean((2, 3))
+    compiled, actual, expected = compiled_and_expected(f, *args)
+    assert_same(actual, expected)
+    assert copies and not any(copies), copies
+    source = compiled.wrapper_source
+    # the input is copied into channels-last once; the pooled batch norm is stored so directly
+    assert "torch_empty_strided((3, 5, 7, 9), (315, 1, 45, 5)" in source
+    assert "torch_empty_strided((3, 6, 3, 4), (72, 1, 24, 6)" in source
+    assert len(compiled.kernels) == 3           # the copy, batch norm + relu + pool, relu + mean
+    # stores of the kernel after the first conv are contiguous in its innermost loop
+    kernel1 = compiled.kernel_source.split("kernel kernel1")[1].split("// ---- kernel")[0]
+    innermost = re.findall(r"for \(int64_t (x\d) = 0; x\d < (\d+);", kernel1)[-1]
+    assert innermost[1] == "6" and re.search(rf"out_ptr0\[[^\]]*\+ {innermost[0]}\] = ", kernel1), kernel1
+
+
+@pytest.mark.parametrize("args", [dict(kernel_size=2), dict(kernel_size=3, stride=2, padding=1),
+                                  dict(kernel_size=(2, 3), stride=(1, 2), ceil_mode=True),
+                                  dict(kernel_size=3, stride=2, padding=1, ceil_mode=True),
+                                  dict(kernel_size=2, dilation=2, padding=1)])
+@pytest.mark.parametrize("layout", ["contiguous", "channels_last", "transposed"])
+def test_max_pool2d(kernel_backend, args, layout):
+    if kernel_backend == "triton" and layout != "contiguous":
+        pytest.skip("the Triton interpreter is slow")
+    x = randn(2, 5, 9, 7, layout="transposed" if layout == "transposed" else "contiguous")
+    if layout == "channels_last":
+        x = x.to(memory_format=CL)
+    _, actual, expected = compiled_and_expected(lambda x: F.max_pool2d(torch.relu(x) - 0.5, **args), x)
+    assert_same_with_strides(actual, expected)
+
+
+def test_max_pool2d_nan_inf_and_3d_input(kernel_backend):
+    x = randn(5, 6, 8)
+    x[0, 0, 0], x[1, 2, 3], x[2, :2, :2] = float("nan"), float("inf"), float("-inf")
+    _, actual, expected = compiled_and_expected(lambda x: F.max_pool2d(x, 2) + F.max_pool2d(x, 3, 2, 1), x)
+    torch.testing.assert_close(actual, expected, equal_nan=True)
+
+
+@pytest.mark.parametrize("op", ["sum", "mean", "amax", "amin"])
+def test_reduction_over_hw_of_channels_last(kernel_backend, op):
+    # rows (n, c) lie side by side: the C++ kernel vectorizes across them
+    x = randn(3, 20, 5, 7).to(memory_format=CL)
+    x[1, 3, 2, 2] = float("nan")
+    _, actual, expected = compiled_and_expected(lambda x: getattr(torch.relu(x), op)((2, 3)) + 1, x)
+    torch.testing.assert_close(actual, expected, equal_nan=True)
+
+
+def test_small_cnn_compiles_to_generated_pooling():
+    import os
+    import sys
+    sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "benchmarks"))
+    import models
+
+    model, x = models.model_and_input("cnn", DEVICE, scale=1 / 64)
+    with torch.no_grad():
+        expected = model(x)
+        actual = minicompile.compile(model)(x)
+        fresh = torch.randn_like(x).to(memory_format=CL)
+        assert_same(minicompile.compile(model)(fresh), model(fresh))
+    assert_same(actual, expected)
+    assert minicompile.metrics.graph_breaks == 0
