@@ -51,6 +51,27 @@ def check(fn, *args, dtype=torch.float32, kernels=None):
     return compiled
 
 
+def check_captured(fn, *args, dtype=torch.float32, kernels=None):
+    """As check(), through minicompile's own capture (which keeps keyword arguments as
+    written, where torch.fx.symbolic_trace makes some positional), and the result has eager's
+    structure, named tuples included."""
+    graphs = []
+
+    def backend(gm, example_inputs):
+        graphs.append(compile_graph(gm, example_inputs))
+        return graphs[-1]
+    expected = fn(*[same_layout_copy(a) for a in args])
+    minicompile.metrics.reset()
+    actual = minicompile.compile(fn, fullgraph=True, backend=backend)(*args)
+    assert torch.utils._pytree.tree_structure(actual) == torch.utils._pytree.tree_structure(expected)
+    torch.testing.assert_close(actual, expected, equal_nan=True, **tolerances(dtype))
+    for graph in graphs:
+        assert "no lowering" not in graph.wrapper_source, graph.wrapper_source
+    if kernels is not None:
+        assert minicompile.metrics.kernels == kernels
+    return graphs
+
+
 def small(kernel_backend, shape, big):
     """`big` where kernels are fast (C++, a GPU), `shape` under Triton's interpreter."""
     return big if kernel_backend == "cpp" or DEVICE == "cuda" else shape
@@ -105,6 +126,65 @@ def test_argmax_fuses_with_its_row_work(kernel_backend):
     # softmax's max, sum and division, then the argmax of the result: one pass over each row
     check(lambda x: torch.softmax(x * 2, -1).argmax(-1), randn(37, 53), kernels=1)
     check(lambda x: (x.relu() + 1).argmin(-1, keepdim=True) * 2, randn(37, 53), kernels=1)
+
+
+# --------------------------------------------------------------------------- max / min over a dim
+
+@pytest.mark.parametrize("op", ["max", "min"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.int64])
+@pytest.mark.parametrize("layout", ["contiguous", "transposed"])
+def test_max_min_over_a_dim(kernel_backend, op, dtype, layout):
+    # (values, indices), in every spelling; integers have many ties
+    x = values(dtype, 7, 13, layout=layout)
+    check(lambda x: getattr(x, op)(1), x, dtype=dtype)
+    check(lambda x: getattr(torch, op)(x, 0, True), x, dtype=dtype)
+    check(lambda x: getattr(torch, op)(x, dim=-1, keepdim=True), x, dtype=dtype)
+    check(lambda x: getattr(x, op)(dim=0).values * 2 + getattr(x, op)(0)[1], x, dtype=dtype)
+    check(lambda x: getattr(x[:, 2:11:3], op)(-1).indices, x, dtype=dtype)
+
+
+@pytest.mark.parametrize("op", ["max", "min"])
+def test_max_min_over_a_dim_nan_inf_and_ties(kernel_backend, op):
+    # values: NaN where the row holds one; indices: the first NaN, else the first best value
+    rows = torch.tensor([[1.0, NAN, 3.0, NAN, 3.0], [2.0, 2.0, 1.0, 2.0, 1.0], [-INF] * 5, [INF] * 5,
+                         [NAN] * 5, [0.0, -1.0, 5.0, -1.0, NAN], [3.0, 3.0, 3.0, -1.0, -1.0]], device=DEVICE)
+    check(lambda x: getattr(x, op)(-1), rows)
+    check(lambda x: getattr(x, op)(0, keepdim=True), rows)
+    # long rows: Triton's looped reduction; a few rows of 2**16 also split the values' reduction
+    for shape in [(5, 17001), (2, 2**16)]:
+        long = randn(*shape).round()
+        long[1, 7], long[1, 9000], long[0] = NAN, NAN, -INF
+        long[-1, shape[1] - 2] = NAN
+        check(lambda x: getattr(x, op)(-1), long)
+        check(lambda x: getattr(x, op)(-1), long.half(), dtype=torch.float16)
+
+
+def test_max_min_over_a_dim_is_one_kernel_with_its_neighbours(kernel_backend):
+    check(lambda x: x.max(-1), randn(37, 53), kernels=1)
+    check(lambda x: (lambda m: (x - m.values[:, None]).exp() * m.indices[:, None])(x.max(1)), randn(37, 53),
+          kernels=1)
+
+
+def test_max_min_over_a_dim_through_minicompile_capture(kernel_backend):
+    # the named tuple comes back as eager's (torch.return_types.min), fields by name and index
+    x = randn(7, 13, layout="transposed")
+    check_captured(lambda x: x.min(0), x)
+    check_captured(lambda x: torch.max(x, dim=1, keepdim=True), x)
+    check_captured(lambda x: (lambda v, i: v * i)(*x.max(-1)), x)
+
+
+@pytest.mark.parametrize("op", ["max", "min"])
+def test_max_min_over_a_dim_falls_back_where_argmax_does(kernel_backend, op):
+    # bool values, a 0-dim tensor: left to PyTorch, still right
+    b = randn(7, 13) > 0
+    for fn, x in [(lambda x: getattr(x, op)(1), b), (lambda x: getattr(x, op)(0), randn(1)[0])]:
+        compiled = compile_graph(torch.fx.symbolic_trace(fn), [x])
+        assert f"no lowering for {op}" in compiled.wrapper_source
+        torch.testing.assert_close(compiled(x), fn(x))
+    # no rows at all (reducing a non-empty dim): an empty result
+    empty = randn(3, 0)
+    fn = lambda x: getattr(x, op)(0)        # noqa: E731
+    torch.testing.assert_close(compile_graph(torch.fx.symbolic_trace(fn), [empty])(empty), fn(empty))
 
 
 # --------------------------------------------------------------------------- cat / stack

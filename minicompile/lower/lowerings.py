@@ -431,15 +431,15 @@ _reg_reduction("min", [torch.amin, torch.Tensor.amin, "amin"])
 
 @register([torch.argmax, torch.Tensor.argmax, "argmax"], "input, dim=None, keepdim=False")
 def _argmax(node, values, input, dim, keepdim):
-    return _arg_reduction(node, values, input, dim, keepdim, "argmax")
+    return _arg_reduction(_meta(node, values), input, dim, keepdim, "argmax")
 
 
 @register([torch.argmin, torch.Tensor.argmin, "argmin"], "input, dim=None, keepdim=False")
 def _argmin(node, values, input, dim, keepdim):
-    return _arg_reduction(node, values, input, dim, keepdim, "argmin")
+    return _arg_reduction(_meta(node, values), input, dim, keepdim, "argmin")
 
 
-def _arg_reduction(node, values, input, dim, keepdim, rtype):
+def _arg_reduction(meta, input, dim, keepdim, rtype):
     """argmax/argmin as one reduction that keeps (value, position): over dim, or over the
     whole tensor (positions in the flattened tensor) without one. A 0-dim input, an empty
     row (eager raises) and bool inputs are left to PyTorch."""
@@ -449,17 +449,50 @@ def _arg_reduction(node, values, input, dim, keepdim, rtype):
         return NotImplemented
     if (input.shape[dim] if dim is not None else math.prod(input.shape)) == 0:
         return NotImplemented
-    return _reduction_box(_meta(node, values), input, dim, keepdim, rtype)
+    return _reduction_box(meta, input, dim, keepdim, rtype)
+
+
+_MAX_MIN_OF_TWO = Signature("input, other")
+_MAX_MIN_OVER_DIM = Signature("input, dim, keepdim=False")
 
 
 def _max_min(rtype, elementwise):
+    """torch.max / torch.min in their three forms: of the whole tensor (a tensor), of two
+    tensors (elementwise), and over a dim ((values, indices))."""
     def lower(node, values, input, *args, **kwargs):
-        if args and isinstance(args[0], TensorBox):       # torch.max(a, b)
-            return _pointwise_box(node, values, getattr(ops, elementwise), [input, args[0]])
         if not args and not kwargs:                        # full reduction, returns a tensor
             return _reduction_box(_meta(node, values), input, None, False, rtype)
-        return NotImplemented                              # (values, indices): fallback
+        two = _MAX_MIN_OF_TWO.bind((input, *args), kwargs)
+        if two is not None and isinstance(two["other"], TensorBox):
+            return _pointwise_box(node, values, getattr(ops, elementwise), [input, two["other"]])
+        over_dim = _MAX_MIN_OVER_DIM.bind((input, *args), kwargs)
+        if over_dim is None:
+            return NotImplemented
+        return _values_and_indices(node, values, rtype, **over_dim)
     return lower
+
+
+def _values_and_indices(node, values, rtype, input, dim, keepdim):
+    """x.max(dim) / x.min(dim): amax's values (NaN where the row holds one) and argmax's
+    positions (the first best, the first NaN), two reductions over the same rows that fuse
+    into one kernel. Returned as eager's named tuple, so `.values` and `[1]` both work."""
+    result = values.get(node)
+    if not isinstance(result, tuple) or len(result) != 2 or not isinstance(dim, int) \
+            or isinstance(dim, bool):
+        return NotImplemented
+    meta_values, meta_indices = result
+    indices = _arg_reduction(meta_indices, input, dim, keepdim, "arg" + rtype)
+    if indices is NotImplemented:                # what argmax leaves to PyTorch, max(dim) does too
+        return NotImplemented
+    return type(result)((_reduction_box(meta_values, input, dim, keepdim, rtype), indices))
+
+
+@register([getattr], "obj, name")
+def _getattr(node, values, obj, name):
+    """A field of a named tuple a lowering returned (max(dim)'s values, indices)."""
+    if isinstance(obj, tuple) and name in getattr(type(obj), "__match_args__", ()):
+        return getattr(obj, name)
+    return NotImplemented
 
 
 LOWERINGS[torch.max] = LOWERINGS["max"] = LOWERINGS[torch.Tensor.max] = _max_min("max", "maximum")
