@@ -202,6 +202,16 @@ def test_cat(kernel_backend, dtype):
     check(lambda a: torch.cat([a], 0) + 1, a, dtype=dtype)
 
 
+def test_cat_spellings_and_axis(kernel_backend):
+    # torch.cat, torch.concat, torch.concatenate; dim or NumPy's axis, by keyword or position
+    x, y = randn(7, 13), randn(7, 5, layout="transposed")
+    for cat in (torch.cat, torch.concat, torch.concatenate):
+        check(lambda x, y: cat([x, y], 1), x, y)
+        check_captured(lambda x, y: cat((x, y.relu()), dim=-1) * 2, x, y, kernels=1)
+        check_captured(lambda x, y: cat([x.t(), y.t()], axis=0), x, y)
+        check_captured(lambda x: cat(tensors=[x, x[:2]]), x)
+
+
 def test_cat_mixed_dtypes_and_empty_inputs(kernel_backend):
     x, h, i = randn(7, 13), randn(7, 3, dtype=torch.float16), torch.randint(-5, 5, (7, 4), device=DEVICE)
     check(lambda x, h: torch.cat([h, x], 1), x, h)                 # float16 and float32: float32
@@ -252,6 +262,16 @@ def test_split_chunk_unbind_are_views(kernel_backend):
     check(lambda x: torch.chunk(x, 4, dim=-1)[-1].sum(0), x)
     check(lambda x: x.unbind(1)[5] + torch.unbind(x)[0][:7], x)
     check(lambda x: (lambda p: p[0] * p[1] + p[2])(x[:, :12].chunk(3, dim=1)), x)
+
+
+def test_split_with_keyword_arguments(kernel_backend):
+    # the method's keyword is split_size, the function's split_size_or_sections (and tensor)
+    x = randn(7, 13, layout="transposed")
+    check_captured(lambda x: x.split(split_size=4, dim=1), x)
+    check_captured(lambda x: x.split(3, dim=0)[1] * 2, x)
+    check_captured(lambda x: torch.split(x, split_size_or_sections=[2, 6, 5], dim=-1), x)
+    check_captured(lambda x: torch.split(tensor=x, split_size_or_sections=5)[1].sum(0), x)
+    check_captured(lambda x: torch.Tensor.split(x, split_size=[1, 12], dim=1)[0], x)
 
 
 def test_split_pieces_fuse_with_their_consumers(kernel_backend):

@@ -907,8 +907,14 @@ _SIZE_OPS = {operator.add: operator.add, operator.sub: operator.sub, operator.mu
              operator.floordiv: operator.floordiv}
 
 
-@register([torch.split, torch.Tensor.split, "split"], "input, split_size_or_sections, dim=0")
-def _split(node, values, input, split_size_or_sections, dim):
+# the function and the method name their arguments differently (as keywords, each its own)
+@register([torch.split], "tensor, split_size_or_sections, dim=0")
+def _split(node, values, tensor, split_size_or_sections, dim):
+    return _consecutive_views(node, values, tensor, dim)
+
+
+@register([torch.Tensor.split, "split"], "input, split_size, dim=0")
+def _split_method(node, values, input, split_size, dim):
     return _consecutive_views(node, values, input, dim)
 
 
@@ -946,12 +952,16 @@ def _unbind(node, values, input, dim):
                  for k in range(input.shape[d]))
 
 
-@register([torch.cat, torch.concat], "tensors, dim=0")
-def _cat(node, values, tensors, dim):
+@register([torch.cat, torch.concat, torch.concatenate], "tensors, dim=None, *, axis=None")
+def _cat(node, values, tensors, dim, axis):
     """Concatenation along dim: input k fills positions [start_k, end_k) of that dim, read
     at the position less start_k. Empty inputs contribute nothing (PyTorch also skips the
-    legacy 1-D empty tensor); dtypes promote as PyTorch's (the traced result's dtype)."""
+    legacy 1-D empty tensor); dtypes promote as PyTorch's (the traced result's dtype).
+    `axis` is NumPy's name for dim, which PyTorch also accepts (not both at once)."""
     meta = _meta(node, values)
+    if dim is not None and axis is not None:
+        return NotImplemented
+    dim = dim if dim is not None else axis if axis is not None else 0
     if meta is None or meta.dim() == 0 or not isinstance(dim, int) or not isinstance(tensors, (list, tuple)):
         return NotImplemented
     d = dim % meta.dim()
