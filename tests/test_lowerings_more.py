@@ -187,6 +187,38 @@ def test_max_min_over_a_dim_falls_back_where_argmax_does(kernel_backend, op):
     torch.testing.assert_close(compile_graph(torch.fx.symbolic_trace(fn), [empty])(empty), fn(empty))
 
 
+# --------------------------------------------------------------------------- prod
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.int64])
+@pytest.mark.parametrize("layout", ["contiguous", "transposed"])
+def test_prod(kernel_backend, dtype, layout):
+    if dtype == torch.int64:        # small factors of both signs, no zeros: exact, no overflow
+        x = torch.randint(1, 4, (7, 13), device=DEVICE) * (torch.randint(0, 2, (7, 13), device=DEVICE) * 2 - 1)
+        x = x.t().contiguous().t() if layout == "transposed" else x
+    else:                           # near 1 (never 0): a product of 13 stays in range
+        x = (randn(7, 13, layout=layout) * 0.2 + 1).to(dtype)
+    check(lambda x: x.prod(1), x, dtype=dtype)
+    check(lambda x: torch.prod(x, 0, keepdim=True), x, dtype=dtype)
+    check_captured(lambda x: torch.Tensor.prod(x, dim=-1) + 1, x, dtype=dtype)
+    check(lambda x: x[:, 2:11:3].prod(-1), x, dtype=dtype)
+    check(lambda x: (x > 1).prod(1), x, dtype=dtype)               # bool: int64 products
+    check(lambda x: x[:3, :4].prod(), x, dtype=dtype)
+
+
+def test_prod_nan_inf_and_long_rows(kernel_backend):
+    rows = torch.tensor([[1.5, NAN, 2.0], [INF, 0.0, 1.0], [-INF, 2.0, -1.0], [3.0, 0.5, -2.0]], device=DEVICE)
+    check(lambda x: x.prod(-1), rows)
+    check(lambda x: x.prod(0), rows)
+    # long rows (Triton's looped reduction): factors close to 1, so the product stays finite
+    long = torch.exp(randn(5, 17001) * 1e-2)
+    long[2, 9000] = NAN
+    check(lambda x: x.prod(-1), long)
+
+
+def test_prod_fuses_with_its_row_work(kernel_backend):
+    check(lambda x: (x.sigmoid() + 0.5).prod(-1) * x.sum(-1), randn(37, 53), kernels=1)
+
+
 # --------------------------------------------------------------------------- cat / stack
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16])

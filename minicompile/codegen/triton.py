@@ -302,9 +302,9 @@ def _first_best(writer, reduce_fn: str, block: str, positions: str, nan_aware: b
                         f"{positions}, rnumel), 1)[:, None]")
 
 
-REDUCE_FN = {"sum": "tl.sum", "mean": "tl.sum", "max": "tl.max", "min": "tl.min",
+REDUCE_FN = {"sum": "tl.sum", "mean": "tl.sum", "max": "tl.max", "min": "tl.min", "prod": "_prod",
              "argmax": "tl.max", "argmin": "tl.min"}
-COMBINE = {"sum": "{acc} + {v}", "mean": "{acc} + {v}",
+COMBINE = {"sum": "{acc} + {v}", "mean": "{acc} + {v}", "prod": "{acc} * {v}",
            "max": "tl.where(({v} != {v}) | ({v} > {acc}), {v}, {acc})",
            "min": "tl.where(({v} != {v}) | ({v} < {acc}), {v}, {acc})"}
 
@@ -358,14 +358,25 @@ def _grid(xnumel, xblock):
     return math.ceil(xnumel / xblock)
 
 
+# Reductions Triton does not provide (it has tl.sum, tl.max, tl.min, but no product), as
+# tl.reduce with a combine function; written into a module whose kernels call them.
+HELPERS = {
+    "_prod": ["@triton.jit", "def _multiply(a, b):", "    return a * b", "", "",
+              "@triton.jit", "def _prod(x, axis):", "    return tl.reduce(x, axis, _multiply)"],
+}
+
+
 def generate(kernels, buffers) -> tuple[str, dict]:
-    parts = ["import triton", "import triton.language as tl", ""]
-    meta = {}
+    sources, meta = [], {}
     for kernel in kernels:
         src, args, launch = kernel_source(kernel, buffers)
-        parts += [src, ""]
+        sources += [src, ""]
         meta[kernel.name] = (args, launch)
-    return "\n".join(parts) + "\n", meta
+    parts = ["import triton", "import triton.language as tl", ""]
+    for name, lines in HELPERS.items():
+        if any(f"{name}(" in src for src in sources):
+            parts += [*lines, "", ""]
+    return "\n".join(parts + sources) + "\n", meta
 
 
 def load(source: str, meta: dict) -> dict:

@@ -424,7 +424,7 @@ def _reg_reduction(rtype, targets):
 
 _reg_reduction("sum", [torch.sum, torch.Tensor.sum, "sum"])
 _reg_reduction("mean", [torch.mean, torch.Tensor.mean, "mean"])
-_reg_reduction("prod", [torch.prod, "prod"])
+_reg_reduction("prod", [torch.prod, torch.Tensor.prod, "prod"])
 _reg_reduction("max", [torch.amax, torch.Tensor.amax, "amax"])
 _reg_reduction("min", [torch.amin, torch.Tensor.amin, "amin"])
 
