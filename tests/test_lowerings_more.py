@@ -1,7 +1,9 @@
 """Lowerings that used to fall back to PyTorch: argmax/argmin (a reduction that keeps a
-position), cat/stack (pieces selected by position, read under masks), split/chunk/unbind
-(tuples of views), training batch norm (running statistics written back into the inputs),
-embedding (an indirect load, its index checked).
+position), max/min over a dim (values and indices), prod (also on Triton), cat/stack (pieces
+selected by position, read under masks), split/chunk/unbind (tuples of views), training batch
+norm (running statistics written back into the inputs), embedding (an indirect load, its index
+checked: IndexError on a CPU, a device-side assert on a GPU). Keyword forms of the arguments
+(torch.split(x, split_size_or_sections=2, dim=1)) lower like positional ones.
 
 Each op is compared with eager on fresh random inputs, awkward sizes and non-contiguous
 layouts, for every kernel backend; each test also checks that the op is generated code (no
@@ -9,6 +11,10 @@ PyTorch fallback in the wrapper) and, where it matters, that it fuses with its n
 """
 
 import copy
+import os
+import subprocess
+import sys
+import textwrap
 
 import pytest
 import torch
@@ -16,7 +22,7 @@ import torch.fx
 import torch.nn.functional as F
 
 import minicompile
-from conftest import DEVICE
+from conftest import DEVICE, HAS_TRITON
 from helpers import assert_same, randn, tolerances
 from minicompile.graph_compiler import compile_graph
 
@@ -428,18 +434,61 @@ def test_embedding_fuses_with_indices_and_consumers(kernel_backend):
     check(lambda i, w: F.layer_norm(F.embedding(9 - i, w), (16,)), i, w, kernels=1)
 
 
+@pytest.mark.skipif(DEVICE == "cuda", reason="on a GPU a bad index is a device-side assert, as in eager")
 @pytest.mark.parametrize("bad", [10, -1])
 def test_embedding_index_out_of_range_raises(kernel_backend, bad):
+    # C++ and Triton's interpreter (which skips device asserts): IndexError, as eager on a CPU
     i, w = indices(3, 4), randn(10, 6)
     compiled = check(lambda i, w: F.embedding(i, w).sum(-1), i, w)
     i[1, 2] = bad
-    if DEVICE == "cpu":      # eager on a GPU stops the process with a device-side assert instead
-        with pytest.raises(IndexError):
-            F.embedding(i, w)
+    with pytest.raises(IndexError):
+        F.embedding(i, w)
     with pytest.raises(IndexError):
         compiled(i, w)
     i[1, 2] = 3
     torch.testing.assert_close(compiled(i, w), F.embedding(i, w).sum(-1))
+
+
+@pytest.mark.skipif(DEVICE == "cuda" or not HAS_TRITON, reason="the GPU's own test runs there")
+def test_embedding_device_assert_code_runs_under_the_interpreter(monkeypatch):
+    # what a GPU gets, generated here and run through the interpreter (which skips the assert
+    # itself): the kernel asserts and takes no INDEX_ERRORS flag, the launch compiles it in
+    # debug mode without overflow checks, the wrapper reads nothing back
+    from minicompile.codegen import triton as triton_codegen
+    monkeypatch.setattr(triton_codegen, "asserts_on_device", lambda device: True)
+    minicompile.config.cpu_backend = "triton"
+    i, w = indices(3, 4), randn(10, 6)
+    compiled = check(lambda i, w: torch.cat([F.embedding(i, w), w[:3, None].expand(3, 4, 6)], 1).sum(-1), i, w)
+    assert "tl.device_assert(" in compiled.kernel_source and "index_errors" not in compiled.kernel_source
+    assert "debug=True, sanitize_overflow=False" in compiled.wrapper_source
+    assert "index_errors" not in compiled.wrapper_source
+
+
+@pytest.mark.skipif(DEVICE != "cuda", reason="device-side asserts need a GPU")
+def test_embedding_index_out_of_range_asserts_on_the_gpu(kernel_backend):
+    # no flag read back after the kernels (a wait for the GPU every call): the kernel asserts
+    i, w = indices(3, 4), randn(10, 6)
+    compiled = check(lambda i, w: F.embedding(i, w).sum(-1), i, w)
+    assert "tl.device_assert" in compiled.kernel_source
+    assert ".item()" not in compiled.wrapper_source and "index_errors" not in compiled.wrapper_source
+    # a failed device assert leaves the process's CUDA context unusable: it is met in a child
+    child = textwrap.dedent("""
+        import torch, torch.fx, torch.nn.functional as F
+        from minicompile.graph_compiler import compile_graph
+        f = lambda i, w: F.embedding(i, w).sum(-1)
+        i, w = torch.randint(0, 10, (3, 4), device="cuda"), torch.randn(10, 6, device="cuda")
+        compiled = compile_graph(torch.fx.symbolic_trace(f), [i, w])
+        torch.testing.assert_close(compiled(i, w), f(i, w))
+        i[1, 2] = BAD
+        compiled(i, w)
+        torch.cuda.synchronize()
+        print("no error")
+    """)
+    for bad in (10, -1):
+        proc = subprocess.run([sys.executable, "-c", child.replace("BAD", str(bad))], capture_output=True,
+                              text=True, env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}, timeout=300)
+        assert proc.returncode != 0 and "no error" not in proc.stdout, proc.stdout
+        assert "device-side assert" in proc.stderr, proc.stderr[-3000:]
 
 
 def test_embedding_module_and_max_norm_fallback(kernel_backend):
