@@ -167,6 +167,11 @@ def test_max_min_over_a_dim_nan_inf_and_ties(kernel_backend, op):
 
 def test_max_min_over_a_dim_is_one_kernel_with_its_neighbours(kernel_backend):
     check(lambda x: x.max(-1), randn(37, 53), kernels=1)
+    # an item no one reads is not computed: no positions for .values, no values for [1]
+    def computed(compiled):
+        return [op for kernel in compiled.kernels for op in kernel.fused]
+    assert computed(check(lambda x: x.max(-1).values * 2, randn(37, 53), kernels=1)) == ["max", "mul"]
+    assert computed(check(lambda x: x.min(0)[1], randn(37, 53), kernels=1)) == ["argmin"]
     check(lambda x: (lambda m: (x - m.values[:, None]).exp() * m.indices[:, None])(x.max(1)), randn(37, 53),
           kernels=1)
 

@@ -441,15 +441,19 @@ def _argmin(node, values, input, dim, keepdim):
 
 def _arg_reduction(meta, input, dim, keepdim, rtype):
     """argmax/argmin as one reduction that keeps (value, position): over dim, or over the
-    whole tensor (positions in the flattened tensor) without one. A 0-dim input, an empty
-    row (eager raises) and bool inputs are left to PyTorch."""
-    if not isinstance(input, TensorBox) or not input.shape or input.dtype == torch.bool:
-        return NotImplemented
-    if dim is not None and not isinstance(dim, int):
-        return NotImplemented
-    if (input.shape[dim] if dim is not None else math.prod(input.shape)) == 0:
+    whole tensor (positions in the flattened tensor) without one."""
+    if not _arg_reducible(input, dim):
         return NotImplemented
     return _reduction_box(meta, input, dim, keepdim, rtype)
+
+
+def _arg_reducible(input, dim) -> bool:
+    """A 0-dim input, an empty row (eager raises) and bool inputs are left to PyTorch."""
+    if not isinstance(input, TensorBox) or not input.shape or input.dtype == torch.bool:
+        return False
+    if dim is not None and not isinstance(dim, int):
+        return False
+    return (input.shape[dim] if dim is not None else math.prod(input.shape)) != 0
 
 
 _MAX_MIN_OF_TWO = Signature("input, other")
@@ -478,13 +482,30 @@ def _values_and_indices(node, values, rtype, input, dim, keepdim):
     into one kernel. Returned as eager's named tuple, so `.values` and `[1]` both work."""
     result = values.get(node)
     if not isinstance(result, tuple) or len(result) != 2 or not isinstance(dim, int) \
-            or isinstance(dim, bool):
-        return NotImplemented
-    meta_values, meta_indices = result
-    indices = _arg_reduction(meta_indices, input, dim, keepdim, "arg" + rtype)
-    if indices is NotImplemented:                # what argmax leaves to PyTorch, max(dim) does too
-        return NotImplemented
-    return type(result)((_reduction_box(meta_values, input, dim, keepdim, rtype), indices))
+            or isinstance(dim, bool) or not _arg_reducible(input, dim):
+        return NotImplemented        # what argmax leaves to PyTorch, max(dim) does too
+    # an item no user reads is not computed: x.max(-1).values is amax alone
+    used = _items_used(node, result)
+    items = [_reduction_box(meta, input, dim, keepdim, reduction) if k in used else None
+             for k, (meta, reduction) in enumerate(zip(result, (rtype, "arg" + rtype)))]
+    return type(result)(items)
+
+
+def _items_used(node, result: tuple) -> set[int]:
+    """The positions of a tuple-valued node's items that its users read, by index or by field
+    name; all of them where a user takes the tuple whole (an output, a call)."""
+    fields = list(getattr(type(result), "__match_args__", ()))
+    used = set()
+    for user in node.users:
+        item = user.args[1] if (user.op == "call_function" and user.target in (operator.getitem, getattr)
+                                and len(user.args) == 2 and user.args[0] is node) else None
+        if type(item) is int:
+            used.add(item % len(result))
+        elif isinstance(item, str) and item in fields:
+            used.add(fields.index(item))
+        else:
+            return set(range(len(result)))
+    return used
 
 
 @register([getattr], "obj, name")
