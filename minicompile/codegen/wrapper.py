@@ -5,8 +5,9 @@ back a callable with the backend contract's signature (graph inputs in, graph ou
 its source text, which the `output_code` log prints whole. The host function allocates each
 buffer, launches the kernels in order (C++ through ctypes with data pointers, Triton with a
 grid), calls PyTorch for extern ops, raises IndexError if a kernel met an out-of-range
-data-dependent index (ir.INDEX_ERRORS; a GPU's kernels stop with a device-side assert instead), copies new values into the inputs that ops write in
-place (ir.Program.mutated_inputs), and returns the outputs in the structure the graph had.
+data-dependent index (ir.INDEX_ERRORS; on a GPU the kernel stops with a device-side assert
+instead), copies new values into the inputs that ops write in place
+(ir.Program.mutated_inputs), and returns the outputs in the structure the graph had.
 """
 from __future__ import annotations
 
