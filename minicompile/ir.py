@@ -455,7 +455,7 @@ def use_ops(handler):
 #                              depends on data (embedding). A value outside [0, size) is
 #                              replaced by 0, so no load leaves the tensor, and recorded in the
 #                              graph's INDEX_ERRORS buffer: the call then raises IndexError, as
-#                              eager does.
+#                              eager does on a CPU (on a GPU, a device-side assert, as eager's).
 # name -> number of operands.
 POINTWISE_OPS = {
     "add": 2, "sub": 2, "mul": 2, "truediv": 2,
@@ -468,7 +468,8 @@ POINTWISE_OPS = {
 }
 
 # The one-element int32 buffer kernels with indirect indexing report an out-of-range index in
-# (the wrapper allocates it zeroed, passes it last, and raises if a kernel set it).
+# (the wrapper allocates it zeroed, passes it last, and raises if a kernel set it). Not on a
+# GPU, where the kernel asserts instead (codegen.triton.asserts_on_device).
 INDEX_ERRORS = "index_errors"
 
 # The reduction types a Reduction node may have.

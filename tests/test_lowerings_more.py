@@ -1,7 +1,9 @@
 """Lowerings that used to fall back to PyTorch: argmax/argmin (a reduction that keeps a
-position), cat/stack (pieces selected by position, read under masks), split/chunk/unbind
-(tuples of views), training batch norm (running statistics written back into the inputs),
-embedding (an indirect load, its index checked).
+position), max/min over a dim (values and indices), prod (also on Triton), cat/stack (pieces
+selected by position, read under masks), split/chunk/unbind (tuples of views), training batch
+norm (running statistics written back into the inputs), embedding (an indirect load, its index
+checked: IndexError on a CPU, a device-side assert on a GPU). Keyword forms of the arguments
+(torch.split(x, split_size_or_sections=2, dim=1)) lower like positional ones.
 
 Each op is compared with eager on fresh random inputs, awkward sizes and non-contiguous
 layouts, for every kernel backend; each test also checks that the op is generated code (no
@@ -9,6 +11,10 @@ PyTorch fallback in the wrapper) and, where it matters, that it fuses with its n
 """
 
 import copy
+import os
+import subprocess
+import sys
+import textwrap
 
 import pytest
 import torch
@@ -16,7 +22,7 @@ import torch.fx
 import torch.nn.functional as F
 
 import minicompile
-from conftest import DEVICE
+from conftest import DEVICE, HAS_TRITON
 from helpers import assert_same, randn, tolerances
 from minicompile.graph_compiler import compile_graph
 
@@ -49,6 +55,27 @@ def check(fn, *args, dtype=torch.float32, kernels=None):
     if kernels is not None:
         assert minicompile.metrics.kernels == kernels
     return compiled
+
+
+def check_captured(fn, *args, dtype=torch.float32, kernels=None):
+    """As check(), through minicompile's own capture (which keeps keyword arguments as
+    written, where torch.fx.symbolic_trace makes some positional), and the result has eager's
+    structure, named tuples included."""
+    graphs = []
+
+    def backend(gm, example_inputs):
+        graphs.append(compile_graph(gm, example_inputs))
+        return graphs[-1]
+    expected = fn(*[same_layout_copy(a) for a in args])
+    minicompile.metrics.reset()
+    actual = minicompile.compile(fn, fullgraph=True, backend=backend)(*args)
+    assert torch.utils._pytree.tree_structure(actual) == torch.utils._pytree.tree_structure(expected)
+    torch.testing.assert_close(actual, expected, equal_nan=True, **tolerances(dtype))
+    for graph in graphs:
+        assert "no lowering" not in graph.wrapper_source, graph.wrapper_source
+    if kernels is not None:
+        assert minicompile.metrics.kernels == kernels
+    return graphs
 
 
 def small(kernel_backend, shape, big):
@@ -107,6 +134,102 @@ def test_argmax_fuses_with_its_row_work(kernel_backend):
     check(lambda x: (x.relu() + 1).argmin(-1, keepdim=True) * 2, randn(37, 53), kernels=1)
 
 
+# --------------------------------------------------------------------------- max / min over a dim
+
+@pytest.mark.parametrize("op", ["max", "min"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.int64])
+@pytest.mark.parametrize("layout", ["contiguous", "transposed"])
+def test_max_min_over_a_dim(kernel_backend, op, dtype, layout):
+    # (values, indices), in every spelling; integers have many ties
+    x = values(dtype, 7, 13, layout=layout)
+    check(lambda x: getattr(x, op)(1), x, dtype=dtype)
+    check(lambda x: getattr(torch, op)(x, 0, True), x, dtype=dtype)
+    check(lambda x: getattr(torch, op)(x, dim=-1, keepdim=True), x, dtype=dtype)
+    check(lambda x: getattr(x, op)(dim=0).values * 2 + getattr(x, op)(0)[1], x, dtype=dtype)
+    check(lambda x: getattr(x[:, 2:11:3], op)(-1).indices, x, dtype=dtype)
+
+
+@pytest.mark.parametrize("op", ["max", "min"])
+def test_max_min_over_a_dim_nan_inf_and_ties(kernel_backend, op):
+    # values: NaN where the row holds one; indices: the first NaN, else the first best value
+    rows = torch.tensor([[1.0, NAN, 3.0, NAN, 3.0], [2.0, 2.0, 1.0, 2.0, 1.0], [-INF] * 5, [INF] * 5,
+                         [NAN] * 5, [0.0, -1.0, 5.0, -1.0, NAN], [3.0, 3.0, 3.0, -1.0, -1.0]], device=DEVICE)
+    check(lambda x: getattr(x, op)(-1), rows)
+    check(lambda x: getattr(x, op)(0, keepdim=True), rows)
+    # long rows: Triton's looped reduction; a few rows of 2**16 also split the values' reduction
+    for shape in [(5, 17001), (2, 2**16)]:
+        long = randn(*shape).round()
+        long[1, 7], long[1, 9000], long[0] = NAN, NAN, -INF
+        long[-1, shape[1] - 2] = NAN
+        check(lambda x: getattr(x, op)(-1), long)
+        check(lambda x: getattr(x, op)(-1), long.half(), dtype=torch.float16)
+
+
+def test_max_min_over_a_dim_is_one_kernel_with_its_neighbours(kernel_backend):
+    check(lambda x: x.max(-1), randn(37, 53), kernels=1)
+    # an item no one reads is not computed: no positions for .values, no values for [1]
+    def computed(compiled):
+        return [op for kernel in compiled.kernels for op in kernel.fused]
+    assert computed(check(lambda x: x.max(-1).values * 2, randn(37, 53), kernels=1)) == ["max", "mul"]
+    assert computed(check(lambda x: x.min(0)[1], randn(37, 53), kernels=1)) == ["argmin"]
+    check(lambda x: (lambda m: (x - m.values[:, None]).exp() * m.indices[:, None])(x.max(1)), randn(37, 53),
+          kernels=1)
+
+
+def test_max_min_over_a_dim_through_minicompile_capture(kernel_backend):
+    # the named tuple comes back as eager's (torch.return_types.min), fields by name and index
+    x = randn(7, 13, layout="transposed")
+    check_captured(lambda x: x.min(0), x)
+    check_captured(lambda x: torch.max(x, dim=1, keepdim=True), x)
+    check_captured(lambda x: (lambda v, i: v * i)(*x.max(-1)), x)
+
+
+@pytest.mark.parametrize("op", ["max", "min"])
+def test_max_min_over_a_dim_falls_back_where_argmax_does(kernel_backend, op):
+    # bool values, a 0-dim tensor: left to PyTorch, still right
+    b = randn(7, 13) > 0
+    for fn, x in [(lambda x: getattr(x, op)(1), b), (lambda x: getattr(x, op)(0), randn(1)[0])]:
+        compiled = compile_graph(torch.fx.symbolic_trace(fn), [x])
+        assert f"no lowering for {op}" in compiled.wrapper_source
+        torch.testing.assert_close(compiled(x), fn(x))
+    # no rows at all (reducing a non-empty dim): an empty result
+    empty = randn(3, 0)
+    fn = lambda x: getattr(x, op)(0)        # noqa: E731
+    torch.testing.assert_close(compile_graph(torch.fx.symbolic_trace(fn), [empty])(empty), fn(empty))
+
+
+# --------------------------------------------------------------------------- prod
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.int64])
+@pytest.mark.parametrize("layout", ["contiguous", "transposed"])
+def test_prod(kernel_backend, dtype, layout):
+    if dtype == torch.int64:        # small factors of both signs, no zeros: exact, no overflow
+        x = torch.randint(1, 4, (7, 13), device=DEVICE) * (torch.randint(0, 2, (7, 13), device=DEVICE) * 2 - 1)
+        x = x.t().contiguous().t() if layout == "transposed" else x
+    else:                           # near 1 (never 0): a product of 13 stays in range
+        x = (randn(7, 13, layout=layout) * 0.2 + 1).to(dtype)
+    check(lambda x: x.prod(1), x, dtype=dtype)
+    check(lambda x: torch.prod(x, 0, keepdim=True), x, dtype=dtype)
+    check_captured(lambda x: torch.Tensor.prod(x, dim=-1) + 1, x, dtype=dtype)
+    check(lambda x: x[:, 2:11:3].prod(-1), x, dtype=dtype)
+    check(lambda x: (x > 1).prod(1), x, dtype=dtype)               # bool: int64 products
+    check(lambda x: x[:3, :4].prod(), x, dtype=dtype)
+
+
+def test_prod_nan_inf_and_long_rows(kernel_backend):
+    rows = torch.tensor([[1.5, NAN, 2.0], [INF, 0.0, 1.0], [-INF, 2.0, -1.0], [3.0, 0.5, -2.0]], device=DEVICE)
+    check(lambda x: x.prod(-1), rows)
+    check(lambda x: x.prod(0), rows)
+    # long rows (Triton's looped reduction): factors close to 1, so the product stays finite
+    long = torch.exp(randn(5, 17001) * 1e-2)
+    long[2, 9000] = NAN
+    check(lambda x: x.prod(-1), long)
+
+
+def test_prod_fuses_with_its_row_work(kernel_backend):
+    check(lambda x: (x.sigmoid() + 0.5).prod(-1) * x.sum(-1), randn(37, 53), kernels=1)
+
+
 # --------------------------------------------------------------------------- cat / stack
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
@@ -120,6 +243,16 @@ def test_cat(kernel_backend, dtype):
     check(lambda a: torch.concat([a, a[:, :2] * 3, a], dim=1), a, dtype=dtype)
     check(lambda a: torch.cat([a.sin(), a], 2), a, dtype=dtype)
     check(lambda a: torch.cat([a], 0) + 1, a, dtype=dtype)
+
+
+def test_cat_spellings_and_axis(kernel_backend):
+    # torch.cat, torch.concat, torch.concatenate; dim or NumPy's axis, by keyword or position
+    x, y = randn(7, 13), randn(7, 5, layout="transposed")
+    for cat in (torch.cat, torch.concat, torch.concatenate):
+        check(lambda x, y: cat([x, y], 1), x, y)
+        check_captured(lambda x, y: cat((x, y.relu()), dim=-1) * 2, x, y, kernels=1)
+        check_captured(lambda x, y: cat([x.t(), y.t()], axis=0), x, y)
+        check_captured(lambda x: cat(tensors=[x, x[:2]]), x)
 
 
 def test_cat_mixed_dtypes_and_empty_inputs(kernel_backend):
@@ -172,6 +305,16 @@ def test_split_chunk_unbind_are_views(kernel_backend):
     check(lambda x: torch.chunk(x, 4, dim=-1)[-1].sum(0), x)
     check(lambda x: x.unbind(1)[5] + torch.unbind(x)[0][:7], x)
     check(lambda x: (lambda p: p[0] * p[1] + p[2])(x[:, :12].chunk(3, dim=1)), x)
+
+
+def test_split_with_keyword_arguments(kernel_backend):
+    # the method's keyword is split_size, the function's split_size_or_sections (and tensor)
+    x = randn(7, 13, layout="transposed")
+    check_captured(lambda x: x.split(split_size=4, dim=1), x)
+    check_captured(lambda x: x.split(3, dim=0)[1] * 2, x)
+    check_captured(lambda x: torch.split(x, split_size_or_sections=[2, 6, 5], dim=-1), x)
+    check_captured(lambda x: torch.split(tensor=x, split_size_or_sections=5)[1].sum(0), x)
+    check_captured(lambda x: torch.Tensor.split(x, split_size=[1, 12], dim=1)[0], x)
 
 
 def test_split_pieces_fuse_with_their_consumers(kernel_backend):
@@ -296,18 +439,62 @@ def test_embedding_fuses_with_indices_and_consumers(kernel_backend):
     check(lambda i, w: F.layer_norm(F.embedding(9 - i, w), (16,)), i, w, kernels=1)
 
 
+@pytest.mark.skipif(DEVICE == "cuda", reason="on a GPU a bad index is a device-side assert, as in eager")
 @pytest.mark.parametrize("bad", [10, -1])
 def test_embedding_index_out_of_range_raises(kernel_backend, bad):
+    # C++ and Triton's interpreter (which skips device asserts): IndexError, as eager on a CPU
     i, w = indices(3, 4), randn(10, 6)
     compiled = check(lambda i, w: F.embedding(i, w).sum(-1), i, w)
     i[1, 2] = bad
-    if DEVICE == "cpu":      # eager on a GPU stops the process with a device-side assert instead
-        with pytest.raises(IndexError):
-            F.embedding(i, w)
+    with pytest.raises(IndexError):
+        F.embedding(i, w)
     with pytest.raises(IndexError):
         compiled(i, w)
     i[1, 2] = 3
     torch.testing.assert_close(compiled(i, w), F.embedding(i, w).sum(-1))
+
+
+@pytest.mark.skipif(DEVICE == "cuda" or not HAS_TRITON, reason="the GPU's own test runs there")
+def test_embedding_device_assert_code_runs_under_the_interpreter(monkeypatch):
+    # what a GPU gets, generated here and run through the interpreter (which skips the assert
+    # itself): the kernel asserts and takes no INDEX_ERRORS flag, the launch compiles it in
+    # debug mode without overflow checks, the wrapper reads nothing back
+    from minicompile.codegen import triton as triton_codegen
+    monkeypatch.setattr(triton_codegen, "asserts_on_device", lambda device: True)
+    minicompile.config.cpu_backend = "triton"
+    i, w = indices(3, 4), randn(10, 6)
+    compiled = check(lambda i, w: torch.cat([F.embedding(i, w), w[:3, None].expand(3, 4, 6)], 1).sum(-1), i, w)
+    assert "tl.device_assert(" in compiled.kernel_source and "index_errors" not in compiled.kernel_source
+    assert "debug=True, sanitize_overflow=False" in compiled.wrapper_source
+    assert "index_errors" not in compiled.wrapper_source
+
+
+@pytest.mark.skipif(DEVICE != "cuda", reason="device-side asserts need a GPU")
+def test_embedding_index_out_of_range_asserts_on_the_gpu(kernel_backend):
+    # no flag read back after the kernels (a wait for the GPU every call): the kernel asserts
+    i, w = indices(3, 4), randn(10, 6)
+    compiled = check(lambda i, w: F.embedding(i, w).sum(-1), i, w)
+    assert "tl.device_assert" in compiled.kernel_source
+    assert ".item()" not in compiled.wrapper_source and "index_errors" not in compiled.wrapper_source
+    # a failed device assert leaves the process's CUDA context unusable: it is met in a child
+    child = textwrap.dedent("""
+        import torch, torch.fx, torch.nn.functional as F
+        from minicompile.graph_compiler import compile_graph
+        f = lambda i, w: F.embedding(i, w).sum(-1)
+        i, w = torch.randint(0, 10, (3, 4), device="cuda"), torch.randn(10, 6, device="cuda")
+        compiled = compile_graph(torch.fx.symbolic_trace(f), [i, w])
+        torch.testing.assert_close(compiled(i, w), f(i, w))
+        i[1, 2] = BAD
+        compiled(i, w)
+        torch.cuda.synchronize()
+        print("no error")
+    """)
+    for bad in (10, -1):
+        proc = subprocess.run([sys.executable, "-c", child.replace("BAD", str(bad))], capture_output=True,
+                              text=True, env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}, timeout=300)
+        assert proc.returncode != 0 and "no error" not in proc.stdout, proc.stdout
+        # the device prints the failed assertion (each failing thread), as eager's kernels do
+        assert "Assertion `index out of range in self` failed" in proc.stderr, proc.stderr[-3000:]
 
 
 def test_embedding_module_and_max_norm_fallback(kernel_backend):

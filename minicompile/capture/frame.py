@@ -341,7 +341,8 @@ def rebuild(t, outs, env, memo=None):
         for name, x in t[2]:
             setattr(r, name, rebuild(x, outs, env, memo))
     elif kind == "namedtuple":
-        r = t[1](*[rebuild(x, outs, env, memo) for x in t[2]])
+        from .values import make_named_tuple
+        r = make_named_tuple(t[1], [rebuild(x, outs, env, memo) for x in t[2]])
     elif kind == "dict":
         r = {k: rebuild(x, outs, env, memo) for k, x in t[1]}
     elif kind == "iter":

@@ -141,6 +141,12 @@ class NamedTupleVariable(TupleVariable):
         return list(fields).index(name) if name in fields else None
 
 
+def make_named_tuple(tuple_cls, items):
+    """An instance of a namedtuple class (fields as arguments) or of a structseq such as
+    torch.return_types.max (one sequence of fields)."""
+    return tuple_cls(*items) if hasattr(tuple_cls, "_fields") else tuple_cls(items)
+
+
 class DictVariable(VariableTracker):
     def __init__(self, items: Dict[Any, VariableTracker], source: Optional[Source] = None):
         self.items = dict(items)      # keys are Python constants

@@ -254,8 +254,9 @@ class KernelWriter:
         raise NotImplementedError
 
     def index_check(self, var: str, value: str, size: int) -> list[str]:
-        """Lines setting var to value (as int64), or to 0 with INDEX_ERRORS set where value
-        is outside [0, size) on a lane that computes (inside ops.masked: where the mask holds)."""
+        """Lines setting var to value (as int64), or to 0 with INDEX_ERRORS set (on a GPU: a
+        device-side assert) where value is outside [0, size) on a lane that computes (inside
+        ops.masked: where the mask holds)."""
         raise NotImplementedError
 
     def constant_expr(self, value, dtype: torch.dtype) -> str:

@@ -84,6 +84,7 @@ class TritonWriter(KernelWriter):
     def __init__(self, kernel, plan, buffers, mask: str):
         super().__init__(kernel, plan, buffers)
         self.mask = mask
+        self.device_asserts = asserts_on_device(kernel.box.device)
 
     def assign(self, var, expr):
         return f"{var} = {expr}"
@@ -108,9 +109,14 @@ class TritonWriter(KernelWriter):
     def index_check(self, var, value, size):
         lanes = self.mask if self.load_mask is None else f"{self.mask} & ({self.load_mask})"
         bad = f"{var}_bad"           # a block of the lanes' shape: the store's pointers need it
+        if self.device_asserts:
+            report = f"tl.device_assert({bad} == 0, 'index out of range in self')"
+        else:
+            report = f"tl.store({ir.INDEX_ERRORS} + 0 * {bad}.to(tl.int32), 1, {bad})"
+        # the bad index is replaced all the same: no lane loads outside the tensor
         return [f"{var} = ({value}).to(tl.int64)",
                 f"{bad} = (({var} < 0) | ({var} >= {size})) & {lanes}",
-                f"tl.store({ir.INDEX_ERRORS} + 0 * {bad}.to(tl.int32), 1, {bad})",
+                report,
                 f"{var} = tl.where({bad}, 0, {var})"]
 
     def constant_expr(self, value, dtype):
@@ -134,6 +140,21 @@ class TritonWriter(KernelWriter):
     def size_value(self, size, dtype):
         # a size argument is a scalar, not a block: a full block of it, then the cast
         return self._emit(self.cast_expr(f"tl.full([1], {self.render_size(size)}, tl.int64)", ir.compute_dtype(dtype)))
+
+
+def asserts_on_device(device: torch.device) -> bool:
+    """How a kernel reports a data-dependent index out of range (embedding's). On a GPU: a
+    device-side assert stops the kernel, as eager's CUDA kernels do, so the host never waits
+    for the GPU to learn there was none. Elsewhere (Triton's interpreter skips device asserts;
+    C++) the kernel sets the INDEX_ERRORS flag and the wrapper raises IndexError, as eager on
+    a CPU does."""
+    return device.type == "cuda" and os.environ.get("TRITON_INTERPRET") != "1"
+
+
+# The compile options of a kernel with device asserts (Triton compiles them in only in debug
+# mode, which also asserts that no 32-bit integer arithmetic overflows: off, as Inductor
+# does, since eager's integer arithmetic wraps). Launch settings, not kernel arguments.
+DEVICE_ASSERT_OPTIONS = {"debug": True, "sanitize_overflow": False}
 
 
 def _decompose(flat: str, names: list[str], sizes: list[int]) -> list[str]:
@@ -269,7 +290,9 @@ def kernel_source(kernel, buffers):
             launch = {"xnumel": _launch_value(xnumel), "rnumel": _launch_value(rnumel), "XBLOCK": xblock,
                       "RBLOCK": rblock, "num_warps": num_warps, "grid": _grid(xnumel, xblock)}
     stored = [m.box for m in kernel.members if m.box.name in kernel.stored]
-    checked = [ir.INDEX_ERRORS] if writer.checks_indices else []
+    checked = [ir.INDEX_ERRORS] if writer.checks_indices and not writer.device_asserts else []
+    if writer.checks_indices and writer.device_asserts:
+        launch.update(DEVICE_ASSERT_OPTIONS)
     args = [f"in_ptr{i}" for i in range(len(writer.args))] + [f"out_ptr{i}" for i in range(len(stored))] + checked
     # dynamic sizes the body uses (not those only in xnumel / rnumel): arguments, before the
     # launch settings, in the order the launcher passes them
@@ -303,9 +326,9 @@ def _first_best(writer, reduce_fn: str, block: str, positions: str, nan_aware: b
                         f"{positions}, rnumel), 1)[:, None]")
 
 
-REDUCE_FN = {"sum": "tl.sum", "mean": "tl.sum", "max": "tl.max", "min": "tl.min",
+REDUCE_FN = {"sum": "tl.sum", "mean": "tl.sum", "max": "tl.max", "min": "tl.min", "prod": "_prod",
              "argmax": "tl.max", "argmin": "tl.min"}
-COMBINE = {"sum": "{acc} + {v}", "mean": "{acc} + {v}",
+COMBINE = {"sum": "{acc} + {v}", "mean": "{acc} + {v}", "prod": "{acc} * {v}",
            "max": "tl.where(({v} != {v}) | ({v} > {acc}), {v}, {acc})",
            "min": "tl.where(({v} != {v}) | ({v} < {acc}), {v}, {acc})"}
 
@@ -359,14 +382,25 @@ def _grid(xnumel, xblock):
     return math.ceil(xnumel / xblock)
 
 
+# Reductions Triton does not provide (it has tl.sum, tl.max, tl.min, but no product), as
+# tl.reduce with a combine function; written into a module whose kernels call them.
+HELPERS = {
+    "_prod": ["@triton.jit", "def _multiply(a, b):", "    return a * b", "", "",
+              "@triton.jit", "def _prod(x, axis):", "    return tl.reduce(x, axis, _multiply)"],
+}
+
+
 def generate(kernels, buffers) -> tuple[str, dict]:
-    parts = ["import triton", "import triton.language as tl", ""]
-    meta = {}
+    sources, meta = [], {}
     for kernel in kernels:
         src, args, launch = kernel_source(kernel, buffers)
-        parts += [src, ""]
+        sources += [src, ""]
         meta[kernel.name] = (args, launch)
-    return "\n".join(parts) + "\n", meta
+    parts = ["import triton", "import triton.language as tl", ""]
+    for name, lines in HELPERS.items():
+        if any(f"{name}(" in src for src in sources):
+            parts += [*lines, "", ""]
+    return "\n".join(parts + sources) + "\n", meta
 
 
 def load(source: str, meta: dict) -> dict:

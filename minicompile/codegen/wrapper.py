@@ -5,8 +5,9 @@ back a callable with the backend contract's signature (graph inputs in, graph ou
 its source text, which the `output_code` log prints whole. The host function allocates each
 buffer, launches the kernels in order (C++ through ctypes with data pointers, Triton with a
 grid), calls PyTorch for extern ops, raises IndexError if a kernel met an out-of-range
-data-dependent index (ir.INDEX_ERRORS), copies new values into the inputs that ops write in
-place (ir.Program.mutated_inputs), and returns the outputs in the structure the graph had.
+data-dependent index (ir.INDEX_ERRORS; on a GPU the kernel stops with a device-side assert
+instead), copies new values into the inputs that ops write in place
+(ir.Program.mutated_inputs), and returns the outputs in the structure the graph had.
 """
 from __future__ import annotations
 
@@ -156,7 +157,9 @@ def build(program: ir.Program, steps: list) -> CompiledGraph:
     device = repr(str(program.device))
     constants = 0
     checks_indices = any(ir.INDEX_ERRORS in args for args in kernel_args.values())
-    if checks_indices:       # kernels with data-dependent indices report a bad one here
+    # kernels with data-dependent indices report a bad one here (C++, Triton's interpreter; on
+    # a GPU they assert on the device: triton_codegen.asserts_on_device)
+    if checks_indices:
         lines.append(f"    {ir.INDEX_ERRORS} = torch.zeros((1,), dtype=torch.int32, device={device})")
 
     def render(value) -> str:
@@ -241,7 +244,7 @@ def build(program: ir.Program, steps: list) -> CompiledGraph:
             if ext.value_is_tensor:
                 # kernels index this buffer with the strides lowering predicted: make sure
                 lines.append(f"    {ext.name} = as_layout({ext.name}, {sizes(ext.stride)})")
-    if checks_indices:       # one check per call (on a GPU, a wait for the kernels)
+    if checks_indices:       # one check per call, on the host
         lines.append(f"    if {ir.INDEX_ERRORS}.item(): raise IndexError('index out of range in self')")
     for name, value in program.mutated_inputs.items():      # in-place writes of inputs, as eager
         lines.append(f"    {name}.copy_({render(value)})")

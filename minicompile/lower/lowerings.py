@@ -424,42 +424,96 @@ def _reg_reduction(rtype, targets):
 
 _reg_reduction("sum", [torch.sum, torch.Tensor.sum, "sum"])
 _reg_reduction("mean", [torch.mean, torch.Tensor.mean, "mean"])
-_reg_reduction("prod", [torch.prod, "prod"])
+_reg_reduction("prod", [torch.prod, torch.Tensor.prod, "prod"])
 _reg_reduction("max", [torch.amax, torch.Tensor.amax, "amax"])
 _reg_reduction("min", [torch.amin, torch.Tensor.amin, "amin"])
 
 
 @register([torch.argmax, torch.Tensor.argmax, "argmax"], "input, dim=None, keepdim=False")
 def _argmax(node, values, input, dim, keepdim):
-    return _arg_reduction(node, values, input, dim, keepdim, "argmax")
+    return _arg_reduction(_meta(node, values), input, dim, keepdim, "argmax")
 
 
 @register([torch.argmin, torch.Tensor.argmin, "argmin"], "input, dim=None, keepdim=False")
 def _argmin(node, values, input, dim, keepdim):
-    return _arg_reduction(node, values, input, dim, keepdim, "argmin")
+    return _arg_reduction(_meta(node, values), input, dim, keepdim, "argmin")
 
 
-def _arg_reduction(node, values, input, dim, keepdim, rtype):
+def _arg_reduction(meta, input, dim, keepdim, rtype):
     """argmax/argmin as one reduction that keeps (value, position): over dim, or over the
-    whole tensor (positions in the flattened tensor) without one. A 0-dim input, an empty
-    row (eager raises) and bool inputs are left to PyTorch."""
+    whole tensor (positions in the flattened tensor) without one."""
+    if not _arg_reducible(input, dim):
+        return NotImplemented
+    return _reduction_box(meta, input, dim, keepdim, rtype)
+
+
+def _arg_reducible(input, dim) -> bool:
+    """A 0-dim input, an empty row (eager raises) and bool inputs are left to PyTorch."""
     if not isinstance(input, TensorBox) or not input.shape or input.dtype == torch.bool:
-        return NotImplemented
+        return False
     if dim is not None and not isinstance(dim, int):
-        return NotImplemented
-    if (input.shape[dim] if dim is not None else math.prod(input.shape)) == 0:
-        return NotImplemented
-    return _reduction_box(_meta(node, values), input, dim, keepdim, rtype)
+        return False
+    return (input.shape[dim] if dim is not None else math.prod(input.shape)) != 0
+
+
+_MAX_MIN_OF_TWO = Signature("input, other")
+_MAX_MIN_OVER_DIM = Signature("input, dim, keepdim=False")
 
 
 def _max_min(rtype, elementwise):
+    """torch.max / torch.min in their three forms: of the whole tensor (a tensor), of two
+    tensors (elementwise), and over a dim ((values, indices))."""
     def lower(node, values, input, *args, **kwargs):
-        if args and isinstance(args[0], TensorBox):       # torch.max(a, b)
-            return _pointwise_box(node, values, getattr(ops, elementwise), [input, args[0]])
         if not args and not kwargs:                        # full reduction, returns a tensor
             return _reduction_box(_meta(node, values), input, None, False, rtype)
-        return NotImplemented                              # (values, indices): fallback
+        two = _MAX_MIN_OF_TWO.bind((input, *args), kwargs)
+        if two is not None and isinstance(two["other"], TensorBox):
+            return _pointwise_box(node, values, getattr(ops, elementwise), [input, two["other"]])
+        over_dim = _MAX_MIN_OVER_DIM.bind((input, *args), kwargs)
+        if over_dim is None:
+            return NotImplemented
+        return _values_and_indices(node, values, rtype, **over_dim)
     return lower
+
+
+def _values_and_indices(node, values, rtype, input, dim, keepdim):
+    """x.max(dim) / x.min(dim): amax's values (NaN where the row holds one) and argmax's
+    positions (the first best, the first NaN), two reductions over the same rows that fuse
+    into one kernel. Returned as eager's named tuple, so `.values` and `[1]` both work."""
+    result = values.get(node)
+    if not isinstance(result, tuple) or len(result) != 2 or not isinstance(dim, int) \
+            or isinstance(dim, bool) or not _arg_reducible(input, dim):
+        return NotImplemented        # what argmax leaves to PyTorch, max(dim) does too
+    # an item no user reads is not computed: x.max(-1).values is amax alone
+    used = _items_used(node, result)
+    items = [_reduction_box(meta, input, dim, keepdim, reduction) if k in used else None
+             for k, (meta, reduction) in enumerate(zip(result, (rtype, "arg" + rtype)))]
+    return type(result)(items)
+
+
+def _items_used(node, result: tuple) -> set[int]:
+    """The positions of a tuple-valued node's items that its users read, by index or by field
+    name; all of them where a user takes the tuple whole (an output, a call)."""
+    fields = list(getattr(type(result), "__match_args__", ()))
+    used = set()
+    for user in node.users:
+        item = user.args[1] if (user.op == "call_function" and user.target in (operator.getitem, getattr)
+                                and len(user.args) == 2 and user.args[0] is node) else None
+        if type(item) is int:
+            used.add(item % len(result))
+        elif isinstance(item, str) and item in fields:
+            used.add(fields.index(item))
+        else:
+            return set(range(len(result)))
+    return used
+
+
+@register([getattr], "obj, name")
+def _getattr(node, values, obj, name):
+    """A field of a named tuple a lowering returned (max(dim)'s values, indices)."""
+    if isinstance(obj, tuple) and name in getattr(type(obj), "__match_args__", ()):
+        return getattr(obj, name)
+    return NotImplemented
 
 
 LOWERINGS[torch.max] = LOWERINGS["max"] = LOWERINGS[torch.Tensor.max] = _max_min("max", "maximum")
@@ -874,8 +928,14 @@ _SIZE_OPS = {operator.add: operator.add, operator.sub: operator.sub, operator.mu
              operator.floordiv: operator.floordiv}
 
 
-@register([torch.split, torch.Tensor.split, "split"], "input, split_size_or_sections, dim=0")
-def _split(node, values, input, split_size_or_sections, dim):
+# the function and the method name their arguments differently (as keywords, each its own)
+@register([torch.split], "tensor, split_size_or_sections, dim=0")
+def _split(node, values, tensor, split_size_or_sections, dim):
+    return _consecutive_views(node, values, tensor, dim)
+
+
+@register([torch.Tensor.split, "split"], "input, split_size, dim=0")
+def _split_method(node, values, input, split_size, dim):
     return _consecutive_views(node, values, input, dim)
 
 
@@ -913,12 +973,16 @@ def _unbind(node, values, input, dim):
                  for k in range(input.shape[d]))
 
 
-@register([torch.cat, torch.concat], "tensors, dim=0")
-def _cat(node, values, tensors, dim):
+@register([torch.cat, torch.concat, torch.concatenate], "tensors, dim=None, *, axis=None")
+def _cat(node, values, tensors, dim, axis):
     """Concatenation along dim: input k fills positions [start_k, end_k) of that dim, read
     at the position less start_k. Empty inputs contribute nothing (PyTorch also skips the
-    legacy 1-D empty tensor); dtypes promote as PyTorch's (the traced result's dtype)."""
+    legacy 1-D empty tensor); dtypes promote as PyTorch's (the traced result's dtype).
+    `axis` is NumPy's name for dim, which PyTorch also accepts (not both at once)."""
     meta = _meta(node, values)
+    if dim is not None and axis is not None:
+        return NotImplemented
+    dim = dim if dim is not None else axis if axis is not None else 0
     if meta is None or meta.dim() == 0 or not isinstance(dim, int) or not isinstance(tensors, (list, tuple)):
         return NotImplemented
     d = dim % meta.dim()
