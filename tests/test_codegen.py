@@ -4,6 +4,8 @@ Graphs come from torch.fx.symbolic_trace (independent of minicompile's capture);
 compared with eager PyTorch on fresh random inputs. Each test runs once per kernel backend that
 this machine can run (C++; Triton through its interpreter on a CPU, for real on a GPU).
 """
+import re
+
 import pytest
 import torch
 import torch.fx
@@ -289,6 +291,28 @@ def test_repeated_launches_and_misaligned_inputs(kernel_backend):
     y = randn(33, 19)
     assert_same(f(x, y), torch.relu(x + 1) * y)
     assert_same(f(x, y), torch.relu(x + 1) * y)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+def test_linear_bias_joins_the_elementwise_kernel_after_it(kernel_backend, dtype):
+    # a bias read only by elementwise work is added there (the product runs without it); a
+    # product whose result goes elsewhere (a view, the output) keeps its bias
+    if dtype == torch.float16 and DEVICE == "cpu":
+        pytest.skip("half matrix products are a GPU case")
+
+    def f(x, w1, b1, w2, b2, w3, b3):
+        h = F.gelu(F.linear(x, w1, b1)) + x
+        q, k = F.linear(h, w2, b2).split(24, dim=-1)
+        return F.linear(h * 2, w3, b3), q * k
+    args = [randn(3, 37, 48, dtype=dtype).transpose(0, 1), randn(48, 48, dtype=dtype) / 7, randn(48, dtype=dtype),
+            randn(48, 48, dtype=dtype) / 7, randn(48, dtype=dtype), randn(29, 48, dtype=dtype) / 7, randn(29, dtype=dtype)]
+    gm = torch.fx.symbolic_trace(f)
+    compiled = compile_graph(gm, args)
+    for actual, expected in zip(compiled(*args), f(*args)):
+        assert_same(actual, expected, dtype) if dtype == torch.float32 else \
+            torch.testing.assert_close(actual, expected, rtol=2e-2, atol=2e-2)
+    products = re.findall(r"linear\((.*)\)", compiled.wrapper_source)
+    assert [p.count(",") for p in products] == [1, 2, 2], products
 
 
 def test_both_backends_print_every_ir_operation():

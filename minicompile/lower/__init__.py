@@ -192,11 +192,11 @@ def lower(gm: torch.fx.GraphModule, example_inputs) -> ir.Program:
 
 
 def _eager_layout(box, value):
-    """A graph output computed here, on a CPU, is stored in the dense layout eager gives it (a
-    relu of a channels-last convolution's result is channels-last): set before it is stored,
-    or a copy if it is already stored otherwise (an input of a channels-last convolution that
-    eager returns contiguous). Elsewhere outputs stay contiguous."""
-    if not isinstance(box, TensorBox) or box.computation is None or box.device.type != "cpu" \
+    """A graph output computed here is stored in the dense layout eager gives it (a relu of a
+    channels-last convolution's result is channels-last): set before it is stored, or a copy
+    if it is already stored otherwise (on a CPU, an input of a channels-last convolution that
+    eager returns contiguous)."""
+    if not isinstance(box, TensorBox) or box.computation is None \
             or not isinstance(value, torch.Tensor) or value.dim() != len(box.shape) \
             or any(ir.is_symbolic(s) for s in (*box.shape, *ir.stride_of(value))):
         return box

@@ -64,8 +64,14 @@ class Signature:
 _REQUIRED = object()
 
 
-def register(targets, signature: str):
+# targets whose lowering is elementwise: a value they read can be computed inside their kernel
+POINTWISE_TARGETS: set = set()
+
+
+def register(targets, signature: str, pointwise: bool = False):
     sig = Signature(signature)
+    if pointwise:
+        POINTWISE_TARGETS.update(t for t in targets if t is not None)
 
     def wrap(fn):
         def lowering(node, values, *args, **kwargs):
@@ -137,14 +143,14 @@ def _promoted(*xs) -> torch.dtype:
 
 def _unary(name, fn):
     @register([getattr(torch, name, None), getattr(torch.Tensor, name, None), name,
-               getattr(F, name, None)], "input")
+               getattr(F, name, None)], "input", pointwise=True)
     def lower(node, values, input):
         return _pointwise_box(node, values, fn, [input])
     return lower
 
 
 def _binary(names_targets, fn, compare=False):
-    @register(names_targets, "input, other")
+    @register(names_targets, "input, other", pointwise=True)
     def lower(node, values, input, other):
         if not isinstance(input, TensorBox) and not isinstance(other, TensorBox):
             return NotImplemented
@@ -163,7 +169,7 @@ LOWERINGS[operator.neg] = LOWERINGS[torch.neg]
 LOWERINGS[operator.abs] = LOWERINGS[torch.abs]
 
 
-@register([torch.square, torch.Tensor.square, "square"], "input")
+@register([torch.square, torch.Tensor.square, "square"], "input", pointwise=True)
 def _square(node, values, input):
     return _pointwise_box(node, values, lambda x: ops.mul(x, x), [input])
 
@@ -178,7 +184,7 @@ _arith("mul", [operator.mul, operator.imul, torch.mul, torch.Tensor.mul, "mul", 
 _arith("truediv", [operator.truediv, operator.itruediv, torch.true_divide, "true_divide"])
 
 
-@register([operator.pow, torch.pow, torch.Tensor.pow, "pow"], "input, exponent")
+@register([operator.pow, torch.pow, torch.Tensor.pow, "pow"], "input, exponent", pointwise=True)
 def _pow(node, values, input, exponent):
     """x ** k for a constant k: small integer powers as multiplications (exact, and right for
     negative x), 0.5 and -0.5 as square roots, other k as exp(k * log(x)) (NaN for negative x,
@@ -213,28 +219,29 @@ for _op, _targets in [("eq", [operator.eq, torch.eq, "eq"]), ("ne", [operator.ne
     _binary(_targets, (lambda o: lambda a, b: getattr(ops, o)(a, b))(_op), compare=True)
 
 
-@register([torch.add, torch.Tensor.add, "add"], "input, other, *, alpha=1")
+@register([torch.add, torch.Tensor.add, "add"], "input, other, *, alpha=1", pointwise=True)
 def _add(node, values, input, other, alpha):
     if alpha != 1:
         return NotImplemented
     return _pointwise_box(node, values, ops.add, [input, other])
 
 
-@register([torch.sub, torch.Tensor.sub, "sub", torch.subtract], "input, other, *, alpha=1")
+@register([torch.sub, torch.Tensor.sub, "sub", torch.subtract], "input, other, *, alpha=1", pointwise=True)
 def _sub(node, values, input, other, alpha):
     if alpha != 1:
         return NotImplemented
     return _pointwise_box(node, values, ops.sub, [input, other])
 
 
-@register([torch.div, torch.Tensor.div, "div", torch.divide], "input, other, *, rounding_mode=None")
+@register([torch.div, torch.Tensor.div, "div", torch.divide], "input, other, *, rounding_mode=None",
+          pointwise=True)
 def _div(node, values, input, other, rounding_mode):
     if rounding_mode is not None:
         return NotImplemented
     return _pointwise_box(node, values, ops.truediv, [input, other])
 
 
-@register([F.gelu, "gelu"], "input, approximate='none'")
+@register([F.gelu, "gelu"], "input, approximate='none'", pointwise=True)
 def _gelu(node, values, input, approximate):
     if approximate == "tanh":
         k = math.sqrt(2 / math.pi)
@@ -254,21 +261,22 @@ def _gelu(node, values, input, approximate):
     return _pointwise_box(node, values, fn, [input])
 
 
-@register([F.silu, "silu"], "input, inplace=False")
+@register([F.silu, "silu"], "input, inplace=False", pointwise=True)
 def _silu(node, values, input, inplace):
     if inplace:
         return NotImplemented
     return _pointwise_box(node, values, lambda x: ops.mul(x, ops.sigmoid(x)), [input])
 
 
-@register([F.relu], "input, inplace=False")
+@register([F.relu], "input, inplace=False", pointwise=True)
 def _relu(node, values, input, inplace):
     if inplace:
         return NotImplemented
     return _pointwise_box(node, values, ops.relu, [input])
 
 
-@register([torch.clamp, torch.clip, torch.Tensor.clamp, "clamp", "clip"], "input, min=None, max=None")
+@register([torch.clamp, torch.clip, torch.Tensor.clamp, "clamp", "clip"], "input, min=None, max=None",
+          pointwise=True)
 def _clamp(node, values, input, min, max):
     if isinstance(min, TensorBox) or isinstance(max, TensorBox):
         return NotImplemented
@@ -282,7 +290,7 @@ def _clamp(node, values, input, min, max):
     return _pointwise_box(node, values, fn, [input])
 
 
-@register([torch.where, "where"], "condition, input, other")
+@register([torch.where, "where"], "condition, input, other", pointwise=True)
 def _where(node, values, condition, input, other):
     meta = _meta(node, values)
     if meta is None or not isinstance(condition, TensorBox):
@@ -1151,6 +1159,31 @@ def _conv2d(node, values, input, weight, bias, stride, padding, dilation, groups
     out_stride = ir.dense_strides(ir.shape_of(meta), ir.CHANNELS_LAST)
     return lower_fallback(input.program, node, values, node.target,
                           (x, weight, bias, stride, padding, dilation, groups), {}, stride=out_stride)
+
+
+# --------------------------------------------------------------------------- matrix products
+
+@register([F.linear], "input, weight, bias=None")
+def _linear(node, values, input, weight, bias):
+    """A linear layer is PyTorch's matrix product. Its bias, when everything that reads the
+    result is elementwise (an activation, a residual add), is added in the kernel that does
+    that work, as Inductor does: the product then writes its result once, instead of first
+    filling its output with copies of the bias for the GEMM to add to (addmm's beta * C)."""
+    meta = _meta(node, values)
+    if meta is None or not isinstance(input, TensorBox) or not isinstance(bias, TensorBox) \
+            or len(bias.shape) != 1 or not _read_elementwise_only(node):
+        return NotImplemented
+    product = lower_fallback(input.program, node, values, F.linear, (input, weight), {})
+    return _pw(input.program, ir.shape_of(meta), meta.dtype, meta.device, ops.add, [product, bias], "linear bias")
+
+
+def _read_elementwise_only(node) -> bool:
+    users = list(node.users)
+    try:
+        return bool(users) and all(u.op in ("call_function", "call_method") and u.target in POINTWISE_TARGETS
+                                   for u in users)
+    except TypeError:                 # an unhashable target: not one of ours
+        return False
 
 
 # --------------------------------------------------------------------------- fallback
