@@ -315,6 +315,15 @@ def test_linear_bias_joins_the_elementwise_kernel_after_it(kernel_backend, dtype
     assert [p.count(",") for p in products] == [1, 2, 2], products
 
 
+def test_erf_and_gelu_over_their_whole_range(kernel_backend):
+    # the C++ float erf has its own exp (for arguments <= 0): check the tails, zero, NaN, inf
+    x = torch.cat([torch.linspace(-12, 12, 20001, device=DEVICE), randn(999) * 4,
+                   torch.tensor([0.0, -0.0, float("nan"), float("inf"), -float("inf")], device=DEVICE)])
+    check(lambda v: torch.erf(v), x, rtol=0, atol=1e-6, equal_nan=True)
+    finite = x[:-2]           # eager's vectorized gelu gives NaN for +inf on some CPUs
+    check(lambda v: F.gelu(v) - v.sigmoid(), finite, rtol=1e-5, atol=1e-5, equal_nan=True)
+
+
 def test_both_backends_print_every_ir_operation():
     from minicompile import ir
     from minicompile.codegen.cpp import CppWriter

@@ -75,11 +75,26 @@ template <typename T> static inline T mc_sigmoid(T a) { return T(1) / (T(1) + mc
 // error below 1.5e-7): an exp and a few multiply-adds, which vectorize, so eager's gelu and
 // this one agree closely and run at the same speed. Other types: the C library's erf.
 template <typename T> static inline T mc_erf(T a) { return std::erf(a); }
+// erf's exp(-a*a) has an argument <= 0, which lets exp drop work: no upper clamp, 2^k in one
+// factor (k >= -126 stays a normal float), and no zero for underflow (a tail this far out
+// leaves 1 - tiny = 1). A NaN stays NaN through the polynomial.
+static inline float mc_exp_nonpositive(float x) {
+    float c = x < -87.33f ? -87.33f : x;
+    float k = std::nearbyint(c * 1.44269504088896341f);
+    float r = std::fma(k, 2.12194440e-4f, std::fma(k, -0.693359375f, c));
+    float p = std::fma(std::fma(std::fma(std::fma(std::fma(1.9875691500e-4f, r, 1.3981999507e-3f), r,
+                                                  8.3334519073e-3f), r, 4.1665795894e-2f), r,
+                                1.6666665459e-1f), r, 5.0000001201e-1f);
+    int32_t b = (static_cast<int32_t>(k) + 127) << 23;
+    float s;
+    std::memcpy(&s, &b, 4);
+    return (std::fma(p, r * r, r) + 1.0f) * s;
+}
 template <> inline float mc_erf<float>(float a) {
     float t = 1.0f / std::fma(0.3275911f, std::fabs(a), 1.0f);
     float r = std::fma(std::fma(std::fma(std::fma(1.061405429f, t, -1.453152027f), t, 1.421413741f), t,
                                 -0.284496736f), t, 0.254829592f);
-    return std::copysign(std::fma(-t * mc_exp(-a * a), r, 1.0f), a);
+    return std::copysign(std::fma(-t * mc_exp_nonpositive(-a * a), r, 1.0f), a);
 }
 """
 
