@@ -1173,7 +1173,9 @@ def _linear(node, values, input, weight, bias):
     if meta is None or not isinstance(input, TensorBox) or not isinstance(bias, TensorBox) \
             or len(bias.shape) != 1 or not _read_elementwise_only(node):
         return NotImplemented
-    product = lower_fallback(input.program, node, values, F.linear, (input, weight), {})
+    # the product is a new tensor, contiguous (the wrapper's as_layout checks it at run time)
+    product = lower_fallback(input.program, node, values, F.linear, (input, weight), {},
+                             stride=ir.contiguous_strides(ir.shape_of(meta)))
     return _pw(input.program, ir.shape_of(meta), meta.dtype, meta.device, ops.add, [product, bias], "linear bias")
 
 
@@ -1213,14 +1215,14 @@ def lower_fallback(program: ir.Program, node, values, target, args, kwargs, stri
         # dynamic shapes: the traced (fake) value's symbolic layout; as_layout in the wrapper
         # makes it hold at run time
         value = traced
+    elif stride is not None:          # the caller knows the layout
+        value = torch.empty_strided(traced.shape, stride, dtype=traced.dtype, device="meta")
     else:
         value = traced if _inputs_laid_out_as_traced(node, values, (args, kwargs)) else None
         if value is None:
             value = _predict_on_meta(target, kind, args, kwargs)
         if value is None:
             value = traced
-        if stride is not None:
-            value = torch.empty_strided(value.shape, stride, dtype=value.dtype, device="meta")
     name = program.new_name("buf")
     if isinstance(value, torch.Tensor):
         traced = values.get(node)
