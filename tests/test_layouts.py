@@ -141,3 +141,14 @@ def test_small_cnn_compiles_to_generated_pooling():
         assert_same(minicompile.compile(model)(fresh), model(fresh))
     assert_same(actual, expected)
     assert minicompile.metrics.graph_breaks == 0
+
+
+def test_a_convolution_returned_directly_has_eager_strides(kernel_backend):
+    # PyTorch's convolution, given a channels-last input here, answers channels-last; eager's
+    # answers contiguous: the output is copied to eager's layout, so viewing it works as in eager
+    def f(x, w):
+        return F.conv2d(x.relu(), w, padding=1), F.conv2d(x, w)
+    x, w = randn(2, 3, 9, 7), randn(5, 3, 3, 3)
+    _, actual, expected = compiled_and_expected(f, x, w)
+    assert_same_with_strides(actual, expected)
+    actual[0].view(2, -1)

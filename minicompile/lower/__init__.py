@@ -195,12 +195,17 @@ def _eager_layout(box, value):
     """A graph output computed here is stored in the dense layout eager gives it (a relu of a
     channels-last convolution's result is channels-last): set before it is stored, or a copy
     if it is already stored otherwise (on a CPU, an input of a channels-last convolution that
-    eager returns contiguous)."""
-    if not isinstance(box, TensorBox) or box.computation is None \
-            or not isinstance(value, torch.Tensor) or value.dim() != len(box.shape) \
+    eager returns contiguous). PyTorch's result that comes back dense in another order than
+    eager's (a convolution given a channels-last input here) is copied too, so code that views
+    the output behaves as in eager."""
+    if not isinstance(box, TensorBox) or not isinstance(value, torch.Tensor) \
+            or value.dim() != len(box.shape) \
             or any(ir.is_symbolic(s) for s in (*box.shape, *ir.stride_of(value))):
         return box
     stride = ir.dense_strides(box.shape, ir.stride_order(value.stride()))
+    if box.computation is None:
+        dense = value.is_contiguous() or (value.dim() == 4 and value.is_contiguous(memory_format=torch.channels_last))
+        return box.laid_out(stride) if isinstance(box.data, ir.Extern) and dense else box
     if box.is_realized:
         return box.laid_out(stride)
     box.wanted_stride = stride
