@@ -12,10 +12,12 @@ from __future__ import annotations
 
 import functools
 import hashlib
+import importlib
 import importlib.util
 import math
 import os
 import sys
+import threading
 
 import torch
 
@@ -421,18 +423,21 @@ def load(source: str, meta: dict) -> dict:
 
 
 class _KernelModule:
-    """The generated module, imported (with Triton) the first time a kernel must be compiled."""
+    """The generated module, imported (with Triton) the first time a kernel must be compiled
+    (by one of precompile's threads, perhaps: the lock makes that once)."""
 
     def __init__(self, path: str, key: str):
         self.path, self.key, self.module = path, key, None
+        self.lock = threading.Lock()
 
     def jit_fn(self, name: str):
-        if self.module is None:
-            import_triton()
-            spec = importlib.util.spec_from_file_location(f"minicompile_triton_{self.key}", self.path)
-            module = importlib.util.module_from_spec(spec)
-            spec.loader.exec_module(module)
-            self.module = module
+        with self.lock:
+            if self.module is None:
+                import_triton()
+                spec = importlib.util.spec_from_file_location(f"minicompile_triton_{self.key}", self.path)
+                module = importlib.util.module_from_spec(spec)
+                spec.loader.exec_module(module)
+                self.module = module
         return getattr(self.module, name)
 
 
@@ -477,10 +482,9 @@ def _set_up_triton() -> None:
     key), building and loading its CUDA helper module (a gcc run the first time on a machine),
     and importing its experimental dialect (which its argument binder does). Each part takes
     0.2 to 0.5 s; they are internals of Triton, so any that is missing is simply skipped."""
-    import importlib
     from concurrent.futures import ThreadPoolExecutor
 
-    triton = import_triton()
+    import_triton()
     parts = [("triton.runtime.cache", lambda m: m.triton_key()),
              ("triton.runtime.driver", lambda m: m.driver.active.get_current_target()),
              ("triton.experimental.gluon", lambda m: None)]
@@ -492,7 +496,6 @@ def _set_up_triton() -> None:
             pass
     with ThreadPoolExecutor(max_workers=len(parts)) as pool:
         list(pool.map(run, parts))
-    del triton
 
 
 def _spec_key(pointers: tuple, kwargs: dict) -> tuple:
@@ -508,8 +511,8 @@ class Launcher:
     """`launcher[grid](*args, **settings)`, as a @triton.jit function is launched.
 
     Triton's own launch path has two costs a small model feels. Per process: before it can
-    even look up its cache, Triton hashes its own sources and runs `ptxas --version` (about
-    0.6 s), and a cold cache also compiles a C launcher per kernel signature with gcc. Per
+    even look up its cache, Triton sets itself up (`_set_up_triton` lists the parts, most of
+    a second), and a cold cache also compiles a C launcher per kernel signature with gcc. Per
     call: binding and specializing the arguments in Python. So, on a GPU, the compiled
     kernel's binary (a cubin) and the few facts needed to launch it are saved next to the
     generated module, and launched with PyTorch's own static CUDA launcher (the one Inductor
