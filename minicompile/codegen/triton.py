@@ -14,6 +14,7 @@ import functools
 import hashlib
 import importlib
 import importlib.util
+import json
 import math
 import os
 import sys
@@ -567,7 +568,6 @@ class _Binary:
     """A compiled kernel loaded from its cubin, launched by torch._C._StaticCudaLauncher."""
 
     def __init__(self, base: str, positional: int, device: int):
-        import json
         with open(base + ".json") as f:
             facts = json.load(f)
         self.num_warps, self.shared, self.types = facts["num_warps"], facts["shared"], facts["types"]
@@ -597,7 +597,6 @@ _TYPE_CODES = {"i1": "i", "i8": "b", "i16": "h", "i32": "i", "i64": "l", "u1": "
 def _save_binary(kernel, base: str) -> str | None:
     """Save a Triton `CompiledKernel`'s cubin and launch facts under `base`; None (nothing
     saved) for a kernel the static launcher cannot run."""
-    import json
     metadata, src = kernel.metadata, kernel.src
     if "cubin" not in kernel.asm or getattr(metadata, "num_ctas", 1) != 1:
         return None
