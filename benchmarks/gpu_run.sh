@@ -13,7 +13,7 @@ if [[ $what == *" tests "* ]]; then
 fi
 if [[ $what == *" sweep "* ]]; then python3 benchmarks/sweep_pointwise.py 8192 2>&1 | tee "$OUT/sweep.log"; fi
 if [[ $what == *" why "* ]]; then python3 benchmarks/why_compile.py --device cuda --out "$OUT" 2>&1 | tail -8; fi
-if [[ $what == *" memory "* ]]; then python3 benchmarks/memory_bound.py --device cuda --out "$OUT" 2>&1 | tail -9; fi
+if [[ $what == *" memory "* ]]; then python3 benchmarks/memory_bound.py --device cuda --repeat 200 --out "$OUT" 2>&1 | tail -9; fi
 if [[ $what == *" models "* ]]; then python3 benchmarks/models_bench.py --device cuda --out "$OUT" 2>&1 | tail -5; fi
 if [[ $what == *" dynamic "* ]]; then python3 benchmarks/dynamic_shapes.py --device cuda --out "$OUT" 2>&1 | tail -8; fi
 if [[ $what == *" firstcall "* ]]; then python3 benchmarks/first_call.py --device cuda --out "$OUT" 2>&1 | tail -9; fi

@@ -90,13 +90,15 @@ def main():
                                      "copy_bandwidth_bytes_per_s": copy, "functions": results},
                               directory=args.out)
     print(f"wrote {path}; copy bandwidth {copy / 1e9:.0f} GB/s")
-    print(f"{'function':<36}{'eager':>8}{'t.c':>8}{'mini':>8}{'t.c x':>7}{'mini x':>7}{'bw t.c':>8}{'bw mini':>8}{'k':>3}")
+    print(f"{'function':<36}{'eager':>8}{'t.c':>8}{'mini':>8}{'t.c x':>7}{'mini x':>7}{'bw t.c':>8}{'bw mini':>8}{'k':>3}"
+          f"  mini vs t.c")
     for fname, r in results.items():
         rec = r["records"]
         print(f"{fname:<36}{rec['eager']['median_ms']:>8.3f}{rec['torch.compile']['median_ms']:>8.3f}"
               f"{rec['minicompile']['median_ms']:>8.3f}{rec['torch.compile']['speedup']:>7.2f}"
               f"{rec['minicompile']['speedup']:>7.2f}{rec['torch.compile']['bandwidth_fraction_of_copy']:>8.0%}"
-              f"{rec['minicompile']['bandwidth_fraction_of_copy']:>8.0%}{r['minicompile_kernels']:>3}")
+              f"{rec['minicompile']['bandwidth_fraction_of_copy']:>8.0%}{r['minicompile_kernels']:>3}"
+              f"  {bench.verdict(rec['minicompile'], rec['torch.compile'])}")
 
 
 if __name__ == "__main__":

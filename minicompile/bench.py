@@ -116,7 +116,9 @@ def compare(fns: dict[str, Callable], args: Sequence, *, warmup: int = 5, repeat
     check=True every result must equal the first callable's. Then the timed calls go round-robin
     (one call of each, `repeat` times), so a slow drift of the machine (another process, clock
     changes) affects every version alike. Returns {label: {"first_call_s", "median_ms",
-    "speedup"}}, speedup over the first label.
+    "median_ms_range", "speedup"}}, speedup over the first label; the range (the least and the
+    largest median of five blocks of the calls) says how finely this run can tell two versions
+    apart (see `verdict`).
     """
     device = next((a.device for a in args if isinstance(a, torch.Tensor)), torch.device("cpu"))
     records: dict[str, dict] = {}
@@ -151,10 +153,23 @@ def compare(fns: dict[str, Callable], args: Sequence, *, warmup: int = 5, repeat
                 times[label] += time_calls(fn, *args, warmup=0, repeat=1, device=device)
     for label, rec in records.items():
         rec["median_ms"] = statistics.median(times[label])
+        # the run's resolution: medians of five consecutive blocks of the calls
+        n = len(times[label]) // 5
+        blocks = [times[label][i * n:(i + 1) * n] for i in range(5)] if n >= 5 else [times[label]]
+        rec["median_ms_range"] = [min(map(statistics.median, blocks)), max(map(statistics.median, blocks))]
     base = next(iter(records.values()))["median_ms"]
     for rec in records.values():
         rec["speedup"] = base / rec["median_ms"]
     return records
+
+
+def verdict(record: dict, reference: dict) -> str:
+    """How a version's time compares with a reference's in one `compare` run: "faster" or
+    "slower" when their ranges of block medians do not overlap, else "tie" (a difference
+    smaller than the run can resolve, in either direction)."""
+    lo, hi = record.get("median_ms_range") or [record["median_ms"]] * 2
+    ref_lo, ref_hi = reference.get("median_ms_range") or [reference["median_ms"]] * 2
+    return "faster" if hi < ref_lo else "slower" if lo > ref_hi else "tie"
 
 
 def save_results(name: str, payload: dict, directory: Path | None = None) -> Path:

@@ -316,6 +316,56 @@ def test_linear_bias_joins_the_elementwise_kernel_after_it(kernel_backend, dtype
     assert [p.count(",") for p in products] == ([2, 2, 2] if kernel_backend == "cpp" else [1, 2, 2]), products
 
 
+def test_kernels_with_the_same_code_are_defined_once(kernel_backend):
+    # an MLP's layers make the same elementwise kernel: Triton gets that code once (so it is
+    # compiled once), while each call site passes its own buffers
+    if kernel_backend != "triton":
+        pytest.skip("C++ kernels are not deduplicated")
+
+    def f(x, w1, w2, w3, b):
+        for w in (w1, w2, w3):
+            x = torch.relu(F.linear(x, w, b)) + x
+        return x.sum(-1)
+    args = [randn(37, 48), *(randn(48, 48) / 7 for _ in range(3)), randn(48)]
+    compiled = compile_graph(torch.fx.symbolic_trace(f), args)
+    assert_same(compiled(*args), f(*args))
+    defined = re.findall(r"^def (kernel\d+)", compiled.kernel_source, re.M)
+    aliases = re.findall(r"^(kernel\d+) = (kernel\d+)", compiled.kernel_source, re.M)
+    # the third layer's kernel also sums its rows: code of its own
+    assert len(defined) == 2 and aliases == [("kernel1", "kernel0")], compiled.kernel_source
+    assert len(re.findall(r"kernel\d+\[", compiled.wrapper_source)) == 3
+
+
+@pytest.mark.parametrize("rows, cols", [(64, 256), (37, 129), (16, 8192), (3, 1000)])
+def test_masks_are_constant_when_blocks_divide_the_sizes(rows, cols):
+    # the in-range masks are constants (which Triton's compiler drops) exactly when the block
+    # sizes divide the sizes; a weight read by every row asks the cache to keep it
+    from minicompile.graph_compiler import generated_source
+
+    from minicompile.codegen.triton import _pointwise_config, _reduction_config
+
+    def gelu_bias(x, w):
+        return F.gelu(x + w)
+
+    def rms_norm(x, w):
+        return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-6) * w
+    x, w = randn(rows, cols), randn(cols)
+    pointwise, reduction = (generated_source(torch.fx.symbolic_trace(f), [x, w], "triton")
+                            for f in (gelu_bias, rms_norm))
+    assert "RBLOCK" not in pointwise and "RBLOCK" in reduction
+    assert ("xmask = tl.full" in pointwise) == (rows * cols % _pointwise_config(rows * cols)[0] == 0)
+    _, xblock, rblock, _ = _reduction_config(rows, cols)
+    assert ("xmask = tl.full" in reduction) == (rows % xblock == 0), reduction
+    assert ("rmask = tl.full" in reduction) == (cols % rblock == 0), reduction
+    for kernel in (pointwise, reduction):
+        loads = re.findall(r"tl.load\(in_ptr(\d) \+ .*", kernel)
+        assert sorted(loads) == ["0", "1"], kernel
+        for line in re.findall(r"tl.load\(in_ptr\d \+ .*", kernel):   # in_ptr1 is w
+            assert ("evict_last" in line) == line.startswith("tl.load(in_ptr1"), kernel
+    for f in (gelu_bias, rms_norm):
+        check(f, x, w)
+
+
 def test_erf_and_gelu_over_their_whole_range(kernel_backend):
     # the C++ float erf has its own exp (for arguments <= 0): check the tails, zero, NaN, inf
     x = torch.cat([torch.linspace(-12, 12, 20001, device=DEVICE), randn(999) * 4,
@@ -335,6 +385,74 @@ def test_both_backends_print_every_ir_operation():
 
 
 gpu_only = pytest.mark.skipif(not torch.cuda.is_available(), reason="kernel binaries are saved on a GPU")
+
+
+STAGES_CHILD = r"""
+import importlib.util, json, os, sys, tempfile
+import torch
+import triton
+if not os.path.exists(triton.knobs.nvidia.ptxas.path or ""):
+    print("SKIP no ptxas in this Triton"); sys.exit()
+from triton.backends.compiler import GPUTarget
+from minicompile import fusion
+from minicompile.codegen import triton as triton_codegen
+from minicompile.lower import lower
+
+triton_codegen._gpu_target = lambda: GPUTarget("cuda", 90, 32)      # an H100, without one
+def f(x, w):
+    return torch.nn.functional.gelu(torch.softmax(x, -1) * w).sum(0) + torch.rsqrt(x.var(-1)).max()
+gm = torch.fx.symbolic_trace(f)
+buffers_in = [torch.randn(37, 1000), torch.randn(1000, dtype=torch.float64)]
+program = lower(gm, buffers_in)
+kernels = [s for s in fusion.schedule(program) if isinstance(s, fusion.Kernel)]
+buffers = fusion.buffers_by_name(program)
+source, meta = triton_codegen.generate(kernels, buffers)
+path = os.path.join(tempfile.mkdtemp(), "generated.py")
+open(path, "w").write(source)
+spec = importlib.util.spec_from_file_location("generated", path)
+module = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(module)
+results = []
+for name, (args, launch, _) in meta.items():
+    fn, dtypes = getattr(module, name), [buffers[a].dtype for a in args]
+    settings = {k: v for k, v in launch.items() if k != "grid"}
+    facts = []
+    for listener in (None, lambda **kw: None):      # a listener sends it through triton.compile
+        triton.knobs.compilation.listener = listener
+        kernel = triton_codegen._compile_ahead(fn, dtypes, settings)
+        base = os.path.join(tempfile.mkdtemp(), "k")
+        assert triton_codegen._save_binary(kernel, base) == base
+        facts.append((json.load(open(base + ".json")), open(base + ".cubin", "rb").read()))
+        assert not kernel.metadata.debug
+    # a launch setting of debug=True (a kernel with a device assert) must reach the compiler
+    assert triton_codegen._compile_ahead(fn, dtypes, dict(settings, debug=True)).metadata.debug
+    results.append([name, facts[0][0] == facts[1][0], facts[0][1] == facts[1][1], facts[0][0]["types"]])
+print(json.dumps(results))
+"""
+
+
+def test_stage_runner_builds_the_binaries_triton_compile_builds(tmp_path):
+    # minicompile runs Triton's compiler stages itself (no cache lookup, so no hash of
+    # Triton's library first): for each generated kernel, the cubin and launch facts must be
+    # byte for byte what triton.compile makes. ptxas needs no GPU, so this runs in CI, in a
+    # process of its own (without Triton's interpreter), compiling for an H100
+    import os
+    import subprocess
+    import sys
+    pytest.importorskip("triton")
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env.update(TRITON_CACHE_DIR=str(tmp_path / "triton"),
+               PYTHONPATH=os.pathsep.join([os.path.dirname(os.path.dirname(minicompile.__file__)),
+                                           env.get("PYTHONPATH", "")]))
+    run = subprocess.run([sys.executable, "-c", STAGES_CHILD], env=env, capture_output=True, text=True)
+    assert run.returncode == 0, run.stderr[-3000:]
+    if run.stdout.startswith("SKIP"):
+        pytest.skip(run.stdout.strip())
+    results = __import__("json").loads(run.stdout)
+    assert len(results) >= 4
+    for name, same_facts, same_cubin, types in results:
+        assert same_facts and same_cubin, name
+        assert types.startswith("OO")
 
 
 @gpu_only

@@ -139,7 +139,7 @@ def build(program: ir.Program, steps: list) -> CompiledGraph:
         kernel_source, meta = triton_codegen.generate(kernels, buffers)
         launchers = triton_codegen.load(kernel_source, meta) if kernels else {}
         triton_codegen.precompile(launchers, meta, buffers)
-        kernel_args = {name: args for name, (args, _) in meta.items()}
+        kernel_args = {name: args for name, (args, *_) in meta.items()}
 
     import operator
     namespace: dict[str, Any] = {"torch": torch, "operator": operator, "pytree": pytree, "output_spec": program.output_spec,
