@@ -273,6 +273,14 @@ SYMBOL = re.compile(r"\bs\d+\b")
 SCALAR = re.compile(r"\bscalar\d+\b")
 
 
+def defined_once(defined: dict, name: str, source: str) -> str:
+    """The kernel whose function runs kernel `name` (whose code is `source`): the first kernel
+    with the same code but for its name. Kernels that are the same (the layers of an MLP, say)
+    are defined, and compiled, once, as Inductor does. `defined` maps code to name, across
+    one module."""
+    return defined.setdefault(source.replace(f"{name}(", "KERNEL("), name)
+
+
 def size_symbols_in(source: str) -> list[str]:
     """The size symbols (s0, s27, ...) a kernel's source uses: its size arguments, in order."""
     return sorted(set(SYMBOL.findall(source)), key=lambda s: int(s[1:]))

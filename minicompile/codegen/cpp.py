@@ -24,7 +24,7 @@ import torch
 
 from .. import config, ir
 from ..ir import Index, use_ops
-from .common import (SCALAR, SYMBOL, KernelWriter, plan_loops, reduction_identity, scalars_in,
+from .common import (SCALAR, SYMBOL, KernelWriter, defined_once, plan_loops, reduction_identity, scalars_in,
                      size_symbols_in)
 
 CTYPES = {torch.float32: "float", torch.float64: "double", torch.float16: "_Float16",
@@ -464,12 +464,15 @@ KERNEL_MARK = "// ---- kernel "
 
 
 def generate(kernels, buffers) -> tuple[str, dict]:
-    """Source of all kernels of a graph, and {kernel name: argument buffer names}."""
-    parts, signatures = [PRELUDE], {}
+    """Source of all kernels of a graph, and {kernel name: (argument buffer names, name of the
+    function that runs it)}: kernels with the same code share one function."""
+    parts, signatures, defined = [PRELUDE], {}, {}
     for kernel in kernels:
         src, args = kernel_source(kernel, buffers)
-        parts.append(f"{KERNEL_MARK}{kernel.name}\n{src}")
-        signatures[kernel.name] = args
+        function = defined_once(defined, kernel.name, src)
+        if function == kernel.name:
+            parts.append(f"{KERNEL_MARK}{kernel.name}\n{src}")
+        signatures[kernel.name] = (args, function)
     return "\n\n".join(parts) + "\n", signatures
 
 
@@ -486,9 +489,9 @@ def load(source: str, signatures: dict) -> dict:
         with ThreadPoolExecutor(max_workers=units) as pool:
             libraries = list(pool.map(lambda chunk: compile_library(prelude + chunk), chunks))
     out = {}
-    for name, args in signatures.items():
-        lib = next(lib for lib, chunk in zip(libraries, chunks) if f"void {name}(" in chunk)
-        fn = getattr(lib, name)
+    for name, (args, function) in signatures.items():
+        lib = next(lib for lib, chunk in zip(libraries, chunks) if f"void {function}(" in chunk)
+        fn = getattr(lib, function)
         # buffers by data pointer, size symbols (dynamic shapes) by value
         fn.argtypes = [ctypes.c_int64 if SYMBOL.fullmatch(a) else ctypes.c_double if SCALAR.fullmatch(a)
                        else ctypes.c_void_p for a in args]

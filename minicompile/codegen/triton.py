@@ -25,7 +25,7 @@ import torch
 
 from .. import config, ir
 from ..ir import Index, use_ops
-from .common import KernelWriter, plan_loops, reduction_identity, scalars_in, size_symbols_in
+from .common import KernelWriter, defined_once, plan_loops, reduction_identity, scalars_in, size_symbols_in
 
 TL_TYPES = {torch.float32: "tl.float32", torch.float16: "tl.float16", torch.bfloat16: "tl.bfloat16",
             torch.float64: "tl.float64", torch.int64: "tl.int64", torch.int32: "tl.int32",
@@ -434,9 +434,7 @@ def generate(kernels, buffers) -> tuple[str, dict]:
     sources, meta, defined = [], {}, {}
     for kernel in kernels:
         src, args, launch = kernel_source(kernel, buffers)
-        header = f"def {kernel.name}("
-        code = src.replace(header, "def KERNEL(", 1)
-        function = defined.setdefault(code, kernel.name)
+        function = defined_once(defined, kernel.name, src)
         sources += [src, ""] if function == kernel.name else [f"{kernel.name} = {function}  # the same code", ""]
         meta[kernel.name] = (args, launch, function)
     parts = ["import triton", "import triton.language as tl", ""]

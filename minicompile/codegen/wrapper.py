@@ -134,7 +134,7 @@ def build(program: ir.Program, steps: list) -> CompiledGraph:
     if backend == "cpp":
         kernel_source, signatures = cpp.generate(kernels, buffers)
         launchers = cpp.load(kernel_source, signatures) if kernels else {}
-        kernel_args = signatures
+        kernel_args = {name: args for name, (args, _) in signatures.items()}
     else:
         kernel_source, meta = triton_codegen.generate(kernels, buffers)
         launchers = triton_codegen.load(kernel_source, meta) if kernels else {}
