@@ -738,8 +738,11 @@ def _toolchain() -> tuple:
     library, which tell a rebuilt Triton of the same version apart), PyTorch, CUDA and the
     GPU. Found without importing Triton."""
     from importlib.metadata import version
-    package = importlib.util.find_spec("triton").submodule_search_locations[0]
-    library = sorted(glob.glob(os.path.join(package, "_C", "libtriton*")))
+    spec = importlib.util.find_spec("triton")
+    if spec is None:            # no Triton: nothing can be compiled (import_triton says so)
+        return ()
+    library = sorted(p for p in glob.glob(os.path.join(spec.submodule_search_locations[0], "_C", "libtriton*"))
+                     if os.path.isfile(p))
     return (version("triton"), [(os.path.getsize(p), os.path.getmtime(p)) for p in library],
             torch.__version__, torch.version.cuda,
             torch.cuda.get_device_capability(torch._C._cuda_getDevice()))
