@@ -156,7 +156,8 @@ def compare(fns: dict[str, Callable], args: Sequence, *, warmup: int = 5, repeat
         # the run's resolution: medians of five consecutive blocks of the calls
         n = len(times[label]) // 5
         blocks = [times[label][i * n:(i + 1) * n] for i in range(5)] if n >= 5 else [times[label]]
-        rec["median_ms_range"] = [min(map(statistics.median, blocks)), max(map(statistics.median, blocks))]
+        medians = [statistics.median(block) for block in blocks]
+        rec["median_ms_range"] = [min(medians), max(medians)]
     base = next(iter(records.values()))["median_ms"]
     for rec in records.values():
         rec["speedup"] = base / rec["median_ms"]
