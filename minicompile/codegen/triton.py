@@ -547,9 +547,10 @@ def _compile_ahead(fn, args, settings):
         from triton.compiler import ASTSource, compile, make_backend
         from triton.runtime.jit import MockTensor, create_function_from_signature
         fn._pack_args, knobs.compilation.instrumentation_mode
+        supported = not torch.version.hip
     except (ImportError, AttributeError):
-        return fn.warmup(*args, grid=(1,), **settings)
-    if torch.version.hip:
+        supported = False
+    if not supported:
         return fn.warmup(*args, grid=(1,), **settings)
     target = _gpu_target()
     backend = make_backend(target)
