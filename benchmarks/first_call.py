@@ -10,7 +10,13 @@ one new cache folder (minicompile's, Triton's and Inductor's caches all point in
   come from the on-disk caches, as on every run of a program after its first.
 
 Each process builds the model, runs it once eagerly (CUDA initialized, libraries loaded), then
-times the first compiled call, synchronized. Results: first_call_<device>.json.
+times the first compiled call, synchronized. Python's own bytecode cache is not part of a
+compiler's cold start: a pip-installed package has its modules compiled already, but an
+installation without them, in an environment that forbids writing them
+(PYTHONDONTWRITEBYTECODE, as on the GPU machine these results come from), makes every process
+compile the sources of every module it imports (Triton's and Inductor's). So all processes share
+one bytecode cache folder (PYTHONPYCACHEPREFIX), filled by one untimed run of each model and
+compiler first (with writing bytecode allowed). Results: first_call_<device>.json.
 """
 import argparse
 import json
@@ -35,9 +41,10 @@ print("SECONDS", t)
 """
 
 
-def one(name, compiler, device, cache):
+def one(name, compiler, device, cache, bytecode):
     env = dict(os.environ, MINICOMPILE_CACHE_DIR=f"{cache}/mc", TRITON_CACHE_DIR=f"{cache}/triton",
-               TORCHINDUCTOR_CACHE_DIR=f"{cache}/inductor")
+               TORCHINDUCTOR_CACHE_DIR=f"{cache}/inductor", PYTHONPYCACHEPREFIX=bytecode)
+    env.pop("PYTHONDONTWRITEBYTECODE", None)
     root = os.path.join(os.path.dirname(__file__), "..")
     proc = subprocess.run([sys.executable, "-c", CHILD, name, compiler, device], env=env, cwd=root,
                           capture_output=True, text=True)
@@ -57,14 +64,18 @@ def main():
     args = parser.parse_args()
     results = {}
     print(f"{'model':10}{'compiler':>15}{'cold s':>9}{'warm s':>9}")
-    for name in ("mlp", "cnn", "gpt_block"):
-        for compiler in ("torch.compile", "minicompile"):
-            with tempfile.TemporaryDirectory() as cache:
-                cold = one(name, compiler, args.device, cache)
-                warm = one(name, compiler, args.device, cache)
-            results.setdefault(name, {})[compiler] = {"cold_s": cold, "warm_s": warm}
-            print(f"{name:10}{compiler:>15}{cold:9.2f}{warm:9.2f}", flush=True)
-        r = results[name]
+    bytecode = tempfile.mkdtemp(prefix="pycache-")
+    pairs = [(name, compiler) for name in ("mlp", "cnn", "gpt_block") for compiler in ("torch.compile", "minicompile")]
+    for name, compiler in pairs:            # untimed: fills the bytecode cache, nothing else
+        with tempfile.TemporaryDirectory() as cache:
+            one(name, compiler, args.device, cache, bytecode)
+    for name, compiler in pairs:
+        with tempfile.TemporaryDirectory() as cache:
+            cold = one(name, compiler, args.device, cache, bytecode)
+            warm = one(name, compiler, args.device, cache, bytecode)
+        results.setdefault(name, {})[compiler] = {"cold_s": cold, "warm_s": warm}
+        print(f"{name:10}{compiler:>15}{cold:9.2f}{warm:9.2f}", flush=True)
+    for r in results.values():
         for kind in ("cold_s", "warm_s"):
             r[f"ratio_{kind[:-2]}"] = r["minicompile"][kind] / r["torch.compile"][kind]
     out_name = "first_call_cpu" if args.device == "cpu" else "first_call_" + torch.cuda.get_device_name().split()[1].lower()

@@ -11,7 +11,7 @@ nvidia-smi --query-gpu=name,clocks.sm,clocks.mem,temperature.gpu --format=csv,no
 if [[ $what == *" tests "* ]]; then
   python3 -m pytest -q -p no:cacheprovider tests 2>&1 | tee "$OUT/pytest_gpu.log" | tail -15
 fi
-if [[ $what == *" sweep "* ]]; then python3 benchmarks/sweep_pointwise.py 8192 2>&1 | tee "$OUT/sweep.log"; fi
+if [[ $what == *" sweep "* ]]; then python3 benchmarks/sweep_configs.py --out "$OUT"; fi
 if [[ $what == *" why "* ]]; then python3 benchmarks/why_compile.py --device cuda --out "$OUT" 2>&1 | tail -8; fi
 if [[ $what == *" memory "* ]]; then python3 benchmarks/memory_bound.py --device cuda --repeat 200 --out "$OUT" 2>&1 | tail -9; fi
 if [[ $what == *" models "* ]]; then python3 benchmarks/models_bench.py --device cuda --out "$OUT" 2>&1 | tail -5; fi

@@ -377,6 +377,15 @@ def contiguous_strides(shape: Sequence[int]) -> list[int]:
     return strides[::-1]
 
 
+def is_dense(shape: Sequence[int], stride: Sequence[int]) -> bool:
+    """Whether a tensor of this shape and these strides covers its memory exactly: each
+    element once, no gaps (contiguous, or a permutation of it such as channels-last)."""
+    if any(is_symbolic(v) for v in (*shape, *stride)):
+        return list(stride) == contiguous_strides(shape)
+    order = sorted(range(len(shape)), key=lambda d: (-stride[d], d))
+    return all(st == de or sz == 1 for st, de, sz in zip(stride, dense_strides(shape, order), shape))
+
+
 def dense_strides(shape: Sequence[int], order: Sequence[int]) -> list[int]:
     """Strides of a dense tensor whose dims, from outermost to innermost, are `order`
     (range(n): contiguous; (0, 2, 3, 1) for a 4-D tensor: channels-last)."""

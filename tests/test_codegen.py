@@ -254,7 +254,54 @@ def test_dead_buffers_are_reused(kernel_backend):
     x = randn(64, 32)
     compiled = compile_graph(torch.fx.symbolic_trace(f), [x])
     assert_same(compiled(x), f(x))
-    assert compiled.wrapper_source.count("reuses") >= 2
+    # a dead buffer's memory is taken by a later one, or written over by the kernel reading it
+    source = compiled.wrapper_source
+    assert source.count("reuses") + source.count("# in place") >= 2, source
+
+
+def test_outputs_are_written_over_dead_inputs_read_at_the_same_positions(kernel_backend):
+    # an MLP's residual kernels and its closing layer norm write over the product they read
+    # (as Inductor's in_out_ptr): the product's memory is the kernel's own, dead after it, and
+    # read only where the kernel writes. Triton only: C++ kernels take __restrict__ pointers
+    def mlp(x, w1, b1, w2, b2, lw, lb):
+        h = F.gelu(F.linear(x, w1) + b1) + x
+        h = F.gelu(F.linear(h, w2) + b2) + h
+        return F.layer_norm(h, (48,), lw, lb)
+    for x in (randn(37, 48), randn(37, 2, 48)[:, 1]):     # the second is not contiguous
+        args = [x, randn(48, 48) / 7, randn(48), randn(48, 48) / 7, randn(48), randn(48), randn(48)]
+        compiled = compile_graph(torch.fx.symbolic_trace(mlp), args)
+        assert_same(compiled(*args), mlp(*args))
+        overwritten = re.findall(r"= (\w+)\.as_strided.*# in place", compiled.wrapper_source)
+        assert len(overwritten) == (0 if kernel_backend == "cpp" else 2), compiled.wrapper_source
+
+
+@pytest.mark.parametrize("case", ["two positions", "read later", "an output", "an input", "a cast",
+                                  "a view of an argument"])
+def test_inputs_that_must_keep_their_values_are_not_written_over(kernel_backend, case):
+    def f(x, w):
+        y = x @ w
+        if case == "two positions":             # y[i, j] and y[j, i]: one lane would clobber another's
+            return torch.relu(y) + y.t()
+        if case == "read later":                # y is read again by a later kernel
+            z = torch.relu(y) * 2
+            return z.sum(0) + y.amax(0)
+        if case == "an output":
+            return torch.relu(y) * 2, y
+        if case == "an input":
+            return torch.relu(x) * 2
+        if case == "a cast":                    # same bytes, other dtype
+            return (torch.relu(y) * 2).to(torch.int32)
+        v = torch.einsum("ij->ji", y)           # einsum may hand back a view of its argument
+        return torch.relu(v) * 2, y
+    x, w = randn(37, 37), randn(37, 37)
+    compiled = compile_graph(torch.fx.symbolic_trace(f), [x, w])
+    leaves = torch.utils._pytree.tree_leaves
+    for actual, expected in zip(leaves(compiled(x, w)), leaves(f(x, w))):
+        assert_same(actual, expected)
+    # neither the product (buf0) nor an argument is written over (a reduction's result, read
+    # once by the last kernel, may be)
+    overwritten = re.findall(r"= (\w+)\.as_strided.*# in place", compiled.wrapper_source)
+    assert not {"buf0", "arg0", "arg1"} & set(overwritten), compiled.wrapper_source
 
 
 def test_pointwise_after_extern_is_generated(kernel_backend):

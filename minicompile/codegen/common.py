@@ -139,6 +139,8 @@ class KernelWriter:
         self.checks_indices = False               # uses indirect indexing: takes INDEX_ERRORS
         self.canonical = canonical_indices(kernel)
         self.ranges = canonical_ranges(kernel)
+        self.accesses: list[tuple[str, str, str]] = []   # ("load" | "store", buffer, index), in order
+        self.whole_inputs: set[str] = set()   # inputs read at every position (not broadcast)
 
     # -- code buffer
     def _emit(self, expr: str) -> str:
@@ -179,7 +181,36 @@ class KernelWriter:
         if member is not None:
             return member.run(*self.canonical)
         index = self.plan.apply(index.simplify(self.ranges))
+        self.accesses.append(("load", name, index.render("//")))
+        if set(self.plan.x_vars + self.plan.r_vars) <= index.variables():
+            self.whole_inputs.add(name)
         return self._emit(self.load_expr(name, index, self.buffers[name].dtype))
+
+    def store_index(self, member) -> Index:
+        """Where `member` is stored (over the merged loop variables); the store is recorded."""
+        x_idx, r_idx = self.canonical
+        index = self.plan.apply(member.store_index(x_idx, r_idx))
+        self.accesses.append(("store", member.box.name, self.plan.apply(
+            member.store_index(x_idx, r_idx).simplify(self.ranges)).render("//")))
+        return index
+
+    def in_place_inputs(self) -> dict[str, list[str]]:
+        """For each stored member, the inputs whose memory it could be written over: read (only)
+        at the very positions it is stored to, of its dtype, and never after its store. Each
+        element is then read before it is overwritten, by the same lane (the same index is the
+        same pointer pattern, so the same layout). Which of them is dead by then, and not
+        someone else's memory, is for the wrapper to say."""
+        found: dict[str, list[str]] = {}
+        for pos, (kind, out, where) in enumerate(self.accesses):
+            if kind != "store":
+                continue
+            reads: dict[str, set] = {}
+            for later, (k, name, index) in enumerate(self.accesses):
+                if k == "load":
+                    reads.setdefault(name, set()).add(index if later < pos else None)
+            found[out] = [name for name, indices in reads.items() if indices == {where}
+                          and self.buffers[name].dtype == self.members[out].box.dtype]
+        return found
 
     def constant(self, value, dtype: torch.dtype) -> str:
         text = self.constant_expr(value, dtype)

@@ -233,7 +233,7 @@ def kernel_source(kernel, buffers: dict[str, ir.IRNode]) -> tuple[str, list[str]
 
     def store(member, value) -> str:
         name = member.box.name
-        index = plan.apply(member.store_index(x_idx, r_idx))
+        index = writer.store_index(member)
         return f"{writer.out_name(name)}[{index.render('/')}] = static_cast<{ctype(member.box.dtype)}>({value});"
 
     with use_ops(writer):

@@ -32,6 +32,7 @@ TL_TYPES = {torch.float32: "tl.float32", torch.float16: "tl.float16", torch.bflo
             torch.int16: "tl.int16", torch.int8: "tl.int8", torch.uint8: "tl.uint8", torch.bool: "tl.int1"}
 
 PERSISTENT_RBLOCK_LIMIT = 16384     # rows up to this many elements are reduced in registers
+REDUCTION_PROGRAM_ELEMENTS = 1024   # the fewest elements a reduction program takes (whole rows)
 
 
 def import_triton():
@@ -211,7 +212,7 @@ def kernel_source(kernel, buffers):
     x_idx, r_idx = writer.canonical
 
     def store(member, value, row: bool) -> str:
-        index = plan.apply(member.store_index(x_idx, r_idx))
+        index = writer.store_index(member)
         text = writer.offset(index) if index.variables() else f"{index.render('//')} + 0 * xindex"
         if value in writer.constants:       # a constant output still needs a block of values
             value = f"tl.full([XBLOCK], {value}, {TL_TYPES[member.box.dtype]})"
@@ -224,7 +225,7 @@ def kernel_source(kernel, buffers):
                 value = m.run(x_idx, r_idx)
                 if m.box.name in kernel.stored:
                     writer.lines.append(store(m, value, row=False))
-            xblock, num_warps = _pointwise_config(xnumel)
+            xblock, num_warps = _pointwise_config(xnumel, len(writer.whole_inputs))
             code = "\n".join(writer.lines)       # the per-dimension variables it still uses
             dims = [line for line in _decompose("xindex", plan.x_vars, plan.x_sizes)
                     if re.search(rf"\b{line.split(' = ')[0]}\b", code)]
@@ -234,7 +235,7 @@ def kernel_source(kernel, buffers):
             launch = {"xnumel": _launch_value(xnumel), "XBLOCK": xblock, "num_warps": num_warps,
                       "grid": _grid(xnumel, xblock)}
         else:
-            persistent, xblock, rblock, num_warps = _reduction_config(xnumel, rnumel)
+            persistent, xblock, rblock, _ = _reduction_config(xnumel, rnumel)   # warps: once the body is written
             rvars = [*_decompose("rindex", plan.r_vars, plan.r_sizes), _mask("r", rnumel, rblock, "[1, RBLOCK]")]
             head = [f"xindex = {pid} * XBLOCK + tl.arange(0, XBLOCK)[:, None]", _mask("x", xnumel, xblock, "[XBLOCK, 1]"),
                     *_decompose("xindex", plan.x_vars, plan.x_sizes), "rbase = tl.arange(0, RBLOCK)[None, :]"]
@@ -308,6 +309,7 @@ def kernel_source(kernel, buffers):
                     if m.box.name in kernel.stored:
                         writer.lines.append(store(m, value, row=False))
             body = head + writer.lines
+            num_warps = _reduction_config(xnumel, rnumel, len(writer.whole_inputs))[3]   # (the inputs it reads whole)
             # a static row length is a compile-time constant (the loop over it is unrolled or
             # bounded at compile time); a dynamic one is an argument like the other sizes
             params = ["xnumel", "rnumel" if ir.is_symbolic(rnumel) else "rnumel: tl.constexpr",
@@ -315,6 +317,10 @@ def kernel_source(kernel, buffers):
             launch = {"xnumel": _launch_value(xnumel), "rnumel": _launch_value(rnumel), "XBLOCK": xblock,
                       "RBLOCK": rblock, "num_warps": num_warps, "grid": _grid(xnumel, xblock)}
     stored = [m.box for m in kernel.members if m.box.name in kernel.stored]
+    # an output may be written over an input it replaces (as Inductor's in_out_ptr), except in
+    # looped reductions: there one row is walked several times, and a later walk would read
+    # what an earlier one overwrote
+    kernel.in_place = writer.in_place_inputs() if not kernel.r_sizes or persistent else {}
     checked = [ir.INDEX_ERRORS] if writer.checks_indices and not writer.device_asserts else []
     if writer.checks_indices and writer.device_asserts:
         launch.update(DEVICE_ASSERT_OPTIONS)
@@ -367,12 +373,17 @@ COMBINE = {"sum": "{acc} + {v}", "mean": "{acc} + {v}", "prod": "{acc} * {v}",
            "min": "tl.where(({v} != {v}) | ({v} < {acc}), {v}, {acc})"}
 
 
-def _reduction_config(xnumel: int, rnumel: int) -> tuple[bool, int, int, int]:
-    """(persistent, XBLOCK, RBLOCK, num_warps) for a reduction kernel. A row that fits is
-    held in registers whole (persistent: the row is read from memory once, however many
-    members walk it); about 4096 elements per program, one warp per 256 of them, up to 32
-    warps (the most a program can have: for rows of 8192 floats on an H100, softmax and
-    layer_norm measured up to 1% faster with 32 warps than with 16, RMS norm within 0.1%)."""
+def _reduction_config(xnumel: int, rnumel: int, whole_inputs: int = 1) -> tuple[bool, int, int, int]:
+    """(persistent, XBLOCK, RBLOCK, num_warps) for a reduction kernel that reads `whole_inputs`
+    inputs at every element (not a weight broadcast over the rows). A row that fits is held in
+    registers whole (persistent: the row is read from memory once, however many members walk
+    it). A program takes whole rows, at least REDUCTION_PROGRAM_ELEMENTS of them. Warps, from
+    an H100 sweep of nine settings for rows of 256 to 8192 (benchmarks/sweep_configs.py,
+    results/sweep_configs_h100.json): reading one input (softmax, layer_norm, RMS norm), one
+    warp per 256 elements (8 per thread), up to 32, was the best setting or within 1% of it
+    (4-row programs, used before, were up to 8% slower). Reading two or more (an MLP's gelu +
+    residual + layer_norm), 8 warps was best or within 2%, where one warp per 256 elements was
+    up to 11% slower for rows of 1024 and 39% for rows of 8192."""
     if ir.is_symbolic(rnumel):
         # a row of any length: looped, in blocks sized for short rows (a persistent block
         # would have to hold the longest row the size could be)
@@ -380,21 +391,32 @@ def _reduction_config(xnumel: int, rnumel: int) -> tuple[bool, int, int, int]:
     persistent = rnumel <= PERSISTENT_RBLOCK_LIMIT
     rblock = _next_pow2(rnumel) if persistent else 2048
     rows = 4096 if ir.is_symbolic(xnumel) else _next_pow2(xnumel)
-    xblock = max(1, min(rows, 4096 // rblock if persistent else 1))
+    xblock = max(1, min(rows, REDUCTION_PROGRAM_ELEMENTS // rblock if persistent else 1))
+    if persistent and whole_inputs >= 2:
+        return persistent, xblock, rblock, 8
     num_warps = max(2, min(32, (xblock * rblock) // 256))
     return persistent, xblock, rblock, num_warps
 
 
-def _pointwise_config(xnumel: int) -> tuple[int, int]:
-    """Block size and warps: large blocks for large tensors (fewer, fuller programs), small for
-    small ones (enough programs to fill the GPU); one middle size for a dynamic number."""
+def _pointwise_config(xnumel: int, whole_inputs: int = 1) -> tuple[int, int]:
+    """Block size and warps for a kernel reading `whole_inputs` inputs at every element, from
+    H100 sweeps (benchmarks/sweep_configs.py: float32 gelu(x + b) + r, whose x and r are read
+    whole; results/sweep_configs_h100.json). Below 2**20 elements, blocks of 512 with 4 warps
+    (enough programs to fill the GPU; within 3% of the best setting tried). From 2**20, 1024
+    with 8 warps: one 16-byte load per input per thread (at 2**20, 16% faster than 2048 with
+    8). From 2**24, far past the L2 cache, a kernel reading two or more inputs whole takes 512
+    with 8 warps (what Inductor's autotuning picks there; 1.5% faster than 1024); with it,
+    relu(x + 1) * 2 and gelu(x + b), which read one, were 3% and 6% slower
+    (results/memory_bound_h100_xblock512.json), so they keep 1024. One middle size for a
+    dynamic number."""
     if ir.is_symbolic(xnumel):
         return 1024, 4
-    if xnumel >= 2**22:
-        return 2048, 8
-    if xnumel >= 2**16:
-        return 1024, 4
-    return max(16, min(1024, _next_pow2(xnumel))), 4 if xnumel >= 1024 else 1
+    if xnumel >= 2**24 and whole_inputs >= 2:
+        return 512, 8
+    if xnumel >= 2**20:
+        return 1024, 8
+    xblock = max(16, min(512, _next_pow2(xnumel)))
+    return xblock, max(1, min(4, xblock // 128))
 
 
 def _next_pow2(n: int) -> int:

@@ -12,6 +12,7 @@ instead), copies new values into the inputs that ops write in place
 from __future__ import annotations
 
 import math
+import operator
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
@@ -48,8 +49,6 @@ class CompiledGraph:
 def _qualified_name(value) -> str | None:
     """'torch.cumsum', 'operator.matmul', 'torch.nn.functional.linear'... for a function the
     generated code can name (so the wrapper reads like the program), else None."""
-    import operator
-
     name = getattr(value, "__name__", None)
     if not callable(value) or not isinstance(name, str):
         return None
@@ -84,10 +83,27 @@ def _literal_structure(spec, leaves: list) -> str | None:
     return expr
 
 
+# extern kernels whose result is always new memory, never a view of an argument (einsum and
+# modules can return one; a fallback op, anything)
+NEW_MEMORY_EXTERNS = {torch.mm, torch.bmm, torch.addmm, torch.baddbmm, torch.matmul, operator.matmul, torch.conv2d,
+                      torch.nn.functional.linear, torch.nn.functional.conv2d,
+                      torch.nn.functional.scaled_dot_product_attention, "mm", "bmm", "matmul"}
+
+
+def _new_memory(ext: ir.Extern) -> bool:
+    """Whether an extern call's result is memory of its own, every byte of it in the tensor."""
+    try:
+        known = ext.op in NEW_MEMORY_EXTERNS
+    except TypeError:                   # an unhashable op (a module instance...)
+        known = False
+    return known and not ext.reason and ext.value_is_tensor and ir.is_dense(ext.shape, ext.stride)
+
+
 def plan_reuse(program: ir.Program, steps: list, kernel_args: dict) -> tuple[dict, set]:
     """Memory planning: the step after which each buffer is last read, and which buffers'
-    memory may be reused once dead: those a kernel wrote, that are not outputs and that no
-    extern op saw (an extern's result may be a view of its input, so its memory is not ours)."""
+    memory may be reused once dead: those a kernel wrote or an extern kernel made new (see
+    NEW_MEMORY_EXTERNS), that are not outputs and that no extern op saw (an extern's result
+    may be a view of its input, so its memory is not ours)."""
     last_use: dict[str, int] = {}
     reusable: set[str] = set()
     seen_by_extern = set()
@@ -98,6 +114,8 @@ def plan_reuse(program: ir.Program, steps: list, kernel_args: dict) -> tuple[dic
                 last_use[name] = i
         else:
             seen_by_extern |= {r.name for r in step.box.reads}
+            if _new_memory(step.box.data):
+                reusable.add(step.box.name)
     outputs = {o.name for o in [*program.outputs, *program.mutated_inputs.values()] if isinstance(o, TensorBox)}
     return last_use, reusable - seen_by_extern - outputs
 
@@ -141,7 +159,6 @@ def build(program: ir.Program, steps: list) -> CompiledGraph:
         triton_codegen.precompile(launchers, meta, buffers)
         kernel_args = {name: args for name, (args, *_) in meta.items()}
 
-    import operator
     namespace: dict[str, Any] = {"torch": torch, "operator": operator, "pytree": pytree, "output_spec": program.output_spec,
                                  "empty_strided": memory.empty_strided, "as_layout": memory.as_layout,
                                  "torch_empty_strided": torch.empty_strided}
@@ -191,6 +208,7 @@ def build(program: ir.Program, steps: list) -> CompiledGraph:
 
     last_use, reusable = plan_reuse(program, steps, kernel_args)
     free: dict[tuple, list[str]] = {}        # (bytes, dtype) -> buffers whose memory is free
+    overwritten: set[str] = set()            # buffers a kernel's output was written over
     for i, step in enumerate(steps):
         if isinstance(step, Kernel):
             for m in step.members:
@@ -201,7 +219,15 @@ def build(program: ir.Program, steps: list) -> CompiledGraph:
                 shape = tuple(m.box.shape) or (1,)
                 stride = sizes(m.box.data.stride or (1,))
                 key = (nbytes(m.box), m.box.dtype)
-                if free.get(key):
+                # an input this kernel reads last, only where it writes this output: write over it
+                over = next((b for b in step.in_place.get(m.box.name, ()) if last_use.get(b) == i
+                             and b in reusable and b not in overwritten
+                             and (nbytes(buffers[b]), buffers[b].dtype) == key), None)
+                if over is not None:
+                    overwritten.add(over)
+                    lines.append(f"    {m.box.name} = {over}.as_strided({sizes(shape)}, {stride})"
+                                 f"  # in place: {step.name} reads {over} only where it writes this")
+                elif free.get(key):
                     old = free[key].pop()
                     lines.append(f"    {m.box.name} = {old}.as_strided({sizes(shape)}, {stride}); del {old}"
                                  f"  # reuses {old}'s memory")
@@ -227,7 +253,7 @@ def build(program: ir.Program, steps: list) -> CompiledGraph:
             metrics.kernels += 1
             metrics.kernel_bytes.append((step.name, step.bytes_read, step.bytes_written))
             for name in args:
-                if last_use.get(name) == i and name in reusable:
+                if last_use.get(name) == i and name in reusable and name not in overwritten:
                     buf = buffers[name]
                     free.setdefault((nbytes(buf), buf.dtype), []).append(name)
         elif isinstance(step, ExternCall):

@@ -76,6 +76,9 @@ class Kernel:
     fused: list[str] = field(default_factory=list)
     bytes_read: int = 0
     bytes_written: int = 0
+    # stored member -> inputs whose memory it may be written over (code generation finds them:
+    # read only where the member is stored; the wrapper takes one that is dead by then)
+    in_place: dict = field(default_factory=dict)
 
     @property
     def box(self) -> TensorBox:          # the first member (kernels of one member: the member)
