@@ -188,11 +188,10 @@ class KernelWriter:
 
     def store_index(self, member) -> Index:
         """Where `member` is stored (over the merged loop variables); the store is recorded."""
-        x_idx, r_idx = self.canonical
-        index = self.plan.apply(member.store_index(x_idx, r_idx))
-        self.accesses.append(("store", member.box.name, self.plan.apply(
-            member.store_index(x_idx, r_idx).simplify(self.ranges)).render("//")))
-        return index
+        index = member.store_index(*self.canonical)
+        # recorded as loads are (simplified), so that equal positions compare equal
+        self.accesses.append(("store", member.box.name, self.plan.apply(index.simplify(self.ranges)).render("//")))
+        return self.plan.apply(index)
 
     def in_place_inputs(self) -> dict[str, list[str]]:
         """For each stored member, the inputs whose memory it could be written over: read (only)
@@ -200,16 +199,15 @@ class KernelWriter:
         element is then read before it is overwritten, by the same lane (the same index is the
         same pointer pattern, so the same layout). Which of them is dead by then, and not
         someone else's memory, is for the wrapper to say."""
+        loads = [(pos, name, index) for pos, (kind, name, index) in enumerate(self.accesses) if kind == "load"]
         found: dict[str, list[str]] = {}
         for pos, (kind, out, where) in enumerate(self.accesses):
-            if kind != "store":
-                continue
-            reads: dict[str, set] = {}
-            for later, (k, name, index) in enumerate(self.accesses):
-                if k == "load":
-                    reads.setdefault(name, set()).add(index if later < pos else None)
-            found[out] = [name for name, indices in reads.items() if indices == {where}
-                          and self.buffers[name].dtype == self.members[out].box.dtype]
+            if kind == "store":
+                reads: dict[str, set] = {}       # input -> where it is read (None: after this store)
+                for at, name, index in loads:
+                    reads.setdefault(name, set()).add(index if at < pos else None)
+                found[out] = [name for name, indices in reads.items() if indices == {where}
+                              and self.buffers[name].dtype == self.members[out].box.dtype]
         return found
 
     def constant(self, value, dtype: torch.dtype) -> str:
