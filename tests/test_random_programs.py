@@ -31,17 +31,20 @@ def apply_binary(name, a, b):
 @st.composite
 def programs(draw):
     """A list of steps over a pool of tensors of one 3-D shape (plus reductions that keep dims,
-    so every value stays broadcastable against the input)."""
+    so every value stays broadcastable against the input; a matrix product by a square weight,
+    whose result later kernels may be written over)."""
     shape = draw(st.lists(st.integers(1, 9), min_size=3, max_size=3))
     steps = []
     for _ in range(draw(st.integers(1, 7))):
-        kind = draw(st.sampled_from(["unary", "binary", "reduce", "view"]))
+        kind = draw(st.sampled_from(["unary", "binary", "reduce", "view", "matmul"]))
         if kind == "unary":
             steps.append(("unary", draw(st.sampled_from(UNARY))))
         elif kind == "binary":
             steps.append(("binary", draw(st.sampled_from(BINARY))))
         elif kind == "reduce":
             steps.append(("reduce", draw(st.sampled_from(REDUCE)), draw(st.integers(0, 2))))
+        elif kind == "matmul":
+            steps.append(("matmul",))
         else:
             steps.append(("view", draw(st.sampled_from(["transpose", "permute", "flip_view", "slice"]))))
     layout = draw(st.sampled_from(["contiguous", "transposed", "strided"]))
@@ -49,7 +52,7 @@ def programs(draw):
 
 
 def build(steps):
-    def fn(x):
+    def fn(x, w):
         pool = [x]
         for step in steps:
             last = pool[-1]
@@ -59,6 +62,8 @@ def build(steps):
                 pool.append(apply_binary(step[1], last, pool[0]))
             elif step[0] == "reduce":
                 pool.append(last - getattr(torch, step[1])(last, step[2], keepdim=True))
+            elif step[0] == "matmul":
+                pool.append(last @ w)
             elif step[1] == "transpose":
                 pool.append(last.transpose(0, 2).transpose(0, 2) + 0)
             elif step[1] == "permute":
@@ -85,11 +90,12 @@ def test_random_programs_match_eager(program):
     shape, steps, layout = program
     fn = build(steps)
     x = make_input(shape, layout)
+    w = torch.randn(shape[2], shape[2], device=DEVICE) / shape[2] ** 0.5
     gm = torch.fx.symbolic_trace(fn)
-    expected = fn(x)
+    expected = fn(x, w)
     for backend in kernel_backends():      # C++ and Triton (interpreted on a CPU)
         minicompile.config.cpu_backend = backend
-        actual = compile_graph(gm, [x])(x)
+        actual = compile_graph(gm, [x, w])(x, w)
         for a, e in zip(actual, expected):
             assert_same(a, e)
 
