@@ -22,6 +22,7 @@ import torch.utils._pytree as pytree
 from .. import config, ir, logs, metrics
 from ..fusion import ExternCall, Kernel, buffers_by_name
 from ..lower.boxes import TensorBox
+from ..lower.lowerings import returns_new_memory
 from ..runtime import memory
 from . import cpp, triton as triton_codegen
 
@@ -83,27 +84,16 @@ def _literal_structure(spec, leaves: list) -> str | None:
     return expr
 
 
-# extern kernels whose result is always new memory, never a view of an argument (einsum and
-# modules can return one; a fallback op, anything)
-NEW_MEMORY_EXTERNS = {torch.mm, torch.bmm, torch.addmm, torch.baddbmm, torch.matmul, operator.matmul, torch.conv2d,
-                      torch.nn.functional.linear, torch.nn.functional.conv2d,
-                      torch.nn.functional.scaled_dot_product_attention, "mm", "bmm", "matmul"}
-
-
 def _new_memory(ext: ir.Extern) -> bool:
     """Whether an extern call's result is memory of its own, every byte of it in the tensor."""
-    try:
-        known = ext.op in NEW_MEMORY_EXTERNS
-    except TypeError:                   # an unhashable op (a module instance...)
-        known = False
-    return known and not ext.reason and ext.value_is_tensor and ir.is_dense(ext.shape, ext.stride)
+    return returns_new_memory(ext.op) and not ext.reason and ext.value_is_tensor and ir.is_dense(ext.shape, ext.stride)
 
 
 def plan_reuse(program: ir.Program, steps: list, kernel_args: dict) -> tuple[dict, set]:
     """Memory planning: the step after which each buffer is last read, and which buffers'
-    memory may be reused once dead: those a kernel wrote or an extern kernel made new (see
-    NEW_MEMORY_EXTERNS), that are not outputs and that no extern op saw (an extern's result
-    may be a view of its input, so its memory is not ours)."""
+    memory may be reused once dead: those a kernel wrote or an extern kernel made new
+    (lowerings.NEW_MEMORY_KERNELS), that are not outputs and that no extern op saw (an
+    extern's result may be a view of its input, so its memory is not ours)."""
     last_use: dict[str, int] = {}
     reusable: set[str] = set()
     seen_by_extern = set()

@@ -1347,16 +1347,28 @@ def _predict_on_meta(target, kind, args, kwargs):
     return out if leaves and all(isinstance(v, torch.Tensor) and v.device.type == "meta" for v in leaves) else None
 
 
-EXTERN_KERNELS = {torch.matmul, operator.matmul, torch.mm, torch.bmm, torch.addmm, F.linear,
-                  torch.conv2d, F.conv2d, F.scaled_dot_product_attention, "matmul", "mm", "bmm",
-                  torch.baddbmm, torch.einsum}
+# extern kernels whose result is always new memory, never a view of an argument
+NEW_MEMORY_KERNELS = {torch.matmul, operator.matmul, torch.mm, torch.bmm, torch.addmm, F.linear,
+                      torch.conv2d, F.conv2d, F.scaled_dot_product_attention, "matmul", "mm", "bmm",
+                      torch.baddbmm}
+EXTERN_KERNELS = NEW_MEMORY_KERNELS | {torch.einsum}     # einsum may hand back a view
+
+
+def _in(target, kernels: set) -> bool:
+    try:
+        return target in kernels
+    except TypeError:               # an unhashable target (a module instance...)
+        return False
 
 
 def _is_extern_kernel(target) -> bool:
-    try:
-        return target in EXTERN_KERNELS or isinstance(target, torch.nn.Module)
-    except TypeError:
-        return False
+    return _in(target, EXTERN_KERNELS) or isinstance(target, torch.nn.Module)
+
+
+def returns_new_memory(target) -> bool:
+    """Whether an extern kernel's result is always memory of its own (modules, einsum and
+    fallback ops may return a view of an argument)."""
+    return _in(target, NEW_MEMORY_KERNELS)
 
 
 LOWERINGS.pop(None, None)
