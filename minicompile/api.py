@@ -7,7 +7,7 @@ warning that gives the reason; with fullgraph=True it raises minicompile.Unsuppo
 """
 from __future__ import annotations
 
-import dataclasses
+import copy
 import functools
 import itertools
 import sys
@@ -20,12 +20,17 @@ import torch
 
 from . import config, logs, metrics
 from .capture import SUPPORTED_VERSIONS, Capture, Unsupported, capture
+from .capture.guards import frame_target
 
 SUPPORTED_PYTHONS = SUPPORTED_VERSIONS       # capture's list: the versions it has opcode tables for
 MODES = (None, "default")
 LATER_MODES = ("reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
 
-# One _FrameCache per (code object, backend): its segments, newest first, as Dynamo's cache.
+# One _FrameCache per (code object, backend, options, fullgraph): its segments, newest first,
+# as Dynamo's cache. Every callable running that code shares it (instances of a class,
+# closures of one function): the entries' guards read the call's own self, cells, defaults
+# and globals. The key holds the backend object itself, never its id(), which a later
+# object could reuse.
 _CACHES: dict[tuple, "_FrameCache"] = {}
 _FRAME_IDS = itertools.count()
 _GENERATION = 0        # bumped whenever entries of _CACHES are dropped (compiled objects re-look)
@@ -96,20 +101,26 @@ def _dynamic_policy(frame: "_FrameCache", offset: int, dynamic, backend):
     return policy
 
 
+def _eager_backend(gm, example_inputs):
+    return gm
+
+
+_eager_backend.supports_dynamic_shapes = True          # the graph runs as PyTorch: any size
+
+
+def _inductor_backend(gm, example_inputs):
+    from torch._inductor.compile_fx import compile_fx
+    return compile_fx(gm, example_inputs)
+
+
 def _resolve_backend(backend) -> tuple[Callable, str]:
     if backend in (None, "minicompile"):
         from .graph_compiler import backend as ours
         return ours, "minicompile"
     if backend == "eager":
-        def eager(gm, example_inputs):
-            return gm
-        eager.supports_dynamic_shapes = True          # the graph runs as PyTorch: any size
-        return eager, "eager"
+        return _eager_backend, "eager"
     if backend == "inductor":
-        def inductor(gm, example_inputs):
-            from torch._inductor.compile_fx import compile_fx
-            return compile_fx(gm, example_inputs)
-        return inductor, "inductor"
+        return _inductor_backend, "inductor"
     if callable(backend):
         return backend, getattr(backend, "__name__", repr(backend))
     raise ValueError(f"backend must be 'minicompile', 'inductor', 'eager' or a callable "
@@ -129,12 +140,20 @@ class CompiledFunction:
         self._backend_arg = backend
         self._callees: dict = {}
         self._frame, self._frame_generation = None, -1
+        # the Python function the calls run, and what `fn` passes it before the caller's
+        # arguments (a bound method's self, a partial's arguments): guards.frame_target
+        try:
+            self._func, self._pre, self._pre_kw = frame_target(fn)
+        except TypeError:
+            self._func, self._pre, self._pre_kw = None, (), {}
         functools.update_wrapper(self, fn)
+        if not hasattr(self, "__name__"):            # a partial, a callable object
+            self.__name__ = getattr(self._func, "__name__", None) or type(fn).__name__
 
     @property
     def _key(self):
-        code = getattr(self.fn, "__code__", None) or getattr(getattr(self.fn, "__func__", None), "__code__", None)
-        return (code, self.backend_name, id(self.backend), tuple(sorted(self.options.items())))
+        return (self._func.__code__, self.backend, tuple(sorted(self.options.items())),
+                self.fullgraph)
 
     def __call__(self, *args, **kwargs):
         frame = self._frame
@@ -143,29 +162,47 @@ class CompiledFunction:
             # cost is the guard and the compiled code
             if not _python_supported():
                 return self.fn(*args, **kwargs)
+            if self._func is None:
+                self._no_code()
+                return self.fn(*args, **kwargs)
             frame = self._frame = _CACHES.setdefault(self._key, _FrameCache())
             self._frame_generation = _GENERATION
         if frame.eager_reason is not None:
             return self.fn(*args, **kwargs)
+        F, a, k = self._func, args, kwargs
+        if self._pre or self._pre_kw:
+            a, k = self._pre + args, {**self._pre_kw, **kwargs}
         # the frame is a chain of segments: graph, break run for real, resume point, ...
-        offset, a, k, eager = 0, args, kwargs, False
+        offset, eager = 0, False
         while True:
             seg = self._segment(frame, offset, a, k, eager)
             if seg is None:                       # the whole frame runs eagerly
                 return self.fn(*args, **kwargs)
-            result = seg.run(a, k, self._call_for_real)
+            result = seg.run(F, a, k, self._call_for_real)
             if result[0] == "return":
                 return result[1]
             _, offset, state = result
             a, k, eager = (), state, eager or seg.eager
 
+    def _no_code(self):
+        err = Unsupported(f"capture of {type(self.fn).__name__} {self.fn!r}",
+                          "only Python functions (and methods, partials and objects whose "
+                          "__call__ is one) have bytecode to trace")
+        if self.fullgraph:
+            raise err
+        if self.eager_reason is None:
+            self.eager_reason = err
+            warnings.warn(f"minicompile: {self.__name__} runs eagerly: {err}", stacklevel=3)
+
     def _segment(self, frame: "_FrameCache", offset: int, args, kwargs, eager: bool):
-        """The cached segment of this frame starting at `offset` whose guard holds, or a new one."""
+        """The cached segment of this frame starting at `offset` whose guard holds, or a new one.
+        (args, kwargs): the call as the frame's function takes them (a method's self first)."""
+        F = self._func
         if not eager and offset in frame.skipped:
             eager = True
         entries = frame.segments.setdefault((offset, eager), [])
         for seg in entries:
-            if seg.guard(args, kwargs):
+            if seg.guard(F, args, kwargs):
                 return seg
         from .capture.interpreter import trace_segment
         where = self.__name__ if offset == 0 else f"{self.__name__} (resume at offset {offset})"
@@ -173,9 +210,9 @@ class CompiledFunction:
         # not once the frame is past its limit and has said so (then the call just runs eagerly)
         past_limit = (offset, eager) in frame.limit_warned
         failures = [] if eager or past_limit else [
-            (seg, seg.guard.failure(args, kwargs)) for seg in entries if hasattr(seg.guard, "failure")]
+            (seg, seg.guard.failure(F, args, kwargs)) for seg in entries if hasattr(seg.guard, "failure")]
         if offset == 0 and not eager:
-            seg = _rebound(self.fn, failures, args, kwargs)
+            seg = _rebound(F, failures, args, kwargs)
             if seg is not None:                  # same arguments, passed another way
                 entries.insert(0, seg)
                 logs.log("guards", f"[{seg.compile_id}] {where} (arguments passed another way)"
@@ -190,7 +227,7 @@ class CompiledFunction:
             eager = True
             entries = frame.segments.setdefault((offset, eager), [])
         try:
-            seg = trace_segment(self.fn, args, kwargs, offset, breaks=not self.fullgraph,
+            seg = trace_segment(F, args, kwargs, offset, breaks=not self.fullgraph,
                                 eager=eager,
                                 dynamic=None if eager else _dynamic_policy(frame, offset, self.dynamic,
                                                                             self.backend))
@@ -326,11 +363,10 @@ def _add_shape_guards(seg) -> None:
     for cond in conditions:
         text = re.sub(r"\barg(\d+)\b", lambda m: seg.input_sources[int(m.group(1))], cond)
         seg.guard_builder.shape_condition(text, text)
-    seg.guard, seg.guard_source, seg.get_inputs, seg.get_inputs_source = \
-        seg.guard_builder.build(seg.binding, seg.input_sources)
+    seg.use(seg.guard_builder.build(seg.binding, seg.input_sources))
 
 
-def _rebound(fn, failures, args, kwargs):
+def _rebound(F, failures, args, kwargs):
     """An entry whose only failing check is the call's shape (how the arguments were passed),
     re-bound to this call: no new trace and no compile, as Dynamo binds arguments before its
     guards run. None if there is none."""
@@ -338,17 +374,15 @@ def _rebound(fn, failures, args, kwargs):
         if failure is None or not failure[0].startswith("call shape") \
                 or not hasattr(seg.guard, "rebind"):
             continue
-        new = seg.guard.rebind(fn, args, kwargs)
+        new = seg.guard.rebind(F, args, kwargs)
         if new is None:
             continue
-        if not new[0](args, kwargs):
+        if not new.guard(F, args, kwargs):
             # for the log: what failed besides the way the arguments were passed
-            failures[i] = (seg, new[0].failure(args, kwargs))
+            failures[i] = (seg, new.guard.failure(F, args, kwargs))
             continue
-        guard, guard_src, get_inputs, inputs_src, make_env = new
-        clone = dataclasses.replace(seg, guard=guard, guard_source=guard_src,
-                                    get_inputs=get_inputs, make_env=make_env)
-        clone.get_inputs_source = inputs_src
+        clone = copy.copy(seg)
+        clone.use(new)
         clone.compile_id = getattr(seg, "compile_id", "?")
         return clone
     return None
@@ -589,10 +623,10 @@ def explain(fn: Callable):
 
 
 def _forget(backend) -> None:
-    """Drop the entries compiled with this backend (a throwaway one: explain's, capture_graph's),
-    so a later backend that happens to get the same id() cannot hit them."""
+    """Drop the entries compiled with this backend (a throwaway one: explain's, capture_graph's):
+    nothing will call them again."""
     global _GENERATION
-    for key in [k for k in _CACHES if k[2] == id(backend)]:
+    for key in [k for k in _CACHES if k[1] is backend]:
         del _CACHES[key]
     _GENERATION += 1
 

@@ -360,7 +360,13 @@ def test_module_object_and_module_argument():
     cap = check(apply, lambda: (lin, rand(37, 19)))
     assert "l_mod_parameters_weight_" in [n.name for n in cap.gm.graph.nodes if n.op == "placeholder"]
     assert cap.guard((lin, rand(37, 19)), {})
-    assert not cap.guard((nn.Linear(19, 5), rand(37, 19)), {})        # module identity
+    # another Linear of the same sizes passes (modules are guarded by type and what the
+    # trace read from them, not identity: its parameters are graph inputs) and gives its
+    # own result; one of other sizes does not pass
+    other, x = nn.Linear(19, 5), rand(37, 19)
+    torch.testing.assert_close(run_capture(cap, (other, x)), other(x) * 2)
+    assert not cap.guard((nn.Linear(19, 6), rand(37, 19)), {})
+    assert not cap.guard((nn.Identity(), rand(37, 19)), {})
     # an nn.Module itself is captured through its forward
     cap2 = capture(lin, (rand(3, 19),), {})
     assert targets(cap2.gm) == [F.linear]
@@ -411,7 +417,7 @@ def test_guards_tensors_and_constants():
     assert not cap.guard((rand(37, 19), 3, False), {})
     with torch.no_grad():
         assert not cap.guard((rand(37, 19), 3), {})                # grad mode
-    assert "def guard(args, kwargs):" in cap.guard_source
+    assert "def guard(F, args, kwargs):" in cap.guard_source
     assert "L['n']: constant" in cap.guard_source and "== 3)" in cap.guard_source
 
 

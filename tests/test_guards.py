@@ -275,9 +275,9 @@ def test_fast_guard_stays_one_boolean_function():
     assert g((torch.randn(4),), {}) is True and g((torch.randn(5),), {}) is False
     from minicompile.capture import capture
     src = capture(pointwise, (torch.randn(4),), {}).guard_source
-    assert src.startswith("def guard(args, kwargs):")
+    assert src.startswith("def guard(F, args, kwargs):")
     assert "TENSOR_FAILURE" not in src and "return False" in src     # no helper calls, no strings
-    assert "def guard_failure(args, kwargs):" in g.failure_source
+    assert "def guard_failure(F, args, kwargs):" in g.failure_source
 
 
 def test_guards_log_shows_the_generated_guard(capsys):
@@ -288,7 +288,7 @@ def test_guards_log_shows_the_generated_guard(capsys):
         minicompile.set_logs(guards=False)
     out = capsys.readouterr().out
     assert "[minicompile:guards] [0/0] pointwise" in out
-    assert "def guard(args, kwargs):" in out
+    assert "def guard(F, args, kwargs):" in out
     assert "v0.shape == (4,)" in out or ".shape == (4,)" in out
 
 

@@ -292,7 +292,9 @@ class TemplateBuilder:
         if isinstance(v, V.IteratorVariable):
             return ["iter", [self.build(i) for i in v.remaining()]]
         if isinstance(v, V.NNModuleVariable):
-            return ["const", v.module]
+            # the call's own module (modules are not guarded by identity)
+            src = self._source_fn(v.source) if v.source is not None else None
+            return ["src", src] if src is not None else ["const", v.module]
         if type(v).__name__ == "UserObjectVariable":
             if v.source is None:
                 # an object made in the frame: a new one per call, its attributes from the trace
@@ -312,7 +314,8 @@ class TemplateBuilder:
         if isinstance(v, V.NestedFunctionVariable):
             return ["nested", v, self.build(v.defaults) if v.defaults is not None else None,
                     [self.build(c.tx.load_local(c.name)) if isinstance(c, V.CellVariable) else ["const", c]
-                     for c in (v.closure.items if v.closure is not None else [])]]
+                     for c in (v.closure.items if v.closure is not None else [])],
+                    v.f_globals is self.tx.output.root_globals]
         raise self.tx.unsupported(f"{v.describe()} live across a graph break",
                                   "minicompile cannot rebuild it as a Python value")
 
@@ -357,7 +360,9 @@ def rebuild(t, outs, env, memo=None):
         v = t[1]
         defaults = rebuild(t[2], outs, env, memo) if t[2] is not None else None
         cells = tuple(types.CellType(rebuild(c, outs, env, memo)) for c in t[3]) or None
-        r = types.FunctionType(v.code, v.f_globals, v.code.co_name, defaults, cells)
+        # made in the captured frame: it takes the called function's globals
+        f_globals = env.get("G", v.f_globals) if t[4] else v.f_globals
+        r = types.FunctionType(v.code, f_globals, v.code.co_name, defaults, cells)
     else:
         raise AssertionError(kind)
     memo[key] = r
@@ -366,21 +371,18 @@ def rebuild(t, outs, env, memo=None):
 
 @dataclass
 class Segment:
-    """One traced piece of a frame (see the module docstring)."""
+    """One traced piece of a frame (see the module docstring). Its generated functions (the
+    guard, get_inputs, make_env) take the call as (F, args, kwargs): F is the function the
+    call runs, whose closure, defaults and globals they read (guards.ArgBinding)."""
     code: types.CodeType
     offset: int                       # where it starts (0: the frame's entry)
     gm: torch.fx.GraphModule
     example_inputs: List[torch.Tensor]
-    get_inputs: Callable
-    guard: Callable
-    guard_source: str
-    make_env: Callable                # (args, kwargs) -> the L dict the templates read
     end: str                          # "return" or "break"
     template: Any                     # return value / [stack templates, {local: template}]
     reason: Optional[Unsupported] = None
     break_inst: Any = None
     kw_names: tuple = ()
-    f_globals: dict = None
     offset_to_index: dict = None
     instructions: list = None
     n_calls: int = 0                  # call nodes: a graph without any is not compiled (Dynamo)
@@ -388,17 +390,26 @@ class Segment:
     compiled: Any = None
     input_sources: List[str] = field(default_factory=list)
     effects: list = field(default_factory=list)   # side effects replayed after the graph
+    guard: Callable = None            # (F, args, kwargs) -> bool
+    guard_source: str = ""
+    get_inputs: Callable = None       # (F, args, kwargs) -> the graph's inputs
+    get_inputs_source: str = ""
+    make_env: Callable = None         # (F, args, kwargs) -> the namespace templates read
 
-    def run(self, args, kwargs, call):
+    def use(self, code) -> None:
+        """Take the generated functions of a guards.GuardCode."""
+        self.guard, self.guard_source = code.guard, code.source
+        self.get_inputs, self.get_inputs_source = code.get_inputs, code.get_inputs_source
+        self.make_env = code.make_env
+
+    def run(self, F, args, kwargs, call):
         """-> ("return", value) or ("resume", offset, state)."""
-        inputs = self.get_inputs(args, kwargs)
+        inputs = self.get_inputs(F, args, kwargs)
         if self.compiled is not None:
             outs = self.compiled(*inputs)
-        elif self.n_calls:
+        else:                          # not compiled (no ops, or a frame run eagerly)
             outs = self.gm(*inputs)
-        else:                          # no ops: the outputs are placeholders or nothing
-            outs = self.gm(*inputs)
-        env = self.make_env(args, kwargs)
+        env = self.make_env(F, args, kwargs)
         memo: dict = {}
         for kind, obj_fn, t in self.effects:
             obj = obj_fn(env)
@@ -412,7 +423,7 @@ class Segment:
         stack_t, locals_t = self.template
         stack = [rebuild(t, outs, env, memo) for t in stack_t]
         f_locals = {k: rebuild(t, outs, env, memo) for k, t in locals_t.items()}
-        nxt = execute(self.break_inst, stack, f_locals, self.f_globals, self.kw_names, call,
+        nxt = execute(self.break_inst, stack, f_locals, env["G"], self.kw_names, call,
                       self.offset_to_index)
         state = dict(f_locals)
         for i, v in enumerate(stack):

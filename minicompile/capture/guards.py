@@ -29,6 +29,7 @@ never run on a hit, so the fast path stays one function returning a bool.
 """
 from __future__ import annotations
 
+import functools
 import inspect
 import os
 import re
@@ -42,26 +43,59 @@ import torch
 from .sources import AttrSource, ItemSource, Source
 
 
+def frame_target(fn) -> Tuple[types.FunctionType, tuple, dict]:
+    """The Python function a call of `fn` runs, and the arguments `fn` adds in front of the
+    caller's: a bound method adds its `self`, a `functools.partial` its arguments, an object
+    with a Python `__call__` itself. -> (function, leading args, keyword args); raises
+    TypeError for a callable with no Python code (a builtin).
+
+    Callables that share a function (instances of one class, partials of one function) share
+    its code object and so one cache of compiled entries; what tells them apart (the `self`,
+    the partial's arguments) is passed as an argument, so the entry's guard checks it."""
+    pre: tuple = ()
+    pre_kw: dict = {}
+    for _ in range(32):
+        if isinstance(fn, types.FunctionType):
+            return fn, pre, pre_kw
+        if isinstance(fn, types.MethodType):
+            fn, pre = fn.__func__, (fn.__self__,) + pre
+        elif isinstance(fn, functools.partial):
+            pre_kw = {**fn.keywords, **pre_kw}
+            fn, pre = fn.func, tuple(fn.args) + pre
+        elif isinstance(fn, torch.nn.Module):
+            fn = fn.forward
+        elif not isinstance(fn, type) and isinstance(
+                getattr(type(fn), "__call__", None), types.FunctionType):
+            fn, pre = type(fn).__call__, (fn,) + pre
+        else:
+            break
+    raise TypeError(f"{type(fn).__name__} {fn!r} has no Python code to trace")
+
+
 @dataclass
 class ArgBinding:
-    """How the captured frame's parameters are found in (args, kwargs) for this call shape."""
+    """How the captured frame's parameters are found in (F, args, kwargs) for one call shape.
+    `F` is the function the call runs: its defaults, closure cells and globals are read from
+    it on every call, never from the function that was traced."""
     nargs: int                        # number of positional args passed
     kwnames: Tuple[str, ...]          # keyword names passed (sorted)
-    exprs: Dict[str, str]             # parameter name -> expression over args/kwargs/D/S
-    namespace: Dict[str, Any]         # D (defaults), S (bound self)
+    exprs: Dict[str, str]             # parameter name -> expression over args/kwargs/F
 
-    def prologue(self, indent: str = "    ") -> List[str]:
-        items = ", ".join(f"{k!r}: {v}" for k, v in self.exprs.items())
-        return [f"{indent}L = {{{items}}}"]
+    def prologue(self, freevars: Dict[str, int], indent: str = "    ") -> List[str]:
+        """`L`: the frame's parameters and the free variables the trace read (a closure's
+        cells, as Dynamo's `L['k']`); `G`: the function's globals."""
+        exprs = dict(self.exprs)
+        exprs.update({name: f"F.__closure__[{i}].cell_contents" for name, i in freevars.items()})
+        items = ", ".join(f"{k!r}: {v}" for k, v in exprs.items())
+        return [f"{indent}L = {{{items}}}", f"{indent}G = F.__globals__"]
 
 
-def bind_arguments(fn, args: tuple, kwargs: dict) -> Tuple[ArgBinding, Dict[str, Any]]:
-    """Bind a call of `fn` (function or bound method) the way CPython would.
+def bind_arguments(func: types.FunctionType, args: tuple, kwargs: dict
+                   ) -> Tuple[ArgBinding, Dict[str, Any]]:
+    """Bind a call of the plain function `func` the way CPython would.
 
     Returns the binding (expressions for later calls) and the parameter values of this call.
     Raises TypeError like the call itself would."""
-    func = fn.__func__ if isinstance(fn, types.MethodType) else fn
-    self_obj = fn.__self__ if isinstance(fn, types.MethodType) else None
     code = func.__code__
     pos_names = list(code.co_varnames[:code.co_argcount])
     kwonly = list(code.co_varnames[code.co_argcount:code.co_argcount + code.co_kwonlyargcount])
@@ -71,39 +105,29 @@ def bind_arguments(fn, args: tuple, kwargs: dict) -> Tuple[ArgBinding, Dict[str,
         i += 1
     varkw = code.co_varnames[i] if code.co_flags & inspect.CO_VARKEYWORDS else None
 
-    sig = inspect.signature(func)
-    full_args = ((self_obj,) + tuple(args)) if self_obj is not None else tuple(args)
-    bound = sig.bind(*full_args, **kwargs)       # TypeError exactly as the call would raise
+    sig = inspect.signature(func, follow_wrapped=False)
+    bound = sig.bind(*args, **kwargs)            # TypeError exactly as the call would raise
     bound.apply_defaults()
     values = {("." + k[8:] if k.startswith("implicit") and "." + k[8:] in code.co_varnames else k): v
               for k, v in bound.arguments.items()}     # inspect renames a comprehension's .0
 
-    defaults = {}
     exprs: Dict[str, str] = {}
-    offset = 1 if self_obj is not None else 0
+    first_default = len(pos_names) - len(func.__defaults__ or ())
     for j, name in enumerate(pos_names):
-        if j == 0 and self_obj is not None:
-            exprs[name] = "S"
-        elif j - offset < len(args):
-            exprs[name] = f"args[{j - offset}]"
+        if j < len(args):
+            exprs[name] = f"args[{j}]"
         elif name in kwargs:
             exprs[name] = f"kwargs[{name!r}]"
         else:
-            defaults[name] = values[name]
-            exprs[name] = f"D[{name!r}]"
+            exprs[name] = f"F.__defaults__[{j - first_default}]"
     if varargs:
-        exprs[varargs] = f"args[{max(len(pos_names) - offset, 0)}:]"
+        exprs[varargs] = f"args[{len(pos_names)}:]"
     for name in kwonly:
-        if name in kwargs:
-            exprs[name] = f"kwargs[{name!r}]"
-        else:
-            defaults[name] = values[name]
-            exprs[name] = f"D[{name!r}]"
+        exprs[name] = f"kwargs[{name!r}]" if name in kwargs else f"F.__kwdefaults__[{name!r}]"
     if varkw:
         extra = [k for k in kwargs if k not in pos_names and k not in kwonly]
         exprs[varkw] = "{" + ", ".join(f"{k!r}: kwargs[{k!r}]" for k in extra) + "}"
-    binding = ArgBinding(len(args), tuple(sorted(kwargs)), exprs, {"D": defaults, "S": self_obj})
-    return binding, values
+    return ArgBinding(len(args), tuple(sorted(kwargs)), exprs), values
 
 
 def _literal(value, ns: Dict[str, Any]) -> str:
@@ -205,6 +229,7 @@ class Check:
     slow: Optional[str] = None
     where: Optional[list] = None          # the user's stack when the trace relied on it
     refresh: Optional[Callable] = None    # rewrites parts/slow when the guard is built
+    others: List[Source] = field(default_factory=list)   # further sources, {e1}, {e2}...
 
 
 class GuardBuilder:
@@ -212,19 +237,21 @@ class GuardBuilder:
         self.checks: List[Check] = []
         self._seen = set()
         self._by_key: Dict[Any, Check] = {}
+        # free variables of the captured frame the trace read: name -> index in __closure__
+        self.freevars: Dict[str, int] = {}
         self.namespace: Dict[str, Any] = {"torch": torch, "Tensor": torch.Tensor,
                                           "Parameter": torch.nn.Parameter,
                                           "TENSOR_FAILURE": tensor_failure}
 
     def _add(self, key, source: Optional[Source], parts, comment: str = "", slow=None,
-             stack: bool = True):
+             stack: bool = True, others=()):
         if key in self._seen:
             return
         self._seen.add(key)
         if isinstance(parts, str):
             parts = [(parts, "")]
         self.checks.append(Check(source, list(parts), comment, slow,
-                                 self._user_stack() if stack else None))
+                                 self._user_stack() if stack else None, others=list(others)))
         self._by_key[key] = self.checks[-1]
 
     def _user_stack(self):
@@ -388,11 +415,15 @@ class GuardBuilder:
                   [(f"{{e}} is {self._ref(obj, 'OBJ_')}", f"{display(e)} is {label} (identity)")],
                   f"{e}: {what}, identity")
 
-    def module(self, source: Source, mod: torch.nn.Module, check_identity: bool = True):
+    def module(self, source: Source, mod: torch.nn.Module):
+        """A module the trace read: its type, `training` and (no) hooks, never its identity.
+        What the trace read from it (parameters, buffers, attributes, submodules) is guarded
+        through its source, so every instance of a class passes (one compile serves all the
+        layers of a model, as Dynamo's inlining of modules); where the trace did depend on
+        identity (`is`, `id()`), that is guarded where it happened."""
         e = source.expr()
         d = display(e)
-        if check_identity:
-            self.identity(source, mod, f"nn.Module {type(mod).__name__}")
+        self.type_check(source, type(mod))
         self._add(("training", e), source,
                   [(f"{{e}}.training is {mod.training}", f"{d}.training == {mod.training}")],
                   f"{e}.training")
@@ -406,6 +437,28 @@ class GuardBuilder:
                     "global module hooks were registered")],
                   "no global module hooks", stack=False)
 
+    def class_forward(self, source: Source):
+        """The module's forward was found on its class: no instance attribute hides it."""
+        e = source.expr()
+        self._add(("class_forward", e), source,
+                  [("'forward' not in {e}.__dict__", f"{display(e)}.forward was replaced on the instance")],
+                  f"{e}: forward is its class's")
+
+    def same_object(self, a: Source, b: Source, same: bool):
+        """The trace relied on whether two values are one object (`a is b`, `a == b` of modules)."""
+        ea, eb = a.expr(), b.expr()
+        self._add(("same", ea, eb), a,
+                  [(f"({{e}} is {{e1}}) is {same}",
+                    f"({display(ea)} is {display(eb)}) == {same}")],
+                  f"{ea} is {'' if same else 'not '}{eb}", others=[b])
+
+    def has_attr(self, source: Source, name: str, present: bool):
+        """The trace relied on whether an attribute exists (`hasattr`, `getattr` with a default)."""
+        e = source.expr()
+        self._add(("hasattr", e, name), source,
+                  [(f"hasattr({{e}}, {name!r}) is {present}", f"hasattr({display(e)}, {name!r}) == {present}")],
+                  f"{e}: has{'' if present else ' no'} attribute {name!r}")
+
     def grad_mode(self):
         self._add(("grad",), None,
                   [(f"torch.is_grad_enabled() is {torch.is_grad_enabled()}",
@@ -413,37 +466,39 @@ class GuardBuilder:
                   "grad mode", stack=False)
 
     # --- code generation ---------------------------------------------------------------
-    def build(self, binding: ArgBinding, input_exprs: List[str]):
-        """-> (guard, guard_source, get_inputs, get_inputs_source).
+    def build(self, binding: ArgBinding, input_exprs: List[str]) -> "GuardCode":
+        """The generated functions of one entry, each taking the call as (F, args, kwargs):
+        `F` the function it runs (see ArgBinding), `args`/`kwargs` as passed to it.
 
-        `guard(args, kwargs) -> bool` is the fast check run on every call. It carries, as
-        attributes, its slow twin run only on a miss: `guard.fail_reason(args, kwargs)` -> the
-        first failing check in words (None if the guard holds), `guard.failure(args, kwargs)`
-        -> (reason, user stack) or None, and `guard.failure_source` (the generated text)."""
+        `guard(F, args, kwargs) -> bool` is the fast check run on every call. It carries, as
+        attributes, its slow twin run only on a miss: `guard.fail_reason(F, args, kwargs)` ->
+        the first failing check in words (None if the guard holds), `guard.failure(...)` ->
+        (reason, user stack) or None, and `guard.failure_source` (the generated text)."""
         for c in self.checks:
             if c.refresh is not None:
                 c.refresh()
         ns = dict(self.namespace)
-        ns.update(binding.namespace)
         kw = repr(binding.kwnames)
         shape_test = (f"len(args) != {binding.nargs} or "
                       + ("kwargs" if not binding.kwnames else f"tuple(sorted(kwargs)) != {kw}"))
-        lines = ["def guard(args, kwargs):",
+        prologue = binding.prologue(self.freevars, "        ")
+        lines = ["def guard(F, args, kwargs):",
                  f"    # call shape: {binding.nargs} positional, keywords {kw}",
                  f"    if {shape_test}: return False"]
-        slow = ["def guard_failure(args, kwargs):",
+        slow = ["def guard_failure(F, args, kwargs):",
                 "    # run on a cache miss only: (the first check of `guard` that fails, its index)",
                 f"    if {shape_test}:",
                 f"        return ({'call shape: expected %d positional arguments and keywords %s' % (binding.nargs, kw)!r}"
                 " + f', got {len(args)} and {tuple(sorted(kwargs))}', -1)"]
-        lines += binding.prologue()
-        slow += binding.prologue()
         # Each source's value is fetched once into a local (v0, v1, ...) and shared prefixes
         # (L['self']._modules['fc']) are fetched once too: most of a guard's cost is lookups.
-        # A lookup that fails (a module lost an attribute) means the guard fails.
+        # A lookup that fails (a module lost an attribute, a function with fewer defaults)
+        # means the guard fails.
         lines.append("    try:")
+        lines += prologue
         slow.append("    at = ''")
         slow.append("    try:")
+        slow += prologue
         body: List[str] = []
         names: Dict[str, str] = {}
 
@@ -461,43 +516,54 @@ class GuardBuilder:
             out.append(f"        {names[key]} = {rhs}")
             return names[key]
 
+        def fill(cond: str, c: Check, out: List[str]) -> str:
+            cond = cond.replace("{e}", local(c.source, out) if c.source is not None else "")
+            for j, other in enumerate(c.others):
+                cond = cond.replace(f"{{e{j + 1}}}", local(other, out))
+            return cond
+
         for i, c in enumerate(self.checks):
-            e = local(c.source, body) if c.source is not None else ""
+            check = " and ".join(fill(cond, c, body) for cond, _ in c.parts)
             body.append(f"        # {c.comment}")
-            check = " and ".join(cond for cond, _ in c.parts).replace("{e}", e)
             body.append(f"        if not ({check}): return False")
         names.clear()
         for i, c in enumerate(self.checks):
             if c.source is not None:
                 slow.append(f"        at = {c.source.expr()!r}")
-            e = local(c.source, slow) if c.source is not None else ""
             if c.slow is not None:
-                slow.append(f"        r = {c.slow.replace('{e}', e)}")
+                slow.append(f"        r = {fill(c.slow, c, slow)}")
                 slow.append(f"        if r: return (r, {i})")
             else:
                 for cond, text in c.parts:
-                    slow.append(f"        if not ({cond.replace('{e}', e)}): return ({text!r}, {i})")
+                    slow.append(f"        if not ({fill(cond, c, slow)}): return ({text!r}, {i})")
         lines += body
-        lines += ["    except (AttributeError, KeyError, IndexError, TypeError, ZeroDivisionError):",
+        lines += ["    except (AttributeError, KeyError, IndexError, TypeError, ValueError,",
+                  "            ZeroDivisionError):",
                   "        return False",
                   "    return True"]
-        slow += ["    except (AttributeError, KeyError, IndexError, TypeError, ZeroDivisionError) as err:",
+        slow += ["    except (AttributeError, KeyError, IndexError, TypeError, ValueError,",
+                 "            ZeroDivisionError) as err:",
                  "        return (f'{at}: cannot be read now ({type(err).__name__}: {err})', -1)",
                  "    return None"]
         guard_src = "\n".join(lines) + "\n"
         failure_src = "\n".join(slow) + "\n"
-        inputs_src = "\n".join(["def get_inputs(args, kwargs):"] + binding.prologue()
+        outer = binding.prologue(self.freevars)
+        inputs_src = "\n".join(["def get_inputs(F, args, kwargs):"] + outer
                                + [f"    return [{', '.join(input_exprs)}]"]) + "\n"
+        # the namespace the templates of the live state and the side effects are read in
+        env_src = "\n".join(["def make_env(F, args, kwargs):"] + outer
+                            + ["    return {'L': L, 'G': G, 'F': F}"]) + "\n"
         exec(compile(guard_src, "<minicompile guard>", "exec"), ns)
         exec(compile(failure_src, "<minicompile guard_failure>", "exec"), ns)
         exec(compile(inputs_src, "<minicompile get_inputs>", "exec"), ns)
+        exec(compile(env_src, "<minicompile env>", "exec"), ns)
         guard, get_inputs, raw = ns["guard"], ns["get_inputs"], ns["guard_failure"]
         checks = list(self.checks)
 
-        def failure(args, kwargs):
+        def failure(F, args, kwargs):
             """-> (reason with the user's line, the user's stack as (file, line, code, function))
             or None if the guard holds."""
-            hit = raw(args, kwargs)
+            hit = raw(F, args, kwargs)
             if hit is None:
                 return None
             text, i = hit
@@ -507,31 +573,35 @@ class GuardBuilder:
                 text = f"{text:<56} # {code.strip()}  # {os.path.basename(f)}:{line} in {fn}"
             return text, list(where or [])
 
-        def fail_reason(args, kwargs):
+        def fail_reason(F, args, kwargs):
             """The first check of the guard that fails on this call, in words; None if it holds."""
-            hit = failure(args, kwargs)
+            hit = failure(F, args, kwargs)
             return None if hit is None else hit[0]
 
         guard.failure = failure
         guard.fail_reason = fail_reason
         guard.failure_source = failure_src
-        guard.rebind = lambda fn, args, kwargs: self.rebind(fn, args, kwargs, input_exprs)
-        return guard, guard_src, get_inputs, inputs_src
+        guard.rebind = lambda F, args, kwargs: self.rebind(F, args, kwargs, input_exprs)
+        return GuardCode(guard, guard_src, get_inputs, inputs_src, ns["make_env"])
 
-    def rebind(self, fn, args: tuple, kwargs: dict, input_exprs: List[str]):
+    def rebind(self, func, args: tuple, kwargs: dict, input_exprs: List[str]) -> Optional["GuardCode"]:
         """The same checks for another way of passing the same arguments (`f(x)` and then
         `f(x, True)` or `f(x, flag=True)`): TorchDynamo binds the arguments before its guards
         run, so the call's shape is not part of its guard; minicompile's guard reads arguments
         at fixed positions, so a new call shape gets the entry's checks re-generated for it
-        rather than a new trace. -> (guard, guard_source, get_inputs, get_inputs_source,
-        make_env), or None if the arguments do not bind."""
+        rather than a new trace. None if the arguments do not bind."""
         try:
-            binding, _ = bind_arguments(fn, tuple(args), dict(kwargs))
+            binding, _ = bind_arguments(func, tuple(args), dict(kwargs))
         except TypeError:
             return None
-        guard, guard_src, get_inputs, inputs_src = self.build(binding, input_exprs)
-        ns = dict(self.namespace)
-        ns.update(binding.namespace)
-        env_src = "def make_env(args, kwargs):\n" + "\n".join(binding.prologue()) + "\n    return L\n"
-        exec(compile(env_src, "<minicompile env>", "exec"), ns)
-        return guard, guard_src, get_inputs, inputs_src, ns["make_env"]
+        return self.build(binding, input_exprs)
+
+
+@dataclass
+class GuardCode:
+    """The generated functions of one entry (see GuardBuilder.build)."""
+    guard: Callable                   # (F, args, kwargs) -> bool, with .failure/.fail_reason
+    source: str
+    get_inputs: Callable              # (F, args, kwargs) -> the graph's inputs
+    get_inputs_source: str
+    make_env: Callable                # (F, args, kwargs) -> {'L', 'G', 'F'} for templates

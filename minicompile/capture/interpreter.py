@@ -41,7 +41,7 @@ from .breaks import GraphBreak, Unsupported, source_line
 from .bytecode import (BINARY_OP_SYMBOLS, Instruction, check_python_version, current_version,
                        decode, dispatch_table, handles)
 from .. import ir, logs
-from .guards import ArgBinding, GuardBuilder, bind_arguments, dense_order
+from .guards import ArgBinding, GuardBuilder, bind_arguments, dense_order, frame_target
 from .sources import AttrSource, ItemSource, LocalSource, RootSource, Source, module_member_source
 from .values import (NULL, BaseListVariable, BoundMethodVariable, BuiltinVariable,
                      ConstantMethodVariable, ConstantVariable, DictVariable, ListVariable,
@@ -115,7 +115,7 @@ def _is_internal_module_name(name: str) -> bool:
 # OutputGraph: the graph under construction, its inputs and guards
 # ----------------------------------------------------------------------------------------
 class OutputGraph:
-    def __init__(self, bound_self: Optional[Source]):
+    def __init__(self, root_func: types.FunctionType):
         self.graph = torch.fx.Graph()
         self.tracer = GraphAppendingTracer(self.graph)
         # `graph`/`tracer` are where nodes go now: the root graph, or the body of a
@@ -130,8 +130,8 @@ class OutputGraph:
         self._last_placeholder: Optional[torch.fx.Node] = None
         self._roots: Dict[int, RootSource] = {}
         self.input_storages = set()
-        # the `self` of a captured bound method: fixed by the capture, so not guarded by id
-        self.bound_self = bound_self
+        # the captured frame's globals: read as `G` (the called function's own) by the guard
+        self.root_globals = root_func.__globals__
         self.tx: Optional["InstructionTranslator"] = None     # the frame running now
         # in-place changes to containers made in the trace: (variable, old items), so that
         # a graph break inside an inlined call can roll the trace back to the call site
@@ -173,6 +173,25 @@ class OutputGraph:
             self.guards.add_root(label, obj)
             self._roots[id(obj)] = RootSource(label)
         return self._roots[id(obj)]
+
+    # -- facts about modules the trace relied on (modules are not guarded by identity) ---
+    def members(self, mv: NNModuleVariable, kind: str = "_modules") -> dict:
+        """A container module's members (`_modules` or `_parameters`), with a guard on their
+        names when the trace relies on them (iterating, len(), indexing)."""
+        members = getattr(mv.module, kind)
+        if mv.source is not None:
+            self.guards.dict_keys(AttrSource(mv.source, kind), members)
+        return members
+
+    def same_module(self, a: NNModuleVariable, b: NNModuleVariable) -> bool:
+        """`a is b` of two modules, guarded (as a relation between their sources)."""
+        same = a.module is b.module
+        if a.source is not None and b.source is not None and a.source != b.source:
+            self.guards.same_object(a.source, b.source, same)
+        elif (a.source is None) != (b.source is None):
+            raise self.unsupported("comparing a module from the frame's inputs with one made "
+                                   "in the trace")
+        return same
 
     # -- graph inputs -------------------------------------------------------------------
     def add_input(self, value: torch.Tensor, source: Source) -> TensorVariable:
@@ -324,8 +343,7 @@ class OutputGraph:
             return ConstantVariable(value, source)
         if isinstance(value, torch.nn.Module):
             if source is not None:
-                is_self = source == self.bound_self
-                g.module(source, value, check_identity=not is_self)
+                g.module(source, value)
             return NNModuleVariable(value, source)
         if isinstance(value, (tuple, list)) and type(value) in (tuple, list):
             if source is not None:
@@ -571,7 +589,11 @@ def _builtin_len(tx, args, kwargs):
     if isinstance(x, ConstantVariable):
         return ConstantVariable(len(x.value))
     if isinstance(x, NNModuleVariable):
-        return ConstantVariable(len(x.module))
+        mod = x.module
+        if isinstance(mod, (torch.nn.ModuleList, torch.nn.Sequential, torch.nn.ModuleDict)):
+            return ConstantVariable(len(tx.output.members(x)))
+        if isinstance(mod, (torch.nn.ParameterList, torch.nn.ParameterDict)):
+            return ConstantVariable(len(tx.output.members(x, "_parameters")))
     raise tx.unsupported(f"len() of {x.describe()}")
 
 
@@ -586,11 +608,30 @@ def _builtin_getattr(tx, args, kwargs):
     if len(args) == 2 and isinstance(args[1], ConstantVariable):
         return tx.load_attr(args[0], args[1].value)
     if len(args) == 3 and isinstance(args[1], ConstantVariable):
-        try:
-            return tx.load_attr(args[0], args[1].value)
-        except AttributeError:
+        if not _attribute_present(tx, args[0], args[1].value):
             return args[2]
+        return tx.load_attr(args[0], args[1].value)
     raise tx.unsupported("getattr() with a non-constant name")
+
+
+def _attribute_present(tx, obj: VariableTracker, name: str) -> bool:
+    """hasattr(obj, name) of a value read from outside the frame, guarded (another instance
+    of the class may have it or not); other values answer from the trace."""
+    source = getattr(obj, "source", None)
+    if name in getattr(obj, "overrides", ()):       # set in the trace
+        return True
+    if isinstance(obj, (NNModuleVariable, UserObjectVariable, PythonModuleVariable)) \
+            and source is not None:
+        present = hasattr(obj.as_example(), name)
+        tx.output.guards.has_attr(source, name, present)
+        return present
+    try:
+        tx.load_attr(obj, name)
+        return True
+    except AttributeError:
+        return False
+    except Unsupported:
+        return hasattr(obj.as_example(), name)
 
 
 def _builtin_container(kind):
@@ -700,13 +741,7 @@ def _builtin_reduce(kind):
 
 def _builtin_hasattr(tx, args, kwargs):
     obj, name = args
-    try:
-        tx.load_attr(obj, name.as_example())
-        return ConstantVariable(True)
-    except AttributeError:
-        return ConstantVariable(False)
-    except Unsupported:
-        return ConstantVariable(hasattr(obj.as_example(), name.as_example()))
+    return ConstantVariable(_attribute_present(tx, obj, name.as_example()))
 
 
 def _builtin_dict(tx, args, kwargs):
@@ -750,6 +785,8 @@ def _builtin_type(tx, args, kwargs):
 def _builtin_id(tx, args, kwargs):
     v = args[0]
     if isinstance(v, NNModuleVariable):
+        if v.source is not None:       # the trace now depends on which object it is
+            tx.output.guards.identity(v.source, v.module, f"nn.Module {type(v.module).__name__}")
         return ConstantVariable(id(v.module))
     raise tx.unsupported(f"id() of {v.describe()}")
 
@@ -946,11 +983,11 @@ class InstructionTranslator:
         if isinstance(v, NNModuleVariable):
             mod = v.module
             if isinstance(mod, (torch.nn.ModuleList, torch.nn.Sequential)):
-                return [self.load_module_attr(v, k) for k in mod._modules]
+                return [self.load_module_attr(v, k) for k in self.output.members(v)]
             if isinstance(mod, torch.nn.ModuleDict):
-                return [ConstantVariable(k) for k in mod._modules]
+                return [ConstantVariable(k) for k in self.output.members(v)]
             if isinstance(mod, (torch.nn.ParameterList,)):
-                return [self.load_module_attr(v, k) for k in mod._parameters]
+                return [self.load_module_attr(v, k) for k in self.output.members(v, "_parameters")]
             raise self.unsupported(f"iterating over {type(mod).__name__}")
         if isinstance(v, ConstantVariable) and isinstance(v.value, (str, dict, frozenset, set)):
             return [ConstantVariable(x) for x in v.value]
@@ -1024,7 +1061,7 @@ class InstructionTranslator:
             if isinstance(attr, property) and attr.fget is not None:
                 return self.inline_call(attr.fget, [obj], {})
             if is_constant_value(attr):
-                return ConstantVariable(attr)
+                return out.wrap(attr, AttrSource(obj.source, name) if obj.source is not None else None)
             raise self.unsupported(f"attribute .{name} of {type(value).__name__}")
         if isinstance(obj, PythonModuleVariable):
             mod = obj.value
@@ -1110,7 +1147,9 @@ class InstructionTranslator:
         if isinstance(attr, classmethod):
             return BoundMethodVariable(attr.__func__, TypeVariable(type(mod)))
         if is_constant_value(attr):
-            return ConstantVariable(attr)
+            # a class attribute: read through the instance, so a change to the class (or an
+            # instance attribute that hides it) is seen by the guard
+            return out.wrap(attr, AttrSource(src, name) if src is not None else None)
         raise self.unsupported(f"attribute {name!r} of {type(mod).__name__} "
                                f"({type(attr).__name__})")
 
@@ -1291,10 +1330,15 @@ class InstructionTranslator:
         if hooks:
             raise self.unsupported(f"call to {type(mod).__name__} with forward hooks",
                                    "hooks are not inlined yet")
+        if "forward" in mod.__dict__:          # replaced on the instance: that one runs
+            return self.call_function(self.load_module_attr(mv, "forward"), args, kwargs)
+        if mv.source is not None:
+            self.output.guards.class_forward(mv.source)
         if type(mod) is torch.nn.Sequential and not kwargs and len(args) == 1:
-            # Sequential.forward is a loop over children; unrolled here (children are static)
+            # Sequential.forward is a loop over children; unrolled here (which children there
+            # are is guarded)
             x = args[0]
-            for name in mod._modules:
+            for name in self.output.members(mv):
                 x = self.call_function(self.load_module_attr(mv, name), [x], {})
             return x
         forward = inspect.getattr_static(type(mod), "forward")
@@ -1314,12 +1358,13 @@ class InstructionTranslator:
             raise self.unsupported(f"call to generator/coroutine function {name}")
         if self.depth + 1 > MAX_INLINE_DEPTH:
             raise self.unsupported(f"call to {name}: inlining depth limit {MAX_INLINE_DEPTH}")
+        # the function's own parameters, not those of a function it wraps (functools.wraps)
+        sig = inspect.signature(func, follow_wrapped=False)
         try:
-            bound = inspect.signature(func).bind(*args, **kwargs)
+            bound = sig.bind(*args, **kwargs)
         except TypeError as e:
             raise self.unsupported(f"call to {name}: {e}")
         bound.apply_defaults()
-        sig = inspect.signature(func)
         locals_: Dict[str, VariableTracker] = {}
         for pname, value in bound.arguments.items():
             kind = sig.parameters[pname].kind
@@ -1336,7 +1381,11 @@ class InstructionTranslator:
             locals_[pname] = value
         glob_name = func.__globals__.get("__name__", "")
         gsrc = None
-        if not _is_internal_module_name(glob_name):
+        if _is_internal_module_name(glob_name):
+            gsrc = None
+        elif func.__globals__ is self.output.root_globals:
+            gsrc = RootSource("G")             # the called function's globals, read per call
+        else:
             gsrc = self.output.root_source(func.__globals__, "G_" + glob_name)
         child = InstructionTranslator(self.output, func, locals_, {}, parent=self, globals_source=gsrc,
                                       closure_cells=closure_cells)
@@ -1400,7 +1449,7 @@ class InstructionTranslator:
         if isinstance(a, BaseListVariable) and isinstance(b, ConstantVariable) and sym == "*":
             return type(a)(a.items * b.value)
         if sym in ("==", "!=") and isinstance(a, NNModuleVariable):
-            same = isinstance(b, NNModuleVariable) and a.module is b.module
+            same = isinstance(b, NNModuleVariable) and self.output.same_module(a, b)
             return ConstantVariable(same if sym == "==" else not same)
         raise self.unsupported(f"operator {sym} on {a.describe()} and {b.describe()}")
 
@@ -1751,7 +1800,14 @@ class InstructionTranslator:
         if name in self.freevars:
             cell = self.freevars[name]
             src = None
-            if not _is_internal_module_name(self.f_globals.get("__name__", "")):
+            if self.parent is None:
+                # the captured frame's own closure: read from the called function's cells
+                # (F.__closure__), as `L[name]` (Dynamo's spelling), so that two closures of
+                # one function are told apart
+                src = LocalSource(name)
+                self.output.guards.freevars[name] = self.code.co_freevars.index(name)
+            elif not _is_internal_module_name(self.f_globals.get("__name__", "")):
+                # an inlined function's: it was guarded by identity, so its cells are its own
                 src = AttrSource(self.output.root_source(cell, f"CELL_{name}"), "cell_contents")
             try:
                 value = cell.cell_contents
@@ -1880,7 +1936,7 @@ class InstructionTranslator:
                 and b.is_constant() or isinstance(b, (TensorVariable, NNModuleVariable)) and a.is_constant():
             r = False                          # a tensor/module is never None or a literal
         elif isinstance(a, NNModuleVariable) and isinstance(b, NNModuleVariable):
-            r = a.module is b.module
+            r = self.output.same_module(a, b)
         else:
             raise self.unsupported(f"'is' between {a.describe()} and {b.describe()}")
         self.push(ConstantVariable(r != bool(inst.arg)))
@@ -2051,7 +2107,7 @@ class InstructionTranslator:
         if isinstance(obj, NNModuleVariable) and idx.is_constant():
             sub = obj.module[idx.as_example()]
             if isinstance(sub, torch.nn.Module):
-                for key, m in obj.module._modules.items():
+                for key, m in self.output.members(obj).items():
                     if m is sub:
                         return self.load_module_attr(obj, key)
             raise self.unsupported(f"indexing {type(obj.module).__name__}")
@@ -2260,16 +2316,16 @@ def _effect_templates(output, builder, source_fn):
     return effects
 
 
-def _function_of(fn):
-    if isinstance(fn, torch.nn.Module):
-        fn = fn.forward
-    func = fn.__func__ if isinstance(fn, types.MethodType) else fn
-    if not isinstance(func, types.FunctionType):
+def traceable_target(fn) -> Tuple[types.FunctionType, tuple, dict]:
+    """guards.frame_target(fn), or Unsupported when there is no bytecode minicompile traces."""
+    try:
+        func, pre, pre_kw = frame_target(fn)
+    except TypeError as e:
         raise Unsupported(f"capture of {type(fn).__name__} {fn!r}",
-                          "only Python functions and bound methods have bytecode to trace")
+                          f"only Python functions have bytecode to trace ({e})") from None
     if func.__code__.co_flags & (inspect.CO_GENERATOR | inspect.CO_COROUTINE | inspect.CO_ASYNC_GENERATOR):
         raise Unsupported(f"capture of generator/coroutine {func.__qualname__}")
-    return fn, func
+    return func, pre, pre_kw
 
 
 def _may_be_dynamic_number(value, source) -> bool:
@@ -2295,29 +2351,27 @@ def trace_segment(fn, args: tuple, kwargs: dict, offset: int = 0, *, breaks: boo
     from . import frame as F
     check_python_version()
     kwargs = dict(kwargs or {})
-    fn, func = _function_of(fn)
+    func, pre, pre_kw = traceable_target(fn)
     code = func.__code__
-    is_method = isinstance(fn, types.MethodType)
     if offset == 0:
+        args, kwargs = pre + tuple(args), {**pre_kw, **kwargs}
         try:
-            binding, values = bind_arguments(fn, tuple(args), kwargs)
+            binding, values = bind_arguments(func, args, kwargs)
         except TypeError as e:
             raise Unsupported(f"arguments do not match {func.__qualname__}: {e}",
                               "the eager call will raise the same error")
     else:
         names = tuple(sorted(kwargs))
-        binding = ArgBinding(0, names, {k: f"kwargs[{k!r}]" for k in names}, {"D": {}, "S": None})
+        binding = ArgBinding(0, names, {k: f"kwargs[{k!r}]" for k in names})
         values = dict(kwargs)
-    bound_self = LocalSource(code.co_varnames[0]) if is_method and code.co_varnames else None
-    output = OutputGraph(bound_self=bound_self)
+    output = OutputGraph(func)
     output.breaks_allowed = breaks
     output.inline_user_calls = not eager
     output.dynamic_policy = dynamic
     output.guards.grad_mode()
     gsrc = None
     if not _is_internal_module_name(func.__globals__.get("__name__", "")):
-        output.guards.add_root("G", func.__globals__)
-        gsrc = RootSource("G")
+        gsrc = RootSource("G")          # F.__globals__ in the guard: the called function's
     stack_names = sorted((k for k in values if k.startswith("___stack")), key=lambda k: int(k[8:]))
     lazy = {name: (value, LocalSource(name)) for name, value in values.items()
             if not name.startswith("___stack")}
@@ -2328,8 +2382,8 @@ def trace_segment(fn, args: tuple, kwargs: dict, offset: int = 0, *, breaks: boo
     def source_fn(src):
         if not sources_in_templates:
             return None
-        expr = src.expr()
-        return lambda env, e=expr: eval(e, ns, {"L": env})
+        expr = compile(src.expr(), "<minicompile source>", "eval")
+        return lambda env, e=expr: eval(e, ns, env)
 
     result = None
     try:
@@ -2391,36 +2445,59 @@ def trace_segment(fn, args: tuple, kwargs: dict, offset: int = 0, *, breaks: boo
     output.graph.eliminate_dead_code(is_impure_node=_is_impure)
     gm = torch.fx.GraphModule(output.root_module, output.graph)
     input_exprs = [s.expr() for s in output.input_sources]
-    guard, guard_src, get_inputs, inputs_src = output.guards.build(binding, input_exprs)
-    env_ns = dict(ns)
-    env_ns.update(binding.namespace)
-    env_src = "def make_env(args, kwargs):\n" + "\n".join(binding.prologue()) + "\n    return L\n"
-    exec(compile(env_src, "<minicompile env>", "exec"), env_ns)
     n_calls = sum(1 for n in gm.graph.nodes if n.op in ("call_function", "call_method", "call_module"))
     seg = F.Segment(code=code, offset=offset, gm=gm, example_inputs=list(output.input_examples),
-                    get_inputs=get_inputs, guard=guard, guard_source=guard_src,
-                    make_env=env_ns["make_env"], end=end, template=template, reason=reason,
-                    break_inst=inst, kw_names=kw, f_globals=func.__globals__,
+                    end=end, template=template, reason=reason,
+                    break_inst=inst, kw_names=kw,
                     offset_to_index=tx.offset_to_index, instructions=tx.instructions,
                     n_calls=n_calls, eager=eager, input_sources=input_exprs, effects=effects)
-    seg.get_inputs_source = inputs_src
     seg.guard_builder, seg.binding = output.guards, binding
+    seg.use(output.guards.build(binding, input_exprs))
     return seg
 
 
 def capture(fn, args: tuple, kwargs: dict) -> Capture:
     """Trace ONE call of `fn(*args, **kwargs)` into a single FX graph (fullgraph): anything
-    that would be a graph break raises Unsupported."""
+    that would be a graph break raises Unsupported. The Capture's `guard` and `get_inputs`
+    take later calls of `fn` as (args, kwargs)."""
     seg = trace_segment(fn, args, kwargs, 0, breaks=False, sources_in_templates=False)
     template = seg.template
     from .frame import rebuild
+    calls = _CallsOf(fn)
 
     def build_output(outs):
         return rebuild(template, outs, {})
-    cap = Capture(gm=seg.gm, example_inputs=seg.example_inputs, get_inputs=seg.get_inputs,
-                  build_output=build_output, guard=seg.guard, guard_source=seg.guard_source,
-                  code=seg.code, get_inputs_source=seg.get_inputs_source,
-                  input_sources=seg.input_sources)
+    cap = Capture(gm=seg.gm, example_inputs=seg.example_inputs,
+                  get_inputs=lambda args, kwargs: seg.get_inputs(*calls.frame_call(args, kwargs)),
+                  build_output=build_output, guard=_CallGuard(seg.guard, calls),
+                  guard_source=seg.guard_source, code=seg.code,
+                  get_inputs_source=seg.get_inputs_source, input_sources=seg.input_sources)
     cap.segment = seg
     return cap
 
+
+class _CallsOf:
+    """Calls of one callable as its function's frame sees them: (F, args, kwargs)."""
+
+    def __init__(self, fn):
+        self.func, self.pre, self.pre_kw = traceable_target(fn)
+
+    def frame_call(self, args, kwargs):
+        return self.func, self.pre + tuple(args), {**self.pre_kw, **kwargs}
+
+
+class _CallGuard:
+    """An entry's generated guard (guards.GuardBuilder.build) for calls of one callable."""
+
+    def __init__(self, guard, calls: _CallsOf):
+        self.guard, self.calls = guard, calls
+        self.failure_source = guard.failure_source
+
+    def __call__(self, args, kwargs) -> bool:
+        return self.guard(*self.calls.frame_call(args, kwargs))
+
+    def failure(self, args, kwargs):
+        return self.guard.failure(*self.calls.frame_call(args, kwargs))
+
+    def fail_reason(self, args, kwargs):
+        return self.guard.fail_reason(*self.calls.frame_call(args, kwargs))
