@@ -720,9 +720,6 @@ class Program:
     symbols: dict = field(default_factory=dict)
     # kernel scalar argument -> the graph input it is (a dynamic float: "scalar0" -> "arg3")
     scalars: dict = field(default_factory=dict)
-    # graph inputs an op writes in place (batch norm's running statistics): input name -> the
-    # node holding its new value, copied into the input after the kernels, as eager leaves it
-    mutated_inputs: dict = field(default_factory=dict)
     _names: Any = field(default_factory=lambda: itertools.count())
 
     def new_name(self, prefix: str = "buf") -> str:

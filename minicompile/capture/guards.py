@@ -130,6 +130,12 @@ def bind_arguments(func: types.FunctionType, args: tuple, kwargs: dict
     return ArgBinding(len(args), tuple(sorted(kwargs)), exprs), values
 
 
+def storage_pattern(*tensors) -> tuple:
+    """For each tensor, the position of the first one that shares its memory."""
+    first: dict = {}
+    return tuple(first.setdefault(t.untyped_storage().data_ptr(), i) for i, t in enumerate(tensors))
+
+
 def _literal(value, ns: Dict[str, Any]) -> str:
     """A Python expression for `value` inside the guard: its repr when that round-trips,
     else a name bound in the guard's namespace."""
@@ -458,6 +464,16 @@ class GuardBuilder:
         self._add(("hasattr", e, name), source,
                   [(f"hasattr({{e}}, {name!r}) is {present}", f"hasattr({display(e)}, {name!r}) == {present}")],
                   f"{e}: has{'' if present else ' no'} attribute {name!r}")
+
+    def storage_pattern(self, sources: List[Source], pattern: tuple):
+        """Which of these tensors share memory: as in the trace (the graph writes one of them)."""
+        self.namespace["STORAGE_PATTERN"] = storage_pattern
+        refs = ", ".join(["{e}"] + [f"{{e{j + 1}}}" for j in range(len(sources) - 1)])
+        self._add(("storages",), sources[0],
+                  [(f"STORAGE_PATTERN({refs}) == {pattern}",
+                    "the graph writes an input, and the inputs now share memory differently")],
+                  "tensor inputs share memory as in the trace (the graph writes one)",
+                  stack=False, others=sources[1:])
 
     def grad_mode(self):
         self._add(("grad",), None,

@@ -40,7 +40,7 @@ from torch.fx.proxy import GraphAppendingTracer
 from .breaks import GraphBreak, Unsupported, source_line
 from .bytecode import (BINARY_OP_SYMBOLS, Instruction, check_python_version, current_version,
                        decode, dispatch_table, handles)
-from .. import ir, logs
+from .. import aliasing, ir, logs
 from .guards import ArgBinding, GuardBuilder, bind_arguments, dense_order, frame_target
 from .sources import AttrSource, ItemSource, LocalSource, RootSource, Source, module_member_source
 from .values import (NULL, BaseListVariable, BoundMethodVariable, BuiltinVariable,
@@ -67,10 +67,6 @@ COMPARE_OPS: Dict[str, Callable] = {
     "<": operator.lt, "<=": operator.le, "==": operator.eq, "!=": operator.ne,
     ">": operator.gt, ">=": operator.ge,
 }
-INPLACE_OPERATORS = {operator.iadd, operator.isub, operator.imul, operator.itruediv,
-                     operator.ifloordiv, operator.imod, operator.ipow, operator.imatmul,
-                     operator.iand, operator.ior, operator.ixor, operator.ilshift,
-                     operator.irshift, operator.setitem}
 
 # Tensor attributes that are metadata: read as Python constants (valid because every input's
 # dtype/device/sizes/strides/requires_grad is guarded; a dynamic size read this way is
@@ -129,7 +125,10 @@ class OutputGraph:
         self._by_source: Dict[str, VariableTracker] = {}
         self._last_placeholder: Optional[torch.fx.Node] = None
         self._roots: Dict[int, RootSource] = {}
-        self.input_storages = set()
+        # the memory of the graph's tensor inputs: storage pointer -> the inputs' sources;
+        # and the sources of inputs whose memory the trace writes (guard_written_inputs)
+        self.input_storages: Dict[Any, List[Source]] = {}
+        self.written_inputs: set = set()
         # the captured frame's globals: read as `G` (the called function's own) by the guard
         self.root_globals = root_func.__globals__
         self.tx: Optional["InstructionTranslator"] = None     # the frame running now
@@ -213,10 +212,7 @@ class OutputGraph:
         self._last_placeholder = node
         self.input_sources.append(source)
         self.input_examples.append(value)
-        try:
-            self.input_storages.add(value.untyped_storage().data_ptr())
-        except Exception:
-            pass
+        self.input_storages.setdefault(_storage_ptr(value), []).append(source)
         self.guards.tensor(source, value, dynamic)
         return TensorVariable(torch.fx.Proxy(node, self.root_tracer), value, source)
 
@@ -410,12 +406,7 @@ class OutputGraph:
                 return sized
         ex_args = [example_of(a) for a in args]
         ex_kwargs = {k: example_of(v) for k, v in kwargs.items()}
-        for i in _written_in_place(target, ex_args, ex_kwargs):
-            # run on a copy: tracing must not change the caller's tensors (the compiled code
-            # makes the change, once, when it runs)
-            ex_args[i] = ex_args[i].clone()
-        if has_tensor:
-            self._check_mutation(kind, target, args, kwargs)
+        writes = has_tensor and self._writes(kind, target, args, kwargs, ex_args, ex_kwargs)
         try:
             if kind == "call_method":
                 result = getattr(ex_args[0], target)(*ex_args[1:], **ex_kwargs)
@@ -427,6 +418,16 @@ class OutputGraph:
             raise self.unsupported(f"{name}() raised {type(e).__name__}: {e}",
                                    "running the operation on the example inputs failed; "
                                    "eager execution will raise the same error") from e
+        if writes and (result is None or aliasing.returns_written(kind, target, args, kwargs, _constant)):
+            # kept in the graph for its write; what it returns is what it wrote (`x.add_(1)`
+            # is x: the same variable, so `y is x` and `self.buf += 1` hold as in eager), or
+            # nothing (x[i] = v)
+            self.tracer.create_proxy(kind, target, self.lift(tuple(a.as_proxy() for a in args)),
+                                     self.lift({k: v.as_proxy() for k, v in kwargs.items()}))
+            if result is None:
+                return ConstantVariable(None)
+            where = aliasing.written(kind, target, args, kwargs, lambda v: isinstance(v, TensorVariable), _constant)
+            return aliasing.locate(where[0], args, kwargs)
         if not _contains_tensor_value(result):
             for sym in sym_leaves(list(args) + list(kwargs.values())):
                 sym.as_example()                 # a Python result of a size: specialized
@@ -514,36 +515,61 @@ class OutputGraph:
             return NamedTupleVariable(items, type(result))
         raise self.unsupported(f"an operation returned a {type(result).__name__}")
 
-    def _check_mutation(self, kind, target, args, kwargs):
-        """In-place ops on graph inputs are not modelled yet (the example values would be
-        mutated during tracing, and the backend would need to write them back)."""
-        inplace = (target in INPLACE_OPERATORS or "out" in kwargs or
-                   (kind == "call_method" and target.endswith("_") and not target.endswith("__")))
-        if not inplace:
+    def _writes(self, kind, target, args, kwargs, ex_args, ex_kwargs):
+        """A call that writes tensors in place (aliasing.written) is kept in the graph, as
+        Dynamo keeps it (the backend makes the write, on every call: functionalize.py). Where
+        what it writes shares memory with a graph input, the example op runs on a copy:
+        tracing must never change the caller's tensors."""
+        where = aliasing.written(kind, target, args, kwargs, lambda v: isinstance(v, TensorVariable),
+                                 _constant)
+        if not where:
+            return False
+        name = target if isinstance(target, str) else getattr(target, "__name__", target)
+        if aliasing.writes_metadata(kind, target):
+            raise self.unsupported(f"in-place {name} changes a tensor's sizes or strides",
+                                   "only writes of values are modelled")
+        for loc in where:
+            example = aliasing.locate(loc, ex_args, ex_kwargs)
+            if not isinstance(example, torch.Tensor):
+                continue
+            sources = self.input_storages.get(_storage_ptr(example))
+            if sources is None:
+                continue
+            self.written_inputs.update(sources)
+            copy = example.clone()
+            if loc[0] == "arg":
+                ex_args[loc[1]] = copy
+            elif loc[0] == "kwarg":
+                ex_kwargs[loc[1]] = copy
+            else:
+                holder = ex_args if loc[0] == "item" else ex_kwargs
+                holder[loc[1]] = list(holder[loc[1]])
+                holder[loc[1]][loc[2]] = copy
+        return True
+
+    def guard_written_inputs(self) -> None:
+        """The graph writes inputs: the backend's functional graph is right only while the
+        inputs share memory as they did in the trace (written inputs that share it with
+        another input run on PyTorch's kernels), so the guard checks that pattern."""
+        if not self.written_inputs:
             return
-        mutated = [a for a in list(args[:1]) + ([kwargs["out"]] if "out" in kwargs else [])
-                   if isinstance(a, TensorVariable)]
-        for t in mutated:
-            try:
-                ptr = t.example.untyped_storage().data_ptr()
-            except Exception:
-                ptr = None
-            if ptr in self.input_storages:
-                name = target if isinstance(target, str) else getattr(target, "__name__", target)
-                raise self.unsupported(f"in-place operation {name} on a graph input (or a view of one)",
-                                       "mutating inputs is not modelled yet",
-                                       "use the out-of-place version")
+        tensors = [(s, v) for s, v in zip(self.input_sources, self.input_examples)
+                   if isinstance(v, torch.Tensor)]
+        first: dict = {}
+        pattern = tuple(first.setdefault(_storage_ptr(v), i) for i, (_, v) in enumerate(tensors))
+        self.guards.storage_pattern([s for s, _ in tensors], pattern)
 
 
-def _written_in_place(target, args, kwargs) -> list:
-    """Positions of the tensor arguments a torch function writes in place (not an in-place
-    method, which _check_mutation handles): batch norm's running statistics in training."""
-    import torch.nn.functional as F
-    if target in (F.batch_norm, torch.batch_norm) and len(args) >= 3:
-        training = kwargs.get("training", args[5] if len(args) > 5 else False)
-        if training is True:
-            return [i for i in (1, 2) if isinstance(args[i], torch.Tensor)]
-    return []
+def _constant(v):
+    """A traced argument's Python value, where it is a constant (for aliasing's flags)."""
+    return v.value if isinstance(v, ConstantVariable) else v
+
+
+def _storage_ptr(t: torch.Tensor):
+    try:
+        return t.untyped_storage().data_ptr()
+    except Exception:
+        return None
 
 
 def _hashable(v) -> bool:
@@ -1649,7 +1675,7 @@ class InstructionTranslator:
         if not isinstance(ctx, GradModeVariable):
             raise self.unsupported(f"with-block on {ctx.describe()}",
                                    "only torch.no_grad/enable_grad/set_grad_enabled are modelled")
-        prev = torch.is_grad_enabled()
+        prev = torch.is_grad_enabled() if ctx.before is None else ctx.before
         self.set_grad(ctx.enabled)
         self.with_depth += 1
         self.push(WithExitVariable(ctx, prev))
@@ -1703,6 +1729,9 @@ class InstructionTranslator:
             if obj not in self.output.side_effects:
                 self.output.side_effects.append(obj)
             return
+        if isinstance(obj, NNModuleVariable) and obj.source is not None and \
+                value is self.load_module_attr(obj, inst.argval):
+            return                      # `self.count += 1`: the buffer itself, written in place
         raise self.unsupported(f"setting attribute .{inst.argval} of {obj.describe()}",
                                "a side effect on an object outside the graph",
                                "it runs for real at a graph break")
@@ -2293,13 +2322,13 @@ def _in_exception_block(code: types.CodeType, offset: int) -> bool:
 
 
 def _is_impure(node: torch.fx.Node) -> bool:
+    """Kept even when nothing reads its result: a write (aliasing.written), or impure for FX."""
     if node.op in ("placeholder", "output"):
         return True
-    if node.op == "call_method":
-        name = str(node.target)
-        return (name.endswith("_") and not name.endswith("__")) or "out" in node.kwargs
-    if node.op == "call_function":
-        return node.target in INPLACE_OPERATORS or "out" in node.kwargs or node.is_impure()
+    if node.op in ("call_method", "call_function"):
+        return bool(aliasing.written(node.op, node.target, node.args, node.kwargs,
+                                     lambda a: isinstance(a, torch.fx.Node))) or \
+            node.op == "call_function" and node.is_impure()
     return False
 
 
@@ -2444,6 +2473,7 @@ def trace_segment(fn, args: tuple, kwargs: dict, offset: int = 0, *, breaks: boo
     output.graph.output(tuple(p.node for p in builder.proxies))
     output.graph.eliminate_dead_code(is_impure_node=_is_impure)
     gm = torch.fx.GraphModule(output.root_module, output.graph)
+    output.guard_written_inputs()
     input_exprs = [s.expr() for s in output.input_sources]
     n_calls = sum(1 for n in gm.graph.nodes if n.op in ("call_function", "call_method", "call_module"))
     seg = F.Segment(code=code, offset=offset, gm=gm, example_inputs=list(output.input_examples),

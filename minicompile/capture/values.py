@@ -364,11 +364,13 @@ class NestedFunctionVariable(VariableTracker):
 
 
 class GradModeVariable(VariableTracker):
-    """torch.no_grad() / torch.enable_grad() / torch.set_grad_enabled(b) as a context manager."""
+    """torch.no_grad() / torch.enable_grad() / torch.set_grad_enabled(b) as a context manager.
+    `before`: the mode before it, where making it already set the mode (set_grad_enabled
+    takes effect when called, before its `with` block is entered)."""
 
-    def __init__(self, enabled: bool, cls=None):
+    def __init__(self, enabled: bool, before: bool | None = None):
         self.enabled = enabled
-        self.cls = cls
+        self.before = before
 
     def describe(self):
         return f"GradMode({self.enabled})"
