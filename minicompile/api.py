@@ -20,6 +20,7 @@ import torch
 
 from . import config, logs, metrics
 from .capture import SUPPORTED_VERSIONS, Capture, Unsupported, capture
+from .capture.frame import ResumeSegment
 from .capture.guards import frame_target
 
 SUPPORTED_PYTHONS = SUPPORTED_VERSIONS       # capture's list: the versions it has opcode tables for
@@ -248,8 +249,13 @@ class CompiledFunction:
                 self.eager_reason = err
                 warnings.warn(f"minicompile: {self.__name__} runs eagerly: {err}", stacklevel=3)
                 return None
-            raise RuntimeError(f"minicompile: cannot continue {where} eagerly after a graph "
-                               f"break: {err}") from err
+            # minicompile's interpreter cannot run the rest of the frame: CPython does, from a
+            # resume function (capture/resume.py), as TorchDynamo's resume functions do
+            seg = ResumeSegment(self._func.__code__, offset, kwargs, err)
+            _record(None, err)
+            logs.log("graph_breaks", f"{where}: the rest of the frame runs as Python: {err}")
+            entries.insert(0, seg)
+            return seg
         if not eager:
             if offset == 0 and not frame.logged_bytecode:
                 frame.logged_bytecode = True
@@ -344,7 +350,11 @@ def _record(gm, reason):
 
 
 def _is_torch_internal(modname: str) -> bool:
-    return modname.split(".")[0] in ("torch", "functools", "typing", "builtins", "minicompile")
+    """Functions of these modules, called at a graph break, run as they are, not compiled on
+    their own: PyTorch's, minicompile's, and Python's standard library (TorchDynamo skips
+    those files too)."""
+    top = modname.split(".")[0]
+    return top in ("torch", "minicompile") or top in sys.stdlib_module_names
 
 
 def _n_entries(entries) -> int:

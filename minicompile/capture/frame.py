@@ -429,3 +429,37 @@ class Segment:
         for i, v in enumerate(stack):
             state[f"___stack{i}"] = v
         return ("resume", self.instructions[nxt].offset, state)
+
+
+class ResumeSegment:
+    """The rest of a frame from `offset` on, run as a real Python function (resume.py):
+    where minicompile's interpreter cannot run it, CPython does, so a graph break never fails
+    the call. It matches the live state it was made for (which locals are bound, where the
+    value stack has NULLs)."""
+    eager, compiled, n_calls, end, gm, reason = True, None, 0, "return", None, None
+
+    def __init__(self, code: types.CodeType, offset: int, kwargs: dict, why: Unsupported):
+        self.code, self.offset, self.why = code, offset, why
+        self.shape = _state_shape(kwargs)
+        self.guard_source = f"# the rest of {code.co_name} from offset {offset} runs as Python: {why.reason}"
+
+    def guard(self, F, args, kwargs) -> bool:
+        return not args and _state_shape(kwargs) == self.shape
+
+    def run(self, F, args, kwargs, call):
+        from .resume import call_resumed
+        f_locals = {k: v for k, v in kwargs.items() if not k.startswith("___stack")}
+        stack = [kwargs[f"___stack{i}"] for i in range(len(self.shape[1]))]
+        ok, value = call_resumed(F, self.offset, f_locals, stack, NULL_VALUE)
+        if not ok:
+            raise RuntimeError(f"minicompile: the rest of {self.code.co_name} (from offset "
+                               f"{self.offset}) can be neither traced nor resumed: {self.why}")
+        return ("return", value)
+
+
+def _state_shape(kwargs: dict) -> tuple:
+    """(the bound locals, where the stack holds NULL) of a live state."""
+    n = sum(1 for k in kwargs if k.startswith("___stack"))
+    return (frozenset(k for k in kwargs if not k.startswith("___stack")),
+            tuple(kwargs[f"___stack{i}"] is NULL_VALUE for i in range(n)))
+

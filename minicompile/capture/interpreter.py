@@ -932,9 +932,13 @@ class InstructionTranslator:
                     except (_Return, Unsupported, GraphBreak):
                         raise
                     except Exception as e:
-                        raise self.unsupported(
+                        err = self.unsupported(
                             f"internal error while tracing {inst.opname}: {type(e).__name__}: {e}",
-                            "minicompile could not model this instruction") from e
+                            "minicompile could not model this instruction")
+                        # the trace's own state may be what is wrong: never run the
+                        # instruction for real from it (trace_segment skips the segment)
+                        err.internal = True
+                        raise err from e
                 except Unsupported as e:
                     if not root:
                         raise
@@ -1858,6 +1862,7 @@ class InstructionTranslator:
         if inst.argval in self.freevars:
             raise self.unsupported(f"assignment to free variable {inst.argval!r} (nonlocal)",
                                    "side effects on enclosing scopes are not modelled yet")
+        self.lazy_locals.pop(inst.argval, None)      # a cell variable of this frame, rebound
         self.locals[inst.argval] = self.pop()
 
     @handles("LOAD_ATTR", versions=[(3, 11)])
@@ -2438,7 +2443,9 @@ def trace_segment(fn, args: tuple, kwargs: dict, offset: int = 0, *, breaks: boo
                 # for real is the fallback when the frame has already been split)
                 ok = False
             why = None
-            if _in_exception_block(code, inst.offset):
+            if getattr(reason, "internal", False):
+                why = "minicompile's interpreter failed here: the rest runs as Python"
+            elif _in_exception_block(code, inst.offset):
                 # the chain of segments cannot route an exception to the frame's handler (a
                 # try block, or the __exit__ of a `with` block): the frame runs for real
                 why = "a graph break inside a try or with block: the frame runs eagerly"
