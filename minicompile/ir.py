@@ -297,15 +297,25 @@ class Index:
             elif divides(k, inner.const) is not None:
                 q_const, r_const = divides(k, inner.const), 0
             else:
-                q_const, r_const = 0, inner.const
+                # a symbolic constant term by term: 8 - 96*s0 modulo 96 leaves 8
+                q_const, r_const = 0, 0
+                for term in sympy.Add.make_args(sympy.expand(sympy.sympify(inner.const))):
+                    quotient = divides(k, term)
+                    if quotient is None:
+                        r_const = size_expr(r_const + term)
+                    else:
+                        q_const = size_expr(q_const + quotient)
             q, r = Index(q_terms, q_const), Index(r_terms, r_const)
             lo, hi = r.bounds(ranges)
             fits = provably_nonneg(lo) and hi is not None and provably_nonneg(size_expr(k - 1 - hi))
-            # (q*k + r) // k == q + r // k and (q*k + r) % k == r % k for integers
+            # (q*k + r) // k == q and (q*k + r) % k == r when 0 <= r < k. Otherwise the
+            # division stays whole: the generated code divides as C does, truncating, which
+            # agrees with floor division only for a dividend >= 0, as a whole index is where
+            # it is read (r alone could be negative: q*k + r = 96*x1 + 8 - 96*s0)
             if isinstance(atom, FloorDiv):
-                simple = q if fits else q + r // k
+                simple = q if fits else inner // k
             else:
-                simple = r if fits else r % k
+                simple = r if fits else inner % k
             result = result + simple * c
         return result._combine_div_mod()
 

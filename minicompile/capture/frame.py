@@ -287,6 +287,8 @@ class TemplateBuilder:
             return ["namedtuple", v.tuple_cls, [self.build(i) for i in v.items]]
         if isinstance(v, V.BaseListVariable):
             return [v.python_type.__name__, [self.build(i) for i in v.items]]
+        if isinstance(v, V.ModelOutputVariable):
+            return ["modeloutput", v.cls, [(k, self.build(i)) for k, i in v.items.items()]]
         if isinstance(v, V.DictVariable):
             return ["dict", [(k, self.build(i)) for k, i in v.items.items()]]
         if isinstance(v, V.IteratorVariable):
@@ -296,6 +298,10 @@ class TemplateBuilder:
             src = self._source_fn(v.source) if v.source is not None else None
             return ["src", src] if src is not None else ["const", v.module]
         if type(v).__name__ == "UserObjectVariable":
+            if v.snapshot is not None:
+                # a copy the frame made: the same copy each call, then the trace's writes
+                return ["copy", v.snapshot, [(k, ["deleted"] if type(i).__name__ == "_Deleted" else self.build(i))
+                                             for k, i in v.items.items()]]
             if v.source is None:
                 # an object made in the frame: a new one per call, its attributes from the trace
                 return ["obj", type(v.value), [(k, self.build(i)) for k, i in v.items.items()]]
@@ -343,11 +349,22 @@ def rebuild(t, outs, env, memo=None):
         memo[key] = r                          # before the attributes: they may refer back
         for name, x in t[2]:
             setattr(r, name, rebuild(x, outs, env, memo))
+    elif kind == "copy":
+        import copy
+        r = copy.deepcopy(t[1])
+        memo[key] = r
+        for name, x in t[2]:
+            if x[0] == "deleted":
+                delattr(r, name)
+            else:
+                setattr(r, name, rebuild(x, outs, env, memo))
     elif kind == "namedtuple":
         from .values import make_named_tuple
         r = make_named_tuple(t[1], [rebuild(x, outs, env, memo) for x in t[2]])
     elif kind == "dict":
         r = {k: rebuild(x, outs, env, memo) for k, x in t[1]}
+    elif kind == "modeloutput":
+        r = t[1](**{k: rebuild(x, outs, env, memo) for k, x in t[2]})
     elif kind == "iter":
         r = ListIter(rebuild(x, outs, env, memo) for x in t[1])
     elif kind == "attr":

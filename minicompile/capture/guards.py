@@ -187,7 +187,9 @@ def dense_strides_expr(t: torch.Tensor, dynamic: set, e: str) -> str:
     strides = [""] * t.dim()
     inner: List[str] = []
     for d in reversed(order):
-        strides[d] = "*".join(inner) or "1" if t.size(d) != 1 else str(t.stride(d))
+        # a dim of size 1 is never stepped over: any stride will do (PyTorch's own, a product
+        # of the other sizes, changes with them)
+        strides[d] = "*".join(inner) or "1" if t.size(d) != 1 else f"{e}.stride({d})"
         inner.append(f"{e}.size({d})" if d in dynamic else str(t.size(d)))
     return "(" + ", ".join(strides) + ("," if len(strides) == 1 else "") + ")"
 
@@ -407,6 +409,30 @@ class GuardBuilder:
                    (f"list({{e}}.keys()) == {list(value.keys())!r}",
                     f"list({d}.keys()) == {list(value.keys())!r}")],
                   f"{e}: dict type and keys")
+
+    def mapping_keys(self, source: Source, value):
+        """The keys of a mapping (a dict subclass such as a ModelOutput), in order."""
+        e = source.expr()
+        self._add(("keys", e), source,
+                  [(f"list({{e}}.keys()) == {list(value.keys())!r}",
+                    f"list({display(e)}.keys()) == {list(value.keys())!r}")],
+                  f"{e}: its keys")
+
+    def state_equals(self, source: Source, state: dict):
+        """An object's whole state (its __dict__) equals what the trace copied it from."""
+        e = source.expr()
+        ref = self._ref(state, "STATE_")
+        self._add(("state", e), source,
+                  [(f"{{e}}.__dict__ == {ref}", f"{display(e)} changed since it was copied in the trace")],
+                  f"{e}: its state, as copied in the trace")
+
+    def has_key(self, source: Source, key, present: bool):
+        """Whether a mapping has this key (what it holds under it is guarded on its own)."""
+        e = source.expr()
+        k = _literal(key, self.namespace)
+        self._add(("has_key", e, repr(key)), source,
+                  [(f"({k} in {{e}}) is {present}", f"({key!r} in {display(e)}) == {present}")],
+                  f"{e}: {'has' if present else 'has no'} key {key!r}")
 
     def type_check(self, source: Source, ty):
         e = source.expr()

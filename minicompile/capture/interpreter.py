@@ -23,16 +23,22 @@ into a graph break with a resume point, `trace_segment` traces from any resume o
 """
 from __future__ import annotations
 
+import abc
 import builtins
+import collections.abc
+import copy
+import dataclasses
 import dis
 import inspect
 import operator
+import os
 import re
 import sys
 import types
 from dataclasses import dataclass
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
+import sympy
 import torch
 import torch.fx
 from torch.fx.proxy import GraphAppendingTracer
@@ -45,6 +51,7 @@ from .guards import ArgBinding, GuardBuilder, bind_arguments, dense_order, frame
 from .sources import AttrSource, ItemSource, LocalSource, RootSource, Source, module_member_source
 from .values import (NULL, BaseListVariable, BoundMethodVariable, BuiltinVariable,
                      ConstantMethodVariable, ConstantVariable, DictVariable, ListVariable,
+                     ModelOutputVariable, is_model_output_class, CallableVariable,
                      NamedTupleVariable, NNModuleVariable, NullVariable, PythonModuleVariable,
                      SliceVariable, TensorMethodVariable, TensorVariable, TorchFunctionVariable,
                      TupleVariable, TypeVariable, UserFunctionVariable, VariableTracker,
@@ -148,7 +155,7 @@ class OutputGraph:
         self.instruction_budget = 200_000     # unrolled loops: a bound, not a hang
 
     def record_mutation(self, var: VariableTracker):
-        if isinstance(var, (DictVariable, UserObjectVariable)):
+        if isinstance(var, (DictVariable, UserObjectVariable, NNModuleVariable)):
             self.undo_log.append((var, dict(var.items)))
         elif isinstance(var, IteratorVariable):
             self.undo_log.append((var, var.index))
@@ -248,10 +255,14 @@ class OutputGraph:
         inputs = {id(n) for n in nodes}
         if tensors and all(id(t.node) in inputs for t in tensors):
             nodes = [t.node for t in tensors]
+        where = ""
+        if self.tx is not None:
+            f, line, text = self.tx.user_stack()[-1]
+            where = f" ({os.path.basename(f)}:{line}: {text.strip()})"
         for n in nodes:
             if n.meta["dynamic_dims"]:
                 logs.log("dynamic", f"{n.meta['source_expr']}: dims {sorted(n.meta['dynamic_dims'])} "
-                                    f"made static: {why}")
+                                    f"made static: {why}{where}")
                 n.meta["dynamic_dims"].clear()
 
     # -- sizes read by the traced code, with dynamic shapes ------------------------------
@@ -347,6 +358,11 @@ class OutputGraph:
             items = [self.wrap(v, ItemSource(source, i) if source else None)
                      for i, v in enumerate(value)]
             return (TupleVariable if isinstance(value, tuple) else ListVariable)(items, source)
+        if source is not None and is_model_output_class(type(value)):
+            g.type_check(source, type(value))
+            g.mapping_keys(source, value)
+            return ModelOutputVariable(type(value), {k: self.wrap(value[k], AttrSource(source, k))
+                                                     for k in value.keys()}, source)
         if type(value) is dict:
             if not all(is_constant_value(k) for k in value):
                 raise self.unsupported("a dict with non-constant keys")
@@ -357,6 +373,9 @@ class OutputGraph:
         from .frame import ListIter, NULL_VALUE
         if value is NULL_VALUE:
             return NULL
+        if type(value) in (torch.no_grad, torch.enable_grad):
+            # a grad-mode context manager object (@torch.no_grad() on a method keeps one)
+            return GradModeVariable(type(value) is torch.enable_grad)
         if type(value) is ListIter:
             if source is None:
                 raise self.unsupported("an iterator of unknown origin")
@@ -466,6 +485,57 @@ class OutputGraph:
             self._set_meta(proxy.node, t.example.numel())
             return SymIntVariable(proxy, t.example.numel(), [t], self.specialize_sizes)
         return None
+
+    def sym_compare(self, op, a: VariableTracker, b: VariableTracker) -> Optional[bool]:
+        """`a < b` (any comparison) where a size is symbolic, answered without making the size
+        static, as TorchDynamo answers it: true (or false) for every size the graph takes (each
+        dynamic size is at least 2) needs no guard; otherwise the example's answer is taken and
+        becomes a condition of the guard (`x.size(2) > 3`), so another answer recompiles. None
+        where the sizes cannot be worked out symbolically."""
+        from torch.fx.experimental.symbolic_shapes import statically_known_true
+        try:
+            fa, fb = self._sym_fake(a), self._sym_fake(b)
+            cond = op(fa, fb)
+        except Exception:
+            return None
+        if isinstance(cond, bool):
+            return cond
+        if statically_known_true(cond):
+            return True
+        if statically_known_true(torch.sym_not(cond)):
+            return False
+        answer = bool(op(example_of(a), example_of(b)))
+        text = self._shape_condition_text(cond.node.expr if answer else sympy.Not(cond.node.expr))
+        if text is None:
+            return None
+        self.guards.shape_condition(text, text)
+        return answer
+
+    def _sym_fake(self, v: VariableTracker):
+        if isinstance(v, SymIntVariable):
+            return self._fake_value(v.proxy.node)
+        if isinstance(v, ConstantVariable) and type(v.value) is int:
+            return v.value
+        raise TypeError(v.describe())
+
+    def _shape_condition_text(self, expr) -> Optional[str]:
+        """A condition on size symbols as Python over the inputs' sources (`L['x'].size(2) > 3`)."""
+        from torch.utils._sympy.printers import PythonPrinter
+        shape_env = self._fake[0].shape_env
+        by_name = {n.name: n for n in self.root_graph.nodes if n.op == "placeholder"}
+        names = {}
+        for sym in expr.free_symbols:
+            sources = shape_env.var_to_sources.get(sym)
+            if not sources:
+                return None
+            src = sources[0]
+            base = getattr(src, "base", src)
+            node = by_name.get(getattr(base, "source_name", None))
+            if node is None:
+                return None
+            expr_src = node.meta["source_expr"]
+            names[sym] = sympy.Symbol(f"{expr_src}.size({src.idx})" if hasattr(src, "idx") else expr_src)
+        return PythonPrinter().doprint(expr.xreplace(names))
 
     def sym_arith(self, op, a: VariableTracker, b: VariableTracker) -> VariableTracker:
         """Integer arithmetic on sizes, at least one of them symbolic: a graph node."""
@@ -620,6 +690,9 @@ def _builtin_len(tx, args, kwargs):
             return ConstantVariable(len(tx.output.members(x)))
         if isinstance(mod, (torch.nn.ParameterList, torch.nn.ParameterDict)):
             return ConstantVariable(len(tx.output.members(x, "_parameters")))
+    special = tx.call_special(x, "__len__", [])
+    if special is not None:
+        return special
     raise tx.unsupported(f"len() of {x.describe()}")
 
 
@@ -627,7 +700,8 @@ def _builtin_isinstance(tx, args, kwargs):
     obj, cls = args
     if not isinstance(cls, (TypeVariable, ConstantVariable, TupleVariable, BuiltinVariable)):
         raise tx.unsupported(f"isinstance() with {cls.describe()}")
-    return ConstantVariable(isinstance(obj.as_example(), cls.as_example()))
+    # (example_of: a symbolic size is an int without making it static)
+    return ConstantVariable(isinstance(example_of(obj), cls.as_example()))
 
 
 def _builtin_getattr(tx, args, kwargs):
@@ -765,6 +839,15 @@ def _builtin_reduce(kind):
     return impl
 
 
+def _builtin_setattr(tx, args, kwargs):
+    """setattr(obj, name, value), and delattr(obj, name) as the value DELETED."""
+    obj, name, value = args if len(args) == 3 else (*args, DELETED)
+    if not isinstance(name, ConstantVariable) or not isinstance(name.value, str):
+        raise tx.unsupported("setattr()/delattr() with a name that is not a constant")
+    tx.store_attr(obj, name.value, value)
+    return ConstantVariable(None)
+
+
 def _builtin_hasattr(tx, args, kwargs):
     obj, name = args
     return ConstantVariable(_attribute_present(tx, obj, name.as_example()))
@@ -799,10 +882,16 @@ def _builtin_type(tx, args, kwargs):
         return tx.output.wrap(type(v.example), None)
     if isinstance(v, BaseListVariable):
         return tx.output.wrap(v.python_type, None)
+    # an object's type is guarded; read from a source, so are the class attributes read from it
+    source = AttrSource(v.source, "__class__") if getattr(v, "source", None) is not None else None
+    if isinstance(v, ModelOutputVariable):
+        return TypeVariable(v.cls, source)
     if isinstance(v, DictVariable):
         return tx.output.wrap(dict, None)
     if isinstance(v, NNModuleVariable):
-        return TypeVariable(type(v.module))
+        return TypeVariable(type(v.module), source)
+    if isinstance(v, UserObjectVariable):
+        return TypeVariable(type(v.value), source)
     if v.is_constant():
         return tx.output.wrap(type(v.as_example()), None)
     raise tx.unsupported(f"type() of {v.describe()}")
@@ -827,6 +916,7 @@ _BUILTIN_HANDLERS: Dict[Any, Callable] = {
     max: _builtin_reduce("max"), any: _builtin_reduce("any"), all: _builtin_reduce("all"),
     sorted: _builtin_reduce("sorted"), hasattr: _builtin_hasattr, dict: _builtin_dict,
     callable: _builtin_callable, type: _builtin_type, id: _builtin_id,
+    setattr: _builtin_setattr, delattr: _builtin_setattr,
 }
 for _f in (int, float, bool, str, abs, pow, round, range, slice, divmod, hash, repr, chr, ord,
            set, frozenset, complex, format, ascii, bin, hex, oct):
@@ -1019,8 +1109,16 @@ class InstructionTranslator:
             if isinstance(mod, (torch.nn.ParameterList,)):
                 return [self.load_module_attr(v, k) for k in self.output.members(v, "_parameters")]
             raise self.unsupported(f"iterating over {type(mod).__name__}")
-        if isinstance(v, ConstantVariable) and isinstance(v.value, (str, dict, frozenset, set)):
-            return [ConstantVariable(x) for x in v.value]
+        if isinstance(v, ConstantVariable) and isinstance(v.value, (str, dict, frozenset, set)) or \
+                isinstance(v, OpaqueConstantVariable):
+            return [_constant_result(v, x) for x in v.value]
+        if isinstance(v, UserObjectVariable) and \
+                inspect.getattr_static(type(v.value), "__iter__", None) is collections.abc.Sequence.__iter__:
+            # Sequence's own iteration: self[0], self[1]... up to its len()
+            n = self.call_special(v, "__len__", [])
+            if n is None or not n.is_constant():
+                raise self.unsupported(f"iterating over {v.describe()}: no constant length")
+            return [self.call_special(v, "__getitem__", [ConstantVariable(i)]) for i in range(n.as_example())]
         return self.unpack(v)
 
     def unpack(self, v: VariableTracker, n: Optional[int] = None) -> List[VariableTracker]:
@@ -1074,23 +1172,65 @@ class InstructionTranslator:
             if callable(getattr(torch.Tensor, name, None)):
                 return TensorMethodVariable(obj, name)
             raise self.unsupported(f"tensor attribute .{name}")
+        if name == "__class__" and isinstance(obj, (NNModuleVariable, UserObjectVariable, ModelOutputVariable)):
+            return _builtin_type(self, [obj], {})          # its type is guarded
+        if name == "__class__" and isinstance(obj, GradModeVariable):
+            return TypeVariable(torch.enable_grad if obj.enabled else torch.no_grad)
         if isinstance(obj, NNModuleVariable):
             return self.load_module_attr(obj, name)
+        if isinstance(obj, ModelOutputVariable):
+            field = obj.field(name)
+            if field is not None:
+                return field
+            if name in ("to_tuple", "keys", "values", "items", "get"):
+                return ConstantMethodVariable(obj, name)
+            raise self.unsupported(f"attribute .{name} of {obj.describe()}")
         if isinstance(obj, SuperVariable):
             return self.load_super_attr(obj, name)
         if isinstance(obj, UserObjectVariable):
+            if obj.overrides.get(name) is DELETED:
+                raise AttributeError(f"'{type(obj.value).__name__}' object has no attribute '{name}'")
             if name in obj.overrides:
                 return obj.overrides[name]
             value = obj.value
+            if obj.snapshot is not None:
+                static = inspect.getattr_static(type(value), name, _MISSING)
+                if isinstance(static, types.FunctionType):
+                    return BoundMethodVariable(static, obj)
+                if isinstance(static, property) and static.fget is not None:
+                    return self.inline_call(static.fget, [obj], {})
+                attr = getattr(value, name)           # AttributeError as Python
+                if is_constant_value(attr):
+                    return ConstantVariable(attr)
+                if isinstance(attr, (dict, list, tuple)) and _constant_state(attr):
+                    return out.wrap(attr, None)          # read only: a trace value of constants
+                raise self.unsupported(f"attribute .{name} of a copied {type(value).__name__}: "
+                                       f"a {type(attr).__name__}")
             d = getattr(value, "__dict__", None)
             if d is not None and name in d and obj.source is not None:
                 return out.wrap(d[name], AttrSource(obj.source, name))
-            attr = inspect.getattr_static(type(value), name)     # AttributeError as Python
+            attr = inspect.getattr_static(type(value), name, _MISSING)
+            if obj.source is not None and _custom_getattr(type(value)) and not isinstance(
+                    attr, (types.FunctionType, property, classmethod, staticmethod)):
+                # its class decides what an attribute read returns (a config's attribute_map):
+                # read it as Python does; the guard reads it the same way
+                return out.wrap(getattr(value, name), AttrSource(obj.source, name))
+            if attr is _MISSING:
+                raise AttributeError(f"'{type(value).__name__}' object has no attribute '{name}'")
+            read = ContainerReadVariable.of(obj, attr)
+            if read is not None:
+                return read
             if isinstance(attr, types.FunctionType):
                 return BoundMethodVariable(attr, obj)
             if isinstance(attr, property) and attr.fget is not None:
                 return self.inline_call(attr.fget, [obj], {})
-            if is_constant_value(attr):
+            if isinstance(attr, staticmethod):
+                return out.wrap(attr.__func__, None)
+            if isinstance(attr, classmethod):
+                return BoundMethodVariable(attr.__func__, TypeVariable(type(value)))
+            if is_constant_value(attr) or obj.source is not None and not hasattr(type(attr), "__get__"):
+                # a class attribute that is data: read through the instance, so the guard sees
+                # a change to the class, or an instance attribute that hides it
                 return out.wrap(attr, AttrSource(obj.source, name) if obj.source is not None else None)
             raise self.unsupported(f"attribute .{name} of {type(value).__name__}")
         if isinstance(obj, PythonModuleVariable):
@@ -1109,12 +1249,20 @@ class InstructionTranslator:
             attr = getattr(obj.value, name)
             if callable(attr):
                 return ConstantMethodVariable(obj, name)
-            return ConstantVariable(attr)
+            return _constant_result(obj, attr)
         if isinstance(obj, (BaseListVariable, DictVariable)):
             return ConstantMethodVariable(obj, name)
         if isinstance(obj, (TorchFunctionVariable, UserFunctionVariable, TypeVariable)):
             if obj.value in (torch.Tensor,) and callable(getattr(torch.Tensor, name, None)):
                 return _UnboundTensorMethod(name)
+            if isinstance(obj, TypeVariable) and not obj.value.__module__.startswith(("torch", "builtins")):
+                # an attribute of a Python class (`type(self).forward`): through the class's
+                # source where it has one, so the guard sees it change
+                static = inspect.getattr_static(obj.value, name)      # AttributeError as Python
+                if isinstance(static, classmethod):
+                    return BoundMethodVariable(static.__func__, obj)
+                attr = static.__func__ if isinstance(static, staticmethod) else getattr(obj.value, name)
+                return out.wrap(attr, AttrSource(obj.source, name) if obj.source is not None else None)
             attr = getattr(obj.value, name)
             if is_constant_value(attr):
                 return ConstantVariable(attr)
@@ -1144,11 +1292,16 @@ class InstructionTranslator:
             return self.output.wrap(attr.__func__, None)
         if attr is object.__init__:
             return _NoOpCallable()
+        read = ContainerReadVariable.of(obj, attr)
+        if read is not None:
+            return read
         if is_constant_value(attr):
             return ConstantVariable(attr)
         raise self.unsupported(f"super().{name} ({type(attr).__name__})")
 
     def load_module_attr(self, obj: NNModuleVariable, name: str) -> VariableTracker:
+        if name in obj.items:                     # set earlier in the trace
+            return obj.items[name]
         mod, src, out = obj.module, obj.source, self.output
         d = mod.__dict__
         for kind in ("_parameters", "_buffers", "_modules"):
@@ -1197,6 +1350,8 @@ class InstructionTranslator:
             return self.inline_nested(fn, args, kwargs)
         if isinstance(fn, _NoOpCallable):
             return ConstantVariable(None)
+        if isinstance(fn, ContainerReadVariable):
+            return fn.call(self, args, kwargs)
         if isinstance(fn, WithExitVariable):
             self.set_grad(fn.prev)
             self.with_depth -= 1
@@ -1220,6 +1375,11 @@ class InstructionTranslator:
                 raise self.unsupported("torch._dynamo.graph_break()",
                                        "a graph break the user asked for",
                                        "remove the call to keep one graph")
+            if fn.value in _COMPILING_QUERIES:
+                # code that asks whether it is being compiled takes its compile-friendly path
+                # while it is traced (it answers True inside TorchDynamo too); what runs for
+                # real at a break asks again and hears False, as under Dynamo
+                return ConstantVariable(_COMPILING_QUERIES[fn.value])
             if fn.value is torch.cond:
                 from .higher_order import call_cond
                 return call_cond(self, args, kwargs)
@@ -1228,8 +1388,24 @@ class InstructionTranslator:
             return out.call("call_method", fn.name, [fn.tensor] + list(args), kwargs)
         if isinstance(fn, _UnboundTensorMethod):
             return out.call("call_method", fn.name, list(args), kwargs)
+        if isinstance(fn, UserFunctionVariable) and fn.value in (copy.deepcopy, copy.copy) and \
+                len(args) == 1 and not kwargs:
+            return self.private_copy(args[0], fn.value)
+        if isinstance(fn, (UserFunctionVariable, BuiltinVariable, TypeVariable)) and \
+                _runs_for_real(fn.value):
+            def real(a):
+                if a.is_constant():
+                    return a.as_example()
+                if isinstance(a, BoundMethodVariable) and isinstance(a.self_var, (NNModuleVariable, UserObjectVariable)):
+                    return types.MethodType(a.func, a.self_var.as_example())   # its function is fixed
+                raise self.unsupported(f"{fn.describe()} on {a.describe()}, not a constant")
+            result = fn.value(*[real(a) for a in args], **{k: real(v) for k, v in kwargs.items()})
+            return ConstantVariable(result) if is_constant_value(result) else OpaqueConstantVariable(result)
         if isinstance(fn, UserFunctionVariable):
             return self.inline_call(fn.value, args, kwargs)
+        if isinstance(fn, BoundMethodVariable) and isinstance(fn.self_var, UserObjectVariable) and \
+                fn.self_var.snapshot is not None and all(a.is_constant() for a in list(args) + list(kwargs.values())):
+            return self.call_on_private_copy(fn, args, kwargs)
         if isinstance(fn, BoundMethodVariable):
             return self.inline_call(fn.func, [fn.self_var] + list(args), kwargs)
         if isinstance(fn, NNModuleVariable):
@@ -1239,6 +1415,13 @@ class InstructionTranslator:
         if isinstance(fn, ConstantMethodVariable):
             return self.call_constant_method(fn, args, kwargs)
         if isinstance(fn, TypeVariable):
+            if is_model_output_class(fn.value):
+                return self.new_model_output(fn.value, args, kwargs)
+            if isinstance(fn.value, type) and issubclass(fn.value, tuple) and hasattr(fn.value, "_fields"):
+                bound = inspect.signature(fn.value).bind(*args, **kwargs)     # TypeError as Python
+                bound.apply_defaults()
+                return NamedTupleVariable([v if isinstance(v, VariableTracker) else self.output.wrap(v, None)
+                                           for v in bound.arguments.values()], fn.value)
             if fn.value is torch.Size and all(a.is_constant() for a in args):
                 return ConstantVariable(torch.Size(*[a.as_example() for a in args]))
             if fn.value is super:
@@ -1247,6 +1430,53 @@ class InstructionTranslator:
                 return self.new_object(fn.value, args, kwargs)
         name = getattr(getattr(fn, "value", None), "__qualname__", None) or fn.describe()
         raise self.unsupported(f"call to {name}", "the capture cannot model this callable yet")
+
+    def private_copy(self, v: VariableTracker, how) -> VariableTracker:
+        """copy.deepcopy / copy.copy of an object read from outside the frame whose state is
+        constants (a config): made for real, the original's state guarded as a whole; the copy
+        is the frame's own (UserObjectVariable with a snapshot)."""
+        if v.is_constant():
+            return ConstantVariable(how(v.as_example()))
+        if not (isinstance(v, UserObjectVariable) and v.source is not None and not v.items
+                and _constant_state(v.value)):
+            raise self.unsupported(f"{how.__name__} of {v.describe()}",
+                                   "only copies of objects whose state is constants are modelled")
+        self.output.guards.state_equals(v.source, copy.deepcopy(v.value.__dict__))
+        made = how(v.value)
+        return UserObjectVariable(made, None, snapshot=copy.deepcopy(made))
+
+    def call_on_private_copy(self, fn: "BoundMethodVariable", args, kwargs) -> VariableTracker:
+        """A method of the frame's own copy (private_copy), on constants: run as it is (nothing
+        outside the frame can see the copy). It must leave the copy as it found it, and give
+        back constants."""
+        obj = fn.self_var.value
+        before = copy.deepcopy(obj.__dict__)
+        result = fn.func(obj, *[a.as_example() for a in args], **{k: v.as_example() for k, v in kwargs.items()})
+        if obj.__dict__ != before:
+            obj.__dict__.clear()
+            obj.__dict__.update(before)
+            raise self.unsupported(f"{fn.func.__qualname__} changed the copied object",
+                                   "a method that writes the copy is not modelled")
+        if not _constant_state(result):
+            raise self.unsupported(f"{fn.func.__qualname__} returned a {type(result).__name__}")
+        return ConstantVariable(result) if is_constant_value(result) else self.output.wrap(result, None)
+
+    def new_model_output(self, cls: type, args, kwargs) -> ModelOutputVariable:
+        """`cls(...)` for a ModelOutput class: its fields bound as its dataclass __init__ binds
+        them; the items are the fields that are not None, as its __post_init__ makes them."""
+        names = ModelOutputVariable.field_names(cls)
+        bound = dict(zip(names, args))
+        for k, v in kwargs.items():
+            if k not in names or k in bound:
+                raise self.unsupported(f"{cls.__name__}() with argument {k!r}")
+            bound[k] = v
+        first = bound.get(names[0])
+        rest_none = all(_is_none(bound.get(n)) for n in names[1:])
+        if rest_none and first is not None and not _is_none(first) and not isinstance(first, TensorVariable):
+            raise self.unsupported(f"{cls.__name__}() built from a {first.describe()}",
+                                   "a ModelOutput whose only field is not a tensor reads it as "
+                                   "key/value pairs")
+        return ModelOutputVariable(cls, {n: bound[n] for n in names if n in bound and not _is_none(bound[n])})
 
     def new_object(self, cls: type, args, kwargs) -> VariableTracker:
         """`cls(*args)` for a plain Python class: a real instance with no attributes yet (its
@@ -1268,8 +1498,10 @@ class InstructionTranslator:
                 and all(v.is_constant() for v in kwargs.values()):
             r = getattr(obj.value, fn.name)(*[a.as_example() for a in args],
                                             **{k: v.as_example() for k, v in kwargs.items()})
-            if is_constant_value(r):
-                return ConstantVariable(r)
+            if is_constant_value(r) or isinstance(obj, OpaqueConstantVariable):
+                return _constant_result(obj, r)
+        if isinstance(obj, ModelOutputVariable) and fn.name == "to_tuple" and not args and not kwargs:
+            return TupleVariable(list(obj.items.values()))
         if isinstance(obj, DictVariable) and not args and not kwargs:
             if fn.name == "keys":
                 return TupleVariable([ConstantVariable(k) for k in obj.items])
@@ -1315,8 +1547,8 @@ class InstructionTranslator:
             return SetVariable(list(obj.items))
         if isinstance(obj, BaseListVariable) and fn.name == "copy":
             return ListVariable(list(obj.items))
-        if isinstance(obj, DictVariable) and fn.name in ("update", "pop", "setdefault", "clear",
-                                                          "copy", "popitem"):
+        if isinstance(obj, DictVariable) and not isinstance(obj, ModelOutputVariable) and \
+                fn.name in ("update", "pop", "setdefault", "clear", "copy", "popitem"):
             if fn.name == "copy":
                 return DictVariable(dict(obj.items))
             self.check_mutable(obj)
@@ -1469,18 +1701,53 @@ class InstructionTranslator:
                 and all(type(v.example if isinstance(v, SymIntVariable) else getattr(v, "value", None)) is int
                         for v in (a, b)):
             return self.output.sym_arith(SIZE_ARITHMETIC[sym], a, b)
+        if op in aliasing.AUGMENTED and not isinstance(a, (TensorVariable, ListVariable)):
+            op = aliasing.AUGMENTED[op]           # `x op= y` writes in place only a tensor or a list
+            sym = sym[:-1]
+        if sym in COMPARE_OPS and (isinstance(a, SymIntVariable) or isinstance(b, SymIntVariable)):
+            answer = self.output.sym_compare(op, a, b)
+            if answer is not None:
+                return ConstantVariable(answer)
         if a.is_constant() and b.is_constant():
             return ConstantVariable(op(a.as_example(), b.as_example()))
         if isinstance(a, TensorVariable) or isinstance(b, TensorVariable):
             return self.output.call("call_function", op, [a, b], {})
+        if isinstance(b, ConstantVariable) and isinstance(b.value, (tuple, list)) and \
+                isinstance(a, BaseListVariable):
+            b = (TupleVariable if isinstance(b.value, tuple) else ListVariable)(
+                [ConstantVariable(v) for v in b.value])
+        if isinstance(a, ConstantVariable) and isinstance(a.value, (tuple, list)) and \
+                isinstance(b, BaseListVariable):
+            a = (TupleVariable if isinstance(a.value, tuple) else ListVariable)(
+                [ConstantVariable(v) for v in a.value])
+        if sym == "+=" and isinstance(a, ListVariable) and isinstance(b, BaseListVariable):
+            self.check_mutable(a)                  # list += ...: extends that very list
+            self.output.record_mutation(a)
+            a.items.extend(b.items)
+            return a
         if isinstance(a, BaseListVariable) and isinstance(b, BaseListVariable) and sym in ("+", "+=") \
                 and type(a) is type(b):
             return type(a)(a.items + b.items)
-        if isinstance(a, BaseListVariable) and isinstance(b, ConstantVariable) and sym == "*":
+        if isinstance(a, BaseListVariable) and isinstance(b, ConstantVariable) and sym in ("*", "*="):
             return type(a)(a.items * b.value)
         if sym in ("==", "!=") and isinstance(a, NNModuleVariable):
             same = isinstance(b, NNModuleVariable) and self.output.same_module(a, b)
             return ConstantVariable(same if sym == "==" else not same)
+        if sym in ("==", "!=") and isinstance(a, UserObjectVariable):
+            eq = self.call_special(a, "__eq__", [b])
+            if eq is None:                         # object's own ==: identity
+                same = a is b or (isinstance(b, UserObjectVariable) and b.source is not None and
+                                  a.source is not None and a.value is b.value)
+                if isinstance(b, UserObjectVariable) and a is not b and a.source is not None and b.source is not None:
+                    self.output.guards.same_object(a.source, b.source, same)
+                elif not (a is b or b.is_constant()):
+                    raise self.unsupported(f"operator {sym} on {a.describe()} and {b.describe()}")
+                eq = ConstantVariable(same)
+            if sym == "!=":
+                if not eq.is_constant():
+                    raise self.unsupported(f"operator != on {a.describe()}")
+                return ConstantVariable(not eq.as_example())
+            return eq
         raise self.unsupported(f"operator {sym} on {a.describe()} and {b.describe()}")
 
     def make_tuple(self, items):
@@ -1492,8 +1759,8 @@ class InstructionTranslator:
     @handles("NOP", "RESUME", "CACHE", "EXTENDED_ARG", "COPY_FREE_VARS", "MAKE_CELL")
     def _nop(self, inst):
         # COPY_FREE_VARS / MAKE_CELL: free variables are read through the function's cells
-        # (self.freevars), cell variables are plain locals until a closure is created, which
-        # is not supported yet (MAKE_FUNCTION has no handler).
+        # (self.freevars); cell variables are plain locals until a closure made in the frame
+        # takes them (MAKE_FUNCTION: CellVariable)
         pass
 
     @handles("PRECALL", versions=[(3, 11)])
@@ -1720,23 +1987,54 @@ class InstructionTranslator:
     def _store_attr(self, inst):
         obj = self.pop()
         value = self.pop()
+        self.store_attr(obj, inst.argval, value)
+
+    def store_attr(self, obj: VariableTracker, name: str, value: VariableTracker) -> None:
+        """`obj.name = value` (STORE_ATTR, setattr())."""
+        if value is DELETED:
+            if not (isinstance(obj, UserObjectVariable) and obj.snapshot is not None):
+                raise self.unsupported(f"deleting attribute .{name} of {obj.describe()}")
+            self.output.record_mutation(obj)
+            delattr(obj.value, name)                      # AttributeError as Python
+            obj.overrides[name] = DELETED
+            return
+        if isinstance(obj, ModelOutputVariable) and obj.source is None and \
+                name in ModelOutputVariable.field_names(obj.cls) and not _is_none(value):
+            self.output.record_mutation(obj)          # ModelOutput.__setattr__: the item too
+            obj.items[name] = value
+            return
+        if isinstance(obj, UserObjectVariable) and obj.snapshot is not None:
+            if not value.is_constant():
+                raise self.unsupported(f"setting .{name} of a copied {type(obj.value).__name__} "
+                                       f"to {value.describe()}")
+            self.output.record_mutation(obj)
+            obj.overrides[name] = value
+            setattr(obj.value, name, value.as_example())    # the frame's own copy
+            return
         if isinstance(obj, UserObjectVariable) and obj.source is None:
             # an object made in the frame: its attributes are trace state
             self.output.record_mutation(obj)
-            obj.overrides[inst.argval] = value
+            obj.overrides[name] = value
             return
         if isinstance(obj, UserObjectVariable) and obj.source is not None and \
                 not isinstance(value, (NNModuleVariable,)):
             # replayed with setattr after the graph; later reads in the trace see the new value
             self.output.record_mutation(obj)
-            obj.overrides[inst.argval] = value
+            obj.overrides[name] = value
             if obj not in self.output.side_effects:
                 self.output.side_effects.append(obj)
             return
-        if isinstance(obj, NNModuleVariable) and obj.source is not None and \
-                value is self.load_module_attr(obj, inst.argval):
-            return                      # `self.count += 1`: the buffer itself, written in place
-        raise self.unsupported(f"setting attribute .{inst.argval} of {obj.describe()}",
+        if isinstance(obj, NNModuleVariable) and obj.source is not None:
+            if value is self.load_module_attr(obj, name):
+                return                  # `self.count += 1`: the buffer itself, written in place
+            # replayed with setattr after the graph (nn.Module's own: a parameter, buffer or
+            # plain attribute as it decides); later reads in the trace see the new value
+            self.output.record_mutation(obj)
+            obj.items[name] = value
+            if obj not in self.output.side_effects:
+                self.output.side_effects.append(obj)
+            return
+        raise self.unsupported(f"setting attribute .{name} of {obj.describe()}",
                                "a side effect on an object outside the graph",
                                "it runs for real at a graph break")
 
@@ -1808,6 +2106,34 @@ class InstructionTranslator:
     def _return_const(self, inst):
         self.return_value = ConstantVariable(inst.argval)
         raise _Return()
+
+    # imports inside a function: of a module already imported, they only look it up ----------
+    @handles("IMPORT_NAME")
+    def _import_name(self, inst):
+        fromlist, level = self.pop().as_example(), self.pop().as_example()
+        name = inst.argval
+        if level:
+            package = self.f_globals.get("__package__") or self.f_globals.get("__name__", "")
+            base = package.rsplit(".", level - 1)[0] if level > 1 else package
+            name = f"{base}.{name}" if name else base
+        module = sys.modules.get(name)
+        if module is None:
+            raise self.unsupported(f"import of {name}, not imported yet",
+                                   "a first import runs the module's code: it runs for real")
+        if not fromlist and not level:
+            module = sys.modules[name.partition(".")[0]]       # `import a.b` binds a
+        self.push(PythonModuleVariable(module))
+
+    @handles("IMPORT_FROM")
+    def _import_from(self, inst):
+        module = self.stack[-1]
+        if not isinstance(module, PythonModuleVariable):
+            raise self.unsupported(f"from-import of {module.describe()}")
+        mod = module.value
+        if not hasattr(mod, inst.argval) and f"{mod.__name__}.{inst.argval}" in sys.modules:
+            self.push(PythonModuleVariable(sys.modules[f"{mod.__name__}.{inst.argval}"]))
+            return
+        self.push(self.load_attr(module, inst.argval))
 
     @handles("LOAD_GLOBAL")
     def _load_global(self, inst):
@@ -1962,15 +2288,18 @@ class InstructionTranslator:
     def _is_op(self, inst):
         b = self.pop()
         a = self.pop()
-        if a.is_constant() and b.is_constant():
-            r = a.as_example() is b.as_example()
-        elif a is b:
+        if a is b:
             r = True
-        elif isinstance(a, (TensorVariable, NNModuleVariable, BaseListVariable, DictVariable)) \
-                and b.is_constant() or isinstance(b, (TensorVariable, NNModuleVariable)) and a.is_constant():
-            r = False                          # a tensor/module is never None or a literal
+        elif a.is_constant() and b.is_constant():
+            r = a.as_example() is b.as_example()
+        elif _is_singleton(a) and not b.is_constant() or _is_singleton(b) and not a.is_constant():
+            r = False              # None, True, False...: never an object the trace tracks
         elif isinstance(a, NNModuleVariable) and isinstance(b, NNModuleVariable):
             r = self.output.same_module(a, b)
+        elif isinstance(a, UserObjectVariable) and isinstance(b, UserObjectVariable) and \
+                a.source is not None and b.source is not None:
+            r = a.value is b.value                 # a relation between the call's own objects
+            self.output.guards.same_object(a.source, b.source, r)
         else:
             raise self.unsupported(f"'is' between {a.describe()} and {b.describe()}")
         self.push(ConstantVariable(r != bool(inst.arg)))
@@ -1983,8 +2312,14 @@ class InstructionTranslator:
             r = item.as_example() in container.as_example()
         elif item.is_constant() and isinstance(container, DictVariable):
             r = item.as_example() in container.items
+        elif item.is_constant() and isinstance(container, NNModuleVariable) and \
+                isinstance(container.module, torch.nn.ModuleDict):
+            r = item.as_example() in self.output.members(container)
         else:
-            raise self.unsupported(f"'in' on {container.describe()}")
+            special = self.call_special(container, "__contains__", [item])
+            if special is None or not special.is_constant():
+                raise self.unsupported(f"'in' on {container.describe()}")
+            r = bool(special.as_example())
         self.push(ConstantVariable(r != bool(inst.arg)))
 
     def _unary(self, op, name):
@@ -2134,10 +2469,20 @@ class InstructionTranslator:
                 return type(obj)(obj.items[i]) if not isinstance(obj, NamedTupleVariable) \
                     else TupleVariable(obj.items[i])
             return obj.items[i]
+        if isinstance(obj, ModelOutputVariable) and idx.is_constant() and not isinstance(idx.as_example(), str):
+            items = list(obj.items.values())[idx.as_example()]         # an int or a slice: as a tuple
+            return TupleVariable(items) if isinstance(items, list) else items
         if isinstance(obj, DictVariable) and idx.is_constant():
+            if idx.as_example() not in obj.items:
+                raise self.unsupported(f"key {idx.as_example()!r} not in {obj.describe()}")
             return obj.items[idx.as_example()]
         if isinstance(obj, ConstantVariable) and idx.is_constant():
             return ConstantVariable(obj.value[idx.as_example()])
+        if isinstance(obj, NNModuleVariable) and idx.is_constant() and isinstance(idx.as_example(), slice) \
+                and isinstance(obj.module, (torch.nn.ModuleList, torch.nn.Sequential)):
+            # a slice of a ModuleList (`self.layers[:n]`): its modules, each through its source
+            names = list(self.output.members(obj))[idx.as_example()]
+            return ListVariable([self.load_module_attr(obj, k) for k in names])
         if isinstance(obj, NNModuleVariable) and idx.is_constant():
             sub = obj.module[idx.as_example()]
             if isinstance(sub, torch.nn.Module):
@@ -2145,7 +2490,22 @@ class InstructionTranslator:
                     if m is sub:
                         return self.load_module_attr(obj, key)
             raise self.unsupported(f"indexing {type(obj.module).__name__}")
+        special = self.call_special(obj, "__getitem__", [idx])
+        if special is not None:
+            return special
         raise self.unsupported(f"subscript of {obj.describe()} with {idx.describe()}")
+
+    def call_special(self, obj: VariableTracker, name: str, args) -> Optional[VariableTracker]:
+        """obj.__name__(*args) for an object of a Python class (`obj[k]`, `len(obj)`, `k in obj`):
+        its class's method inlined, or a builtin container's reading method (ContainerRead);
+        None where there is neither."""
+        if not isinstance(obj, UserObjectVariable):
+            return None
+        attr = inspect.getattr_static(type(obj.value), name, None)
+        if isinstance(attr, types.FunctionType):
+            return self.inline_call(attr, [obj] + list(args), {})
+        read = ContainerReadVariable.of(obj, attr)
+        return read.call(self, args, {}) if read is not None else None
 
     @handles("BINARY_SUBSCR")
     def _binary_subscr(self, inst):
@@ -2192,8 +2552,10 @@ class InstructionTranslator:
             return v.value is None
         if isinstance(v, NullVariable):
             return True
-        if isinstance(v, (TensorVariable, NNModuleVariable, BaseListVariable, DictVariable)):
-            return False
+        if isinstance(v, (TensorVariable, NNModuleVariable, BaseListVariable, DictVariable,
+                          UserObjectVariable, CallableVariable, NestedFunctionVariable,
+                          BoundMethodVariable, IteratorVariable, SymIntVariable)):
+            return False                  # a value the trace tracks is never None
         raise self.unsupported(f"'is None' on {v.describe()}")
 
     @handles("POP_JUMP_FORWARD_IF_FALSE", "POP_JUMP_BACKWARD_IF_FALSE", versions=[(3, 11)])
@@ -2237,12 +2599,17 @@ class InstructionTranslator:
 
 class UserObjectVariable(VariableTracker):
     """Any other Python object read from the arguments or globals (a config object, a
-    dataclass): guarded by identity, its attributes read (and guarded) one by one."""
+    dataclass): its type guarded, its attributes read (and guarded) one by one. Or one made in
+    the frame (source None): its attributes are trace state (`items`); made by copying an
+    object whose state is constants (copy.deepcopy(config)), it keeps a private real copy
+    (`snapshot`, what each call starts from) and `value` follows the trace's writes, so its
+    class's own attribute logic can run on it for real."""
 
-    def __init__(self, value, source):
+    def __init__(self, value, source, snapshot=None):
         self.value = value
         self.source = source
         self.items = {}          # (so record_mutation can save/restore the overrides)
+        self.snapshot = snapshot
 
     @property
     def overrides(self):
@@ -2276,14 +2643,155 @@ class SuperVariable(VariableTracker):
         return f"super({self.cls.__name__})"
 
 
+class _Deleted(VariableTracker):
+    """An attribute deleted in the trace (delattr on the frame's own copy)."""
+
+
+DELETED = _Deleted()
+
+
 class _NoOpCallable(VariableTracker):
     """object.__init__ reached through super(): calling it does nothing."""
+
+
+# the methods of builtin containers that only read: run on the real object, with a guard on
+# what they read (a dict's keys, a list's length and the item returned)
+_CONTAINER_READS = {dict: {"get", "__getitem__", "__contains__", "keys", "__len__", "copy"},
+                    list: {"__getitem__", "__len__", "index", "count", "__contains__", "copy"},
+                    tuple: {"__getitem__", "__len__", "index", "count", "__contains__"}}
+
+
+class ContainerReadVariable(VariableTracker):
+    """A reading method of dict/list/tuple on an instance of a subclass read from outside the
+    frame (`super().get(key)` in a dict subclass): what it reads is guarded through the
+    instance's source, and an item it returns is wrapped with its own source."""
+
+    def __init__(self, obj: "UserObjectVariable", method):
+        self.obj, self.method = obj, method
+
+    @staticmethod
+    def of(obj, attr) -> Optional["ContainerReadVariable"]:
+        if not isinstance(obj, UserObjectVariable) or obj.source is None:
+            return None
+        owner = getattr(attr, "__objclass__", None)
+        if getattr(attr, "__name__", None) in _CONTAINER_READS.get(owner, ()) and isinstance(obj.value, owner):
+            return ContainerReadVariable(obj, attr)
+        if attr in (collections.abc.Mapping.get, collections.abc.Mapping.__contains__) and \
+                isinstance(obj.value, collections.abc.Mapping):
+            # a Mapping's own get/in (os.environ.get): looked up as Python does, and what it
+            # found guarded key by key (these catch KeyError, which the trace cannot)
+            return ContainerReadVariable(obj, attr)
+        return None
+
+    def call(self, tx, args, kwargs) -> VariableTracker:
+        if kwargs or not all(a.is_constant() for a in args):
+            raise tx.unsupported(f"{self.describe()} with arguments that are not constants")
+        real, source, out = self.obj.value, self.obj.source, tx.output
+        values = [a.as_example() for a in args]
+        if self.method in (collections.abc.Mapping.get, collections.abc.Mapping.__contains__):
+            result = self.method(real, *values)
+            present = values[0] in real
+            out.guards.has_key(source, values[0], present)
+            if present and self.method is collections.abc.Mapping.get:
+                return out.wrap(result, ItemSource(source, values[0]))
+            return ConstantVariable(result) if is_constant_value(result) else out.wrap(result, None)
+        if isinstance(real, dict):
+            out.guards.mapping_keys(source, real)
+        else:
+            out.guards.sequence(source, real)
+        result = self.method(real, *values)
+        name = self.method.__name__
+        if name in ("get", "__getitem__") and values and not isinstance(values[0], slice) and \
+                (values[0] in real if isinstance(real, dict) else True):
+            return out.wrap(result, ItemSource(source, values[0]))
+        if is_constant_value(result):
+            return ConstantVariable(result)
+        raise tx.unsupported(f"{self.describe()} returned a {type(result).__name__}")
+
+    def describe(self):
+        return f"{type(self.obj.value).__name__}.{self.method.__name__}"
+
+
+_MISSING = object()
+
+
+def _runs_for_real(fn) -> bool:
+    """Functions whose result depends on their arguments alone and is not changed afterwards
+    (inspecting a function's signature, a dataclass's fields, math): called on constant
+    arguments, they run as they are while tracing, and their result is a constant of the code,
+    as Dynamo's InspectSignatureVariable does for inspect.signature."""
+    if fn in _PURE_FUNCTIONS:
+        return True
+    module = getattr(fn, "__module__", None) or ""
+    return module == "math" and callable(fn)
+
+
+_PURE_FUNCTIONS = {inspect.signature, inspect.getfullargspec, inspect.isclass, inspect.isfunction,
+                   inspect.ismethod, inspect.isgeneratorfunction, inspect.iscoroutinefunction,
+                   inspect.isbuiltin, inspect.isroutine, inspect.getmro, inspect.unwrap,
+                   dataclasses.fields, dataclasses.is_dataclass, torch.finfo, torch.iinfo}
+
+
+def _constant_result(parent: ConstantVariable, value) -> ConstantVariable:
+    """What reading or calling a constant gives: a constant (opaque where the parent was)."""
+    if is_constant_value(value) or not isinstance(parent, OpaqueConstantVariable):
+        return ConstantVariable(value)
+    return OpaqueConstantVariable(value)
+
+
+class OpaqueConstantVariable(ConstantVariable):
+    """An immutable object that a pure function made from constants (an inspect.Signature, its
+    parameters): attribute reads and calls of its methods with constant arguments run as they
+    are, and what they return is constant too."""
+
+    def describe(self):
+        return f"constant {type(self.value).__name__}"
+
+# torch's "am I being compiled?" functions, and what they answer while capture traces
+_COMPILING_QUERIES = {f: answer for f, answer in (
+    (getattr(torch.compiler, "is_compiling", None), True),
+    (getattr(torch.compiler, "is_dynamo_compiling", None), True),
+    (getattr(torch.compiler, "is_exporting", None), False),
+    (getattr(torch._C, "_is_torch_function_mode_enabled", None), None),
+) if f is not None and answer is not None}
+
+
+def _constant_state(obj, depth: int = 0) -> bool:
+    """obj's attributes are constants, containers of them, or objects of the same kind (a
+    config and its sub-configs): what a copy can be made of while tracing."""
+    if is_constant_value(obj):
+        return True
+    if depth > 4:
+        return False
+    if isinstance(obj, (list, tuple, set, frozenset)):
+        return all(_constant_state(v, depth + 1) for v in obj)
+    if isinstance(obj, dict):
+        return all(is_constant_value(k) and _constant_state(v, depth + 1) for k, v in obj.items())
+    if isinstance(obj, (torch.Tensor, torch.nn.Module, types.FunctionType, types.ModuleType)):
+        return False
+    d = getattr(obj, "__dict__", None)
+    return type(obj).__module__ not in ("builtins",) and d is not None and \
+        all(_constant_state(v, depth + 1) for v in d.values())
+
+
+def _is_singleton(v) -> bool:
+    return isinstance(v, ConstantVariable) and any(v.value is c for c in (None, True, False, Ellipsis, NotImplemented))
+
+
+def _is_none(v) -> bool:
+    return v is None or isinstance(v, ConstantVariable) and v.value is None
+
+
+def _custom_getattr(cls) -> bool:
+    """The class (not object) decides attribute reads: a __getattribute__ or __getattr__."""
+    return inspect.getattr_static(cls, "__getattribute__") is not object.__getattribute__ or \
+        inspect.getattr_static(cls, "__getattr__", None) is not None
 
 
 def _is_plain_user_class(cls) -> bool:
     """A class written in Python whose instances are ordinary objects (no custom __new__, no
     metaclass, not a torch or builtin type): safe to create inside the trace."""
-    if not isinstance(cls, type) or type(cls) is not type:
+    if not isinstance(cls, type) or type(cls) not in (type, abc.ABCMeta):
         return False
     top = cls.__module__.split(".")[0]
     if top in sys.stdlib_module_names or top in ("torch", "builtins", "numpy"):
@@ -2292,7 +2800,7 @@ def _is_plain_user_class(cls) -> bool:
         return False
     if inspect.getattr_static(cls, "__new__") is not object.__new__:
         return False
-    return all(k.__dict__.get("__slots__") is None for k in cls.__mro__[:-1])
+    return all(k.__dict__.get("__slots__") in (None, ()) for k in cls.__mro__[:-1])
 
 
 class _UnboundTensorMethod(VariableTracker):
@@ -2409,7 +2917,17 @@ def trace_segment(fn, args: tuple, kwargs: dict, offset: int = 0, *, breaks: boo
     stack_names = sorted((k for k in values if k.startswith("___stack")), key=lambda k: int(k[8:]))
     lazy = {name: (value, LocalSource(name)) for name, value in values.items()
             if not name.startswith("___stack")}
+    fresh = {}
+    if offset == 0 and code.co_flags & inspect.CO_VARKEYWORDS:
+        # **kwargs is a dict made for this call: the frame's own to change (its items are the
+        # call's keyword arguments, whose names the call-shape check fixes)
+        name = code.co_varnames[code.co_argcount + code.co_kwonlyargcount +
+                                bool(code.co_flags & inspect.CO_VARARGS)]
+        value, src = lazy.pop(name)
+        fresh[name] = (value, src)
     tx = InstructionTranslator(output, func, {}, lazy, parent=None, globals_source=gsrc)
+    for name, (value, src) in fresh.items():
+        tx.locals[name] = DictVariable({k: output.wrap(v, ItemSource(src, k)) for k, v in value.items()})
     grad = torch.is_grad_enabled()
     ns = output.guards.namespace
 

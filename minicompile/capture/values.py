@@ -71,9 +71,9 @@ class TensorVariable(VariableTracker):
 
 
 # Python values that are baked into the graph as literals (specialized, guarded by value).
-CONSTANT_TYPES = (int, float, bool, str, type(None), complex, torch.dtype, torch.device,
+CONSTANT_TYPES = (int, float, bool, str, bytes, type(None), complex, torch.dtype, torch.device,
                   torch.layout, torch.memory_format, torch.Size, slice, type(Ellipsis),
-                  type(NotImplemented))
+                  type(NotImplemented), types.CodeType)
 
 
 def is_constant_value(v) -> bool:
@@ -162,6 +162,40 @@ class DictVariable(VariableTracker):
         return "dict{" + ", ".join(f"{k!r}: {v.describe()}" for k, v in self.items.items()) + "}"
 
 
+
+def is_model_output_class(cls) -> bool:
+    """A dataclass that is also an ordered dict of its fields that are not None, indexed by
+    position like a tuple: Hugging Face's ModelOutput (and diffusers' BaseOutput, its copy)."""
+    import dataclasses
+    return isinstance(cls, type) and issubclass(cls, dict) and dataclasses.is_dataclass(cls) and \
+        any(c.__name__ in ("ModelOutput", "BaseOutput") and "to_tuple" in c.__dict__ for c in cls.__mro__)
+
+
+class ModelOutputVariable(DictVariable):
+    """An instance of a ModelOutput class (is_model_output_class): its fields that are not None
+    are the dict's items, in field order; an attribute is a field (None where unset); an int
+    or a slice indexes the items as a tuple. Rebuilt after the graph as cls(**items)."""
+
+    def __init__(self, cls, items: Dict[str, VariableTracker], source: Optional[Source] = None):
+        super().__init__(items, source)
+        self.cls = cls
+
+    @staticmethod
+    def field_names(cls) -> List[str]:
+        import dataclasses
+        return [f.name for f in dataclasses.fields(cls)]
+
+    def field(self, name: str) -> Optional[VariableTracker]:
+        if name in self.items:
+            return self.items[name]
+        return ConstantVariable(None) if name in self.field_names(self.cls) else None
+
+    def as_example(self):
+        return self.cls(**{k: v.as_example() for k, v in self.items.items()})
+
+    def describe(self):
+        return f"{self.cls.__name__}({', '.join(self.items)})"
+
 class CallableVariable(VariableTracker):
     """Something the interpreter can call; `value` is the real callable."""
 
@@ -171,6 +205,11 @@ class CallableVariable(VariableTracker):
 
     def as_example(self):
         return self.value
+
+    def is_constant(self):
+        # a callable is fixed for the entry: read from a source it is guarded by identity
+        # (a class, by type), else it is a constant of the code
+        return True
 
     def describe(self):
         return f"{type(self).__name__}({getattr(self.value, '__qualname__', self.value)!r})"
@@ -205,6 +244,7 @@ class NNModuleVariable(VariableTracker):
     def __init__(self, module: torch.nn.Module, source: Optional[Source]):
         self.module = module
         self.source = source
+        self.items: Dict[str, VariableTracker] = {}    # attributes set in the trace (side effects)
 
     def as_example(self):
         return self.module
