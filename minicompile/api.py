@@ -140,6 +140,7 @@ class CompiledFunction:
         self.eager_reason: Unsupported | None = None
         self._backend_arg = backend
         self._callees: dict = {}
+        self.quiet = False            # True for a function compiled on its own at a graph break
         self._frame, self._frame_generation = None, -1
         # the Python function the calls run, and what `fn` passes it before the caller's
         # arguments (a bound method's self, a partial's arguments): guards.frame_target
@@ -247,7 +248,10 @@ class CompiledFunction:
             if offset == 0:
                 frame.eager_reason = err
                 self.eager_reason = err
-                warnings.warn(f"minicompile: {self.__name__} runs eagerly: {err}", stacklevel=3)
+                if self.quiet:               # a callee compiled on its own: the logs say it
+                    logs.log("graph_breaks", f"{where} runs eagerly: {err}")
+                else:
+                    warnings.warn(f"minicompile: {self.__name__} runs eagerly: {err}", stacklevel=3)
                 return None
             # minicompile's interpreter cannot run the rest of the frame: CPython does, from a
             # resume function (capture/resume.py), as TorchDynamo's resume functions do
@@ -281,6 +285,8 @@ class CompiledFunction:
             if seg.end == "break":
                 metrics.graph_breaks += 1
                 logs.log("graph_breaks", _break_text(seg))
+                if not seg.n_calls:          # no graph to carry its reason: explain() keeps it
+                    _record(None, seg.reason)
             if logs.enabled("bytecode"):
                 logs.log("bytecode", describe_segment(seg, self.__name__))
         if not eager:
@@ -316,6 +322,7 @@ class CompiledFunction:
             callee = CompiledFunction(target, fullgraph=False, backend=self._backend_arg,
                                       dynamic=self.dynamic, options=self.options)
             callee.backend, callee.backend_name = self.backend, self.backend_name
+            callee.quiet = True
             self._callees[target] = callee
         return callee(*pre, *args, **kwargs)
 

@@ -114,7 +114,7 @@ def greedy(model, ids, n=16):
     return tokens
 
 
-@pytest.mark.parametrize("name", ["llama", "gpt2", "gpt_neox"])
+@pytest.mark.parametrize("name", ["llama", "gpt2", "gpt_neox", "mistral"])
 def test_greedy_decoding_with_a_kv_cache(name):
     model, _ = make(name)
     ids = torch.randint(0, 99, (1, 5), generator=torch.Generator().manual_seed(3))

@@ -40,22 +40,6 @@ NULL_VALUE = type("NULL_VALUE", (), {"__repr__": lambda self: "NULL"})()
 VERSION = current_version()
 
 
-class ListIter:
-    """A loop's iterator carried across a graph break: the items not yet taken, visible to the
-    guard (a real list_iterator cannot be read without being consumed)."""
-
-    def __init__(self, items):
-        self.items = list(items)
-
-    def __iter__(self):
-        return self
-
-    def __next__(self):
-        if not self.items:
-            raise StopIteration
-        return self.items.pop(0)
-
-
 # ---------------------------------------------------------------------------------------
 # Which breaks can be resumed
 # ---------------------------------------------------------------------------------------
@@ -211,7 +195,7 @@ def execute(inst, stack: list, f_locals: dict, f_globals: dict, kw_names, call: 
         b, a = stack.pop(), stack.pop()
         stack.append((a is b) != bool(inst.arg))
     elif op == "GET_ITER":
-        stack.append(ListIter(stack.pop()))
+        stack.append(iter(stack.pop()))
     elif op == "UNPACK_SEQUENCE":
         items = list(stack.pop())
         if len(items) != inst.arg:
@@ -276,6 +260,13 @@ class TemplateBuilder:
                     return ["out", i]
             self.proxies.append(v.proxy)
             return ["out", len(self.proxies) - 1]
+        if isinstance(v, V.SymIntVariable):
+            # a symbolic size: the graph computes it (reading .value would make it static)
+            for i, p in enumerate(self.proxies):
+                if p.node is v.proxy.node:
+                    return ["out", i]
+            self.proxies.append(v.proxy)
+            return ["out", len(self.proxies) - 1]
         if isinstance(v, V.NullVariable):
             return ["const", NULL_VALUE]
         if isinstance(v, V.ConstantVariable):
@@ -292,7 +283,11 @@ class TemplateBuilder:
         if isinstance(v, V.DictVariable):
             return ["dict", [(k, self.build(i)) for k, i in v.items.items()]]
         if isinstance(v, V.IteratorVariable):
+            if v.source is not None and self._source_fn(v.source) is not None:
+                return ["src", self._source_fn(v.source)]     # the real one, advanced (an effect)
             return ["iter", [self.build(i) for i in v.remaining()]]
+        if isinstance(v, V.DictViewVariable):
+            return ["dictview", self.build(v.dict_var), v.kind]
         if isinstance(v, V.NNModuleVariable):
             # the call's own module (modules are not guarded by identity)
             src = self._source_fn(v.source) if v.source is not None else None
@@ -366,7 +361,9 @@ def rebuild(t, outs, env, memo=None):
     elif kind == "modeloutput":
         r = t[1](**{k: rebuild(x, outs, env, memo) for k, x in t[2]})
     elif kind == "iter":
-        r = ListIter(rebuild(x, outs, env, memo) for x in t[1])
+        r = iter([rebuild(x, outs, env, memo) for x in t[1]])
+    elif kind == "dictview":
+        r = getattr(rebuild(t[1], outs, env, memo), t[2])()
     elif kind == "attr":
         r = getattr(rebuild(t[1], outs, env, memo), t[2])
     elif kind == "bound":
@@ -428,18 +425,33 @@ class Segment:
             outs = self.gm(*inputs)
         env = self.make_env(F, args, kwargs)
         memo: dict = {}
+        # every value is rebuilt first, then the side effects are made: a value the trace read
+        # from outside the frame is the one it read before its own writes
+        effects = []
         for kind, obj_fn, t in self.effects:
             obj = obj_fn(env)
             if kind == "list":
-                obj[:] = list(rebuild(t, outs, env, memo))
-            else:
-                for name, vt in t:
-                    setattr(obj, name, rebuild(vt, outs, env, memo))
+                t = list(rebuild(t, outs, env, memo))
+            elif kind == "attrs":
+                t = [(name, rebuild(vt, outs, env, memo)) for name, vt in t]
+            effects.append((kind, obj, t))
         if self.end == "return":
-            return ("return", rebuild(self.template, outs, env, memo))
-        stack_t, locals_t = self.template
-        stack = [rebuild(t, outs, env, memo) for t in stack_t]
-        f_locals = {k: rebuild(t, outs, env, memo) for k, t in locals_t.items()}
+            result = rebuild(self.template, outs, env, memo)
+        else:
+            stack_t, locals_t = self.template
+            stack = [rebuild(t, outs, env, memo) for t in stack_t]
+            f_locals = {k: rebuild(t, outs, env, memo) for k, t in locals_t.items()}
+        for kind, obj, t in effects:
+            if kind == "advance":
+                for _ in range(t):
+                    next(obj)
+            elif kind == "list":
+                obj[:] = t
+            else:
+                for name, value in t:
+                    setattr(obj, name, value)
+        if self.end == "return":
+            return ("return", result)
         nxt = execute(self.break_inst, stack, f_locals, env["G"], self.kw_names, call,
                       self.offset_to_index)
         state = dict(f_locals)

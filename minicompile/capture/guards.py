@@ -40,7 +40,7 @@ from typing import Any, Callable, Dict, List, Optional, Tuple
 
 import torch
 
-from .sources import AttrSource, ItemSource, Source
+from .sources import AttrSource, ItemSource, RemainingSource, Source
 
 
 def frame_target(fn) -> Tuple[types.FunctionType, tuple, dict]:
@@ -128,6 +128,12 @@ def bind_arguments(func: types.FunctionType, args: tuple, kwargs: dict
         extra = [k for k in kwargs if k not in pos_names and k not in kwonly]
         exprs[varkw] = "{" + ", ".join(f"{k!r}: kwargs[{k!r}]" for k in extra) + "}"
     return ArgBinding(len(args), tuple(sorted(kwargs)), exprs), values
+
+
+def remaining_items(iterator) -> list:
+    """What an iterator has left, read from a copy of it (sources.RemainingSource)."""
+    import copy
+    return list(copy.copy(iterator))
 
 
 def storage_pattern(*tensors) -> tuple:
@@ -249,7 +255,8 @@ class GuardBuilder:
         self.freevars: Dict[str, int] = {}
         self.namespace: Dict[str, Any] = {"torch": torch, "Tensor": torch.Tensor,
                                           "Parameter": torch.nn.Parameter,
-                                          "TENSOR_FAILURE": tensor_failure}
+                                          "TENSOR_FAILURE": tensor_failure,
+                                          "REMAINING": remaining_items}
 
     def _add(self, key, source: Optional[Source], parts, comment: str = "", slow=None,
              stack: bool = True, others=()):
@@ -552,6 +559,8 @@ class GuardBuilder:
                 rhs = f"{local(src.base, out)}.{src.attr}"
             elif isinstance(src, ItemSource):
                 rhs = f"{local(src.base, out)}[{src.index!r}]"
+            elif isinstance(src, RemainingSource):
+                rhs = f"REMAINING({local(src.base, out)})"
             else:
                 rhs = key                        # L['x'], G, a root label
             names[key] = f"v{len(names)}"

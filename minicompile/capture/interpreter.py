@@ -30,6 +30,7 @@ import copy
 import dataclasses
 import dis
 import inspect
+import itertools
 import operator
 import os
 import re
@@ -38,6 +39,7 @@ import types
 from dataclasses import dataclass
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
+import numpy as np
 import sympy
 import torch
 import torch.fx
@@ -48,10 +50,11 @@ from .bytecode import (BINARY_OP_SYMBOLS, Instruction, check_python_version, cur
                        decode, dispatch_table, handles)
 from .. import aliasing, ir, logs
 from .guards import ArgBinding, GuardBuilder, bind_arguments, dense_order, frame_target
-from .sources import AttrSource, ItemSource, LocalSource, RootSource, Source, module_member_source
+from .sources import (AttrSource, ItemSource, LocalSource, RemainingSource, RootSource, Source,
+                      module_member_source)
 from .values import (NULL, BaseListVariable, BoundMethodVariable, BuiltinVariable,
                      ConstantMethodVariable, ConstantVariable, DictVariable, ListVariable,
-                     ModelOutputVariable, is_model_output_class, CallableVariable,
+                     ModelOutputVariable, is_model_output_class, CallableVariable, DictViewVariable,
                      NamedTupleVariable, NNModuleVariable, NullVariable, PythonModuleVariable,
                      SliceVariable, TensorMethodVariable, TensorVariable, TorchFunctionVariable,
                      TupleVariable, TypeVariable, UserFunctionVariable, VariableTracker,
@@ -136,6 +139,7 @@ class OutputGraph:
         # and the sources of inputs whose memory the trace writes (guard_written_inputs)
         self.input_storages: Dict[Any, List[Source]] = {}
         self.written_inputs: set = set()
+        self.module_sources: set = set()       # sources of the modules read (their ints stay static)
         # the captured frame's globals: read as `G` (the called function's own) by the guard
         self.root_globals = root_func.__globals__
         self.tx: Optional["InstructionTranslator"] = None     # the frame running now
@@ -179,6 +183,12 @@ class OutputGraph:
             self.guards.add_root(label, obj)
             self._roots[id(obj)] = RootSource(label)
         return self._roots[id(obj)]
+
+    def advanced(self, it: IteratorVariable) -> None:
+        """An iterator from outside the frame gives items: the real one gives as many after the
+        graph (a side effect)."""
+        if it.source is not None and it not in self.side_effects:
+            self.side_effects.append(it)
 
     # -- facts about modules the trace relied on (modules are not guarded by identity) ---
     def members(self, mv: NNModuleVariable, kind: str = "_modules") -> dict:
@@ -341,7 +351,7 @@ class OutputGraph:
                                        "only tensors reachable from the arguments, globals or "
                                        "modules can become graph inputs")
             return self.add_input(value, source)
-        if self.dynamic_policy and _may_be_dynamic_number(value, source) \
+        if self.dynamic_policy and _may_be_dynamic_number(value, source, self.module_sources) \
                 and self.dynamic_policy(source.expr(), value):
             return self.add_number_input(value, source)
         if is_constant_value(value):
@@ -351,6 +361,7 @@ class OutputGraph:
         if isinstance(value, torch.nn.Module):
             if source is not None:
                 g.module(source, value)
+                self.module_sources.add(source.expr())
             return NNModuleVariable(value, source)
         if isinstance(value, (tuple, list)) and type(value) in (tuple, list):
             if source is not None:
@@ -370,20 +381,29 @@ class OutputGraph:
                 g.dict_keys(source, value)
             return DictVariable({k: self.wrap(v, ItemSource(source, k) if source else None)
                                  for k, v in value.items()}, source)
-        from .frame import ListIter, NULL_VALUE
+        from .frame import NULL_VALUE
         if value is NULL_VALUE:
             return NULL
         if type(value) in (torch.no_grad, torch.enable_grad):
             # a grad-mode context manager object (@torch.no_grad() on a method keeps one)
             return GradModeVariable(type(value) is torch.enable_grad)
-        if type(value) is ListIter:
-            if source is None:
-                raise self.unsupported("an iterator of unknown origin")
-            g.type_check(source, ListIter)
-            items_src = AttrSource(source, "items")
-            g.sequence(items_src, value.items)
-            return IteratorVariable([self.wrap(v, ItemSource(items_src, i))
-                                     for i, v in enumerate(value.items)])
+        if isinstance(value, _DICT_VIEWS) and source is not None:
+            # a dict's keys()/values()/items() from outside the frame: a view of its dict
+            g.type_check(source, type(value))
+            mapping, map_src = value.mapping, AttrSource(source, "mapping")
+            g.mapping_keys(map_src, mapping)
+            d = DictVariable({k: self.wrap(v, ItemSource(map_src, k)) for k, v in mapping.items()}, map_src)
+            return DictViewVariable(d, type(value).__name__[5:])
+        if type(value) in _READABLE_ITERATORS and source is not None:
+            # an iterator from outside the frame (or across a graph break): its remaining items
+            # read from a copy of it (it is not advanced); what the trace takes from it is taken
+            # from the real one after the graph (an effect)
+            g.type_check(source, type(value))
+            items_src = RemainingSource(source)
+            remaining = list(copy.copy(value))
+            g.sequence(items_src, remaining)
+            return IteratorVariable([self.wrap(v, ItemSource(items_src, i)) for i, v in enumerate(remaining)],
+                                    source=source)
         known = (isinstance(value, (types.ModuleType, types.FunctionType, types.MethodType, type))
                  or _is_torch_callable(value) or (_hashable(value) and value in _BUILTIN_HANDLERS))
         if source is not None and not known:
@@ -461,8 +481,8 @@ class OutputGraph:
             if not is_constant_value(result):
                 raise self.unsupported(f"{name}() returned a {type(result).__name__}")
             return ConstantVariable(result)
-        proxy = self.tracer.create_proxy(kind, target, self.lift(tuple(a.as_proxy() for a in args)),
-                                         self.lift({k: v.as_proxy() for k, v in kwargs.items()}))
+        proxy = self.tracer.create_proxy(kind, target, self.lift(tuple(_graph_arg(a) for a in args)),
+                                         self.lift({k: _graph_arg(v) for k, v in kwargs.items()}))
         self._set_meta(proxy.node, result)
         return self._wrap_result(proxy, result)
 
@@ -630,6 +650,12 @@ class OutputGraph:
         self.guards.storage_pattern([s for s, _ in tensors], pattern)
 
 
+def _graph_arg(v: VariableTracker):
+    """An argument as the graph holds it: NumPy's scalars as Python's (the same to torch)."""
+    p = v.as_proxy()
+    return p.item() if isinstance(p, np.generic) else p
+
+
 def _constant(v):
     """A traced argument's Python value, where it is a constant (for aliasing's flags)."""
     return v.value if isinstance(v, ConstantVariable) else v
@@ -680,6 +706,8 @@ def _builtin_len(tx, args, kwargs):
         return ConstantVariable(len(x.items))
     if isinstance(x, DictVariable):
         return ConstantVariable(len(x.items))
+    if isinstance(x, DictViewVariable):
+        return ConstantVariable(len(x.dict_var.items))
     if isinstance(x, TensorVariable):
         return ConstantVariable(len(x.example))
     if isinstance(x, ConstantVariable):
@@ -800,6 +828,21 @@ def _builtin_iter(kind):
     return impl
 
 
+def _itertools(fn):
+    """A function of itertools over the traced values: the items of each iterable argument
+    (loops are unrolled, so all are known) through the real function; what it groups becomes
+    tuples of the same variables."""
+    def impl(tx, args, kwargs):
+        if any(not v.is_constant() for v in kwargs.values()):
+            raise tx.unsupported(f"itertools.{fn.__name__} with keyword arguments that are not constants")
+        real = [a.as_example() if isinstance(a, ConstantVariable) and not isinstance(a.value, (tuple, list, str, range))
+                else tx.iterate(a) for a in args]
+        out = fn(*real, **{k: v.as_example() for k, v in kwargs.items()})
+        return IteratorVariable([TupleVariable(list(t)) if isinstance(t, tuple) else t
+                                 for t in itertools.islice(out, 100_000)])
+    return impl
+
+
 def _builtin_next(tx, args, kwargs):
     it = args[0]
     if not isinstance(it, IteratorVariable):
@@ -809,6 +852,7 @@ def _builtin_next(tx, args, kwargs):
             return args[1]
         raise tx.unsupported("next() of an exhausted iterator (StopIteration)")
     tx.output.record_mutation(it)
+    tx.output.advanced(it)
     it.index += 1
     return it.items[it.index - 1]
 
@@ -823,6 +867,17 @@ def _builtin_reduce(kind):
             for it in items:
                 acc = tx.binary("+", acc, it)
             return acc
+        if kind in ("min", "max") and not kwargs and any(isinstance(i, SymIntVariable) for i in items) \
+                and all(isinstance(i, SymIntVariable) or i.is_constant() and type(i.value) is int for i in items):
+            # of sizes: each comparison answered on the symbols (guarded where it depends on them)
+            best = items[0]
+            for other in items[1:]:
+                better = tx.output.sym_compare(operator.lt if kind == "max" else operator.gt, best, other)
+                if better is None:
+                    break
+                best = other if better else best
+            else:
+                return best
         if all(i.is_constant() for i in items) and all(v.is_constant() for v in kwargs.values()):
             fn = {"min": min, "max": max, "any": any, "all": all, "sorted": sorted}[kind]
             r = fn([i.as_example() for i in items], **{k: v.as_example() for k, v in kwargs.items()})
@@ -918,6 +973,10 @@ _BUILTIN_HANDLERS: Dict[Any, Callable] = {
     callable: _builtin_callable, type: _builtin_type, id: _builtin_id,
     setattr: _builtin_setattr, delattr: _builtin_setattr,
 }
+for _f in (itertools.product, itertools.chain, itertools.chain.from_iterable, itertools.combinations,
+           itertools.combinations_with_replacement, itertools.permutations, itertools.islice,
+           itertools.zip_longest, itertools.pairwise, itertools.repeat):
+    _BUILTIN_HANDLERS[_f] = _itertools(_f)
 for _f in (int, float, bool, str, abs, pow, round, range, slice, divmod, hash, repr, chr, ord,
            set, frozenset, complex, format, ascii, bin, hex, oct):
     _BUILTIN_HANDLERS[_f] = _builtin_const(_f)
@@ -1097,9 +1156,12 @@ class InstructionTranslator:
         """The items a for loop over `v` sees (all known: loops are unrolled)."""
         if isinstance(v, IteratorVariable):
             self.output.record_mutation(v)
+            self.output.advanced(v)
             items = v.remaining()
             v.index = len(v.items)
             return items
+        if isinstance(v, DictViewVariable):
+            return v.items_now()
         if isinstance(v, NNModuleVariable):
             mod = v.module
             if isinstance(mod, (torch.nn.ModuleList, torch.nn.Sequential)):
@@ -1252,6 +1314,8 @@ class InstructionTranslator:
             return _constant_result(obj, attr)
         if isinstance(obj, (BaseListVariable, DictVariable)):
             return ConstantMethodVariable(obj, name)
+        if isinstance(obj, (TypeVariable, BuiltinVariable)) and obj.value is dict and name == "fromkeys":
+            return _DictFromKeys()
         if isinstance(obj, (TorchFunctionVariable, UserFunctionVariable, TypeVariable)):
             if obj.value in (torch.Tensor,) and callable(getattr(torch.Tensor, name, None)):
                 return _UnboundTensorMethod(name)
@@ -1263,6 +1327,7 @@ class InstructionTranslator:
                     return BoundMethodVariable(static.__func__, obj)
                 attr = static.__func__ if isinstance(static, staticmethod) else getattr(obj.value, name)
                 return out.wrap(attr, AttrSource(obj.source, name) if obj.source is not None else None)
+
             attr = getattr(obj.value, name)
             if is_constant_value(attr):
                 return ConstantVariable(attr)
@@ -1352,6 +1417,10 @@ class InstructionTranslator:
             return ConstantVariable(None)
         if isinstance(fn, ContainerReadVariable):
             return fn.call(self, args, kwargs)
+        if isinstance(fn, _DictFromKeys):
+            value = args[1] if len(args) > 1 else kwargs.get("value", ConstantVariable(None))
+            keys = [k.as_example() for k in self.iterate(args[0])]
+            return DictVariable({k: value for k in keys})
         if isinstance(fn, WithExitVariable):
             self.set_grad(fn.prev)
             self.with_depth -= 1
@@ -1502,14 +1571,9 @@ class InstructionTranslator:
                 return _constant_result(obj, r)
         if isinstance(obj, ModelOutputVariable) and fn.name == "to_tuple" and not args and not kwargs:
             return TupleVariable(list(obj.items.values()))
-        if isinstance(obj, DictVariable) and not args and not kwargs:
-            if fn.name == "keys":
-                return TupleVariable([ConstantVariable(k) for k in obj.items])
-            if fn.name == "values":
-                return TupleVariable(list(obj.items.values()))
-            if fn.name == "items":
-                return TupleVariable([TupleVariable([ConstantVariable(k), v])
-                                      for k, v in obj.items.items()])
+        if isinstance(obj, DictVariable) and not args and not kwargs and \
+                fn.name in ("keys", "values", "items"):
+            return DictViewVariable(obj, fn.name)
         if isinstance(obj, ListVariable) and fn.name in ("append", "extend", "insert", "pop",
                                                           "clear", "reverse", "remove", "sort"):
             self.check_mutable(obj)
@@ -1735,12 +1799,18 @@ class InstructionTranslator:
             return ConstantVariable(same if sym == "==" else not same)
         if sym in ("==", "!=") and isinstance(a, UserObjectVariable):
             eq = self.call_special(a, "__eq__", [b])
-            if eq is None:                         # object's own ==: identity
-                same = a is b or (isinstance(b, UserObjectVariable) and b.source is not None and
-                                  a.source is not None and a.value is b.value)
-                if isinstance(b, UserObjectVariable) and a is not b and a.source is not None and b.source is not None:
+            if eq is None:
+                if inspect.getattr_static(type(a.value), "__eq__") is not object.__eq__:
+                    raise self.unsupported(f"operator {sym} on {a.describe()}: a builtin __eq__")
+                # object's own ==: identity
+                if a is b:
+                    same = True
+                elif isinstance(b, UserObjectVariable) and a.source is not None and b.source is not None:
+                    same = a.value is b.value
                     self.output.guards.same_object(a.source, b.source, same)
-                elif not (a is b or b.is_constant()):
+                elif isinstance(b, UserObjectVariable) or b.is_constant():
+                    same = False            # another object made in the frame, or a constant
+                else:
                     raise self.unsupported(f"operator {sym} on {a.describe()} and {b.describe()}")
                 eq = ConstantVariable(same)
             if sym == "!=":
@@ -1920,6 +1990,7 @@ class InstructionTranslator:
             raise self.unsupported(f"for loop over {it.describe()}")
         if it.index < len(it.items):
             self.output.record_mutation(it)
+            self.output.advanced(it)
             it.index += 1
             self.push(it.items[it.index - 1])
             return
@@ -2300,6 +2371,10 @@ class InstructionTranslator:
                 a.source is not None and b.source is not None:
             r = a.value is b.value                 # a relation between the call's own objects
             self.output.guards.same_object(a.source, b.source, r)
+        elif isinstance(a, (UserObjectVariable, ModelOutputVariable, DictVariable, ListVariable)) and \
+                isinstance(b, (UserObjectVariable, ModelOutputVariable, DictVariable, ListVariable)) and \
+                (a.source is None or b.source is None):
+            r = False                  # one made in the frame: only itself (a is b, above) is it
         else:
             raise self.unsupported(f"'is' between {a.describe()} and {b.describe()}")
         self.push(ConstantVariable(r != bool(inst.arg)))
@@ -2312,6 +2387,8 @@ class InstructionTranslator:
             r = item.as_example() in container.as_example()
         elif item.is_constant() and isinstance(container, DictVariable):
             r = item.as_example() in container.items
+        elif item.is_constant() and isinstance(container, DictViewVariable) and container.kind == "keys":
+            r = item.as_example() in container.dict_var.items
         elif item.is_constant() and isinstance(container, NNModuleVariable) and \
                 isinstance(container.module, torch.nn.ModuleDict):
             r = item.as_example() in self.output.members(container)
@@ -2650,6 +2727,10 @@ class _Deleted(VariableTracker):
 DELETED = _Deleted()
 
 
+class _DictFromKeys(VariableTracker):
+    """dict.fromkeys: a dict of those keys, each holding the same value."""
+
+
 class _NoOpCallable(VariableTracker):
     """object.__init__ reached through super(): calling it does nothing."""
 
@@ -2714,6 +2795,12 @@ class ContainerReadVariable(VariableTracker):
 
 _MISSING = object()
 
+_DICT_VIEWS = (type({}.keys()), type({}.values()), type({}.items()))
+
+# iterators whose copy (copy.copy) is independent of them: their remaining items can be read
+# without advancing them
+_READABLE_ITERATORS = tuple({type(iter(c)) for c in ([], (), range(1), "", b"")} | {type(reversed([]))})
+
 
 def _runs_for_real(fn) -> bool:
     """Functions whose result depends on their arguments alone and is not changed afterwards
@@ -2729,7 +2816,8 @@ def _runs_for_real(fn) -> bool:
 _PURE_FUNCTIONS = {inspect.signature, inspect.getfullargspec, inspect.isclass, inspect.isfunction,
                    inspect.ismethod, inspect.isgeneratorfunction, inspect.iscoroutinefunction,
                    inspect.isbuiltin, inspect.isroutine, inspect.getmro, inspect.unwrap,
-                   dataclasses.fields, dataclasses.is_dataclass, torch.finfo, torch.iinfo}
+                   dataclasses.fields, dataclasses.is_dataclass, torch.finfo, torch.iinfo,
+                   np.iinfo, np.finfo, np.dtype}
 
 
 def _constant_result(parent: ConstantVariable, value) -> ConstantVariable:
@@ -2850,7 +2938,9 @@ def _effect_templates(output, builder, source_fn):
     for var in output.side_effects:
         if source_fn(var.source) is None:
             raise output.unsupported("a side effect on state outside the frame in a whole-graph capture")
-        if isinstance(var, ListVariable):
+        if isinstance(var, IteratorVariable):
+            effects.append(("advance", source_fn(var.source), var.index))
+        elif isinstance(var, ListVariable):
             effects.append(("list", source_fn(var.source), builder.build(TupleVariable(var.items))))
         else:
             effects.append(("attrs", source_fn(var.source),
@@ -2870,11 +2960,18 @@ def traceable_target(fn) -> Tuple[types.FunctionType, tuple, dict]:
     return func, pre, pre_kw
 
 
-def _may_be_dynamic_number(value, source) -> bool:
-    """Numbers automatic dynamic applies to, as in TorchDynamo: ints passed as arguments;
-    floats passed as arguments or read from globals (module attributes stay specialized)."""
+def _may_be_dynamic_number(value, source, module_sources=frozenset()) -> bool:
+    """Numbers automatic dynamic applies to, as in TorchDynamo: ints reached from the frame's
+    arguments (an argument, an item or attribute of one: a cache's length) but not through an
+    nn.Module (its attributes stay specialized); floats passed as arguments or read from
+    globals."""
     if type(value) is int:
-        return isinstance(source, LocalSource)
+        s = source
+        while isinstance(s, (AttrSource, ItemSource)):
+            s = s.base
+            if s.expr() in module_sources:
+                return False
+        return isinstance(s, LocalSource)
     if type(value) is float:
         return isinstance(source, LocalSource) or (
             isinstance(source, ItemSource) and isinstance(source.base, RootSource) and source.base.expr() == "G")

@@ -18,6 +18,7 @@ from __future__ import annotations
 import types
 from typing import Any, Callable, Dict, List, Optional
 
+import numpy as np
 import torch
 import torch.fx
 
@@ -73,7 +74,7 @@ class TensorVariable(VariableTracker):
 # Python values that are baked into the graph as literals (specialized, guarded by value).
 CONSTANT_TYPES = (int, float, bool, str, bytes, type(None), complex, torch.dtype, torch.device,
                   torch.layout, torch.memory_format, torch.Size, slice, type(Ellipsis),
-                  type(NotImplemented), types.CodeType)
+                  type(NotImplemented), types.CodeType, np.generic)
 
 
 def is_constant_value(v) -> bool:
@@ -364,15 +365,35 @@ class IteratorVariable(VariableTracker):
     """An iterator over already-known items (iter(list), range, enumerate, zip, map, a
     ModuleList): loops are unrolled, so every item is known when the iterator is made."""
 
-    def __init__(self, items: List[VariableTracker], index: int = 0):
+    def __init__(self, items: List[VariableTracker], index: int = 0, source: Optional[Source] = None):
         self.items = list(items)
         self.index = index
+        self.source = source       # read from outside the frame: advanced for real after the graph
 
     def remaining(self) -> List[VariableTracker]:
         return self.items[self.index:]
 
     def describe(self):
         return f"iterator({len(self.items) - self.index} left)"
+
+
+class DictViewVariable(VariableTracker):
+    """d.keys(), d.values() or d.items(): a live view of the dict, read each time it is used
+    (a key added to d later is in it), as Python's views are."""
+
+    def __init__(self, dict_var: "DictVariable", kind: str):
+        self.dict_var, self.kind = dict_var, kind
+
+    def items_now(self) -> List[VariableTracker]:
+        d = self.dict_var.items
+        if self.kind == "keys":
+            return [ConstantVariable(k) for k in d]
+        if self.kind == "values":
+            return list(d.values())
+        return [TupleVariable([ConstantVariable(k), v]) for k, v in d.items()]
+
+    def describe(self):
+        return f"dict_{self.kind}"
 
 
 class CellVariable(VariableTracker):
