@@ -19,7 +19,7 @@ from typing import Any, Callable
 import torch
 
 from . import config, logs, metrics
-from .capture import SUPPORTED_VERSIONS, Capture, Unsupported, capture
+from .capture import SUPPORTED_VERSIONS, Unsupported
 from .capture.frame import ResumeSegment
 from .capture.guards import frame_target
 
@@ -206,7 +206,7 @@ class CompiledFunction:
         for seg in entries:
             if seg.guard(F, args, kwargs):
                 return seg
-        from .capture.interpreter import trace_segment
+        from .capture.trace import trace_segment
         where = self.__name__ if offset == 0 else f"{self.__name__} (resume at offset {offset})"
         # a miss: ask each earlier entry which of its checks failed (the slow twin of its guard);
         # not once the frame is past its limit and has said so (then the call just runs eagerly)

@@ -24,17 +24,17 @@ compiled on its own), and every unsupported instruction runs for real.
 """
 from __future__ import annotations
 
+import copy
 import dis
-import inspect
-import operator
 import types
 from dataclasses import dataclass, field
-from typing import Any, Callable, Dict, List, Optional, Tuple
+from typing import Any, Callable, Dict, List, Optional
 
 import torch
 
-from .breaks import GraphBreak, Unsupported
-from .bytecode import BINARY_OP_SYMBOLS, current_version
+from . import values as V
+from .breaks import Unsupported
+from .bytecode import BINARY_OP_SYMBOLS, BINARY_OPS, COMPARE_OPS, _cmp_symbol, current_version
 
 NULL_VALUE = type("NULL_VALUE", (), {"__repr__": lambda self: "NULL"})()
 VERSION = current_version()
@@ -173,10 +173,8 @@ def execute(inst, stack: list, f_locals: dict, f_globals: dict, kw_names, call: 
         stack.append(obj[idx])
     elif op == "BINARY_OP":
         b, a = stack.pop(), stack.pop()
-        from .interpreter import BINARY_OPS
         stack.append(BINARY_OPS[BINARY_OP_SYMBOLS[inst.arg]](a, b))
     elif op == "COMPARE_OP":
-        from .interpreter import COMPARE_OPS, _cmp_symbol
         b, a = stack.pop(), stack.pop()
         sym = _cmp_symbol(inst.argval)
         stack.append(COMPARE_OPS.get(sym, COMPARE_OPS.get(_cmp_symbol(inst.argrepr)))(a, b))
@@ -251,7 +249,6 @@ class TemplateBuilder:
         return t
 
     def _build(self, v):
-        from . import values as V
         if isinstance(v, V.TensorVariable):
             if v.source is not None and v.node.op == "placeholder" and self._source_fn(v.source):
                 return ["src", self._source_fn(v.source)]
@@ -292,10 +289,10 @@ class TemplateBuilder:
             # the call's own module (modules are not guarded by identity)
             src = self._source_fn(v.source) if v.source is not None else None
             return ["src", src] if src is not None else ["const", v.module]
-        if type(v).__name__ == "UserObjectVariable":
+        if isinstance(v, V.UserObjectVariable):
             if v.snapshot is not None:
                 # a copy the frame made: the same copy each call, then the trace's writes
-                return ["copy", v.snapshot, [(k, ["deleted"] if type(i).__name__ == "_Deleted" else self.build(i))
+                return ["copy", v.snapshot, [(k, ["deleted"] if i is V.DELETED else self.build(i))
                                              for k, i in v.items.items()]]
             if v.source is None:
                 # an object made in the frame: a new one per call, its attributes from the trace
@@ -345,7 +342,6 @@ def rebuild(t, outs, env, memo=None):
         for name, x in t[2]:
             setattr(r, name, rebuild(x, outs, env, memo))
     elif kind == "copy":
-        import copy
         r = copy.deepcopy(t[1])
         memo[key] = r
         for name, x in t[2]:
@@ -354,8 +350,7 @@ def rebuild(t, outs, env, memo=None):
             else:
                 setattr(r, name, rebuild(x, outs, env, memo))
     elif kind == "namedtuple":
-        from .values import make_named_tuple
-        r = make_named_tuple(t[1], [rebuild(x, outs, env, memo) for x in t[2]])
+        r = V.make_named_tuple(t[1], [rebuild(x, outs, env, memo) for x in t[2]])
     elif kind == "dict":
         r = {k: rebuild(x, outs, env, memo) for k, x in t[1]}
     elif kind == "modeloutput":

@@ -443,3 +443,116 @@ class WithExitVariable(VariableTracker):
     def __init__(self, ctx: GradModeVariable, prev: bool):
         self.ctx = ctx
         self.prev = prev
+
+
+class UserObjectVariable(VariableTracker):
+    """Any other Python object read from the arguments or globals (a config object, a
+    dataclass): its type guarded, its attributes read (and guarded) one by one. Or one made in
+    the frame (source None): its attributes are trace state (`items`); made by copying an
+    object whose state is constants (copy.deepcopy(config)), it keeps a private real copy
+    (`snapshot`, what each call starts from) and `value` follows the trace's writes, so its
+    class's own attribute logic can run on it for real."""
+
+    def __init__(self, value, source, snapshot=None):
+        self.value = value
+        self.source = source
+        self.items = {}          # (so record_mutation can save/restore the overrides)
+        self.snapshot = snapshot
+
+    @property
+    def overrides(self):
+        return self.items
+
+    def as_example(self):
+        return self.value
+
+    def describe(self):
+        return f"{type(self.value).__name__} object"
+
+
+class SetVariable(BaseListVariable):
+    """A set of Python constants made in the frame (a set display or comprehension). Its items
+    are kept in the order Python's own set iterates them."""
+    python_type = set
+
+    @staticmethod
+    def of(values: set) -> "SetVariable":
+        return SetVariable([ConstantVariable(v) for v in values])
+
+
+class SuperVariable(VariableTracker):
+    """super(cls, obj) (or the zero-argument form): attribute reads only."""
+
+    def __init__(self, cls: type, obj: VariableTracker):
+        self.cls = cls
+        self.obj = obj
+
+    def describe(self):
+        return f"super({self.cls.__name__})"
+
+
+class _Deleted(VariableTracker):
+    """An attribute deleted in the trace (delattr on the frame's own copy)."""
+
+
+DELETED = _Deleted()
+
+
+class _DictFromKeys(VariableTracker):
+    """dict.fromkeys: a dict of those keys, each holding the same value."""
+
+
+class _NoOpCallable(VariableTracker):
+    """object.__init__ reached through super(): calling it does nothing."""
+
+
+class OpaqueConstantVariable(ConstantVariable):
+    """An immutable object that a pure function made from constants (an inspect.Signature, its
+    parameters): attribute reads and calls of its methods with constant arguments run as they
+    are, and what they return is constant too."""
+
+    def describe(self):
+        return f"constant {type(self.value).__name__}"
+
+
+class _UnboundTensorMethod(VariableTracker):
+    """`torch.Tensor.add` used as a function: a call_method node on its first argument."""
+
+    def __init__(self, name):
+        self.name = name
+
+
+def _constant_result(parent: ConstantVariable, value) -> ConstantVariable:
+    """What reading or calling a constant gives: a constant (opaque where the parent was)."""
+    if is_constant_value(value) or not isinstance(parent, OpaqueConstantVariable):
+        return ConstantVariable(value)
+    return OpaqueConstantVariable(value)
+
+
+def _hashable(v) -> bool:
+    try:
+        hash(v)
+        return True
+    except TypeError:
+        return False
+
+
+def _contains_tensor(vars_) -> bool:
+    for v in vars_:
+        if isinstance(v, TensorVariable):
+            return True
+        if isinstance(v, BaseListVariable) and _contains_tensor(v.items):
+            return True
+        if isinstance(v, DictVariable) and _contains_tensor(list(v.items.values())):
+            return True
+        if isinstance(v, SliceVariable) and _contains_tensor(v.parts):
+            return True
+    return False
+
+
+def _contains_tensor_value(v) -> bool:
+    if isinstance(v, torch.Tensor):
+        return True
+    if isinstance(v, (tuple, list)):
+        return any(_contains_tensor_value(x) for x in v)
+    return False
