@@ -4,7 +4,8 @@ This is the contract between capture and code generation, and it is torch.compil
 backend contract, so `torch.compile(f, backend=minicompile.backend)` runs real TorchDynamo with
 minicompile's lowering, fusion and kernels.
 
-    gm, example_inputs --functionalize--> values-only graph (+ epilogue: writes, views)
+    gm, example_inputs --autocast--> casts as nodes
+        --functionalize--> values-only graph (+ epilogue: writes, views)
         --lower--> Program --fusion.schedule--> steps --wrapper.build--> callable
 """
 from __future__ import annotations
@@ -13,15 +14,24 @@ import warnings
 
 import torch
 
-from . import fusion, logs
+from . import autocast, fusion, logs
 from .codegen import wrapper
 from .functionalize import functionalize
 from .lower import lower
 
 
 def compile_graph(gm: torch.fx.GraphModule, example_inputs):
-    """The compiled graph: a callable with gm's inputs and outputs. Writes and views become
-    values first (functionalize.py); its epilogue makes them real after the kernels."""
+    """The compiled graph: a callable with gm's inputs and outputs. Autocast's casts become
+    nodes (autocast.py), and writes and views become values (functionalize.py), whose epilogue
+    makes them real after the kernels."""
+    if autocast.involved(gm):
+        gm = autocast.explicit_casts(gm, example_inputs)
+        with autocast.off():
+            return autocast.AutocastOff(_compile_functional(gm, example_inputs))
+    return _compile_functional(gm, example_inputs)
+
+
+def _compile_functional(gm: torch.fx.GraphModule, example_inputs):
     functional, epilogue = functionalize(gm, list(example_inputs))
     compiled = _compile_values(functional, example_inputs)
     if epilogue is None:
@@ -127,7 +137,14 @@ def backend(gm: torch.fx.GraphModule, example_inputs):
                       "is on); compiled training (AOT autograd) is a later stage, so it runs on "
                       "PyTorch's kernels. Use torch.no_grad() for inference.", stacklevel=2)
         return gm
-    return compile_graph(gm, example_inputs)
+    try:
+        return compile_graph(gm, example_inputs)
+    except NotImplementedError as err:
+        # a stage minicompile does not have yet (a dtype, an op): PyTorch's kernels run the
+        # graph, which gives eager's results (as minicompile.compile does)
+        warnings.warn(f"minicompile: the graph runs on PyTorch's kernels, not compiled: {err}",
+                      stacklevel=2)
+        return gm
 
 
 backend.supports_dynamic_shapes = True     # takes graphs whose inputs have dynamic dims

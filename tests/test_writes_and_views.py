@@ -12,6 +12,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 import minicompile
+from conftest import DEVICE
 from helpers import randn
 
 
@@ -39,9 +40,10 @@ def assert_same_effects(fn, make_inputs, calls=3, graph_breaks=0):
     minicompile.metrics.reset()
     compiled = minicompile.compile(fn)
     for call in range(calls):
-        state = torch.random.get_rng_state()
+        seed = int(torch.randint(2**31, ()))
+        torch.manual_seed(seed)          # (every device's generator: inputs may be on a GPU)
         inputs = make_inputs()
-        torch.random.set_rng_state(state)
+        torch.manual_seed(seed)
         mine = make_inputs()             # the same values in the same layout (views too)
         expected = observe(fn(*inputs), inputs)
         got = observe(compiled(*mine), mine)
@@ -152,7 +154,7 @@ def test_non_contiguous_input_written(kernel_backend):
 
 
 def test_integer_and_half_inputs_written(kernel_backend):
-    assert_same_effects(lambda x: x.add_(3), lambda: (torch.randint(-5, 5, (4, 6), dtype=torch.int32),))
+    assert_same_effects(lambda x: x.add_(3), lambda: (torch.randint(-5, 5, (4, 6), dtype=torch.int32, device=DEVICE),))
     assert_same_effects(lambda x: x.mul_(0.5), lambda: (randn(4, 6, dtype=torch.float16),))
 
 
@@ -226,6 +228,7 @@ def test_batch_norm_training_updates_running_statistics_in_one_graph(kernel_back
     ref = nn.Sequential(nn.Conv2d(3, 4, 3), nn.BatchNorm2d(4), nn.ReLU(inplace=True))
     mine = nn.Sequential(nn.Conv2d(3, 4, 3), nn.BatchNorm2d(4), nn.ReLU(inplace=True))
     mine.load_state_dict(ref.state_dict())
+    ref, mine = ref.to(DEVICE), mine.to(DEVICE)
     compiled = minicompile.compile(mine)
     with torch.no_grad():
         for _ in range(3):
@@ -246,7 +249,7 @@ def test_a_counter_buffer_written_each_call():
             self.calls += 1
             return x * self.calls
 
-    m = Counter()
+    m = Counter().to(DEVICE)
     compiled = minicompile.compile(m)
     x = randn(3)
     for i in range(1, 4):

@@ -6,6 +6,7 @@ frame), copies of constant objects, special methods.
 """
 from __future__ import annotations
 
+import contextlib
 import copy
 import inspect
 import sys
@@ -22,7 +23,8 @@ from .builtin_calls import (_BUILTIN_HANDLERS, _COMPILING_QUERIES, ContainerRead
                             _runs_for_real)
 from .output_graph import _is_internal_module_name
 from .values import (BaseListVariable, BoundMethodVariable, BuiltinVariable, ConstantMethodVariable,
-                     ConstantVariable, DictVariable, DictViewVariable, GradModeVariable,
+                     AutocastVariable, ConstantVariable, DictVariable, DictViewVariable,
+                     GradModeVariable, NullContextVariable,
                      IteratorVariable, ListVariable, ModelOutputVariable, NamedTupleVariable,
                      NestedFunctionVariable, NNModuleVariable, NullVariable, OpaqueConstantVariable,
                      SetVariable, SuperVariable, TensorMethodVariable, TensorVariable,
@@ -36,6 +38,17 @@ MAX_INLINE_DEPTH = 32
 
 
 class CallsMixin:
+    def make_autocast(self, cls, args, kwargs) -> AutocastVariable:
+        """torch.autocast(...) (or its cuda/cpu subclasses) with constant arguments."""
+        try:
+            made = cls(*[a.as_example() for a in args],
+                       **{k: v.as_example() for k, v in kwargs.items()})
+        except Exception as e:
+            raise self.unsupported(f"torch.autocast() raised {type(e).__name__}: {e}")
+        if not all(a.is_constant() for a in list(args) + list(kwargs.values())):
+            raise self.unsupported("torch.autocast with arguments that are not constants")
+        return AutocastVariable(made.device, made.fast_dtype, made._enabled, made._cache_enabled)
+
     # calls --------------------------------------------------------------------------------
     def call_function(self, fn: VariableTracker, args: List[VariableTracker],
                       kwargs: Dict[str, VariableTracker]) -> VariableTracker:
@@ -57,9 +70,15 @@ class CallsMixin:
             keys = [k.as_example() for k in self.iterate(args[0])]
             return DictVariable({k: value for k in keys})
         if isinstance(fn, WithExitVariable):
-            self.set_grad(fn.prev)
+            fn.undo(self)
             self.with_depth -= 1
             return ConstantVariable(None)
+        if isinstance(fn, TypeVariable) and fn.value is contextlib.nullcontext:
+            bound = inspect.signature(contextlib.nullcontext).bind(*args, **kwargs).arguments
+            return NullContextVariable(bound.get("enter_result", ConstantVariable(None)))
+        if isinstance(fn, TypeVariable) and isinstance(fn.value, type) and \
+                issubclass(fn.value, torch.amp.autocast):
+            return self.make_autocast(fn.value, args, kwargs)
         if isinstance(fn, TypeVariable) and fn.value in (torch.no_grad, torch.enable_grad,
                                                          torch.set_grad_enabled):
             if fn.value is torch.set_grad_enabled:

@@ -40,6 +40,7 @@ from typing import Any, Callable, Dict, List, Optional, Tuple
 
 import torch
 
+from .. import autocast
 from .sources import AttrSource, ItemSource, RemainingSource, Source
 
 
@@ -508,11 +509,17 @@ class GuardBuilder:
                   "tensor inputs share memory as in the trace (the graph writes one)",
                   stack=False, others=sources[1:])
 
-    def grad_mode(self):
-        self._add(("grad",), None,
-                  [(f"torch.is_grad_enabled() is {torch.is_grad_enabled()}",
-                    "GLOBAL_STATE changed: grad_mode")],
-                  "grad mode", stack=False)
+    def global_state(self):
+        """PyTorch's global state that changes what ops compute: grad mode, and autocast (on
+        which device, to which dtype), as Dynamo's GLOBAL_STATE guard checks them."""
+        checks = [(f"torch.is_grad_enabled() is {torch.is_grad_enabled()}",
+                   "GLOBAL_STATE changed: grad_mode")]
+        for device, dtype in zip(autocast.DEVICES, autocast.state()):
+            on = f"torch.is_autocast_enabled({device!r})"
+            checks.append((f"not {on}" if dtype is None else
+                           f"{on} and torch.get_autocast_dtype({device!r}) is {dtype}",
+                           f"GLOBAL_STATE changed: autocast ({device})"))
+        self._add(("grad",), None, checks, "grad mode, autocast", stack=False)
 
     # --- code generation ---------------------------------------------------------------
     def build(self, binding: ArgBinding, input_exprs: List[str]) -> "GuardCode":

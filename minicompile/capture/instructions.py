@@ -24,7 +24,8 @@ from .values import (NULL, CellVariable, ConstantVariable, DictVariable, DictVie
                      GradModeVariable, IteratorVariable, ListVariable, ModelOutputVariable,
                      NestedFunctionVariable, NNModuleVariable, PythonModuleVariable, SetVariable,
                      SliceVariable, SuperVariable, SymIntVariable, TensorVariable, TupleVariable,
-                     TypeVariable, UserObjectVariable, WithExitVariable)
+                     TypeVariable, UserObjectVariable, WithExitVariable,
+                     AutocastVariable, NullContextVariable)
 
 
 # ===================================================================================
@@ -193,18 +194,26 @@ def _end_for(tx, inst):
         tx.pop()
 
 
-# with blocks: torch.no_grad() and friends ---------------------------------------------
+# with blocks: torch.no_grad() and friends, torch.autocast, nullcontext -------------------
 @handles("BEFORE_WITH")
 def _before_with(tx, inst):
     ctx = tx.pop()
-    if not isinstance(ctx, GradModeVariable):
+    entered = ConstantVariable(None)
+    if isinstance(ctx, GradModeVariable):
+        prev = torch.is_grad_enabled() if ctx.before is None else ctx.before
+        tx.set_grad(ctx.enabled)
+        undo = lambda tx: tx.set_grad(prev)          # noqa: E731
+    elif isinstance(ctx, AutocastVariable):
+        undo, entered = tx.enter_autocast(ctx), ctx
+    elif isinstance(ctx, NullContextVariable):
+        undo, entered = (lambda tx: None), ctx.enter_result
+    else:
         raise tx.unsupported(f"with-block on {ctx.describe()}",
-                               "only torch.no_grad/enable_grad/set_grad_enabled are modelled")
-    prev = torch.is_grad_enabled() if ctx.before is None else ctx.before
-    tx.set_grad(ctx.enabled)
+                             "only torch.no_grad/enable_grad/set_grad_enabled, torch.autocast "
+                             "and contextlib.nullcontext are modelled")
     tx.with_depth += 1
-    tx.push(WithExitVariable(ctx, prev))
-    tx.push(ConstantVariable(None))
+    tx.push(WithExitVariable(undo))
+    tx.push(entered)
 
 
 @handles("STORE_SUBSCR")

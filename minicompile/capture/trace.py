@@ -16,7 +16,7 @@ from typing import Any, Callable, List, Optional, Sequence, Tuple
 import torch
 import torch.fx
 
-from .. import aliasing
+from .. import aliasing, autocast
 from .breaks import GraphBreak, Unsupported
 from .bytecode import check_python_version
 from .guards import ArgBinding, bind_arguments, frame_target
@@ -117,7 +117,7 @@ def trace_segment(fn, args: tuple, kwargs: dict, offset: int = 0, *, breaks: boo
     output.breaks_allowed = breaks
     output.inline_user_calls = not eager
     output.dynamic_policy = dynamic
-    output.guards.grad_mode()
+    output.guards.global_state()
     gsrc = None
     if not _is_internal_module_name(func.__globals__.get("__name__", "")):
         gsrc = RootSource("G")          # F.__globals__ in the guard: the called function's
@@ -135,7 +135,7 @@ def trace_segment(fn, args: tuple, kwargs: dict, offset: int = 0, *, breaks: boo
     tx = InstructionTranslator(output, func, {}, lazy, parent=None, globals_source=gsrc)
     for name, (value, src) in fresh.items():
         tx.locals[name] = DictVariable({k: output.wrap(v, ItemSource(src, k)) for k, v in value.items()})
-    grad = torch.is_grad_enabled()
+    grad, autocast_state = torch.is_grad_enabled(), autocast.state()
     ns = output.guards.namespace
 
     def source_fn(src):
@@ -197,6 +197,7 @@ def trace_segment(fn, args: tuple, kwargs: dict, offset: int = 0, *, breaks: boo
             effects = _effect_templates(output, builder, source_fn)
     finally:
         torch._C._set_grad_enabled(grad)
+        autocast.set_state(autocast_state)
         output.tx = None
     if torch.is_grad_enabled() != grad:
         torch._C._set_grad_enabled(grad)

@@ -24,7 +24,7 @@ from typing import Any, Callable, Dict, List, Optional, Tuple
 import torch
 import torch.fx
 
-from .. import aliasing
+from .. import aliasing, autocast
 from .breaks import GraphBreak, Return, Unsupported, source_line
 from .bytecode import BINARY_OPS, COMPARE_OPS, Instruction, current_version, decode, dispatch_table
 from .sources import AttrSource, ItemSource, Source, module_member_source
@@ -554,6 +554,29 @@ class InstructionTranslator(CallsMixin):
             node = self.output.graph.call_function(torch._C._set_grad_enabled, (enabled,))
             self.output._set_meta(node, None)
             torch._C._set_grad_enabled(enabled)
+
+    def enter_autocast(self, ctx):
+        """Enter `with torch.autocast(...)`: the state set for real (so example values are
+        autocast's) and, where it changes, an `_enter_autocast` node; returns what its exit
+        does. A block that changes nothing (transformers' `enabled=False` when autocast is
+        off) leaves no trace in the graph."""
+        if ctx.device_type not in autocast.DEVICES:
+            raise self.unsupported(f"torch.autocast on device {ctx.device_type!r}")
+        before = autocast.state()
+        i = autocast.DEVICES.index(ctx.device_type)
+        after = before[:i] + ((ctx.dtype if ctx.enabled else None),) + before[i + 1:]
+        if after == before:
+            return lambda tx: None
+        enter = self.output.graph.call_function(
+            autocast.ENTER, (ctx.device_type, ctx.dtype, ctx.enabled, ctx.cache_enabled))
+        self.output._set_meta(enter, None)
+        autocast.set_state(after)
+
+        def leave(tx):
+            node = tx.output.graph.call_function(autocast.EXIT, (enter,))
+            tx.output._set_meta(node, None)
+            autocast.set_state(before)
+        return leave
 
     def store_attr(self, obj: VariableTracker, name: str, value: VariableTracker) -> None:
         """`obj.name = value` (STORE_ATTR, setattr())."""

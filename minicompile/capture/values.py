@@ -437,12 +437,35 @@ class GradModeVariable(VariableTracker):
         return f"GradMode({self.enabled})"
 
 
-class WithExitVariable(VariableTracker):
-    """The __exit__ that BEFORE_WITH pushes: calling it restores the previous grad mode."""
+class NullContextVariable(VariableTracker):
+    """contextlib.nullcontext(enter_result): a with-block that does nothing."""
 
-    def __init__(self, ctx: GradModeVariable, prev: bool):
-        self.ctx = ctx
-        self.prev = prev
+    def __init__(self, enter_result: VariableTracker):
+        self.enter_result = enter_result
+
+    def describe(self):
+        return "nullcontext()"
+
+
+class AutocastVariable(VariableTracker):
+    """torch.autocast(device_type, dtype, enabled, cache_enabled) as a context manager, its
+    arguments constants. Entering it records `_enter_autocast` in the graph where it changes
+    the autocast state (the backend makes the casts explicit: autocast.py)."""
+
+    def __init__(self, device_type: str, dtype, enabled: bool, cache_enabled):
+        self.device_type, self.dtype = device_type, dtype
+        self.enabled, self.cache_enabled = enabled, cache_enabled
+
+    def describe(self):
+        return f"torch.autocast({self.device_type!r}, enabled={self.enabled})"
+
+
+class WithExitVariable(VariableTracker):
+    """The __exit__ that BEFORE_WITH pushes: calling it undoes what entering did (`undo`, a
+    function of the translator: restore the grad mode, leave autocast)."""
+
+    def __init__(self, undo):
+        self.undo = undo
 
 
 class UserObjectVariable(VariableTracker):
