@@ -344,3 +344,38 @@ def test_index_simplification_keeps_a_whole_dividend():
     assert (flat % 96).simplify(ranges) == x0 + 8                  # the symbolic multiple goes too
     odd = x1 * 96 + Index({}, size_expr(8 - 95 * s0)) + x0         # not a whole multiple: kept
     assert (odd % 96).simplify(ranges) == odd % 96
+
+
+def sliding_window(cache, new, seen: int, window: int = 6):
+    """A sliding-window cache (transformers' Mistral): `seen` counts the rows so far (an int
+    that changes every call: a symbol), what is kept starts at max(seen - window, 0), and the
+    new rows go after `seen` of them."""
+    full = torch.cat([cache[:, :seen], new * 2], dim=1)
+    start = max(seen + 1 - window, 0)
+    kept = full[:, start:]
+    return kept.softmax(-1), torch.cat([new, kept], dim=1).sum(1)
+
+
+def test_a_sliding_window_stays_generic(kernel_backend):
+    compiled = minicompile.compile(sliding_window)
+    minicompile.metrics.reset()
+    cache = torch.randn(2, 16, 8, device=DEVICE)
+    for seen in (3, 4, 5, 7, 9, 12):
+        new = torch.randn(2, 1, 8, device=DEVICE)
+        assert_same(compiled(cache, new, seen), sliding_window(cache, new, seen))
+    assert minicompile.metrics.graphs <= 3
+
+
+def test_a_view_of_a_dividend_with_a_nonnegative_rest_is_simplified():
+    """(x1*768 + x2) // 64 with 0 <= x2 < 768 is 12*x1 + x2 // 64: the transpose of attention's
+    output back to (B, T, C) then reads memory in order, so a matrix product takes it as a view
+    with no copy kernel (the dividend's rest is >= 0, where C's division is floor division)."""
+    B, T, H, D = 2, 5, 12, 64
+
+    def merge_heads(y, w):
+        return y.transpose(1, 2).contiguous().view(B, T, H * D) @ w
+    y = torch.randn(B, T, H, D, device=DEVICE).transpose(1, 2)
+    w = torch.randn(H * D, 16, device=DEVICE)
+    minicompile.metrics.reset()
+    assert_same(minicompile.compile(merge_heads)(y, w), merge_heads(y, w))
+    assert minicompile.metrics.kernels == 0

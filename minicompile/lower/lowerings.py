@@ -1046,8 +1046,11 @@ def _pieces_along(node, values, dim, pieces):
         position = ops.index_expr(idx[dim], torch.int64)
         value = ops.constant(0, cd)
         for box, start, end, index_map in pieces:
-            conditions = ([ops.ge(position, ops.constant(start, torch.int64))] if start > 0 else []) + \
-                         ([ops.lt(position, ops.constant(end, torch.int64))] if end < size else [])
+            # (a bound that is a size symbol is checked: always right, only not needed when
+            # it is the dim's own end or 0)
+            conditions = ([ops.ge(position, ops.constant(start, torch.int64))] if start != 0 else []) + \
+                         ([ops.lt(position, ops.constant(end, torch.int64))]
+                          if ir.size_expr(end - size) != 0 else [])
             load, src = box.make_loader(), compute_dtype(box.dtype)
 
             def body(load=load, src=src, index_map=index_map):
