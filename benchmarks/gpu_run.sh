@@ -19,6 +19,6 @@ if [[ $what == *" sweep "* ]]; then python3 benchmarks/sweep_configs.py --out "$
 if [[ $what == *" why "* ]]; then python3 benchmarks/why_compile.py --device cuda --out "$OUT" 2>&1 | tail -8; fi
 if [[ $what == *" memory "* ]]; then python3 benchmarks/memory_bound.py --device cuda --repeat 200 --out "$OUT" 2>&1 | tail -9; fi
 if [[ $what == *" models "* ]]; then python3 benchmarks/models_bench.py --device cuda --out "$OUT" 2>&1 | tail -5; fi
-if [[ $what == *" realmodels "* ]]; then python3 benchmarks/real_models.py --device cuda --out "$OUT" 2>&1 | grep -v Warning | tail -9; fi
+if [[ $what == *" realmodels "* ]]; then python3 benchmarks/real_models.py --device cuda --out "$OUT" ${MODELS:+--models $MODELS} ${NAME:+--name $NAME} 2>&1 | grep -v Warning | tail -12; fi
 if [[ $what == *" dynamic "* ]]; then python3 benchmarks/dynamic_shapes.py --device cuda --out "$OUT" 2>&1 | tail -8; fi
 if [[ $what == *" firstcall "* ]]; then python3 benchmarks/first_call.py --device cuda --out "$OUT" 2>&1 | tail -9; fi

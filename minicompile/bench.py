@@ -130,7 +130,10 @@ def compare(fns: dict[str, Callable], args: Sequence, *, warmup: int = 5, repeat
             if reference is None:
                 reference = out
             else:
-                torch.testing.assert_close(out, reference, rtol=rtol, atol=atol)
+                try:
+                    torch.testing.assert_close(out, reference, rtol=rtol, atol=atol)
+                except AssertionError as err:
+                    raise AssertionError(f"{label} differs from {next(iter(fns))}: {err}") from None
     for label, fn in fns.items():
         time_calls(fn, *args, warmup=warmup, repeat=0, device=device)
     times: dict[str, list[float]] = {label: [] for label in fns}

@@ -162,3 +162,58 @@ def test_explain_keeps_the_reason_of_a_break_with_no_graph():
         return x + 1
     out = minicompile.explain(f)(torch.randn(2))
     assert any("print" in str(r.reason) for r in out.break_reasons)
+
+
+def class_of_plain_values(x):
+    items, fn = [1, 2], torch.relu
+    return x * len(items.__class__.__name__) + len(fn.__class__.__name__)
+
+
+@pytest.mark.parametrize("grad", [False, True])
+def test_torch_python_helpers_that_ask_about_tensors_are_traced(grad):
+    # nn.MultiheadAttention's fast-path checks: Python helpers of torch's (_arg_requires_grad,
+    # _check_arg_device) inlined, `query is key` guarded, `self.modules()` walked at trace time
+    torch.manual_seed(0)
+    layer = torch.nn.TransformerEncoderLayer(24, 4, dim_feedforward=40, batch_first=True).eval()
+    attention = torch.nn.MultiheadAttention(24, 4, batch_first=True).eval()
+    x, y = torch.randn(3, 7, 24), torch.randn(3, 5, 24)
+    with torch.set_grad_enabled(grad):
+        for module, args in ((layer, (x,)), (attention, (x, x, x)), (attention, (x, y, y))):
+            ours = minicompile.explain(module)(*args)
+            assert ours.graph_count == 1 and ours.graph_break_count == 0, ours.break_reasons
+        for module, calls in ((layer, [(x,)]), (attention, [(x, x, x), (x, y, y), (y, x, x)])):
+            compiled = minicompile.compile(module)
+            for args in calls:
+                torch.testing.assert_close(compiled(*args), module(*args), rtol=1e-4, atol=1e-5)
+    assert same(minicompile.compile(class_of_plain_values)(x), class_of_plain_values(x))
+    assert minicompile.explain(class_of_plain_values)(x).graph_count == 1
+
+
+class Walks(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.a = torch.nn.Linear(4, 4)
+        self.b = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.ReLU())
+        self.b.register_buffer("scale", torch.tensor(2.0))
+
+    def forward(self, x):
+        for name, m in self.named_modules(prefix="root"):
+            if isinstance(m, torch.nn.Linear):
+                x = m(x) + len(name)
+        x = x * sum(p.sum() for p in self.parameters())
+        return x, [n for n, _ in self.named_buffers()], len(list(self.children()))
+
+
+def test_loops_over_a_modules_tree_unroll_and_follow_changes_to_it():
+    torch.manual_seed(0)
+    model = Walks()
+    compiled = minicompile.compile(model)
+    x = torch.randn(2, 4)
+    assert minicompile.explain(model)(x).graph_count == 1
+    for change in (None, lambda: setattr(model, "c", torch.nn.Linear(4, 4)),
+                   lambda: setattr(model.b, "0", model.a)):       # a shared module: walked once
+        if change:
+            change()
+        got, want = compiled(x), model(x)
+        torch.testing.assert_close(got[0], want[0])
+        assert got[1:] == want[1:]

@@ -17,7 +17,8 @@ import torch
 import torch.fx
 
 
-from .sources import RootSource
+from .breaks import Unsupported
+from .sources import RootSource, module_member_source
 from .builtin_calls import (_BUILTIN_HANDLERS, _COMPILING_QUERIES, ContainerReadVariable,
                             _builtin_dict, _constant_state, _is_none, _is_plain_user_class,
                             _runs_for_real)
@@ -35,6 +36,12 @@ from .values import (BaseListVariable, BoundMethodVariable, BuiltinVariable, Con
 
 
 MAX_INLINE_DEPTH = 32
+
+
+# nn.Module's generator methods that walk its tree: done at trace time (CallsMixin.walk_module)
+_MODULE_WALKS = {name: getattr(torch.nn.Module, name) for name in (
+    "modules", "named_modules", "children", "named_children", "parameters", "named_parameters",
+    "buffers", "named_buffers")}
 
 
 class CallsMixin:
@@ -106,7 +113,14 @@ class CallsMixin:
             if fn.value is torch.cond:
                 from .higher_order import call_cond
                 return call_cond(self, args, kwargs)
-            return out.call("call_function", fn.value, args, kwargs)
+            try:
+                return out.call("call_function", fn.value, args, kwargs)
+            except Unsupported as err:
+                if not (getattr(err, "python_result", False) and isinstance(fn.value, types.FunctionType)):
+                    raise
+            # a Python helper of torch's that answers a question about tensors (their device,
+            # whether they require grad): its code is traced, as Dynamo inlines torch.nn's
+            return self.inline_call(fn.value, args, kwargs)
         if isinstance(fn, TensorMethodVariable):
             return out.call("call_method", fn.name, [fn.tensor] + list(args), kwargs)
         if isinstance(fn, _UnboundTensorMethod):
@@ -129,6 +143,9 @@ class CallsMixin:
         if isinstance(fn, BoundMethodVariable) and isinstance(fn.self_var, UserObjectVariable) and \
                 fn.self_var.snapshot is not None and all(a.is_constant() for a in list(args) + list(kwargs.values())):
             return self.call_on_private_copy(fn, args, kwargs)
+        if isinstance(fn, BoundMethodVariable) and isinstance(fn.self_var, NNModuleVariable) and \
+                fn.func in _MODULE_WALKS.values():
+            return self.walk_module(fn, args, kwargs)
         if isinstance(fn, BoundMethodVariable):
             return self.inline_call(fn.func, [fn.self_var] + list(args), kwargs)
         if isinstance(fn, NNModuleVariable):
@@ -167,6 +184,35 @@ class CallsMixin:
         self.output.guards.state_equals(v.source, copy.deepcopy(v.value.__dict__))
         made = how(v.value)
         return UserObjectVariable(made, None, snapshot=copy.deepcopy(made))
+
+    def walk_module(self, fn: BoundMethodVariable, args, kwargs) -> VariableTracker:
+        """module.modules(), .named_parameters() and the like (generator methods): the walk is
+        done now, its names guarded, and each module or tensor it yields read from its path
+        (`L['self']._modules['fc']._parameters['weight']`), so the loop over it unrolls."""
+        mv, name = fn.self_var, fn.func.__name__
+        if mv.source is None or not all(a.is_constant() for a in list(args) + list(kwargs.values())):
+            raise self.unsupported(f"{name}() of a module made in the trace, or with arguments that vary")
+        named = name if name.startswith("named_") else "named_" + name
+        real_args = [a.as_example() for a in args]
+        real_kwargs = {k: v.as_example() for k, v in kwargs.items()}
+        call = "{}({})".format(named, ", ".join([repr(a) for a in real_args] +
+                                                 [f"{k}={v!r}" for k, v in real_kwargs.items()]))
+        pairs = list(getattr(mv.module, named)(*real_args, **real_kwargs))
+        bound = inspect.signature(getattr(type(mv.module), named)).bind(mv.module, *real_args, **real_kwargs)
+        prefix = bound.arguments.get("prefix", "")
+        self.output.guards.module_walk(mv.source, call, [n for n, _ in pairs])
+        items = []
+        for full_name, value in pairs:
+            parts = [p for p in full_name[len(prefix):].split(".") if p]
+            holder = mv.module.get_submodule(".".join(parts[:-1])) if parts else None
+            src = mv.source
+            for i, part in enumerate(parts):
+                last_kind = "_modules" if isinstance(value, torch.nn.Module) else \
+                    "_parameters" if part in holder._parameters else "_buffers"
+                src = module_member_source(src, last_kind if i == len(parts) - 1 else "_modules", part)
+            var = self.output.wrap(value, src)
+            items.append(TupleVariable([ConstantVariable(full_name), var]) if name.startswith("named_") else var)
+        return IteratorVariable(items)
 
     def call_on_private_copy(self, fn: "BoundMethodVariable", args, kwargs) -> VariableTracker:
         """A method of the frame's own copy (private_copy), on constants: run as it is (nothing

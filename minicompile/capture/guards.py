@@ -418,6 +418,15 @@ class GuardBuilder:
                     f"list({d}.keys()) == {list(value.keys())!r}")],
                   f"{e}: dict type and keys")
 
+    def module_walk(self, source: Source, call: str, names: list):
+        """The names a walk over a module's tree gives (`named_modules()`, `named_parameters()`):
+        the tree's shape, which modules are shared, and which members it holds, in order."""
+        e = source.expr()
+        self._add(("walk", e, call), source,
+                  [(f"[n for n, _ in {{e}}.{call}] == {names!r}",
+                    f"[n for n, _ in {display(e)}.{call}] == {names!r}")],
+                  f"{e}.{call}: the names it walks")
+
     def mapping_keys(self, source: Source, value):
         """The keys of a mapping (a dict subclass such as a ModelOutput), in order."""
         e = source.expr()

@@ -508,6 +508,10 @@ def _is_op(tx, inst):
             a.source is not None and b.source is not None:
         r = a.value is b.value                 # a relation between the call's own objects
         tx.output.guards.same_object(a.source, b.source, r)
+    elif isinstance(a, TensorVariable) and isinstance(b, TensorVariable) and \
+            a.source is not None and b.source is not None:
+        r = a.example is b.example             # two of the call's tensors (attention's `query is key`)
+        tx.output.guards.same_object(a.source, b.source, r)
     elif isinstance(a, (UserObjectVariable, ModelOutputVariable, DictVariable, ListVariable)) and \
             isinstance(b, (UserObjectVariable, ModelOutputVariable, DictVariable, ListVariable)) and \
             (a.source is None or b.source is None):

@@ -71,7 +71,11 @@ SIZE_READS = {"size", "numel", "nelement", "stride", "__len__", "storage_offset"
 
 
 METADATA_FUNCTIONS = {torch.is_tensor, torch.is_floating_point, torch.is_complex, torch.numel,
-                      len, isinstance}
+                      len, isinstance,
+                      # whether an argument overrides torch functions: a tensor subclass, which
+                      # the tensor's type guard (`type(x) is Tensor`) already rules out
+                      torch._C._has_torch_function, torch._C._has_torch_function_unary,
+                      torch._C._has_torch_function_variadic}
 
 
 _TORCH_MODULE_PREFIXES = ("torch", "_operator", "operator", "math")
@@ -449,10 +453,12 @@ class OutputGraph:
                 self.specialize_sizes([a for a in args if isinstance(a, TensorVariable)],
                                              f"the trace read {name}()")
             if has_tensor and not (name in METADATA_METHODS or target in METADATA_FUNCTIONS):
-                raise self.unsupported(
+                err = self.unsupported(
                     f"data-dependent operation {name}() (returns {type(result).__name__})",
                     "its Python result depends on tensor values, which a graph cannot bake in",
                     "keep the value as a tensor, or move this out of the compiled region")
+                err.python_result = True
+                raise err
             if not is_constant_value(result):
                 raise self.unsupported(f"{name}() returned a {type(result).__name__}")
             return ConstantVariable(result)

@@ -291,10 +291,10 @@ class InstructionTranslator(CallsMixin):
             if callable(getattr(torch.Tensor, name, None)):
                 return TensorMethodVariable(obj, name)
             raise self.unsupported(f"tensor attribute .{name}")
-        if name == "__class__" and isinstance(obj, (NNModuleVariable, UserObjectVariable, ModelOutputVariable)):
-            return _builtin_type(self, [obj], {})          # its type is guarded
         if name == "__class__" and isinstance(obj, GradModeVariable):
             return TypeVariable(torch.enable_grad if obj.enabled else torch.no_grad)
+        if name == "__class__":
+            return _builtin_type(self, [obj], {})          # its type is guarded, or fixed
         if isinstance(obj, NNModuleVariable):
             return self.load_module_attr(obj, name)
         if isinstance(obj, ModelOutputVariable):
@@ -379,6 +379,8 @@ class InstructionTranslator(CallsMixin):
             attr = getattr(obj.value, name)
             if is_constant_value(attr):
                 return ConstantVariable(attr)
+        if isinstance(obj, BuiltinVariable) and name in ("__name__", "__qualname__", "__module__", "__doc__"):
+            return ConstantVariable(getattr(obj.value, name))       # a builtin's, fixed
         raise self.unsupported(f"attribute .{name} of {obj.describe()}")
 
     def class_attribute(self, obj: VariableTracker, name: str, attr) -> Optional[VariableTracker]:
