@@ -2293,7 +2293,7 @@ def _in_exception_block(code: types.CodeType, offset: int) -> bool:
 
 
 def _is_impure(node: torch.fx.Node) -> bool:
-    if node.op in ("placeholder", "output"):
+    if node.op in ("placeholder", "output") or ir.draws_random_numbers(node):
         return True
     if node.op == "call_method":
         name = str(node.target)
@@ -2301,6 +2301,19 @@ def _is_impure(node: torch.fx.Node) -> bool:
     if node.op == "call_function":
         return node.target in INPLACE_OPERATORS or "out" in node.kwargs or node.is_impure()
     return False
+
+
+def _rng_states():
+    """The state of PyTorch's random-number generators (the CPU's, and each GPU's once CUDA
+    is initialized)."""
+    return torch.get_rng_state(), (torch.cuda.get_rng_state_all() if torch.cuda.is_initialized() else None)
+
+
+def _set_rng_states(states) -> None:
+    cpu, cuda = states
+    torch.set_rng_state(cpu)
+    if cuda is not None:
+        torch.cuda.set_rng_state_all(cuda)
 
 
 def _effect_templates(output, builder, source_fn):
@@ -2386,6 +2399,9 @@ def trace_segment(fn, args: tuple, kwargs: dict, offset: int = 0, *, breaks: boo
         return lambda env, e=expr: eval(e, ns, env)
 
     result = None
+    # tracing runs the ops on real values: random ones draw from PyTorch's generator, which
+    # is put back as it was, so the compiled code draws what eager would (ir.RANDOM_FUNCTIONS)
+    rng = _rng_states()
     try:
         output.tx = tx
         for k in stack_names:
@@ -2437,6 +2453,7 @@ def trace_segment(fn, args: tuple, kwargs: dict, offset: int = 0, *, breaks: boo
             effects = _effect_templates(output, builder, source_fn)
     finally:
         torch._C._set_grad_enabled(grad)
+        _set_rng_states(rng)
         output.tx = None
     if torch.is_grad_enabled() != grad:
         torch._C._set_grad_enabled(grad)

@@ -50,7 +50,43 @@ def import_triton():
                            "CUDA builds), or use the C++ backend on a CPU") from None
     if os.environ.get("TRITON_INTERPRET") == "1":
         _patch_interpreter_scalars()
+        _patch_interpreter_libdevice()
     return triton
+
+
+# The libdevice functions the kernels call (CUDA's math library on a GPU), as NumPy computes
+# them in Triton's interpreter, which has none of its own.
+INTERPRETED_LIBDEVICE = {"__nv_powf": "power", "__nv_pow": "power"}
+
+
+def _patch_interpreter_libdevice():
+    """Let Triton's interpreter run the libdevice calls of INTERPRETED_LIBDEVICE, so it runs the
+    code a GPU gets. It has none: `libdevice.pow` is a stub that Triton's compiler replaces by
+    the GPU's function (in the interpreter it returns None), and the interpreter's builder
+    raises for every external function. So the stub calls CUDA's libdevice function, whose
+    external call the builder hands to NumPy."""
+    import numpy as np
+    from triton.language.extra import libdevice
+    from triton.language.extra.cuda import libdevice as cuda_libdevice
+    from triton.runtime import interpreter
+
+    builder = interpreter.InterpreterBuilder
+    original = builder.create_extern_elementwise
+    if getattr(original, "minicompile", False):
+        return
+    for name in ("pow",):
+        def call(*args, _function=getattr(cuda_libdevice, name)):
+            return _function(*args, _semantic=interpreter.interpreter_semantic)
+        setattr(libdevice, name, call)
+
+    def create_extern_elementwise(self, lib_name, lib_path, symbol, args, ret_type, is_pure):
+        if symbol not in INTERPRETED_LIBDEVICE:
+            return original(self, lib_name, lib_path, symbol, args, ret_type, is_pure)
+        with np.errstate(all="ignore"):       # NaN from a negative base, as on a GPU: no warning
+            data = getattr(np, INTERPRETED_LIBDEVICE[symbol])(*[a.data for a in args])
+        return interpreter.TensorHandle(data.astype(args[0].data.dtype), ret_type.scalar)
+    create_extern_elementwise.minicompile = True
+    builder.create_extern_elementwise = create_extern_elementwise
 
 
 def _patch_interpreter_scalars():
@@ -74,6 +110,7 @@ def _patch_interpreter_scalars():
 class TritonWriter(KernelWriter):
     OPS = {
         "add": "({0} + {1})", "sub": "({0} - {1})", "mul": "({0} * {1})", "truediv": "({0} / {1})",
+        "pow": "libdevice.pow({0}, {1})",
         "maximum": "tl.where(({0} != {0}) | ({0} > {1}), {0}, {1})",
         "minimum": "tl.where(({0} != {0}) | ({0} < {1}), {0}, {1})",
         "eq": "({0} == {1})", "ne": "({0} != {1})", "lt": "({0} < {1})", "le": "({0} <= {1})",
@@ -84,6 +121,7 @@ class TritonWriter(KernelWriter):
         "cos": "tl.cos({0})", "tanh": "(2 * tl.sigmoid(2 * {0}) - 1)", "sigmoid": "tl.sigmoid({0})",
         "erf": "tl.erf({0})", "reciprocal": "(1 / {0})", "floor": "tl.floor({0})",
         "ceil": "tl.ceil({0})", "isnan": "({0} != {0})", "where": "tl.where({0}, {1}, {2})",
+        "rand": "tl.rand({0}, {1})", "randn": "tl.randn({0}, {1})",
     }
 
     def __init__(self, kernel, plan, buffers, mask: str):
@@ -459,7 +497,10 @@ def generate(kernels, buffers) -> tuple[str, dict]:
         function = defined_once(defined, kernel.name, src)
         sources += [src, ""] if function == kernel.name else [f"{kernel.name} = {function}  # the same code", ""]
         meta[kernel.name] = (args, launch, function)
-    parts = ["import triton", "import triton.language as tl", ""]
+    parts = ["import triton", "import triton.language as tl"]
+    if any("libdevice." in src for src in sources):
+        parts.append("from triton.language.extra import libdevice")
+    parts.append("")
     for name, lines in HELPERS.items():
         if any(f"{name}(" in src for src in sources):
             parts += [*lines, "", ""]

@@ -182,6 +182,8 @@ def lower(gm: torch.fx.GraphModule, example_inputs) -> ir.Program:
             if mutated is not None:
                 raise NotImplementedError(f"in-place {target}_ without a functional lowering")
             result = lower_fallback(program, node, values, target, args, kwargs)
+        for box in pytree.tree_leaves(result):
+            _nothing_to_compute(box)
         env[node] = result
         if writes_input:
             write_input(mutated, result)
@@ -189,6 +191,15 @@ def lower(gm: torch.fx.GraphModule, example_inputs) -> ir.Program:
             env[node.args[0]] = result
         _redirect_written_inputs(env, program, written)
     return program
+
+
+def _nothing_to_compute(box) -> None:
+    """A value without elements (a dim of size 0) computes nothing: its inner function, which
+    no kernel will run, becomes a constant, so that no index of it is ever worked out (a
+    reshape of an empty tensor would divide by its size 0)."""
+    if isinstance(box, TensorBox) and isinstance(box.data, ir.Pointwise) and 0 in box.shape:
+        cd = ir.compute_dtype(box.dtype)
+        box.data.inner_fn = lambda idx: ir.ops.constant(0, cd)
 
 
 def _eager_layout(box, value):

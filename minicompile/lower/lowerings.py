@@ -159,11 +159,36 @@ def _binary(names_targets, fn, compare=False):
     return lower
 
 
+# Arithmetic whose result is bool is logic, as in PyTorch (True + True is True): said so,
+# rather than left to each backend's 1-bit integers (where True + True could wrap to False).
+BOOL_ARITH = {"add": "logical_or", "mul": "logical_and", "maximum": "logical_or", "minimum": "logical_and"}
+
+
+def _arith_box(node, values, op, inputs):
+    """inputs combined by ops.<op>, computed in the result's compute dtype."""
+    meta = _meta(node, values)
+    if meta is not None and meta.dtype == torch.bool:
+        op = BOOL_ARITH.get(op, op)
+    return _pointwise_box(node, values, getattr(ops, op), inputs)
+
+
 # --------------------------------------------------------------------------- pointwise
 
 for _name in ["exp", "log", "sqrt", "rsqrt", "sin", "cos", "tanh", "sigmoid", "erf",
-              "reciprocal", "floor", "ceil", "abs", "neg", "relu"]:
+              "reciprocal", "abs", "neg", "relu"]:
     _unary(_name, (lambda n: (lambda x: getattr(ops, n)(x)))(_name))
+
+
+@register([torch.floor, torch.Tensor.floor, "floor", torch.ceil, torch.Tensor.ceil, "ceil"], "input",
+          pointwise=True)
+def _floor_ceil(node, values, input):
+    """floor and ceil; of an integer tensor, the tensor (as in PyTorch: no conversion)."""
+    meta = _meta(node, values)
+    if meta is not None and not meta.dtype.is_floating_point:
+        return _pointwise_box(node, values, lambda x: x, [input])
+    name = _origin(node)
+    return _pointwise_box(node, values, getattr(ops, name), [input])
+
 
 LOWERINGS[operator.neg] = LOWERINGS[torch.neg]
 LOWERINGS[operator.abs] = LOWERINGS[torch.abs]
@@ -171,48 +196,72 @@ LOWERINGS[operator.abs] = LOWERINGS[torch.abs]
 
 @register([torch.square, torch.Tensor.square, "square"], "input", pointwise=True)
 def _square(node, values, input):
-    return _pointwise_box(node, values, lambda x: ops.mul(x, x), [input])
+    return _arith_box(node, values, "mul", [input, input])
 
 
 def _arith(op, targets):
-    _binary(targets, lambda a, b: getattr(ops, op)(a, b))
+    @register(targets, "input, other", pointwise=True)
+    def lower(node, values, input, other):
+        if not isinstance(input, TensorBox) and not isinstance(other, TensorBox):
+            return NotImplemented
+        return _arith_box(node, values, op, [input, other])
+    return lower
 
 
 _arith("add", [operator.add, operator.iadd, "__radd__"])
 _arith("sub", [operator.sub, operator.isub])
 _arith("mul", [operator.mul, operator.imul, torch.mul, torch.Tensor.mul, "mul", "__rmul__", torch.multiply])
 _arith("truediv", [operator.truediv, operator.itruediv, torch.true_divide, "true_divide"])
-
-
-@register([operator.pow, torch.pow, torch.Tensor.pow, "pow"], "input, exponent", pointwise=True)
-def _pow(node, values, input, exponent):
-    """x ** k for a constant k: small integer powers as multiplications (exact, and right for
-    negative x), 0.5 and -0.5 as square roots, other k as exp(k * log(x)) (NaN for negative x,
-    as PyTorch gives for a fractional power). Tensor exponents fall back to PyTorch."""
-    if not isinstance(input, TensorBox) or not isinstance(exponent, (int, float)) or isinstance(exponent, bool):
-        return NotImplemented
-    k = exponent
-    if float(k).is_integer() and abs(k) <= 4:
-        def fn(x):
-            if k == 0:
-                return ops.constant(1, compute_dtype(input.dtype))
-            y = x
-            for _ in range(int(abs(k)) - 1):
-                y = ops.mul(y, x)
-            return ops.reciprocal(y) if k < 0 else y
-    elif k in (0.5, -0.5):
-        def fn(x):
-            return ops.sqrt(x) if k > 0 else ops.rsqrt(x)
-    elif not float(k).is_integer() and input.dtype.is_floating_point:
-        def fn(x):
-            return ops.exp(ops.mul(ops.log(x), ops.constant(float(k), torch.float32)))
-    else:
-        return NotImplemented
-    return _pointwise_box(node, values, fn, [input])
 _arith("maximum", [torch.maximum, "maximum"])
 _arith("minimum", [torch.minimum, "minimum"])
 _arith("logical_and", [torch.logical_and, "logical_and"])
 _arith("logical_or", [torch.logical_or, "logical_or"])
+
+
+@register([operator.pow, torch.pow, torch.Tensor.pow, "pow"], "input, exponent", pointwise=True)
+def _pow(node, values, input, exponent):
+    """x ** k as PyTorch's CPU kernel computes it, so that special values come out the same
+    (inf ** 2.5 is inf, (-8) ** (1/3) is NaN, 0 ** -1 is inf). k = 0 and 1: 1 and x. A float
+    result: k = 0.5, -0.5 and -1 are sqrt, rsqrt and reciprocal, k = 2, 3 and -2 are
+    multiplications (for float16, PyTorch calls pow for each k: so do we), any other k or a
+    tensor exponent is ops.pow. An integer result (an integer k >= 0): k - 1 multiplications,
+    which wrap as PyTorch's integer powers do; up to k = 8, else PyTorch's kernel."""
+    meta = _meta(node, values)
+    if meta is None or not isinstance(input, TensorBox) or isinstance(exponent, bool):
+        return NotImplemented
+    cd = compute_dtype(meta.dtype)
+    if isinstance(exponent, TensorBox):
+        if not meta.dtype.is_floating_point:
+            return NotImplemented
+        return _pointwise_box(node, values, ops.pow, [input, exponent])
+    if not isinstance(exponent, (int, float)):
+        return NotImplemented
+    k = exponent
+    if k == 0:
+        return _pointwise_box(node, values, lambda x: ops.constant(1, cd), [input])
+    if k == 1:
+        return _pointwise_box(node, values, lambda x: x, [input])
+    if not meta.dtype.is_floating_point:
+        if not float(k).is_integer() or not 0 < k <= 8:
+            return NotImplemented
+
+        def fn(x):
+            y = x
+            for _ in range(int(k) - 1):
+                y = ops.mul(y, x)
+            return y
+    elif meta.dtype == torch.float16 or k not in (0.5, -0.5, -1, 2, 3, -2):
+        def fn(x):
+            return ops.pow(x, ops.constant(float(k), cd))
+    else:
+        def fn(x):
+            if k in (0.5, -0.5, -1):
+                return {0.5: ops.sqrt, -0.5: ops.rsqrt, -1: ops.reciprocal}[k](x)
+            y = ops.mul(x, x) if k in (2, -2) else ops.mul(ops.mul(x, x), x)
+            return ops.reciprocal(y) if k < 0 else y
+    return _pointwise_box(node, values, fn, [input])
+
+
 for _op, _targets in [("eq", [operator.eq, torch.eq, "eq"]), ("ne", [operator.ne, torch.ne, "ne"]),
                       ("lt", [operator.lt, torch.lt, "lt"]), ("le", [operator.le, torch.le, "le"]),
                       ("gt", [operator.gt, torch.gt, "gt"]), ("ge", [operator.ge, torch.ge, "ge"])]:
@@ -223,14 +272,14 @@ for _op, _targets in [("eq", [operator.eq, torch.eq, "eq"]), ("ne", [operator.ne
 def _add(node, values, input, other, alpha):
     if alpha != 1:
         return NotImplemented
-    return _pointwise_box(node, values, ops.add, [input, other])
+    return _arith_box(node, values, "add", [input, other])
 
 
 @register([torch.sub, torch.Tensor.sub, "sub", torch.subtract], "input, other, *, alpha=1", pointwise=True)
 def _sub(node, values, input, other, alpha):
     if alpha != 1:
         return NotImplemented
-    return _pointwise_box(node, values, ops.sub, [input, other])
+    return _arith_box(node, values, "sub", [input, other])
 
 
 @register([torch.div, torch.Tensor.div, "div", torch.divide], "input, other, *, rounding_mode=None",
@@ -281,11 +330,18 @@ def _clamp(node, values, input, min, max):
     if isinstance(min, TensorBox) or isinstance(max, TensorBox):
         return NotImplemented
 
+    meta = _meta(node, values)
+    if meta is None:
+        return NotImplemented
+    # in the result's dtype, as PyTorch promotes: an int tensor clamped to float bounds is a
+    # float tensor; an int bound of a uint8 tensor wraps into uint8 (as PyTorch's does)
+    cd = compute_dtype(meta.dtype)
+
     def fn(x):
         if min is not None:
-            x = ops.maximum(x, ops.constant(min, compute_dtype(input.dtype)))
+            x = ops.maximum(x, ops.constant(min, cd))
         if max is not None:
-            x = ops.minimum(x, ops.constant(max, compute_dtype(input.dtype)))
+            x = ops.minimum(x, ops.constant(max, cd))
         return x
     return _pointwise_box(node, values, fn, [input])
 
@@ -346,6 +402,13 @@ def _reduction_box(meta, input, dims, keepdim, reduction_type):
     dims = sorted({d % ndim for d in dims}) if ndim else []
     kept = [d for d in range(ndim) if d not in dims]
     ranges = [input.shape[d] for d in dims]
+    if 0 in ranges:
+        # rows without elements: PyTorch's value for them (max and min raise there)
+        if reduction_type not in ("sum", "prod", "mean"):
+            return NotImplemented
+        value = {"sum": 0, "prod": 1, "mean": math.nan}[reduction_type]
+        return _pw(input.program, ir.shape_of(meta), meta.dtype, meta.device,
+                   lambda: ops.constant(value, compute_dtype(meta.dtype)), [], f"{reduction_type} of nothing")
     load = input.make_loader()
     # the dtype values are accumulated (or, for argmax/argmin, compared) in
     acc = compute_dtype(input.dtype if reduction_type in ir.ARG_REDUCTIONS else meta.dtype)
@@ -411,12 +474,13 @@ def _split_reduction(meta, input, dims, kept, ranges, reduction_type, acc, piece
                                    lambda idx, ridx: load_partial(list(idx) + [ridx[0]]),
                                    src_dtype=acc, origin=reduction_type, input_shape=kept_shape + [pieces],
                                    reduced_dims=[len(kept)]), program, [partial])
-    load_total, scale = total.make_loader(), 1.0 / math.prod(ranges)
+    load_total, count = total.make_loader(), math.prod(ranges)
     out_kept = [d for d in range(len(meta.shape)) if len(meta.shape) == len(kept) or d in kept]
 
     def finish(idx):
         value = load_total([idx[d] for d in out_kept])
-        value = ops.mul(value, ops.constant(scale, acc)) if reduction_type == "mean" else value
+        # divided, as PyTorch's mean is (times 1/n can be off by one unit in the last place)
+        value = ops.truediv(value, ops.constant(float(count), acc)) if reduction_type == "mean" else value
         return ops.to_dtype(value, meta.dtype, acc)
     return TensorBox(ir.Pointwise(ir.shape_of(meta), meta.dtype, device, finish, reduction_type),
                      program, [total])
@@ -578,8 +642,12 @@ def _layer_norm(node, values, input, normalized_shape, weight, bias, eps):
 @register([torch.var, torch.Tensor.var, "var", torch.std, torch.Tensor.std, "std"],
           "input, dim=None, unbiased=None, keepdim=False, *, correction=None")
 def _var(node, values, input, dim, unbiased, keepdim, correction):
-    """var = sum((x - mean)^2) / (n - correction): two reductions over the same rows (one
-    kernel after fuse-rows), then a per-row scale; std takes its square root."""
+    """var = sum((x - mean)^2) / max(n - correction, 0), as PyTorch divides (a row of n <=
+    correction elements gives inf, or NaN where every element is the same): two reductions
+    over the same rows (one kernel after fuse-rows), then a per-row division; std takes its
+    square root. On a CPU, PyTorch accumulates float32 and half statistics in double, so a
+    variance of values near 1e19 (squares near 1e38) does not overflow: so do we. (Its CUDA
+    kernels accumulate in float32, and so do ours on a GPU.)"""
     meta = _meta(node, values)
     if meta is None or not isinstance(input, TensorBox) or not input.dtype.is_floating_point:
         return NotImplemented
@@ -589,28 +657,29 @@ def _var(node, values, input, dim, unbiased, keepdim, correction):
     dims = list(range(ndim)) if dim is None else [dim] if isinstance(dim, int) else list(dim)
     dims = sorted(d % ndim for d in dims)
     n = math.prod(input.shape[d] for d in dims)
-    shape, device, program, dt = list(input.shape), input.device, input.program, input.dtype
-    mean = _reduce(input, dims, "mean")
-    centered_sq = _pw(program, shape, dt, device, lambda x, m: ops.mul(ops.sub(x, m), ops.sub(x, m)),
+    shape, device, program = list(input.shape), input.device, input.program
+    stats = torch.float64 if device.type == "cpu" else compute_dtype(input.dtype)
+    mean = _reduce(input, dims, "mean", stats)
+    centered_sq = _pw(program, shape, stats, device, lambda x, m: ops.mul(ops.sub(x, m), ops.sub(x, m)),
                       [input, mean], "square")
-    total = _reduction_box(meta, centered_sq, dims, keepdim, "sum")
+    total = _reduction_box(types.SimpleNamespace(shape=list(meta.shape), dtype=stats, device=device),
+                           centered_sq, dims, keepdim, "sum")
     is_std = _origin(node) == "std"
     if ir.is_symbolic(n):
         if not ir.provably_nonneg(n - correction - 1):
             return NotImplemented
 
-        def scaled(v):      # the divisor is a size known only when the kernel runs
-            return ops.truediv(v, ops.size_value(ir.size_expr(n - correction), torch.float32))
+        def divisor():      # a size known only when the kernel runs
+            return ops.size_value(ir.size_expr(n - correction), stats)
     else:
-        scale = 1.0 / max(n - correction, 0) if n - correction > 0 else math.nan
-
-        def scaled(v):
-            return ops.mul(v, ops.constant(scale, torch.float32))
+        def divisor():
+            return ops.constant(float(max(n - correction, 0)), stats)
 
     def finish(v):
-        v = scaled(v)
+        v = ops.truediv(v, divisor())
         return ops.sqrt(v) if is_std else v
-    return _pw(program, ir.shape_of(meta), meta.dtype, device, finish, [total], "std" if is_std else "var")
+    return _pw(program, ir.shape_of(meta), meta.dtype, device, finish, [total], "std" if is_std else "var",
+               cdtype=stats)
 
 
 @register([F.batch_norm], "input, running_mean, running_var, weight=None, bias=None, training=False, "
@@ -710,13 +779,81 @@ def _channel_view(box, ndim):
     return _view(box, shape, lambda idx: [idx[1]], "view", aliases=False)
 
 
+# --------------------------------------------------------------------------- random numbers
+
+RANDOM_REASON = "random numbers: PyTorch's generator, in eager's order (config.fallback_random)"
+
+
 @register([F.dropout, torch.dropout, "dropout"], "input, p=0.5, training=True, inplace=False")
 def _dropout(node, values, input, p, training, inplace):
-    """Dropout is the identity in evaluation mode (or with p = 0); random masks are left to
-    PyTorch, whose random stream minicompile does not reproduce."""
-    if (training and p > 0) or inplace:
+    """Dropout is the identity in evaluation mode (or with p = 0). In training, PyTorch's own
+    kernel (the default), or x * (rand > p) / (1 - p) made in the kernel that reads it (with
+    config.fallback_random off)."""
+    if inplace:
         return NotImplemented
-    return _cast(node, values, input)
+    if not training or p == 0:
+        return _cast(node, values, input)
+    meta = _meta(node, values)
+    if config.fallback_random or meta is None or not meta.dtype.is_floating_point \
+            or not isinstance(p, float) or not 0 < p < 1:
+        return NotImplemented
+    noise = _random_values(input.program, meta, "rand")
+    cd = compute_dtype(meta.dtype)
+
+    def fn(x, r):
+        kept = ops.to_dtype(ops.gt(r, ops.constant(p, cd)), cd, torch.bool)
+        return ops.mul(ops.mul(x, kept), ops.constant(1 / (1 - p), cd))
+    return _pointwise_box(node, values, fn, [input, noise])
+
+
+@register([torch.rand_like, torch.randn_like], "input, *, dtype=None, layout=None, device=None, "
+          "pin_memory=False, requires_grad=False, memory_format=torch.preserve_format")
+def _rand_like(node, values, input, dtype, layout, device, pin_memory, requires_grad, memory_format):
+    """rand_like and randn_like made in the kernels that read them (with config.fallback_random
+    off; by default PyTorch's kernel draws them). torch.rand(sizes) and torch.randn(sizes)
+    stay PyTorch's kernels either way."""
+    meta = _meta(node, values)
+    if config.fallback_random or meta is None or not meta.dtype.is_floating_point \
+            or not isinstance(input, TensorBox) or meta.device != input.device:
+        return NotImplemented
+    return _random_values(input.program, meta, "randn" if node.target is torch.randn_like else "rand")
+
+
+@register([torch.bernoulli, "bernoulli"], "input, p=None, *, generator=None")
+def _bernoulli(node, values, input, p, generator):
+    """bernoulli(probabilities) and x.bernoulli(p): rand < p, made in the kernel (with
+    config.fallback_random off)."""
+    meta = _meta(node, values)
+    if config.fallback_random or meta is None or generator is not None or not isinstance(input, TensorBox) \
+            or not (p is None or isinstance(p, float)):
+        return NotImplemented
+    noise = _random_values(input.program, meta, "rand", torch.float32)
+
+    def fn(x, r):
+        prob = x if p is None else ops.constant(p, torch.float32)
+        return ops.to_dtype(ops.lt(r, prob), meta.dtype, torch.bool)
+    return _pw(input.program, ir.shape_of(meta), meta.dtype, meta.device, fn, [input, noise], "bernoulli",
+               cdtype=torch.float32)
+
+
+def _random_values(program, meta, kind: str, dtype=None) -> TensorBox:
+    """Random numbers of meta's shape (ops.rand or ops.randn), from a seed PyTorch's generator
+    draws when the graph runs (one draw per random op: the only use of that generator), and
+    each element's position: a pure function of both, so a kernel may compute it wherever
+    it is needed (it is not stored)."""
+    dtype = dtype or meta.dtype
+    shape, device = ir.shape_of(meta), meta.device
+    seed = TensorBox(ir.Extern(program.new_name("buf"), torch.randint, (2**62, (1,)), {"device": device},
+                               [1], [1], torch.int64, device,
+                               reason="a seed for random numbers made in kernels (config.fallback_random)",
+                               meta_value=torch.empty(1, dtype=torch.int64, device="meta")), program)
+    load_seed, strides = seed.make_loader(), ir.contiguous_strides(shape)
+
+    def inner_fn(idx):
+        offset = ops.index_expr(ir.flat_index(idx, strides), torch.int32)
+        value = getattr(ops, kind)(load_seed([Index()]), offset)
+        return ops.to_dtype(value, dtype, torch.float32)
+    return TensorBox(ir.Pointwise(shape, dtype, device, inner_fn, kind), program, [seed])
 
 
 def _reduce(box, dims, rtype, dtype=None):
@@ -1233,7 +1370,8 @@ def lower_fallback(program: ir.Program, node, values, target, args, kwargs, stri
         shape, stride, dtype = ir.shape_of(value), ir.stride_of(value), value.dtype
     else:
         shape, stride, dtype, device = [], [], None, program.device
-    reason = "" if _is_extern_kernel(target) else f"no lowering for {_origin(node)}"
+    reason = "" if _is_extern_kernel(target) else RANDOM_REASON if ir.draws_random_numbers(node) \
+        else f"no lowering for {_origin(node)}"
     data = ir.Extern(name, target, args, kwargs, shape, stride, dtype, device, reason=reason,
                      kind=kind, value_is_tensor=isinstance(value, torch.Tensor),
                      meta_value=_to_meta(value))
