@@ -227,6 +227,11 @@ class KernelWriter:
         """x (a float32 value) rounded to `dtype`'s precision, still held as float32."""
         return self._emit(self.cast_expr(self.cast_expr(x, dtype), ir.compute_dtype(dtype)))
 
+    def rounded_as_stored(self, x: str, dtype: torch.dtype) -> str:
+        """A reduction's result that later members read from a register: rounded as its
+        stored value is, for float16 and bfloat16 (eager's next op reads the rounded one)."""
+        return self.round_to(x, dtype) if dtype in (torch.float16, torch.bfloat16) else x
+
     def scalar_arg(self, name: str, dtype: torch.dtype) -> str:
         """A float kernel argument (a dynamic Python float) as a value of `dtype`."""
         return self._emit(self.cast_expr(name, ir.compute_dtype(dtype)))

@@ -12,6 +12,7 @@ compiler command.
 from __future__ import annotations
 
 import ctypes
+import functools
 import hashlib
 import math
 import os
@@ -28,7 +29,7 @@ from .common import (SCALAR, SYMBOL, KernelWriter, defined_once, plan_loops, red
                      size_symbols_in)
 
 CTYPES = {torch.float32: "float", torch.float64: "double", torch.float16: "_Float16",
-          torch.bfloat16: None, torch.int64: "int64_t", torch.int32: "int32_t",
+          torch.bfloat16: "mc_bf16", torch.int64: "int64_t", torch.int32: "int32_t",
           torch.int16: "int16_t", torch.int8: "int8_t", torch.uint8: "uint8_t", torch.bool: "bool"}
 
 PRELUDE = r"""
@@ -77,6 +78,24 @@ template <typename T> static inline T mc_floor(T a) {
 template <typename T> static inline T mc_ceil(T a) {
     if constexpr (std::is_integral_v<T>) return a; else return std::ceil(a);
 }
+// bfloat16 (GCC 12 has no arithmetic type for it): the upper half of a float's bits, made
+// from a float by rounding to nearest even as PyTorch's c10::BFloat16 does (a NaN stays a
+// NaN). Kernels load it as float and store it rounded, as they do float16.
+struct mc_bf16 {
+    uint16_t bits;
+    mc_bf16() = default;
+    mc_bf16(float f) {
+        uint32_t u;
+        std::memcpy(&u, &f, 4);
+        bits = f != f ? uint16_t(0x7FC0) : static_cast<uint16_t>((u + 0x7FFFu + ((u >> 16) & 1u)) >> 16);
+    }
+    operator float() const {
+        uint32_t u = static_cast<uint32_t>(bits) << 16;
+        float f;
+        std::memcpy(&f, &u, 4);
+        return f;
+    }
+};
 // NaN-propagating helpers, as PyTorch's maximum/minimum/relu behave. Two selects, not one
 // select on `a != a || a > b`: GCC does not vectorize a loop calling the latter (max pooling).
 template <typename T> static inline T mc_max(T a, T b) { T m = a > b ? a : b; return a != a ? a : m; }
@@ -143,36 +162,19 @@ static inline float mc_randn(int64_t seed, int32_t offset) {
     return std::sqrt(-2.0f * std::log(u1)) * std::cos(6.283185307179586f * u2);
 }
 template <typename T> static inline T mc_sigmoid(T a) { return T(1) / (T(1) + mc_exp(-a)); }
-// erf for float as ATen's vectorized CPU kernels compute it (Abramowitz and Stegun 7.1.26,
-// error below 1.5e-7): an exp and a few multiply-adds, which vectorize, so eager's gelu and
-// this one agree closely and run at the same speed. Other types: the C library's erf.
-template <typename T> static inline T mc_erf(T a) { return std::erf(a); }
-// erf's exp(-a*a) has an argument <= 0, which lets exp drop work: no upper clamp, 2^k in one
-// factor (k >= -126 stays a normal float), and no zero for underflow (a tail this far out
-// leaves 1 - tiny = 1). A NaN stays NaN through the polynomial.
-static inline float mc_exp_nonpositive(float x) {
-    float c = x < -87.33f ? -87.33f : x;
-    float k = std::nearbyint(c * 1.44269504088896341f);
-    float r = std::fma(k, 2.12194440e-4f, std::fma(k, -0.693359375f, c));
-    float p = std::fma(std::fma(std::fma(std::fma(std::fma(1.9875691500e-4f, r, 1.3981999507e-3f), r,
-                                                  8.3334519073e-3f), r, 4.1665795894e-2f), r,
-                                1.6666665459e-1f), r, 5.0000001201e-1f);
-    int32_t b = (static_cast<int32_t>(k) + 127) << 23;
-    float s;
-    std::memcpy(&s, &b, 4);
-    return (std::fma(p, r * r, r) + 1.0f) * s;
-}
-template <> inline float mc_erf<float>(float a) {
-    float t = 1.0f / std::fma(0.3275911f, std::fabs(a), 1.0f);
-    float r = std::fma(std::fma(std::fma(std::fma(1.061405429f, t, -1.453152027f), t, 1.421413741f), t,
-                                -0.284496736f), t, 0.254829592f);
-    return std::copysign(std::fma(-t * mc_exp_nonpositive(-a * a), r, 1.0f), a);
-}
 """
 
 
 class KernelCompileError(RuntimeError):
-    """A generated kernel failed to compile: the message names the compiler and its error."""
+    """A generated kernel failed to compile: the message names the compiler and its error.
+    `generated_code`: the compiler works (it compiles an empty function with the same
+    command), so the fault is in the code minicompile wrote, and the graph can run on
+    PyTorch's kernels instead (graph_compiler does that); else the tool chain is at fault
+    (no compiler, a bad flag), which the user must hear about."""
+
+    def __init__(self, message: str, generated_code: bool = False):
+        super().__init__(message)
+        self.generated_code = generated_code
 
 
 class CppWriter(KernelWriter):
@@ -220,7 +222,7 @@ class CppWriter(KernelWriter):
         "abs": "mc_abs({0})", "relu": "mc_relu({0})", "exp": "mc_exp({0})", "log": "std::log({0})",
         "sqrt": "std::sqrt({0})", "rsqrt": "(1 / std::sqrt({0}))", "sin": "std::sin({0})",
         "cos": "std::cos({0})", "tanh": "std::tanh({0})", "sigmoid": "mc_sigmoid({0})",
-        "erf": "mc_erf({0})", "reciprocal": "(1 / {0})", "floor": "mc_floor({0})",
+        "erf": "std::erf({0})", "reciprocal": "(1 / {0})", "floor": "mc_floor({0})",
         "ceil": "mc_ceil({0})", "isnan": "({0} != {0})", "where": "({0} ? {1} : {2})",
         "rand": "mc_rand({0}, {1})", "randn": "mc_randn({0}, {1})",
     }
@@ -266,7 +268,7 @@ class CppWriter(KernelWriter):
 
 
 _TMP = re.compile(r"\btmp\d+\b")
-_EXPENSIVE = re.compile(r"mc_exp\(|mc_erf\(|mc_sigmoid\(|std::(log|tanh|sqrt|sin|cos)\(")
+_EXPENSIVE = re.compile(r"mc_exp\(|mc_sigmoid\(|std::(log|tanh|sqrt|sin|cos|erf|pow)\(")
 CARRY_LIMIT = 16384         # row length up to which carried values live in stack arrays
 
 
@@ -497,7 +499,7 @@ def _emit_pass(writer, members, rs, store, position, parallel_if) -> None:
             innermost_pragma=f"#pragma omp simd {clause}".rstrip(),
             outer_pragma=f"#pragma omp parallel for{simd} {clause} {parallel_if}" if parallel_if else None)))
     for m, result in finals:
-        var = writer._emit(result)
+        var = writer.rounded_as_stored(writer._emit(result), m.box.dtype)
         writer.row_values[m.box.name] = var
         if m.box.name in writer.kernel.stored:
             writer.lines.append(store(m, var))
@@ -546,9 +548,21 @@ def compile_library(source: str) -> ctypes.CDLL:
             os.unlink(tmp_lib)
             raise KernelCompileError(
                 f"C++ kernel failed to compile with `{' '.join(command)}` ({src_path}):\n"
-                + "\n".join(proc.stderr.splitlines()[:20]))
+                + "\n".join(proc.stderr.splitlines()[:20]), generated_code=_compiler_works(tuple(command)))
         os.replace(tmp_lib, lib_path)       # atomic: parallel processes never load half a file
     return ctypes.CDLL(lib_path)
+
+
+@functools.lru_cache(None)
+def _compiler_works(command: tuple) -> bool:
+    """Whether `command` compiles an empty function (asked once a kernel has failed)."""
+    with tempfile.TemporaryDirectory() as directory:
+        src = os.path.join(directory, "empty.cpp")
+        with open(src, "w") as f:
+            f.write('extern "C" void empty() {}\n')
+        proc = subprocess.run([*command, src, "-o", os.path.join(directory, "empty.so"), *config.cxx_libs],
+                              capture_output=True, text=True)
+    return proc.returncode == 0
 
 
 KERNEL_MARK = "// ---- kernel "

@@ -51,20 +51,22 @@ def import_triton():
     if os.environ.get("TRITON_INTERPRET") == "1":
         _patch_interpreter_scalars()
         _patch_interpreter_libdevice()
+        _patch_interpreter_bfloat16()
+        _patch_interpreter_comparisons()
     return triton
 
 
-# The libdevice functions the kernels call (CUDA's math library on a GPU), as NumPy computes
-# them in Triton's interpreter, which has none of its own.
-INTERPRETED_LIBDEVICE = {"__nv_powf": "power", "__nv_pow": "power"}
+# The libdevice functions the kernels call (CUDA's math library on a GPU, as Inductor calls
+# it), and the NumPy function that computes each in Triton's interpreter, which has none.
+INTERPRETED_LIBDEVICE = {"pow": "power", "tanh": "tanh"}
 
 
 def _patch_interpreter_libdevice():
     """Let Triton's interpreter run the libdevice calls of INTERPRETED_LIBDEVICE, so it runs the
-    code a GPU gets. It has none: `libdevice.pow` is a stub that Triton's compiler replaces by
-    the GPU's function (in the interpreter it returns None), and the interpreter's builder
-    raises for every external function. So the stub calls CUDA's libdevice function, whose
-    external call the builder hands to NumPy."""
+    code a GPU gets. `libdevice.pow` is a stub that Triton's compiler replaces by the GPU's
+    function (in the interpreter it returns None), and the interpreter's builder raises for
+    every external function. So the stub calls CUDA's libdevice function, and the builder
+    hands its external call (`__nv_powf`, `__nv_pow`...) to NumPy."""
     import numpy as np
     from triton.language.extra import libdevice
     from triton.language.extra.cuda import libdevice as cuda_libdevice
@@ -74,19 +76,72 @@ def _patch_interpreter_libdevice():
     original = builder.create_extern_elementwise
     if getattr(original, "minicompile", False):
         return
-    for name in ("pow",):
+    for name in INTERPRETED_LIBDEVICE:
         def call(*args, _function=getattr(cuda_libdevice, name)):
             return _function(*args, _semantic=interpreter.interpreter_semantic)
         setattr(libdevice, name, call)
 
     def create_extern_elementwise(self, lib_name, lib_path, symbol, args, ret_type, is_pure):
-        if symbol not in INTERPRETED_LIBDEVICE:
+        name = symbol.removeprefix("__nv_")
+        name = name if name in INTERPRETED_LIBDEVICE else name[:-1]      # __nv_powf: float32's
+        if name not in INTERPRETED_LIBDEVICE:
             return original(self, lib_name, lib_path, symbol, args, ret_type, is_pure)
         with np.errstate(all="ignore"):       # NaN from a negative base, as on a GPU: no warning
-            data = getattr(np, INTERPRETED_LIBDEVICE[symbol])(*[a.data for a in args])
+            data = getattr(np, INTERPRETED_LIBDEVICE[name])(*[a.data for a in args])
         return interpreter.TensorHandle(data.astype(args[0].data.dtype), ret_type.scalar)
     create_extern_elementwise.minicompile = True
     builder.create_extern_elementwise = create_extern_elementwise
+
+
+def _patch_interpreter_bfloat16():
+    """Triton's interpreter converts float32 to bfloat16 by dropping the low bits (a GPU
+    rounds to nearest even, as PyTorch does), and other types to bfloat16 by converting their
+    values to 16-bit integers. Convert through float32, rounding to nearest even, as
+    PyTorch's c10::BFloat16 does (a NaN stays a NaN)."""
+    import numpy as np
+    import triton.language as tl
+    from triton.runtime import interpreter
+
+    builder = interpreter.InterpreterBuilder
+    original = builder.cast_impl
+    if getattr(original, "minicompile", False):
+        return
+
+    def cast_impl(self, src, dst_type):
+        source, target = src.dtype.scalar, dst_type.scalar
+        if target == tl.bfloat16 and source != tl.bfloat16:
+            f32 = np.ascontiguousarray(src.data.astype(np.float32))
+            u = f32.view(np.uint32).astype(np.uint64)
+            bits = ((u + 0x7FFF + ((u >> 16) & 1)) >> 16).astype(np.uint16)
+            return interpreter.TensorHandle(np.where(f32 != f32, np.uint16(0x7FC0), bits), target)
+        if source == tl.bfloat16 and target != tl.bfloat16:
+            f32 = (np.ascontiguousarray(src.data).astype(np.uint32) << 16).view(np.float32)
+            return interpreter.TensorHandle(f32.astype(interpreter._get_np_dtype(dst_type)), target)
+        return original(self, src, dst_type)
+    cast_impl.minicompile = True
+    builder.cast_impl = cast_impl           # (every conversion method of the builder calls it)
+
+
+def _patch_interpreter_comparisons():
+    """Triton's interpreter types a comparison's result as its operands' type (x != 0 of a
+    float is a float tensor there), which a one-element comparison broadcast against a block
+    then is (x.to(tl.int1) & block fails): a comparison is a bool (int1), as on a GPU."""
+    import numpy as np
+    import triton.language as tl
+    from triton.runtime import interpreter
+
+    builder = interpreter.InterpreterBuilder
+    original = builder.binary_op
+    if getattr(original, "minicompile", False):
+        return
+    comparisons = {np.less, np.less_equal, np.greater, np.greater_equal, np.equal, np.not_equal}
+
+    def binary_op(self, lhs, rhs, op):
+        if op in comparisons:
+            return interpreter.TensorHandle(op(lhs.data, rhs.data), tl.int1)
+        return original(self, lhs, rhs, op)
+    binary_op.minicompile = True
+    builder.binary_op = binary_op
 
 
 def _patch_interpreter_scalars():
@@ -118,7 +173,7 @@ class TritonWriter(KernelWriter):
         "logical_or": "({0} | {1})", "logical_not": "({0} == 0)", "neg": "(-{0})",
         "abs": "tl.abs({0})", "relu": "tl.where({0} < 0, 0, {0})", "exp": "tl.exp({0})",
         "log": "tl.log({0})", "sqrt": "tl.sqrt({0})", "rsqrt": "tl.rsqrt({0})", "sin": "tl.sin({0})",
-        "cos": "tl.cos({0})", "tanh": "(2 * tl.sigmoid(2 * {0}) - 1)", "sigmoid": "tl.sigmoid({0})",
+        "cos": "tl.cos({0})", "tanh": "libdevice.tanh({0})", "sigmoid": "tl.sigmoid({0})",
         "erf": "tl.erf({0})", "reciprocal": "(1 / {0})", "floor": "tl.floor({0})",
         "ceil": "tl.ceil({0})", "isnan": "({0} != {0})", "where": "tl.where({0}, {1}, {2})",
         "rand": "tl.rand({0}, {1})", "randn": "tl.randn({0}, {1})",
@@ -190,6 +245,8 @@ class TritonWriter(KernelWriter):
         return repr(float(value))
 
     def cast_expr(self, x, dtype):
+        if x in self.constants and not x.startswith("tl."):    # a Python float: a block first
+            x = f"tl.full([1], {x}, tl.float32)"
         return f"({x}).to({TL_TYPES[dtype]})"
 
     def render_size(self, size):
@@ -253,7 +310,9 @@ def kernel_source(kernel, buffers):
         index = writer.store_index(member)
         text = writer.offset(index) if index.variables() else f"{index.render('//')} + 0 * xindex"
         if value in writer.constants:       # a constant output still needs a block of values
-            value = f"tl.full([XBLOCK], {value}, {TL_TYPES[member.box.dtype]})"
+            shape = "[XBLOCK]" if not kernel.r_sizes else "[XBLOCK, RBLOCK]" if row else "[XBLOCK, 1]"
+            # (an integer constant is a one-element block already: added, not splat)
+            value = f"(tl.zeros({shape}, {TL_TYPES[ir.compute_dtype(member.box.dtype)]}) + {value})"
         return (f"tl.store({writer.out_name(member.box.name)} + ({text}), "
                 f"({value}).to({TL_TYPES[member.box.dtype]}), {'xmask & rmask' if row else 'xmask'})")
 
@@ -326,6 +385,7 @@ def kernel_source(kernel, buffers):
                                   else _row_reduce(writer, reduce_fn, acc, nan_aware))
                     if comp.reduction_type == "mean":
                         result = writer._emit(f"{result} / {writer.render_size(comp.rnumel())}")
+                    result = writer.rounded_as_stored(result, m.box.dtype)
                     writer.row_values[m.box.name] = result
                     if m.box.name in kernel.stored:
                         writer.lines.append(store(m, result, row=False))

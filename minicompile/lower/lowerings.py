@@ -100,16 +100,24 @@ def _meta(node, values):
     return v if isinstance(v, torch.Tensor) else None
 
 
-def _as_index_value(x, shape, cdtype):
-    """A loader that produces x (a box or a Python scalar) broadcast to `shape`, in cdtype."""
+def _as_index_value(x, shape, dtype):
+    """A loader that produces x (a box or a Python scalar) broadcast to `shape`, converted to
+    `dtype` (PyTorch's common dtype of the op's operands) and held in its compute dtype. A
+    tensor converted to float16 or bfloat16 is rounded to it, as PyTorch converts it before
+    the op (int16 32766 is 32768 in float16); a Python number is not (PyTorch's kernels
+    take it in float32)."""
+    cdtype = compute_dtype(dtype)
     if isinstance(x, TensorBox):
         load, src = x.make_loader(), list(x.shape)
         off = len(shape) - len(src)
         src_cdtype = compute_dtype(x.dtype)
+        rounds = dtype in (torch.float16, torch.bfloat16) and x.dtype not in (dtype, torch.bool, torch.int8,
+                                                                              torch.uint8)
 
         def f(idx):
             sub = [Index() if src[d] == 1 else idx[d + off] for d in range(len(src))]
-            return ops.to_dtype(load(sub), cdtype, src_cdtype)
+            value = ops.to_dtype(load(sub), cdtype, src_cdtype)
+            return ops.round_to(value, dtype) if rounds else value
         return f
     if isinstance(x, (bool, int, float)):
         return lambda idx: ops.constant(x, cdtype)
@@ -120,7 +128,7 @@ def _as_index_value(x, shape, cdtype):
     return None
 
 
-def _pointwise_box(node, values, fn, inputs, cdtype=None, origin=None):
+def _pointwise_box(node, values, fn, inputs, common=None, origin=None):
     meta = _meta(node, values)
     if meta is None:
         return NotImplemented
@@ -128,7 +136,7 @@ def _pointwise_box(node, values, fn, inputs, cdtype=None, origin=None):
     if any(b.device != meta.device for b in box_inputs):
         return NotImplemented
     return _pw(box_inputs[0].program, ir.shape_of(meta), meta.dtype, meta.device, fn, inputs,
-               origin or _origin(node), cdtype)
+               origin or _origin(node), common)
 
 
 def _origin(node) -> str:
@@ -154,8 +162,8 @@ def _binary(names_targets, fn, compare=False):
     def lower(node, values, input, other):
         if not isinstance(input, TensorBox) and not isinstance(other, TensorBox):
             return NotImplemented
-        cdtype = compute_dtype(_promoted(input, other)) if compare else None
-        return _pointwise_box(node, values, fn, [input, other], cdtype=cdtype)
+        common = _promoted(input, other) if compare else None
+        return _pointwise_box(node, values, fn, [input, other], common=common)
     return lower
 
 
@@ -174,7 +182,7 @@ def _arith_box(node, values, op, inputs):
 
 # --------------------------------------------------------------------------- pointwise
 
-for _name in ["exp", "log", "sqrt", "rsqrt", "sin", "cos", "tanh", "sigmoid", "erf",
+for _name in ["exp", "log", "sqrt", "rsqrt", "sin", "cos", "tanh", "sigmoid",
               "reciprocal", "abs", "neg", "relu"]:
     _unary(_name, (lambda n: (lambda x: getattr(ops, n)(x)))(_name))
 
@@ -223,9 +231,10 @@ def _pow(node, values, input, exponent):
     """x ** k as PyTorch's CPU kernel computes it, so that special values come out the same
     (inf ** 2.5 is inf, (-8) ** (1/3) is NaN, 0 ** -1 is inf). k = 0 and 1: 1 and x. A float
     result: k = 0.5, -0.5 and -1 are sqrt, rsqrt and reciprocal, k = 2, 3 and -2 are
-    multiplications (for float16, PyTorch calls pow for each k: so do we), any other k or a
-    tensor exponent is ops.pow. An integer result (an integer k >= 0): k - 1 multiplications,
-    which wrap as PyTorch's integer powers do; up to k = 8, else PyTorch's kernel."""
+    multiplications (on a CPU, bfloat16 products each rounded, as there; for float16,
+    PyTorch calls pow for every k: so do we), any other k or a tensor exponent is ops.pow.
+    An integer result (an integer k >= 0): k - 1 multiplications, which wrap as PyTorch's
+    integer powers do; up to k = 8, else PyTorch's kernel."""
     meta = _meta(node, values)
     if meta is None or not isinstance(input, TensorBox) or isinstance(exponent, bool):
         return NotImplemented
@@ -254,10 +263,17 @@ def _pow(node, values, input, exponent):
         def fn(x):
             return ops.pow(x, ops.constant(float(k), cd))
     else:
+        # on a CPU, PyTorch multiplies bfloat16 values as bfloat16 (each product rounded)
+        rounded = meta.dtype == torch.bfloat16 and meta.device.type == "cpu"
+
+        def product(a, b):
+            y = ops.mul(a, b)
+            return ops.round_to(y, meta.dtype) if rounded else y
+
         def fn(x):
             if k in (0.5, -0.5, -1):
                 return {0.5: ops.sqrt, -0.5: ops.rsqrt, -1: ops.reciprocal}[k](x)
-            y = ops.mul(x, x) if k in (2, -2) else ops.mul(ops.mul(x, x), x)
+            y = product(x, x) if k in (2, -2) else product(product(x, x), x)
             return ops.reciprocal(y) if k < 0 else y
     return _pointwise_box(node, values, fn, [input])
 
@@ -301,13 +317,44 @@ def _gelu(node, values, input, approximate):
             return ops.mul(ops.mul(ops.constant(0.5, torch.float32), x),
                            ops.add(ops.constant(1.0, torch.float32), ops.tanh(inner)))
     else:
+        erf = _erf_of_eager(input.device, input.dtype, in_gelu=True)
+
         def fn(x):
             return ops.mul(ops.mul(ops.constant(0.5, torch.float32), x),
                            ops.add(ops.constant(1.0, torch.float32),
-                                   ops.erf(ops.mul(x, ops.constant(1 / math.sqrt(2), torch.float32)))))
+                                   erf(ops.mul(x, ops.constant(1 / math.sqrt(2), torch.float32)))))
     if not input.dtype.is_floating_point:
         return NotImplemented
     return _pointwise_box(node, values, fn, [input])
+
+
+@register([torch.erf, torch.Tensor.erf, "erf", torch.special.erf], "input", pointwise=True)
+def _erf(node, values, input):
+    if not isinstance(input, TensorBox):
+        return NotImplemented
+    return _pointwise_box(node, values, _erf_of_eager(input.device, input.dtype), [input])
+
+
+def _erf_of_eager(device, dtype, in_gelu=False):
+    """erf as eager computes it. On a GPU, and for float32 and float64 on a CPU, the C
+    library's erf (accurate: erf(1e-20) is 1.13e-20). On a CPU, ATen's vectorized kernels
+    compute erf in float32 by Abramowitz and Stegun 7.1.26 (error below 1.5e-7, so erf(1e-20)
+    is 0) for float16 and bfloat16, and for gelu of float32 too; there, so do we (gelu(-5)
+    depends on the last digits of erf(-3.5))."""
+    float32 = compute_dtype(dtype) == torch.float32 and (in_gelu or dtype != torch.float32)
+    if device.type != "cpu" or not float32:
+        return ops.erf
+
+    def erf(x):
+        def c(v):
+            return ops.constant(v, torch.float32)
+        t = ops.reciprocal(ops.add(ops.mul(c(0.3275911), ops.abs(x)), c(1.0)))
+        r = c(1.061405429)
+        for coefficient in (-1.453152027, 1.421413741, -0.284496736, 0.254829592):
+            r = ops.add(ops.mul(r, t), c(coefficient))
+        y = ops.sub(c(1.0), ops.mul(ops.mul(t, ops.exp(ops.neg(ops.mul(x, x)))), r))
+        return ops.where(ops.lt(x, c(0.0)), ops.neg(y), y)
+    return erf
 
 
 @register([F.silu, "silu"], "input, inplace=False", pointwise=True)
@@ -327,23 +374,17 @@ def _relu(node, values, input, inplace):
 @register([torch.clamp, torch.clip, torch.Tensor.clamp, "clamp", "clip"], "input, min=None, max=None",
           pointwise=True)
 def _clamp(node, values, input, min, max):
-    if isinstance(min, TensorBox) or isinstance(max, TensorBox):
-        return NotImplemented
+    """max(x, min) then min(_, max), NaN-propagating, in the result's dtype as PyTorch
+    promotes: an int tensor clamped to float bounds is a float tensor; an int bound of a uint8
+    tensor wraps into uint8 (as PyTorch converts it). Bounds may be numbers, tensors or
+    dynamic floats."""
+    bounds = [(op, b) for op, b in ((ops.maximum, min), (ops.minimum, max)) if b is not None]
 
-    meta = _meta(node, values)
-    if meta is None:
-        return NotImplemented
-    # in the result's dtype, as PyTorch promotes: an int tensor clamped to float bounds is a
-    # float tensor; an int bound of a uint8 tensor wraps into uint8 (as PyTorch's does)
-    cd = compute_dtype(meta.dtype)
-
-    def fn(x):
-        if min is not None:
-            x = ops.maximum(x, ops.constant(min, cd))
-        if max is not None:
-            x = ops.minimum(x, ops.constant(max, cd))
+    def fn(x, *values_):
+        for (op, _), bound in zip(bounds, values_):
+            x = op(x, bound)
         return x
-    return _pointwise_box(node, values, fn, [input])
+    return _pointwise_box(node, values, fn, [input] + [b for _, b in bounds])
 
 
 @register([torch.where, "where"], "condition, input, other", pointwise=True)
@@ -351,10 +392,9 @@ def _where(node, values, condition, input, other):
     meta = _meta(node, values)
     if meta is None or not isinstance(condition, TensorBox):
         return NotImplemented
-    cd = compute_dtype(meta.dtype)
     shape = ir.shape_of(meta)
     cond = _as_index_value(condition, shape, torch.bool)
-    a, b = _as_index_value(input, shape, cd), _as_index_value(other, shape, cd)
+    a, b = _as_index_value(input, shape, meta.dtype), _as_index_value(other, shape, meta.dtype)
     if a is None or b is None:
         return NotImplemented
     boxes = [x for x in (condition, input, other) if isinstance(x, TensorBox)]
@@ -363,13 +403,11 @@ def _where(node, values, condition, input, other):
 
 
 def _cast(node, values, input):
-    """A dtype conversion. Narrowing to half precision rounds right here, as eager does (other
-    values stay in float32 until stored, so an explicit cast is where rounding must happen)."""
+    """A dtype conversion (narrowing to half precision rounds at the end of the op, as every
+    op's half result does: lower._rounded_as_eager)."""
     meta = _meta(node, values)
     if meta is None or not isinstance(input, TensorBox) or meta.device != input.device:
         return NotImplemented
-    if meta.dtype in (torch.float16, torch.bfloat16) and input.dtype not in (torch.float16, torch.bfloat16):
-        return _pointwise_box(node, values, lambda x: ops.round_to(x, meta.dtype), [input])
     box = _pointwise_box(node, values, lambda x: x, [input])
     if isinstance(box, TensorBox) and meta.dtype == input.dtype and _origin(node) not in ("clone",):
         box.data.aliases = True          # .contiguous(), .to(same dtype), .detach() may return x itself
@@ -679,7 +717,7 @@ def _var(node, values, input, dim, unbiased, keepdim, correction):
         v = ops.truediv(v, divisor())
         return ops.sqrt(v) if is_std else v
     return _pw(program, ir.shape_of(meta), meta.dtype, device, finish, [total], "std" if is_std else "var",
-               cdtype=stats)
+               common=stats)
 
 
 @register([F.batch_norm], "input, running_mean, running_var, weight=None, bias=None, training=False, "
@@ -833,7 +871,7 @@ def _bernoulli(node, values, input, p, generator):
         prob = x if p is None else ops.constant(p, torch.float32)
         return ops.to_dtype(ops.lt(r, prob), meta.dtype, torch.bool)
     return _pw(input.program, ir.shape_of(meta), meta.dtype, meta.device, fn, [input, noise], "bernoulli",
-               cdtype=torch.float32)
+               common=torch.float32)
 
 
 def _random_values(program, meta, kind: str, dtype=None) -> TensorBox:
@@ -867,10 +905,11 @@ def _reduce(box, dims, rtype, dtype=None):
     return _reduction_box(meta, box, dims, True, rtype)
 
 
-def _pw(program, shape, dtype, device, fn, inputs, origin, cdtype=None):
-    """out[i] = fn(inputs broadcast to shape, at i), computed in cdtype (default: dtype's
-    compute dtype); NotImplemented if an input is neither a tensor nor a Python number."""
-    loaders = [_as_index_value(x, shape, cdtype or compute_dtype(dtype)) for x in inputs]
+def _pw(program, shape, dtype, device, fn, inputs, origin, common=None):
+    """out[i] = fn(inputs broadcast to shape, at i), the inputs converted to `common` (default:
+    dtype) and computed in its compute dtype; NotImplemented if an input is neither a tensor
+    nor a Python number."""
+    loaders = [_as_index_value(x, shape, common or dtype) for x in inputs]
     if any(l is None for l in loaders):
         return NotImplemented
 
