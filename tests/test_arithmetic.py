@@ -128,6 +128,11 @@ def resolve(step, pool):
         return ("cast_in_range", *step[1:])
     if step[:3:2] == ("unary", "sin") and a.dtype.is_floating_point:
         return ("unary", step[1], "sin_of_clamped")
+    if step[:3:2] == ("reduce", "prod") and a.dtype in (torch.float16, torch.bfloat16) and DEVICE == "cpu":
+        # eager's CPU kernel multiplies float16 in float16, each partial product rounded, in
+        # its own order (a subnormal partial product loses most digits); minicompile
+        # multiplies in float32, as eager's CUDA kernel does: a known difference
+        return None
     return step
 
 
@@ -179,6 +184,8 @@ def accepted(chain):
         warnings.simplefilter("ignore")
         for step in program:
             step = resolve(step, pool)
+            if step is None:
+                continue
             try:
                 value = apply(step, pool)
             except (RuntimeError, TypeError, IndexError, ValueError):

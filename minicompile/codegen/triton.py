@@ -346,6 +346,8 @@ def kernel_source(kernel, buffers):
                     acc_tl = TL_TYPES[comp.src_dtype]
                     init = reduction_identity(comp.reduction_type, comp.src_dtype)
                     init = f"float('{init}')" if isinstance(init, float) and math.isinf(init) else repr(init)
+                    # in a where, an identity as its dtype (a literal would be an int32: -2**63 is not)
+                    init_value = f"tl.full([1], {init}, {acc_tl})"
                     reduce_fn = REDUCE_FN.get(comp.reduction_type)
                     if reduce_fn is None:
                         raise NotImplementedError(f"Triton reduction '{comp.reduction_type}'")
@@ -354,7 +356,7 @@ def kernel_source(kernel, buffers):
                     arg = comp.reduction_type in ir.ARG_REDUCTIONS
                     if persistent:
                         value = m.run(x_idx, r_idx)
-                        block = writer._emit(f"tl.where(xmask & rmask, {value}, {init}).to({acc_tl})")
+                        block = writer._emit(f"tl.where(xmask & rmask, {value}, {init_value}).to({acc_tl})")
                         if arg:
                             positions = writer._emit("tl.where(xmask & rmask, rindex, rnumel)")
                             result = _first_best(writer, reduce_fn, block, positions, floating)
@@ -364,7 +366,7 @@ def kernel_source(kernel, buffers):
                         acc, pos = f"acc{k}", f"pos{k}"
                         with writer.scope() as loop_body:
                             value = m.run(x_idx, r_idx)
-                            loop_body.append(f"v = tl.where(xmask & rmask, {value}, {init}).to({acc_tl})")
+                            loop_body.append(f"v = tl.where(xmask & rmask, {value}, {init_value}).to({acc_tl})")
                             if arg:
                                 # per lane, elements come in order: take the first, a NaN over a
                                 # number, or a strictly better value (ties keep the earlier one)
