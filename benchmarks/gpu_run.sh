@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Everything checked and measured on a GPU machine, in one call (see .library device notes):
 # the unit tests (Triton kernels compiled for real, capture on that machine's Python) and the
-# benchmarks. Results land in $OUT. Usage: benchmarks/gpu_run.sh [tests] [why] [memory] [models] [dynamic] [firstcall] [sweep]
+# benchmarks. Results land in $OUT. Usage: benchmarks/gpu_run.sh [tests] [why] [memory] [models] [realmodels] [dynamic] [firstcall] [sweep]
 set -u
 export PYTHONPATH=$PWD PYTHONUNBUFFERED=1 MINICOMPILE_CACHE_DIR=/tmp/mc-cache
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
@@ -11,9 +11,14 @@ nvidia-smi --query-gpu=name,clocks.sm,clocks.mem,temperature.gpu --format=csv,no
 if [[ $what == *" tests "* ]]; then
   python3 -m pytest -q -p no:cacheprovider tests 2>&1 | tee "$OUT/pytest_gpu.log" | tail -15
 fi
+if [[ $what == *" testsubset "* ]]; then
+  python3 -m pytest -q -p no:cacheprovider ${TESTS:-tests} 2>&1 | tee "$OUT/pytest_gpu_subset.log" | tail -15
+fi
+if [[ $what == *" fusionlog "* ]]; then python3 benchmarks/fusion_log.py 2>&1 | tee "$OUT/fusion_log.txt" | tail -30; fi
 if [[ $what == *" sweep "* ]]; then python3 benchmarks/sweep_configs.py --out "$OUT"; fi
 if [[ $what == *" why "* ]]; then python3 benchmarks/why_compile.py --device cuda --out "$OUT" 2>&1 | tail -8; fi
 if [[ $what == *" memory "* ]]; then python3 benchmarks/memory_bound.py --device cuda --repeat 200 --out "$OUT" 2>&1 | tail -9; fi
 if [[ $what == *" models "* ]]; then python3 benchmarks/models_bench.py --device cuda --out "$OUT" 2>&1 | tail -5; fi
+if [[ $what == *" realmodels "* ]]; then python3 benchmarks/real_models.py --device cuda --out "$OUT" 2>&1 | grep -v Warning | tail -9; fi
 if [[ $what == *" dynamic "* ]]; then python3 benchmarks/dynamic_shapes.py --device cuda --out "$OUT" 2>&1 | tail -8; fi
 if [[ $what == *" firstcall "* ]]; then python3 benchmarks/first_call.py --device cuda --out "$OUT" 2>&1 | tail -9; fi

@@ -19,7 +19,8 @@ from typing import Any, Callable
 import torch
 
 from . import config, logs, metrics
-from .capture import SUPPORTED_VERSIONS, Capture, Unsupported, capture
+from .capture import SUPPORTED_VERSIONS, Unsupported
+from .capture.frame import ResumeSegment
 from .capture.guards import frame_target
 
 SUPPORTED_PYTHONS = SUPPORTED_VERSIONS       # capture's list: the versions it has opcode tables for
@@ -139,6 +140,7 @@ class CompiledFunction:
         self.eager_reason: Unsupported | None = None
         self._backend_arg = backend
         self._callees: dict = {}
+        self.quiet = False            # True for a function compiled on its own at a graph break
         self._frame, self._frame_generation = None, -1
         # the Python function the calls run, and what `fn` passes it before the caller's
         # arguments (a bound method's self, a partial's arguments): guards.frame_target
@@ -204,7 +206,7 @@ class CompiledFunction:
         for seg in entries:
             if seg.guard(F, args, kwargs):
                 return seg
-        from .capture.interpreter import trace_segment
+        from .capture.trace import trace_segment
         where = self.__name__ if offset == 0 else f"{self.__name__} (resume at offset {offset})"
         # a miss: ask each earlier entry which of its checks failed (the slow twin of its guard);
         # not once the frame is past its limit and has said so (then the call just runs eagerly)
@@ -246,10 +248,18 @@ class CompiledFunction:
             if offset == 0:
                 frame.eager_reason = err
                 self.eager_reason = err
-                warnings.warn(f"minicompile: {self.__name__} runs eagerly: {err}", stacklevel=3)
+                if self.quiet:               # a callee compiled on its own: the logs say it
+                    logs.log("graph_breaks", f"{where} runs eagerly: {err}")
+                else:
+                    warnings.warn(f"minicompile: {self.__name__} runs eagerly: {err}", stacklevel=3)
                 return None
-            raise RuntimeError(f"minicompile: cannot continue {where} eagerly after a graph "
-                               f"break: {err}") from err
+            # minicompile's interpreter cannot run the rest of the frame: CPython does, from a
+            # resume function (capture/resume.py), as TorchDynamo's resume functions do
+            seg = ResumeSegment(self._func.__code__, offset, kwargs, err)
+            _record(None, err)
+            logs.log("graph_breaks", f"{where}: the rest of the frame runs as Python: {err}")
+            entries.insert(0, seg)
+            return seg
         if not eager:
             if offset == 0 and not frame.logged_bytecode:
                 frame.logged_bytecode = True
@@ -275,6 +285,8 @@ class CompiledFunction:
             if seg.end == "break":
                 metrics.graph_breaks += 1
                 logs.log("graph_breaks", _break_text(seg))
+                if not seg.n_calls:          # no graph to carry its reason: explain() keeps it
+                    _record(None, seg.reason)
             if logs.enabled("bytecode"):
                 logs.log("bytecode", describe_segment(seg, self.__name__))
         if not eager:
@@ -310,6 +322,7 @@ class CompiledFunction:
             callee = CompiledFunction(target, fullgraph=False, backend=self._backend_arg,
                                       dynamic=self.dynamic, options=self.options)
             callee.backend, callee.backend_name = self.backend, self.backend_name
+            callee.quiet = True
             self._callees[target] = callee
         return callee(*pre, *args, **kwargs)
 
@@ -344,7 +357,11 @@ def _record(gm, reason):
 
 
 def _is_torch_internal(modname: str) -> bool:
-    return modname.split(".")[0] in ("torch", "functools", "typing", "builtins", "minicompile")
+    """Functions of these modules, called at a graph break, run as they are, not compiled on
+    their own: PyTorch's, minicompile's, and Python's standard library (TorchDynamo skips
+    those files too)."""
+    top = modname.split(".")[0]
+    return top in ("torch", "minicompile") or top in sys.stdlib_module_names
 
 
 def _n_entries(entries) -> int:

@@ -4,7 +4,9 @@ This is the contract between capture and code generation, and it is torch.compil
 backend contract, so `torch.compile(f, backend=minicompile.backend)` runs real TorchDynamo with
 minicompile's lowering, fusion and kernels.
 
-    gm, example_inputs --lower--> Program --fusion.schedule--> steps --wrapper.build--> callable
+    gm, example_inputs --autocast--> casts as nodes
+        --functionalize--> values-only graph (+ epilogue: writes, views)
+        --lower--> Program --fusion.schedule--> steps --wrapper.build--> callable
 """
 from __future__ import annotations
 
@@ -12,13 +14,49 @@ import warnings
 
 import torch
 
-from . import fusion, logs
+from . import autocast, fusion, logs
 from .codegen import wrapper
 from .codegen.cpp import KernelCompileError
+from .functionalize import functionalize
 from .lower import lower
 
 
-def compile_graph(gm: torch.fx.GraphModule, example_inputs) -> wrapper.CompiledGraph:
+def compile_graph(gm: torch.fx.GraphModule, example_inputs):
+    """The compiled graph: a callable with gm's inputs and outputs. Autocast's casts become
+    nodes (autocast.py), and writes and views become values (functionalize.py), whose epilogue
+    makes them real after the kernels."""
+    if autocast.involved(gm):
+        gm = autocast.explicit_casts(gm, example_inputs)
+        with autocast.off():
+            return autocast.AutocastOff(_compile_functional(gm, example_inputs))
+    return _compile_functional(gm, example_inputs)
+
+
+def _compile_functional(gm: torch.fx.GraphModule, example_inputs):
+    functional, epilogue = functionalize(gm, list(example_inputs))
+    compiled = _compile_values(functional, example_inputs)
+    if epilogue is None:
+        return compiled
+    logs.log("output_code", "epilogue:\n" + "\n".join(f"    {line}" for line in epilogue.description))
+    return WithEpilogue(compiled, epilogue)
+
+
+class WithEpilogue:
+    """A compiled functional graph and the epilogue that completes it (functionalize.py):
+    called with the graph's inputs, it returns what the original graph returned, and the
+    inputs it writes are written. Everything else is the compiled graph's."""
+
+    def __init__(self, compiled, epilogue):
+        self.compiled, self.epilogue = compiled, epilogue
+
+    def __call__(self, *args):
+        return self.epilogue(self.compiled, args)
+
+    def __getattr__(self, name):
+        return getattr(self.compiled, name)
+
+
+def _compile_values(gm: torch.fx.GraphModule, example_inputs) -> wrapper.CompiledGraph:
     try:
         program = lower(gm, list(example_inputs))
         steps = fusion.schedule(program)
@@ -50,7 +88,7 @@ def compile_graph(gm: torch.fx.GraphModule, example_inputs) -> wrapper.CompiledG
             elif dims:                         # an int or float input: its value
                 conditions.append(f"arg{i} == {value!r}")
             node.meta["dynamic_dims"] = set()
-        compiled = compile_graph(gm, example_inputs)
+        compiled = _compile_values(gm, example_inputs)
         compiled.shape_guards = conditions
         return compiled
 
@@ -108,12 +146,21 @@ def backend(gm: torch.fx.GraphModule, example_inputs):
     graph) is a later stage. So a graph that must record gradients (grad mode on and an input
     that requires grad) runs on PyTorch's kernels, with a warning, rather than silently
     returning tensors that autograd cannot differentiate."""
-    if torch.is_grad_enabled() and any(isinstance(t, torch.Tensor) and t.requires_grad for t in example_inputs):
+    records = torch.is_grad_enabled() or any(
+        n.target is torch._C._set_grad_enabled and n.args[0] is True for n in gm.graph.nodes)
+    if records and any(isinstance(t, torch.Tensor) and t.requires_grad for t in example_inputs):
         warnings.warn("minicompile: this graph needs gradients (an input requires grad and grad mode "
                       "is on); compiled training (AOT autograd) is a later stage, so it runs on "
                       "PyTorch's kernels. Use torch.no_grad() for inference.", stacklevel=2)
         return gm
-    return compile_graph(gm, example_inputs)
+    try:
+        return compile_graph(gm, example_inputs)
+    except NotImplementedError as err:
+        # a stage minicompile does not have yet (a dtype, an op): PyTorch's kernels run the
+        # graph, which gives eager's results (as minicompile.compile does)
+        warnings.warn(f"minicompile: the graph runs on PyTorch's kernels, not compiled: {err}",
+                      stacklevel=2)
+        return gm
 
 
 backend.supports_dynamic_shapes = True     # takes graphs whose inputs have dynamic dims
@@ -124,7 +171,7 @@ def generated_source(gm: torch.fx.GraphModule, example_inputs, kernel_backend: s
     ("cpp" or "triton"), without compiling or running it: for reading, on any machine."""
     from .codegen import cpp, triton as triton_codegen
 
-    program = lower(gm, list(example_inputs))
+    program = lower(functionalize(gm, list(example_inputs))[0], list(example_inputs))
     kernels = [s for s in fusion.schedule(program) if isinstance(s, fusion.Kernel)]
     buffers = fusion.buffers_by_name(program)
     generator = {"cpp": cpp, "triton": triton_codegen}[kernel_backend]

@@ -94,7 +94,8 @@ def divides(k, v) -> "int | sympy.Expr | None":
 
 class _SizePrinter(sympy.printing.str.StrPrinter):
     """Sizes as C / Python integer expressions: products instead of powers, floor division
-    spelled per language (all sizes are non-negative, where C's / is floor division)."""
+    and max/min spelled per language (all sizes are non-negative, where C's / is floor
+    division)."""
 
     def __init__(self, floordiv: str):
         super().__init__()
@@ -120,6 +121,21 @@ class _SizePrinter(sympy.printing.str.StrPrinter):
         return f"(({self._print(e.args[0])}) % ({self._print(e.args[1])}))"
 
     _print_PythonMod = _print_Mod
+
+    def _print_Max(self, e):
+        return self._min_max("max", e.args)
+
+    def _print_Min(self, e):
+        return self._min_max("min", e.args)
+
+    def _min_max(self, name, args):
+        """Python's (and Triton's) builtin, or C++'s std:: one, two arguments at a time."""
+        if self.floordiv == "//":
+            return f"{name}({', '.join(self._print(a) for a in args)})"
+        text = self._print(args[0])
+        for a in args[1:]:
+            text = f"std::{name}<int64_t>({text}, {self._print(a)})"
+        return text
 
 
 def render_size(size, floordiv: str = "//") -> str:
@@ -297,15 +313,27 @@ class Index:
             elif divides(k, inner.const) is not None:
                 q_const, r_const = divides(k, inner.const), 0
             else:
-                q_const, r_const = 0, inner.const
+                # a symbolic constant term by term: 8 - 96*s0 modulo 96 leaves 8
+                q_const, r_const = 0, 0
+                for term in sympy.Add.make_args(sympy.expand(sympy.sympify(inner.const))):
+                    quotient = divides(k, term)
+                    if quotient is None:
+                        r_const = size_expr(r_const + term)
+                    else:
+                        q_const = size_expr(q_const + quotient)
             q, r = Index(q_terms, q_const), Index(r_terms, r_const)
             lo, hi = r.bounds(ranges)
             fits = provably_nonneg(lo) and hi is not None and provably_nonneg(size_expr(k - 1 - hi))
-            # (q*k + r) // k == q + r // k and (q*k + r) % k == r % k for integers
+            # (q*k + r) // k == q + r // k and (q*k + r) % k == r % k, and when 0 <= r < k
+            # just q and r. The generated code divides as C does, truncating, which agrees
+            # with floor division only for a dividend >= 0: a whole index is one where it is
+            # read, but r alone may be negative (q*k + r = 96*x1 + 8 - 96*s0), and then the
+            # division stays whole
+            r_nonneg = provably_nonneg(lo)
             if isinstance(atom, FloorDiv):
-                simple = q if fits else q + r // k
+                simple = q if fits else q + r // k if r_nonneg else inner // k
             else:
-                simple = r if fits else r % k
+                simple = r if fits else r % k if r_nonneg else inner % k
             result = result + simple * c
         return result._combine_div_mod()
 
@@ -748,9 +776,6 @@ class Program:
     symbols: dict = field(default_factory=dict)
     # kernel scalar argument -> the graph input it is (a dynamic float: "scalar0" -> "arg3")
     scalars: dict = field(default_factory=dict)
-    # graph inputs an op writes in place (batch norm's running statistics): input name -> the
-    # node holding its new value, copied into the input after the kernels, as eager leaves it
-    mutated_inputs: dict = field(default_factory=dict)
     _names: Any = field(default_factory=lambda: itertools.count())
 
     def new_name(self, prefix: str = "buf") -> str:

@@ -21,6 +21,7 @@ import torch.nn as nn
 from hypothesis import HealthCheck, given, settings, strategies as st
 
 import minicompile
+from conftest import DEVICE
 from helpers import assert_same, graph_counter, randn
 
 
@@ -34,7 +35,7 @@ def run_sequence(make_callables, order, inputs, against_torch_compile=True):
     torch._dynamo.reset()
     minicompile.reset()
     minicompile.metrics.reset()
-    originals = make_callables()
+    originals = [c.to(DEVICE) if isinstance(c, nn.Module) else c for c in make_callables()]
     counter, graphs = graph_counter()
     ours = [minicompile.compile(c) for c in originals]
     theirs = [torch.compile(c, backend=counter) for c in originals]
@@ -149,7 +150,7 @@ def test_layers_compiled_one_by_one(kernel_backend, grad):
     """The issue's model: each block compiled on its own; from the third on, each ran an
     earlier block's graph. More blocks than the recompile limit, all one graph."""
     torch.manual_seed(0)
-    blocks = nn.ModuleList(Block() for _ in range(10))
+    blocks = nn.ModuleList(Block() for _ in range(10)).to(DEVICE)
     x = randn(5, 12)
     with torch.set_grad_enabled(grad):
         expected = x
@@ -217,7 +218,7 @@ def test_positional_partials_with_tensors():
 def test_partials_of_a_python_function_with_tensors(kernel_backend):
     def make():
         return [functools.partial(scaled, randn(10)), functools.partial(scaled, randn(10))]
-    n = run_sequence(make, INTERLEAVED, lambda step: (torch.rand(10) + 0.5,))
+    n = run_sequence(make, INTERLEAVED, lambda step: (torch.rand(10, device=DEVICE) + 0.5,))
     assert n == (1, 1)
 
 
@@ -367,7 +368,7 @@ def test_forward_replaced_on_an_instance():
 
         def forward(self, x):
             return self.inner(x)
-    a, b = Outer(), Outer()
+    a, b = Outer().to(DEVICE), Outer().to(DEVICE)
     b.inner.forward = lambda x: x * 10
     ca, cb = minicompile.compile(a), minicompile.compile(b)
     x = randn(3, 4)
@@ -387,7 +388,7 @@ def test_a_module_returned_or_live_across_a_break_is_the_callers():
             y = self.fc(x)
             print("break", end="")              # a graph break with the module live after it
             return self.fc, self.fc(y)
-    a, b = Returns(), Returns()
+    a, b = Returns().to(DEVICE), Returns().to(DEVICE)
     ca, cb = minicompile.compile(a), minicompile.compile(b)
     x = randn(2, 3)
     with torch.no_grad():
@@ -443,7 +444,7 @@ class Mix(nn.Module):
 
 def make_closure(kind, width):
     if kind == "tensor":
-        w = torch.randn(width)
+        w = torch.randn(width, device=DEVICE)
         return lambda x: torch.sigmoid(x) * w
     k = random.choice([0.5, 2.0, -1.0])
     return lambda x: torch.sigmoid(x) * k
@@ -462,7 +463,7 @@ def test_random_instances_and_closures_called_interleaved(data):
     for kind in kinds:
         if kind.startswith("module"):
             width = 8 if kind == "module_wide" else 5
-            made.append((Mix(width, torch.tanh if kind == "module_tanh" else torch.relu), width))
+            made.append((Mix(width, torch.tanh if kind == "module_tanh" else torch.relu).to(DEVICE), width))
         else:
             made.append((make_closure(kind.split("_")[1], 5), 5))
     minicompile.reset()
@@ -473,5 +474,5 @@ def test_random_instances_and_closures_called_interleaved(data):
             fn, width = made[i]
             if i not in compiled:
                 compiled[i] = minicompile.compile(fn)
-            x = torch.randn(3, width)
+            x = torch.randn(3, width, device=DEVICE)
             assert_same(compiled[i](x), fn(x))

@@ -1,21 +1,29 @@
-"""minicompile.capture: a mini TorchDynamo. Python bytecode of one call -> a torch.fx graph.
+"""minicompile.capture: a mini TorchDynamo. Python bytecode of one call -> torch.fx graphs.
 
-Takes: a function or bound method and the real arguments of one call. Hands on: a `Capture`
-(`gm`, `example_inputs`, `get_inputs`, `build_output`, `guard`, `guard_source`, `code`), whose
-`gm` follows the torch.compile backend contract `backend(gm, example_inputs)`.
-Anything that cannot be traced raises `Unsupported` (later: a graph break).
+Takes: a function (or method, partial, callable object) and the real arguments of one call.
+Hands on: segments (frame.Segment), each an FX graph that follows the torch.compile backend
+contract `backend(gm, example_inputs)`, the guard that says when it may be reused, and what to
+do at its graph break; `capture` is the whole-graph form. The modules, in the order a call goes
+through them (TorchDynamo's layout):
 
-    bytecode.py     instruction decoding, Python-version checks, opcode registry
-    values.py       symbolic values (tensors as fx.Proxy + example value, constants, ...)
-    sources.py      where a value came from, as a guard expression (L['x'], G['torch'], ...)
-    interpreter.py  the symbolic interpreter (one handler per opcode) and `capture`
-    guards.py       the generated guard function
-    breaks.py       `Unsupported`, `GraphBreak`
-    frame.py        a frame as a chain of segments: graph, break run for real, resume point
+    trace.py         the entry: trace_segment (one segment), capture (one whole graph)
+    translator.py    InstructionTranslator: the frame run on symbolic values
+    instructions.py  one handler per opcode, registered with the Python versions it serves
+    calls.py         calls: torch ops, inlined user functions and modules, objects made
+    builtin_calls.py Python's builtins on traced values
+    output_graph.py  the graph under construction, its inputs (wrap), symbolic sizes
+    values.py        the symbolic values (VariableTrackers)
+    sources.py       where a value came from, as a guard expression (L['x'], G['torch'])
+    guards.py        the generated guard function (and its twin that says why it failed)
+    breaks.py        Unsupported, GraphBreak
+    frame.py         a frame as a chain of segments: graph, break run for real, resume point
+    resume.py        the rest of a frame as a real Python function (a break never fails)
+    bytecode.py      instruction decoding, Python versions, the opcode registry, operators
+    higher_order.py  torch.cond
 """
 from .breaks import Unsupported, UnsupportedPythonVersion
 from .bytecode import SUPPORTED_VERSIONS, check_python_version
-from .interpreter import Capture, capture
+from .trace import Capture, capture
 
 __all__ = ["capture", "Capture", "Unsupported", "UnsupportedPythonVersion",
            "SUPPORTED_VERSIONS", "check_python_version"]

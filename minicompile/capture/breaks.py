@@ -75,3 +75,7 @@ class GraphBreak(Exception):
         self.stack = stack
         self.kw_names = kw_names
         self.tx = tx
+
+
+class Return(Exception):
+    """A traced frame returned (its value is the translator's return_value)."""

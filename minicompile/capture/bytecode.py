@@ -20,6 +20,7 @@ of being half-modelled.
 from __future__ import annotations
 
 import dis
+import operator
 import sys
 import types
 from dataclasses import dataclass
@@ -104,3 +105,28 @@ def decode(code: types.CodeType) -> Tuple[List[Instruction], Dict[int, int]]:
 
 # BINARY_OP's argument indexes this table (same numbering in 3.11, 3.12 and 3.13).
 BINARY_OP_SYMBOLS: List[str] = [sym for _name, sym in dis._nb_ops]
+
+
+# What BINARY_OP and COMPARE_OP compute, by symbol (the same in 3.11, 3.12 and 3.13)
+BINARY_OPS: Dict[str, Callable] = {
+    "+": operator.add, "-": operator.sub, "*": operator.mul, "/": operator.truediv,
+    "//": operator.floordiv, "%": operator.mod, "**": operator.pow, "@": operator.matmul,
+    "&": operator.and_, "|": operator.or_, "^": operator.xor, "<<": operator.lshift,
+    ">>": operator.rshift,
+    "+=": operator.iadd, "-=": operator.isub, "*=": operator.imul, "/=": operator.itruediv,
+    "//=": operator.ifloordiv, "%=": operator.imod, "**=": operator.ipow,
+    "@=": operator.imatmul, "&=": operator.iand, "|=": operator.ior, "^=": operator.ixor,
+    "<<=": operator.ilshift, ">>=": operator.irshift,
+}
+
+
+COMPARE_OPS: Dict[str, Callable] = {
+    "<": operator.lt, "<=": operator.le, "==": operator.eq, "!=": operator.ne,
+    ">": operator.gt, ">=": operator.ge,
+}
+
+
+def _cmp_symbol(argval) -> str:
+    # 3.13's dis shows bool(<) when the result is converted to bool; argval is the symbol
+    s = str(argval)
+    return s[5:-1] if s.startswith("bool(") else s

@@ -24,36 +24,20 @@ compiled on its own), and every unsupported instruction runs for real.
 """
 from __future__ import annotations
 
+import copy
 import dis
-import inspect
-import operator
 import types
 from dataclasses import dataclass, field
-from typing import Any, Callable, Dict, List, Optional, Tuple
+from typing import Any, Callable, Dict, List, Optional
 
 import torch
 
-from .breaks import GraphBreak, Unsupported
-from .bytecode import BINARY_OP_SYMBOLS, current_version
+from . import values as V
+from .breaks import Unsupported
+from .bytecode import BINARY_OP_SYMBOLS, BINARY_OPS, COMPARE_OPS, _cmp_symbol, current_version
 
 NULL_VALUE = type("NULL_VALUE", (), {"__repr__": lambda self: "NULL"})()
 VERSION = current_version()
-
-
-class ListIter:
-    """A loop's iterator carried across a graph break: the items not yet taken, visible to the
-    guard (a real list_iterator cannot be read without being consumed)."""
-
-    def __init__(self, items):
-        self.items = list(items)
-
-    def __iter__(self):
-        return self
-
-    def __next__(self):
-        if not self.items:
-            raise StopIteration
-        return self.items.pop(0)
 
 
 # ---------------------------------------------------------------------------------------
@@ -189,10 +173,8 @@ def execute(inst, stack: list, f_locals: dict, f_globals: dict, kw_names, call: 
         stack.append(obj[idx])
     elif op == "BINARY_OP":
         b, a = stack.pop(), stack.pop()
-        from .interpreter import BINARY_OPS
         stack.append(BINARY_OPS[BINARY_OP_SYMBOLS[inst.arg]](a, b))
     elif op == "COMPARE_OP":
-        from .interpreter import COMPARE_OPS, _cmp_symbol
         b, a = stack.pop(), stack.pop()
         sym = _cmp_symbol(inst.argval)
         stack.append(COMPARE_OPS.get(sym, COMPARE_OPS.get(_cmp_symbol(inst.argrepr)))(a, b))
@@ -211,7 +193,7 @@ def execute(inst, stack: list, f_locals: dict, f_globals: dict, kw_names, call: 
         b, a = stack.pop(), stack.pop()
         stack.append((a is b) != bool(inst.arg))
     elif op == "GET_ITER":
-        stack.append(ListIter(stack.pop()))
+        stack.append(iter(stack.pop()))
     elif op == "UNPACK_SEQUENCE":
         items = list(stack.pop())
         if len(items) != inst.arg:
@@ -267,12 +249,18 @@ class TemplateBuilder:
         return t
 
     def _build(self, v):
-        from . import values as V
         if isinstance(v, V.TensorVariable):
             if v.source is not None and v.node.op == "placeholder" and self._source_fn(v.source):
                 return ["src", self._source_fn(v.source)]
             for i, p in enumerate(self.proxies):
                 if p.node is v.node:
+                    return ["out", i]
+            self.proxies.append(v.proxy)
+            return ["out", len(self.proxies) - 1]
+        if isinstance(v, V.SymIntVariable):
+            # a symbolic size: the graph computes it (reading .value would make it static)
+            for i, p in enumerate(self.proxies):
+                if p.node is v.proxy.node:
                     return ["out", i]
             self.proxies.append(v.proxy)
             return ["out", len(self.proxies) - 1]
@@ -287,15 +275,25 @@ class TemplateBuilder:
             return ["namedtuple", v.tuple_cls, [self.build(i) for i in v.items]]
         if isinstance(v, V.BaseListVariable):
             return [v.python_type.__name__, [self.build(i) for i in v.items]]
+        if isinstance(v, V.ModelOutputVariable):
+            return ["modeloutput", v.cls, [(k, self.build(i)) for k, i in v.items.items()]]
         if isinstance(v, V.DictVariable):
             return ["dict", [(k, self.build(i)) for k, i in v.items.items()]]
         if isinstance(v, V.IteratorVariable):
+            if v.source is not None and self._source_fn(v.source) is not None:
+                return ["src", self._source_fn(v.source)]     # the real one, advanced (an effect)
             return ["iter", [self.build(i) for i in v.remaining()]]
+        if isinstance(v, V.DictViewVariable):
+            return ["dictview", self.build(v.dict_var), v.kind]
         if isinstance(v, V.NNModuleVariable):
             # the call's own module (modules are not guarded by identity)
             src = self._source_fn(v.source) if v.source is not None else None
             return ["src", src] if src is not None else ["const", v.module]
-        if type(v).__name__ == "UserObjectVariable":
+        if isinstance(v, V.UserObjectVariable):
+            if v.snapshot is not None:
+                # a copy the frame made: the same copy each call, then the trace's writes
+                return ["copy", v.snapshot, [(k, ["deleted"] if i is V.DELETED else self.build(i))
+                                             for k, i in v.items.items()]]
             if v.source is None:
                 # an object made in the frame: a new one per call, its attributes from the trace
                 return ["obj", type(v.value), [(k, self.build(i)) for k, i in v.items.items()]]
@@ -343,13 +341,24 @@ def rebuild(t, outs, env, memo=None):
         memo[key] = r                          # before the attributes: they may refer back
         for name, x in t[2]:
             setattr(r, name, rebuild(x, outs, env, memo))
+    elif kind == "copy":
+        r = copy.deepcopy(t[1])
+        memo[key] = r
+        for name, x in t[2]:
+            if x[0] == "deleted":
+                delattr(r, name)
+            else:
+                setattr(r, name, rebuild(x, outs, env, memo))
     elif kind == "namedtuple":
-        from .values import make_named_tuple
-        r = make_named_tuple(t[1], [rebuild(x, outs, env, memo) for x in t[2]])
+        r = V.make_named_tuple(t[1], [rebuild(x, outs, env, memo) for x in t[2]])
     elif kind == "dict":
         r = {k: rebuild(x, outs, env, memo) for k, x in t[1]}
+    elif kind == "modeloutput":
+        r = t[1](**{k: rebuild(x, outs, env, memo) for k, x in t[2]})
     elif kind == "iter":
-        r = ListIter(rebuild(x, outs, env, memo) for x in t[1])
+        r = iter([rebuild(x, outs, env, memo) for x in t[1]])
+    elif kind == "dictview":
+        r = getattr(rebuild(t[1], outs, env, memo), t[2])()
     elif kind == "attr":
         r = getattr(rebuild(t[1], outs, env, memo), t[2])
     elif kind == "bound":
@@ -411,21 +420,70 @@ class Segment:
             outs = self.gm(*inputs)
         env = self.make_env(F, args, kwargs)
         memo: dict = {}
+        # every value is rebuilt first, then the side effects are made: a value the trace read
+        # from outside the frame is the one it read before its own writes
+        effects = []
         for kind, obj_fn, t in self.effects:
             obj = obj_fn(env)
             if kind == "list":
-                obj[:] = list(rebuild(t, outs, env, memo))
-            else:
-                for name, vt in t:
-                    setattr(obj, name, rebuild(vt, outs, env, memo))
+                t = list(rebuild(t, outs, env, memo))
+            elif kind == "attrs":
+                t = [(name, rebuild(vt, outs, env, memo)) for name, vt in t]
+            effects.append((kind, obj, t))
         if self.end == "return":
-            return ("return", rebuild(self.template, outs, env, memo))
-        stack_t, locals_t = self.template
-        stack = [rebuild(t, outs, env, memo) for t in stack_t]
-        f_locals = {k: rebuild(t, outs, env, memo) for k, t in locals_t.items()}
+            result = rebuild(self.template, outs, env, memo)
+        else:
+            stack_t, locals_t = self.template
+            stack = [rebuild(t, outs, env, memo) for t in stack_t]
+            f_locals = {k: rebuild(t, outs, env, memo) for k, t in locals_t.items()}
+        for kind, obj, t in effects:
+            if kind == "advance":
+                for _ in range(t):
+                    next(obj)
+            elif kind == "list":
+                obj[:] = t
+            else:
+                for name, value in t:
+                    setattr(obj, name, value)
+        if self.end == "return":
+            return ("return", result)
         nxt = execute(self.break_inst, stack, f_locals, env["G"], self.kw_names, call,
                       self.offset_to_index)
         state = dict(f_locals)
         for i, v in enumerate(stack):
             state[f"___stack{i}"] = v
         return ("resume", self.instructions[nxt].offset, state)
+
+
+class ResumeSegment:
+    """The rest of a frame from `offset` on, run as a real Python function (resume.py):
+    where minicompile's interpreter cannot run it, CPython does, so a graph break never fails
+    the call. It matches the live state it was made for (which locals are bound, where the
+    value stack has NULLs)."""
+    eager, compiled, n_calls, end, gm, reason = True, None, 0, "return", None, None
+
+    def __init__(self, code: types.CodeType, offset: int, kwargs: dict, why: Unsupported):
+        self.code, self.offset, self.why = code, offset, why
+        self.shape = _state_shape(kwargs)
+        self.guard_source = f"# the rest of {code.co_name} from offset {offset} runs as Python: {why.reason}"
+
+    def guard(self, F, args, kwargs) -> bool:
+        return not args and _state_shape(kwargs) == self.shape
+
+    def run(self, F, args, kwargs, call):
+        from .resume import call_resumed
+        f_locals = {k: v for k, v in kwargs.items() if not k.startswith("___stack")}
+        stack = [kwargs[f"___stack{i}"] for i in range(len(self.shape[1]))]
+        ok, value = call_resumed(F, self.offset, f_locals, stack, NULL_VALUE)
+        if not ok:
+            raise RuntimeError(f"minicompile: the rest of {self.code.co_name} (from offset "
+                               f"{self.offset}) can be neither traced nor resumed: {self.why}")
+        return ("return", value)
+
+
+def _state_shape(kwargs: dict) -> tuple:
+    """(the bound locals, where the stack holds NULL) of a live state."""
+    n = sum(1 for k in kwargs if k.startswith("___stack"))
+    return (frozenset(k for k in kwargs if not k.startswith("___stack")),
+            tuple(kwargs[f"___stack{i}"] is NULL_VALUE for i in range(n)))
+

@@ -40,7 +40,8 @@ from typing import Any, Callable, Dict, List, Optional, Tuple
 
 import torch
 
-from .sources import AttrSource, ItemSource, Source
+from .. import autocast
+from .sources import AttrSource, ItemSource, RemainingSource, Source
 
 
 def frame_target(fn) -> Tuple[types.FunctionType, tuple, dict]:
@@ -130,6 +131,18 @@ def bind_arguments(func: types.FunctionType, args: tuple, kwargs: dict
     return ArgBinding(len(args), tuple(sorted(kwargs)), exprs), values
 
 
+def remaining_items(iterator) -> list:
+    """What an iterator has left, read from a copy of it (sources.RemainingSource)."""
+    import copy
+    return list(copy.copy(iterator))
+
+
+def storage_pattern(*tensors) -> tuple:
+    """For each tensor, the position of the first one that shares its memory."""
+    first: dict = {}
+    return tuple(first.setdefault(t.untyped_storage().data_ptr(), i) for i, t in enumerate(tensors))
+
+
 def _literal(value, ns: Dict[str, Any]) -> str:
     """A Python expression for `value` inside the guard: its repr when that round-trips,
     else a name bound in the guard's namespace."""
@@ -181,7 +194,9 @@ def dense_strides_expr(t: torch.Tensor, dynamic: set, e: str) -> str:
     strides = [""] * t.dim()
     inner: List[str] = []
     for d in reversed(order):
-        strides[d] = "*".join(inner) or "1" if t.size(d) != 1 else str(t.stride(d))
+        # a dim of size 1 is never stepped over: any stride will do (PyTorch's own, a product
+        # of the other sizes, changes with them)
+        strides[d] = "*".join(inner) or "1" if t.size(d) != 1 else f"{e}.stride({d})"
         inner.append(f"{e}.size({d})" if d in dynamic else str(t.size(d)))
     return "(" + ", ".join(strides) + ("," if len(strides) == 1 else "") + ")"
 
@@ -241,7 +256,8 @@ class GuardBuilder:
         self.freevars: Dict[str, int] = {}
         self.namespace: Dict[str, Any] = {"torch": torch, "Tensor": torch.Tensor,
                                           "Parameter": torch.nn.Parameter,
-                                          "TENSOR_FAILURE": tensor_failure}
+                                          "TENSOR_FAILURE": tensor_failure,
+                                          "REMAINING": remaining_items}
 
     def _add(self, key, source: Optional[Source], parts, comment: str = "", slow=None,
              stack: bool = True, others=()):
@@ -402,6 +418,30 @@ class GuardBuilder:
                     f"list({d}.keys()) == {list(value.keys())!r}")],
                   f"{e}: dict type and keys")
 
+    def mapping_keys(self, source: Source, value):
+        """The keys of a mapping (a dict subclass such as a ModelOutput), in order."""
+        e = source.expr()
+        self._add(("keys", e), source,
+                  [(f"list({{e}}.keys()) == {list(value.keys())!r}",
+                    f"list({display(e)}.keys()) == {list(value.keys())!r}")],
+                  f"{e}: its keys")
+
+    def state_equals(self, source: Source, state: dict):
+        """An object's whole state (its __dict__) equals what the trace copied it from."""
+        e = source.expr()
+        ref = self._ref(state, "STATE_")
+        self._add(("state", e), source,
+                  [(f"{{e}}.__dict__ == {ref}", f"{display(e)} changed since it was copied in the trace")],
+                  f"{e}: its state, as copied in the trace")
+
+    def has_key(self, source: Source, key, present: bool):
+        """Whether a mapping has this key (what it holds under it is guarded on its own)."""
+        e = source.expr()
+        k = _literal(key, self.namespace)
+        self._add(("has_key", e, repr(key)), source,
+                  [(f"({k} in {{e}}) is {present}", f"({key!r} in {display(e)}) == {present}")],
+                  f"{e}: {'has' if present else 'has no'} key {key!r}")
+
     def type_check(self, source: Source, ty):
         e = source.expr()
         self._add(("type", e), source,
@@ -459,11 +499,27 @@ class GuardBuilder:
                   [(f"hasattr({{e}}, {name!r}) is {present}", f"hasattr({display(e)}, {name!r}) == {present}")],
                   f"{e}: has{'' if present else ' no'} attribute {name!r}")
 
-    def grad_mode(self):
-        self._add(("grad",), None,
-                  [(f"torch.is_grad_enabled() is {torch.is_grad_enabled()}",
-                    "GLOBAL_STATE changed: grad_mode")],
-                  "grad mode", stack=False)
+    def storage_pattern(self, sources: List[Source], pattern: tuple):
+        """Which of these tensors share memory: as in the trace (the graph writes one of them)."""
+        self.namespace["STORAGE_PATTERN"] = storage_pattern
+        refs = ", ".join(["{e}"] + [f"{{e{j + 1}}}" for j in range(len(sources) - 1)])
+        self._add(("storages",), sources[0],
+                  [(f"STORAGE_PATTERN({refs}) == {pattern}",
+                    "the graph writes an input, and the inputs now share memory differently")],
+                  "tensor inputs share memory as in the trace (the graph writes one)",
+                  stack=False, others=sources[1:])
+
+    def global_state(self):
+        """PyTorch's global state that changes what ops compute: grad mode, and autocast (on
+        which device, to which dtype), as Dynamo's GLOBAL_STATE guard checks them."""
+        checks = [(f"torch.is_grad_enabled() is {torch.is_grad_enabled()}",
+                   "GLOBAL_STATE changed: grad_mode")]
+        for device, dtype in zip(autocast.DEVICES, autocast.state()):
+            on = f"torch.is_autocast_enabled({device!r})"
+            checks.append((f"not {on}" if dtype is None else
+                           f"{on} and torch.get_autocast_dtype({device!r}) is {dtype}",
+                           f"GLOBAL_STATE changed: autocast ({device})"))
+        self._add(("grad",), None, checks, "grad mode, autocast", stack=False)
 
     # --- code generation ---------------------------------------------------------------
     def build(self, binding: ArgBinding, input_exprs: List[str]) -> "GuardCode":
@@ -510,6 +566,8 @@ class GuardBuilder:
                 rhs = f"{local(src.base, out)}.{src.attr}"
             elif isinstance(src, ItemSource):
                 rhs = f"{local(src.base, out)}[{src.index!r}]"
+            elif isinstance(src, RemainingSource):
+                rhs = f"REMAINING({local(src.base, out)})"
             else:
                 rhs = key                        # L['x'], G, a root label
             names[key] = f"v{len(names)}"

@@ -31,7 +31,7 @@ import torch
 import torch.fx
 from torch.fx.proxy import GraphAppendingTracer
 
-from .values import (BaseListVariable, ConstantVariable, DictVariable, IteratorVariable,
+from .values import (BaseListVariable, ConstantVariable, DictVariable, UserObjectVariable,
                      ListVariable, TensorVariable, TupleVariable)
 
 
@@ -127,7 +127,7 @@ def _reachable(tx) -> set:
         seen.add(id(v))
         if isinstance(v, BaseListVariable):
             todo += v.items
-        elif isinstance(v, DictVariable) or type(v).__name__ == "UserObjectVariable":
+        elif isinstance(v, (DictVariable, UserObjectVariable)):
             todo += list(v.items.values())
     return seen
 

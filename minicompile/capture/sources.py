@@ -63,6 +63,15 @@ class ItemSource(Source):
         return f"{self.base.expr()}[{self.index!r}]"
 
 
+@dataclass(frozen=True, eq=True)
+class RemainingSource(Source):
+    """The items an iterator has not yet given, read without advancing it (a copy of it)."""
+    base: Source
+
+    def expr(self):
+        return f"REMAINING({self.base.expr()})"
+
+
 def module_member_source(module_source: Source, kind: str, key: str) -> Source:
     """`self.fc` -> L['self']._modules['fc'] (kind: _modules, _parameters or _buffers).
 

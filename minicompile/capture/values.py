@@ -18,6 +18,7 @@ from __future__ import annotations
 import types
 from typing import Any, Callable, Dict, List, Optional
 
+import numpy as np
 import torch
 import torch.fx
 
@@ -71,9 +72,9 @@ class TensorVariable(VariableTracker):
 
 
 # Python values that are baked into the graph as literals (specialized, guarded by value).
-CONSTANT_TYPES = (int, float, bool, str, type(None), complex, torch.dtype, torch.device,
+CONSTANT_TYPES = (int, float, bool, str, bytes, type(None), complex, torch.dtype, torch.device,
                   torch.layout, torch.memory_format, torch.Size, slice, type(Ellipsis),
-                  type(NotImplemented))
+                  type(NotImplemented), types.CodeType, np.generic)
 
 
 def is_constant_value(v) -> bool:
@@ -162,6 +163,40 @@ class DictVariable(VariableTracker):
         return "dict{" + ", ".join(f"{k!r}: {v.describe()}" for k, v in self.items.items()) + "}"
 
 
+
+def is_model_output_class(cls) -> bool:
+    """A dataclass that is also an ordered dict of its fields that are not None, indexed by
+    position like a tuple: Hugging Face's ModelOutput (and diffusers' BaseOutput, its copy)."""
+    import dataclasses
+    return isinstance(cls, type) and issubclass(cls, dict) and dataclasses.is_dataclass(cls) and \
+        any(c.__name__ in ("ModelOutput", "BaseOutput") and "to_tuple" in c.__dict__ for c in cls.__mro__)
+
+
+class ModelOutputVariable(DictVariable):
+    """An instance of a ModelOutput class (is_model_output_class): its fields that are not None
+    are the dict's items, in field order; an attribute is a field (None where unset); an int
+    or a slice indexes the items as a tuple. Rebuilt after the graph as cls(**items)."""
+
+    def __init__(self, cls, items: Dict[str, VariableTracker], source: Optional[Source] = None):
+        super().__init__(items, source)
+        self.cls = cls
+
+    @staticmethod
+    def field_names(cls) -> List[str]:
+        import dataclasses
+        return [f.name for f in dataclasses.fields(cls)]
+
+    def field(self, name: str) -> Optional[VariableTracker]:
+        if name in self.items:
+            return self.items[name]
+        return ConstantVariable(None) if name in self.field_names(self.cls) else None
+
+    def as_example(self):
+        return self.cls(**{k: v.as_example() for k, v in self.items.items()})
+
+    def describe(self):
+        return f"{self.cls.__name__}({', '.join(self.items)})"
+
 class CallableVariable(VariableTracker):
     """Something the interpreter can call; `value` is the real callable."""
 
@@ -171,6 +206,11 @@ class CallableVariable(VariableTracker):
 
     def as_example(self):
         return self.value
+
+    def is_constant(self):
+        # a callable is fixed for the entry: read from a source it is guarded by identity
+        # (a class, by type), else it is a constant of the code
+        return True
 
     def describe(self):
         return f"{type(self).__name__}({getattr(self.value, '__qualname__', self.value)!r})"
@@ -205,6 +245,7 @@ class NNModuleVariable(VariableTracker):
     def __init__(self, module: torch.nn.Module, source: Optional[Source]):
         self.module = module
         self.source = source
+        self.items: Dict[str, VariableTracker] = {}    # attributes set in the trace (side effects)
 
     def as_example(self):
         return self.module
@@ -324,15 +365,35 @@ class IteratorVariable(VariableTracker):
     """An iterator over already-known items (iter(list), range, enumerate, zip, map, a
     ModuleList): loops are unrolled, so every item is known when the iterator is made."""
 
-    def __init__(self, items: List[VariableTracker], index: int = 0):
+    def __init__(self, items: List[VariableTracker], index: int = 0, source: Optional[Source] = None):
         self.items = list(items)
         self.index = index
+        self.source = source       # read from outside the frame: advanced for real after the graph
 
     def remaining(self) -> List[VariableTracker]:
         return self.items[self.index:]
 
     def describe(self):
         return f"iterator({len(self.items) - self.index} left)"
+
+
+class DictViewVariable(VariableTracker):
+    """d.keys(), d.values() or d.items(): a live view of the dict, read each time it is used
+    (a key added to d later is in it), as Python's views are."""
+
+    def __init__(self, dict_var: "DictVariable", kind: str):
+        self.dict_var, self.kind = dict_var, kind
+
+    def items_now(self) -> List[VariableTracker]:
+        d = self.dict_var.items
+        if self.kind == "keys":
+            return [ConstantVariable(k) for k in d]
+        if self.kind == "values":
+            return list(d.values())
+        return [TupleVariable([ConstantVariable(k), v]) for k, v in d.items()]
+
+    def describe(self):
+        return f"dict_{self.kind}"
 
 
 class CellVariable(VariableTracker):
@@ -364,19 +425,157 @@ class NestedFunctionVariable(VariableTracker):
 
 
 class GradModeVariable(VariableTracker):
-    """torch.no_grad() / torch.enable_grad() / torch.set_grad_enabled(b) as a context manager."""
+    """torch.no_grad() / torch.enable_grad() / torch.set_grad_enabled(b) as a context manager.
+    `before`: the mode before it, where making it already set the mode (set_grad_enabled
+    takes effect when called, before its `with` block is entered)."""
 
-    def __init__(self, enabled: bool, cls=None):
+    def __init__(self, enabled: bool, before: bool | None = None):
         self.enabled = enabled
-        self.cls = cls
+        self.before = before
 
     def describe(self):
         return f"GradMode({self.enabled})"
 
 
-class WithExitVariable(VariableTracker):
-    """The __exit__ that BEFORE_WITH pushes: calling it restores the previous grad mode."""
+class NullContextVariable(VariableTracker):
+    """contextlib.nullcontext(enter_result): a with-block that does nothing."""
 
-    def __init__(self, ctx: GradModeVariable, prev: bool):
-        self.ctx = ctx
-        self.prev = prev
+    def __init__(self, enter_result: VariableTracker):
+        self.enter_result = enter_result
+
+    def describe(self):
+        return "nullcontext()"
+
+
+class AutocastVariable(VariableTracker):
+    """torch.autocast(device_type, dtype, enabled, cache_enabled) as a context manager, its
+    arguments constants. Entering it records `_enter_autocast` in the graph where it changes
+    the autocast state (the backend makes the casts explicit: autocast.py)."""
+
+    def __init__(self, device_type: str, dtype, enabled: bool, cache_enabled):
+        self.device_type, self.dtype = device_type, dtype
+        self.enabled, self.cache_enabled = enabled, cache_enabled
+
+    def describe(self):
+        return f"torch.autocast({self.device_type!r}, enabled={self.enabled})"
+
+
+class WithExitVariable(VariableTracker):
+    """The __exit__ that BEFORE_WITH pushes: calling it undoes what entering did (`undo`, a
+    function of the translator: restore the grad mode, leave autocast)."""
+
+    def __init__(self, undo):
+        self.undo = undo
+
+
+class UserObjectVariable(VariableTracker):
+    """Any other Python object read from the arguments or globals (a config object, a
+    dataclass): its type guarded, its attributes read (and guarded) one by one. Or one made in
+    the frame (source None): its attributes are trace state (`items`); made by copying an
+    object whose state is constants (copy.deepcopy(config)), it keeps a private real copy
+    (`snapshot`, what each call starts from) and `value` follows the trace's writes, so its
+    class's own attribute logic can run on it for real."""
+
+    def __init__(self, value, source, snapshot=None):
+        self.value = value
+        self.source = source
+        self.items = {}          # (so record_mutation can save/restore the overrides)
+        self.snapshot = snapshot
+
+    @property
+    def overrides(self):
+        return self.items
+
+    def as_example(self):
+        return self.value
+
+    def describe(self):
+        return f"{type(self.value).__name__} object"
+
+
+class SetVariable(BaseListVariable):
+    """A set of Python constants made in the frame (a set display or comprehension). Its items
+    are kept in the order Python's own set iterates them."""
+    python_type = set
+
+    @staticmethod
+    def of(values: set) -> "SetVariable":
+        return SetVariable([ConstantVariable(v) for v in values])
+
+
+class SuperVariable(VariableTracker):
+    """super(cls, obj) (or the zero-argument form): attribute reads only."""
+
+    def __init__(self, cls: type, obj: VariableTracker):
+        self.cls = cls
+        self.obj = obj
+
+    def describe(self):
+        return f"super({self.cls.__name__})"
+
+
+class _Deleted(VariableTracker):
+    """An attribute deleted in the trace (delattr on the frame's own copy)."""
+
+
+DELETED = _Deleted()
+
+
+class _DictFromKeys(VariableTracker):
+    """dict.fromkeys: a dict of those keys, each holding the same value."""
+
+
+class _NoOpCallable(VariableTracker):
+    """object.__init__ reached through super(): calling it does nothing."""
+
+
+class OpaqueConstantVariable(ConstantVariable):
+    """An immutable object that a pure function made from constants (an inspect.Signature, its
+    parameters): attribute reads and calls of its methods with constant arguments run as they
+    are, and what they return is constant too."""
+
+    def describe(self):
+        return f"constant {type(self.value).__name__}"
+
+
+class _UnboundTensorMethod(VariableTracker):
+    """`torch.Tensor.add` used as a function: a call_method node on its first argument."""
+
+    def __init__(self, name):
+        self.name = name
+
+
+def _constant_result(parent: ConstantVariable, value) -> ConstantVariable:
+    """What reading or calling a constant gives: a constant (opaque where the parent was)."""
+    if is_constant_value(value) or not isinstance(parent, OpaqueConstantVariable):
+        return ConstantVariable(value)
+    return OpaqueConstantVariable(value)
+
+
+def _hashable(v) -> bool:
+    try:
+        hash(v)
+        return True
+    except TypeError:
+        return False
+
+
+def _contains_tensor(vars_) -> bool:
+    for v in vars_:
+        if isinstance(v, TensorVariable):
+            return True
+        if isinstance(v, BaseListVariable) and _contains_tensor(v.items):
+            return True
+        if isinstance(v, DictVariable) and _contains_tensor(list(v.items.values())):
+            return True
+        if isinstance(v, SliceVariable) and _contains_tensor(v.parts):
+            return True
+    return False
+
+
+def _contains_tensor_value(v) -> bool:
+    if isinstance(v, torch.Tensor):
+        return True
+    if isinstance(v, (tuple, list)):
+        return any(_contains_tensor_value(x) for x in v)
+    return False

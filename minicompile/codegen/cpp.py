@@ -258,6 +258,8 @@ class CppWriter(KernelWriter):
             return f"std::numeric_limits<{t}>::quiet_NaN()"
         if dtype == torch.bool:
             return "true" if value else "false"
+        if isinstance(value, bool):          # a Python bool in arithmetic: 1 or 0
+            value = int(value)
         return f"static_cast<{t}>({value!r})"
 
     def cast_expr(self, x, dtype):

@@ -240,6 +240,8 @@ class TritonWriter(KernelWriter):
             return f"float('{value}')"
         if dtype == torch.bool:
             return "1" if value else "0"
+        if isinstance(value, bool):          # a Python bool in arithmetic: 1 or 0
+            value = int(value)
         if dtype == torch.float64 or not dtype.is_floating_point:
             return f"tl.full([1], {value!r}, {TL_TYPES[dtype]})"
         return repr(float(value))

@@ -6,8 +6,8 @@ its source text, which the `output_code` log prints whole. The host function all
 buffer, launches the kernels in order (C++ through ctypes with data pointers, Triton with a
 grid), calls PyTorch for extern ops, raises IndexError if a kernel met an out-of-range
 data-dependent index (ir.INDEX_ERRORS; on a GPU the kernel stops with a device-side assert
-instead), copies new values into the inputs that ops write in place
-(ir.Program.mutated_inputs), and returns the outputs in the structure the graph had.
+instead), and returns the outputs in the structure the graph had. (The graph computes values
+only: writes into inputs are made by functionalize.py's epilogue.)
 """
 from __future__ import annotations
 
@@ -106,7 +106,7 @@ def plan_reuse(program: ir.Program, steps: list, kernel_args: dict) -> tuple[dic
             seen_by_extern |= {r.name for r in step.box.reads}
             if _new_memory(step.box.data):
                 reusable.add(step.box.name)
-    outputs = {o.name for o in [*program.outputs, *program.mutated_inputs.values()] if isinstance(o, TensorBox)}
+    outputs = {o.name for o in program.outputs if isinstance(o, TensorBox)}
     return last_use, reusable - seen_by_extern - outputs
 
 
@@ -270,8 +270,6 @@ def build(program: ir.Program, steps: list) -> CompiledGraph:
                 lines.append(f"    {ext.name} = as_layout({ext.name}, {sizes(ext.stride)})")
     if checks_indices:       # one check per call, on the host
         lines.append(f"    if {ir.INDEX_ERRORS}.item(): raise IndexError('index out of range in self')")
-    for name, value in program.mutated_inputs.items():      # in-place writes of inputs, as eager
-        lines.append(f"    {name}.copy_({render(value)})")
     outs = ", ".join(render(o) for o in program.outputs)
     literal = _literal_structure(program.output_spec, [render(o) for o in program.outputs])
     if literal is not None:          # tuples/lists of tensors: built directly (per-call cost)

@@ -317,7 +317,7 @@ PASSES: list[FusionPass] = [RealizeReductions(), RealizeOutputs(), InlinePointwi
 def schedule(program: ir.Program, passes: list[FusionPass] | None = None) -> list:
     """Run the passes; return the steps (Kernels and ExternCalls) in execution order."""
     # values written into graph inputs must exist in memory at the end, as outputs do
-    outputs = [o for o in program.outputs if isinstance(o, TensorBox)] + list(program.mutated_inputs.values())
+    outputs = [o for o in program.outputs if isinstance(o, TensorBox)]
     state = FusionState(program, list(program.nodes), outputs)
     for p in PASSES if passes is None else passes:
         p.run(state)

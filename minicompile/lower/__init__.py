@@ -24,8 +24,8 @@ import torch.utils._pytree as pytree
 
 from .. import ir
 from .boxes import TensorBox
-from .lowerings import (LOWERINGS, constant_tensor, lower_fallback, lookup, size_arithmetic,
-                        writable_input, write_input)
+from .. import aliasing
+from .lowerings import LOWERINGS, constant_tensor, lower_fallback, lookup, size_arithmetic
 
 
 def _example_values(gm: torch.fx.GraphModule, example_inputs) -> dict[torch.fx.Node, Any]:
@@ -153,21 +153,11 @@ def lower(gm: torch.fx.GraphModule, example_inputs) -> ir.Program:
             target = gm.get_submodule(node.target)
         else:
             target = node.target
-        mutated = _mutated_input(node, args)
-        writes_input = False
-        if mutated is not None:
-            # x.mul_(2) on an intermediate: computed as x * 2, and every later use of x reads
-            # the new value (functionalization). Views of x would have to see the change too,
-            # which values computed on the fly cannot: that case is left to PyTorch.
-            if any(_is_view_of(reader, mutated) for reader in mutated.readers):
-                raise NotImplementedError(f"in-place {target} on a tensor that has views")
-            # a graph input (or its value written earlier) is written back after the kernels
-            # (program.mutated_inputs); an extern's result (which may share memory with another
-            # tensor) or a view: the change would have to reach memory we do not model
-            writes_input = writable_input(mutated)
-            if not writes_input and (mutated.computation is None or _is_view_of(mutated, None)):
-                raise NotImplementedError(f"in-place {target} on a tensor that may share memory")
-            target = target[:-1]
+        if aliasing.written(node.op, target, node.args, node.kwargs, _is_tensor_node):
+            # values are computed here, never written: writes are made values before
+            # (functionalize.py), so nothing here can lose one
+            raise NotImplementedError(f"`{node.format_node()}` writes in place: lowering takes "
+                                      "the graph functionalize() makes")
         if node.op == "call_function":
             size = size_arithmetic(target, args)       # arithmetic on sizes read by the code
             if size is not None:
@@ -175,22 +165,14 @@ def lower(gm: torch.fx.GraphModule, example_inputs) -> ir.Program:
                 continue
         lowering = lookup(node.op, target)
         result = None
-        written = dict(program.mutated_inputs)
         if lowering is not None:
             result = lowering(node, values, *args, **kwargs)
         if result is None or result is NotImplemented:
-            if mutated is not None:
-                raise NotImplementedError(f"in-place {target}_ without a functional lowering")
             result = lower_fallback(program, node, values, target, args, kwargs)
         for box in pytree.tree_leaves(result):
             _nothing_to_compute(box)
             _rounded_as_eager(box)
         env[node] = result
-        if writes_input:
-            write_input(mutated, result)
-        elif mutated is not None and isinstance(node.args[0], torch.fx.Node):
-            env[node.args[0]] = result
-        _redirect_written_inputs(env, program, written)
     return program
 
 
@@ -244,34 +226,9 @@ def _storage(value):
         return None
 
 
-def _redirect_written_inputs(env, program: ir.Program, before: dict) -> None:
-    """An op wrote a graph input in place (program.mutated_inputs changed): every later read
-    of that input reads the new value, as in eager."""
-    for name, value in program.mutated_inputs.items():
-        old = before.get(name)
-        if old is value:
-            continue
-        for node, v in env.items():
-            if old is not None:
-                stands_for_input = v is old
-            else:                                  # the input itself, written the first time
-                stands_for_input = isinstance(v, TensorBox) and isinstance(v.data, ir.InputBuffer) and v.name == name
-            if stands_for_input:
-                env[node] = value
-
-
-def _mutated_input(node: torch.fx.Node, args):
-    """The box an in-place tensor method (`x.add_(y)`) writes to, else None."""
-    if node.op == "call_method" and node.target.endswith("_") and not node.target.startswith("_") \
-            and args and isinstance(args[0], TensorBox):
-        return args[0]
-    return None
-
-
-def _is_view_of(reader: TensorBox, box: TensorBox) -> bool:
-    """reader is, in eager, a view of box (shares its memory), so it sees box's mutations."""
-    comp = reader.computation
-    return isinstance(comp, ir.Pointwise) and comp.aliases
+def _is_tensor_node(a) -> bool:
+    value = a.meta.get("example_value", a.meta.get("val")) if isinstance(a, torch.fx.Node) else None
+    return isinstance(value, torch.Tensor) or isinstance(a, torch.fx.Node) and not a.meta
 
 
 def _fetch_attr(gm, target: str):

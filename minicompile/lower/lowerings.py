@@ -20,7 +20,7 @@ import sympy
 import torch
 import torch.nn.functional as F
 
-from .. import config, ir
+from .. import aliasing, config, ir
 from ..ir import Index, compute_dtype, ops
 from .boxes import TensorBox
 
@@ -724,40 +724,66 @@ def _var(node, values, input, dim, unbiased, keepdim, correction):
           "momentum=0.1, eps=1e-05")
 def _batch_norm(node, values, input, running_mean, running_var, weight, bias, training, momentum, eps):
     """(x - mean) * rsqrt(var + eps) * weight + bias per channel (dim 1): one pointwise
-    expression over the running statistics (inference) or over the batch's (training, which
-    also updates the running statistics in place: `_batch_statistics`)."""
+    expression over the running statistics (inference) or over the batch's (training without
+    running statistics; with them, functionalization made it `batch_norm_training`)."""
     if not isinstance(input, TensorBox) or len(input.shape) < 2 or (weight is None and bias is not None):
         return NotImplemented
     ndim = len(input.shape)
     if training:
-        stats = _batch_statistics(input, running_mean, running_var, momentum)
+        if running_mean is not None or running_var is not None:
+            return NotImplemented
+        stats = _batch_statistics(input, None, None, momentum)
         if stats is NotImplemented:
             return NotImplemented
-        mean, var = stats
+        mean, var, _, _ = stats
     elif isinstance(running_mean, TensorBox) and isinstance(running_var, TensorBox):
         mean, var = _channel_view(running_mean, ndim), _channel_view(running_var, ndim)
     else:
         return NotImplemented
+    return _normalized(node, values, input, mean, var, weight, bias, eps)
+
+
+@register([aliasing.batch_norm_training], "input, running_mean, running_var, weight=None, bias=None, "
+          "momentum=0.1, eps=1e-05")
+def _batch_norm_training(node, values, input, running_mean, running_var, weight, bias, momentum, eps):
+    """Batch norm in training, with the new running statistics as values (what F.batch_norm
+    writes into them): -> (output, new running mean, new running variance)."""
+    if not isinstance(input, TensorBox) or len(input.shape) < 2 or (weight is None and bias is not None):
+        return NotImplemented
+    stats = _batch_statistics(input, running_mean, running_var, momentum)
+    if stats is NotImplemented:
+        return NotImplemented
+    mean, var, new_mean, new_var = stats
+    return _normalized(node, values, input, mean, var, weight, bias, eps), new_mean, new_var
+
+
+def _normalized(node, values, input, mean, var, weight, bias, eps):
+    """(x - mean) * rsqrt(var + eps) * weight + bias, per channel, as the node's (first) result."""
+    ndim = len(input.shape)
     parts = [input, mean, var] + [_channel_view(p, ndim) for p in (weight, bias) if p is not None]
+    meta = values[node][0] if isinstance(values[node], tuple) else values[node]
+    if not isinstance(meta, torch.Tensor) or meta.device != input.device:
+        return NotImplemented
 
     def fn(x, m, v, w=None, b=None):
         y = ops.mul(ops.sub(x, m), ops.rsqrt(ops.add(v, ops.constant(eps, torch.float32))))
         y = ops.mul(y, w) if w is not None else y
         return ops.add(y, b) if b is not None else y
-    return _pointwise_box(node, values, fn, parts)
+    return _pw(input.program, ir.shape_of(meta), meta.dtype, meta.device, fn, parts, _origin(node))
 
 
 def _batch_statistics(input, running_mean, running_var, momentum):
     """Training batch norm's statistics, as (1, C, 1, ...) views: the mean and the biased
-    variance over every dim but the channel's, computed in float32 for half inputs. With
-    running statistics, also their update, written into them in place as PyTorch does:
-    running = (1 - momentum) * running + momentum * batch, with the unbiased variance.
-    Reductions run over a channels-first view, so the two reductions and both updates share
-    one kernel (fuse-rows). Falls back for a cumulative average (momentum None), a single
-    value per channel (eager raises), and running statistics that are not graph inputs."""
+    variance over every dim but the channel's, computed in float32 for half inputs; and, with
+    running statistics, their new values as PyTorch computes them: (1 - momentum) * running
+    + momentum * batch, with the unbiased variance (else None). -> (mean, var, new running
+    mean, new running var). Reductions run over a channels-first view, so the two reductions
+    and both updates share one kernel (fuse-rows). Falls back for a cumulative average
+    (momentum None), a single value per channel (eager raises), and running statistics that
+    are not both tensors."""
     track = running_mean is not None or running_var is not None
-    if track and not (isinstance(momentum, (int, float)) and writable_input(running_mean)
-                      and writable_input(running_var)):
+    if track and not (isinstance(momentum, (int, float)) and isinstance(running_mean, TensorBox)
+                      and isinstance(running_var, TensorBox)):
         return NotImplemented
     shape, program, device = list(input.shape), input.program, input.device
     channels, ndim = shape[1], len(shape)
@@ -782,33 +808,15 @@ def _batch_statistics(input, running_mean, running_var, momentum):
                                ops.mul(s, ops.constant(momentum * scale, cd)))
             vector = _view(stat, [channels], lambda idx: [idx[0], *per_channel], "view", aliases=False)
             return _pw(program, [channels], box.dtype, device, fn, [box, vector], "running stats")
-        write_input(running_mean, update(running_mean, mean, 1.0))
-        write_input(running_var, update(running_var, total, 1.0 / (n - 1)))
+        new_mean = update(running_mean, mean, 1.0)
+        new_var = update(running_var, total, 1.0 / (n - 1))
+    else:
+        new_mean = new_var = None
     var = _pw(program, list(total.shape), stats_dtype, device,
               lambda s: ops.mul(s, ops.constant(1.0 / n, stats_dtype)), [total], "var")
     # (C, 1, ...) -> (1, C, 1, ...): the channel back at dim 1, to broadcast against the input
     return tuple(_view(s, [1, channels] + [1] * (ndim - 2), lambda idx: [idx[1], *per_channel], "view",
-                       aliases=False) for s in (mean, var))
-
-
-def writable_input(box) -> bool:
-    """box is a graph input (or the value an earlier op wrote into one) that no view reads:
-    an in-place write of it can be modelled as a new value copied back at the end."""
-    if not isinstance(box, TensorBox) or any(isinstance(r.data, ir.Pointwise) and r.data.aliases
-                                             for r in box.readers):
-        return False
-    if isinstance(box.data, ir.InputBuffer):
-        return not box.data.shares_memory
-    return any(v is box for v in box.program.mutated_inputs.values())
-
-
-def write_input(box, value) -> None:
-    """Record that `value` is written into the graph input box stands for (lowering then
-    redirects later reads of box to value; the wrapper copies it into the input)."""
-    program = box.program
-    name = box.name if isinstance(box.data, ir.InputBuffer) else \
-        next(k for k, v in program.mutated_inputs.items() if v is box)
-    program.mutated_inputs[name] = value
+                       aliases=False) for s in (mean, var)) + (new_mean, new_var)
 
 
 def _channel_view(box, ndim):
@@ -1214,8 +1222,11 @@ def _pieces_along(node, values, dim, pieces):
         position = ops.index_expr(idx[dim], torch.int64)
         value = ops.constant(0, cd)
         for box, start, end, index_map in pieces:
-            conditions = ([ops.ge(position, ops.constant(start, torch.int64))] if start > 0 else []) + \
-                         ([ops.lt(position, ops.constant(end, torch.int64))] if end < size else [])
+            # (a bound that is a size symbol is checked: always right, only not needed when
+            # it is the dim's own end or 0)
+            conditions = ([ops.ge(position, ops.constant(start, torch.int64))] if start != 0 else []) + \
+                         ([ops.lt(position, ops.constant(end, torch.int64))]
+                          if ir.size_expr(end - size) != 0 else [])
             load, src = box.make_loader(), compute_dtype(box.dtype)
 
             def body(load=load, src=src, index_map=index_map):

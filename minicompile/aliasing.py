@@ -1,0 +1,204 @@
+"""What PyTorch's operations write in place, and their functional forms.
+
+Takes: one call as capture records it or as it stands in an FX graph (the kind of node, its
+target, its arguments). Hands on: which of the arguments the call writes into (`written`), and,
+for `functionalize.py`, a call that computes the same new value without writing (`functional`).
+Capture asks it so that tracing never writes into the caller's tensors and a write is never
+dropped as dead code; functionalization asks it to turn every write into a new value.
+
+One table serves both, so that "what counts as a write" cannot differ between the stages.
+"""
+from __future__ import annotations
+
+import inspect
+import operator
+from typing import Any, Callable, Optional
+
+import torch
+import torch.nn.functional as F
+
+# `x op= y` on a tensor writes x; on anything else it is the plain operator
+AUGMENTED = {operator.iadd: operator.add, operator.isub: operator.sub, operator.imul: operator.mul,
+             operator.itruediv: operator.truediv, operator.ifloordiv: operator.floordiv,
+             operator.imod: operator.mod, operator.ipow: operator.pow,
+             operator.imatmul: operator.matmul, operator.iand: operator.and_,
+             operator.ior: operator.or_, operator.ixor: operator.xor,
+             operator.ilshift: operator.lshift, operator.irshift: operator.rshift}
+
+# In-place methods that change a tensor's sizes, strides or storage rather than its values:
+# no new *value* stands for them, so they are not modelled (a graph break, or PyTorch's kernels)
+METADATA_WRITES = {"resize_", "resize_as_", "set_", "as_strided_", "t_", "transpose_",
+                   "squeeze_", "unsqueeze_", "swapdims_", "swapaxes_", "detach_",
+                   "requires_grad_", "share_memory_", "retain_grad", "record_stream",
+                   "_coalesced_", "sparse_resize_", "sparse_resize_and_clear_",
+                   "set_data", "resize", "untyped_storage"}
+
+# In-place methods whose out-of-place twin (the name without `_`) computes the same value
+# (cast back to the written tensor's dtype, which the in-place form keeps)
+SAME_AS_OUT_OF_PLACE = {
+    "abs_", "acos_", "acosh_", "add_", "addcdiv_", "addcmul_", "addmm_", "asin_", "asinh_",
+    "atan_", "atan2_", "atanh_", "baddbmm_", "bitwise_and_", "bitwise_not_", "bitwise_or_",
+    "bitwise_xor_", "ceil_", "clamp_", "clamp_max_", "clamp_min_", "clip_", "cos_", "cosh_",
+    "cumsum_", "deg2rad_", "digamma_", "div_", "divide_", "eq_", "erf_", "erfc_", "erfinv_",
+    "exp_", "exp2_", "expm1_", "float_power_", "floor_", "floor_divide_", "fmod_", "frac_",
+    "gcd_", "ge_", "gt_", "hypot_", "index_add_", "index_copy_", "index_fill_", "index_put_",
+    "lcm_", "le_", "lerp_", "lgamma_", "log_", "log10_", "log1p_", "log2_", "logical_and_",
+    "logical_not_", "logical_or_", "logical_xor_", "logit_", "lt_", "masked_fill_",
+    "masked_scatter_", "mul_", "multiply_", "mvlgamma_", "nan_to_num_", "ne_", "neg_",
+    "negative_", "pow_", "rad2deg_", "reciprocal_", "relu_", "remainder_", "renorm_", "round_",
+    "rsqrt_", "scatter_", "scatter_add_", "scatter_reduce_", "sgn_", "sigmoid_", "sign_",
+    "sin_", "sinc_", "sinh_", "sqrt_", "square_", "sub_", "subtract_", "tan_", "tanh_",
+    "tril_", "triu_", "true_divide_", "trunc_", "xlogy_", "fix_", "heaviside_", "hardtanh_",
+    "leaky_relu_", "elu_", "silu_", "mish_", "hardswish_", "hardsigmoid_", "selu_", "celu_",
+    "logaddexp_", "copysign_", "nextafter_", "i0_", "igamma_", "igammac_", "polygamma_",
+    "clamp_", "where_", "greater_", "greater_equal_", "less_", "less_equal_", "not_equal_",
+}
+
+
+def method_name(kind: str, target) -> Optional[str]:
+    """The tensor method a call runs: 'add_' for `x.add_(y)` (a call_method node) and for
+    `torch.Tensor.add_(x, y)` or `torch.relu_(x)` (a function); None for anything else."""
+    if kind == "call_method":
+        return target if isinstance(target, str) else None
+    name = getattr(target, "__name__", None)
+    if not isinstance(name, str):
+        return None
+    if getattr(torch.Tensor, name, None) is target or getattr(torch, name, None) is target:
+        return name
+    return None
+
+
+def inplace_flag(target, args, kwargs, constant: Callable = lambda v: v) -> bool:
+    """`inplace=True` given to a function of torch.nn.functional (by keyword or position)."""
+    if "inplace" in kwargs:
+        return constant(kwargs["inplace"]) is True
+    if getattr(target, "__module__", "") != "torch.nn.functional":
+        return False
+    try:
+        bound = inspect.signature(target).bind(*args, **kwargs)
+    except (TypeError, ValueError):
+        return False
+    return constant(bound.arguments.get("inplace")) is True
+
+
+def written(kind: str, target, args, kwargs, is_tensor: Callable[[Any], bool],
+            constant: Callable[[Any], Any] = lambda v: v) -> list:
+    """Where the call writes: a list of locators, ('arg', i), ('kwarg', name) or
+    ('item', i, j) (the j-th tensor of the list in argument i, for torch._foreach_*_).
+    `is_tensor` says whether an argument is a tensor, `constant` what Python value it is
+    (for flags such as `inplace=True`): the arguments may be FX nodes or traced variables."""
+    if kind not in ("call_method", "call_function"):
+        return []
+    out: list = []
+    if "out" in kwargs:
+        value = kwargs["out"]
+        out += [("kwarg", "out")] if not isinstance(value, (tuple, list)) else \
+               [("kwarg_item", "out", j) for j in range(len(value))]
+    if kind == "call_function" and target in AUGMENTED and args and is_tensor(args[0]):
+        return out + [("arg", 0)]
+    if kind == "call_function" and target is operator.setitem and args and is_tensor(args[0]):
+        return out + [("arg", 0)]
+    name = method_name(kind, target)
+    if name is not None and name.endswith("_") and not name.startswith("_") and args:
+        if name.startswith("_foreach_") or (kind == "call_function" and name.startswith("_foreach")):
+            return out + [("item", 0, j) for j in range(len(args[0]))]
+        if is_tensor(args[0]):
+            return out + [("arg", 0)]
+    if kind == "call_function" and isinstance(getattr(target, "__name__", None), str) \
+            and target.__name__.startswith("_foreach_") and target.__name__.endswith("_") and args:
+        return out + [("item", 0, j) for j in range(len(args[0]))]
+    if kind == "call_function" and callable(target) and inplace_flag(target, args, kwargs, constant) \
+            and args and is_tensor(args[0]):
+        return out + [("arg", 0)]
+    if kind == "call_function" and target in (F.batch_norm, torch.batch_norm):
+        training = constant(kwargs.get("training", args[5] if len(args) > 5 else False))
+        if training is True:
+            running = [kwargs.get(n, args[i] if len(args) > i else None)
+                       for i, n in ((1, "running_mean"), (2, "running_var"))]
+            out += [loc for loc, value in zip(_batch_norm_locators(args, kwargs), running)
+                    if value is not None and is_tensor(value)]
+    return out
+
+
+def _batch_norm_locators(args, kwargs):
+    return [("arg", 1) if len(args) > 1 else ("kwarg", "running_mean"),
+            ("arg", 2) if len(args) > 2 else ("kwarg", "running_var")]
+
+
+def returns_written(kind: str, target, args, kwargs, constant: Callable[[Any], Any] = lambda v: v) -> bool:
+    """The call's result is the tensor it wrote (`x.add_(y)` is x, `x += y` is x,
+    `F.relu(x, inplace=True)` is x, `torch.mul(a, b, out=w)` is w)."""
+    name = method_name(kind, target)
+    if name is not None and name.endswith("_") and not name.startswith("_"):
+        return True
+    return (kind == "call_function" and target in AUGMENTED) or "out" in kwargs or \
+        (kind == "call_function" and inplace_flag(target, args, kwargs, constant))
+
+
+def locate(loc, args, kwargs):
+    """The argument a locator names."""
+    if loc[0] == "arg":
+        return args[loc[1]]
+    if loc[0] == "kwarg":
+        return kwargs[loc[1]]
+    if loc[0] == "item":
+        return args[loc[1]][loc[2]]
+    return kwargs[loc[1]][loc[2]]
+
+
+def writes_metadata(kind: str, target) -> bool:
+    """The call changes a tensor's sizes, strides or storage (no value can stand for it)."""
+    name = method_name(kind, target)
+    return name in METADATA_WRITES
+
+
+# ---------------------------------------------------------------------------------------
+# Functional forms: a call that computes, as new tensors, what an in-place call writes
+# ---------------------------------------------------------------------------------------
+def batch_norm_training(input, running_mean, running_var, weight=None, bias=None,
+                        momentum=0.1, eps=1e-5):
+    """F.batch_norm in training without writing: -> (output, new running mean, new running
+    variance), the new statistics computed as F.batch_norm updates them (None where there are
+    none). Lowering fuses it; this body is what runs where it is not lowered."""
+    mean = running_mean.clone() if running_mean is not None else None
+    var = running_var.clone() if running_var is not None else None
+    out = F.batch_norm(input, mean, var, weight, bias, True, momentum, eps)
+    return out, mean, var
+
+
+def copy_into(dest, src):
+    """The value `dest.copy_(src)` leaves in dest: src broadcast to dest's shape, in its dtype."""
+    if not isinstance(src, torch.Tensor):
+        return torch.full_like(dest, src)
+    return src.to(device=dest.device, dtype=dest.dtype).expand(dest.shape)
+
+
+def on_a_copy(kind: str, target, written_at):
+    """A function that runs an in-place call on copies of what it writes and returns the new
+    values (a tuple, one per locator in `written_at`): the functional form of any write, run
+    by PyTorch (lowering leaves it to PyTorch's kernels)."""
+    def run(*args, **kwargs):
+        args, kwargs = list(args), dict(kwargs)
+        copies = []
+        for loc in written_at:
+            original = locate(loc, args, kwargs)
+            copy = original.clone()
+            if loc[0] == "arg":
+                args[loc[1]] = copy
+            elif loc[0] == "kwarg":
+                kwargs[loc[1]] = copy
+            elif loc[0] == "item":
+                args[loc[1]] = list(args[loc[1]])
+                args[loc[1]][loc[2]] = copy
+            else:
+                kwargs[loc[1]] = list(kwargs[loc[1]])
+                kwargs[loc[1]][loc[2]] = copy
+            copies.append(copy)
+        if kind == "call_method":
+            getattr(args[0], target)(*args[1:], **kwargs)
+        else:
+            target(*args, **kwargs)
+        return tuple(copies)
+    name = target if isinstance(target, str) else getattr(target, "__name__", "op")
+    run.__name__ = run.__qualname__ = f"{name}_on_a_copy"
+    return run

@@ -1,0 +1,449 @@
+"""Python's builtins (and a few pure library functions) on traced values.
+
+Takes: a call of `len`, `isinstance`, `getattr`, `zip`, `max`, `dict`, itertools... with
+VariableTracker arguments, from the translator. Hands on: its result as a VariableTracker,
+computed on the trace's values (loops are unrolled, so every item is known), with a guard
+where the answer depends on something from outside the frame (a dict subclass's keys, whether
+an attribute exists). `_BUILTIN_HANDLERS` maps each builtin to its handler.
+"""
+from __future__ import annotations
+
+import abc
+import collections.abc
+import dataclasses
+import inspect
+import itertools
+import operator
+import sys
+import types
+from typing import Any, Callable, Dict, Optional
+
+import numpy as np
+import torch
+import torch.fx
+
+
+from .breaks import Unsupported
+from .sources import AttrSource, ItemSource
+from .values import (DELETED, BaseListVariable, BuiltinVariable, ConstantVariable, DictVariable,
+                     DictViewVariable, IteratorVariable, ListVariable, ModelOutputVariable,
+                     NNModuleVariable, PythonModuleVariable, SymIntVariable, TensorVariable,
+                     TupleVariable, TypeVariable, UserObjectVariable, VariableTracker, example_of,
+                     _contains_tensor, is_constant_value)
+
+
+# ----------------------------------------------------------------------------------------
+# Builtins, modelled case by case
+# ----------------------------------------------------------------------------------------
+def _builtin_len(tx, args, kwargs):
+    (x,) = args
+    if isinstance(x, BaseListVariable):
+        return ConstantVariable(len(x.items))
+    if isinstance(x, DictVariable):
+        return ConstantVariable(len(x.items))
+    if isinstance(x, DictViewVariable):
+        return ConstantVariable(len(x.dict_var.items))
+    if isinstance(x, TensorVariable):
+        return ConstantVariable(len(x.example))
+    if isinstance(x, ConstantVariable):
+        return ConstantVariable(len(x.value))
+    if isinstance(x, NNModuleVariable):
+        mod = x.module
+        if isinstance(mod, (torch.nn.ModuleList, torch.nn.Sequential, torch.nn.ModuleDict)):
+            return ConstantVariable(len(tx.output.members(x)))
+        if isinstance(mod, (torch.nn.ParameterList, torch.nn.ParameterDict)):
+            return ConstantVariable(len(tx.output.members(x, "_parameters")))
+    special = tx.call_special(x, "__len__", [])
+    if special is not None:
+        return special
+    raise tx.unsupported(f"len() of {x.describe()}")
+
+
+def _builtin_isinstance(tx, args, kwargs):
+    obj, cls = args
+    if not isinstance(cls, (TypeVariable, ConstantVariable, TupleVariable, BuiltinVariable)):
+        raise tx.unsupported(f"isinstance() with {cls.describe()}")
+    # (example_of: a symbolic size is an int without making it static)
+    return ConstantVariable(isinstance(example_of(obj), cls.as_example()))
+
+
+def _builtin_getattr(tx, args, kwargs):
+    if len(args) == 2 and isinstance(args[1], ConstantVariable):
+        return tx.load_attr(args[0], args[1].value)
+    if len(args) == 3 and isinstance(args[1], ConstantVariable):
+        if not _attribute_present(tx, args[0], args[1].value):
+            return args[2]
+        return tx.load_attr(args[0], args[1].value)
+    raise tx.unsupported("getattr() with a non-constant name")
+
+
+def _attribute_present(tx, obj: VariableTracker, name: str) -> bool:
+    """hasattr(obj, name) of a value read from outside the frame, guarded (another instance
+    of the class may have it or not); other values answer from the trace."""
+    source = getattr(obj, "source", None)
+    if name in getattr(obj, "overrides", ()):       # set in the trace
+        return True
+    if isinstance(obj, (NNModuleVariable, UserObjectVariable, PythonModuleVariable)) \
+            and source is not None:
+        present = hasattr(obj.as_example(), name)
+        tx.output.guards.has_attr(source, name, present)
+        return present
+    try:
+        tx.load_attr(obj, name)
+        return True
+    except AttributeError:
+        return False
+    except Unsupported:
+        return hasattr(obj.as_example(), name)
+
+
+def _builtin_container(kind):
+    def impl(tx, args, kwargs):
+        if not args:
+            return kind([])
+        (x,) = args
+        if isinstance(x, BaseListVariable):
+            return kind(list(x.items))
+        if isinstance(x, ConstantVariable) and isinstance(x.value, (tuple, list, torch.Size, range)):
+            return kind([ConstantVariable(v) for v in x.value])
+        if isinstance(x, DictVariable):
+            return kind([ConstantVariable(k) for k in x.items])
+        if isinstance(x, TensorVariable):
+            return kind(tx.unpack_tensor(x, len(x.example)))
+        return kind(tx.iterate(x))
+    return impl
+
+
+def _builtin_const(fn):
+    def impl(tx, args, kwargs):
+        if all(a.is_constant() for a in args) and all(v.is_constant() for v in kwargs.values()):
+            return ConstantVariable(fn(*[a.as_example() for a in args],
+                                       **{k: v.as_example() for k, v in kwargs.items()}))
+        if fn in (abs, pow) and _contains_tensor(list(args)):
+            return tx.output.call("call_function", fn, args, kwargs)
+        raise tx.unsupported(f"builtin {fn.__name__}() on non-constant arguments",
+                             hint="it would need the tensor's values")
+    return impl
+
+
+def _builtin_print(tx, args, kwargs):
+    raise tx.unsupported("call to builtin print()", "printing is a side effect the graph "
+                         "cannot hold", "remove the print, or print outside the compiled code")
+
+
+def _builtin_iter(kind):
+    def impl(tx, args, kwargs):
+        if kind == "enumerate":
+            start = args[1].as_example() if len(args) > 1 else kwargs.get("start", ConstantVariable(0)).as_example()
+            return IteratorVariable([TupleVariable([ConstantVariable(start + i), v])
+                                     for i, v in enumerate(tx.iterate(args[0]))])
+        if kind == "zip":
+            if kwargs.get("strict", ConstantVariable(False)).as_example():
+                lists = [tx.iterate(a) for a in args]
+                if len({len(l) for l in lists}) > 1:
+                    raise tx.unsupported("zip(strict=True) of unequal lengths")
+            lists = [tx.iterate(a) for a in args]
+            return IteratorVariable([TupleVariable(list(t)) for t in zip(*lists)])
+        if kind == "map":
+            fn, seqs = args[0], [tx.iterate(a) for a in args[1:]]
+            return IteratorVariable([tx.call_function(fn, list(t), {}) for t in zip(*seqs)])
+        if kind == "filter":
+            fn, items = args[0], tx.iterate(args[1])
+            keep = []
+            for it in items:
+                r = it if isinstance(fn, ConstantVariable) and fn.value is None else tx.call_function(fn, [it], {})
+                if tx.truth(r, "filter"):
+                    keep.append(it)
+            return IteratorVariable(keep)
+        if kind == "reversed":
+            return IteratorVariable(list(reversed(tx.iterate(args[0]))))
+        if kind == "iter":
+            return IteratorVariable(tx.iterate(args[0]))
+        raise AssertionError(kind)
+    return impl
+
+
+def _itertools(fn):
+    """A function of itertools over the traced values: the items of each iterable argument
+    (loops are unrolled, so all are known) through the real function; what it groups becomes
+    tuples of the same variables."""
+    def impl(tx, args, kwargs):
+        if any(not v.is_constant() for v in kwargs.values()):
+            raise tx.unsupported(f"itertools.{fn.__name__} with keyword arguments that are not constants")
+        real = [a.as_example() if isinstance(a, ConstantVariable) and not isinstance(a.value, (tuple, list, str, range))
+                else tx.iterate(a) for a in args]
+        out = fn(*real, **{k: v.as_example() for k, v in kwargs.items()})
+        return IteratorVariable([TupleVariable(list(t)) if isinstance(t, tuple) else t
+                                 for t in itertools.islice(out, 100_000)])
+    return impl
+
+
+def _builtin_next(tx, args, kwargs):
+    it = args[0]
+    if not isinstance(it, IteratorVariable):
+        raise tx.unsupported(f"next() of {it.describe()}")
+    if it.index >= len(it.items):
+        if len(args) > 1:
+            return args[1]
+        raise tx.unsupported("next() of an exhausted iterator (StopIteration)")
+    tx.output.record_mutation(it)
+    tx.output.advanced(it)
+    it.index += 1
+    return it.items[it.index - 1]
+
+
+def _builtin_reduce(kind):
+    def impl(tx, args, kwargs):
+        items = tx.iterate(args[0]) if len(args) == 1 else list(args)
+        if kind == "sum":
+            start = args[1] if len(args) > 1 else kwargs.get("start", ConstantVariable(0))
+            items = tx.iterate(args[0]) if len(args) > 1 else items   # (an iterator is read once)
+            acc = start
+            for it in items:
+                acc = tx.binary("+", acc, it)
+            return acc
+        if kind in ("min", "max") and not kwargs and any(isinstance(i, SymIntVariable) for i in items) \
+                and all(isinstance(i, SymIntVariable) or i.is_constant() and type(i.value) is int for i in items):
+            # of sizes: each comparison answered on the symbols (guarded where it depends on them)
+            best = items[0]
+            for other in items[1:]:
+                better = tx.output.sym_compare(operator.lt if kind == "max" else operator.gt, best, other)
+                if better is None:
+                    break
+                best = other if better else best
+            else:
+                return best
+        if all(i.is_constant() for i in items) and all(v.is_constant() for v in kwargs.values()):
+            fn = {"min": min, "max": max, "any": any, "all": all, "sorted": sorted}[kind]
+            r = fn([i.as_example() for i in items], **{k: v.as_example() for k, v in kwargs.items()})
+            if kind == "sorted":
+                return ListVariable([ConstantVariable(x) for x in r])
+            return ConstantVariable(r)
+        if kind in ("any", "all"):
+            vals = [tx.truth(i, kind) for i in items]
+            return ConstantVariable(any(vals) if kind == "any" else all(vals))
+        if kind in ("min", "max") and not kwargs and len(items) == 2 and _contains_tensor(items):
+            raise tx.unsupported(f"builtin {kind}() comparing tensors",
+                                 "which is smaller depends on the tensors' values")
+        raise tx.unsupported(f"builtin {kind}() on non-constant values")
+    return impl
+
+
+def _builtin_setattr(tx, args, kwargs):
+    """setattr(obj, name, value), and delattr(obj, name) as the value DELETED."""
+    obj, name, value = args if len(args) == 3 else (*args, DELETED)
+    if not isinstance(name, ConstantVariable) or not isinstance(name.value, str):
+        raise tx.unsupported("setattr()/delattr() with a name that is not a constant")
+    tx.store_attr(obj, name.value, value)
+    return ConstantVariable(None)
+
+
+def _builtin_hasattr(tx, args, kwargs):
+    obj, name = args
+    return ConstantVariable(_attribute_present(tx, obj, name.as_example()))
+
+
+def _builtin_dict(tx, args, kwargs):
+    items = {}
+    if args:
+        src = args[0]
+        if isinstance(src, DictVariable):
+            items.update(src.items)
+        else:
+            for pair in tx.iterate(src):
+                k, v = tx.unpack(pair, 2)
+                if not k.is_constant():
+                    raise tx.unsupported("dict() with non-constant keys")
+                items[k.as_example()] = v
+    items.update(kwargs)
+    return DictVariable(items)
+
+
+def _builtin_callable(tx, args, kwargs):
+    v = args[0]
+    if v.is_constant():
+        return ConstantVariable(callable(v.as_example()))
+    return ConstantVariable(not isinstance(v, (TensorVariable, BaseListVariable, DictVariable)))
+
+
+def _builtin_type(tx, args, kwargs):
+    v = args[0]
+    if isinstance(v, TensorVariable):
+        return tx.output.wrap(type(v.example), None)
+    if isinstance(v, BaseListVariable):
+        return tx.output.wrap(v.python_type, None)
+    # an object's type is guarded; read from a source, so are the class attributes read from it
+    source = AttrSource(v.source, "__class__") if getattr(v, "source", None) is not None else None
+    if isinstance(v, ModelOutputVariable):
+        return TypeVariable(v.cls, source)
+    if isinstance(v, DictVariable):
+        return tx.output.wrap(dict, None)
+    if isinstance(v, NNModuleVariable):
+        return TypeVariable(type(v.module), source)
+    if isinstance(v, UserObjectVariable):
+        return TypeVariable(type(v.value), source)
+    if v.is_constant():
+        return tx.output.wrap(type(v.as_example()), None)
+    raise tx.unsupported(f"type() of {v.describe()}")
+
+
+def _builtin_id(tx, args, kwargs):
+    v = args[0]
+    if isinstance(v, NNModuleVariable):
+        if v.source is not None:       # the trace now depends on which object it is
+            tx.output.guards.identity(v.source, v.module, f"nn.Module {type(v.module).__name__}")
+        return ConstantVariable(id(v.module))
+    raise tx.unsupported(f"id() of {v.describe()}")
+
+
+_BUILTIN_HANDLERS: Dict[Any, Callable] = {
+    len: _builtin_len, isinstance: _builtin_isinstance, getattr: _builtin_getattr,
+    tuple: _builtin_container(TupleVariable), list: _builtin_container(ListVariable),
+    print: _builtin_print,
+    enumerate: _builtin_iter("enumerate"), zip: _builtin_iter("zip"), map: _builtin_iter("map"),
+    filter: _builtin_iter("filter"), reversed: _builtin_iter("reversed"), iter: _builtin_iter("iter"),
+    next: _builtin_next, sum: _builtin_reduce("sum"), min: _builtin_reduce("min"),
+    max: _builtin_reduce("max"), any: _builtin_reduce("any"), all: _builtin_reduce("all"),
+    sorted: _builtin_reduce("sorted"), hasattr: _builtin_hasattr, dict: _builtin_dict,
+    callable: _builtin_callable, type: _builtin_type, id: _builtin_id,
+    setattr: _builtin_setattr, delattr: _builtin_setattr,
+}
+for _f in (itertools.product, itertools.chain, itertools.chain.from_iterable, itertools.combinations,
+           itertools.combinations_with_replacement, itertools.permutations, itertools.islice,
+           itertools.zip_longest, itertools.pairwise, itertools.repeat):
+    _BUILTIN_HANDLERS[_f] = _itertools(_f)
+for _f in (int, float, bool, str, abs, pow, round, range, slice, divmod, hash, repr, chr, ord,
+           set, frozenset, complex, format, ascii, bin, hex, oct):
+    _BUILTIN_HANDLERS[_f] = _builtin_const(_f)
+
+
+# the methods of builtin containers that only read: run on the real object, with a guard on
+# what they read (a dict's keys, a list's length and the item returned)
+_CONTAINER_READS = {dict: {"get", "__getitem__", "__contains__", "keys", "__len__", "copy"},
+                    list: {"__getitem__", "__len__", "index", "count", "__contains__", "copy"},
+                    tuple: {"__getitem__", "__len__", "index", "count", "__contains__"}}
+
+
+class ContainerReadVariable(VariableTracker):
+    """A reading method of dict/list/tuple on an instance of a subclass read from outside the
+    frame (`super().get(key)` in a dict subclass): what it reads is guarded through the
+    instance's source, and an item it returns is wrapped with its own source."""
+
+    def __init__(self, obj: "UserObjectVariable", method):
+        self.obj, self.method = obj, method
+
+    @staticmethod
+    def of(obj, attr) -> Optional["ContainerReadVariable"]:
+        if not isinstance(obj, UserObjectVariable) or obj.source is None:
+            return None
+        owner = getattr(attr, "__objclass__", None)
+        if getattr(attr, "__name__", None) in _CONTAINER_READS.get(owner, ()) and isinstance(obj.value, owner):
+            return ContainerReadVariable(obj, attr)
+        if attr in (collections.abc.Mapping.get, collections.abc.Mapping.__contains__) and \
+                isinstance(obj.value, collections.abc.Mapping):
+            # a Mapping's own get/in (os.environ.get): looked up as Python does, and what it
+            # found guarded key by key (these catch KeyError, which the trace cannot)
+            return ContainerReadVariable(obj, attr)
+        return None
+
+    def call(self, tx, args, kwargs) -> VariableTracker:
+        if kwargs or not all(a.is_constant() for a in args):
+            raise tx.unsupported(f"{self.describe()} with arguments that are not constants")
+        real, source, out = self.obj.value, self.obj.source, tx.output
+        values = [a.as_example() for a in args]
+        if self.method in (collections.abc.Mapping.get, collections.abc.Mapping.__contains__):
+            result = self.method(real, *values)
+            present = values[0] in real
+            out.guards.has_key(source, values[0], present)
+            if present and self.method is collections.abc.Mapping.get:
+                return out.wrap(result, ItemSource(source, values[0]))
+            return ConstantVariable(result) if is_constant_value(result) else out.wrap(result, None)
+        if isinstance(real, dict):
+            out.guards.mapping_keys(source, real)
+        else:
+            out.guards.sequence(source, real)
+        result = self.method(real, *values)
+        name = self.method.__name__
+        if name in ("get", "__getitem__") and values and not isinstance(values[0], slice) and \
+                (values[0] in real if isinstance(real, dict) else True):
+            return out.wrap(result, ItemSource(source, values[0]))
+        if is_constant_value(result):
+            return ConstantVariable(result)
+        raise tx.unsupported(f"{self.describe()} returned a {type(result).__name__}")
+
+    def describe(self):
+        return f"{type(self.obj.value).__name__}.{self.method.__name__}"
+
+
+def _runs_for_real(fn) -> bool:
+    """Functions whose result depends on their arguments alone and is not changed afterwards
+    (inspecting a function's signature, a dataclass's fields, math): called on constant
+    arguments, they run as they are while tracing, and their result is a constant of the code,
+    as Dynamo's InspectSignatureVariable does for inspect.signature."""
+    if fn in _PURE_FUNCTIONS:
+        return True
+    module = getattr(fn, "__module__", None) or ""
+    return module == "math" and callable(fn)
+
+
+_PURE_FUNCTIONS = {inspect.signature, inspect.getfullargspec, inspect.isclass, inspect.isfunction,
+                   inspect.ismethod, inspect.isgeneratorfunction, inspect.iscoroutinefunction,
+                   inspect.isbuiltin, inspect.isroutine, inspect.getmro, inspect.unwrap,
+                   dataclasses.fields, dataclasses.is_dataclass, torch.finfo, torch.iinfo,
+                   np.iinfo, np.finfo, np.dtype}
+
+
+# torch's "am I being compiled?" functions, and what they answer while capture traces
+_COMPILING_QUERIES = {f: answer for f, answer in (
+    (getattr(torch.compiler, "is_compiling", None), True),
+    (getattr(torch.compiler, "is_dynamo_compiling", None), True),
+    (getattr(torch.compiler, "is_exporting", None), False),
+    (getattr(torch._C, "_is_torch_function_mode_enabled", None), None),
+) if f is not None and answer is not None}
+
+
+def _constant_state(obj, depth: int = 0) -> bool:
+    """obj's attributes are constants, containers of them, or objects of the same kind (a
+    config and its sub-configs): what a copy can be made of while tracing."""
+    if is_constant_value(obj):
+        return True
+    if depth > 4:
+        return False
+    if isinstance(obj, (list, tuple, set, frozenset)):
+        return all(_constant_state(v, depth + 1) for v in obj)
+    if isinstance(obj, dict):
+        return all(is_constant_value(k) and _constant_state(v, depth + 1) for k, v in obj.items())
+    if isinstance(obj, (torch.Tensor, torch.nn.Module, types.FunctionType, types.ModuleType)):
+        return False
+    d = getattr(obj, "__dict__", None)
+    return type(obj).__module__ not in ("builtins",) and d is not None and \
+        all(_constant_state(v, depth + 1) for v in d.values())
+
+
+def _is_singleton(v) -> bool:
+    return isinstance(v, ConstantVariable) and any(v.value is c for c in (None, True, False, Ellipsis, NotImplemented))
+
+
+def _is_none(v) -> bool:
+    return v is None or isinstance(v, ConstantVariable) and v.value is None
+
+
+def _custom_getattr(cls) -> bool:
+    """The class (not object) decides attribute reads: a __getattribute__ or __getattr__."""
+    return inspect.getattr_static(cls, "__getattribute__") is not object.__getattribute__ or \
+        inspect.getattr_static(cls, "__getattr__", None) is not None
+
+
+def _is_plain_user_class(cls) -> bool:
+    """A class written in Python whose instances are ordinary objects (no custom __new__, no
+    metaclass, not a torch or builtin type): safe to create inside the trace."""
+    if not isinstance(cls, type) or type(cls) not in (type, abc.ABCMeta):
+        return False
+    top = cls.__module__.split(".")[0]
+    if top in sys.stdlib_module_names or top in ("torch", "builtins", "numpy"):
+        return False
+    if issubclass(cls, (BaseException, torch.nn.Module, torch.Tensor, tuple, list, dict, set)):
+        return False
+    if inspect.getattr_static(cls, "__new__") is not object.__new__:
+        return False
+    return all(k.__dict__.get("__slots__") in (None, ()) for k in cls.__mro__[:-1])

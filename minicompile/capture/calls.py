@@ -1,0 +1,437 @@
+"""How the translator calls things: torch functions, user functions and modules (inlined),
+methods of containers and constants, classes (objects, ModelOutputs, namedtuples made in the
+frame), copies of constant objects, special methods.
+
+`CallsMixin` is part of InstructionTranslator; its methods take and give VariableTrackers.
+"""
+from __future__ import annotations
+
+import contextlib
+import copy
+import inspect
+import sys
+import types
+from typing import Dict, List, Optional, Tuple
+
+import torch
+import torch.fx
+
+
+from .sources import RootSource
+from .builtin_calls import (_BUILTIN_HANDLERS, _COMPILING_QUERIES, ContainerReadVariable,
+                            _builtin_dict, _constant_state, _is_none, _is_plain_user_class,
+                            _runs_for_real)
+from .output_graph import _is_internal_module_name
+from .values import (BaseListVariable, BoundMethodVariable, BuiltinVariable, ConstantMethodVariable,
+                     AutocastVariable, ConstantVariable, DictVariable, DictViewVariable,
+                     GradModeVariable, NullContextVariable,
+                     IteratorVariable, ListVariable, ModelOutputVariable, NamedTupleVariable,
+                     NestedFunctionVariable, NNModuleVariable, NullVariable, OpaqueConstantVariable,
+                     SetVariable, SuperVariable, TensorMethodVariable, TensorVariable,
+                     TorchFunctionVariable, TupleVariable, TypeVariable, UserFunctionVariable,
+                     UserObjectVariable, VariableTracker, WithExitVariable, _constant_result,
+                     _DictFromKeys, _NoOpCallable, _UnboundTensorMethod, is_constant_value,
+                     is_model_output_class)
+
+
+MAX_INLINE_DEPTH = 32
+
+
+class CallsMixin:
+    def make_autocast(self, cls, args, kwargs) -> AutocastVariable:
+        """torch.autocast(...) (or its cuda/cpu subclasses) with constant arguments."""
+        try:
+            made = cls(*[a.as_example() for a in args],
+                       **{k: v.as_example() for k, v in kwargs.items()})
+        except Exception as e:
+            raise self.unsupported(f"torch.autocast() raised {type(e).__name__}: {e}")
+        if not all(a.is_constant() for a in list(args) + list(kwargs.values())):
+            raise self.unsupported("torch.autocast with arguments that are not constants")
+        return AutocastVariable(made.device, made.fast_dtype, made._enabled, made._cache_enabled)
+
+    # calls --------------------------------------------------------------------------------
+    def call_function(self, fn: VariableTracker, args: List[VariableTracker],
+                      kwargs: Dict[str, VariableTracker]) -> VariableTracker:
+        out = self.output
+        if not out.inline_user_calls and self.parent is None and isinstance(
+                fn, (UserFunctionVariable, BoundMethodVariable, NestedFunctionVariable)) \
+                or not out.inline_user_calls and self.parent is None and isinstance(fn, NNModuleVariable) \
+                and not type(fn.module).__module__.startswith("torch."):
+            raise self.unsupported(f"call to {fn.describe()} from a frame that runs eagerly",
+                                   "the callee is compiled on its own")
+        if isinstance(fn, NestedFunctionVariable):
+            return self.inline_nested(fn, args, kwargs)
+        if isinstance(fn, _NoOpCallable):
+            return ConstantVariable(None)
+        if isinstance(fn, ContainerReadVariable):
+            return fn.call(self, args, kwargs)
+        if isinstance(fn, _DictFromKeys):
+            value = args[1] if len(args) > 1 else kwargs.get("value", ConstantVariable(None))
+            keys = [k.as_example() for k in self.iterate(args[0])]
+            return DictVariable({k: value for k in keys})
+        if isinstance(fn, WithExitVariable):
+            fn.undo(self)
+            self.with_depth -= 1
+            return ConstantVariable(None)
+        if isinstance(fn, TypeVariable) and fn.value is contextlib.nullcontext:
+            bound = inspect.signature(contextlib.nullcontext).bind(*args, **kwargs).arguments
+            return NullContextVariable(bound.get("enter_result", ConstantVariable(None)))
+        if isinstance(fn, TypeVariable) and isinstance(fn.value, type) and \
+                issubclass(fn.value, torch.amp.autocast):
+            return self.make_autocast(fn.value, args, kwargs)
+        if isinstance(fn, TypeVariable) and fn.value in (torch.no_grad, torch.enable_grad,
+                                                         torch.set_grad_enabled):
+            if fn.value is torch.set_grad_enabled:
+                mode = args[0].as_example() if args else kwargs["mode"].as_example()
+                if not isinstance(mode, bool):
+                    raise self.unsupported("set_grad_enabled with a non-constant mode")
+                # as a function it takes effect at once (it is also a context manager)
+                prev = torch.is_grad_enabled()
+                self.set_grad(mode)
+                return GradModeVariable(mode, prev)
+            return GradModeVariable(fn.value is torch.enable_grad)
+        if isinstance(fn, TorchFunctionVariable):
+            # (looked up without importing torch._dynamo: that import alone takes seconds, and
+            # code that calls graph_break() has imported it already)
+            dynamo = sys.modules.get("torch._dynamo")
+            if dynamo is not None and fn.value is getattr(dynamo, "graph_break", None):
+                raise self.unsupported("torch._dynamo.graph_break()",
+                                       "a graph break the user asked for",
+                                       "remove the call to keep one graph")
+            if fn.value in _COMPILING_QUERIES:
+                # code that asks whether it is being compiled takes its compile-friendly path
+                # while it is traced (it answers True inside TorchDynamo too); what runs for
+                # real at a break asks again and hears False, as under Dynamo
+                return ConstantVariable(_COMPILING_QUERIES[fn.value])
+            if fn.value is torch.cond:
+                from .higher_order import call_cond
+                return call_cond(self, args, kwargs)
+            return out.call("call_function", fn.value, args, kwargs)
+        if isinstance(fn, TensorMethodVariable):
+            return out.call("call_method", fn.name, [fn.tensor] + list(args), kwargs)
+        if isinstance(fn, _UnboundTensorMethod):
+            return out.call("call_method", fn.name, list(args), kwargs)
+        if isinstance(fn, UserFunctionVariable) and fn.value in (copy.deepcopy, copy.copy) and \
+                len(args) == 1 and not kwargs:
+            return self.private_copy(args[0], fn.value)
+        if isinstance(fn, (UserFunctionVariable, BuiltinVariable, TypeVariable)) and \
+                _runs_for_real(fn.value):
+            def real(a):
+                if a.is_constant():
+                    return a.as_example()
+                if isinstance(a, BoundMethodVariable) and isinstance(a.self_var, (NNModuleVariable, UserObjectVariable)):
+                    return types.MethodType(a.func, a.self_var.as_example())   # its function is fixed
+                raise self.unsupported(f"{fn.describe()} on {a.describe()}, not a constant")
+            result = fn.value(*[real(a) for a in args], **{k: real(v) for k, v in kwargs.items()})
+            return ConstantVariable(result) if is_constant_value(result) else OpaqueConstantVariable(result)
+        if isinstance(fn, UserFunctionVariable):
+            return self.inline_call(fn.value, args, kwargs)
+        if isinstance(fn, BoundMethodVariable) and isinstance(fn.self_var, UserObjectVariable) and \
+                fn.self_var.snapshot is not None and all(a.is_constant() for a in list(args) + list(kwargs.values())):
+            return self.call_on_private_copy(fn, args, kwargs)
+        if isinstance(fn, BoundMethodVariable):
+            return self.inline_call(fn.func, [fn.self_var] + list(args), kwargs)
+        if isinstance(fn, NNModuleVariable):
+            return self.call_module(fn, args, kwargs)
+        if isinstance(fn, BuiltinVariable):
+            return _BUILTIN_HANDLERS[fn.value](self, args, kwargs)
+        if isinstance(fn, ConstantMethodVariable):
+            return self.call_constant_method(fn, args, kwargs)
+        if isinstance(fn, TypeVariable):
+            if is_model_output_class(fn.value):
+                return self.new_model_output(fn.value, args, kwargs)
+            if isinstance(fn.value, type) and issubclass(fn.value, tuple) and hasattr(fn.value, "_fields"):
+                bound = inspect.signature(fn.value).bind(*args, **kwargs)     # TypeError as Python
+                bound.apply_defaults()
+                return NamedTupleVariable([v if isinstance(v, VariableTracker) else self.output.wrap(v, None)
+                                           for v in bound.arguments.values()], fn.value)
+            if fn.value is torch.Size and all(a.is_constant() for a in args):
+                return ConstantVariable(torch.Size(*[a.as_example() for a in args]))
+            if fn.value is super:
+                return self.make_super(args)
+            if _is_plain_user_class(fn.value):
+                return self.new_object(fn.value, args, kwargs)
+        name = getattr(getattr(fn, "value", None), "__qualname__", None) or fn.describe()
+        raise self.unsupported(f"call to {name}", "the capture cannot model this callable yet")
+
+    def private_copy(self, v: VariableTracker, how) -> VariableTracker:
+        """copy.deepcopy / copy.copy of an object read from outside the frame whose state is
+        constants (a config): made for real, the original's state guarded as a whole; the copy
+        is the frame's own (UserObjectVariable with a snapshot)."""
+        if v.is_constant():
+            return ConstantVariable(how(v.as_example()))
+        if not (isinstance(v, UserObjectVariable) and v.source is not None and not v.items
+                and _constant_state(v.value)):
+            raise self.unsupported(f"{how.__name__} of {v.describe()}",
+                                   "only copies of objects whose state is constants are modelled")
+        self.output.guards.state_equals(v.source, copy.deepcopy(v.value.__dict__))
+        made = how(v.value)
+        return UserObjectVariable(made, None, snapshot=copy.deepcopy(made))
+
+    def call_on_private_copy(self, fn: "BoundMethodVariable", args, kwargs) -> VariableTracker:
+        """A method of the frame's own copy (private_copy), on constants: run as it is (nothing
+        outside the frame can see the copy). It must leave the copy as it found it, and give
+        back constants."""
+        obj = fn.self_var.value
+        before = copy.deepcopy(obj.__dict__)
+        result = fn.func(obj, *[a.as_example() for a in args], **{k: v.as_example() for k, v in kwargs.items()})
+        if obj.__dict__ != before:
+            obj.__dict__.clear()
+            obj.__dict__.update(before)
+            raise self.unsupported(f"{fn.func.__qualname__} changed the copied object",
+                                   "a method that writes the copy is not modelled")
+        if not _constant_state(result):
+            raise self.unsupported(f"{fn.func.__qualname__} returned a {type(result).__name__}")
+        return ConstantVariable(result) if is_constant_value(result) else self.output.wrap(result, None)
+
+    def new_model_output(self, cls: type, args, kwargs) -> ModelOutputVariable:
+        """`cls(...)` for a ModelOutput class: its fields bound as its dataclass __init__ binds
+        them; the items are the fields that are not None, as its __post_init__ makes them."""
+        names = ModelOutputVariable.field_names(cls)
+        bound = dict(zip(names, args))
+        for k, v in kwargs.items():
+            if k not in names or k in bound:
+                raise self.unsupported(f"{cls.__name__}() with argument {k!r}")
+            bound[k] = v
+        first = bound.get(names[0])
+        rest_none = all(_is_none(bound.get(n)) for n in names[1:])
+        if rest_none and first is not None and not _is_none(first) and not isinstance(first, TensorVariable):
+            raise self.unsupported(f"{cls.__name__}() built from a {first.describe()}",
+                                   "a ModelOutput whose only field is not a tensor reads it as "
+                                   "key/value pairs")
+        return ModelOutputVariable(cls, {n: bound[n] for n in names if n in bound and not _is_none(bound[n])})
+
+    def new_object(self, cls: type, args, kwargs) -> VariableTracker:
+        """`cls(*args)` for a plain Python class: a real instance with no attributes yet (its
+        attributes live in the trace) and `__init__` inlined, as Dynamo does for user objects
+        made inside the frame. After the graph the object is rebuilt (frame.rebuild)."""
+        obj = UserObjectVariable(object.__new__(cls), None)
+        init = inspect.getattr_static(cls, "__init__")
+        if isinstance(init, types.FunctionType):
+            ret = self.inline_call(init, [obj] + list(args), kwargs)
+            if not (isinstance(ret, ConstantVariable) and ret.value is None):
+                raise self.unsupported(f"{cls.__qualname__}.__init__ returned a value")
+        elif init is not object.__init__ or args or kwargs:
+            raise self.unsupported(f"creating a {cls.__qualname__} (its __init__ is not Python)")
+        return obj
+
+    def call_constant_method(self, fn: ConstantMethodVariable, args, kwargs):
+        obj = fn.obj
+        if isinstance(obj, ConstantVariable) and all(a.is_constant() for a in args) \
+                and all(v.is_constant() for v in kwargs.values()):
+            r = getattr(obj.value, fn.name)(*[a.as_example() for a in args],
+                                            **{k: v.as_example() for k, v in kwargs.items()})
+            if is_constant_value(r) or isinstance(obj, OpaqueConstantVariable):
+                return _constant_result(obj, r)
+        if isinstance(obj, ModelOutputVariable) and fn.name == "to_tuple" and not args and not kwargs:
+            return TupleVariable(list(obj.items.values()))
+        if isinstance(obj, DictVariable) and not args and not kwargs and \
+                fn.name in ("keys", "values", "items"):
+            return DictViewVariable(obj, fn.name)
+        if isinstance(obj, ListVariable) and fn.name in ("append", "extend", "insert", "pop",
+                                                          "clear", "reverse", "remove", "sort"):
+            self.check_mutable(obj)
+            self.output.record_mutation(obj)
+            if fn.name == "append":
+                obj.items.append(args[0])
+            elif fn.name == "extend":
+                obj.items.extend(self.iterate(args[0]))
+            elif fn.name == "insert":
+                obj.items.insert(args[0].as_example(), args[1])
+            elif fn.name == "pop":
+                return obj.items.pop(*[a.as_example() for a in args])
+            elif fn.name == "clear":
+                obj.items.clear()
+            elif fn.name == "reverse":
+                obj.items.reverse()
+            elif fn.name == "remove" and args[0].is_constant() and obj.is_constant():
+                obj.items = [ConstantVariable(v) for v in obj.as_example()]
+                obj.items.remove(ConstantVariable(args[0].as_example())) if False else \
+                    obj.items.pop([i.as_example() for i in obj.items].index(args[0].as_example()))
+            elif fn.name == "sort" and obj.is_constant() and not kwargs:
+                obj.items = [ConstantVariable(v) for v in sorted(obj.as_example())]
+            else:
+                raise self.unsupported(f"list.{fn.name}() on {obj.describe()}")
+            return ConstantVariable(None)
+        if isinstance(obj, SetVariable) and fn.name in ("add", "update", "discard") and \
+                all(a.is_constant() for a in args):
+            self.check_mutable(obj)
+            self.output.record_mutation(obj)
+            real = set(obj.as_example())
+            getattr(real, fn.name)(*[a.as_example() for a in args])
+            obj.items = SetVariable.of(real).items
+            return ConstantVariable(None)
+        if isinstance(obj, SetVariable) and fn.name == "copy":
+            return SetVariable(list(obj.items))
+        if isinstance(obj, BaseListVariable) and fn.name == "copy":
+            return ListVariable(list(obj.items))
+        if isinstance(obj, DictVariable) and not isinstance(obj, ModelOutputVariable) and \
+                fn.name in ("update", "pop", "setdefault", "clear", "copy", "popitem"):
+            if fn.name == "copy":
+                return DictVariable(dict(obj.items))
+            self.check_mutable(obj)
+            self.output.record_mutation(obj)
+            if fn.name == "update":
+                new = _builtin_dict(self, args, kwargs)
+                obj.items.update(new.items)
+                return ConstantVariable(None)
+            if fn.name == "pop":
+                key = args[0].as_example()
+                if key in obj.items:
+                    return obj.items.pop(key)
+                if len(args) > 1:
+                    return args[1]
+                raise self.unsupported(f"dict.pop of missing key {key!r}")
+            if fn.name == "setdefault":
+                key = args[0].as_example()
+                if key not in obj.items:
+                    obj.items[key] = args[1] if len(args) > 1 else ConstantVariable(None)
+                return obj.items[key]
+            if fn.name == "clear":
+                obj.items.clear()
+                return ConstantVariable(None)
+            k, v = obj.items.popitem()
+            return TupleVariable([ConstantVariable(k), v])
+        if isinstance(obj, DictVariable) and fn.name == "get" and args and args[0].is_constant():
+            default = args[1] if len(args) > 1 else ConstantVariable(None)
+            return obj.items.get(args[0].as_example(), default)
+        if isinstance(obj, BaseListVariable) and fn.name in ("index", "count") \
+                and all(a.is_constant() for a in args) and obj.is_constant():
+            return ConstantVariable(getattr(obj.as_example(), fn.name)(*[a.as_example() for a in args]))
+        raise self.unsupported(f"method .{fn.name}() of {obj.describe()}",
+                               "mutating or calling methods of Python containers is not "
+                               "modelled yet")
+
+    def call_module(self, mv: NNModuleVariable, args, kwargs) -> VariableTracker:
+        mod = mv.module
+        hooks = (mod._forward_hooks or mod._forward_pre_hooks or
+                 torch.nn.modules.module._global_forward_hooks or
+                 torch.nn.modules.module._global_forward_pre_hooks)
+        if hooks:
+            raise self.unsupported(f"call to {type(mod).__name__} with forward hooks",
+                                   "hooks are not inlined yet")
+        if "forward" in mod.__dict__:          # replaced on the instance: that one runs
+            return self.call_function(self.load_module_attr(mv, "forward"), args, kwargs)
+        if mv.source is not None:
+            self.output.guards.class_forward(mv.source)
+        if type(mod) is torch.nn.Sequential and not kwargs and len(args) == 1:
+            # Sequential.forward is a loop over children; unrolled here (which children there
+            # are is guarded)
+            x = args[0]
+            for name in self.output.members(mv):
+                x = self.call_function(self.load_module_attr(mv, name), [x], {})
+            return x
+        forward = inspect.getattr_static(type(mod), "forward")
+        if not isinstance(forward, types.FunctionType):
+            raise self.unsupported(f"{type(mod).__name__}.forward is not a Python function")
+        return self.inline_call(forward, [mv] + list(args), kwargs)
+
+    def inline_call(self, func: types.FunctionType, args: List[VariableTracker],
+                    kwargs: Dict[str, VariableTracker], closure_cells=None, markers=None) -> VariableTracker:
+        code = func.__code__
+        name = func.__qualname__
+        if code.co_flags & (inspect.CO_COROUTINE | inspect.CO_ASYNC_GENERATOR |
+                            inspect.CO_ITERABLE_COROUTINE) or \
+                code.co_flags & inspect.CO_GENERATOR and code.co_name != "<genexpr>":
+            # a generator function's object may be kept and resumed later (a contextmanager);
+            # only generator expressions, consumed where they are made, are run to the end
+            raise self.unsupported(f"call to generator/coroutine function {name}")
+        if self.depth + 1 > MAX_INLINE_DEPTH:
+            raise self.unsupported(f"call to {name}: inlining depth limit {MAX_INLINE_DEPTH}")
+        # the function's own parameters, not those of a function it wraps (functools.wraps)
+        sig = inspect.signature(func, follow_wrapped=False)
+        try:
+            bound = sig.bind(*args, **kwargs)
+        except TypeError as e:
+            raise self.unsupported(f"call to {name}: {e}")
+        bound.apply_defaults()
+        locals_: Dict[str, VariableTracker] = {}
+        for pname, value in bound.arguments.items():
+            kind = sig.parameters[pname].kind
+            if kind is inspect.Parameter.VAR_POSITIONAL:
+                value = TupleVariable([v for v in value])
+            elif kind is inspect.Parameter.VAR_KEYWORD:
+                value = DictVariable(dict(value))
+            elif markers and id(value) in markers:             # a default made in the trace
+                value = markers[id(value)]
+            elif not isinstance(value, VariableTracker):      # a default value
+                value = self.output.wrap(value, None)
+            if pname.startswith("implicit") and "." + pname[8:] in code.co_varnames:
+                pname = "." + pname[8:]           # inspect renames a comprehension's .0
+            locals_[pname] = value
+        glob_name = func.__globals__.get("__name__", "")
+        gsrc = None
+        if _is_internal_module_name(glob_name):
+            gsrc = None
+        elif func.__globals__ is self.output.root_globals:
+            gsrc = RootSource("G")             # the called function's globals, read per call
+        else:
+            gsrc = self.output.root_source(func.__globals__, "G_" + glob_name)
+        child = type(self)(self.output, func, locals_, {}, parent=self, globals_source=gsrc,
+                                      closure_cells=closure_cells)
+        if code.co_flags & inspect.CO_GENERATOR:
+            # a generator expression is run to the end at once and its values kept:
+            # `sum(f(t) for t in ts)`, `tuple(...)`, `any(...)` consume it whole
+            child.generator_items = []
+            child.run()
+            return IteratorVariable(child.generator_items)
+        return child.run()
+
+    def inline_nested(self, fn: NestedFunctionVariable, args, kwargs) -> VariableTracker:
+        code = fn.code
+        markers = {}
+
+        def mark(v):
+            m = object()
+            markers[id(m)] = v
+            return m
+        defaults = tuple(mark(v) for v in self.unpack(fn.defaults)) if fn.defaults is not None else None
+        closure_vals = list(fn.closure.items) if fn.closure is not None else []
+        func = types.FunctionType(code, fn.f_globals, code.co_name, defaults,
+                                  tuple(types.CellType() for _ in code.co_freevars) or None)
+        if fn.kwdefaults is not None:
+            func.__kwdefaults__ = {k: mark(v) for k, v in fn.kwdefaults.items.items()}
+        cells = dict(zip(code.co_freevars, closure_vals))
+        return self.inline_call(func, args, kwargs, closure_cells=cells, markers=markers)
+
+    def call_with_stack_layout(self, argc: int, kw_names: Tuple[str, ...]):
+        """CALL's operands: [NULL, callable, args] / [callable, self, args] on 3.11-3.12,
+        [callable, NULL, args] / [callable, self, args] on 3.13."""
+        args = self.popn(argc)
+        a, b = self.popn(2)
+        if self.version >= (3, 13):
+            fn, self_or_null = a, b
+            if not isinstance(self_or_null, NullVariable):
+                args = [self_or_null] + args
+        else:
+            if isinstance(a, NullVariable):
+                fn = b
+            else:
+                fn, args = a, [b] + args
+        nkw = len(kw_names)
+        kwargs = dict(zip(kw_names, args[len(args) - nkw:])) if nkw else {}
+        pos = args[:len(args) - nkw] if nkw else args
+        self.push(self.call_function(fn, pos, kwargs))
+
+    # super(): zero-argument (3.11: a call of `super`; 3.12+: LOAD_SUPER_ATTR) and two-argument
+    def make_super(self, args) -> "SuperVariable":
+        if args:
+            if len(args) != 2 or not isinstance(args[0], TypeVariable):
+                raise self.unsupported("super() with unusual arguments")
+            return SuperVariable(args[0].value, args[1])
+        cell = self.freevars.get("__class__")
+        if cell is None or not self.code.co_argcount:
+            raise self.unsupported("super() outside a method")
+        return SuperVariable(cell.cell_contents, self.load_local(self.code.co_varnames[0]))
+
+    def call_special(self, obj: VariableTracker, name: str, args) -> Optional[VariableTracker]:
+        """obj.__name__(*args) for an object of a Python class (`obj[k]`, `len(obj)`, `k in obj`):
+        its class's method inlined, or a builtin container's reading method (ContainerRead);
+        None where there is neither."""
+        if not isinstance(obj, UserObjectVariable):
+            return None
+        attr = inspect.getattr_static(type(obj.value), name, None)
+        if isinstance(attr, types.FunctionType):
+            return self.inline_call(attr, [obj] + list(args), {})
+        read = ContainerReadVariable.of(obj, attr)
+        return read.call(self, args, {}) if read is not None else None

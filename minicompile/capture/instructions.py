@@ -1,0 +1,769 @@
+"""One handler per opcode, registered with the Python versions it serves.
+
+Each is a function (translator, instruction) that changes the translator's stack, locals or
+position, as CPython's instruction would change the real frame, on VariableTrackers. An opcode
+with no handler for the running Python is reported by name (translator.run), never half-done.
+Grouped as CPython's documentation groups them: stack and constants, locals and cells,
+attributes and items, operators, calls and functions, control flow, with-blocks, imports.
+"""
+from __future__ import annotations
+
+import operator
+import sys
+
+import torch
+import torch.fx
+
+
+from .breaks import Return
+from .bytecode import BINARY_OP_SYMBOLS, COMPARE_OPS, _cmp_symbol, handles
+from .sources import AttrSource, LocalSource
+from .builtin_calls import _is_singleton
+from .output_graph import _is_internal_module_name
+from .values import (NULL, CellVariable, ConstantVariable, DictVariable, DictViewVariable,
+                     GradModeVariable, IteratorVariable, ListVariable, ModelOutputVariable,
+                     NestedFunctionVariable, NNModuleVariable, PythonModuleVariable, SetVariable,
+                     SliceVariable, SuperVariable, SymIntVariable, TensorVariable, TupleVariable,
+                     TypeVariable, UserObjectVariable, WithExitVariable,
+                     AutocastVariable, NullContextVariable)
+
+
+# ===================================================================================
+# Opcode handlers. Each states the versions whose semantics it implements.
+# ===================================================================================
+@handles("NOP", "RESUME", "CACHE", "EXTENDED_ARG", "COPY_FREE_VARS", "MAKE_CELL")
+def _nop(tx, inst):
+    # COPY_FREE_VARS / MAKE_CELL: free variables are read through the function's cells
+    # (tx.freevars); cell variables are plain locals until a closure made in the frame
+    # takes them (MAKE_FUNCTION: CellVariable)
+    pass
+
+
+@handles("PRECALL", versions=[(3, 11)])
+def _precall(tx, inst):
+    pass
+
+
+# generators (see inline_call): run to the end, each yielded value collected
+@handles("RETURN_GENERATOR")
+def _return_generator(tx, inst):
+    if tx.generator_items is None:
+        raise tx.unsupported("RETURN_GENERATOR outside an inlined generator")
+    tx.push(ConstantVariable(None))         # popped by the POP_TOP that follows
+
+
+@handles("YIELD_VALUE")
+def _yield_value(tx, inst):
+    if tx.generator_items is None:
+        raise tx.unsupported("yield outside an inlined generator")
+    tx.generator_items.append(tx.pop())
+    tx.push(ConstantVariable(None))         # what `yield` evaluates to: nothing was sent
+
+
+@handles("LOAD_SUPER_ATTR", versions=[(3, 12), (3, 13)])
+def _load_super_attr(tx, inst):
+    obj = tx.pop()
+    cls = tx.pop()
+    tx.pop()                                # the global `super`
+    if not isinstance(cls, TypeVariable):
+        raise tx.unsupported(f"super() with {cls.describe()}")
+    attr = tx.load_attr(SuperVariable(cls.value, obj), inst.argval)
+    tx._push_attribute(attr, method_load=bool(inst.arg & 1))   # as LOAD_ATTR
+
+
+@handles("LOAD_FAST")
+@handles("LOAD_FAST_CHECK", versions=[(3, 12), (3, 13)])
+def _load_fast(tx, inst):
+    if tx.version >= (3, 13) and inst.argval in tx.code.co_cellvars \
+            and tx._next_builds_closure():
+        tx.push(CellVariable(tx, inst.argval))      # 3.13: LOAD_CLOSURE became LOAD_FAST
+        return
+    tx.push(tx.load_local(inst.argval))
+
+
+@handles("LOAD_CLOSURE", versions=[(3, 11), (3, 12)])
+def _load_closure(tx, inst):
+    name = inst.argval
+    if name in tx.closure_cells:                    # passing our own free variable on
+        tx.push(tx.closure_cells[name])
+    elif name in tx.freevars:
+        tx.push(tx.freevars[name])
+    else:
+        tx.push(CellVariable(tx, name))
+
+
+@handles("MAKE_FUNCTION")
+def _make_function(tx, inst):
+    code = tx.pop().as_example()
+    if tx.version >= (3, 13):
+        tx.push(NestedFunctionVariable(code, tx.f_globals, code.co_qualname))
+        return
+    flags = inst.arg or 0
+    closure = tx.pop() if flags & 0x08 else None
+    if flags & 0x04:
+        tx.pop()                                    # annotations
+    kwdefaults = tx.pop() if flags & 0x02 else None
+    defaults = tx.pop() if flags & 0x01 else None
+    tx.push(NestedFunctionVariable(code, tx.f_globals, code.co_qualname, defaults,
+                                     kwdefaults, closure))
+
+
+@handles("SET_FUNCTION_ATTRIBUTE", versions=[(3, 13)])
+def _set_function_attribute(tx, inst):
+    fn = tx.pop()
+    value = tx.pop()
+    flag = inst.arg
+    if flag == 0x08:
+        fn.closure = value
+    elif flag == 0x02:
+        fn.kwdefaults = value
+    elif flag == 0x01:
+        fn.defaults = value
+    tx.push(fn)
+
+
+@handles("FORMAT_VALUE", versions=[(3, 11), (3, 12)])
+def _format_value(tx, inst):
+    flags = inst.arg or 0
+    spec = tx.pop().as_example() if flags & 0x04 else ""
+    value = tx.pop()
+    conv = {0: None, 1: "s", 2: "r", 3: "a"}[flags & 0x03]
+    tx.push(tx._format(value, conv, spec))
+
+
+@handles("CONVERT_VALUE", versions=[(3, 13)])
+def _convert_value(tx, inst):
+    value = tx.pop()
+    conv = {1: "s", 2: "r", 3: "a"}.get(inst.arg)
+    tx.push(tx._format(value, conv))
+
+
+@handles("FORMAT_SIMPLE", versions=[(3, 13)])
+def _format_simple(tx, inst):
+    tx.push(tx._format(tx.pop(), None))
+
+
+@handles("FORMAT_WITH_SPEC", versions=[(3, 13)])
+def _format_with_spec(tx, inst):
+    spec = tx.pop().as_example()
+    tx.push(tx._format(tx.pop(), None, spec))
+
+
+@handles("BUILD_STRING")
+def _build_string(tx, inst):
+    parts = tx.popn(inst.arg)
+    tx.push(ConstantVariable("".join(p.as_example() for p in parts)))
+
+
+# iteration (loops are unrolled) -----------------------------------------------------
+@handles("GET_ITER")
+def _get_iter(tx, inst):
+    v = tx.pop()
+    if isinstance(v, IteratorVariable):
+        tx.push(v)
+    else:
+        tx.push(IteratorVariable(tx.iterate(v)))
+
+
+@handles("FOR_ITER")
+def _for_iter(tx, inst):
+    it = tx.stack[-1]
+    if not isinstance(it, IteratorVariable):
+        raise tx.unsupported(f"for loop over {it.describe()}")
+    if it.index < len(it.items):
+        tx.output.record_mutation(it)
+        tx.output.advanced(it)
+        it.index += 1
+        tx.push(it.items[it.index - 1])
+        return
+    # exhausted: the iterator is popped and the loop's END_FOR (3.12: END_FOR,
+    # 3.13: END_FOR + POP_TOP, which would pop it) skipped
+    tx.pop()
+    target = tx.offset_to_index[inst.argval]
+    if tx.version >= (3, 12) and tx.instructions[target].opname == "END_FOR":
+        target += 1
+        if tx.version >= (3, 13) and tx.instructions[target].opname == "POP_TOP":
+            target += 1
+    tx.pc = target
+
+
+@handles("END_FOR", versions=[(3, 12), (3, 13)])
+def _end_for(tx, inst):
+    tx.pop()
+    if tx.version == (3, 12):
+        tx.pop()
+
+
+# with blocks: torch.no_grad() and friends, torch.autocast, nullcontext -------------------
+@handles("BEFORE_WITH")
+def _before_with(tx, inst):
+    ctx = tx.pop()
+    entered = ConstantVariable(None)
+    if isinstance(ctx, GradModeVariable):
+        prev = torch.is_grad_enabled() if ctx.before is None else ctx.before
+        tx.set_grad(ctx.enabled)
+        undo = lambda tx: tx.set_grad(prev)          # noqa: E731
+    elif isinstance(ctx, AutocastVariable):
+        undo, entered = tx.enter_autocast(ctx), ctx
+    elif isinstance(ctx, NullContextVariable):
+        undo, entered = (lambda tx: None), ctx.enter_result
+    else:
+        raise tx.unsupported(f"with-block on {ctx.describe()}",
+                             "only torch.no_grad/enable_grad/set_grad_enabled, torch.autocast "
+                             "and contextlib.nullcontext are modelled")
+    tx.with_depth += 1
+    tx.push(WithExitVariable(undo))
+    tx.push(entered)
+
+
+@handles("STORE_SUBSCR")
+def _store_subscr(tx, inst):
+    idx = tx.pop()
+    obj = tx.pop()
+    value = tx.pop()
+    if isinstance(obj, TensorVariable):
+        tx.output.call("call_function", operator.setitem, [obj, idx, value], {})
+    elif isinstance(obj, (ListVariable, DictVariable)) and idx.is_constant():
+        tx.check_mutable(obj)
+        tx.output.record_mutation(obj)
+        obj.items[idx.as_example()] = value
+    else:
+        raise tx.unsupported(f"item assignment on {obj.describe()}")
+
+
+@handles("DELETE_SUBSCR")
+def _delete_subscr(tx, inst):
+    idx = tx.pop()
+    obj = tx.pop()
+    if isinstance(obj, (ListVariable, DictVariable)) and idx.is_constant():
+        tx.check_mutable(obj)
+        tx.output.record_mutation(obj)
+        del obj.items[idx.as_example()]
+    else:
+        raise tx.unsupported(f"del on {obj.describe()}")
+
+
+@handles("STORE_ATTR")
+def _store_attr(tx, inst):
+    obj = tx.pop()
+    value = tx.pop()
+    tx.store_attr(obj, inst.argval, value)
+
+
+@handles("LOAD_FAST_AND_CLEAR", versions=[(3, 12), (3, 13)])
+def _load_fast_and_clear(tx, inst):
+    name = inst.argval
+    v = tx.locals.pop(name, None) if name in tx.locals else None
+    tx.push(v if v is not None else NULL)
+
+
+@handles("LOAD_FAST_LOAD_FAST", versions=[(3, 13)])
+def _load_fast_load_fast(tx, inst):
+    first, second = tx._two_locals(inst)
+    tx.push(tx.load_local(first))
+    tx.push(tx.load_local(second))
+
+
+@handles("STORE_FAST")
+def _store_fast(tx, inst):
+    tx.lazy_locals.pop(inst.argval, None)
+    tx.locals[inst.argval] = tx.pop()
+
+
+@handles("STORE_FAST_LOAD_FAST", versions=[(3, 13)])
+def _store_fast_load_fast(tx, inst):
+    store, load = tx._two_locals(inst)
+    tx.lazy_locals.pop(store, None)
+    tx.locals[store] = tx.pop()
+    tx.push(tx.load_local(load))
+
+
+@handles("STORE_FAST_STORE_FAST", versions=[(3, 13)])
+def _store_fast_store_fast(tx, inst):
+    first, second = tx._two_locals(inst)   # TOS goes to the first name
+    for name in (first, second):
+        tx.lazy_locals.pop(name, None)
+        tx.locals[name] = tx.pop()
+
+
+@handles("DELETE_FAST")
+def _delete_fast(tx, inst):
+    tx.locals.pop(inst.argval, None)
+    tx.lazy_locals.pop(inst.argval, None)
+
+
+@handles("LOAD_CONST")
+def _load_const(tx, inst):
+    tx.push(ConstantVariable(inst.argval))
+
+
+@handles("RETURN_VALUE")
+def _return_value(tx, inst):
+    tx.return_value = tx.pop()
+    raise Return()
+
+
+@handles("RETURN_CONST", versions=[(3, 12), (3, 13)])
+def _return_const(tx, inst):
+    tx.return_value = ConstantVariable(inst.argval)
+    raise Return()
+
+
+# imports inside a function: of a module already imported, they only look it up ----------
+@handles("IMPORT_NAME")
+def _import_name(tx, inst):
+    fromlist, level = tx.pop().as_example(), tx.pop().as_example()
+    name = inst.argval
+    if level:
+        package = tx.f_globals.get("__package__") or tx.f_globals.get("__name__", "")
+        base = package.rsplit(".", level - 1)[0] if level > 1 else package
+        name = f"{base}.{name}" if name else base
+    module = sys.modules.get(name)
+    if module is None:
+        raise tx.unsupported(f"import of {name}, not imported yet",
+                               "a first import runs the module's code: it runs for real")
+    if not fromlist and not level:
+        module = sys.modules[name.partition(".")[0]]       # `import a.b` binds a
+    tx.push(PythonModuleVariable(module))
+
+
+@handles("IMPORT_FROM")
+def _import_from(tx, inst):
+    module = tx.stack[-1]
+    if not isinstance(module, PythonModuleVariable):
+        raise tx.unsupported(f"from-import of {module.describe()}")
+    mod = module.value
+    if not hasattr(mod, inst.argval) and f"{mod.__name__}.{inst.argval}" in sys.modules:
+        tx.push(PythonModuleVariable(sys.modules[f"{mod.__name__}.{inst.argval}"]))
+        return
+    tx.push(tx.load_attr(module, inst.argval))
+
+
+@handles("LOAD_GLOBAL")
+def _load_global(tx, inst):
+    # low bit of the oparg: also push a NULL, before the global on 3.11/3.12 and after
+    # it on 3.13 (dis has already resolved argval to the name)
+    null = bool(inst.arg & 1)
+    if null and tx.version < (3, 13):
+        tx.push(NULL)
+    tx.push(tx.load_global(inst.argval))
+    if null and tx.version >= (3, 13):
+        tx.push(NULL)
+
+
+@handles("LOAD_DEREF")
+def _load_deref(tx, inst):
+    name = inst.argval
+    if name in tx.closure_cells:
+        cell = tx.closure_cells[name]
+        if isinstance(cell, CellVariable):
+            tx.push(cell.tx.load_local(cell.name))
+            return
+        tx.push(tx.output.wrap(cell.cell_contents, None))
+        return
+    if name in tx.freevars:
+        cell = tx.freevars[name]
+        src = None
+        if tx.parent is None:
+            # the captured frame's own closure: read from the called function's cells
+            # (F.__closure__), as `L[name]` (Dynamo's spelling), so that two closures of
+            # one function are told apart
+            src = LocalSource(name)
+            tx.output.guards.freevars[name] = tx.code.co_freevars.index(name)
+        elif not _is_internal_module_name(tx.f_globals.get("__name__", "")):
+            # an inlined function's: it was guarded by identity, so its cells are its own
+            src = AttrSource(tx.output.root_source(cell, f"CELL_{name}"), "cell_contents")
+        try:
+            value = cell.cell_contents
+        except ValueError:
+            raise tx.unsupported(f"free variable {name!r} referenced before assignment")
+        tx.push(tx.output.wrap(value, src))
+    else:
+        tx.push(tx.load_local(name))        # a cell variable of this frame
+
+
+@handles("STORE_DEREF")
+def _store_deref(tx, inst):
+    cell = tx.closure_cells.get(inst.argval)
+    if isinstance(cell, CellVariable):
+        if cell.tx.parent is None and cell.tx is not tx and cell.tx.output is not tx.output:
+            raise tx.unsupported("nonlocal assignment to another frame")
+        cell.tx.lazy_locals.pop(cell.name, None)
+        cell.tx.locals[cell.name] = tx.pop()
+        return
+    if inst.argval in tx.freevars:
+        raise tx.unsupported(f"assignment to free variable {inst.argval!r} (nonlocal)",
+                               "side effects on enclosing scopes are not modelled yet")
+    tx.lazy_locals.pop(inst.argval, None)      # a cell variable of this frame, rebound
+    tx.locals[inst.argval] = tx.pop()
+
+
+@handles("LOAD_ATTR", versions=[(3, 11)])
+def _load_attr_311(tx, inst):
+    tx.push(tx.load_attr(tx.pop(), inst.argval))
+
+
+@handles("LOAD_METHOD", versions=[(3, 11)])
+def _load_method_311(tx, inst):
+    # CPython pushes [unbound method, tx] or [NULL, attribute]; a bound-method variable
+    # behind a NULL means the same to CALL and keeps one representation.
+    obj = tx.pop()
+    tx.push(NULL)
+    tx.push(tx.load_attr(obj, inst.argval))
+
+
+@handles("LOAD_ATTR", versions=[(3, 12), (3, 13)])
+def _load_attr_312(tx, inst):
+    # low bit set: a method load for a following CALL; 3.12 pushes [NULL|meth, attr|tx],
+    # 3.13 pushes [attr|meth, NULL|tx]
+    obj = tx.pop()
+    tx._push_attribute(tx.load_attr(obj, inst.argval), method_load=bool(inst.arg & 1))
+
+
+@handles("PUSH_NULL")
+def _push_null(tx, inst):
+    tx.push(NULL)
+
+
+@handles("KW_NAMES", versions=[(3, 11), (3, 12)])
+def _kw_names(tx, inst):
+    names = inst.argval
+    if not isinstance(names, tuple):          # 3.11's dis does not resolve the const
+        names = tx.code.co_consts[inst.arg]
+    tx.kw_names = tuple(names)
+
+
+@handles("CALL")
+def _call(tx, inst):
+    kw, tx.kw_names = tx.kw_names, ()
+    if tx.version >= (3, 13):
+        kw = ()                               # 3.13 uses CALL_KW for keywords
+    tx.call_with_stack_layout(inst.arg, kw)
+
+
+@handles("CALL_KW", versions=[(3, 13)])
+def _call_kw(tx, inst):
+    names = tx.pop()                        # a constant tuple of keyword names
+    tx.call_with_stack_layout(inst.arg, tuple(names.as_example()))
+
+
+@handles("CALL_FUNCTION_EX")
+def _call_function_ex(tx, inst):
+    kwargs = tx.pop() if inst.arg & 1 else DictVariable({})
+    callargs = tx.pop()
+    a, b = tx.popn(2)
+    # 3.11/3.12: [NULL, func, args, kwargs]; 3.13: [func, NULL, args, kwargs]
+    fn = a if tx.version >= (3, 13) else b
+    if not isinstance(kwargs, DictVariable) or not all(isinstance(k, str) for k in kwargs.items):
+        raise tx.unsupported(f"**kwargs from {kwargs.describe()}")
+    tx.push(tx.call_function(fn, tx.unpack(callargs), dict(kwargs.items)))
+
+
+@handles("POP_TOP")
+def _pop_top(tx, inst):
+    tx.pop()
+
+
+@handles("COPY")
+def _copy(tx, inst):
+    tx.push(tx.stack[-inst.arg])
+
+
+@handles("SWAP")
+def _swap(tx, inst):
+    i = inst.arg
+    tx.stack[-1], tx.stack[-i] = tx.stack[-i], tx.stack[-1]
+
+
+@handles("BINARY_OP")
+def _binary_op(tx, inst):
+    b = tx.pop()
+    a = tx.pop()
+    tx.push(tx.binary(BINARY_OP_SYMBOLS[inst.arg], a, b))
+
+
+@handles("COMPARE_OP")
+def _compare_op(tx, inst):
+    b = tx.pop()
+    a = tx.pop()
+    sym = _cmp_symbol(inst.argval)
+    if sym not in COMPARE_OPS:                 # an unresolved oparg: use the printed form
+        sym = _cmp_symbol(inst.argrepr)
+    tx.push(tx.binary(sym, a, b))
+
+
+@handles("IS_OP")
+def _is_op(tx, inst):
+    b = tx.pop()
+    a = tx.pop()
+    if a is b:
+        r = True
+    elif a.is_constant() and b.is_constant():
+        r = a.as_example() is b.as_example()
+    elif _is_singleton(a) and not b.is_constant() or _is_singleton(b) and not a.is_constant():
+        r = False              # None, True, False...: never an object the trace tracks
+    elif isinstance(a, NNModuleVariable) and isinstance(b, NNModuleVariable):
+        r = tx.output.same_module(a, b)
+    elif isinstance(a, UserObjectVariable) and isinstance(b, UserObjectVariable) and \
+            a.source is not None and b.source is not None:
+        r = a.value is b.value                 # a relation between the call's own objects
+        tx.output.guards.same_object(a.source, b.source, r)
+    elif isinstance(a, (UserObjectVariable, ModelOutputVariable, DictVariable, ListVariable)) and \
+            isinstance(b, (UserObjectVariable, ModelOutputVariable, DictVariable, ListVariable)) and \
+            (a.source is None or b.source is None):
+        r = False                  # one made in the frame: only itself (a is b, above) is it
+    else:
+        raise tx.unsupported(f"'is' between {a.describe()} and {b.describe()}")
+    tx.push(ConstantVariable(r != bool(inst.arg)))
+
+
+@handles("CONTAINS_OP")
+def _contains_op(tx, inst):
+    container = tx.pop()
+    item = tx.pop()
+    if item.is_constant() and container.is_constant():
+        r = item.as_example() in container.as_example()
+    elif item.is_constant() and isinstance(container, DictVariable):
+        r = item.as_example() in container.items
+    elif item.is_constant() and isinstance(container, DictViewVariable) and container.kind == "keys":
+        r = item.as_example() in container.dict_var.items
+    elif item.is_constant() and isinstance(container, NNModuleVariable) and \
+            isinstance(container.module, torch.nn.ModuleDict):
+        r = item.as_example() in tx.output.members(container)
+    else:
+        special = tx.call_special(container, "__contains__", [item])
+        if special is None or not special.is_constant():
+            raise tx.unsupported(f"'in' on {container.describe()}")
+        r = bool(special.as_example())
+    tx.push(ConstantVariable(r != bool(inst.arg)))
+
+
+@handles("UNARY_NEGATIVE")
+def _unary_negative(tx, inst):
+    tx._unary(operator.neg, "unary -")
+
+
+@handles("UNARY_INVERT")
+def _unary_invert(tx, inst):
+    tx._unary(operator.invert, "unary ~")
+
+
+@handles("UNARY_POSITIVE", versions=[(3, 11)])
+def _unary_positive(tx, inst):
+    tx._unary(operator.pos, "unary +")
+
+
+@handles("UNARY_NOT")
+def _unary_not(tx, inst):
+    v = tx.pop()
+    tx.push(ConstantVariable(not tx.truth(v, "not")))
+
+
+@handles("TO_BOOL", versions=[(3, 13)])
+def _to_bool(tx, inst):
+    v = tx.pop()
+    tx.push(ConstantVariable(tx.truth(v, "TO_BOOL")))
+
+
+@handles("CALL_INTRINSIC_1", versions=[(3, 12), (3, 13)])
+def _call_intrinsic_1(tx, inst):
+    if inst.argrepr == "INTRINSIC_LIST_TO_TUPLE":
+        v = tx.pop()
+        tx.push(TupleVariable(tx.unpack(v)))
+    elif inst.argrepr == "INTRINSIC_UNARY_POSITIVE":
+        tx._unary(operator.pos, "unary +")
+    else:
+        raise tx.unsupported(f"CALL_INTRINSIC_1 {inst.argrepr}")
+
+
+@handles("LIST_TO_TUPLE", versions=[(3, 11)])
+def _list_to_tuple(tx, inst):
+    tx.push(TupleVariable(tx.unpack(tx.pop())))
+
+
+# containers -----------------------------------------------------------------------
+@handles("BUILD_TUPLE")
+def _build_tuple(tx, inst):
+    tx.push(TupleVariable(tx.popn(inst.arg)))
+
+
+@handles("BUILD_LIST")
+def _build_list(tx, inst):
+    tx.push(ListVariable(tx.popn(inst.arg)))
+
+
+@handles("LIST_EXTEND")
+def _list_extend(tx, inst):
+    v = tx.pop()
+    lst = tx.stack[-inst.arg]
+    if not isinstance(lst, ListVariable):
+        raise tx.unsupported("LIST_EXTEND on a non-list")
+    tx.output.record_mutation(lst)
+    lst.items.extend(tx.iterate(v))
+
+
+@handles("LIST_APPEND")
+def _list_append(tx, inst):
+    v = tx.pop()
+    lst = tx.stack[-inst.arg]
+    tx.output.record_mutation(lst)
+    lst.items.append(v)
+
+
+@handles("MAP_ADD")
+def _map_add(tx, inst):
+    value = tx.pop()
+    key = tx.pop()
+    d = tx.stack[-inst.arg]
+    if not key.is_constant():
+        raise tx.unsupported("dict comprehension with a non-constant key")
+    tx.output.record_mutation(d)
+    d.items[key.as_example()] = value
+
+
+@handles("SET_ADD")
+def _set_add(tx, inst):
+    item = tx.pop()
+    s = tx.stack[-inst.arg]
+    if not isinstance(s, SetVariable) or not item.is_constant():
+        raise tx.unsupported(f"adding {item.describe()} to a set",
+                               "sets of Python constants are modelled, not sets of tensors")
+    tx.output.record_mutation(s)
+    s.items = SetVariable.of(set(s.as_example()) | {item.as_example()}).items
+
+
+@handles("BUILD_SET")
+def _build_set(tx, inst):
+    items = tx.popn(inst.arg)
+    if not all(i.is_constant() for i in items):
+        raise tx.unsupported("a set of non-constant values")
+    tx.push(SetVariable.of({i.as_example() for i in items}))
+
+
+@handles("SET_UPDATE")
+def _set_update(tx, inst):
+    v = tx.pop()
+    s = tx.stack[-inst.arg]
+    items = tx.iterate(v)
+    if not isinstance(s, SetVariable) or not all(i.is_constant() for i in items):
+        raise tx.unsupported("a set of non-constant values")
+    tx.output.record_mutation(s)
+    s.items = SetVariable.of(set(s.as_example()) | {i.as_example() for i in items}).items
+
+
+@handles("BUILD_MAP")
+def _build_map(tx, inst):
+    flat = tx.popn(2 * inst.arg)
+    keys, vals = flat[0::2], flat[1::2]
+    if not all(k.is_constant() for k in keys):
+        raise tx.unsupported("dict with non-constant keys")
+    tx.push(DictVariable({k.as_example(): v for k, v in zip(keys, vals)}))
+
+
+@handles("BUILD_CONST_KEY_MAP")
+def _build_const_key_map(tx, inst):
+    keys = tx.pop()
+    vals = tx.popn(inst.arg)
+    tx.push(DictVariable(dict(zip(keys.as_example(), vals))))
+
+
+@handles("DICT_MERGE", "DICT_UPDATE")
+def _dict_merge(tx, inst):
+    v = tx.pop()
+    d = tx.stack[-inst.arg]
+    if not isinstance(v, DictVariable) or not isinstance(d, DictVariable):
+        raise tx.unsupported(f"{inst.opname} with {v.describe()}")
+    tx.output.record_mutation(d)
+    d.items.update(v.items)
+
+
+@handles("BUILD_SLICE")
+def _build_slice(tx, inst):
+    parts = tx.popn(inst.arg)
+    if all(p.is_constant() and not isinstance(p, SymIntVariable) for p in parts):
+        tx.push(ConstantVariable(slice(*[p.as_example() for p in parts])))
+    else:
+        tx.push(SliceVariable(parts))
+
+
+@handles("BINARY_SUBSCR")
+def _binary_subscr(tx, inst):
+    idx = tx.pop()
+    obj = tx.pop()
+    tx.push(tx.subscript(obj, idx))
+
+
+@handles("BINARY_SLICE", versions=[(3, 12), (3, 13)])
+def _binary_slice(tx, inst):
+    end = tx.pop()
+    start = tx.pop()
+    obj = tx.pop()
+    if start.is_constant() and end.is_constant():
+        idx = ConstantVariable(slice(start.as_example(), end.as_example()))
+    else:
+        idx = SliceVariable([start, end])
+    tx.push(tx.subscript(obj, idx))
+
+
+@handles("UNPACK_SEQUENCE")
+def _unpack_sequence(tx, inst):
+    items = tx.unpack(tx.pop(), inst.arg)
+    for v in reversed(items):
+        tx.push(v)
+
+
+@handles("UNPACK_EX")
+def _unpack_ex(tx, inst):
+    before, after = inst.arg & 0xFF, inst.arg >> 8
+    items = tx.unpack(tx.pop())
+    if len(items) < before + after:
+        raise tx.unsupported("not enough values to unpack")
+    rest = ListVariable(items[before:len(items) - after])
+    out = items[:before] + [rest] + items[len(items) - after:]
+    for v in reversed(out):
+        tx.push(v)
+
+
+@handles("POP_JUMP_FORWARD_IF_FALSE", "POP_JUMP_BACKWARD_IF_FALSE", versions=[(3, 11)])
+@handles("POP_JUMP_IF_FALSE", versions=[(3, 12), (3, 13)])
+def _pop_jump_if_false(tx, inst):
+    tx._cond_jump(inst, lambda v: not tx.truth(v, inst.opname))
+
+
+@handles("POP_JUMP_FORWARD_IF_TRUE", "POP_JUMP_BACKWARD_IF_TRUE", versions=[(3, 11)])
+@handles("POP_JUMP_IF_TRUE", versions=[(3, 12), (3, 13)])
+def _pop_jump_if_true(tx, inst):
+    tx._cond_jump(inst, lambda v: tx.truth(v, inst.opname))
+
+
+@handles("POP_JUMP_FORWARD_IF_NONE", "POP_JUMP_BACKWARD_IF_NONE", versions=[(3, 11)])
+@handles("POP_JUMP_IF_NONE", versions=[(3, 12), (3, 13)])
+def _pop_jump_if_none(tx, inst):
+    tx._cond_jump(inst, tx._is_none)
+
+
+@handles("POP_JUMP_FORWARD_IF_NOT_NONE", "POP_JUMP_BACKWARD_IF_NOT_NONE", versions=[(3, 11)])
+@handles("POP_JUMP_IF_NOT_NONE", versions=[(3, 12), (3, 13)])
+def _pop_jump_if_not_none(tx, inst):
+    tx._cond_jump(inst, lambda v: not tx._is_none(v))
+
+
+@handles("JUMP_IF_FALSE_OR_POP", versions=[(3, 11)])
+def _jump_if_false_or_pop(tx, inst):
+    if not tx.truth(tx.stack[-1], inst.opname):
+        tx.jump_to(inst)
+    else:
+        tx.pop()
+
+
+@handles("JUMP_IF_TRUE_OR_POP", versions=[(3, 11)])
+def _jump_if_true_or_pop(tx, inst):
+    if tx.truth(tx.stack[-1], inst.opname):
+        tx.jump_to(inst)
+    else:
+        tx.pop()
+
+
+@handles("JUMP_FORWARD", "JUMP_BACKWARD", "JUMP_BACKWARD_NO_INTERRUPT")
+def _jump(tx, inst):
+    tx.jump_to(inst)           # backward jumps (loops) raise Unsupported

@@ -1,0 +1,672 @@
+"""The output graph: the FX graph under construction, its inputs and its guards.
+
+Takes: from the translator, each value read from outside the frame (with its source) and each
+operation on traced values. Hands on: a `torch.fx.Graph` whose placeholders are the values read
+(named after their sources, as TorchDynamo names them), the `GuardBuilder` that checks what the
+trace relied on, and the example value of every node (the op run on the real inputs as the
+trace goes; writes run on copies, so tracing never changes the caller's tensors).
+
+`wrap` is TorchDynamo's VariableBuilder: a real value -> the VariableTracker that stands for it,
+recording the guard it needs. `call` records one operation. Symbolic sizes (dynamic shapes)
+are worked out here on fake tensors, and comparisons of them answered on the symbols.
+"""
+from __future__ import annotations
+
+import copy
+import operator
+import os
+import re
+import types
+from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional, Sequence, Tuple
+
+import numpy as np
+import sympy
+import torch
+import torch.fx
+from torch.fx.proxy import GraphAppendingTracer
+
+from .. import aliasing, ir, logs
+from .breaks import Unsupported
+from .guards import GuardBuilder, dense_order
+from .sources import AttrSource, ItemSource, LocalSource, RemainingSource, RootSource, Source
+from .builtin_calls import _BUILTIN_HANDLERS
+
+if TYPE_CHECKING:
+    from .translator import InstructionTranslator
+from .values import (NULL, BoundMethodVariable, BuiltinVariable, ConstantVariable, DictVariable,
+                     DictViewVariable, GradModeVariable, IteratorVariable, ListVariable,
+                     ModelOutputVariable, NamedTupleVariable, NNModuleVariable,
+                     PythonModuleVariable, SymIntVariable, TensorVariable, TorchFunctionVariable,
+                     TupleVariable, TypeVariable, UserFunctionVariable, UserObjectVariable,
+                     VariableTracker, example_of, _contains_tensor, _contains_tensor_value,
+                     _hashable, is_constant_value, is_model_output_class, sym_leaves)
+
+
+# Tensor attributes that are metadata: read as Python constants (valid because every input's
+# dtype/device/sizes/strides/requires_grad is guarded; a dynamic size read this way is
+# specialized again, see OutputGraph.specialize_sizes).
+TENSOR_CONSTANT_ATTRS = {"shape", "dtype", "device", "ndim", "requires_grad", "is_cuda",
+                         "layout", "is_sparse", "is_quantized", "is_meta", "is_leaf",
+                         "is_mkldnn", "is_nested", "itemsize"}
+
+
+# Tensor attributes that are tensors: a call_function getattr node, as TorchDynamo emits.
+TENSOR_TENSOR_ATTRS = {"T", "mT", "H", "mH", "real", "imag"}
+
+
+# Tensor methods / torch functions whose non-tensor result depends only on metadata.
+METADATA_METHODS = {"size", "dim", "ndimension", "numel", "nelement", "stride",
+                    "is_contiguous", "element_size", "is_floating_point", "is_complex",
+                    "get_device", "storage_offset", "type", "__len__", "is_signed"}
+
+
+# Integer arithmetic kept symbolic on dynamic sizes (anything else specializes them)
+SIZE_ARITHMETIC = {"+": operator.add, "+=": operator.add, "-": operator.sub, "-=": operator.sub,
+                   "*": operator.mul, "*=": operator.mul, "//": operator.floordiv,
+                   "//=": operator.floordiv}
+
+
+# Metadata reads that reveal a size: with dynamic shapes they specialize it (see specialize_sizes)
+SIZE_READS = {"size", "numel", "nelement", "stride", "__len__", "storage_offset"}
+
+
+METADATA_FUNCTIONS = {torch.is_tensor, torch.is_floating_point, torch.is_complex, torch.numel,
+                      len, isinstance}
+
+
+_TORCH_MODULE_PREFIXES = ("torch", "_operator", "operator", "math")
+
+
+def _is_torch_callable(v) -> bool:
+    if isinstance(v, type):
+        return False
+    mod = getattr(v, "__module__", None) or ""
+    if isinstance(v, (types.BuiltinFunctionType, types.FunctionType, torch._ops.OpOverloadPacket,
+                      torch._ops.OpOverload)):
+        return mod.split(".")[0] in _TORCH_MODULE_PREFIXES
+    return False
+
+
+def _is_internal_module_name(name: str) -> bool:
+    """Globals of torch's own modules are not guarded (as TorchDynamo trusts torch itself)."""
+    return name.split(".")[0] in ("torch", "math", "operator", "_operator", "builtins")
+
+
+# ----------------------------------------------------------------------------------------
+# OutputGraph: the graph under construction, its inputs and guards
+# ----------------------------------------------------------------------------------------
+class OutputGraph:
+    def __init__(self, root_func: types.FunctionType):
+        self.graph = torch.fx.Graph()
+        self.tracer = GraphAppendingTracer(self.graph)
+        # `graph`/`tracer` are where nodes go now: the root graph, or the body of a
+        # higher-order op (a torch.cond branch) being traced; graph inputs always go to the root
+        self.root_graph, self.root_tracer = self.graph, self.tracer
+        self.subgraphs: List[Any] = []        # higher_order.SubgraphState, innermost last
+        self.root_module = torch.nn.Module()  # holds the subgraphs (get_attr targets)
+        self.guards = GuardBuilder()
+        self.input_sources: List[Source] = []
+        self.input_examples: List[torch.Tensor] = []
+        self._by_source: Dict[str, VariableTracker] = {}
+        self._last_placeholder: Optional[torch.fx.Node] = None
+        self._roots: Dict[int, RootSource] = {}
+        # the memory of the graph's tensor inputs: storage pointer -> the inputs' sources;
+        # and the sources of inputs whose memory the trace writes (guard_written_inputs)
+        self.input_storages: Dict[Any, List[Source]] = {}
+        self.written_inputs: set = set()
+        self.module_sources: set = set()       # sources of the modules read (their ints stay static)
+        # the captured frame's globals: read as `G` (the called function's own) by the guard
+        self.root_globals = root_func.__globals__
+        self.tx: Optional["InstructionTranslator"] = None     # the frame running now
+        # in-place changes to containers made in the trace: (variable, old items), so that
+        # a graph break inside an inlined call can roll the trace back to the call site
+        self.undo_log: List[Tuple[VariableTracker, Any]] = []
+        # objects from outside the frame changed by the trace (global lists, attributes):
+        # the changes are made on the real objects after the graph runs
+        self.side_effects: List[VariableTracker] = []
+        # inline user functions and modules (False in a frame run eagerly: every user call
+        # is then made for real, and the callee compiled on its own, as Dynamo does)
+        self.inline_user_calls = True
+        # dynamic shapes: (source expression, tensor) -> the dims to make dynamic (set by the
+        # caller: dynamic=True, automatic dynamic, mark_dynamic); None: every shape is static
+        self.dynamic_policy: Optional[Callable] = None
+        self.breaks_allowed = False          # root-frame Unsupported -> GraphBreak
+        self.instruction_budget = 200_000     # unrolled loops: a bound, not a hang
+
+    def record_mutation(self, var: VariableTracker):
+        if isinstance(var, (DictVariable, UserObjectVariable, NNModuleVariable)):
+            self.undo_log.append((var, dict(var.items)))
+        elif isinstance(var, IteratorVariable):
+            self.undo_log.append((var, var.index))
+        else:
+            self.undo_log.append((var, list(var.items)))
+
+    def rollback(self, mark: int):
+        while len(self.undo_log) > mark:
+            var, old = self.undo_log.pop()
+            if isinstance(var, IteratorVariable):
+                var.index = old
+            else:
+                var.items = old
+
+    # -- roots: objects the guard holds directly --------------------------------------
+    def root_source(self, obj, hint: str) -> RootSource:
+        if id(obj) not in self._roots:
+            label = re.sub(r"[^A-Za-z0-9]+", "_", hint)
+            if label in self.guards.namespace:
+                label = f"{label}_{len(self._roots)}"
+            self.guards.add_root(label, obj)
+            self._roots[id(obj)] = RootSource(label)
+        return self._roots[id(obj)]
+
+    def advanced(self, it: IteratorVariable) -> None:
+        """An iterator from outside the frame gives items: the real one gives as many after the
+        graph (a side effect)."""
+        if it.source is not None and it not in self.side_effects:
+            self.side_effects.append(it)
+
+    # -- facts about modules the trace relied on (modules are not guarded by identity) ---
+    def members(self, mv: NNModuleVariable, kind: str = "_modules") -> dict:
+        """A container module's members (`_modules` or `_parameters`), with a guard on their
+        names when the trace relies on them (iterating, len(), indexing)."""
+        members = getattr(mv.module, kind)
+        if mv.source is not None:
+            self.guards.dict_keys(AttrSource(mv.source, kind), members)
+        return members
+
+    def same_module(self, a: NNModuleVariable, b: NNModuleVariable) -> bool:
+        """`a is b` of two modules, guarded (as a relation between their sources)."""
+        same = a.module is b.module
+        if a.source is not None and b.source is not None and a.source != b.source:
+            self.guards.same_object(a.source, b.source, same)
+        elif (a.source is None) != (b.source is None):
+            raise self.unsupported("comparing a module from the frame's inputs with one made "
+                                   "in the trace")
+        return same
+
+    # -- graph inputs -------------------------------------------------------------------
+    def add_input(self, value: torch.Tensor, source: Source) -> TensorVariable:
+        if self._last_placeholder is None:
+            ctx = self.root_graph.inserting_before(None)    # placeholders go first
+        else:
+            ctx = self.root_graph.inserting_after(self._last_placeholder)
+        with ctx:
+            node = self.root_graph.placeholder(source.name())
+        node.meta["example_value"] = value
+        node.meta["source_expr"] = source.expr()
+        # the dims this input's graph is generic in; shared with its guard, and emptied if
+        # the trace reads the size (the trace then depends on its value)
+        dynamic = set(self.dynamic_policy(source.expr(), value)) if self.dynamic_policy else set()
+        dynamic = {d for d in dynamic if value.size(d) >= 2}       # 0 and 1 are specialized
+        if dynamic and dense_order(value) is None:
+            dynamic = set()          # strides not a function of the sizes: static (see guards)
+        node.meta["dynamic_dims"] = dynamic
+        self._last_placeholder = node
+        self.input_sources.append(source)
+        self.input_examples.append(value)
+        self.input_storages.setdefault(_storage_ptr(value), []).append(source)
+        self.guards.tensor(source, value, dynamic)
+        return TensorVariable(torch.fx.Proxy(node, self.root_tracer), value, source)
+
+    def add_number_input(self, value, source: Source) -> "SymIntVariable":
+        """An int or float whose value changed between compiles (automatic dynamic), or any
+        with dynamic=True: a graph input the graph is generic in, as TorchDynamo makes such
+        ints SymInt inputs and such floats tensor inputs. (An int used as a size: the
+        backend's guard adds that it is >= 2.)"""
+        ctx = (self.root_graph.inserting_before(None) if self._last_placeholder is None
+               else self.root_graph.inserting_after(self._last_placeholder))
+        with ctx:
+            node = self.root_graph.placeholder(source.name())
+        node.meta["example_value"] = value
+        node.meta["source_expr"] = source.expr()
+        node.meta["dynamic_dims"] = {0}           # emptied if the trace needs its value
+        self._last_placeholder = node
+        self.input_sources.append(source)
+        self.input_examples.append(value)
+        self.guards.dynamic_number(source, value, node.meta["dynamic_dims"])
+        proxy = torch.fx.Proxy(node, self.root_tracer)
+        return SymIntVariable(proxy, value, [types.SimpleNamespace(node=node)], self.specialize_sizes)
+
+    def specialize_sizes(self, tensors: List["TensorVariable"], why: str) -> None:
+        """The trace read a size (`x.shape`, `x.size(0)`, `len(x)`, `x.numel()`) as a Python
+        int, so the graph depends on its value: the dimensions it may reveal become static
+        again (guarded by value). A graph input's read specializes that input's dims; a read
+        of any other tensor, whose sizes may derive from any input's, specializes them all.
+        (TorchDynamo instead traces the size as a symbolic int; minicompile keeps sizes in
+        Python static, which is correct, and costs a recompile per size of those dims.)"""
+        nodes = [n for n in self.root_graph.nodes if n.op == "placeholder" and n.meta.get("dynamic_dims")]
+        if not nodes:
+            return
+        inputs = {id(n) for n in nodes}
+        if tensors and all(id(t.node) in inputs for t in tensors):
+            nodes = [t.node for t in tensors]
+        where = ""
+        if self.tx is not None:
+            f, line, text = self.tx.user_stack()[-1]
+            where = f" ({os.path.basename(f)}:{line}: {text.strip()})"
+        for n in nodes:
+            if n.meta["dynamic_dims"]:
+                logs.log("dynamic", f"{n.meta['source_expr']}: dims {sorted(n.meta['dynamic_dims'])} "
+                                    f"made static: {why}{where}")
+                n.meta["dynamic_dims"].clear()
+
+    # -- sizes read by the traced code, with dynamic shapes ------------------------------
+    def has_dynamic_inputs(self) -> bool:
+        return any(n.meta.get("dynamic_dims") for n in self.root_graph.nodes if n.op == "placeholder")
+
+    def size_of(self, t: TensorVariable, d: int) -> VariableTracker:
+        """x.size(d) as the traced code sees it: a constant when that size cannot change
+        between calls of this entry, else a SymIntVariable (a `size` node in the graph)."""
+        d = d % max(t.example.dim(), 1)
+        if not self._is_dynamic_dim(t, d):
+            return ConstantVariable(t.example.size(d))
+        proxy = self.tracer.create_proxy("call_method", "size", (t.as_proxy(), d), {})
+        self._set_meta(proxy.node, t.example.size(d))
+        return SymIntVariable(proxy, t.example.size(d), [t], self.specialize_sizes)
+
+    def shape_of(self, t: TensorVariable) -> VariableTracker:
+        return TupleVariable([self.size_of(t, d) for d in range(t.example.dim())])
+
+    def _is_dynamic_dim(self, t: TensorVariable, d: int) -> bool:
+        """Whether dim d of t's size depends on a dynamic input dim: for an input, its own
+        mark; for any other tensor, its size in a run of the graph so far on fake tensors
+        (torch's shape propagation, the same the backend does) is a symbol, not an int."""
+        node = t.node
+        if node.op == "placeholder":
+            return d in node.meta.get("dynamic_dims", ())
+        if not self.has_dynamic_inputs():
+            return False
+        try:
+            fake = self._fake_value(node)
+        except Exception:           # the graph so far does not run on fake tensors: assume so
+            return True
+        return isinstance(fake.shape[d], torch.SymInt)
+
+    def _fake_value(self, node: torch.fx.Node):
+        """The node's value as a fake tensor with symbolic sizes for the dynamic input dims,
+        computed (and remembered) from its inputs'."""
+        if getattr(self, "_fake", None) is None:
+            self._fake = (ir.fake_mode(), {})
+        mode, values = self._fake
+        if node in values:
+            return values[node]
+        if node.op == "placeholder":
+            value = ir.symbolic_fake(mode, node.meta["example_value"], node.meta.get("dynamic_dims", ()),
+                                     node.name)
+        elif node.op == "get_attr":
+            value = getattr(self.root_module, node.target)
+        else:
+            args = torch.fx.node.map_arg((node.args, node.kwargs), self._fake_value)
+            with ir.running_symbolically(mode):
+                if node.op == "call_method":
+                    value = getattr(args[0][0], node.target)(*args[0][1:], **args[1])
+                elif node.op == "call_module":
+                    value = self.root_module.get_submodule(node.target)(*args[0], **args[1])
+                else:
+                    value = node.target(*args[0], **args[1])
+        values[node] = value
+        return value
+
+    # -- VariableBuilder: a real value read from `source` -> a VariableTracker + guards -----
+    def wrap(self, value, source: Optional[Source]) -> VariableTracker:
+        if source is not None:
+            key = source.expr()
+            if key in self._by_source:
+                return self._by_source[key]
+            var = self._wrap(value, source)
+            self._by_source[key] = var
+            return var
+        return self._wrap(value, None)
+
+    def _wrap(self, value, source: Optional[Source]) -> VariableTracker:
+        g = self.guards
+        if isinstance(value, torch.Tensor):
+            if source is None:
+                raise self.unsupported(f"a tensor constant of unknown origin ({type(value).__name__})",
+                                       "only tensors reachable from the arguments, globals or "
+                                       "modules can become graph inputs")
+            return self.add_input(value, source)
+        if self.dynamic_policy and _may_be_dynamic_number(value, source, self.module_sources) \
+                and self.dynamic_policy(source.expr(), value):
+            return self.add_number_input(value, source)
+        if is_constant_value(value):
+            if source is not None:
+                g.constant(source, value)
+            return ConstantVariable(value, source)
+        if isinstance(value, torch.nn.Module):
+            if source is not None:
+                g.module(source, value)
+                self.module_sources.add(source.expr())
+            return NNModuleVariable(value, source)
+        if isinstance(value, (tuple, list)) and type(value) in (tuple, list):
+            if source is not None:
+                g.sequence(source, value)
+            items = [self.wrap(v, ItemSource(source, i) if source else None)
+                     for i, v in enumerate(value)]
+            return (TupleVariable if isinstance(value, tuple) else ListVariable)(items, source)
+        if source is not None and is_model_output_class(type(value)):
+            g.type_check(source, type(value))
+            g.mapping_keys(source, value)
+            return ModelOutputVariable(type(value), {k: self.wrap(value[k], AttrSource(source, k))
+                                                     for k in value.keys()}, source)
+        if type(value) is dict:
+            if not all(is_constant_value(k) for k in value):
+                raise self.unsupported("a dict with non-constant keys")
+            if source is not None:
+                g.dict_keys(source, value)
+            return DictVariable({k: self.wrap(v, ItemSource(source, k) if source else None)
+                                 for k, v in value.items()}, source)
+        from .frame import NULL_VALUE
+        if value is NULL_VALUE:
+            return NULL
+        if type(value) in (torch.no_grad, torch.enable_grad):
+            # a grad-mode context manager object (@torch.no_grad() on a method keeps one)
+            return GradModeVariable(type(value) is torch.enable_grad)
+        if isinstance(value, _DICT_VIEWS) and source is not None:
+            # a dict's keys()/values()/items() from outside the frame: a view of its dict
+            g.type_check(source, type(value))
+            mapping, map_src = value.mapping, AttrSource(source, "mapping")
+            g.mapping_keys(map_src, mapping)
+            d = DictVariable({k: self.wrap(v, ItemSource(map_src, k)) for k, v in mapping.items()}, map_src)
+            return DictViewVariable(d, type(value).__name__[5:])
+        if type(value) in _READABLE_ITERATORS and source is not None:
+            # an iterator from outside the frame (or across a graph break): its remaining items
+            # read from a copy of it (it is not advanced); what the trace takes from it is taken
+            # from the real one after the graph (an effect)
+            g.type_check(source, type(value))
+            items_src = RemainingSource(source)
+            remaining = list(copy.copy(value))
+            g.sequence(items_src, remaining)
+            return IteratorVariable([self.wrap(v, ItemSource(items_src, i)) for i, v in enumerate(remaining)],
+                                    source=source)
+        known = (isinstance(value, (types.ModuleType, types.FunctionType, types.MethodType, type))
+                 or _is_torch_callable(value) or (_hashable(value) and value in _BUILTIN_HANDLERS))
+        if source is not None and not known:
+            g.type_check(source, type(value))     # its attributes are guarded one by one
+            return UserObjectVariable(value, source)
+        # callables and modules: guarded by identity when read from a guardable place
+        if source is not None:
+            g.identity(source, value, type(value).__name__)
+        if value in _BUILTIN_HANDLERS if _hashable(value) else False:
+            return BuiltinVariable(value, source)
+        if isinstance(value, types.ModuleType):
+            return PythonModuleVariable(value, source)
+        if _is_torch_callable(value):
+            return TorchFunctionVariable(value, source)
+        if isinstance(value, types.FunctionType):
+            return UserFunctionVariable(value, source)
+        if isinstance(value, types.MethodType):
+            self_var = self.wrap(value.__self__, AttrSource(source, "__self__") if source else None)
+            return BoundMethodVariable(value.__func__, self_var, source)
+        if isinstance(value, type):
+            return TypeVariable(value, source)
+        raise self.unsupported(f"a value of type {type(value).__qualname__}",
+                               "only tensors, Python constants, tuples/lists/dicts, functions "
+                               "and nn.Modules can be traced so far")
+
+    def unsupported(self, reason, explanation="", hint="") -> Unsupported:
+        stack = self.tx.user_stack() if self.tx is not None else []
+        return Unsupported(reason, explanation, hint, stack)
+
+    # -- graph nodes --------------------------------------------------------------------
+    def call(self, kind: str, target, args: Sequence[VariableTracker],
+             kwargs: Dict[str, VariableTracker]) -> VariableTracker:
+        """Run `target` on the example values and, if tensors are involved, record a node."""
+        has_tensor = _contains_tensor(list(args) + list(kwargs.values()))
+        name = target if kind == "call_method" else getattr(target, "__name__", str(target))
+        if args and isinstance(args[0], TensorVariable) and self.has_dynamic_inputs():
+            sized = self._dynamic_size_call(kind, target, args, kwargs)
+            if sized is not None:
+                return sized
+        ex_args = [example_of(a) for a in args]
+        ex_kwargs = {k: example_of(v) for k, v in kwargs.items()}
+        writes = has_tensor and self._writes(kind, target, args, kwargs, ex_args, ex_kwargs)
+        try:
+            if kind == "call_method":
+                result = getattr(ex_args[0], target)(*ex_args[1:], **ex_kwargs)
+            else:
+                result = target(*ex_args, **ex_kwargs)
+        except Unsupported:
+            raise
+        except Exception as e:
+            raise self.unsupported(f"{name}() raised {type(e).__name__}: {e}",
+                                   "running the operation on the example inputs failed; "
+                                   "eager execution will raise the same error") from e
+        if writes and (result is None or aliasing.returns_written(kind, target, args, kwargs, _constant)):
+            # kept in the graph for its write; what it returns is what it wrote (`x.add_(1)`
+            # is x: the same variable, so `y is x` and `self.buf += 1` hold as in eager), or
+            # nothing (x[i] = v)
+            self.tracer.create_proxy(kind, target, self.lift(tuple(a.as_proxy() for a in args)),
+                                     self.lift({k: v.as_proxy() for k, v in kwargs.items()}))
+            if result is None:
+                return ConstantVariable(None)
+            where = aliasing.written(kind, target, args, kwargs, lambda v: isinstance(v, TensorVariable), _constant)
+            return aliasing.locate(where[0], args, kwargs)
+        if not _contains_tensor_value(result):
+            for sym in sym_leaves(list(args) + list(kwargs.values())):
+                sym.as_example()                 # a Python result of a size: specialized
+            if name in SIZE_READS or target in (torch.numel, len):
+                self.specialize_sizes([a for a in args if isinstance(a, TensorVariable)],
+                                             f"the trace read {name}()")
+            if has_tensor and not (name in METADATA_METHODS or target in METADATA_FUNCTIONS):
+                raise self.unsupported(
+                    f"data-dependent operation {name}() (returns {type(result).__name__})",
+                    "its Python result depends on tensor values, which a graph cannot bake in",
+                    "keep the value as a tensor, or move this out of the compiled region")
+            if not is_constant_value(result):
+                raise self.unsupported(f"{name}() returned a {type(result).__name__}")
+            return ConstantVariable(result)
+        proxy = self.tracer.create_proxy(kind, target, self.lift(tuple(_graph_arg(a) for a in args)),
+                                         self.lift({k: _graph_arg(v) for k, v in kwargs.items()}))
+        self._set_meta(proxy.node, result)
+        return self._wrap_result(proxy, result)
+
+    def _dynamic_size_call(self, kind, target, args, kwargs):
+        """x.size(), x.size(d), len(x), x.numel() with dynamic shapes: symbolic where the size
+        may change; None for anything else."""
+        t = args[0]
+        rest = [a for a in args[1:]] + list(kwargs.values())
+        if not all(isinstance(a, ConstantVariable) and not isinstance(a, SymIntVariable) for a in rest):
+            return None
+        if kind == "call_method" and target == "size" and len(rest) <= 1:
+            return self.shape_of(t) if not rest else self.size_of(t, rest[0].value)
+        if (kind == "call_function" and target is len and not rest) and t.example.dim():
+            return self.size_of(t, 0)
+        if (kind == "call_method" and target in ("numel", "nelement") or target is torch.numel) and not rest:
+            dims = [self.size_of(t, d) for d in range(t.example.dim())]
+            if not any(isinstance(v, SymIntVariable) for v in dims):
+                return ConstantVariable(t.example.numel())
+            proxy = self.tracer.create_proxy("call_method", "numel", (t.as_proxy(),), {})
+            self._set_meta(proxy.node, t.example.numel())
+            return SymIntVariable(proxy, t.example.numel(), [t], self.specialize_sizes)
+        return None
+
+    def sym_compare(self, op, a: VariableTracker, b: VariableTracker) -> Optional[bool]:
+        """`a < b` (any comparison) where a size is symbolic, answered without making the size
+        static, as TorchDynamo answers it: true (or false) for every size the graph takes (each
+        dynamic size is at least 2) needs no guard; otherwise the example's answer is taken and
+        becomes a condition of the guard (`x.size(2) > 3`), so another answer recompiles. None
+        where the sizes cannot be worked out symbolically."""
+        from torch.fx.experimental.symbolic_shapes import statically_known_true
+        try:
+            fa, fb = self._sym_fake(a), self._sym_fake(b)
+            cond = op(fa, fb)
+        except Exception:
+            return None
+        if isinstance(cond, bool):
+            return cond
+        if statically_known_true(cond):
+            return True
+        if statically_known_true(torch.sym_not(cond)):
+            return False
+        answer = bool(op(example_of(a), example_of(b)))
+        text = self._shape_condition_text(cond.node.expr if answer else sympy.Not(cond.node.expr))
+        if text is None:
+            return None
+        self.guards.shape_condition(text, text)
+        return answer
+
+    def _sym_fake(self, v: VariableTracker):
+        if isinstance(v, SymIntVariable):
+            return self._fake_value(v.proxy.node)
+        if isinstance(v, ConstantVariable) and type(v.value) is int:
+            return v.value
+        raise TypeError(v.describe())
+
+    def _shape_condition_text(self, expr) -> Optional[str]:
+        """A condition on size symbols as Python over the inputs' sources (`L['x'].size(2) > 3`)."""
+        from torch.utils._sympy.printers import PythonPrinter
+        shape_env = self._fake[0].shape_env
+        by_name = {n.name: n for n in self.root_graph.nodes if n.op == "placeholder"}
+        names = {}
+        for sym in expr.free_symbols:
+            sources = shape_env.var_to_sources.get(sym)
+            if not sources:
+                return None
+            src = sources[0]
+            base = getattr(src, "base", src)
+            node = by_name.get(getattr(base, "source_name", None))
+            if node is None:
+                return None
+            expr_src = node.meta["source_expr"]
+            names[sym] = sympy.Symbol(f"{expr_src}.size({src.idx})" if hasattr(src, "idx") else expr_src)
+        return PythonPrinter().doprint(expr.xreplace(names))
+
+    def sym_arith(self, op, a: VariableTracker, b: VariableTracker) -> VariableTracker:
+        """Integer arithmetic on sizes, at least one of them symbolic: a graph node."""
+        example = op(example_of(a), example_of(b))
+        proxy = self.tracer.create_proxy("call_function", op, (a.as_proxy(), b.as_proxy()), {})
+        self._set_meta(proxy.node, example)
+        deps = [t for v in (a, b) if isinstance(v, SymIntVariable) for t in v.deps]
+        return SymIntVariable(proxy, example, deps, self.specialize_sizes)
+
+    def lift(self, proxies):
+        """Proxies (nested in tuples/lists/dicts) of an enclosing graph -> inputs of the
+        subgraph being traced (free variables of a torch.cond branch become extra operands,
+        as Dynamo lifts them)."""
+        if not self.subgraphs:
+            return proxies
+        from .higher_order import lift_proxy
+        return torch.fx.node.map_aggregate(proxies, lambda p: lift_proxy(self, p))
+
+    def _set_meta(self, node: torch.fx.Node, example):
+        node.meta["example_value"] = example
+        if self.tx is not None:
+            fn, lineno, text = self.tx.location()
+            node.meta["source"] = (fn, lineno, text)
+            node.meta["function"] = self.tx.code.co_name
+            node.meta["stack_trace"] = "".join(
+                f'  File "{f}", line {l}, in {n}\n    {t}\n' for f, l, t, n in self.tx.full_stack())
+
+    def _wrap_result(self, proxy: torch.fx.Proxy, result) -> VariableTracker:
+        if isinstance(result, torch.Tensor):
+            return TensorVariable(proxy, result)
+        if isinstance(result, (tuple, list)):
+            items = []
+            for i, r in enumerate(result):
+                if isinstance(r, torch.Tensor):
+                    p = self.tracer.create_proxy("call_function", operator.getitem, (proxy, i), {})
+                    self._set_meta(p.node, r)
+                    items.append(TensorVariable(p, r))
+                elif is_constant_value(r):
+                    items.append(ConstantVariable(r))
+                else:
+                    raise self.unsupported(f"an operation returned a {type(r).__name__} inside a "
+                                           f"{type(result).__name__}")
+            if isinstance(result, list):
+                return ListVariable(items)
+            if type(result) is tuple:
+                return TupleVariable(items)
+            return NamedTupleVariable(items, type(result))
+        raise self.unsupported(f"an operation returned a {type(result).__name__}")
+
+    def _writes(self, kind, target, args, kwargs, ex_args, ex_kwargs):
+        """A call that writes tensors in place (aliasing.written) is kept in the graph, as
+        Dynamo keeps it (the backend makes the write, on every call: functionalize.py). Where
+        what it writes shares memory with a graph input, the example op runs on a copy:
+        tracing must never change the caller's tensors."""
+        where = aliasing.written(kind, target, args, kwargs, lambda v: isinstance(v, TensorVariable),
+                                 _constant)
+        if not where:
+            return False
+        name = target if isinstance(target, str) else getattr(target, "__name__", target)
+        if aliasing.writes_metadata(kind, target):
+            raise self.unsupported(f"in-place {name} changes a tensor's sizes or strides",
+                                   "only writes of values are modelled")
+        for loc in where:
+            example = aliasing.locate(loc, ex_args, ex_kwargs)
+            if not isinstance(example, torch.Tensor):
+                continue
+            sources = self.input_storages.get(_storage_ptr(example))
+            if sources is None:
+                continue
+            self.written_inputs.update(sources)
+            copy = example.clone()
+            if loc[0] == "arg":
+                ex_args[loc[1]] = copy
+            elif loc[0] == "kwarg":
+                ex_kwargs[loc[1]] = copy
+            else:
+                holder = ex_args if loc[0] == "item" else ex_kwargs
+                holder[loc[1]] = list(holder[loc[1]])
+                holder[loc[1]][loc[2]] = copy
+        return True
+
+    def guard_written_inputs(self) -> None:
+        """The graph writes inputs: the backend's functional graph is right only while the
+        inputs share memory as they did in the trace (written inputs that share it with
+        another input run on PyTorch's kernels), so the guard checks that pattern."""
+        if not self.written_inputs:
+            return
+        tensors = [(s, v) for s, v in zip(self.input_sources, self.input_examples)
+                   if isinstance(v, torch.Tensor)]
+        first: dict = {}
+        pattern = tuple(first.setdefault(_storage_ptr(v), i) for i, (_, v) in enumerate(tensors))
+        self.guards.storage_pattern([s for s, _ in tensors], pattern)
+
+
+def _graph_arg(v: VariableTracker):
+    """An argument as the graph holds it: NumPy's scalars as Python's (the same to torch)."""
+    p = v.as_proxy()
+    return p.item() if isinstance(p, np.generic) else p
+
+
+def _constant(v):
+    """A traced argument's Python value, where it is a constant (for aliasing's flags)."""
+    return v.value if isinstance(v, ConstantVariable) else v
+
+
+def _storage_ptr(t: torch.Tensor):
+    try:
+        return t.untyped_storage().data_ptr()
+    except Exception:
+        return None
+
+
+_DICT_VIEWS = (type({}.keys()), type({}.values()), type({}.items()))
+
+
+# iterators whose copy (copy.copy) is independent of them: their remaining items can be read
+# without advancing them
+_READABLE_ITERATORS = tuple({type(iter(c)) for c in ([], (), range(1), "", b"")} | {type(reversed([]))})
+
+
+def _may_be_dynamic_number(value, source, module_sources=frozenset()) -> bool:
+    """Numbers automatic dynamic applies to, as in TorchDynamo: ints reached from the frame's
+    arguments (an argument, an item or attribute of one: a cache's length) but not through an
+    nn.Module (its attributes stay specialized); floats passed as arguments or read from
+    globals."""
+    if type(value) is int:
+        s = source
+        while isinstance(s, (AttrSource, ItemSource)):
+            s = s.base
+            if s.expr() in module_sources:
+                return False
+        return isinstance(s, LocalSource)
+    if type(value) is float:
+        return isinstance(source, LocalSource) or (
+            isinstance(source, ItemSource) and isinstance(source.base, RootSource) and source.base.expr() == "G")
+    return False
+
+
+_MISSING = object()

@@ -1,0 +1,282 @@
+"""The tracing entry: one call of a function (from an instruction offset) -> a Segment.
+
+Takes: a function, the call's arguments (or, at a resume point, the live state), the offset.
+Hands on: `trace_segment` -> a frame.Segment (the FX graph, its guard and input fetchers, the
+templates that rebuild the Python values after the graph, the side effects to replay);
+`capture` -> a Capture, the whole-graph form used by capture_graph and the book.
+"""
+from __future__ import annotations
+
+import dis
+import inspect
+import types
+from dataclasses import dataclass
+from typing import Any, Callable, List, Optional, Sequence, Tuple
+
+import torch
+import torch.fx
+
+from .. import aliasing, autocast, ir
+from .breaks import GraphBreak, Unsupported
+from .bytecode import check_python_version
+from .guards import ArgBinding, bind_arguments, frame_target
+from .sources import ItemSource, LocalSource, RootSource
+from .values import NULL, DictVariable, IteratorVariable, ListVariable, TupleVariable
+from .output_graph import OutputGraph, _is_internal_module_name
+from .translator import InstructionTranslator
+
+
+# ----------------------------------------------------------------------------------------
+# Entry point
+# ----------------------------------------------------------------------------------------
+@dataclass
+class Capture:
+    gm: torch.fx.GraphModule
+    example_inputs: List[torch.Tensor]
+    get_inputs: Callable[[tuple, dict], List[torch.Tensor]]
+    build_output: Callable[[Sequence[torch.Tensor]], Any]
+    guard: Callable[[tuple, dict], bool]
+    guard_source: str
+    code: types.CodeType
+    get_inputs_source: str = ""
+    input_sources: Optional[List[str]] = None
+
+
+def _in_exception_block(code: types.CodeType, offset: int) -> bool:
+    """Is `offset` covered by the code's exception table (a try body, a with body, a handler)?"""
+    parse = getattr(dis, "_parse_exception_table", None)
+    if parse is None:
+        return False
+    return any(e.start <= offset < e.end for e in parse(code))
+
+
+def _is_impure(node: torch.fx.Node) -> bool:
+    """Kept even when nothing reads its result: a write (aliasing.written), or impure for FX."""
+    if node.op in ("placeholder", "output") or ir.draws_random_numbers(node):
+        return True
+    if node.op in ("call_method", "call_function"):
+        return bool(aliasing.written(node.op, node.target, node.args, node.kwargs,
+                                     lambda a: isinstance(a, torch.fx.Node))) or \
+            node.op == "call_function" and node.is_impure()
+    return False
+
+
+def _rng_states():
+    """The state of PyTorch's random-number generators (the CPU's, and each GPU's once CUDA
+    is initialized)."""
+    return torch.get_rng_state(), (torch.cuda.get_rng_state_all() if torch.cuda.is_initialized() else None)
+
+
+def _set_rng_states(states) -> None:
+    cpu, cuda = states
+    torch.set_rng_state(cpu)
+    if cuda is not None:
+        torch.cuda.set_rng_state_all(cuda)
+
+
+def _effect_templates(output, builder, source_fn):
+    effects = []
+    for var in output.side_effects:
+        if source_fn(var.source) is None:
+            raise output.unsupported("a side effect on state outside the frame in a whole-graph capture")
+        if isinstance(var, IteratorVariable):
+            effects.append(("advance", source_fn(var.source), var.index))
+        elif isinstance(var, ListVariable):
+            effects.append(("list", source_fn(var.source), builder.build(TupleVariable(var.items))))
+        else:
+            effects.append(("attrs", source_fn(var.source),
+                            [(k, builder.build(v)) for k, v in var.items.items()]))
+    return effects
+
+
+def traceable_target(fn) -> Tuple[types.FunctionType, tuple, dict]:
+    """guards.frame_target(fn), or Unsupported when there is no bytecode minicompile traces."""
+    try:
+        func, pre, pre_kw = frame_target(fn)
+    except TypeError as e:
+        raise Unsupported(f"capture of {type(fn).__name__} {fn!r}",
+                          f"only Python functions have bytecode to trace ({e})") from None
+    if func.__code__.co_flags & (inspect.CO_GENERATOR | inspect.CO_COROUTINE | inspect.CO_ASYNC_GENERATOR):
+        raise Unsupported(f"capture of generator/coroutine {func.__qualname__}")
+    return func, pre, pre_kw
+
+
+def trace_segment(fn, args: tuple, kwargs: dict, offset: int = 0, *, breaks: bool = True,
+                  eager: bool = False, sources_in_templates: bool = True, dynamic=None):
+    """Trace `fn`'s code from `offset` to a return or a graph break -> frame.Segment.
+
+    offset 0: (args, kwargs) are the call's arguments. A resume offset: args is () and kwargs
+    the live state at that point (locals by name, the value stack as ___stack0, ...).
+    breaks=False: any Unsupported propagates (a whole-graph capture, fullgraph=True).
+    eager=True: the frame runs eagerly (Dynamo skipped it): user calls are not inlined and
+    any instruction the concrete executor knows is a break."""
+    from . import frame as F
+    check_python_version()
+    kwargs = dict(kwargs or {})
+    func, pre, pre_kw = traceable_target(fn)
+    code = func.__code__
+    if offset == 0:
+        args, kwargs = pre + tuple(args), {**pre_kw, **kwargs}
+        try:
+            binding, values = bind_arguments(func, args, kwargs)
+        except TypeError as e:
+            raise Unsupported(f"arguments do not match {func.__qualname__}: {e}",
+                              "the eager call will raise the same error")
+    else:
+        names = tuple(sorted(kwargs))
+        binding = ArgBinding(0, names, {k: f"kwargs[{k!r}]" for k in names})
+        values = dict(kwargs)
+    output = OutputGraph(func)
+    output.breaks_allowed = breaks
+    output.inline_user_calls = not eager
+    output.dynamic_policy = dynamic
+    output.guards.global_state()
+    gsrc = None
+    if not _is_internal_module_name(func.__globals__.get("__name__", "")):
+        gsrc = RootSource("G")          # F.__globals__ in the guard: the called function's
+    stack_names = sorted((k for k in values if k.startswith("___stack")), key=lambda k: int(k[8:]))
+    lazy = {name: (value, LocalSource(name)) for name, value in values.items()
+            if not name.startswith("___stack")}
+    fresh = {}
+    if offset == 0 and code.co_flags & inspect.CO_VARKEYWORDS:
+        # **kwargs is a dict made for this call: the frame's own to change (its items are the
+        # call's keyword arguments, whose names the call-shape check fixes)
+        name = code.co_varnames[code.co_argcount + code.co_kwonlyargcount +
+                                bool(code.co_flags & inspect.CO_VARARGS)]
+        value, src = lazy.pop(name)
+        fresh[name] = (value, src)
+    tx = InstructionTranslator(output, func, {}, lazy, parent=None, globals_source=gsrc)
+    for name, (value, src) in fresh.items():
+        tx.locals[name] = DictVariable({k: output.wrap(v, ItemSource(src, k)) for k, v in value.items()})
+    grad, autocast_state = torch.is_grad_enabled(), autocast.state()
+    ns = output.guards.namespace
+
+    def source_fn(src):
+        if not sources_in_templates:
+            return None
+        expr = compile(src.expr(), "<minicompile source>", "eval")
+        return lambda env, e=expr: eval(e, ns, env)
+
+    # tracing runs the ops on real values: random ones draw from PyTorch's generator, which
+    # is put back as it was, so the compiled code draws what eager would (ir.RANDOM_FUNCTIONS)
+    rng = _rng_states()
+    try:
+        output.tx = tx
+        for k in stack_names:
+            v = values[k]
+            tx.stack.append(NULL if v is F.NULL_VALUE else output.wrap(v, LocalSource(k)))
+        if offset:
+            tx.pc = tx.offset_to_index[offset]
+        try:
+            ret = tx.run()
+            builder = F.TemplateBuilder(tx, source_fn)
+            output.tx = tx
+            template = builder.build(ret)
+            end, reason, inst, kw = "return", None, None, ()
+            effects = _effect_templates(output, builder, source_fn)
+        except GraphBreak as gb:
+            reason, inst = gb.unsupported, gb.inst
+            ok = inst.opname in (F.EXECUTABLE if eager else F.RESUMABLE)
+            if eager and offset == 0 and inst.opname == "BEFORE_WITH":
+                # an unmodelled context manager met before any break: the whole frame runs
+                # for real, so that Python routes exceptions through its __exit__ (entering it
+                # for real is the fallback when the frame has already been split)
+                ok = False
+            why = None
+            if getattr(reason, "internal", False):
+                why = "minicompile's interpreter failed here: the rest runs as Python"
+            elif _in_exception_block(code, inst.offset):
+                # the chain of segments cannot route an exception to the frame's handler (a
+                # try block, or the __exit__ of a `with` block): the frame runs for real
+                why = "a graph break inside a try or with block: the frame runs eagerly"
+            elif tx.with_depth:
+                why = "a graph break inside a `with` block is not resumed"
+            elif not ok:
+                why = f"a graph break at {inst.opname} (not a call or a jump) is not resumed"
+            elif not eager and F.maybe_has_backedge(tx):
+                why = "graph break in a for/while loop: the frame is skipped, as Dynamo does"
+            if why is not None:
+                reason.frame_skip = why
+                raise reason
+            builder = F.TemplateBuilder(tx, source_fn)
+            live = F.live_locals(tx, inst.index)
+            stack_t = [builder.build(v) for v in gb.stack]
+            locals_t = {}
+            for name, v in tx.locals.items():
+                if name in live:
+                    locals_t[name] = builder.build(v)
+            for name, (value, src) in tx.lazy_locals.items():
+                if name in live:
+                    locals_t[name] = ["src", source_fn(src)]
+            template = [stack_t, locals_t]
+            end, kw = "break", gb.kw_names
+            effects = _effect_templates(output, builder, source_fn)
+    finally:
+        torch._C._set_grad_enabled(grad)
+        autocast.set_state(autocast_state)
+        _set_rng_states(rng)
+        output.tx = None
+    if torch.is_grad_enabled() != grad:
+        torch._C._set_grad_enabled(grad)
+    output.tx = tx
+    output.graph.output(tuple(p.node for p in builder.proxies))
+    output.graph.eliminate_dead_code(is_impure_node=_is_impure)
+    gm = torch.fx.GraphModule(output.root_module, output.graph)
+    output.guard_written_inputs()
+    input_exprs = [s.expr() for s in output.input_sources]
+    n_calls = sum(1 for n in gm.graph.nodes if n.op in ("call_function", "call_method", "call_module"))
+    seg = F.Segment(code=code, offset=offset, gm=gm, example_inputs=list(output.input_examples),
+                    end=end, template=template, reason=reason,
+                    break_inst=inst, kw_names=kw,
+                    offset_to_index=tx.offset_to_index, instructions=tx.instructions,
+                    n_calls=n_calls, eager=eager, input_sources=input_exprs, effects=effects)
+    seg.guard_builder, seg.binding = output.guards, binding
+    seg.use(output.guards.build(binding, input_exprs))
+    return seg
+
+
+def capture(fn, args: tuple, kwargs: dict) -> Capture:
+    """Trace ONE call of `fn(*args, **kwargs)` into a single FX graph (fullgraph): anything
+    that would be a graph break raises Unsupported. The Capture's `guard` and `get_inputs`
+    take later calls of `fn` as (args, kwargs)."""
+    seg = trace_segment(fn, args, kwargs, 0, breaks=False, sources_in_templates=False)
+    template = seg.template
+    from .frame import rebuild
+    calls = _CallsOf(fn)
+
+    def build_output(outs):
+        return rebuild(template, outs, {})
+    cap = Capture(gm=seg.gm, example_inputs=seg.example_inputs,
+                  get_inputs=lambda args, kwargs: seg.get_inputs(*calls.frame_call(args, kwargs)),
+                  build_output=build_output, guard=_CallGuard(seg.guard, calls),
+                  guard_source=seg.guard_source, code=seg.code,
+                  get_inputs_source=seg.get_inputs_source, input_sources=seg.input_sources)
+    cap.segment = seg
+    return cap
+
+
+class _CallsOf:
+    """Calls of one callable as its function's frame sees them: (F, args, kwargs)."""
+
+    def __init__(self, fn):
+        self.func, self.pre, self.pre_kw = traceable_target(fn)
+
+    def frame_call(self, args, kwargs):
+        return self.func, self.pre + tuple(args), {**self.pre_kw, **kwargs}
+
+
+class _CallGuard:
+    """An entry's generated guard (guards.GuardBuilder.build) for calls of one callable."""
+
+    def __init__(self, guard, calls: _CallsOf):
+        self.guard, self.calls = guard, calls
+        self.failure_source = guard.failure_source
+
+    def __call__(self, args, kwargs) -> bool:
+        return self.guard(*self.calls.frame_call(args, kwargs))
+
+    def failure(self, args, kwargs):
+        return self.guard.failure(*self.calls.frame_call(args, kwargs))
+
+    def fail_reason(self, args, kwargs):
+        return self.guard.fail_reason(*self.calls.frame_call(args, kwargs))

@@ -1,0 +1,720 @@
+"""The instruction translator: one frame's bytecode, run on symbolic values.
+
+Takes: a function (the root frame, or one inlined into it), its arguments as VariableTrackers,
+the OutputGraph. Hands on: the frame's return value as a VariableTracker, the graph filled in;
+or, in the root frame, a `GraphBreak` at the first instruction that cannot be traced (the graph
+rolled back to before it, including what an inlined call added).
+
+How it works (the same scheme as TorchDynamo's InstructionTranslator): a value stack and a
+dict of locals holding VariableTrackers instead of Python objects; one handler per opcode
+(instructions.py), registered for the Python versions whose bytecode it models; calls are
+calls.py's. Tensors are TensorVariables: an fx.Proxy plus the real value computed by running
+the op on the real example inputs as the trace goes (Dynamo runs fake tensors). Control flow on
+Python values and sizes is followed (loops unrolled, the instruction budget bounded).
+"""
+from __future__ import annotations
+
+import builtins
+import collections.abc
+import inspect
+import operator
+import types
+from typing import Any, Callable, Dict, List, Optional, Tuple
+
+import torch
+import torch.fx
+
+from .. import aliasing, autocast
+from .breaks import GraphBreak, Return, Unsupported, source_line
+from .bytecode import BINARY_OPS, COMPARE_OPS, Instruction, current_version, decode, dispatch_table
+from .sources import AttrSource, ItemSource, Source, module_member_source
+from .builtin_calls import (ContainerReadVariable, _builtin_type, _constant_state, _custom_getattr,
+                            _is_none)
+from .output_graph import (SIZE_ARITHMETIC, TENSOR_CONSTANT_ATTRS, TENSOR_TENSOR_ATTRS, _MISSING,
+                           OutputGraph, _is_internal_module_name)
+from .values import (DELETED, NULL, BaseListVariable, BoundMethodVariable, BuiltinVariable,
+                     CallableVariable, ConstantMethodVariable, ConstantVariable, DictVariable,
+                     DictViewVariable, GradModeVariable, IteratorVariable, ListVariable,
+                     ModelOutputVariable, NamedTupleVariable, NestedFunctionVariable,
+                     NNModuleVariable, NullVariable, OpaqueConstantVariable, PythonModuleVariable,
+                     SuperVariable, SymIntVariable, TensorMethodVariable, TensorVariable,
+                     TorchFunctionVariable, TupleVariable, TypeVariable, UserFunctionVariable,
+                     UserObjectVariable, VariableTracker, _constant_result, _DictFromKeys,
+                     _NoOpCallable, _UnboundTensorMethod, is_constant_value)
+from .calls import CallsMixin
+from . import instructions  # noqa: F401  (registers the opcode handlers)
+
+
+
+
+# ----------------------------------------------------------------------------------------
+# The interpreter: one instance per (inlined) frame
+# ----------------------------------------------------------------------------------------
+
+
+class InstructionTranslator(CallsMixin):
+    def __init__(self, output: OutputGraph, func: types.FunctionType,
+                 locals_: Dict[str, VariableTracker], lazy_locals: Dict[str, Tuple[Any, Source]],
+                 parent: Optional["InstructionTranslator"] = None, globals_source: Optional[Source] = None,
+                 closure_cells: Optional[Dict[str, VariableTracker]] = None, code=None):
+        self.output = output
+        self.func = func
+        self.code: types.CodeType = code if code is not None else func.__code__
+        self.f_globals = func.__globals__ if func is not None else None
+        self.globals_source = globals_source
+        self.parent = parent
+        self.depth = 0 if parent is None else parent.depth + 1
+        self.instructions, self.offset_to_index = decode(self.code)
+        self.dispatch = dispatch_table()
+        self.version = current_version()
+        self.stack: List[VariableTracker] = []
+        self.locals: Dict[str, VariableTracker] = dict(locals_)
+        self.lazy_locals = dict(lazy_locals)
+        self.pc = 0
+        self.current: Optional[Instruction] = None
+        self.kw_names: Tuple[str, ...] = ()
+        self.return_value: Optional[VariableTracker] = None
+        # free variables: name -> cell (read through its contents, guarded like a global)
+        self.freevars = dict(zip(self.code.co_freevars, (func.__closure__ or ()) if func is not None else ()))
+        # free variables of a function made inside the trace: CellVariables
+        self.closure_cells: Dict[str, VariableTracker] = dict(closure_cells or {})
+        self.with_depth = 0                   # open `with` blocks (a break inside: no resume)
+        self.generator_items: Optional[List[VariableTracker]] = None   # a generator's yields
+
+    # -- where we are (for error messages and node meta) ---------------------------------
+    def location(self):
+        lineno = self.current.lineno if self.current is not None else self.code.co_firstlineno
+        if lineno is None:
+            lineno = self.code.co_firstlineno
+        return (self.code.co_filename, lineno, source_line(self.code.co_filename, lineno))
+
+    def full_stack(self):
+        frames = []
+        tx = self
+        while tx is not None:
+            f, l, t = tx.location()
+            frames.append((f, l, t, tx.code.co_name))
+            tx = tx.parent
+        return frames[::-1]
+
+    def user_stack(self):
+        return [(f, l, t) for f, l, t, _ in self.full_stack()]
+
+    def unsupported(self, reason, explanation="", hint="") -> Unsupported:
+        return Unsupported(reason, explanation, hint, self.user_stack())
+
+    # -- the loop -----------------------------------------------------------------------
+    def run(self) -> VariableTracker:
+        prev_tx = self.output.tx
+        self.output.tx = self
+        out = self.output
+        root = self.parent is None and out.breaks_allowed
+        try:
+            while True:
+                inst = self.instructions[self.pc]
+                self.current = inst
+                self.pc += 1
+                out.instruction_budget -= 1
+                if out.instruction_budget < 0:
+                    raise self.unsupported("too many instructions (an unrolled loop that does "
+                                           "not end on Python values?)")
+                handler = self.dispatch.get(inst.opname)
+                if root:
+                    # what a graph break at this instruction needs: the stack before it, and a
+                    # checkpoint to roll the graph back to (an inlined call may have added nodes)
+                    stack_before = list(self.stack)
+                    kw_before = self.kw_names
+                    undo_mark = len(out.undo_log)
+                    grad_before = torch.is_grad_enabled()
+                    nodes_before = set(out.graph.nodes) if inst.opname.startswith("CALL") else None
+                try:
+                    if handler is None:
+                        raise self.unsupported(
+                            f"opcode {inst.opname}" + (f" ({inst.argrepr})" if inst.argrepr else ""),
+                            f"minicompile's capture has no handler for {inst.opname} on Python "
+                            f"{self.version[0]}.{self.version[1]}")
+                    try:
+                        handler(self, inst)
+                    except (Return, Unsupported, GraphBreak):
+                        raise
+                    except Exception as e:
+                        err = self.unsupported(
+                            f"internal error while tracing {inst.opname}: {type(e).__name__}: {e}",
+                            "minicompile could not model this instruction")
+                        # the trace's own state may be what is wrong: never run the
+                        # instruction for real from it (trace_segment skips the segment)
+                        err.internal = True
+                        raise err from e
+                except Unsupported as e:
+                    if not root:
+                        raise
+                    out.rollback(undo_mark)
+                    torch._C._set_grad_enabled(grad_before)
+                    if nodes_before is not None:
+                        for node in reversed(list(out.graph.nodes)):
+                            if node not in nodes_before and node.op != "placeholder" and not node.users:
+                                out.graph.erase_node(node)
+                    self.stack = stack_before
+                    self.kw_names = kw_before
+                    self.current = inst
+                    raise GraphBreak(e, inst, stack_before, kw_before, self) from None
+        except Return:
+            return self.return_value
+        finally:
+            self.output.tx = prev_tx
+
+    # -- stack helpers ------------------------------------------------------------------
+    def push(self, v: VariableTracker):
+        self.stack.append(v)
+
+    def pop(self) -> VariableTracker:
+        return self.stack.pop()
+
+    def popn(self, n: int) -> List[VariableTracker]:
+        if n == 0:
+            return []
+        vals = self.stack[-n:]
+        del self.stack[-n:]
+        return vals
+
+    def jump_to(self, inst: Instruction):
+        # loops are unrolled: a backward jump is followed like any other
+        self.pc = self.offset_to_index[inst.argval]
+
+    # -- building blocks used by handlers -------------------------------------------------
+    def load_local(self, name: str) -> VariableTracker:
+        if name in self.locals:
+            return self.locals[name]
+        if name in self.lazy_locals:
+            value, source = self.lazy_locals.pop(name)
+            var = self.output.wrap(value, source)
+            self.locals[name] = var
+            return var
+        raise self.unsupported(f"read of unbound local {name!r}")
+
+    def load_global(self, name: str) -> VariableTracker:
+        if name in self.f_globals:
+            src = ItemSource(self.globals_source, name) if self.globals_source is not None else None
+            return self.output.wrap(self.f_globals[name], src)
+        b = self.f_globals.get("__builtins__", builtins)
+        b = b.__dict__ if isinstance(b, types.ModuleType) else b
+        if name in b:
+            return self.output.wrap(b[name], None)
+        raise self.unsupported(f"global name {name!r} is not defined")
+
+    def unpack_tensor(self, t: TensorVariable, n: int) -> List[VariableTracker]:
+        self.output.specialize_sizes([t], "the trace unpacked a tensor")
+        if t.example.dim() == 0 or len(t.example) != n:
+            raise self.unsupported(f"unpacking a tensor of shape {tuple(t.example.shape)} into {n}")
+        return [self.output.call("call_function", operator.getitem, [t, ConstantVariable(i)], {})
+                for i in range(n)]
+
+    def iterate(self, v: VariableTracker) -> List[VariableTracker]:
+        """The items a for loop over `v` sees (all known: loops are unrolled)."""
+        if isinstance(v, IteratorVariable):
+            self.output.record_mutation(v)
+            self.output.advanced(v)
+            items = v.remaining()
+            v.index = len(v.items)
+            return items
+        if isinstance(v, DictViewVariable):
+            return v.items_now()
+        if isinstance(v, NNModuleVariable):
+            mod = v.module
+            if isinstance(mod, (torch.nn.ModuleList, torch.nn.Sequential)):
+                return [self.load_module_attr(v, k) for k in self.output.members(v)]
+            if isinstance(mod, torch.nn.ModuleDict):
+                return [ConstantVariable(k) for k in self.output.members(v)]
+            if isinstance(mod, (torch.nn.ParameterList,)):
+                return [self.load_module_attr(v, k) for k in self.output.members(v, "_parameters")]
+            raise self.unsupported(f"iterating over {type(mod).__name__}")
+        if isinstance(v, ConstantVariable) and isinstance(v.value, (str, dict, frozenset, set)) or \
+                isinstance(v, OpaqueConstantVariable):
+            return [_constant_result(v, x) for x in v.value]
+        if isinstance(v, UserObjectVariable) and \
+                inspect.getattr_static(type(v.value), "__iter__", None) is collections.abc.Sequence.__iter__:
+            # Sequence's own iteration: self[0], self[1]... up to its len()
+            n = self.call_special(v, "__len__", [])
+            if n is None or not n.is_constant():
+                raise self.unsupported(f"iterating over {v.describe()}: no constant length")
+            return [self.call_special(v, "__getitem__", [ConstantVariable(i)]) for i in range(n.as_example())]
+        return self.unpack(v)
+
+    def unpack(self, v: VariableTracker, n: Optional[int] = None) -> List[VariableTracker]:
+        if isinstance(v, (IteratorVariable, NNModuleVariable)):
+            items = self.iterate(v)
+            if n is not None and len(items) != n:
+                raise self.unsupported(f"unpacking {len(items)} values into {n}")
+            return items
+        if isinstance(v, BaseListVariable):
+            items = list(v.items)
+        elif isinstance(v, ConstantVariable) and isinstance(v.value, (tuple, list, torch.Size, range)):
+            items = [ConstantVariable(x) for x in v.value]
+        elif isinstance(v, TensorVariable):
+            items = self.unpack_tensor(v, n if n is not None else len(v.example))
+        elif isinstance(v, DictVariable):
+            items = [ConstantVariable(k) for k in v.items]
+        else:
+            raise self.unsupported(f"unpacking {v.describe()}")
+        if n is not None and len(items) != n:
+            raise self.unsupported(f"unpacking {len(items)} values into {n}")
+        return items
+
+    def truth(self, v: VariableTracker, opname: str) -> bool:
+        if isinstance(v, ConstantVariable):
+            return bool(v.value)
+        if isinstance(v, (BaseListVariable, DictVariable)):
+            return bool(v.items)
+        if isinstance(v, TensorVariable):
+            raise self.unsupported(
+                f"data-dependent branch ({opname} on a tensor)",
+                "the branch taken depends on a tensor's values, which are not known while "
+                "tracing: the graph so far is compiled, the branch runs in Python, and the code "
+                "after it is compiled on its own (a graph break)",
+                "use torch.where or torch.cond to keep one graph")
+        if isinstance(v, (NNModuleVariable, UserFunctionVariable, TorchFunctionVariable,
+                          UserObjectVariable, NestedFunctionVariable, IteratorVariable,
+                          PythonModuleVariable, TypeVariable, BuiltinVariable)):
+            return True
+        raise self.unsupported(f"truth value of {v.describe()}")
+
+    # attribute access ------------------------------------------------------------------
+    def load_attr(self, obj: VariableTracker, name: str) -> VariableTracker:
+        out = self.output
+        if isinstance(obj, TensorVariable):
+            if name in TENSOR_CONSTANT_ATTRS:
+                if name == "shape" and out.has_dynamic_inputs():
+                    return out.shape_of(obj)
+                return ConstantVariable(getattr(obj.example, name))
+            if name in TENSOR_TENSOR_ATTRS:
+                return out.call("call_function", getattr, [obj, ConstantVariable(name)], {})
+            if callable(getattr(torch.Tensor, name, None)):
+                return TensorMethodVariable(obj, name)
+            raise self.unsupported(f"tensor attribute .{name}")
+        if name == "__class__" and isinstance(obj, (NNModuleVariable, UserObjectVariable, ModelOutputVariable)):
+            return _builtin_type(self, [obj], {})          # its type is guarded
+        if name == "__class__" and isinstance(obj, GradModeVariable):
+            return TypeVariable(torch.enable_grad if obj.enabled else torch.no_grad)
+        if isinstance(obj, NNModuleVariable):
+            return self.load_module_attr(obj, name)
+        if isinstance(obj, ModelOutputVariable):
+            field = obj.field(name)
+            if field is not None:
+                return field
+            if name in ("to_tuple", "keys", "values", "items", "get"):
+                return ConstantMethodVariable(obj, name)
+            raise self.unsupported(f"attribute .{name} of {obj.describe()}")
+        if isinstance(obj, SuperVariable):
+            return self.load_super_attr(obj, name)
+        if isinstance(obj, UserObjectVariable):
+            if obj.overrides.get(name) is DELETED:
+                raise AttributeError(f"'{type(obj.value).__name__}' object has no attribute '{name}'")
+            if name in obj.overrides:
+                return obj.overrides[name]
+            value = obj.value
+            if obj.snapshot is not None:
+                static = inspect.getattr_static(type(value), name, _MISSING)
+                if isinstance(static, types.FunctionType):
+                    return BoundMethodVariable(static, obj)
+                if isinstance(static, property) and static.fget is not None:
+                    return self.inline_call(static.fget, [obj], {})
+                attr = getattr(value, name)           # AttributeError as Python
+                if is_constant_value(attr):
+                    return ConstantVariable(attr)
+                if isinstance(attr, (dict, list, tuple)) and _constant_state(attr):
+                    return out.wrap(attr, None)          # read only: a trace value of constants
+                raise self.unsupported(f"attribute .{name} of a copied {type(value).__name__}: "
+                                       f"a {type(attr).__name__}")
+            d = getattr(value, "__dict__", None)
+            if d is not None and name in d and obj.source is not None:
+                return out.wrap(d[name], AttrSource(obj.source, name))
+            attr = inspect.getattr_static(type(value), name, _MISSING)
+            if obj.source is not None and _custom_getattr(type(value)) and not isinstance(
+                    attr, (types.FunctionType, property, classmethod, staticmethod)):
+                # its class decides what an attribute read returns (a config's attribute_map):
+                # read it as Python does; the guard reads it the same way
+                return out.wrap(getattr(value, name), AttrSource(obj.source, name))
+            if attr is _MISSING:
+                raise AttributeError(f"'{type(value).__name__}' object has no attribute '{name}'")
+            read = ContainerReadVariable.of(obj, attr)
+            if read is not None:
+                return read
+            found = self.class_attribute(obj, name, attr)
+            if found is not None:
+                return found
+            raise self.unsupported(f"attribute .{name} of {type(value).__name__}")
+        if isinstance(obj, PythonModuleVariable):
+            mod = obj.value
+            if not hasattr(mod, name):
+                raise AttributeError(name)
+            src = None
+            if obj.source is not None and not _is_internal_module_name(mod.__name__):
+                src = AttrSource(obj.source, name)
+            return out.wrap(getattr(mod, name), src)
+        if isinstance(obj, NamedTupleVariable):
+            idx = obj.field_index(name)
+            if idx is not None:
+                return obj.items[idx]
+        if isinstance(obj, ConstantVariable):
+            attr = getattr(obj.value, name)
+            if callable(attr):
+                return ConstantMethodVariable(obj, name)
+            return _constant_result(obj, attr)
+        if isinstance(obj, (BaseListVariable, DictVariable)):
+            return ConstantMethodVariable(obj, name)
+        if isinstance(obj, (TypeVariable, BuiltinVariable)) and obj.value is dict and name == "fromkeys":
+            return _DictFromKeys()
+        if isinstance(obj, (TorchFunctionVariable, UserFunctionVariable, TypeVariable)):
+            if obj.value in (torch.Tensor,) and callable(getattr(torch.Tensor, name, None)):
+                return _UnboundTensorMethod(name)
+            if isinstance(obj, TypeVariable) and not obj.value.__module__.startswith(("torch", "builtins")):
+                # an attribute of a Python class (`type(self).forward`): through the class's
+                # source where it has one, so the guard sees it change
+                static = inspect.getattr_static(obj.value, name)      # AttributeError as Python
+                if isinstance(static, classmethod):
+                    return BoundMethodVariable(static.__func__, obj)
+                attr = static.__func__ if isinstance(static, staticmethod) else getattr(obj.value, name)
+                return out.wrap(attr, AttrSource(obj.source, name) if obj.source is not None else None)
+
+            attr = getattr(obj.value, name)
+            if is_constant_value(attr):
+                return ConstantVariable(attr)
+        raise self.unsupported(f"attribute .{name} of {obj.describe()}")
+
+    def class_attribute(self, obj: VariableTracker, name: str, attr) -> Optional[VariableTracker]:
+        """What reading `name` gives when it is found on obj's class (`attr`, as getattr_static
+        finds it): a method bound to obj, a property's value, a static or class method, or data
+        read through the instance, so that the guard sees the class change or an instance
+        attribute hide it. None for anything else (another descriptor)."""
+        source = obj.source
+        if isinstance(attr, types.FunctionType):
+            return BoundMethodVariable(attr, obj)
+        if isinstance(attr, property) and attr.fget is not None:
+            return self.inline_call(attr.fget, [obj], {})
+        if isinstance(attr, staticmethod):
+            return self.output.wrap(attr.__func__, None)
+        if isinstance(attr, classmethod):
+            return BoundMethodVariable(attr.__func__, TypeVariable(type(obj.as_example())))
+        if is_constant_value(attr) or source is not None and not hasattr(type(attr), "__get__"):
+            return self.output.wrap(attr, AttrSource(source, name) if source is not None else None)
+        return None
+
+    def load_super_attr(self, sup: "SuperVariable", name: str) -> VariableTracker:
+        """super(cls, obj).name: the first class after `cls` in obj's MRO that defines it."""
+        obj = sup.obj
+        target = obj.value if isinstance(obj, TypeVariable) else obj.as_example()
+        mro = target.__mro__ if isinstance(obj, TypeVariable) else type(target).__mro__
+        if sup.cls not in mro:
+            raise self.unsupported("super(): the object is not an instance of the class")
+        for klass in mro[mro.index(sup.cls) + 1:]:
+            if name in klass.__dict__:
+                attr = klass.__dict__[name]
+                break
+        else:
+            raise AttributeError(name)
+        if isinstance(attr, types.FunctionType):
+            if isinstance(obj, TypeVariable):
+                return self.output.wrap(attr, None)
+            return BoundMethodVariable(attr, obj)
+        if isinstance(attr, classmethod):
+            return BoundMethodVariable(attr.__func__, obj if isinstance(obj, TypeVariable)
+                                       else TypeVariable(type(target)))
+        if isinstance(attr, staticmethod):
+            return self.output.wrap(attr.__func__, None)
+        if attr is object.__init__:
+            return _NoOpCallable()
+        read = ContainerReadVariable.of(obj, attr)
+        if read is not None:
+            return read
+        if is_constant_value(attr):
+            return ConstantVariable(attr)
+        raise self.unsupported(f"super().{name} ({type(attr).__name__})")
+
+    def load_module_attr(self, obj: NNModuleVariable, name: str) -> VariableTracker:
+        if name in obj.items:                     # set earlier in the trace
+            return obj.items[name]
+        mod, src, out = obj.module, obj.source, self.output
+        d = mod.__dict__
+        for kind in ("_parameters", "_buffers", "_modules"):
+            members = d.get(kind, {})
+            if name in members:
+                s = module_member_source(src, kind, name) if src is not None else None
+                value = members[name]
+                if value is None:
+                    if s is not None:
+                        out.guards.constant(s, None)
+                    return ConstantVariable(None, s)
+                return out.wrap(value, s)
+        if name in d:
+            return out.wrap(d[name], AttrSource(src, name) if src is not None else None)
+        # class attribute: methods are inlined with self bound; properties are inlined
+        try:
+            attr = inspect.getattr_static(type(mod), name)
+        except AttributeError:
+            raise self.unsupported(f"{type(mod).__name__} has no attribute {name!r}")
+        found = self.class_attribute(obj, name, attr)
+        if found is not None:
+            return found
+        raise self.unsupported(f"attribute {name!r} of {type(mod).__name__} "
+                               f"({type(attr).__name__})")
+
+    def binary(self, sym: str, a: VariableTracker, b: VariableTracker) -> VariableTracker:
+        op = BINARY_OPS.get(sym) or COMPARE_OPS[sym]
+        if (isinstance(a, SymIntVariable) or isinstance(b, SymIntVariable)) and sym in SIZE_ARITHMETIC \
+                and all(type(v.example if isinstance(v, SymIntVariable) else getattr(v, "value", None)) is int
+                        for v in (a, b)):
+            return self.output.sym_arith(SIZE_ARITHMETIC[sym], a, b)
+        if op in aliasing.AUGMENTED and not isinstance(a, (TensorVariable, ListVariable)):
+            op = aliasing.AUGMENTED[op]           # `x op= y` writes in place only a tensor or a list
+            sym = sym[:-1]
+        if sym in COMPARE_OPS and (isinstance(a, SymIntVariable) or isinstance(b, SymIntVariable)):
+            answer = self.output.sym_compare(op, a, b)
+            if answer is not None:
+                return ConstantVariable(answer)
+        if a.is_constant() and b.is_constant():
+            return ConstantVariable(op(a.as_example(), b.as_example()))
+        if isinstance(a, TensorVariable) or isinstance(b, TensorVariable):
+            return self.output.call("call_function", op, [a, b], {})
+        if isinstance(b, ConstantVariable) and isinstance(b.value, (tuple, list)) and \
+                isinstance(a, BaseListVariable):
+            b = (TupleVariable if isinstance(b.value, tuple) else ListVariable)(
+                [ConstantVariable(v) for v in b.value])
+        if isinstance(a, ConstantVariable) and isinstance(a.value, (tuple, list)) and \
+                isinstance(b, BaseListVariable):
+            a = (TupleVariable if isinstance(a.value, tuple) else ListVariable)(
+                [ConstantVariable(v) for v in a.value])
+        if sym == "+=" and isinstance(a, ListVariable) and isinstance(b, BaseListVariable):
+            self.check_mutable(a)                  # list += ...: extends that very list
+            self.output.record_mutation(a)
+            a.items.extend(b.items)
+            return a
+        if isinstance(a, BaseListVariable) and isinstance(b, BaseListVariable) and sym in ("+", "+=") \
+                and type(a) is type(b):
+            return type(a)(a.items + b.items)
+        if isinstance(a, BaseListVariable) and isinstance(b, ConstantVariable) and sym in ("*", "*="):
+            return type(a)(a.items * b.value)
+        if sym in ("==", "!=") and isinstance(a, NNModuleVariable):
+            same = isinstance(b, NNModuleVariable) and self.output.same_module(a, b)
+            return ConstantVariable(same if sym == "==" else not same)
+        if sym in ("==", "!=") and isinstance(a, UserObjectVariable):
+            eq = self.call_special(a, "__eq__", [b])
+            if eq is None:
+                if inspect.getattr_static(type(a.value), "__eq__") is not object.__eq__:
+                    raise self.unsupported(f"operator {sym} on {a.describe()}: a builtin __eq__")
+                # object's own ==: identity
+                if a is b:
+                    same = True
+                elif isinstance(b, UserObjectVariable) and a.source is not None and b.source is not None:
+                    same = a.value is b.value
+                    self.output.guards.same_object(a.source, b.source, same)
+                elif isinstance(b, UserObjectVariable) or b.is_constant():
+                    same = False            # another object made in the frame, or a constant
+                else:
+                    raise self.unsupported(f"operator {sym} on {a.describe()} and {b.describe()}")
+                eq = ConstantVariable(same)
+            if sym == "!=":
+                if not eq.is_constant():
+                    raise self.unsupported(f"operator != on {a.describe()}")
+                return ConstantVariable(not eq.as_example())
+            return eq
+        raise self.unsupported(f"operator {sym} on {a.describe()} and {b.describe()}")
+
+    def make_tuple(self, items):
+        return TupleVariable(items)
+
+    def _next_builds_closure(self) -> bool:
+        for ins in self.instructions[self.pc:self.pc + 64]:
+            if ins.opname in ("LOAD_FAST", "LOAD_FAST_CHECK") and ins.argval in self.code.co_cellvars:
+                continue
+            if ins.opname == "BUILD_TUPLE":
+                continue
+            return ins.opname == "LOAD_CONST" and isinstance(ins.argval, types.CodeType)
+        return False
+
+    # f-strings --------------------------------------------------------------------------
+    def _format(self, value: VariableTracker, conversion: Optional[str], spec: str = ""):
+        if not value.is_constant():
+            if isinstance(value, (NNModuleVariable, TypeVariable, UserFunctionVariable)) and not spec:
+                v = value.as_example()
+            else:
+                raise self.unsupported(f"formatting {value.describe()} in an f-string",
+                                       "the text would depend on a tensor's values")
+        else:
+            v = value.as_example()
+        if conversion == "s":
+            v = str(v)
+        elif conversion == "r":
+            v = repr(v)
+        elif conversion == "a":
+            v = ascii(v)
+        return ConstantVariable(format(v, spec))
+
+    def set_grad(self, enabled: bool):
+        if torch.is_grad_enabled() != enabled:
+            node = self.output.graph.call_function(torch._C._set_grad_enabled, (enabled,))
+            self.output._set_meta(node, None)
+            torch._C._set_grad_enabled(enabled)
+
+    def enter_autocast(self, ctx):
+        """Enter `with torch.autocast(...)`: the state set for real (so example values are
+        autocast's) and, where it changes, an `_enter_autocast` node; returns what its exit
+        does. A block that changes nothing (transformers' `enabled=False` when autocast is
+        off) leaves no trace in the graph."""
+        if ctx.device_type not in autocast.DEVICES:
+            raise self.unsupported(f"torch.autocast on device {ctx.device_type!r}")
+        before = autocast.state()
+        i = autocast.DEVICES.index(ctx.device_type)
+        after = before[:i] + ((ctx.dtype if ctx.enabled else None),) + before[i + 1:]
+        if after == before:
+            return lambda tx: None
+        enter = self.output.graph.call_function(
+            autocast.ENTER, (ctx.device_type, ctx.dtype, ctx.enabled, ctx.cache_enabled))
+        self.output._set_meta(enter, None)
+        autocast.set_state(after)
+
+        def leave(tx):
+            node = tx.output.graph.call_function(autocast.EXIT, (enter,))
+            tx.output._set_meta(node, None)
+            autocast.set_state(before)
+        return leave
+
+    def store_attr(self, obj: VariableTracker, name: str, value: VariableTracker) -> None:
+        """`obj.name = value` (STORE_ATTR, setattr())."""
+        if value is DELETED:
+            if not (isinstance(obj, UserObjectVariable) and obj.snapshot is not None):
+                raise self.unsupported(f"deleting attribute .{name} of {obj.describe()}")
+            self.output.record_mutation(obj)
+            delattr(obj.value, name)                      # AttributeError as Python
+            obj.overrides[name] = DELETED
+            return
+        if isinstance(obj, ModelOutputVariable) and obj.source is None and \
+                name in ModelOutputVariable.field_names(obj.cls) and not _is_none(value):
+            self.output.record_mutation(obj)          # ModelOutput.__setattr__: the item too
+            obj.items[name] = value
+            return
+        if isinstance(obj, UserObjectVariable) and obj.snapshot is not None:
+            if not value.is_constant():
+                raise self.unsupported(f"setting .{name} of a copied {type(obj.value).__name__} "
+                                       f"to {value.describe()}")
+            self.output.record_mutation(obj)
+            obj.overrides[name] = value
+            setattr(obj.value, name, value.as_example())    # the frame's own copy
+            return
+        if isinstance(obj, UserObjectVariable) and obj.source is None:
+            # an object made in the frame: its attributes are trace state
+            self.output.record_mutation(obj)
+            obj.overrides[name] = value
+            return
+        if isinstance(obj, UserObjectVariable) and obj.source is not None and \
+                not isinstance(value, (NNModuleVariable,)):
+            # replayed with setattr after the graph; later reads in the trace see the new value
+            self.output.record_mutation(obj)
+            obj.overrides[name] = value
+            if obj not in self.output.side_effects:
+                self.output.side_effects.append(obj)
+            return
+        if isinstance(obj, NNModuleVariable) and obj.source is not None:
+            if value is self.load_module_attr(obj, name):
+                return                  # `self.count += 1`: the buffer itself, written in place
+            # replayed with setattr after the graph (nn.Module's own: a parameter, buffer or
+            # plain attribute as it decides); later reads in the trace see the new value
+            self.output.record_mutation(obj)
+            obj.items[name] = value
+            if obj not in self.output.side_effects:
+                self.output.side_effects.append(obj)
+            return
+        raise self.unsupported(f"setting attribute .{name} of {obj.describe()}",
+                               "a side effect on an object outside the graph",
+                               "it runs for real at a graph break")
+
+    def check_mutable(self, obj: VariableTracker):
+        if obj.source is not None and isinstance(obj, ListVariable) and obj.source.expr().startswith(("G[", "G_")):
+            # a global list: the change is replayed on the real list after the graph, as Dynamo does
+            if obj not in self.output.side_effects:
+                self.output.side_effects.append(obj)
+            return
+        if obj.source is not None:
+            raise self.unsupported(f"mutation of {obj.describe()} that came from outside the frame",
+                                   "changing Python state outside the frame is done for real "
+                                   "at a graph break")
+
+    def _two_locals(self, inst) -> Tuple[str, str]:
+        """3.13's superinstructions pack two local indices: (oparg >> 4, oparg & 15).
+        dis resolves them to a pair of names; fall back to decoding the oparg ourselves."""
+        if isinstance(inst.argval, tuple) and len(inst.argval) == 2:
+            return inst.argval
+        names = self.code.co_varnames + self.code.co_cellvars + self.code.co_freevars
+        return names[inst.arg >> 4], names[inst.arg & 15]
+
+    def _push_attribute(self, attr, method_load: bool):
+        """Push a loaded attribute; a method load for a following CALL also pushes the NULL
+        marker, before the attribute in 3.12 and after it in 3.13."""
+        if not method_load:
+            self.push(attr)
+        elif self.version >= (3, 13):
+            self.push(attr)
+            self.push(NULL)
+        else:
+            self.push(NULL)
+            self.push(attr)
+
+    def _unary(self, op, name):
+        v = self.pop()
+        if v.is_constant():
+            self.push(ConstantVariable(op(v.as_example())))
+        elif isinstance(v, TensorVariable):
+            self.push(self.output.call("call_function", op, [v], {}))
+        else:
+            raise self.unsupported(f"{name} of {v.describe()}")
+
+    def subscript(self, obj: VariableTracker, idx: VariableTracker) -> VariableTracker:
+        if isinstance(obj, TensorVariable):
+            return self.output.call("call_function", operator.getitem, [obj, idx], {})
+        if isinstance(obj, BaseListVariable) and idx.is_constant():
+            i = idx.as_example()
+            if isinstance(i, slice):
+                return type(obj)(obj.items[i]) if not isinstance(obj, NamedTupleVariable) \
+                    else TupleVariable(obj.items[i])
+            return obj.items[i]
+        if isinstance(obj, ModelOutputVariable) and idx.is_constant() and not isinstance(idx.as_example(), str):
+            items = list(obj.items.values())[idx.as_example()]         # an int or a slice: as a tuple
+            return TupleVariable(items) if isinstance(items, list) else items
+        if isinstance(obj, DictVariable) and idx.is_constant():
+            if idx.as_example() not in obj.items:
+                raise self.unsupported(f"key {idx.as_example()!r} not in {obj.describe()}")
+            return obj.items[idx.as_example()]
+        if isinstance(obj, ConstantVariable) and idx.is_constant():
+            return ConstantVariable(obj.value[idx.as_example()])
+        if isinstance(obj, NNModuleVariable) and idx.is_constant() and isinstance(idx.as_example(), slice) \
+                and isinstance(obj.module, (torch.nn.ModuleList, torch.nn.Sequential)):
+            # a slice of a ModuleList (`self.layers[:n]`): its modules, each through its source
+            names = list(self.output.members(obj))[idx.as_example()]
+            return ListVariable([self.load_module_attr(obj, k) for k in names])
+        if isinstance(obj, NNModuleVariable) and idx.is_constant():
+            sub = obj.module[idx.as_example()]
+            if isinstance(sub, torch.nn.Module):
+                for key, m in self.output.members(obj).items():
+                    if m is sub:
+                        return self.load_module_attr(obj, key)
+            raise self.unsupported(f"indexing {type(obj.module).__name__}")
+        special = self.call_special(obj, "__getitem__", [idx])
+        if special is not None:
+            return special
+        raise self.unsupported(f"subscript of {obj.describe()} with {idx.describe()}")
+
+    # branches on constants (a branch on a tensor is data-dependent: Unsupported) ------------
+    def _cond_jump(self, inst, jump_if: Callable[[VariableTracker], bool]):
+        v = self.pop()
+        if jump_if(v):
+            self.jump_to(inst)
+
+    def _is_none(self, v):
+        if isinstance(v, ConstantVariable):
+            return v.value is None
+        if isinstance(v, NullVariable):
+            return True
+        if isinstance(v, (TensorVariable, NNModuleVariable, BaseListVariable, DictVariable,
+                          UserObjectVariable, CallableVariable, NestedFunctionVariable,
+                          BoundMethodVariable, IteratorVariable, SymIntVariable)):
+            return False                  # a value the trace tracks is never None
+        raise self.unsupported(f"'is None' on {v.describe()}")

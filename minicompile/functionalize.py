@@ -1,0 +1,491 @@
+"""Functionalization: a graph that writes in place and returns views -> a graph of pure values
+and an epilogue that makes the writes and the views real, as AOTAutograd does before Inductor.
+
+Takes the backend contract's graph: TorchDynamo's and minicompile's capture both keep the
+user's writes (`x[:, 0].mul_(2)`, `x += y`, `torch.mul(a, b, out=w[1])`, `x[i] = v`,
+`F.relu(x, inplace=True)`, batch norm's running statistics) and return views of the inputs
+(`x.t()`, `x[:4]`) or of one another. Hands lowering a graph in which every node computes a new
+value from its inputs, and an `Epilogue` that the compiled graph runs through on every call:
+
+- each input the graph writes gets its final value copied in (`x.copy_(new_x)`), so the caller
+  sees every write, through any view, on every call;
+- each output that is a view in eager is made as that view again, from its base (the input
+  itself, or another output of the graph), by replaying the view ops on it: eager's sizes,
+  strides and storage offset, sharing memory as eager's does; an output that *is* an input
+  comes back as that very object.
+
+How a write becomes a value: every tensor has a *root*, the tensor that owns its memory (an
+input, or the result of a computing op), and a chain of view ops from the root. A write
+computes the written tensor's new value, then its root's, back along the chain (one
+`scatter_view` per view op); a view of that root read afterwards is made again from the root's
+new value. Lowering fuses the new values of whole tensors (`x.add_(y)` is `x + y`, copied into
+x at the end) and leaves `scatter_view` to PyTorch.
+
+What cannot be expressed as values raises NotImplementedError with the reason, and the caller
+runs the graph on PyTorch's kernels instead (exactly eager): writes that change a tensor's
+metadata (`t_`, `resize_`), a written input that shares memory with another input.
+"""
+from __future__ import annotations
+
+import inspect
+import operator
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+import torch
+import torch.fx
+import torch.utils._pytree as pytree
+from torch.multiprocessing.reductions import StorageWeakRef
+
+from . import aliasing
+
+
+# ---------------------------------------------------------------------------------------
+# The run-time half
+# ---------------------------------------------------------------------------------------
+@dataclass
+class Epilogue:
+    """What the compiled functional graph's outputs become, on every call. Each leaf of the
+    user's output is ("out", k): the graph's k-th output; ("input", i): the i-th input itself;
+    ("view", base leaf, replay): a view made from another leaf; ("const", value)."""
+    spec: Any                      # the structure of the user's output (a pytree spec)
+    leaves: list
+    copies: list                   # (input index i, output index k): inputs[i].copy_(outs[k])
+    description: list = field(default_factory=list)   # for the logs and the book
+
+    def __call__(self, compiled: Callable, inputs):
+        outs = compiled(*inputs)
+        for i, k in self.copies:
+            inputs[i].copy_(outs[k])
+        made: dict = {}
+        return pytree.tree_unflatten([self._leaf(leaf, outs, inputs, made) for leaf in self.leaves],
+                                     self.spec)
+
+    def _leaf(self, leaf, outs, inputs, made):
+        kind = leaf[0]
+        if kind == "out":
+            return outs[leaf[1]]
+        if kind == "input":
+            return inputs[leaf[1]]
+        if kind == "const":
+            return leaf[1]
+        if id(leaf) not in made:
+            made[id(leaf)] = leaf[2](self._leaf(leaf[1], outs, inputs, made), outs, inputs)
+        return made[id(leaf)]
+
+
+class Replay:
+    """View ops run again on another tensor standing for their root (`base`). An argument of
+    a view op is the previous tensor of the chain (`alias` maps each argument to the tensor it
+    stands for), or comes from the call: an input, or an output of the graph (`sources`)."""
+
+    def __init__(self, chain: list, root: torch.fx.Node, alias: dict, sources: dict):
+        self.chain, self.root, self.alias, self.sources = chain, root, alias, sources
+
+    def __call__(self, base, outs, inputs):
+        values = {self.root: base}
+        for node in self.chain:
+            def arg(a):
+                a = self.alias.get(a, a)
+                return values[a] if a in values else self.sources[a](outs, inputs)
+            values[node] = _run(node, torch.fx.node.map_arg(node.args, arg),
+                                torch.fx.node.map_arg(node.kwargs, arg))
+        return values[self.chain[-1]]
+
+
+def _run(node: torch.fx.Node, args, kwargs):
+    if node.op == "call_method":
+        return getattr(args[0], node.target)(*args[1:], **kwargs)
+    return node.target(*args, **kwargs)
+
+
+def scatter_view(view_fn: Callable) -> Callable:
+    """The functional form of a write through a view: a function (base, new_view, *view_args)
+    -> the value base has after `view_fn(base, *view_args).copy_(new_view)`, as a new tensor."""
+    def scatter(base, new_view, *view_args):
+        out = base.clone(memory_format=torch.preserve_format)
+        view_fn(out, *view_args).copy_(new_view)
+        return out
+    scatter.__name__ = scatter.__qualname__ = f"scatter_{view_fn.__name__}"
+    return scatter
+
+
+class ViewFunction:
+    """One view op (or a tuple of views and the item taken from it) as a function of its
+    tensor base and the op's other node arguments: what `scatter_view` replays. `alias` maps
+    each argument to the tensor it stands for."""
+
+    def __init__(self, steps: list, base: torch.fx.Node, alias: dict):
+        self.steps, self.base, self.alias = steps, base, alias
+        inside = set(steps) | {base}
+        self.others = list(dict.fromkeys(alias.get(a, a) for s in steps for a in s.all_input_nodes
+                                         if alias.get(a, a) not in inside))
+        last = steps[-1].target
+        self.__name__ = f"view_{last if isinstance(last, str) else getattr(last, '__name__', 'op')}"
+
+    def __call__(self, base, *others):
+        values = dict(zip(self.others, others))
+        values[self.base] = base
+
+        def arg(a):
+            return values[self.alias.get(a, a)]
+        for s in self.steps:
+            values[s] = _run(s, torch.fx.node.map_arg(s.args, arg), torch.fx.node.map_arg(s.kwargs, arg))
+        return values[self.steps[-1]]
+
+
+# ---------------------------------------------------------------------------------------
+# Facts about the graph's values (from the example values the tracer left in node.meta)
+# ---------------------------------------------------------------------------------------
+def _example(node):
+    if not isinstance(node, torch.fx.Node):
+        return node
+    return node.meta.get("example_value", node.meta.get("val"))
+
+
+def _storage(t):
+    try:
+        return StorageWeakRef(t.untyped_storage())
+    except (AttributeError, NotImplementedError, RuntimeError, TypeError):
+        return None
+
+
+def _shares_storage(a, b) -> bool:
+    if not isinstance(a, torch.Tensor) or not isinstance(b, torch.Tensor):
+        return False
+    sa = _storage(a)
+    return sa is not None and sa == _storage(b)
+
+
+def _is_tensor_node(a) -> bool:
+    return isinstance(a, torch.fx.Node) and isinstance(_example(a), torch.Tensor)
+
+
+def _output_leaves(gm):
+    out = next(n for n in gm.graph.nodes if n.op == "output")
+    return pytree.tree_flatten(out.args[0])
+
+
+def needs_functionalization(gm: torch.fx.GraphModule) -> bool:
+    """Does the graph write anything, or return a tensor that is an input, or shares memory
+    with an input or another output? (Else it goes to lowering as it is.)"""
+    for node in gm.graph.nodes:
+        if node.op in ("call_method", "call_function") and aliasing.written(
+                node.op, node.target, node.args, node.kwargs, _is_tensor_node):
+            return True
+    inputs = [_example(n) for n in gm.graph.nodes if n.op == "placeholder"]
+    seen = []
+    for o in _output_leaves(gm)[0]:
+        ex = _example(o) if isinstance(o, torch.fx.Node) else None
+        if not isinstance(ex, torch.Tensor):
+            continue
+        if o.op == "placeholder" or any(_shares_storage(ex, t) for t in inputs + seen):
+            return True
+        seen.append(ex)
+    return False
+
+
+# ---------------------------------------------------------------------------------------
+# The pass
+# ---------------------------------------------------------------------------------------
+class _Functionalizer:
+    """One pass over the graph in order. For every old tensor node: its root and the chain of
+    views from it (`root`, `chain`, `parent`); for every root, the new node holding its value
+    now (`value`) and how many writes it has had (`version`). `same` maps a call that returns
+    what it wrote (`y = x.add_(1)`) to that tensor."""
+
+    def __init__(self, gm: torch.fx.GraphModule):
+        self.gm = gm
+        self.graph = torch.fx.Graph()
+        self.env: dict = {}            # old node -> new node, for values that are not tensors
+        self.root: dict = {}
+        self.chain: dict = {}
+        self.parent: dict = {}
+        self.value: dict = {}
+        self.version: dict = {}
+        self.made: dict = {}           # old view node -> (root version, new node)
+        self.same: dict = {}
+        self.inputs: list = []
+
+    def resolve(self, a):
+        while a in self.same:
+            a = self.same[a]
+        return a
+
+    def current(self, a):
+        """The new node holding old node a's value now, after every write so far."""
+        if not isinstance(a, torch.fx.Node):
+            return a
+        a = self.resolve(a)
+        if a not in self.root:
+            return self.env[a]
+        r = self.root[a]
+        if not self.chain[a]:
+            return self.value[r]
+        made = self.made.get(a)
+        if made is None or made[0] != self.version[r]:
+            parent, base = self.parent[a], self.current(self.parent[a])
+            node = self.graph.node_copy(a, lambda x: base if self.resolve(x) is parent else self.current(x))
+            node.meta = dict(a.meta)
+            made = self.made[a] = (self.version[r], node)
+        return made[1]
+
+    def _new(self, kind, target, args, kwargs=None):
+        """A new node, with its example value worked out from its arguments' (lowering reads
+        sizes and dtypes there)."""
+        node = self.graph.create_node(kind, target, tuple(args), dict(kwargs or {}))
+        try:
+            ex_args = torch.fx.node.map_arg(node.args, lambda a: a.meta.get("example_value"))
+            ex_kwargs = torch.fx.node.map_arg(node.kwargs, lambda a: a.meta.get("example_value"))
+            with torch.no_grad():
+                node.meta["example_value"] = _run(node, ex_args, ex_kwargs)
+        except Exception:          # lowering runs the graph itself where a value is missing
+            pass
+        return node
+
+    def _fresh(self, old, new):
+        self.root[old], self.chain[old], self.value[old], self.version[old] = old, [], new, 0
+
+    def run(self):
+        out = None
+        for node in self.gm.graph.nodes:
+            if node.op == "placeholder":
+                new = self.graph.placeholder(node.name)
+                new.meta = dict(node.meta)
+                self.inputs.append(node)
+                if isinstance(_example(node), torch.Tensor):
+                    self._fresh(node, new)
+                else:
+                    self.env[node] = new
+            elif node.op == "get_attr":
+                new = self.graph.get_attr(node.target)
+                new.meta = dict(node.meta)
+                self.env[node] = new
+            elif node.op == "output":
+                out = node
+            else:
+                self._call(node)
+        return self._outputs(out)
+
+    def _call(self, node):
+        where = aliasing.written(node.op, node.target, node.args, node.kwargs, _is_tensor_node)
+        if where:
+            if aliasing.writes_metadata(node.op, node.target):
+                raise NotImplementedError(f"`{node.format_node()}` changes a tensor's sizes or strides")
+            return self._write(node, where)
+        base = self._view_base(node)
+        if base is not None:
+            self.parent[node], self.root[node] = base, self.root[base]
+            self.chain[node] = self.chain[base] + [node]
+            return
+        new = self.graph.node_copy(node, self.current)
+        new.meta = dict(node.meta)
+        if isinstance(_example(node), torch.Tensor):
+            self._fresh(node, new)
+        else:
+            self.env[node] = new
+
+    def _view_base(self, node):
+        """The tensor node is a view of: the argument whose memory its result shares in the
+        example (a tuple of views, from split or unbind, is a view; an item of it, too)."""
+        if node.op == "call_function" and node.target is operator.getitem:
+            container = self.resolve(node.args[0]) if isinstance(node.args[0], torch.fx.Node) else None
+            if container in self.root:
+                return container
+        ex = _example(node)
+        tensors = [t for t in ex if isinstance(t, torch.Tensor)] if isinstance(ex, (tuple, list)) \
+            else [ex] if isinstance(ex, torch.Tensor) else []
+        if not tensors or (isinstance(ex, (tuple, list)) and len(tensors) != len(ex)):
+            return None
+        for a in node.all_input_nodes:
+            a = self.resolve(a)
+            if a in self.root and _is_tensor_node(a) and \
+                    all(_shares_storage(t, _example(a)) for t in tensors):
+                return a
+        return None
+
+    # -- writes -------------------------------------------------------------------------
+    def _write(self, node, where):
+        targets = [self.resolve(aliasing.locate(loc, node.args, node.kwargs)) for loc in where]
+        for t in targets:
+            if t not in self.root or not _is_tensor_node(t):
+                raise NotImplementedError(f"`{node.format_node()}` writes into something that "
+                                          "is not a tensor of the graph")
+        new_values, result = self._functional(node, where, targets)
+        for t, v in zip(targets, new_values):
+            self._assign(t, v)
+        if result == "same":                    # x.add_(y) returns x
+            self.same[node] = targets[0]
+        elif isinstance(result, torch.fx.Node):
+            self._fresh(node, result)
+        else:
+            self.env[node] = None
+
+    def _functional(self, node, where, targets):
+        """-> ([the new value of each written tensor], what the call returns: "same" (what it
+        wrote), a new node, or None)."""
+        cur = self.current
+        kind, target = node.op, node.target
+        args = [torch.fx.node.map_arg(a, cur) for a in node.args]
+        kwargs = {k: torch.fx.node.map_arg(v, cur) for k, v in node.kwargs.items()}
+        name = aliasing.method_name(kind, target)
+        single = where == [("arg", 0)]
+        if kind == "call_function" and target in aliasing.AUGMENTED:          # x += y
+            return [self._cast(self._new(kind, aliasing.AUGMENTED[target], args), targets[0])], "same"
+        if single and name in ("copy_", "fill_"):
+            return [self._new("call_function", aliasing.copy_into, args[:2])], "same"
+        if single and name == "zero_":
+            return [self._new("call_function", torch.zeros_like, args[:1])], "same"
+        if single and name in aliasing.SAME_AS_OUT_OF_PLACE:
+            value = self._new("call_method", name[:-1], args, kwargs)
+            return [self._cast(value, targets[0])], "same"
+        if single and kind == "call_function" and aliasing.inplace_flag(target, node.args, node.kwargs):
+            if "inplace" in kwargs:
+                kwargs["inplace"] = False
+            else:                                        # given by position
+                bound = inspect.signature(target).bind(*args, **kwargs)
+                bound.arguments["inplace"] = False
+                args, kwargs = list(bound.args), dict(bound.kwargs)
+            return [self._cast(self._new(kind, target, args, kwargs), targets[0])], "same"
+        if where == [("kwarg", "out")]:
+            value = self._new(kind, target, args, {k: v for k, v in kwargs.items() if k != "out"})
+            ex, want = value.meta.get("example_value"), _example(targets[0])
+            if not isinstance(ex, torch.Tensor) or tuple(ex.shape) != tuple(want.shape):
+                raise NotImplementedError(f"`{node.format_node()}` resizes its out= tensor")
+            return [self._cast(value, targets[0])], "same"
+        if kind == "call_function" and target in (torch.nn.functional.batch_norm, torch.batch_norm):
+            return self._batch_norm(node, where)
+        # any other write: run by PyTorch on copies of what it writes
+        run = aliasing.on_a_copy(kind, target, where)
+        copies = self._new("call_function", run, args, kwargs)
+        values = [self._new("call_function", operator.getitem, [copies, j]) for j in range(len(where))]
+        if name is not None and name.endswith("_") and not name.startswith("_foreach"):
+            return values, "same"
+        if _example(node) is not None:
+            raise NotImplementedError(f"`{node.format_node()}` returns a value beside its write")
+        return values, None
+
+    def _batch_norm(self, node, where):
+        names = ["input", "running_mean", "running_var", "weight", "bias", "training", "momentum", "eps"]
+        bound = {"weight": None, "bias": None, "momentum": 0.1, "eps": 1e-5}
+        bound.update(zip(names, node.args))
+        bound.update(node.kwargs)
+        call = self._new("call_function", aliasing.batch_norm_training,
+                         [self.current(bound[n]) for n in ("input", "running_mean", "running_var", "weight", "bias")]
+                         + [bound["momentum"], bound["eps"]])
+        out = self._new("call_function", operator.getitem, [call, 0])
+        stat = {("arg", 1): 1, ("kwarg", "running_mean"): 1, ("arg", 2): 2, ("kwarg", "running_var"): 2}
+        return [self._new("call_function", operator.getitem, [call, stat[loc]]) for loc in where], out
+
+    def _cast(self, value, target):
+        """Written in place, a value keeps the dtype of the tensor it is written into."""
+        ex, want = value.meta.get("example_value"), _example(target)
+        if isinstance(ex, torch.Tensor) and isinstance(want, torch.Tensor) and ex.dtype != want.dtype:
+            return self._new("call_method", "to", [value, want.dtype])
+        return value
+
+    def _assign(self, t, value):
+        """Tensor t holds `value` now: its root gets it, written back through each view op of
+        the chain between them (an item of a tuple of views together with the tuple's op)."""
+        r, new = self.root[t], value
+        while t is not r:
+            steps, base = [t], self.parent[t]
+            if not isinstance(_example(base), torch.Tensor):     # the tuple of a split
+                steps, base = [base, t], self.parent[base]
+            fn = ViewFunction(steps, base, self._aliases(steps))
+            new = self._new("call_function", scatter_view(fn),
+                            [self.current(base), new] + [self.current(o) for o in fn.others])
+            t = base
+        self.value[r] = new
+        self.version[r] += 1
+
+    def _aliases(self, nodes) -> dict:
+        """Each argument of `nodes` -> the tensor it stands for (`y = x.add_(1)`: y is x)."""
+        return {a: self.resolve(a) for n in nodes for a in n.all_input_nodes}
+
+    # -- outputs ------------------------------------------------------------------------
+    def _outputs(self, out):
+        leaves, spec = pytree.tree_flatten(out.args[0])
+        outs, index = [], {}
+
+        def output(new_node) -> int:
+            if id(new_node) not in index:
+                index[id(new_node)] = len(outs)
+                outs.append(new_node)
+            return index[id(new_node)]
+
+        position = {p: i for i, p in enumerate(self.inputs)}
+        written = [p for p in self.inputs if self.version.get(p)]
+        examples = [_example(p) for p in self.inputs]
+        for p in written:
+            i = position[p]
+            if any(j != i and _shares_storage(examples[i], e) for j, e in enumerate(examples)):
+                raise NotImplementedError(f"input {p.name} is written and shares memory with "
+                                          "another input")
+
+        def source(a):
+            """Where the epilogue finds a view op's other argument: an input, or an output."""
+            if a.op == "placeholder":
+                i = position[a]
+                return lambda outs_, inputs_: inputs_[i]
+            k = output(self.current(a))
+            return lambda outs_, inputs_: outs_[k]
+
+        result = []
+        for leaf in leaves:
+            if not isinstance(leaf, torch.fx.Node):
+                result.append(("const", leaf))
+                continue
+            leaf = self.resolve(leaf)
+            if leaf not in self.root:
+                result.append(("out", output(self.env[leaf])) if self.env.get(leaf) is not None
+                              else ("const", None))
+                continue
+            r, chain = self.root[leaf], self.chain[leaf]
+            base = ("input", position[r]) if r.op == "placeholder" else ("out", output(self.value[r]))
+            if not chain:
+                result.append(base)
+                continue
+            alias = self._aliases(chain)
+            sources = {alias[a]: source(alias[a]) for v in chain for a in v.all_input_nodes
+                       if alias[a] not in chain and alias[a] is not r}
+            result.append(("view", base, Replay(chain, r, alias, sources)))
+        copies = [(position[p], output(self.value[p])) for p in written]
+        self.graph.output(tuple(outs))
+        gm = torch.fx.GraphModule(self.gm, self.graph)
+        said = [f"input {p.name} is written: its new value is copied into it after the graph"
+                for p in written]
+        said += [f"output {j} is a view of {'input ' + self.inputs[l[1][1]].name if l[1][0] == 'input' else 'output ' + str(l[1][1])}"
+                 f" ({' -> '.join(str(v.target) if isinstance(v.target, str) else getattr(v.target, '__name__', '?') for v in l[2].chain)})"
+                 for j, l in enumerate(result) if l[0] == "view"]
+        said += [f"output {j} is input {self.inputs[l[1]].name} itself" for j, l in enumerate(result) if l[0] == "input"]
+        return gm, Epilogue(spec, result, copies, said)
+
+
+def functionalize(gm: torch.fx.GraphModule, example_inputs):
+    """-> (a functional GraphModule, the Epilogue that completes it), or (gm, None) when the
+    graph writes nothing and returns no view; raises NotImplementedError with the reason where
+    a write cannot be made a value."""
+    _fill_examples(gm, example_inputs)
+    if not needs_functionalization(gm):
+        return gm, None
+    return _Functionalizer(gm).run()
+
+
+def _fill_examples(gm: torch.fx.GraphModule, example_inputs) -> None:
+    """Where the tracer left no example values (a graph from torch.fx.symbolic_trace), work
+    them out on fake tensors, which keep which inputs share memory and are never written."""
+    nodes = [n for n in gm.graph.nodes if n.op not in ("output",)]
+    if all("example_value" in n.meta or "val" in n.meta for n in nodes):
+        return
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    mode = FakeTensorMode(allow_non_fake_inputs=True)
+    fakes = [mode.from_tensor(t) if isinstance(t, torch.Tensor) else t for t in example_inputs]
+
+    class Recorder(torch.fx.Interpreter):
+        def run_node(self, n):
+            out = super().run_node(n)
+            n.meta.setdefault("example_value", out)
+            return out
+    with mode, torch.no_grad():
+        Recorder(gm).run(*fakes)

@@ -1,0 +1,165 @@
+"""torch.autocast around and inside compiled code: eager's dtypes and values.
+
+Autocast is global state PyTorch's dispatcher reads; generated kernels read none. So the
+autocast state is guarded (a call under another state recompiles, as Dynamo's GLOBAL_STATE
+guard does), `with torch.autocast(...)` blocks are traced, and the backend makes every cast
+autocast would make a node of the graph (minicompile/autocast.py). A block that changes
+nothing (transformers' `maybe_autocast(enabled=False)` when autocast is off) leaves no trace.
+"""
+import contextlib
+import warnings
+
+import torch
+import torch.nn.functional as F
+
+import minicompile
+from minicompile import autocast
+from conftest import DEVICE
+from helpers import randn
+
+LOW = torch.bfloat16 if DEVICE == "cpu" else torch.float16
+
+
+def outer_autocast():
+    return torch.autocast(DEVICE, dtype=LOW)
+
+
+def assert_like_eager(got, expected):
+    """Eager's dtypes; values within the low precision's tolerance wherever autocast is on
+    (a float32 result computed from half-precision products inherits their rounding)."""
+    low = autocast.state() != autocast.OFF or any(
+        isinstance(e, torch.Tensor) and e.dtype == LOW for e in torch.utils._pytree.tree_leaves(expected))
+    for g, e in zip(torch.utils._pytree.tree_leaves(got), torch.utils._pytree.tree_leaves(expected)):
+        if not isinstance(e, torch.Tensor):
+            assert g == e
+            continue
+        assert g.dtype == e.dtype, (g.dtype, e.dtype)
+        tol = 3e-2 if low else 1e-5
+        torch.testing.assert_close(g.float(), e.float(), rtol=tol, atol=tol)
+
+
+def run_both_states(fn, *args, **options):
+    """fn compiled once, called with autocast off, on, and off again: eager's results each time."""
+    minicompile.reset()
+    minicompile.metrics.reset()
+    compiled = minicompile.compile(fn, **options)
+    for ctx in (contextlib.nullcontext, outer_autocast, contextlib.nullcontext):
+        with ctx(), warnings.catch_warnings():
+            warnings.simplefilter("ignore")          # (a dtype without C++ kernels falls back)
+            assert_like_eager(compiled(*args), fn(*args))
+    return compiled
+
+
+def mlp(x, w1, w2):
+    h = F.gelu(x @ w1)
+    return F.softmax(h @ w2, dim=-1), h.sum()
+
+
+def test_compiled_outside_autocast_then_called_inside(kernel_backend):
+    x, w1, w2 = randn(37, 24), randn(24, 19), randn(19, 11)
+    run_both_states(mlp, x, w1, w2)
+    assert minicompile.metrics.graphs == 2 and minicompile.metrics.recompiles == 1
+
+
+def test_recompile_reason_names_autocast(capsys):
+    minicompile.set_logs(recompiles=True)
+    try:
+        f = minicompile.compile(lambda x: x @ x, backend="eager")
+        x = randn(5, 5)
+        f(x)
+        with outer_autocast():
+            f(x)
+    finally:
+        minicompile.set_logs(recompiles=False)
+    assert f"GLOBAL_STATE changed: autocast ({DEVICE})" in capsys.readouterr().out
+
+
+def block_inside(x, w):
+    with torch.autocast(DEVICE, dtype=LOW):
+        y = x @ w
+        z = torch.relu(y) + 1
+    return y, z.float() * x.mean(), z.dtype
+
+
+def test_autocast_block_inside_the_function(kernel_backend):
+    x, w = randn(33, 17, layout="transposed"), randn(17, 9)
+    run_both_states(block_inside, x, w)
+    assert minicompile.metrics.graph_breaks == 0
+
+
+def maybe_autocast(device_type, dtype=None, enabled=True):
+    """transformers' helper: autocast only where it would change something."""
+    if torch.is_autocast_enabled(device_type) or enabled:
+        return torch.autocast(device_type, dtype=dtype, enabled=enabled)
+    return contextlib.nullcontext()
+
+
+def rotary(x, inv_freq, positions):
+    with maybe_autocast(DEVICE, enabled=False):       # forced float32, as transformers' rotary
+        freqs = (inv_freq[None, :, None].float() @ positions[:, None, :].float()).transpose(1, 2)
+        emb = torch.cat([freqs, freqs], dim=-1)
+        cos, sin = emb.cos(), emb.sin()
+    return (x @ x.transpose(-1, -2)).sum(-1), cos.to(x.dtype), sin
+
+
+def test_disabled_block_in_and_out_of_autocast(kernel_backend):
+    x = randn(2, 7, 16)
+    inv_freq = 1.0 / (10000 ** (torch.arange(0, 16, 2, device=DEVICE).float() / 16))
+    positions = torch.arange(7, device=DEVICE)[None].expand(2, 7)
+    run_both_states(rotary, x, inv_freq, positions, fullgraph=True)
+    assert minicompile.metrics.graph_breaks == 0
+
+
+def test_a_block_that_changes_nothing_leaves_no_node():
+    inv_freq = randn(8)
+    positions = torch.arange(5, device=DEVICE)[None]
+    gm = minicompile.explain(rotary)(randn(1, 5, 16), inv_freq, positions).graphs[0]
+    assert not any(n.target in (autocast.ENTER, autocast.EXIT) for n in gm.graph.nodes)
+
+
+def test_nullcontext_enter_result():
+    def f(x):
+        with contextlib.nullcontext(x * 2) as y:
+            return y + 1
+    x = randn(6)
+    compiled = minicompile.compile(f, fullgraph=True)
+    torch.testing.assert_close(compiled(x), f(x))
+
+
+def test_torch_compile_with_minicompile_backend_under_autocast():
+    torch._dynamo.reset()
+    x, w1, w2 = randn(21, 24), randn(24, 19), randn(19, 11)
+    compiled = torch.compile(mlp, backend=minicompile.backend)
+    for ctx in (outer_autocast, contextlib.nullcontext):
+        with ctx(), warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            assert_like_eager(compiled(x, w1, w2), mlp(x, w1, w2))
+    torch._dynamo.reset()
+
+
+def test_autocast_with_a_non_constant_argument_breaks_the_graph():
+    def f(x, flag):
+        with torch.autocast(DEVICE, dtype=LOW, enabled=bool(flag.sum() > 0)):
+            return x @ x
+    x = randn(4, 4)
+    flag = torch.ones(1, device=DEVICE)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        got = minicompile.compile(f)(x, flag)
+    assert_like_eager(got, f(x, flag))
+
+
+def test_explicit_casts_pass_on_a_plain_graph():
+    """The pass alone: every node autocast changes gets its inputs cast, and the graph then
+    gives autocast's dtypes with autocast off."""
+    def f(x, w):
+        return torch.relu(x @ w) * 2
+    gm = torch.fx.symbolic_trace(f)
+    x, w = randn(8, 8), randn(8, 8)
+    with outer_autocast():
+        expected = f(x, w)
+        explicit = autocast.explicit_casts(gm, [x, w])
+        assert autocast.state() != autocast.OFF         # the caller's state is left as it was
+    got = explicit(x, w)
+    assert sum(n.target == "to" for n in explicit.graph.nodes) == 2
+    assert_like_eager(got, expected)

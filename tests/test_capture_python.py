@@ -1,0 +1,164 @@
+"""Python as TorchDynamo's own tests write it: each function gives eager's result (and, where it
+is an iterator or a dict view, eager's type and liveness), in no more graphs than Dynamo's
+explain finds for it."""
+import collections
+import functools
+import itertools
+import operator
+import warnings
+
+import numpy as np
+import pytest
+import torch
+
+import minicompile
+
+
+def quiet_break():
+    print("", end="")
+
+
+def dict_views_are_live(x):
+    d = {"a": x}
+    keys, values = d.keys(), d.values()
+    d["b"] = x * 2
+    return len(keys), list(keys), sum(values), "b" in keys
+
+
+def dict_view_across_a_break(x):
+    d = {"a": x}
+    items = d.items()
+    quiet_break()
+    d["b"] = x + 1
+    return [k for k, _ in items], type(items).__name__
+
+
+def iterator_passed_to_a_call_at_a_break(x):
+    it = iter([x, x + 1, x + 2])
+    quiet_break()
+    return sum(it)
+
+
+def iterator_keeps_its_type(x):
+    it = iter([x, x + 1])
+    quiet_break()
+    next(it)
+    return type(it).__name__, next(it)
+
+
+def numpy_scalars_and_info(x):
+    return x * np.float32(2.0) + np.iinfo(np.int8).max + float(np.finfo(np.float32).eps)
+
+
+def dict_fromkeys(x):
+    d = dict.fromkeys(["a", "b"], 1)
+    return x * d["a"] + d["b"]
+
+
+def itertools_loops(x):
+    total = x * 0
+    for a, b in itertools.product([1, 2], [3]):
+        total = total + x * a * b
+    for v in itertools.chain([1], [2, 3]):
+        total = total + v
+    for c in itertools.combinations([1, 2, 3], 2):
+        total = total + c[0]
+    for v in itertools.islice([5, 6, 7, 8], 2):
+        total = total + v
+    return total
+
+
+def partial_and_reduce(x):
+    add3 = functools.partial(operator.add, 3)
+    return functools.reduce(operator.mul, [x, x, 2]) + add3(1)
+
+
+def in_sets_and_lists(x):
+    s, l = {1, 2}, [3, 4]
+    return x * (1 in s) + x * (5 in l) + x * (3 in l)
+
+
+def tuple_plus_constant_tuple(x):
+    t = (x,) + (1, 2)
+    return t[0] * t[1] + t[2]
+
+
+class Point:
+    def __init__(self, v):
+        self.v = v
+
+
+def identity_and_equality_of_user_objects(x):
+    a, c = Point(1), Point(1)
+    b = a
+    return x * (a == b) + x * (a is c) + x * (a != c) + x * (a is not c)
+
+
+def import_inside(x):
+    import math
+    from operator import mul
+    return mul(x, math.pi)
+
+
+def augmented_assignment_on_an_input(x):
+    x += 1
+    return x * 2
+
+
+def namedtuple_made_and_read(x):
+    Pair = collections.namedtuple("Pair", "a b")
+    p = Pair(x, 2)
+    return p.a * p.b + p[1]
+
+
+FUNCTIONS = [dict_views_are_live, dict_view_across_a_break, iterator_passed_to_a_call_at_a_break,
+             iterator_keeps_its_type, numpy_scalars_and_info, dict_fromkeys, itertools_loops,
+             partial_and_reduce, in_sets_and_lists, tuple_plus_constant_tuple,
+             identity_and_equality_of_user_objects, import_inside, augmented_assignment_on_an_input,
+             namedtuple_made_and_read]
+
+
+def same(a, b) -> bool:
+    if isinstance(a, torch.Tensor):
+        return isinstance(b, torch.Tensor) and torch.allclose(a, b)
+    if isinstance(a, (tuple, list)):
+        return type(a) is type(b) and len(a) == len(b) and all(same(p, q) for p, q in zip(a, b))
+    return type(a) is type(b) and a == b
+
+
+@pytest.mark.parametrize("fn", FUNCTIONS, ids=lambda f: f.__name__)
+def test_python_as_eager_in_no_more_graphs_than_dynamo(fn):
+    compiled = minicompile.compile(fn)
+    for _ in range(2):
+        x = torch.randn(3)
+        expected = fn(x.clone())
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            assert same(compiled(x.clone()), expected)
+    x = torch.randn(3)
+    ours = minicompile.explain(fn)(x.clone())
+    torch._dynamo.reset()
+    theirs = torch._dynamo.explain(fn)(x.clone())
+    torch._dynamo.reset()
+    assert ours.graph_count <= max(theirs.graph_count, 1) + (1 if "break" in fn.__name__ else 0)
+
+
+def test_an_iterator_from_the_caller_is_advanced_as_in_eager():
+    def takes(x, it):
+        a = next(it)
+        quiet_break()
+        return x * a + next(it)
+    compiled = minicompile.compile(takes)
+    for _ in range(2):
+        mine, theirs = iter([1, 2, 3, 4]), iter([1, 2, 3, 4])
+        x = torch.randn(3)
+        assert torch.allclose(compiled(x, mine), takes(x, theirs))
+        assert list(mine) == list(theirs) == [3, 4]
+
+
+def test_explain_keeps_the_reason_of_a_break_with_no_graph():
+    def f(x):
+        quiet_break()
+        return x + 1
+    out = minicompile.explain(f)(torch.randn(2))
+    assert any("print" in str(r.reason) for r in out.break_reasons)

@@ -1,0 +1,125 @@
+"""Hugging Face models, as people compile them: eager's results, and no more graphs than Dynamo.
+
+Each model of tests/hf_zoo.py (tiny configurations, random weights, nothing downloaded) is
+compiled whole with minicompile.compile and called twice (the second call runs the cached
+entry) on fresh inputs: every output must be eager's, key by key and field by field, the KV
+caches included. Its graph count is set beside torch._dynamo.explain's on the same call. Then a
+forward and backward with gradients on, whose gradients must be eager's. Last, greedy decoding
+with a KV cache from a compiled Llama and GPT-2: the same tokens as eager, with the growing
+length handled by dynamic shapes (a few compiles, not one per token)."""
+import logging
+import warnings
+
+import pytest
+import torch
+
+import minicompile
+
+transformers = pytest.importorskip("transformers")
+from hf_zoo import ZOO  # noqa: E402
+
+logging.getLogger("transformers").setLevel(logging.ERROR)
+
+
+def assert_same_output(got, expected, path="out", depth=0):
+    """Every tensor in a model's output (ModelOutputs, tuples, caches' attributes) as eager's."""
+    if isinstance(expected, torch.Tensor):
+        assert isinstance(got, torch.Tensor), path
+        torch.testing.assert_close(got, expected, rtol=1e-4, atol=1e-5, msg=path)
+        return
+    if isinstance(expected, dict):
+        assert list(got.keys()) == list(expected.keys()), path
+        for k in expected:
+            assert_same_output(got[k], expected[k], f"{path}[{k!r}]", depth + 1)
+        return
+    if isinstance(expected, (tuple, list)):
+        assert type(got) is type(expected) and len(got) == len(expected), path
+        for i, (g, e) in enumerate(zip(got, expected)):
+            assert_same_output(g, e, f"{path}[{i}]", depth + 1)
+        return
+    if hasattr(expected, "__dict__") and not isinstance(expected, type) and depth < 6:
+        assert type(got) is type(expected), path
+        for k, v in vars(expected).items():
+            if isinstance(v, (torch.Tensor, dict, tuple, list)) or hasattr(v, "__dict__"):
+                assert_same_output(vars(got).get(k), v, f"{path}.{k}", depth + 1)
+        return
+    if isinstance(expected, (int, float, bool, str, type(None))):
+        assert got == expected, path
+
+
+def make(name, seed=0):
+    make_model, make_inputs = ZOO[name]
+    torch.manual_seed(seed)
+    return make_model().eval(), make_inputs
+
+
+@pytest.mark.parametrize("name", list(ZOO))
+def test_inference_as_eager_in_no_more_graphs_than_dynamo(name):
+    model, make_inputs = make(name)
+    minicompile.metrics.reset()
+    compiled = minicompile.compile(model)
+    with torch.no_grad(), warnings.catch_warnings():
+        warnings.simplefilter("error")              # no "runs eagerly" or "not compiled" here
+        for call in range(2):
+            torch.manual_seed(100 + call)
+            args, kwargs = make_inputs()
+            assert_same_output(compiled(*args, **kwargs), model(*args, **kwargs))
+    assert minicompile.metrics.graphs == 1 and minicompile.metrics.graph_breaks == 0
+    with torch.no_grad():
+        ours = minicompile.explain(model)(*args, **kwargs)
+        torch._dynamo.reset()
+        theirs = torch._dynamo.explain(model)(*args, **kwargs)
+        torch._dynamo.reset()
+    assert ours.graph_count <= theirs.graph_count, (ours.break_reasons, theirs.graph_count)
+
+
+@pytest.mark.parametrize("name", list(ZOO))
+def test_forward_and_backward_as_eager(name):
+    model, make_inputs = make(name)
+    reference, _ = make(name)
+    reference.load_state_dict(model.state_dict())
+    torch.manual_seed(7)
+    args, kwargs = make_inputs()
+
+    def loss(out):
+        return sum((t.float() ** 2).mean() for t in _tensors(out) if t.is_floating_point())
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")             # (the backward may run on PyTorch's kernels)
+        loss(minicompile.compile(model)(*args, **kwargs)).backward()
+    loss(reference(*args, **kwargs)).backward()
+    for (pname, p), q in zip(reference.named_parameters(), model.parameters()):
+        if p.grad is None:
+            assert q.grad is None, pname
+            continue
+        torch.testing.assert_close(q.grad, p.grad, rtol=1e-4, atol=1e-5, msg=pname)
+
+
+def _tensors(out):
+    if isinstance(out, torch.Tensor):
+        return [out]
+    if isinstance(out, dict):
+        return [t for v in out.values() for t in _tensors(v)]
+    if isinstance(out, (tuple, list)):
+        return [t for v in out for t in _tensors(v)]
+    return []
+
+
+def greedy(model, ids, n=16):
+    past, tokens, current = None, ids, ids
+    for _ in range(n):
+        out = model(current, past_key_values=past, use_cache=True)
+        past = out.past_key_values
+        current = out.logits[:, -1:].argmax(-1)
+        tokens = torch.cat([tokens, current], 1)
+    return tokens
+
+
+@pytest.mark.parametrize("name", ["llama", "gpt2", "gpt_neox", "mistral"])
+def test_greedy_decoding_with_a_kv_cache(name):
+    model, _ = make(name)
+    ids = torch.randint(0, 99, (1, 5), generator=torch.Generator().manual_seed(3))
+    minicompile.metrics.reset()
+    with torch.no_grad():
+        assert torch.equal(greedy(minicompile.compile(model), ids), greedy(model, ids))
+    # the prompt, the first step (the cache's length then changes), then one graph generic in it
+    assert minicompile.metrics.graphs <= 3, minicompile.metrics.graphs

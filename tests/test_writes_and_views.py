@@ -1,0 +1,258 @@
+"""Writes into inputs and outputs that are views: every effect as eager's, on every call.
+
+For each function, eager and minicompile each run on their own copy of the same fresh random
+inputs, three times (the first call compiles, the later ones hit the cache), and everything a
+caller can observe is compared: the results' values, sizes, strides and storage offsets; which
+results share memory with which input or with each other, and which result *is* an input; the
+inputs' values after the call. Writes stay in one graph (no graph break), as in TorchDynamo.
+"""
+import pytest
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+import minicompile
+from conftest import DEVICE
+from helpers import randn
+
+
+def observe(out, inputs):
+    """What a caller can see of a call's result: per result leaf, its values and layout,
+    which input it is, and which input or earlier result it shares memory with."""
+    leaves = list(out) if isinstance(out, (tuple, list)) else [out]
+    seen = []
+    for leaf in leaves:
+        if not isinstance(leaf, torch.Tensor):
+            seen.append(("value", leaf))
+            continue
+        ptr = leaf.untyped_storage().data_ptr()
+        seen.append(("tensor", leaf.detach().clone(), tuple(leaf.shape), leaf.stride(),
+                     leaf.storage_offset(),
+                     [leaf is x for x in inputs],
+                     [ptr == x.untyped_storage().data_ptr() for x in inputs],
+                     [ptr == o.untyped_storage().data_ptr() for o in leaves[:len(seen)]
+                      if isinstance(o, torch.Tensor)]))
+    return seen
+
+
+def assert_same_effects(fn, make_inputs, calls=3, graph_breaks=0):
+    minicompile.reset()
+    minicompile.metrics.reset()
+    compiled = minicompile.compile(fn)
+    for call in range(calls):
+        seed = int(torch.randint(2**31, ()))
+        torch.manual_seed(seed)          # (every device's generator: inputs may be on a GPU)
+        inputs = make_inputs()
+        torch.manual_seed(seed)
+        mine = make_inputs()             # the same values in the same layout (views too)
+        expected = observe(fn(*inputs), inputs)
+        got = observe(compiled(*mine), mine)
+        for x, y in zip(inputs, mine):
+            torch.testing.assert_close(y, x, rtol=1e-5, atol=1e-5, msg=f"call {call}: input after the call")
+        assert len(got) == len(expected)
+        for e, g in zip(expected, got):
+            assert e[0] == g[0]
+            if e[0] == "value":
+                assert e[1] == g[1]
+                continue
+            torch.testing.assert_close(g[1], e[1], rtol=1e-5, atol=1e-5, msg=f"call {call}: result")
+            assert g[2:] == e[2:], f"call {call}: layout or sharing differs: eager {e[2:]}, minicompile {g[2:]}"
+    assert minicompile.metrics.graph_breaks == graph_breaks
+
+
+def one(*shape):
+    return lambda: (randn(*shape),)
+
+
+# --- writes through views of an input ----------------------------------------------------
+WRITES = {
+    "x[:, 0].mul_(2)": lambda x: x[:, 0].mul_(2),
+    "x.t()[1].mul_(3)": lambda x: x.t()[1].mul_(3),
+    "x.view(-1)[::7].add_(1)": lambda x: x.view(-1)[::7].add_(1),
+    "torch.relu_(x)": lambda x: torch.relu_(x),
+    "F.relu(x, inplace=True)": lambda x: F.relu(x, inplace=True),
+    "F.relu(x, True)": lambda x: F.relu(x, True),
+    "F.leaky_relu(x, 0.5, True)": lambda x: F.leaky_relu(x, 0.5, True),
+    "x.mul_(2).add_(1) is x": lambda x: x.mul_(2).add_(1) is x,
+    "x.clamp_(-0.5, 0.5) * 2": lambda x: x.clamp_(-0.5, 0.5) * 2,
+    "x.copy_(x.flip(0))": lambda x: x.copy_(x.flip(0)),
+    "x.zero_()": lambda x: x.zero_(),
+    "x.fill_(2.5)": lambda x: x.fill_(2.5),
+    "x[2:].masked_fill_(x[2:] > 0, 0)": lambda x: x[2:].masked_fill_(x[2:] > 0, 0),
+}
+
+
+@pytest.mark.parametrize("name", list(WRITES))
+def test_writes_through_views_of_an_input(kernel_backend, name):
+    assert_same_effects(WRITES[name], one(7, 5))
+
+
+def view_written_and_returned(x):
+    v = x[1]
+    v.add_(1)
+    return v
+
+
+def augmented_then_read(x):
+    x += 1
+    return x * 2
+
+
+def item_assignment(x):
+    x[1:3, 2] = 7.0
+    x[0] = x[4]
+    return x.sum()
+
+
+def written_then_viewed(x):
+    x.mul_(2)
+    return x.t(), x[0]
+
+
+def views_read_after_a_write(x):
+    head = x[:2]
+    x.add_(10)
+    return head * 1
+
+
+def write_into_another_input(x, w):
+    torch.mul(x[0], 2, out=w[1])
+    return w
+
+
+def write_through_a_split(x):
+    a, b = x.split(3)
+    b.mul_(-1)
+    return a + 0, x
+
+
+def write_twice(x, y):
+    x.add_(y)
+    y.mul_(x[0])
+    x.sub_(y)
+    return x, y
+
+
+@pytest.mark.parametrize("fn", [view_written_and_returned, augmented_then_read, item_assignment,
+                                written_then_viewed, views_read_after_a_write,
+                                write_through_a_split])
+def test_writes_in_one_graph(kernel_backend, fn):
+    assert_same_effects(fn, one(6, 5))
+
+
+def test_out_argument_into_a_view_of_another_input(kernel_backend):
+    assert_same_effects(write_into_another_input, lambda: (randn(6, 5), randn(3, 5)))
+
+
+def test_two_inputs_written_in_turn(kernel_backend):
+    assert_same_effects(write_twice, lambda: (randn(4, 5), randn(5)))
+
+
+def test_non_contiguous_input_written(kernel_backend):
+    assert_same_effects(lambda x: x.mul_(3), lambda: (randn(9, 4, layout="transposed"),))
+    assert_same_effects(lambda x: x[:, 1:].add_(1), lambda: (randn(9, 4, layout="strided"),))
+
+
+def test_integer_and_half_inputs_written(kernel_backend):
+    assert_same_effects(lambda x: x.add_(3), lambda: (torch.randint(-5, 5, (4, 6), dtype=torch.int32, device=DEVICE),))
+    assert_same_effects(lambda x: x.mul_(0.5), lambda: (randn(4, 6, dtype=torch.float16),))
+
+
+def test_inputs_that_share_memory_are_written_as_eager():
+    """A written input that shares memory with another input: eager's result (the graph runs
+    on PyTorch's kernels) and a new entry when the sharing changes."""
+    def f(a, b):
+        a.add_(1)
+        return b * 2
+    base = randn(8)
+    compiled = minicompile.compile(f)
+    expected_base = base.clone()
+    expected = f(expected_base[:4], expected_base[2:6])
+    torch.testing.assert_close(compiled(base[:4], base[2:6]), expected)
+    torch.testing.assert_close(base, expected_base)
+    x, y = randn(4), randn(4)
+    ex, ey = x.clone(), y.clone()
+    torch.testing.assert_close(compiled(x, y), f(ex, ey))
+    torch.testing.assert_close(x, ex)
+
+
+# --- outputs that are views, or the input itself -----------------------------------------
+VIEWS = {
+    "x.t()": lambda x: x.t(),
+    "x[::2]": lambda x: x[::2],
+    "x[1::2, ::3]": lambda x: x[1::2, ::3],
+    "x.view(-1)": lambda x: x.view(-1),
+    "x.reshape(2, -1)": lambda x: x.reshape(2, -1),
+    "x[:4]": lambda x: x[:4],
+    "x[0, 0]": lambda x: x[0, 0],
+    "x.to(x.dtype)": lambda x: x.to(x.dtype),
+    "x.contiguous()": lambda x: x.contiguous(),
+    "x.detach()": lambda x: x.detach(),
+    "x.unsqueeze(0).expand(3, -1, -1)": lambda x: x.unsqueeze(0).expand(3, -1, -1),
+    "x, x.t(), x[0]": lambda x: (x, x.t(), x[0]),
+    "x.unbind(0)": lambda x: x.unbind(0),
+    "x.chunk(2, 1)": lambda x: x.chunk(2, 1),
+}
+
+
+@pytest.mark.parametrize("name", list(VIEWS))
+def test_views_of_an_input(kernel_backend, name):
+    assert_same_effects(VIEWS[name], one(6, 4))
+
+
+def views_of_one_intermediate(x):
+    y = torch.tanh(x) * 2
+    return y, y.t(), y[0]
+
+
+def only_views_of_an_intermediate(x):
+    y = x + 1
+    return y[1:], y.t()[0]
+
+
+@pytest.mark.parametrize("fn", [views_of_one_intermediate, only_views_of_an_intermediate])
+def test_views_of_an_intermediate(kernel_backend, fn):
+    assert_same_effects(fn, one(6, 4))
+
+
+def test_a_returned_view_can_be_written_by_the_caller():
+    compiled = minicompile.compile(lambda x: x[1:3])
+    x = randn(5, 3)
+    compiled(x).fill_(0)
+    assert (x[1:3] == 0).all() and (x[0] != 0).all()
+
+
+# --- module buffers and parameters written -----------------------------------------------
+def test_batch_norm_training_updates_running_statistics_in_one_graph(kernel_backend):
+    torch.manual_seed(0)
+    ref = nn.Sequential(nn.Conv2d(3, 4, 3), nn.BatchNorm2d(4), nn.ReLU(inplace=True))
+    mine = nn.Sequential(nn.Conv2d(3, 4, 3), nn.BatchNorm2d(4), nn.ReLU(inplace=True))
+    mine.load_state_dict(ref.state_dict())
+    ref, mine = ref.to(DEVICE), mine.to(DEVICE)
+    compiled = minicompile.compile(mine)
+    with torch.no_grad():
+        for _ in range(3):
+            x = randn(2, 3, 9, 9)
+            torch.testing.assert_close(compiled(x), ref(x), rtol=1e-4, atol=1e-4)
+            for (name, a), b in zip(ref.named_buffers(), mine.buffers()):
+                torch.testing.assert_close(b, a, rtol=1e-5, atol=1e-5, msg=name)
+    assert minicompile.metrics.graph_breaks == 0 and minicompile.metrics.graphs == 1
+
+
+def test_a_counter_buffer_written_each_call():
+    class Counter(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.register_buffer("calls", torch.zeros((), dtype=torch.long))
+
+        def forward(self, x):
+            self.calls += 1
+            return x * self.calls
+
+    m = Counter().to(DEVICE)
+    compiled = minicompile.compile(m)
+    x = randn(3)
+    for i in range(1, 4):
+        torch.testing.assert_close(compiled(x), x * i)
+    assert m.calls.item() == 3
+    assert minicompile.metrics.graphs == 1
