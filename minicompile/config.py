@@ -24,6 +24,17 @@ cxx_flags = ["-O3", "-march=native", "-mprefer-vector-width=512", "-fopenmp", "-
 cxx_libs = ["-lmvec"] if sys.platform.startswith("linux") else []
 
 
+# Random numbers (torch.rand, randn, randint, randperm, bernoulli, dropout in training...): by
+# default each random op runs as PyTorch's own kernel, once and in the order eager runs it, so
+# a seeded program gives eager's numbers and leaves PyTorch's generator as eager leaves it; its
+# result is then fused into the work that reads it. False: dropout, bernoulli, rand_like and
+# randn_like are made inside the generated kernels instead (Philox, from one seed per op drawn
+# from PyTorch's generator), which saves writing and reading the random tensor. Those are
+# other numbers than eager's (a different stream, of the same distribution). The name and the
+# meaning are torch._inductor.config.fallback_random's, whose default is False.
+fallback_random = True
+
+
 def patch(**changes):
     """Context manager: `with config.patch(cpu_backend="triton"): ...` sets these settings for
     the block only (how `minicompile.compile(..., options={...})` applies its options)."""

@@ -16,6 +16,7 @@ import torch
 
 from . import autocast, fusion, logs
 from .codegen import wrapper
+from .codegen.cpp import KernelCompileError
 from .functionalize import functionalize
 from .lower import lower
 
@@ -62,6 +63,15 @@ def _compile_values(gm: torch.fx.GraphModule, example_inputs) -> wrapper.Compile
         compiled = wrapper.build(program, steps)
         compiled.shape_guards = shape_guards(program)
         return compiled
+    except KernelCompileError as err:
+        if not err.generated_code:
+            raise                        # no compiler, or a bad flag: the user must know
+        # code minicompile wrote that the compiler rejects: a bug of ours, which must not
+        # cost the user a result (nor a different one)
+        reason = f"a generated kernel did not compile, so this graph runs on PyTorch's kernels: {err}"
+        logs.log("output_code", reason)
+        warnings.warn(f"minicompile: {reason}", stacklevel=2)
+        return on_pytorch_kernels(gm, reason)
     except (TypeError, NotImplementedError) as err:
         dynamic = _dynamic_dims(gm)
         if not dynamic:
@@ -81,6 +91,12 @@ def _compile_values(gm: torch.fx.GraphModule, example_inputs) -> wrapper.Compile
         compiled = _compile_values(gm, example_inputs)
         compiled.shape_guards = conditions
         return compiled
+
+
+def on_pytorch_kernels(gm: torch.fx.GraphModule, reason: str) -> wrapper.CompiledGraph:
+    """The graph as a compiled graph that runs it on PyTorch's own kernels."""
+    return wrapper.CompiledGraph(lambda args: gm(*args), f"# runs on PyTorch's kernels: {reason}\n",
+                                 "", "pytorch")
 
 
 def _dynamic_dims(gm) -> list:

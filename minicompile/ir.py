@@ -493,16 +493,44 @@ def use_ops(handler):
 #                              replaced by 0, so no load leaves the tensor, and recorded in the
 #                              graph's INDEX_ERRORS buffer: the call then raises IndexError, as
 #                              eager does on a CPU (on a GPU, a device-side assert, as eager's).
+# rand(seed, offset) and randn(seed, offset) are random numbers made inside a kernel (when
+# config.fallback_random is off): a float32 in [0, 1) and a standard normal one, from Philox
+# 4x32-10 as Triton's tl.rand and tl.randn draw them (the C++ kernels compute the same bits);
+# seed is an int64 value, offset an int32 (the element's position).
 # name -> number of operands.
 POINTWISE_OPS = {
-    "add": 2, "sub": 2, "mul": 2, "truediv": 2,
+    "add": 2, "sub": 2, "mul": 2, "truediv": 2, "pow": 2,
     "maximum": 2, "minimum": 2,
     "eq": 2, "ne": 2, "lt": 2, "le": 2, "gt": 2, "ge": 2,
     "logical_and": 2, "logical_or": 2,
     "neg": 1, "abs": 1, "relu": 1, "exp": 1, "log": 1, "sqrt": 1, "rsqrt": 1,
     "sin": 1, "cos": 1, "tanh": 1, "sigmoid": 1, "erf": 1, "reciprocal": 1,
     "floor": 1, "ceil": 1, "logical_not": 1, "isnan": 1,
+    "rand": 2, "randn": 2,
 }
+
+# Graph targets that draw from PyTorch's random-number generator. By default each runs as
+# PyTorch's own kernel, once and in program order, so the numbers and the generator's state
+# after the call are eager's; capture keeps them in the graph even when nothing reads their
+# result (eager draws all the same).
+RANDOM_FUNCTIONS = {torch.rand, torch.randn, torch.randint, torch.randperm, torch.rand_like,
+                    torch.randn_like, torch.randint_like, torch.normal, torch.poisson, torch.bernoulli,
+                    torch.multinomial, torch.dropout, torch.nn.functional.dropout,
+                    torch.nn.functional.dropout1d, torch.nn.functional.dropout2d,
+                    torch.nn.functional.dropout3d, torch.nn.functional.alpha_dropout,
+                    torch.nn.functional.feature_alpha_dropout, torch.nn.functional.rrelu}
+RANDOM_METHODS = {"bernoulli", "bernoulli_", "uniform_", "normal_", "random_", "exponential_",
+                  "geometric_", "log_normal_", "cauchy_", "multinomial", "dropout"}
+
+
+def draws_random_numbers(node) -> bool:
+    """Whether an FX node draws from PyTorch's generator (see RANDOM_FUNCTIONS)."""
+    if node.op == "call_method":
+        return node.target in RANDOM_METHODS
+    try:
+        return node.op == "call_function" and node.target in RANDOM_FUNCTIONS
+    except TypeError:                  # an unhashable target
+        return False
 
 # The one-element int32 buffer kernels with indirect indexing report an out-of-range index in
 # (the wrapper allocates it zeroed, passes it last, and raises if a kernel set it). Not on a

@@ -9,7 +9,6 @@ nothing (transformers' `maybe_autocast(enabled=False)` when autocast is off) lea
 import contextlib
 import warnings
 
-import pytest
 import torch
 import torch.nn.functional as F
 
@@ -39,13 +38,6 @@ def assert_like_eager(got, expected):
         torch.testing.assert_close(g.float(), e.float(), rtol=tol, atol=tol)
 
 
-def half_precision_pointwise_rounds_late(kernel_backend):
-    """Triton kernels still compute a half-precision op's arithmetic in that precision where
-    eager computes in float32 and rounds once (pending: kernel arithmetic as eager's)."""
-    if kernel_backend == "triton":
-        pytest.xfail("Triton kernels compute bfloat16 pointwise ops in bfloat16")
-
-
 def run_both_states(fn, *args, **options):
     """fn compiled once, called with autocast off, on, and off again: eager's results each time."""
     minicompile.reset()
@@ -64,7 +56,6 @@ def mlp(x, w1, w2):
 
 
 def test_compiled_outside_autocast_then_called_inside(kernel_backend):
-    half_precision_pointwise_rounds_late(kernel_backend)
     x, w1, w2 = randn(37, 24), randn(24, 19), randn(19, 11)
     run_both_states(mlp, x, w1, w2)
     assert minicompile.metrics.graphs == 2 and minicompile.metrics.recompiles == 1
@@ -91,7 +82,6 @@ def block_inside(x, w):
 
 
 def test_autocast_block_inside_the_function(kernel_backend):
-    half_precision_pointwise_rounds_late(kernel_backend)
     x, w = randn(33, 17, layout="transposed"), randn(17, 9)
     run_both_states(block_inside, x, w)
     assert minicompile.metrics.graph_breaks == 0

@@ -16,7 +16,7 @@ from typing import Any, Callable, List, Optional, Sequence, Tuple
 import torch
 import torch.fx
 
-from .. import aliasing, autocast
+from .. import aliasing, autocast, ir
 from .breaks import GraphBreak, Unsupported
 from .bytecode import check_python_version
 from .guards import ArgBinding, bind_arguments, frame_target
@@ -52,13 +52,26 @@ def _in_exception_block(code: types.CodeType, offset: int) -> bool:
 
 def _is_impure(node: torch.fx.Node) -> bool:
     """Kept even when nothing reads its result: a write (aliasing.written), or impure for FX."""
-    if node.op in ("placeholder", "output"):
+    if node.op in ("placeholder", "output") or ir.draws_random_numbers(node):
         return True
     if node.op in ("call_method", "call_function"):
         return bool(aliasing.written(node.op, node.target, node.args, node.kwargs,
                                      lambda a: isinstance(a, torch.fx.Node))) or \
             node.op == "call_function" and node.is_impure()
     return False
+
+
+def _rng_states():
+    """The state of PyTorch's random-number generators (the CPU's, and each GPU's once CUDA
+    is initialized)."""
+    return torch.get_rng_state(), (torch.cuda.get_rng_state_all() if torch.cuda.is_initialized() else None)
+
+
+def _set_rng_states(states) -> None:
+    cpu, cuda = states
+    torch.set_rng_state(cpu)
+    if cuda is not None:
+        torch.cuda.set_rng_state_all(cuda)
 
 
 def _effect_templates(output, builder, source_fn):
@@ -144,6 +157,9 @@ def trace_segment(fn, args: tuple, kwargs: dict, offset: int = 0, *, breaks: boo
         expr = compile(src.expr(), "<minicompile source>", "eval")
         return lambda env, e=expr: eval(e, ns, env)
 
+    # tracing runs the ops on real values: random ones draw from PyTorch's generator, which
+    # is put back as it was, so the compiled code draws what eager would (ir.RANDOM_FUNCTIONS)
+    rng = _rng_states()
     try:
         output.tx = tx
         for k in stack_names:
@@ -198,6 +214,7 @@ def trace_segment(fn, args: tuple, kwargs: dict, offset: int = 0, *, breaks: boo
     finally:
         torch._C._set_grad_enabled(grad)
         autocast.set_state(autocast_state)
+        _set_rng_states(rng)
         output.tx = None
     if torch.is_grad_enabled() != grad:
         torch._C._set_grad_enabled(grad)

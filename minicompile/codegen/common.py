@@ -211,6 +211,7 @@ class KernelWriter:
         return found
 
     def constant(self, value, dtype: torch.dtype) -> str:
+        value = wrapped(value, dtype)
         text = self.constant_expr(value, dtype)
         self.constants.add(text)
         return text
@@ -225,6 +226,11 @@ class KernelWriter:
     def round_to(self, x: str, dtype: torch.dtype) -> str:
         """x (a float32 value) rounded to `dtype`'s precision, still held as float32."""
         return self._emit(self.cast_expr(self.cast_expr(x, dtype), ir.compute_dtype(dtype)))
+
+    def rounded_as_stored(self, x: str, dtype: torch.dtype) -> str:
+        """A reduction's result that later members read from a register: rounded as its
+        stored value is, for float16 and bfloat16 (eager's next op reads the rounded one)."""
+        return self.round_to(x, dtype) if dtype in (torch.float16, torch.bfloat16) else x
 
     def scalar_arg(self, name: str, dtype: torch.dtype) -> str:
         """A float kernel argument (a dynamic Python float) as a value of `dtype`."""
@@ -320,10 +326,29 @@ def scalars_in(source: str) -> list[str]:
     return sorted(set(SCALAR.findall(source)), key=lambda s: int(s[6:]))
 
 
+def wrapped(value, dtype: torch.dtype):
+    """A Python number as a constant of an integer dtype holds it: wrapped into its range
+    (uint8 300 is 44, as PyTorch converts `x + 300` for a uint8 x), bool as 0 or 1. Floats
+    and other dtypes: unchanged."""
+    if dtype == torch.bool:
+        return int(bool(value))
+    if dtype.is_floating_point or not isinstance(value, int):
+        return value
+    info = torch.iinfo(dtype)
+    return (value - info.min) % (info.max - info.min + 1) + info.min
+
+
 def reduction_identity(reduction_type: str, dtype: torch.dtype):
+    """The value a row's accumulator starts from: what combined with any x gives x. For max
+    and min of integers, the dtype's least and greatest value (-iinfo.max would turn a row of
+    int16 -32768 into -32767); for bool, False and True."""
     if reduction_type in ("sum", "mean"):
         return 0
     if reduction_type == "prod":
         return 1
-    big = math.inf if dtype.is_floating_point else (torch.iinfo(dtype).max if dtype != torch.bool else 1)
-    return -big if reduction_type in ("max", "argmax") else big
+    largest = reduction_type in ("max", "argmax")
+    if dtype == torch.bool:
+        return 0 if largest else 1
+    if dtype.is_floating_point:
+        return -math.inf if largest else math.inf
+    return torch.iinfo(dtype).min if largest else torch.iinfo(dtype).max

@@ -12,6 +12,7 @@ compiler command.
 from __future__ import annotations
 
 import ctypes
+import functools
 import hashlib
 import math
 import os
@@ -28,7 +29,7 @@ from .common import (SCALAR, SYMBOL, KernelWriter, defined_once, plan_loops, red
                      size_symbols_in)
 
 CTYPES = {torch.float32: "float", torch.float64: "double", torch.float16: "_Float16",
-          torch.bfloat16: None, torch.int64: "int64_t", torch.int32: "int32_t",
+          torch.bfloat16: "mc_bf16", torch.int64: "int64_t", torch.int32: "int32_t",
           torch.int16: "int16_t", torch.int8: "int8_t", torch.uint8: "uint8_t", torch.bool: "bool"}
 
 PRELUDE = r"""
@@ -42,6 +43,59 @@ PRELUDE = r"""
 #include <cstdint>
 #include <cstring>
 #include <limits>
+#include <algorithm>
+#include <type_traits>
+// Arithmetic in the operands' own type, as PyTorch computes it. C++ widens bool, int8, uint8
+// and int16 operands to int, so uint8 3 - 5 would stay -2 where PyTorch has 254 (and a later
+// comparison, cast or sum would see -2); and overflow of int32 and int64 is undefined. So
+// integers are added, subtracted and multiplied as unsigned numbers at least as wide as int
+// (which wrap) and converted back to their type: every result wraps as PyTorch's does.
+// bool + bool is then bool (logical or), bool * bool logical and, as in PyTorch.
+template <typename T> using mc_wide = std::make_unsigned_t<std::common_type_t<T, int>>;
+#define MC_WRAPPING(name, op)                                                              \
+    template <typename A, typename B> static inline std::common_type_t<A, B> name(A a, B b) { \
+        using T = std::common_type_t<A, B>;                                                \
+        if constexpr (std::is_integral_v<T> && !std::is_same_v<T, bool>)                   \
+            return static_cast<T>(static_cast<mc_wide<T>>(a) op static_cast<mc_wide<T>>(b)); \
+        else                                                                               \
+            return static_cast<T>(a op b);                                                 \
+    }
+MC_WRAPPING(mc_add, +)
+MC_WRAPPING(mc_sub, -)
+MC_WRAPPING(mc_mul, *)
+template <typename T> static inline T mc_neg(T a) {
+    if constexpr (std::is_integral_v<T>) return static_cast<T>(mc_wide<T>(0) - static_cast<mc_wide<T>>(a));
+    else return -a;
+}
+template <typename T> static inline T mc_abs(T a) {
+    if constexpr (std::is_integral_v<T>) return a < T(0) ? mc_neg(a) : a;
+    else return std::abs(a);
+}
+// floor and ceil of an integer are the integer (std::floor would make it a double)
+template <typename T> static inline T mc_floor(T a) {
+    if constexpr (std::is_integral_v<T>) return a; else return std::floor(a);
+}
+template <typename T> static inline T mc_ceil(T a) {
+    if constexpr (std::is_integral_v<T>) return a; else return std::ceil(a);
+}
+// bfloat16 (GCC 12 has no arithmetic type for it): the upper half of a float's bits, made
+// from a float by rounding to nearest even as PyTorch's c10::BFloat16 does (a NaN stays a
+// NaN). Kernels load it as float and store it rounded, as they do float16.
+struct mc_bf16 {
+    uint16_t bits;
+    mc_bf16() = default;
+    mc_bf16(float f) {
+        uint32_t u;
+        std::memcpy(&u, &f, 4);
+        bits = f != f ? uint16_t(0x7FC0) : static_cast<uint16_t>((u + 0x7FFFu + ((u >> 16) & 1u)) >> 16);
+    }
+    operator float() const {
+        uint32_t u = static_cast<uint32_t>(bits) << 16;
+        float f;
+        std::memcpy(&f, &u, 4);
+        return f;
+    }
+};
 // NaN-propagating helpers, as PyTorch's maximum/minimum/relu behave. Two selects, not one
 // select on `a != a || a > b`: GCC does not vectorize a loop calling the latter (max pooling).
 template <typename T> static inline T mc_max(T a, T b) { T m = a > b ? a : b; return a != a ? a : m; }
@@ -51,11 +105,13 @@ template <typename T> static inline T mc_relu(T a) { return a < T(0) ? T(0) : a;
 // k = round(x / ln 2), r = x - k ln 2 (in two parts), exp(r) by Cephes' polynomial; error
 // under 2 ulp. glibc's vector expf is as fast in its range, but a lane below -87.3 (masked
 // softmax's -inf, a saturated erf's tail) sends the whole vector to a scalar path, ten times
-// slower, and the compiler may call it on a value before clamping it. Below -87.34 (where
-// exp is subnormal) the result is 0.
+// slower, and the compiler may call it on a value before clamping it. From -87.34 down to
+// -103.97 the result is subnormal, as PyTorch's is: 2^k as two factors keeps each one a
+// normal float, and the last multiplication rounds once into the subnormal range. Below
+// -104 (under half the least subnormal) the result is 0.
 template <typename T> static inline T mc_exp(T a) { return std::exp(a); }
 template <> inline float mc_exp<float>(float x) {
-    float c = x < -87.34f ? -87.34f : (x > 88.73f ? 88.73f : x);
+    float c = x < -104.0f ? -104.0f : (x > 88.73f ? 88.73f : x);
     float k = std::nearbyint(c * 1.44269504088896341f);
     float r = std::fma(k, 2.12194440e-4f, std::fma(k, -0.693359375f, c));
     float p = std::fma(std::fma(std::fma(std::fma(std::fma(1.9875691500e-4f, r, 1.3981999507e-3f), r,
@@ -68,39 +124,57 @@ template <> inline float mc_exp<float>(float x) {
     std::memcpy(&s1, &b1, 4);
     std::memcpy(&s2, &b2, 4);
     y = y * s1 * s2;
-    return x < -87.34f ? 0.0f : (x != x ? x : y);
+    return x < -104.0f ? 0.0f : (x != x ? x : y);
+}
+// Random numbers made in a kernel (config.fallback_random off): Philox 4x32-10 of the counter
+// (offset, 0, 0, 0) under the key (seed's low, high 32 bits), as Triton's tl.rand and
+// tl.randn compute it, so C++ and Triton kernels draw the same bits. rand: the first word as
+// a float in [0, 1); randn: the first two by the Box-Muller transform.
+static inline void mc_philox(int64_t seed, int32_t offset, uint32_t out[4]) {
+    uint32_t c0 = static_cast<uint32_t>(offset), c1 = 0, c2 = 0, c3 = 0;
+    uint32_t k0 = static_cast<uint32_t>(static_cast<uint64_t>(seed)),
+             k1 = static_cast<uint32_t>(static_cast<uint64_t>(seed) >> 32);
+    for (int i = 0; i < 10; i++) {
+        uint64_t p0 = static_cast<uint64_t>(0xCD9E8D57u) * c2, p2 = static_cast<uint64_t>(0xD2511F53u) * c0;
+        uint32_t n0 = static_cast<uint32_t>(p0 >> 32) ^ c1 ^ k0, n2 = static_cast<uint32_t>(p2 >> 32) ^ c3 ^ k1;
+        c1 = static_cast<uint32_t>(p0);
+        c3 = static_cast<uint32_t>(p2);
+        c0 = n0;
+        c2 = n2;
+        k0 += 0x9E3779B9u;
+        k1 += 0xBB67AE85u;
+    }
+    out[0] = c0; out[1] = c1; out[2] = c2; out[3] = c3;
+}
+static inline float mc_uniform(uint32_t bits) {
+    int32_t x = static_cast<int32_t>(bits);
+    return static_cast<float>(x < 0 ? ~x : x) * 4.6566127342e-10f;     // ~x is -x - 1
+}
+static inline float mc_rand(int64_t seed, int32_t offset) {
+    uint32_t r[4];
+    mc_philox(seed, offset, r);
+    return mc_uniform(r[0]);
+}
+static inline float mc_randn(int64_t seed, int32_t offset) {
+    uint32_t r[4];
+    mc_philox(seed, offset, r);
+    float u1 = std::max(1.0e-7f, mc_uniform(r[0])), u2 = mc_uniform(r[1]);
+    return std::sqrt(-2.0f * std::log(u1)) * std::cos(6.283185307179586f * u2);
 }
 template <typename T> static inline T mc_sigmoid(T a) { return T(1) / (T(1) + mc_exp(-a)); }
-// erf for float as ATen's vectorized CPU kernels compute it (Abramowitz and Stegun 7.1.26,
-// error below 1.5e-7): an exp and a few multiply-adds, which vectorize, so eager's gelu and
-// this one agree closely and run at the same speed. Other types: the C library's erf.
-template <typename T> static inline T mc_erf(T a) { return std::erf(a); }
-// erf's exp(-a*a) has an argument <= 0, which lets exp drop work: no upper clamp, 2^k in one
-// factor (k >= -126 stays a normal float), and no zero for underflow (a tail this far out
-// leaves 1 - tiny = 1). A NaN stays NaN through the polynomial.
-static inline float mc_exp_nonpositive(float x) {
-    float c = x < -87.33f ? -87.33f : x;
-    float k = std::nearbyint(c * 1.44269504088896341f);
-    float r = std::fma(k, 2.12194440e-4f, std::fma(k, -0.693359375f, c));
-    float p = std::fma(std::fma(std::fma(std::fma(std::fma(1.9875691500e-4f, r, 1.3981999507e-3f), r,
-                                                  8.3334519073e-3f), r, 4.1665795894e-2f), r,
-                                1.6666665459e-1f), r, 5.0000001201e-1f);
-    int32_t b = (static_cast<int32_t>(k) + 127) << 23;
-    float s;
-    std::memcpy(&s, &b, 4);
-    return (std::fma(p, r * r, r) + 1.0f) * s;
-}
-template <> inline float mc_erf<float>(float a) {
-    float t = 1.0f / std::fma(0.3275911f, std::fabs(a), 1.0f);
-    float r = std::fma(std::fma(std::fma(std::fma(1.061405429f, t, -1.453152027f), t, 1.421413741f), t,
-                                -0.284496736f), t, 0.254829592f);
-    return std::copysign(std::fma(-t * mc_exp_nonpositive(-a * a), r, 1.0f), a);
-}
 """
 
 
 class KernelCompileError(RuntimeError):
-    """A generated kernel failed to compile: the message names the compiler and its error."""
+    """A generated kernel failed to compile: the message names the compiler and its error.
+    `generated_code`: the compiler works (it compiles an empty function with the same
+    command), so the fault is in the code minicompile wrote, and the graph can run on
+    PyTorch's kernels instead (graph_compiler does that); else the tool chain is at fault
+    (no compiler, a bad flag), which the user must hear about."""
+
+    def __init__(self, message: str, generated_code: bool = False):
+        super().__init__(message)
+        self.generated_code = generated_code
 
 
 class CppWriter(KernelWriter):
@@ -139,16 +213,18 @@ class CppWriter(KernelWriter):
         return var
 
     OPS = {
-        "add": "({0} + {1})", "sub": "({0} - {1})", "mul": "({0} * {1})", "truediv": "({0} / {1})",
-"maximum": "mc_max({0}, {1})", "minimum": "mc_min({0}, {1})",
+        "add": "mc_add({0}, {1})", "sub": "mc_sub({0}, {1})", "mul": "mc_mul({0}, {1})",
+        "truediv": "({0} / {1})", "pow": "std::pow({0}, {1})",
+        "maximum": "mc_max({0}, {1})", "minimum": "mc_min({0}, {1})",
         "eq": "({0} == {1})", "ne": "({0} != {1})", "lt": "({0} < {1})", "le": "({0} <= {1})",
         "gt": "({0} > {1})", "ge": "({0} >= {1})", "logical_and": "({0} && {1})",
-        "logical_or": "({0} || {1})", "logical_not": "(!{0})", "neg": "(-{0})",
-        "abs": "std::abs({0})", "relu": "mc_relu({0})", "exp": "mc_exp({0})", "log": "std::log({0})",
+        "logical_or": "({0} || {1})", "logical_not": "(!{0})", "neg": "mc_neg({0})",
+        "abs": "mc_abs({0})", "relu": "mc_relu({0})", "exp": "mc_exp({0})", "log": "std::log({0})",
         "sqrt": "std::sqrt({0})", "rsqrt": "(1 / std::sqrt({0}))", "sin": "std::sin({0})",
         "cos": "std::cos({0})", "tanh": "std::tanh({0})", "sigmoid": "mc_sigmoid({0})",
-        "erf": "mc_erf({0})", "reciprocal": "(1 / {0})", "floor": "std::floor({0})",
-        "ceil": "std::ceil({0})", "isnan": "({0} != {0})", "where": "({0} ? {1} : {2})",
+        "erf": "std::erf({0})", "reciprocal": "(1 / {0})", "floor": "mc_floor({0})",
+        "ceil": "mc_ceil({0})", "isnan": "({0} != {0})", "where": "({0} ? {1} : {2})",
+        "rand": "mc_rand({0}, {1})", "randn": "mc_randn({0}, {1})",
     }
 
     def assign(self, var, expr):
@@ -174,6 +250,8 @@ class CppWriter(KernelWriter):
 
     def constant_expr(self, value, dtype):
         t = ctype(dtype)
+        if not dtype.is_floating_point and dtype != torch.bool and value == torch.iinfo(dtype).min:
+            return f"std::numeric_limits<{t}>::min()"      # (its literal's magnitude overflows)
         if isinstance(value, float) and math.isinf(value):
             return f"(-std::numeric_limits<{t}>::infinity())" if value < 0 else f"std::numeric_limits<{t}>::infinity()"
         if isinstance(value, float) and math.isnan(value):
@@ -192,7 +270,7 @@ class CppWriter(KernelWriter):
 
 
 _TMP = re.compile(r"\btmp\d+\b")
-_EXPENSIVE = re.compile(r"mc_exp\(|mc_erf\(|mc_sigmoid\(|std::(log|tanh|sqrt|sin|cos)\(")
+_EXPENSIVE = re.compile(r"mc_exp\(|mc_sigmoid\(|std::(log|tanh|sqrt|sin|cos|erf|pow)\(")
 CARRY_LIMIT = 16384         # row length up to which carried values live in stack arrays
 
 
@@ -204,14 +282,37 @@ def ctype(dtype: torch.dtype) -> str:
 
 
 REDUCE = {  # reduction type -> (combine statement, OpenMP reduction operator)
-    "sum": ("{acc} = {acc} + {v};", "+"), "mean": ("{acc} = {acc} + {v};", "+"),
-    "prod": ("{acc} = {acc} * {v};", "*"),
+    "sum": ("{acc} = mc_add({acc}, {v});", "+"), "mean": ("{acc} = mc_add({acc}, {v});", "+"),
+    "prod": ("{acc} = mc_mul({acc}, {v});", "*"),
     "max": ("{acc} = {v} > {acc} ? {v} : {acc}; {nan} |= ({v} != {v});", "max"),
     "min": ("{acc} = {v} < {acc} ? {v} : {acc}; {nan} |= ({v} != {v});", "min"),
     # keep the first NaN, else take a NaN, else a strictly better value (ties keep the first)
     "argmax": ("if ({acc} == {acc} && ({v} != {v} || {v} > {acc})) {{ {acc} = {v}; {idx} = {r}; }}", None),
     "argmin": ("if ({acc} == {acc} && ({v} != {v} || {v} < {acc})) {{ {acc} = {v}; {idx} = {r}; }}", None),
 }
+
+
+def accumulator_type(comp: ir.Reduction) -> str:
+    """The C type a reduction accumulates in. A float32 sum or mean adds in double: added in
+    float one by one (per vector lane), a long row loses digits that PyTorch's cascade
+    summation keeps (the mean of a million values near 1e20 was off in the fifth digit).
+    Its result is rounded to float once, at the end."""
+    if comp.reduction_type in ("sum", "mean") and comp.src_dtype == torch.float32:
+        return "double"
+    return ctype(comp.src_dtype)
+
+
+def _finish(comp: ir.Reduction, acc: str, nan: str, writer) -> str:
+    """A sum, mean, max or min's result from its accumulator (and NaN flag), in src_dtype."""
+    acc_t, src_t = accumulator_type(comp), ctype(comp.src_dtype)
+    result = acc
+    if comp.reduction_type == "mean":
+        result = f"({acc} / static_cast<{acc_t}>({writer.render_size(comp.rnumel())}))"
+    if acc_t != src_t:
+        result = f"static_cast<{src_t}>({result})"
+    if comp.reduction_type in ("max", "min") and comp.src_dtype.is_floating_point:
+        result = f"({nan} ? std::numeric_limits<{src_t}>::quiet_NaN() : {result})"
+    return result
 
 
 def kernel_source(kernel, buffers: dict[str, ir.IRNode]) -> tuple[str, list[str]]:
@@ -352,12 +453,8 @@ def _across_rows(writer, xs, rs, store, parallel_if) -> list[str]:
         value = member.run(*writer.canonical)
         body.append(REDUCE[comp.reduction_type][0].format(acc=acc, v=value, nan=nan))
     init = writer.constant_expr(reduction_identity(comp.reduction_type, comp.src_dtype), comp.src_dtype)
-    result = acc
-    if comp.reduction_type == "mean":
-        result = f"({acc} / static_cast<float>({writer.render_size(comp.rnumel())}))"
-    if comp.reduction_type in ("max", "min"):
-        result = f"({nan} ? std::numeric_limits<float>::quiet_NaN() : {result})"
-    lines = [f"float acc0[{n}];", f"int nan0[{n}];",
+    result = _finish(comp, acc, nan, writer)
+    lines = [f"{accumulator_type(comp)} acc0[{n}];", f"int nan0[{n}];",
              *_nest([(xi, n)], [f"{acc} = {init};", f"{nan} = 0;"], innermost_pragma="#pragma omp simd"),
              *_nest(rs, _nest([(xi, n)], body, innermost_pragma="#pragma omp simd")),
              *_nest([(xi, n)], [store(member, result)], innermost_pragma="#pragma omp simd")]
@@ -378,7 +475,7 @@ def _emit_pass(writer, members, rs, store, position, parallel_if) -> None:
                     loop_body.append(store(m, value))
                 continue
             acc, nan, idx = f"acc{k}", f"nan{k}", f"idx{k}"
-            acc_t = ctype(comp.src_dtype)
+            acc_t = accumulator_type(comp)
             init = writer.constant_expr(reduction_identity(comp.reduction_type, comp.src_dtype), comp.src_dtype)
             combine, omp_op = REDUCE[comp.reduction_type]
             loop_body.append(combine.format(acc=acc, v=value, nan=nan, idx=idx, r=position.render("/")))
@@ -390,11 +487,7 @@ def _emit_pass(writer, members, rs, store, position, parallel_if) -> None:
             else:
                 inits += [f"{acc_t} {acc} = {init};", f"int {nan} = 0;"]
                 clauses.append(f"reduction({omp_op}:{acc}) reduction(|:{nan})")
-                result = acc
-            if comp.reduction_type == "mean":
-                result = f"({acc} / static_cast<{acc_t}>({writer.render_size(comp.rnumel())}))"
-            if comp.reduction_type in ("max", "min") and comp.src_dtype.is_floating_point:
-                result = f"({nan} ? std::numeric_limits<{acc_t}>::quiet_NaN() : {result})"
+                result = _finish(comp, acc, nan, writer)
             finals.append((m, result))
     writer.lines += inits
     # the loop is written out at the end of the kernel: a later pass may still add a line to
@@ -408,7 +501,7 @@ def _emit_pass(writer, members, rs, store, position, parallel_if) -> None:
             innermost_pragma=f"#pragma omp simd {clause}".rstrip(),
             outer_pragma=f"#pragma omp parallel for{simd} {clause} {parallel_if}" if parallel_if else None)))
     for m, result in finals:
-        var = writer._emit(result)
+        var = writer.rounded_as_stored(writer._emit(result), m.box.dtype)
         writer.row_values[m.box.name] = var
         if m.box.name in writer.kernel.stored:
             writer.lines.append(store(m, var))
@@ -457,9 +550,21 @@ def compile_library(source: str) -> ctypes.CDLL:
             os.unlink(tmp_lib)
             raise KernelCompileError(
                 f"C++ kernel failed to compile with `{' '.join(command)}` ({src_path}):\n"
-                + "\n".join(proc.stderr.splitlines()[:20]))
+                + "\n".join(proc.stderr.splitlines()[:20]), generated_code=_compiler_works(tuple(command)))
         os.replace(tmp_lib, lib_path)       # atomic: parallel processes never load half a file
     return ctypes.CDLL(lib_path)
+
+
+@functools.lru_cache(None)
+def _compiler_works(command: tuple) -> bool:
+    """Whether `command` compiles an empty function (asked once a kernel has failed)."""
+    with tempfile.TemporaryDirectory() as directory:
+        src = os.path.join(directory, "empty.cpp")
+        with open(src, "w") as f:
+            f.write('extern "C" void empty() {}\n')
+        proc = subprocess.run([*command, src, "-o", os.path.join(directory, "empty.so"), *config.cxx_libs],
+                              capture_output=True, text=True)
+    return proc.returncode == 0
 
 
 KERNEL_MARK = "// ---- kernel "

@@ -50,7 +50,98 @@ def import_triton():
                            "CUDA builds), or use the C++ backend on a CPU") from None
     if os.environ.get("TRITON_INTERPRET") == "1":
         _patch_interpreter_scalars()
+        _patch_interpreter_libdevice()
+        _patch_interpreter_bfloat16()
+        _patch_interpreter_comparisons()
     return triton
+
+
+# The libdevice functions the kernels call (CUDA's math library on a GPU, as Inductor calls
+# it), and the NumPy function that computes each in Triton's interpreter, which has none.
+INTERPRETED_LIBDEVICE = {"pow": "power", "tanh": "tanh"}
+
+
+def _patch_interpreter_libdevice():
+    """Let Triton's interpreter run the libdevice calls of INTERPRETED_LIBDEVICE, so it runs the
+    code a GPU gets. `libdevice.pow` is a stub that Triton's compiler replaces by the GPU's
+    function (in the interpreter it returns None), and the interpreter's builder raises for
+    every external function. So the stub calls CUDA's libdevice function, and the builder
+    hands its external call (`__nv_powf`, `__nv_pow`...) to NumPy."""
+    import numpy as np
+    from triton.language.extra import libdevice
+    from triton.language.extra.cuda import libdevice as cuda_libdevice
+    from triton.runtime import interpreter
+
+    builder = interpreter.InterpreterBuilder
+    original = builder.create_extern_elementwise
+    if getattr(original, "minicompile", False):
+        return
+    for name in INTERPRETED_LIBDEVICE:
+        def call(*args, _function=getattr(cuda_libdevice, name)):
+            return _function(*args, _semantic=interpreter.interpreter_semantic)
+        setattr(libdevice, name, call)
+
+    def create_extern_elementwise(self, lib_name, lib_path, symbol, args, ret_type, is_pure):
+        name = symbol.removeprefix("__nv_")
+        name = name if name in INTERPRETED_LIBDEVICE else name[:-1]      # __nv_powf: float32's
+        if name not in INTERPRETED_LIBDEVICE:
+            return original(self, lib_name, lib_path, symbol, args, ret_type, is_pure)
+        with np.errstate(all="ignore"):       # NaN from a negative base, as on a GPU: no warning
+            data = getattr(np, INTERPRETED_LIBDEVICE[name])(*[a.data for a in args])
+        return interpreter.TensorHandle(data.astype(args[0].data.dtype), ret_type.scalar)
+    create_extern_elementwise.minicompile = True
+    builder.create_extern_elementwise = create_extern_elementwise
+
+
+def _patch_interpreter_bfloat16():
+    """Triton's interpreter converts float32 to bfloat16 by dropping the low bits (a GPU
+    rounds to nearest even, as PyTorch does), and other types to bfloat16 by converting their
+    values to 16-bit integers. Convert through float32, rounding to nearest even, as
+    PyTorch's c10::BFloat16 does (a NaN stays a NaN)."""
+    import numpy as np
+    import triton.language as tl
+    from triton.runtime import interpreter
+
+    builder = interpreter.InterpreterBuilder
+    original = builder.cast_impl
+    if getattr(original, "minicompile", False):
+        return
+
+    def cast_impl(self, src, dst_type):
+        source, target = src.dtype.scalar, dst_type.scalar
+        if target == tl.bfloat16 and source != tl.bfloat16:
+            f32 = np.ascontiguousarray(src.data.astype(np.float32))
+            u = f32.view(np.uint32).astype(np.uint64)
+            bits = ((u + 0x7FFF + ((u >> 16) & 1)) >> 16).astype(np.uint16)
+            return interpreter.TensorHandle(np.where(f32 != f32, np.uint16(0x7FC0), bits), target)
+        if source == tl.bfloat16 and target != tl.bfloat16:
+            f32 = (np.ascontiguousarray(src.data).astype(np.uint32) << 16).view(np.float32)
+            return interpreter.TensorHandle(f32.astype(interpreter._get_np_dtype(dst_type)), target)
+        return original(self, src, dst_type)
+    cast_impl.minicompile = True
+    builder.cast_impl = cast_impl           # (every conversion method of the builder calls it)
+
+
+def _patch_interpreter_comparisons():
+    """Triton's interpreter types a comparison's result as its operands' type (x != 0 of a
+    float is a float tensor there), which a one-element comparison broadcast against a block
+    then is (x.to(tl.int1) & block fails): a comparison is a bool (int1), as on a GPU."""
+    import numpy as np
+    import triton.language as tl
+    from triton.runtime import interpreter
+
+    builder = interpreter.InterpreterBuilder
+    original = builder.binary_op
+    if getattr(original, "minicompile", False):
+        return
+    comparisons = {np.less, np.less_equal, np.greater, np.greater_equal, np.equal, np.not_equal}
+
+    def binary_op(self, lhs, rhs, op):
+        if op in comparisons:
+            return interpreter.TensorHandle(op(lhs.data, rhs.data), tl.int1)
+        return original(self, lhs, rhs, op)
+    binary_op.minicompile = True
+    builder.binary_op = binary_op
 
 
 def _patch_interpreter_scalars():
@@ -74,6 +165,7 @@ def _patch_interpreter_scalars():
 class TritonWriter(KernelWriter):
     OPS = {
         "add": "({0} + {1})", "sub": "({0} - {1})", "mul": "({0} * {1})", "truediv": "({0} / {1})",
+        "pow": "libdevice.pow({0}, {1})",
         "maximum": "tl.where(({0} != {0}) | ({0} > {1}), {0}, {1})",
         "minimum": "tl.where(({0} != {0}) | ({0} < {1}), {0}, {1})",
         "eq": "({0} == {1})", "ne": "({0} != {1})", "lt": "({0} < {1})", "le": "({0} <= {1})",
@@ -81,9 +173,10 @@ class TritonWriter(KernelWriter):
         "logical_or": "({0} | {1})", "logical_not": "({0} == 0)", "neg": "(-{0})",
         "abs": "tl.abs({0})", "relu": "tl.where({0} < 0, 0, {0})", "exp": "tl.exp({0})",
         "log": "tl.log({0})", "sqrt": "tl.sqrt({0})", "rsqrt": "tl.rsqrt({0})", "sin": "tl.sin({0})",
-        "cos": "tl.cos({0})", "tanh": "(2 * tl.sigmoid(2 * {0}) - 1)", "sigmoid": "tl.sigmoid({0})",
+        "cos": "tl.cos({0})", "tanh": "libdevice.tanh({0})", "sigmoid": "tl.sigmoid({0})",
         "erf": "tl.erf({0})", "reciprocal": "(1 / {0})", "floor": "tl.floor({0})",
         "ceil": "tl.ceil({0})", "isnan": "({0} != {0})", "where": "tl.where({0}, {1}, {2})",
+        "rand": "tl.rand({0}, {1})", "randn": "tl.randn({0}, {1})",
     }
 
     def __init__(self, kernel, plan, buffers, mask: str):
@@ -154,6 +247,8 @@ class TritonWriter(KernelWriter):
         return repr(float(value))
 
     def cast_expr(self, x, dtype):
+        if x in self.constants and not x.startswith("tl."):    # a Python float: a block first
+            x = f"tl.full([1], {x}, tl.float32)"
         return f"({x}).to({TL_TYPES[dtype]})"
 
     def render_size(self, size):
@@ -217,7 +312,9 @@ def kernel_source(kernel, buffers):
         index = writer.store_index(member)
         text = writer.offset(index) if index.variables() else f"{index.render('//')} + 0 * xindex"
         if value in writer.constants:       # a constant output still needs a block of values
-            value = f"tl.full([XBLOCK], {value}, {TL_TYPES[member.box.dtype]})"
+            shape = "[XBLOCK]" if not kernel.r_sizes else "[XBLOCK, RBLOCK]" if row else "[XBLOCK, 1]"
+            # (an integer constant is a one-element block already: added, not splat)
+            value = f"(tl.zeros({shape}, {TL_TYPES[ir.compute_dtype(member.box.dtype)]}) + {value})"
         return (f"tl.store({writer.out_name(member.box.name)} + ({text}), "
                 f"({value}).to({TL_TYPES[member.box.dtype]}), {'xmask & rmask' if row else 'xmask'})")
 
@@ -251,6 +348,8 @@ def kernel_source(kernel, buffers):
                     acc_tl = TL_TYPES[comp.src_dtype]
                     init = reduction_identity(comp.reduction_type, comp.src_dtype)
                     init = f"float('{init}')" if isinstance(init, float) and math.isinf(init) else repr(init)
+                    # in a where, an identity as its dtype (a literal would be an int32: -2**63 is not)
+                    init_value = f"tl.full([1], {init}, {acc_tl})"
                     reduce_fn = REDUCE_FN.get(comp.reduction_type)
                     if reduce_fn is None:
                         raise NotImplementedError(f"Triton reduction '{comp.reduction_type}'")
@@ -259,7 +358,7 @@ def kernel_source(kernel, buffers):
                     arg = comp.reduction_type in ir.ARG_REDUCTIONS
                     if persistent:
                         value = m.run(x_idx, r_idx)
-                        block = writer._emit(f"tl.where(xmask & rmask, {value}, {init}).to({acc_tl})")
+                        block = writer._emit(f"tl.where(xmask & rmask, {value}, {init_value}).to({acc_tl})")
                         if arg:
                             positions = writer._emit("tl.where(xmask & rmask, rindex, rnumel)")
                             result = _first_best(writer, reduce_fn, block, positions, floating)
@@ -269,7 +368,7 @@ def kernel_source(kernel, buffers):
                         acc, pos = f"acc{k}", f"pos{k}"
                         with writer.scope() as loop_body:
                             value = m.run(x_idx, r_idx)
-                            loop_body.append(f"v = tl.where(xmask & rmask, {value}, {init}).to({acc_tl})")
+                            loop_body.append(f"v = tl.where(xmask & rmask, {value}, {init_value}).to({acc_tl})")
                             if arg:
                                 # per lane, elements come in order: take the first, a NaN over a
                                 # number, or a strictly better value (ties keep the earlier one)
@@ -290,6 +389,7 @@ def kernel_source(kernel, buffers):
                                   else _row_reduce(writer, reduce_fn, acc, nan_aware))
                     if comp.reduction_type == "mean":
                         result = writer._emit(f"{result} / {writer.render_size(comp.rnumel())}")
+                    result = writer.rounded_as_stored(result, m.box.dtype)
                     writer.row_values[m.box.name] = result
                     if m.box.name in kernel.stored:
                         writer.lines.append(store(m, result, row=False))
@@ -461,7 +561,10 @@ def generate(kernels, buffers) -> tuple[str, dict]:
         function = defined_once(defined, kernel.name, src)
         sources += [src, ""] if function == kernel.name else [f"{kernel.name} = {function}  # the same code", ""]
         meta[kernel.name] = (args, launch, function)
-    parts = ["import triton", "import triton.language as tl", ""]
+    parts = ["import triton", "import triton.language as tl"]
+    if any("libdevice." in src for src in sources):
+        parts.append("from triton.language.extra import libdevice")
+    parts.append("")
     for name, lines in HELPERS.items():
         if any(f"{name}(" in src for src in sources):
             parts += [*lines, "", ""]

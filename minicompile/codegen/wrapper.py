@@ -100,7 +100,7 @@ def plan_reuse(program: ir.Program, steps: list, kernel_args: dict) -> tuple[dic
     for i, step in enumerate(steps):
         if isinstance(step, Kernel):
             reusable |= {m.box.name for m in step.members if m.box.name in step.stored}
-            for name in kernel_args[step.name]:
+            for name in kernel_args.get(step.name, ()):
                 last_use[name] = i
         else:
             seen_by_extern |= {r.name for r in step.box.reads}
@@ -133,8 +133,14 @@ def choose_backend(device: torch.device) -> str:
     raise NotImplementedError(f"no kernels for device type '{device.type}'")
 
 
+def has_no_elements(kernel: Kernel) -> bool:
+    """A kernel over an empty iteration space (a dim of size 0): its outputs are allocated, and
+    nothing is launched (a GPU refuses a grid of 0 programs)."""
+    return any(not ir.is_symbolic(s) and s == 0 for s in (*kernel.x_sizes, *kernel.r_sizes))
+
+
 def build(program: ir.Program, steps: list) -> CompiledGraph:
-    kernels = [s for s in steps if isinstance(s, Kernel)]
+    kernels = [s for s in steps if isinstance(s, Kernel) and not has_no_elements(s)]
     backend = choose_backend(program.device)
     buffers = buffers_by_name(program)
     buffers[ir.INDEX_ERRORS] = ir.InputBuffer(ir.INDEX_ERRORS, [1], [1], 0, torch.int32, program.device)
@@ -228,6 +234,8 @@ def build(program: ir.Program, steps: list) -> CompiledGraph:
                 else:
                     lines.append(f"    {m.box.name} = empty_strided({sizes(shape)}, {stride}, "
                                  f"dtype={m.box.dtype}, device={device})")
+            if step.name not in kernel_args:          # nothing to compute (has_no_elements)
+                continue
             args = kernel_args[step.name]
             if backend == "cpp":
                 passed = [a if a in program.symbols or a in program.scalars else f"{a}.data_ptr()" for a in args]

@@ -169,8 +169,32 @@ def lower(gm: torch.fx.GraphModule, example_inputs) -> ir.Program:
             result = lowering(node, values, *args, **kwargs)
         if result is None or result is NotImplemented:
             result = lower_fallback(program, node, values, target, args, kwargs)
+        for box in pytree.tree_leaves(result):
+            _nothing_to_compute(box)
+            _rounded_as_eager(box)
         env[node] = result
     return program
+
+
+def _nothing_to_compute(box) -> None:
+    """A value without elements (a dim of size 0) computes nothing: its inner function, which
+    no kernel will run, becomes a constant, so that no index of it is ever worked out (a
+    reshape of an empty tensor would divide by its size 0)."""
+    if isinstance(box, TensorBox) and isinstance(box.data, ir.Pointwise) and 0 in box.shape:
+        cd = ir.compute_dtype(box.dtype)
+        box.data.inner_fn = lambda idx: ir.ops.constant(0, cd)
+
+
+def _rounded_as_eager(box) -> None:
+    """Eager rounds the result of every op on float16 or bfloat16 to its dtype (its kernels
+    compute in float32 and round when they store). A value computed here is kept in float32
+    when the next op's code reads it in the same kernel, so it is rounded where eager rounds:
+    at the end of each op (not inside one: a layer norm computes in float32 throughout, as
+    ATen's does). Views move no data and need no rounding."""
+    if isinstance(box, TensorBox) and isinstance(box.data, ir.Pointwise) and not box.data.aliases \
+            and box.dtype in (torch.float16, torch.bfloat16):
+        fn, dtype = box.data.inner_fn, box.dtype
+        box.data.inner_fn = lambda idx: ir.ops.round_to(fn(idx), dtype)
 
 
 def _eager_layout(box, value):

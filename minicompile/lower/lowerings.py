@@ -100,16 +100,24 @@ def _meta(node, values):
     return v if isinstance(v, torch.Tensor) else None
 
 
-def _as_index_value(x, shape, cdtype):
-    """A loader that produces x (a box or a Python scalar) broadcast to `shape`, in cdtype."""
+def _as_index_value(x, shape, dtype):
+    """A loader that produces x (a box or a Python scalar) broadcast to `shape`, converted to
+    `dtype` (PyTorch's common dtype of the op's operands) and held in its compute dtype. A
+    tensor converted to float16 or bfloat16 is rounded to it, as PyTorch converts it before
+    the op (int16 32766 is 32768 in float16); a Python number is not (PyTorch's kernels
+    take it in float32)."""
+    cdtype = compute_dtype(dtype)
     if isinstance(x, TensorBox):
         load, src = x.make_loader(), list(x.shape)
         off = len(shape) - len(src)
         src_cdtype = compute_dtype(x.dtype)
+        rounds = dtype in (torch.float16, torch.bfloat16) and x.dtype not in (dtype, torch.bool, torch.int8,
+                                                                              torch.uint8)
 
         def f(idx):
             sub = [Index() if src[d] == 1 else idx[d + off] for d in range(len(src))]
-            return ops.to_dtype(load(sub), cdtype, src_cdtype)
+            value = ops.to_dtype(load(sub), cdtype, src_cdtype)
+            return ops.round_to(value, dtype) if rounds else value
         return f
     if isinstance(x, (bool, int, float)):
         return lambda idx: ops.constant(x, cdtype)
@@ -120,7 +128,7 @@ def _as_index_value(x, shape, cdtype):
     return None
 
 
-def _pointwise_box(node, values, fn, inputs, cdtype=None, origin=None):
+def _pointwise_box(node, values, fn, inputs, common=None, origin=None):
     meta = _meta(node, values)
     if meta is None:
         return NotImplemented
@@ -128,7 +136,7 @@ def _pointwise_box(node, values, fn, inputs, cdtype=None, origin=None):
     if any(b.device != meta.device for b in box_inputs):
         return NotImplemented
     return _pw(box_inputs[0].program, ir.shape_of(meta), meta.dtype, meta.device, fn, inputs,
-               origin or _origin(node), cdtype)
+               origin or _origin(node), common)
 
 
 def _origin(node) -> str:
@@ -154,16 +162,41 @@ def _binary(names_targets, fn, compare=False):
     def lower(node, values, input, other):
         if not isinstance(input, TensorBox) and not isinstance(other, TensorBox):
             return NotImplemented
-        cdtype = compute_dtype(_promoted(input, other)) if compare else None
-        return _pointwise_box(node, values, fn, [input, other], cdtype=cdtype)
+        common = _promoted(input, other) if compare else None
+        return _pointwise_box(node, values, fn, [input, other], common=common)
     return lower
+
+
+# Arithmetic whose result is bool is logic, as in PyTorch (True + True is True): said so,
+# rather than left to each backend's 1-bit integers (where True + True could wrap to False).
+BOOL_ARITH = {"add": "logical_or", "mul": "logical_and", "maximum": "logical_or", "minimum": "logical_and"}
+
+
+def _arith_box(node, values, op, inputs):
+    """inputs combined by ops.<op>, computed in the result's compute dtype."""
+    meta = _meta(node, values)
+    if meta is not None and meta.dtype == torch.bool:
+        op = BOOL_ARITH.get(op, op)
+    return _pointwise_box(node, values, getattr(ops, op), inputs)
 
 
 # --------------------------------------------------------------------------- pointwise
 
-for _name in ["exp", "log", "sqrt", "rsqrt", "sin", "cos", "tanh", "sigmoid", "erf",
-              "reciprocal", "floor", "ceil", "abs", "neg", "relu"]:
+for _name in ["exp", "log", "sqrt", "rsqrt", "sin", "cos", "tanh", "sigmoid",
+              "reciprocal", "abs", "neg", "relu"]:
     _unary(_name, (lambda n: (lambda x: getattr(ops, n)(x)))(_name))
+
+
+@register([torch.floor, torch.Tensor.floor, "floor", torch.ceil, torch.Tensor.ceil, "ceil"], "input",
+          pointwise=True)
+def _floor_ceil(node, values, input):
+    """floor and ceil; of an integer tensor, the tensor (as in PyTorch: no conversion)."""
+    meta = _meta(node, values)
+    if meta is not None and not meta.dtype.is_floating_point:
+        return _pointwise_box(node, values, lambda x: x, [input])
+    name = _origin(node)
+    return _pointwise_box(node, values, getattr(ops, name), [input])
+
 
 LOWERINGS[operator.neg] = LOWERINGS[torch.neg]
 LOWERINGS[operator.abs] = LOWERINGS[torch.abs]
@@ -171,48 +204,80 @@ LOWERINGS[operator.abs] = LOWERINGS[torch.abs]
 
 @register([torch.square, torch.Tensor.square, "square"], "input", pointwise=True)
 def _square(node, values, input):
-    return _pointwise_box(node, values, lambda x: ops.mul(x, x), [input])
+    return _arith_box(node, values, "mul", [input, input])
 
 
 def _arith(op, targets):
-    _binary(targets, lambda a, b: getattr(ops, op)(a, b))
+    @register(targets, "input, other", pointwise=True)
+    def lower(node, values, input, other):
+        if not isinstance(input, TensorBox) and not isinstance(other, TensorBox):
+            return NotImplemented
+        return _arith_box(node, values, op, [input, other])
+    return lower
 
 
 _arith("add", [operator.add, operator.iadd, "__radd__"])
 _arith("sub", [operator.sub, operator.isub])
 _arith("mul", [operator.mul, operator.imul, torch.mul, torch.Tensor.mul, "mul", "__rmul__", torch.multiply])
 _arith("truediv", [operator.truediv, operator.itruediv, torch.true_divide, "true_divide"])
-
-
-@register([operator.pow, torch.pow, torch.Tensor.pow, "pow"], "input, exponent", pointwise=True)
-def _pow(node, values, input, exponent):
-    """x ** k for a constant k: small integer powers as multiplications (exact, and right for
-    negative x), 0.5 and -0.5 as square roots, other k as exp(k * log(x)) (NaN for negative x,
-    as PyTorch gives for a fractional power). Tensor exponents fall back to PyTorch."""
-    if not isinstance(input, TensorBox) or not isinstance(exponent, (int, float)) or isinstance(exponent, bool):
-        return NotImplemented
-    k = exponent
-    if float(k).is_integer() and abs(k) <= 4:
-        def fn(x):
-            if k == 0:
-                return ops.constant(1, compute_dtype(input.dtype))
-            y = x
-            for _ in range(int(abs(k)) - 1):
-                y = ops.mul(y, x)
-            return ops.reciprocal(y) if k < 0 else y
-    elif k in (0.5, -0.5):
-        def fn(x):
-            return ops.sqrt(x) if k > 0 else ops.rsqrt(x)
-    elif not float(k).is_integer() and input.dtype.is_floating_point:
-        def fn(x):
-            return ops.exp(ops.mul(ops.log(x), ops.constant(float(k), torch.float32)))
-    else:
-        return NotImplemented
-    return _pointwise_box(node, values, fn, [input])
 _arith("maximum", [torch.maximum, "maximum"])
 _arith("minimum", [torch.minimum, "minimum"])
 _arith("logical_and", [torch.logical_and, "logical_and"])
 _arith("logical_or", [torch.logical_or, "logical_or"])
+
+
+@register([operator.pow, torch.pow, torch.Tensor.pow, "pow"], "input, exponent", pointwise=True)
+def _pow(node, values, input, exponent):
+    """x ** k as PyTorch's CPU kernel computes it, so that special values come out the same
+    (inf ** 2.5 is inf, (-8) ** (1/3) is NaN, 0 ** -1 is inf). k = 0 and 1: 1 and x. A float
+    result: k = 0.5, -0.5 and -1 are sqrt, rsqrt and reciprocal, k = 2, 3 and -2 are
+    multiplications (on a CPU, bfloat16 products each rounded, as there; for float16,
+    PyTorch calls pow for every k: so do we), any other k or a tensor exponent is ops.pow.
+    An integer result (an integer k >= 0): k - 1 multiplications, which wrap as PyTorch's
+    integer powers do; up to k = 8, else PyTorch's kernel."""
+    meta = _meta(node, values)
+    if meta is None or not isinstance(input, TensorBox) or isinstance(exponent, bool):
+        return NotImplemented
+    cd = compute_dtype(meta.dtype)
+    if isinstance(exponent, TensorBox):
+        if not meta.dtype.is_floating_point:
+            return NotImplemented
+        return _pointwise_box(node, values, ops.pow, [input, exponent])
+    if not isinstance(exponent, (int, float)):
+        return NotImplemented
+    k = exponent
+    if k == 0:
+        return _pointwise_box(node, values, lambda x: ops.constant(1, cd), [input])
+    if k == 1:
+        return _pointwise_box(node, values, lambda x: x, [input])
+    if not meta.dtype.is_floating_point:
+        if not float(k).is_integer() or not 0 < k <= 8:
+            return NotImplemented
+
+        def fn(x):
+            y = x
+            for _ in range(int(k) - 1):
+                y = ops.mul(y, x)
+            return y
+    elif meta.dtype == torch.float16 or k not in (0.5, -0.5, -1, 2, 3, -2):
+        def fn(x):
+            return ops.pow(x, ops.constant(float(k), cd))
+    else:
+        # on a CPU, PyTorch multiplies bfloat16 values as bfloat16 (each product rounded)
+        rounded = meta.dtype == torch.bfloat16 and meta.device.type == "cpu"
+
+        def product(a, b):
+            y = ops.mul(a, b)
+            return ops.round_to(y, meta.dtype) if rounded else y
+
+        def fn(x):
+            if k in (0.5, -0.5, -1):
+                return {0.5: ops.sqrt, -0.5: ops.rsqrt, -1: ops.reciprocal}[k](x)
+            y = product(x, x) if k in (2, -2) else product(product(x, x), x)
+            return ops.reciprocal(y) if k < 0 else y
+    return _pointwise_box(node, values, fn, [input])
+
+
 for _op, _targets in [("eq", [operator.eq, torch.eq, "eq"]), ("ne", [operator.ne, torch.ne, "ne"]),
                       ("lt", [operator.lt, torch.lt, "lt"]), ("le", [operator.le, torch.le, "le"]),
                       ("gt", [operator.gt, torch.gt, "gt"]), ("ge", [operator.ge, torch.ge, "ge"])]:
@@ -223,14 +288,14 @@ for _op, _targets in [("eq", [operator.eq, torch.eq, "eq"]), ("ne", [operator.ne
 def _add(node, values, input, other, alpha):
     if alpha != 1:
         return NotImplemented
-    return _pointwise_box(node, values, ops.add, [input, other])
+    return _arith_box(node, values, "add", [input, other])
 
 
 @register([torch.sub, torch.Tensor.sub, "sub", torch.subtract], "input, other, *, alpha=1", pointwise=True)
 def _sub(node, values, input, other, alpha):
     if alpha != 1:
         return NotImplemented
-    return _pointwise_box(node, values, ops.sub, [input, other])
+    return _arith_box(node, values, "sub", [input, other])
 
 
 @register([torch.div, torch.Tensor.div, "div", torch.divide], "input, other, *, rounding_mode=None",
@@ -252,13 +317,44 @@ def _gelu(node, values, input, approximate):
             return ops.mul(ops.mul(ops.constant(0.5, torch.float32), x),
                            ops.add(ops.constant(1.0, torch.float32), ops.tanh(inner)))
     else:
+        erf = _erf_of_eager(input.device, input.dtype, in_gelu=True)
+
         def fn(x):
             return ops.mul(ops.mul(ops.constant(0.5, torch.float32), x),
                            ops.add(ops.constant(1.0, torch.float32),
-                                   ops.erf(ops.mul(x, ops.constant(1 / math.sqrt(2), torch.float32)))))
+                                   erf(ops.mul(x, ops.constant(1 / math.sqrt(2), torch.float32)))))
     if not input.dtype.is_floating_point:
         return NotImplemented
     return _pointwise_box(node, values, fn, [input])
+
+
+@register([torch.erf, torch.Tensor.erf, "erf", torch.special.erf], "input", pointwise=True)
+def _erf(node, values, input):
+    if not isinstance(input, TensorBox):
+        return NotImplemented
+    return _pointwise_box(node, values, _erf_of_eager(input.device, input.dtype), [input])
+
+
+def _erf_of_eager(device, dtype, in_gelu=False):
+    """erf as eager computes it. On a GPU, and for float32 and float64 on a CPU, the C
+    library's erf (accurate: erf(1e-20) is 1.13e-20). On a CPU, ATen's vectorized kernels
+    compute erf in float32 by Abramowitz and Stegun 7.1.26 (error below 1.5e-7, so erf(1e-20)
+    is 0) for float16 and bfloat16, and for gelu of float32 too; there, so do we (gelu(-5)
+    depends on the last digits of erf(-3.5))."""
+    float32 = compute_dtype(dtype) == torch.float32 and (in_gelu or dtype != torch.float32)
+    if device.type != "cpu" or not float32:
+        return ops.erf
+
+    def erf(x):
+        def c(v):
+            return ops.constant(v, torch.float32)
+        t = ops.reciprocal(ops.add(ops.mul(c(0.3275911), ops.abs(x)), c(1.0)))
+        r = c(1.061405429)
+        for coefficient in (-1.453152027, 1.421413741, -0.284496736, 0.254829592):
+            r = ops.add(ops.mul(r, t), c(coefficient))
+        y = ops.sub(c(1.0), ops.mul(ops.mul(t, ops.exp(ops.neg(ops.mul(x, x)))), r))
+        return ops.where(ops.lt(x, c(0.0)), ops.neg(y), y)
+    return erf
 
 
 @register([F.silu, "silu"], "input, inplace=False", pointwise=True)
@@ -278,16 +374,17 @@ def _relu(node, values, input, inplace):
 @register([torch.clamp, torch.clip, torch.Tensor.clamp, "clamp", "clip"], "input, min=None, max=None",
           pointwise=True)
 def _clamp(node, values, input, min, max):
-    if isinstance(min, TensorBox) or isinstance(max, TensorBox):
-        return NotImplemented
+    """max(x, min) then min(_, max), NaN-propagating, in the result's dtype as PyTorch
+    promotes: an int tensor clamped to float bounds is a float tensor; an int bound of a uint8
+    tensor wraps into uint8 (as PyTorch converts it). Bounds may be numbers, tensors or
+    dynamic floats."""
+    bounds = [(op, b) for op, b in ((ops.maximum, min), (ops.minimum, max)) if b is not None]
 
-    def fn(x):
-        if min is not None:
-            x = ops.maximum(x, ops.constant(min, compute_dtype(input.dtype)))
-        if max is not None:
-            x = ops.minimum(x, ops.constant(max, compute_dtype(input.dtype)))
+    def fn(x, *values_):
+        for (op, _), bound in zip(bounds, values_):
+            x = op(x, bound)
         return x
-    return _pointwise_box(node, values, fn, [input])
+    return _pointwise_box(node, values, fn, [input] + [b for _, b in bounds])
 
 
 @register([torch.where, "where"], "condition, input, other", pointwise=True)
@@ -295,10 +392,9 @@ def _where(node, values, condition, input, other):
     meta = _meta(node, values)
     if meta is None or not isinstance(condition, TensorBox):
         return NotImplemented
-    cd = compute_dtype(meta.dtype)
     shape = ir.shape_of(meta)
     cond = _as_index_value(condition, shape, torch.bool)
-    a, b = _as_index_value(input, shape, cd), _as_index_value(other, shape, cd)
+    a, b = _as_index_value(input, shape, meta.dtype), _as_index_value(other, shape, meta.dtype)
     if a is None or b is None:
         return NotImplemented
     boxes = [x for x in (condition, input, other) if isinstance(x, TensorBox)]
@@ -307,13 +403,11 @@ def _where(node, values, condition, input, other):
 
 
 def _cast(node, values, input):
-    """A dtype conversion. Narrowing to half precision rounds right here, as eager does (other
-    values stay in float32 until stored, so an explicit cast is where rounding must happen)."""
+    """A dtype conversion (narrowing to half precision rounds at the end of the op, as every
+    op's half result does: lower._rounded_as_eager)."""
     meta = _meta(node, values)
     if meta is None or not isinstance(input, TensorBox) or meta.device != input.device:
         return NotImplemented
-    if meta.dtype in (torch.float16, torch.bfloat16) and input.dtype not in (torch.float16, torch.bfloat16):
-        return _pointwise_box(node, values, lambda x: ops.round_to(x, meta.dtype), [input])
     box = _pointwise_box(node, values, lambda x: x, [input])
     if isinstance(box, TensorBox) and meta.dtype == input.dtype and _origin(node) not in ("clone",):
         box.data.aliases = True          # .contiguous(), .to(same dtype), .detach() may return x itself
@@ -346,6 +440,13 @@ def _reduction_box(meta, input, dims, keepdim, reduction_type):
     dims = sorted({d % ndim for d in dims}) if ndim else []
     kept = [d for d in range(ndim) if d not in dims]
     ranges = [input.shape[d] for d in dims]
+    if 0 in ranges:
+        # rows without elements: PyTorch's value for them (max and min raise there)
+        if reduction_type not in ("sum", "prod", "mean"):
+            return NotImplemented
+        value = {"sum": 0, "prod": 1, "mean": math.nan}[reduction_type]
+        return _pw(input.program, ir.shape_of(meta), meta.dtype, meta.device,
+                   lambda: ops.constant(value, compute_dtype(meta.dtype)), [], f"{reduction_type} of nothing")
     load = input.make_loader()
     # the dtype values are accumulated (or, for argmax/argmin, compared) in
     acc = compute_dtype(input.dtype if reduction_type in ir.ARG_REDUCTIONS else meta.dtype)
@@ -411,12 +512,13 @@ def _split_reduction(meta, input, dims, kept, ranges, reduction_type, acc, piece
                                    lambda idx, ridx: load_partial(list(idx) + [ridx[0]]),
                                    src_dtype=acc, origin=reduction_type, input_shape=kept_shape + [pieces],
                                    reduced_dims=[len(kept)]), program, [partial])
-    load_total, scale = total.make_loader(), 1.0 / math.prod(ranges)
+    load_total, count = total.make_loader(), math.prod(ranges)
     out_kept = [d for d in range(len(meta.shape)) if len(meta.shape) == len(kept) or d in kept]
 
     def finish(idx):
         value = load_total([idx[d] for d in out_kept])
-        value = ops.mul(value, ops.constant(scale, acc)) if reduction_type == "mean" else value
+        # divided, as PyTorch's mean is (times 1/n can be off by one unit in the last place)
+        value = ops.truediv(value, ops.constant(float(count), acc)) if reduction_type == "mean" else value
         return ops.to_dtype(value, meta.dtype, acc)
     return TensorBox(ir.Pointwise(ir.shape_of(meta), meta.dtype, device, finish, reduction_type),
                      program, [total])
@@ -578,8 +680,12 @@ def _layer_norm(node, values, input, normalized_shape, weight, bias, eps):
 @register([torch.var, torch.Tensor.var, "var", torch.std, torch.Tensor.std, "std"],
           "input, dim=None, unbiased=None, keepdim=False, *, correction=None")
 def _var(node, values, input, dim, unbiased, keepdim, correction):
-    """var = sum((x - mean)^2) / (n - correction): two reductions over the same rows (one
-    kernel after fuse-rows), then a per-row scale; std takes its square root."""
+    """var = sum((x - mean)^2) / max(n - correction, 0), as PyTorch divides (a row of n <=
+    correction elements gives inf, or NaN where every element is the same): two reductions
+    over the same rows (one kernel after fuse-rows), then a per-row division; std takes its
+    square root. On a CPU, PyTorch accumulates float32 and half statistics in double, so a
+    variance of values near 1e19 (squares near 1e38) does not overflow: so do we. (Its CUDA
+    kernels accumulate in float32, and so do ours on a GPU.)"""
     meta = _meta(node, values)
     if meta is None or not isinstance(input, TensorBox) or not input.dtype.is_floating_point:
         return NotImplemented
@@ -589,28 +695,29 @@ def _var(node, values, input, dim, unbiased, keepdim, correction):
     dims = list(range(ndim)) if dim is None else [dim] if isinstance(dim, int) else list(dim)
     dims = sorted(d % ndim for d in dims)
     n = math.prod(input.shape[d] for d in dims)
-    shape, device, program, dt = list(input.shape), input.device, input.program, input.dtype
-    mean = _reduce(input, dims, "mean")
-    centered_sq = _pw(program, shape, dt, device, lambda x, m: ops.mul(ops.sub(x, m), ops.sub(x, m)),
+    shape, device, program = list(input.shape), input.device, input.program
+    stats = torch.float64 if device.type == "cpu" else compute_dtype(input.dtype)
+    mean = _reduce(input, dims, "mean", stats)
+    centered_sq = _pw(program, shape, stats, device, lambda x, m: ops.mul(ops.sub(x, m), ops.sub(x, m)),
                       [input, mean], "square")
-    total = _reduction_box(meta, centered_sq, dims, keepdim, "sum")
+    total = _reduction_box(types.SimpleNamespace(shape=list(meta.shape), dtype=stats, device=device),
+                           centered_sq, dims, keepdim, "sum")
     is_std = _origin(node) == "std"
     if ir.is_symbolic(n):
         if not ir.provably_nonneg(n - correction - 1):
             return NotImplemented
 
-        def scaled(v):      # the divisor is a size known only when the kernel runs
-            return ops.truediv(v, ops.size_value(ir.size_expr(n - correction), torch.float32))
+        def divisor():      # a size known only when the kernel runs
+            return ops.size_value(ir.size_expr(n - correction), stats)
     else:
-        scale = 1.0 / max(n - correction, 0) if n - correction > 0 else math.nan
-
-        def scaled(v):
-            return ops.mul(v, ops.constant(scale, torch.float32))
+        def divisor():
+            return ops.constant(float(max(n - correction, 0)), stats)
 
     def finish(v):
-        v = scaled(v)
+        v = ops.truediv(v, divisor())
         return ops.sqrt(v) if is_std else v
-    return _pw(program, ir.shape_of(meta), meta.dtype, device, finish, [total], "std" if is_std else "var")
+    return _pw(program, ir.shape_of(meta), meta.dtype, device, finish, [total], "std" if is_std else "var",
+               common=stats)
 
 
 @register([F.batch_norm], "input, running_mean, running_var, weight=None, bias=None, training=False, "
@@ -718,13 +825,81 @@ def _channel_view(box, ndim):
     return _view(box, shape, lambda idx: [idx[1]], "view", aliases=False)
 
 
+# --------------------------------------------------------------------------- random numbers
+
+RANDOM_REASON = "random numbers: PyTorch's generator, in eager's order (config.fallback_random)"
+
+
 @register([F.dropout, torch.dropout, "dropout"], "input, p=0.5, training=True, inplace=False")
 def _dropout(node, values, input, p, training, inplace):
-    """Dropout is the identity in evaluation mode (or with p = 0); random masks are left to
-    PyTorch, whose random stream minicompile does not reproduce."""
-    if (training and p > 0) or inplace:
+    """Dropout is the identity in evaluation mode (or with p = 0). In training, PyTorch's own
+    kernel (the default), or x * (rand > p) / (1 - p) made in the kernel that reads it (with
+    config.fallback_random off)."""
+    if inplace:
         return NotImplemented
-    return _cast(node, values, input)
+    if not training or p == 0:
+        return _cast(node, values, input)
+    meta = _meta(node, values)
+    if config.fallback_random or meta is None or not meta.dtype.is_floating_point \
+            or not isinstance(p, float) or not 0 < p < 1:
+        return NotImplemented
+    noise = _random_values(input.program, meta, "rand")
+    cd = compute_dtype(meta.dtype)
+
+    def fn(x, r):
+        kept = ops.to_dtype(ops.gt(r, ops.constant(p, cd)), cd, torch.bool)
+        return ops.mul(ops.mul(x, kept), ops.constant(1 / (1 - p), cd))
+    return _pointwise_box(node, values, fn, [input, noise])
+
+
+@register([torch.rand_like, torch.randn_like], "input, *, dtype=None, layout=None, device=None, "
+          "pin_memory=False, requires_grad=False, memory_format=torch.preserve_format")
+def _rand_like(node, values, input, dtype, layout, device, pin_memory, requires_grad, memory_format):
+    """rand_like and randn_like made in the kernels that read them (with config.fallback_random
+    off; by default PyTorch's kernel draws them). torch.rand(sizes) and torch.randn(sizes)
+    stay PyTorch's kernels either way."""
+    meta = _meta(node, values)
+    if config.fallback_random or meta is None or not meta.dtype.is_floating_point \
+            or not isinstance(input, TensorBox) or meta.device != input.device:
+        return NotImplemented
+    return _random_values(input.program, meta, "randn" if node.target is torch.randn_like else "rand")
+
+
+@register([torch.bernoulli, "bernoulli"], "input, p=None, *, generator=None")
+def _bernoulli(node, values, input, p, generator):
+    """bernoulli(probabilities) and x.bernoulli(p): rand < p, made in the kernel (with
+    config.fallback_random off)."""
+    meta = _meta(node, values)
+    if config.fallback_random or meta is None or generator is not None or not isinstance(input, TensorBox) \
+            or not (p is None or isinstance(p, float)):
+        return NotImplemented
+    noise = _random_values(input.program, meta, "rand", torch.float32)
+
+    def fn(x, r):
+        prob = x if p is None else ops.constant(p, torch.float32)
+        return ops.to_dtype(ops.lt(r, prob), meta.dtype, torch.bool)
+    return _pw(input.program, ir.shape_of(meta), meta.dtype, meta.device, fn, [input, noise], "bernoulli",
+               common=torch.float32)
+
+
+def _random_values(program, meta, kind: str, dtype=None) -> TensorBox:
+    """Random numbers of meta's shape (ops.rand or ops.randn), from a seed PyTorch's generator
+    draws when the graph runs (one draw per random op: the only use of that generator), and
+    each element's position: a pure function of both, so a kernel may compute it wherever
+    it is needed (it is not stored)."""
+    dtype = dtype or meta.dtype
+    shape, device = ir.shape_of(meta), meta.device
+    seed = TensorBox(ir.Extern(program.new_name("buf"), torch.randint, (2**62, (1,)), {"device": device},
+                               [1], [1], torch.int64, device,
+                               reason="a seed for random numbers made in kernels (config.fallback_random)",
+                               meta_value=torch.empty(1, dtype=torch.int64, device="meta")), program)
+    load_seed, strides = seed.make_loader(), ir.contiguous_strides(shape)
+
+    def inner_fn(idx):
+        offset = ops.index_expr(ir.flat_index(idx, strides), torch.int32)
+        value = getattr(ops, kind)(load_seed([Index()]), offset)
+        return ops.to_dtype(value, dtype, torch.float32)
+    return TensorBox(ir.Pointwise(shape, dtype, device, inner_fn, kind), program, [seed])
 
 
 def _reduce(box, dims, rtype, dtype=None):
@@ -738,10 +913,11 @@ def _reduce(box, dims, rtype, dtype=None):
     return _reduction_box(meta, box, dims, True, rtype)
 
 
-def _pw(program, shape, dtype, device, fn, inputs, origin, cdtype=None):
-    """out[i] = fn(inputs broadcast to shape, at i), computed in cdtype (default: dtype's
-    compute dtype); NotImplemented if an input is neither a tensor nor a Python number."""
-    loaders = [_as_index_value(x, shape, cdtype or compute_dtype(dtype)) for x in inputs]
+def _pw(program, shape, dtype, device, fn, inputs, origin, common=None):
+    """out[i] = fn(inputs broadcast to shape, at i), the inputs converted to `common` (default:
+    dtype) and computed in its compute dtype; NotImplemented if an input is neither a tensor
+    nor a Python number."""
+    loaders = [_as_index_value(x, shape, common or dtype) for x in inputs]
     if any(l is None for l in loaders):
         return NotImplemented
 
@@ -1244,7 +1420,8 @@ def lower_fallback(program: ir.Program, node, values, target, args, kwargs, stri
         shape, stride, dtype = ir.shape_of(value), ir.stride_of(value), value.dtype
     else:
         shape, stride, dtype, device = [], [], None, program.device
-    reason = "" if _is_extern_kernel(target) else f"no lowering for {_origin(node)}"
+    reason = "" if _is_extern_kernel(target) else RANDOM_REASON if ir.draws_random_numbers(node) \
+        else f"no lowering for {_origin(node)}"
     data = ir.Extern(name, target, args, kwargs, shape, stride, dtype, device, reason=reason,
                      kind=kind, value_is_tensor=isinstance(value, torch.Tensor),
                      meta_value=_to_meta(value))
