@@ -22,8 +22,9 @@ class CompiledTraining:
         self.forward, self.backward = forward, backward
         self.shape_guards: list = []
         # the layout the backward was compiled for, per saved value
-        self.saved_strides = [n.meta["val"].stride() for n in partition.backward.graph.nodes
-                              if n.op == "placeholder"][:len(partition.saved_from)]
+        placeholders = [n.meta["val"] for n in partition.backward.graph.nodes if n.op == "placeholder"]
+        self.saved_strides = [v.stride() for v in placeholders[:len(partition.saved_from)]]
+        self.tangents = placeholders[len(partition.saved_from):]
 
     def __call__(self, *args):
         tensors = [a for a, (kind, _) in zip(args, self.joint.inputs) if kind == "tensor"]
@@ -46,6 +47,7 @@ class _Function(torch.autograd.Function):
         ctx.save_for_backward(*[tensors[k] if kind == "primal" else _laid_out(computed[k], stride)
                                 for (kind, k), stride in zip(part.saved_from, plan.saved_strides)])
         ctx.plan = plan
+        ctx.set_materialize_grads(False)       # an output the caller did not use: None
         ctx.mark_non_differentiable(*[o for o, d in zip(outs, joint.differentiable) if not d])
         return tuple(outs)
 
@@ -54,11 +56,17 @@ class _Function(torch.autograd.Function):
         plan = ctx.plan
         joint = plan.joint
         # the backward was compiled for dense gradients (autograd may hand an expanded one)
-        tangents = [g.contiguous() for g, d in zip(grad_outputs, joint.differentiable) if d]
-        grads = plan.backward(*ctx.saved_tensors, *tangents)
+        tangents = [g for g, d in zip(grad_outputs, joint.differentiable) if d]
+        used = {i for i, g in enumerate(tangents) if g is not None}
         result = [None] * joint.num_primals
-        for k, g in zip(joint.grad_inputs, grads):
-            result[k] = g
+        if not used:
+            return (None, *result)
+        tangents = [g.contiguous() if g is not None else
+                    torch.zeros(v.shape, dtype=v.dtype, device=v.device)
+                    for g, v in zip(tangents, plan.tangents)]
+        grads = plan.backward(*ctx.saved_tensors, *tangents)
+        for k, g, needs in zip(joint.grad_inputs, grads, plan.partition.grad_tangents):
+            result[k] = g if needs & used else None
         return (None, *result)
 
 

@@ -52,6 +52,9 @@ class Partition:
     # where each saved value comes from: ("primal", k), the k-th input passed on as it is, or
     # ("computed", j), the forward graph's j-th output after the forward outputs
     saved_from: list = field(default_factory=list)
+    # per gradient: the tangents it depends on (a gradient reached from none of the outputs
+    # the caller used is None, as in eager, not zeros)
+    grad_tangents: list = field(default_factory=list)
 
 
 def nbytes(node: torch.fx.Node) -> int | float:
@@ -121,8 +124,10 @@ def partition(joint: Joint) -> Partition:
                   for s in saved]
     forward = _subgraph(joint.graph, primals, fwd_outs + computed)
     backward = _subgraph(joint.graph, saved + tangents, grads)
+    grad_tangents = [{tangents.index(t) for t in _ancestors([g]) if t in tangents}
+                     if isinstance(g, torch.fx.Node) else set() for g in grads]
     return Partition(forward, backward, [s.name for s in saved],
-                     sum(int(nbytes(s)) for s in saved), saved_from)
+                     sum(int(nbytes(s)) for s in saved), saved_from, grad_tangents)
 
 
 def _descendants(nodes) -> set:
