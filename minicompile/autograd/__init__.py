@@ -29,7 +29,15 @@ from .to_torch import to_torch
 
 def compile_training(gm: torch.fx.GraphModule, example_inputs, compile_values) -> CompiledTraining:
     """gm's forward and backward, compiled by `compile_values(gm, example_inputs)`."""
-    joint = trace_joint(gm, example_inputs)
+    try:
+        joint = trace_joint(gm, example_inputs)
+    except NotImplementedError:
+        raise
+    except Exception as err:
+        # an op make_fx cannot trace on fake tensors (data-dependent output sizes, an op with
+        # no fake kernel): the caller runs the graph on PyTorch's kernels, and says why
+        raise NotImplementedError(f"the joint forward+backward graph could not be traced: "
+                                  f"{type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}") from err
     part = partition(joint)
     _log(part)
     primals = [v for v in example_inputs if isinstance(v, torch.Tensor)]

@@ -131,22 +131,21 @@ def partition(joint: Joint) -> Partition:
 
 
 def _descendants(nodes) -> set:
-    seen, todo = set(), list(nodes)
-    while todo:
-        n = todo.pop()
-        if n not in seen:
-            seen.add(n)
-            todo.extend(n.users)
-    return seen
+    return _closure(nodes, lambda n: n.users)
 
 
 def _ancestors(nodes) -> set:
+    return _closure(nodes, lambda n: n.all_input_nodes)
+
+
+def _closure(nodes, step) -> set:
+    """The nodes and every node reached from them by `step` (users, or inputs)."""
     seen, todo = set(), list(nodes)
     while todo:
         n = todo.pop()
         if n not in seen:
             seen.add(n)
-            todo.extend(n.all_input_nodes)
+            todo.extend(step(n))
     return seen
 
 
