@@ -28,7 +28,12 @@ class CompiledTraining:
 
     def __call__(self, *args):
         tensors = [a for a, (kind, _) in zip(args, self.joint.inputs) if kind == "tensor"]
-        outs = _Function.apply(self, *tensors)
+        # recorded with grad mode on: which outputs carry gradients was decided by the trace,
+        # grad mode switches inside the graph included (the others are non-differentiable)
+        with torch.enable_grad():
+            outs = _Function.apply(self, *tensors)
+        if self.joint.grad_mode_after is not None:     # the graph's torch.set_grad_enabled
+            torch._C._set_grad_enabled(self.joint.grad_mode_after)
         leaves = [outs[k] if kind == "tensor" else k for kind, k in self.joint.outputs]
         return pytree.tree_unflatten(leaves, self.joint.output_spec)
 

@@ -37,6 +37,8 @@ class Joint:
     inputs: list                   # the user's graph inputs: ("tensor", primal k) or ("const", v)
     outputs: list                  # its output leaves: ("tensor", k) or ("const", v)
     output_spec: Any               # the pytree structure of its output
+    grad_mode_after: Any = None    # the grad mode the graph leaves set (torch.set_grad_enabled
+                                   # in it), which the traced aten graphs do not record
 
 
 def decompositions() -> dict:
@@ -74,8 +76,10 @@ def trace_joint(gm: torch.fx.GraphModule, example_inputs) -> Joint:
         args = [tensors[k] if kind == "tensor" else k for kind, k in inputs]
         return pytree.tree_flatten(torch.fx.Interpreter(gm).run(*args))
 
-    # which outputs carry gradients, and their shapes: one run on fake tensors
-    with mode, torch.enable_grad():
+    # which outputs carry gradients, and their shapes: one run on fake tensors, from the
+    # caller's grad mode (the graph may switch it)
+    grad_on = torch.is_grad_enabled()
+    with mode, torch.set_grad_enabled(grad_on):
         leaves, spec = run(primals)
     tensor_outs = [i for i, v in enumerate(leaves) if isinstance(v, torch.Tensor)]
     outputs = [("tensor", tensor_outs.index(i)) if i in tensor_outs else ("const", v)
@@ -88,7 +92,7 @@ def trace_joint(gm: torch.fx.GraphModule, example_inputs) -> Joint:
 
     def joint(primals, tangents):
         leafs = [p.detach().requires_grad_(n) for p, n in zip(primals, needs_grad)]
-        with torch.enable_grad():
+        with torch.set_grad_enabled(grad_on):
             outs, _ = run(leafs)
         outs = [outs[i] for i in tensor_outs]
         wanted = [k for k, n in enumerate(needs_grad) if n]
@@ -111,8 +115,9 @@ def trace_joint(gm: torch.fx.GraphModule, example_inputs) -> Joint:
             graph.graph.erase_node(node)
     graph.graph.eliminate_dead_code()
     graph.recompile()
+    modes = [n.args[0] for n in gm.graph.nodes if n.target is torch._C._set_grad_enabled]
     return Joint(graph, len(primals), len(tensor_outs), differentiable, list(grad_inputs), inputs,
-                 outputs, spec)
+                 outputs, spec, modes[-1] if modes else None)
 
 
 def _writes(gm: torch.fx.GraphModule) -> bool:
