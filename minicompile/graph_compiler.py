@@ -6,7 +6,11 @@ minicompile's lowering, fusion and kernels.
 
     gm, example_inputs --autocast--> casts as nodes
         --functionalize--> values-only graph (+ epilogue: writes, views)
+        [training: --autograd--> forward graph + backward graph, each compiled as below]
         --lower--> Program --fusion.schedule--> steps --wrapper.build--> callable
+
+A graph records gradients when grad mode is on and an input requires grad (a module's
+parameters, in training): autograd/ then builds and compiles its backward too.
 """
 from __future__ import annotations
 
@@ -15,26 +19,30 @@ import warnings
 import torch
 
 from . import autocast, fusion, logs
+from .autograd import compile_training
 from .codegen import wrapper
 from .codegen.cpp import KernelCompileError
 from .functionalize import functionalize
 from .lower import lower
 
 
-def compile_graph(gm: torch.fx.GraphModule, example_inputs):
+def compile_graph(gm: torch.fx.GraphModule, example_inputs, training: bool = False):
     """The compiled graph: a callable with gm's inputs and outputs. Autocast's casts become
     nodes (autocast.py), and writes and views become values (functionalize.py), whose epilogue
-    makes them real after the kernels."""
+    makes them real after the kernels. training: gradients flow through it (autograd/)."""
     if autocast.involved(gm):
         gm = autocast.explicit_casts(gm, example_inputs)
         with autocast.off():
-            return autocast.AutocastOff(_compile_functional(gm, example_inputs))
-    return _compile_functional(gm, example_inputs)
+            return autocast.AutocastOff(_compile_functional(gm, example_inputs, training))
+    return _compile_functional(gm, example_inputs, training)
 
 
-def _compile_functional(gm: torch.fx.GraphModule, example_inputs):
+def _compile_functional(gm: torch.fx.GraphModule, example_inputs, training: bool = False):
     functional, epilogue = functionalize(gm, list(example_inputs))
-    compiled = _compile_values(functional, example_inputs)
+    if training:
+        compiled = _compile_training(functional, example_inputs)
+    else:
+        compiled = _compile_values(functional, example_inputs)
     if epilogue is None:
         return compiled
     logs.log("output_code", "epilogue:\n" + "\n".join(f"    {line}" for line in epilogue.description))
@@ -54,6 +62,15 @@ class WithEpilogue:
 
     def __getattr__(self, name):
         return getattr(self.compiled, name)
+
+
+def _compile_training(gm: torch.fx.GraphModule, example_inputs):
+    """The forward and backward of a graph that records gradients (autograd/), compiled for the
+    example's sizes (a dynamic dimension is specialized, and guarded)."""
+    conditions = _specialize(gm, example_inputs)
+    compiled = compile_training(gm, list(example_inputs), _compile_values)
+    compiled.shape_guards = conditions
+    return compiled
 
 
 def _compile_values(gm: torch.fx.GraphModule, example_inputs) -> wrapper.CompiledGraph:
@@ -80,14 +97,7 @@ def _compile_values(gm: torch.fx.GraphModule, example_inputs) -> wrapper.Compile
         # these sizes, and guards that say so, as TorchDynamo specializes a symbol
         logs.log("dynamic", f"no size-generic code ({type(err).__name__}: {err}); "
                             f"compiled for the example's sizes")
-        conditions = []
-        for i, (node, dims) in enumerate(dynamic):
-            value = example_inputs[i]
-            if isinstance(value, torch.Tensor):
-                conditions += [f"arg{i}.size({d}) == {value.size(d)}" for d in sorted(dims)]
-            elif dims:                         # an int or float input: its value
-                conditions.append(f"arg{i} == {value!r}")
-            node.meta["dynamic_dims"] = set()
+        conditions = _specialize(gm, example_inputs)
         compiled = _compile_values(gm, example_inputs)
         compiled.shape_guards = conditions
         return compiled
@@ -97,6 +107,20 @@ def on_pytorch_kernels(gm: torch.fx.GraphModule, reason: str) -> wrapper.Compile
     """The graph as a compiled graph that runs it on PyTorch's own kernels."""
     return wrapper.CompiledGraph(lambda args: gm(*args), f"# runs on PyTorch's kernels: {reason}\n",
                                  "", "pytorch")
+
+
+def _specialize(gm: torch.fx.GraphModule, example_inputs) -> list[str]:
+    """Makes gm's dynamic dimensions static (the example's sizes) and returns the guards that
+    say so (`arg0.size(1) == 7`), as TorchDynamo specializes a symbol."""
+    conditions = []
+    for i, (node, dims) in enumerate(_dynamic_dims(gm)):
+        value = example_inputs[i]
+        if isinstance(value, torch.Tensor):
+            conditions += [f"arg{i}.size({d}) == {value.size(d)}" for d in sorted(dims)]
+        elif dims:                         # an int or float input: its value
+            conditions.append(f"arg{i} == {value!r}")
+        node.meta["dynamic_dims"] = set()
+    return conditions
 
 
 def _dynamic_dims(gm) -> list:
@@ -142,19 +166,13 @@ def shape_guards(program) -> list[str]:
 def backend(gm: torch.fx.GraphModule, example_inputs):
     """A torch.compile backend: `torch.compile(f, backend=minicompile.backend)`.
 
-    Generated kernels compute values, not gradients: AOT autograd (a joint forward and backward
-    graph) is a later stage. So a graph that must record gradients (grad mode on and an input
-    that requires grad) runs on PyTorch's kernels, with a warning, rather than silently
-    returning tensors that autograd cannot differentiate."""
+    A graph that must record gradients (grad mode on and an input that requires grad) is
+    compiled for training: a forward and a backward graph (autograd/)."""
     records = torch.is_grad_enabled() or any(
         n.target is torch._C._set_grad_enabled and n.args[0] is True for n in gm.graph.nodes)
-    if records and any(isinstance(t, torch.Tensor) and t.requires_grad for t in example_inputs):
-        warnings.warn("minicompile: this graph needs gradients (an input requires grad and grad mode "
-                      "is on); compiled training (AOT autograd) is a later stage, so it runs on "
-                      "PyTorch's kernels. Use torch.no_grad() for inference.", stacklevel=2)
-        return gm
+    training = records and any(isinstance(t, torch.Tensor) and t.requires_grad for t in example_inputs)
     try:
-        return compile_graph(gm, example_inputs)
+        return compile_graph(gm, example_inputs, training)
     except NotImplementedError as err:
         # a stage minicompile does not have yet (a dtype, an op): PyTorch's kernels run the
         # graph, which gives eager's results (as minicompile.compile does)

@@ -4,7 +4,8 @@
     MINICOMPILE_LOGS="graph_code,fusion" python train.py
 
 Artifacts: graph_code (each captured graph, with the user's source lines), graph_breaks,
-guards, recompiles, dynamic (which dimensions are dynamic, and why some became static), bytecode, output_code (generated kernels and wrapper), fusion (decisions).
+guards, recompiles, dynamic (which dimensions are dynamic, and why some became static), bytecode, output_code (generated kernels and wrapper), fusion (decisions), aot_graphs (training: the forward and
+backward graphs, what the forward saves for the backward and its bytes).
 """
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ import os
 import sys
 
 ARTIFACTS = ("graph_code", "graph_breaks", "guards", "recompiles", "dynamic", "bytecode", "output_code",
-             "fusion")
+             "fusion", "aot_graphs")
 _enabled: set[str] = set()
 
 

@@ -279,19 +279,21 @@ def test_first_call_does_not_import_torch_dynamo():
 
 
 def test_training_keeps_gradients():
-    """Without compiled autograd, a graph that needs gradients must still give eager's
-    gradients (it runs on PyTorch's kernels, with a warning), never tensors without them."""
+    """A graph that needs gradients is compiled for training (autograd/): eager's gradients,
+    from generated backward kernels, without a warning; inference is compiled too."""
     import copy
     torch.manual_seed(0)
     model = Block().to(DEVICE)
     twin = copy.deepcopy(model)
     x = randn(9, 24)
     model(x).square().sum().backward()
-    with pytest.warns(UserWarning, match="needs gradients"):
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
         out = minicompile.compile(twin)(x)
     out.square().sum().backward()
     for p, q in zip(model.parameters(), twin.parameters()):
         torch.testing.assert_close(q.grad, p.grad)
+    assert minicompile.metrics.backward_kernels > 0
     with torch.no_grad():                 # inference is compiled
         minicompile.metrics.reset()
         assert_same(minicompile.compile(twin)(x), model(x))

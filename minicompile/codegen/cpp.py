@@ -372,7 +372,11 @@ def kernel_source(kernel, buffers: dict[str, ir.IRNode]) -> tuple[str, list[str]
                 comp = m.comp
                 if not isinstance(comp, ir.Reduction) and m.role != "row":      # a per-row value
                     flush()
+                    # outside the passes there is no row position: a value an earlier pass
+                    # computed is computed again here, not read from a row array
+                    carry, writer.carry = writer.carry, None
                     value = m.run(x_idx, r_idx)
+                    writer.carry = carry
                     writer.row_values[m.box.name] = value
                     if m.box.name in kernel.stored:
                         writer.lines.append(store(m, value))

@@ -95,7 +95,7 @@ def lower(gm: torch.fx.GraphModule, example_inputs) -> ir.Program:
                 traced = value
             buf = ir.InputBuffer(f"arg{i}", ir.shape_of(traced), ir.stride_of(traced), 0,
                                  value.dtype, value.device,
-                                 shares_memory=storages.count(storages[i]) > 1)
+                                 shares_memory=storages[i] is not None and storages.count(storages[i]) > 1)
             program.inputs.append(buf)
             env[node] = TensorBox(buf, program)
             # where the wrapper reads each size symbol: every input's own symbol, also one the
@@ -220,6 +220,8 @@ def _eager_layout(box, value):
 
 def _storage(value):
     """An input's storage, to see which inputs share memory (None where there is none)."""
+    if getattr(value, "fake_mode", None) is not None:     # a fake tensor (a backward's input)
+        return None
     try:
         return value.untyped_storage().data_ptr() or None
     except (AttributeError, RuntimeError, NotImplementedError):   # not a tensor, or a fake one

@@ -1,0 +1,63 @@
+"""AOT autograd: a graph whose inputs need gradients -> compiled forward and backward graphs.
+
+The stage between capture and lowering, for training. Takes a values-only FX graph
+(functionalize.py's) whose tensor inputs include some that require grad, its example inputs,
+and the function that compiles a values-only graph (lowering, fusion, code generation:
+graph_compiler's), and hands back a callable with the graph's inputs and outputs whose
+results autograd differentiates with minicompile's generated code:
+
+    joint.py      the joint forward+backward graph, traced by make_fx on fake tensors,
+                  decomposed to what lowering takes, functionalized
+    partition.py  forward graph and backward graph, split by a min-cut over bytes: what the
+                  forward saves for the backward, what the backward recomputes
+    to_torch.py   each half's aten ops -> the torch-level calls the lowering table knows
+    function.py   the two compiled halves behind a torch.autograd.Function
+
+The `aot_graphs` log prints the forward and backward graphs and what was saved, as
+TORCH_LOGS=aot_graphs does; minicompile.metrics.backward_kernels counts the backward's kernels.
+"""
+from __future__ import annotations
+
+import torch
+
+from .. import logs, metrics
+from .function import CompiledTraining
+from .joint import Joint, trace_joint
+from .partition import Partition, partition
+from .to_torch import to_torch
+
+
+def compile_training(gm: torch.fx.GraphModule, example_inputs, compile_values) -> CompiledTraining:
+    """gm's forward and backward, compiled by `compile_values(gm, example_inputs)`."""
+    try:
+        joint = trace_joint(gm, example_inputs)
+    except NotImplementedError:
+        raise
+    except Exception as err:
+        # an op make_fx cannot trace on fake tensors (data-dependent output sizes, an op with
+        # no fake kernel): the caller runs the graph on PyTorch's kernels, and says why
+        raise NotImplementedError(f"the joint forward+backward graph could not be traced: "
+                                  f"{type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}") from err
+    part = partition(joint)
+    _log(part)
+    primals = [v for v in example_inputs if isinstance(v, torch.Tensor)]
+    forward = compile_values(to_torch(part.forward), primals)
+    backward_inputs = [n.meta["val"] for n in part.backward.graph.nodes if n.op == "placeholder"]
+    backward = compile_values(to_torch(part.backward), backward_inputs)
+    metrics.backward_kernels += len(getattr(backward, "kernels", ()))
+    return CompiledTraining(joint, part, forward, backward)
+
+
+def _log(part: Partition) -> None:
+    if not logs.enabled("aot_graphs"):
+        return
+    saved = ", ".join(part.saved) or "nothing"
+    logs.log("aot_graphs", "TRACED GRAPH\n ===== Forward graph =====\n"
+             + part.forward.print_readable(print_output=False)
+             + "\n ===== Backward graph =====\n" + part.backward.print_readable(print_output=False)
+             + f"\n ===== Saved for backward: {len(part.saved)} values, {part.saved_bytes:,} bytes =====\n"
+             + f"    {saved}")
+
+
+__all__ = ["compile_training", "trace_joint", "partition", "to_torch", "Joint", "Partition",
+           "CompiledTraining"]

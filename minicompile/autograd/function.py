@@ -1,0 +1,83 @@
+"""The run-time half of training: the compiled forward and backward graphs, called by autograd.
+
+Takes the two compiled halves and what the partition decided (partition.py); hands the backend
+contract a callable with the user's graph's inputs and outputs. Each call runs the compiled
+forward inside a `torch.autograd.Function`, which keeps the saved values for the backward
+(through `ctx.save_for_backward`, so that a later in-place write to one of them raises, as in
+eager, instead of giving a wrong gradient); `loss.backward()` then runs the compiled backward,
+which returns the gradients of the inputs that need them.
+"""
+from __future__ import annotations
+
+import torch
+import torch.utils._pytree as pytree
+
+
+class CompiledTraining:
+    """Call it with the graph's inputs: its outputs, recorded by autograd as one node whose
+    backward is the compiled backward graph."""
+
+    def __init__(self, joint, partition, forward, backward):
+        self.joint, self.partition = joint, partition
+        self.forward, self.backward = forward, backward
+        self.shape_guards: list = []
+        # the layout the backward was compiled for, per saved value
+        placeholders = [n.meta["val"] for n in partition.backward.graph.nodes if n.op == "placeholder"]
+        self.saved_strides = [v.stride() for v in placeholders[:len(partition.saved_from)]]
+        self.tangents = placeholders[len(partition.saved_from):]
+
+    def __call__(self, *args):
+        tensors = [a for a, (kind, _) in zip(args, self.joint.inputs) if kind == "tensor"]
+        # recorded with grad mode on: which outputs carry gradients was decided by the trace,
+        # grad mode switches inside the graph included (the others are non-differentiable)
+        with torch.enable_grad():
+            outs = _Function.apply(self, *tensors)
+        if self.joint.grad_mode_after is not None:     # the graph's torch.set_grad_enabled
+            torch._C._set_grad_enabled(self.joint.grad_mode_after)
+        leaves = [outs[k] if kind == "tensor" else k for kind, k in self.joint.outputs]
+        return pytree.tree_unflatten(leaves, self.joint.output_spec)
+
+    @property
+    def source(self) -> str:
+        return (f"# ==== forward\n{self.forward.source}\n"
+                f"# ==== backward\n{self.backward.source}")
+
+
+class _Function(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, plan: CompiledTraining, *tensors):
+        joint, part = plan.joint, plan.partition
+        result = plan.forward(*tensors)
+        outs, computed = list(result[:joint.num_outputs]), list(result[joint.num_outputs:])
+        ctx.save_for_backward(*[tensors[k] if kind == "primal" else _laid_out(computed[k], stride)
+                                for (kind, k), stride in zip(part.saved_from, plan.saved_strides)])
+        ctx.plan = plan
+        ctx.set_materialize_grads(False)       # an output the caller did not use: None
+        ctx.mark_non_differentiable(*[o for o, d in zip(outs, joint.differentiable) if not d])
+        return tuple(outs)
+
+    @staticmethod
+    def backward(ctx, *grad_outputs):
+        plan = ctx.plan
+        joint = plan.joint
+        # the backward was compiled for dense gradients (autograd may hand an expanded one)
+        tangents = [g for g, d in zip(grad_outputs, joint.differentiable) if d]
+        used = {i for i, g in enumerate(tangents) if g is not None}
+        result = [None] * joint.num_primals
+        if not used:
+            return (None, *result)
+        tangents = [g.contiguous() if g is not None else
+                    torch.zeros(v.shape, dtype=v.dtype, device=v.device)
+                    for g, v in zip(tangents, plan.tangents)]
+        grads = plan.backward(*ctx.saved_tensors, *tangents)
+        for k, g, needs in zip(joint.grad_inputs, grads, plan.partition.grad_tangents):
+            result[k] = g if needs & used else None
+        return (None, *result)
+
+
+def _laid_out(t: torch.Tensor, stride) -> torch.Tensor:
+    """t in the layout the backward was compiled for: an extern kernel (attention) may hand the
+    compiled forward another layout than the one traced on fake tensors."""
+    if all(a == b or n <= 1 for a, b, n in zip(t.stride(), stride, t.shape)):
+        return t
+    return torch.empty_strided(t.shape, stride, dtype=t.dtype, device=t.device).copy_(t)

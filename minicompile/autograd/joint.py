@@ -1,0 +1,125 @@
+"""The joint graph: a values-only FX graph whose inputs need gradients -> one aten-level graph
+that computes the forward outputs and the gradients together.
+
+Takes functionalize.py's graph (every node computes a new value) and its example inputs. make_fx
+traces a function that runs the graph and asks autograd for the gradients of its outputs
+(`torch.autograd.grad`), so what autograd's backward formulas run is recorded as ops beside the
+forward's. The trace runs on fake tensors (no data, no arithmetic). A decomposition table
+breaks composite ops into the small set lowering takes (batch norm and layer norm, their
+backwards, softmax's backward, ReLU's `threshold_backward`... into pointwise ops and
+reductions). Where the decompositions write (batch norm writes its running statistics into the
+clones functionalize.py made), a second trace through `torch.func.functionalize` makes the
+writes values again.
+
+Hands the partitioner (partition.py) a `Joint`: placeholders are the tensor inputs ("primals")
+then one gradient per differentiable output ("tangents"); outputs are the forward's tensor
+outputs then the gradients of the inputs that need them.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.fx
+import torch.utils._pytree as pytree
+
+aten = torch.ops.aten
+
+
+@dataclass
+class Joint:
+    graph: torch.fx.GraphModule
+    num_primals: int               # tensor inputs of the user's graph, in order
+    num_outputs: int               # tensor outputs of the forward (the joint's first outputs)
+    differentiable: list           # per forward tensor output: does it carry a gradient?
+    grad_inputs: list              # per gradient output: which primal it is the gradient of
+    inputs: list                   # the user's graph inputs: ("tensor", primal k) or ("const", v)
+    outputs: list                  # its output leaves: ("tensor", k) or ("const", v)
+    output_spec: Any               # the pytree structure of its output
+    grad_mode_after: Any = None    # the grad mode the graph leaves set (torch.set_grad_enabled
+                                   # in it), which the traced aten graphs do not record
+
+
+def decompositions() -> dict:
+    """PyTorch's core ATen decompositions, plus batch norm's (training and inference) and
+    layer norm's forward: what is left is matrix products, convolutions, attention, pointwise
+    ops, reductions, views and a few ops lowering hands to PyTorch."""
+    from torch._decomp import core_aten_decompositions, get_decompositions
+    table = dict(core_aten_decompositions())
+    table.update(get_decompositions([
+        aten.native_batch_norm, aten._native_batch_norm_legit, aten._native_batch_norm_legit_functional,
+        aten._native_batch_norm_legit_no_training, aten.native_layer_norm, aten._softmax,
+        aten._log_softmax]))
+    # attention stays one fused op (an extern call) whose backward reads its logsumexp: a
+    # decomposed forward would hand the fused backward other tensors in that place
+    for op in (aten.scaled_dot_product_attention.default,
+               aten._scaled_dot_product_flash_attention_for_cpu.default):
+        table.pop(op, None)
+    return table
+
+
+def trace_joint(gm: torch.fx.GraphModule, example_inputs) -> Joint:
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    example_inputs = list(example_inputs)
+    tensor_at = [i for i, v in enumerate(example_inputs) if isinstance(v, torch.Tensor)]
+    needs_grad = [example_inputs[i].requires_grad for i in tensor_at]
+    inputs = [("tensor", tensor_at.index(i)) if i in tensor_at else ("const", v)
+              for i, v in enumerate(example_inputs)]
+
+    mode = FakeTensorMode(allow_non_fake_inputs=True)
+    primals = [mode.from_tensor(example_inputs[i]) for i in tensor_at]
+
+    def run(tensors):
+        args = [tensors[k] if kind == "tensor" else k for kind, k in inputs]
+        return pytree.tree_flatten(torch.fx.Interpreter(gm).run(*args))
+
+    # which outputs carry gradients, and their shapes: one run on fake tensors, from the
+    # caller's grad mode (the graph may switch it)
+    grad_on = torch.is_grad_enabled()
+    with mode, torch.set_grad_enabled(grad_on):
+        leaves, spec = run(primals)
+    tensor_outs = [i for i, v in enumerate(leaves) if isinstance(v, torch.Tensor)]
+    outputs = [("tensor", tensor_outs.index(i)) if i in tensor_outs else ("const", v)
+               for i, v in enumerate(leaves)]
+    differentiable = [leaves[i].requires_grad for i in tensor_outs]
+    with mode:
+        tangents = [torch.empty(leaves[i].shape, dtype=leaves[i].dtype, device=leaves[i].device)
+                    for i, d in zip(tensor_outs, differentiable) if d]
+    grad_inputs: list = []
+
+    def joint(primals, tangents):
+        leafs = [p.detach().requires_grad_(n) for p, n in zip(primals, needs_grad)]
+        with torch.set_grad_enabled(grad_on):
+            outs, _ = run(leafs)
+        outs = [outs[i] for i in tensor_outs]
+        wanted = [k for k, n in enumerate(needs_grad) if n]
+        grads = torch.autograd.grad([o for o, d in zip(outs, differentiable) if d],
+                                    [leafs[k] for k in wanted], tangents, allow_unused=True)
+        grad_inputs[:] = [k for k, g in zip(wanted, grads) if g is not None]
+        return [o.detach() for o in outs] + [g for g in grads if g is not None]
+
+    table = decompositions()
+    graph = make_fx(joint, decomposition_table=table, tracing_mode="fake")(primals, tangents)
+    if _writes(graph):
+        graph = make_fx(torch.func.functionalize(graph, remove="mutations"), decomposition_table=table,
+                        tracing_mode="fake")(primals, tangents)
+    if _writes(graph):
+        raise NotImplementedError("the joint graph writes an input (functionalization left a copy_ "
+                                  "into it)")
+    for node in list(graph.graph.nodes):       # aliases of values are the values
+        if node.op == "call_function" and node.target in (aten.alias.default, aten.detach.default):
+            node.replace_all_uses_with(node.args[0])
+            graph.graph.erase_node(node)
+    graph.graph.eliminate_dead_code()
+    graph.recompile()
+    modes = [n.args[0] for n in gm.graph.nodes if n.target is torch._C._set_grad_enabled]
+    return Joint(graph, len(primals), len(tensor_outs), differentiable, list(grad_inputs), inputs,
+                 outputs, spec, modes[-1] if modes else None)
+
+
+def _writes(gm: torch.fx.GraphModule) -> bool:
+    return any(n.op == "call_function" and isinstance(n.target, torch._ops.OpOverload)
+               and n.target._schema.is_mutable for n in gm.graph.nodes)

@@ -1,0 +1,174 @@
+"""The partitioner: a joint graph -> a forward graph and a backward graph, and what the
+forward saves for the backward.
+
+Takes joint.py's `Joint`. Every value the backward reads is either saved by the forward (it
+stays in memory from the forward to the backward) or recomputed in the backward from values
+that are saved. Saving costs memory; recomputing costs time. The rule, as AOTAutograd's
+default partitioner has it:
+
+- the outputs of matrix products, convolutions, reductions, random ops and ops lowering leaves
+  to PyTorch are expensive: the backward never recomputes them (a reduction reads a whole row;
+  a random op would draw other numbers);
+- pointwise ops and views are cheap: the backward may recompute them, and does where that
+  saves bytes (a ReLU's mask is recomputed from the tensor it was applied to, when that tensor
+  is saved anyway).
+
+Which values to save is then a minimum cut. Each value v of the forward is an edge v_in -> v_out
+whose capacity is its size in bytes; a value's users hang off v_out. The source feeds the
+inputs and the expensive values (they are available in the forward); the nodes the backward
+must run (those that read a gradient) drain into the sink. A cut separates what the forward
+computes from what the backward computes, and the edges it cuts are the values that cross:
+the saved values, of the fewest bytes in all (networkx's max-flow).
+
+Hands on a `Partition`: the forward graph (primals -> forward outputs, then saved values) and
+the backward graph (saved values, then tangents -> gradients), both aten-level FX graphs.
+"""
+from __future__ import annotations
+
+import math
+import operator
+from dataclasses import dataclass, field
+
+import torch
+import torch.fx
+
+from .joint import Joint
+
+aten = torch.ops.aten
+
+# cheap ops that are not tagged pointwise: the backward may recompute them
+_CHEAP = {aten.alias.default, aten.detach.default, aten.clone.default, aten._to_copy.default,
+          aten.expand.default, aten.scalar_tensor.default, aten.full.default, aten.zeros.default,
+          aten.ones.default, aten.full_like.default, aten.zeros_like.default, aten.ones_like.default,
+          aten.copy.default, operator.getitem}
+
+
+@dataclass
+class Partition:
+    forward: torch.fx.GraphModule       # primals -> (forward outputs..., saved...)
+    backward: torch.fx.GraphModule      # (saved..., tangents...) -> gradients
+    saved: list                          # names of the saved values, in order
+    saved_bytes: int
+    # where each saved value comes from: ("primal", k), the k-th input passed on as it is, or
+    # ("computed", j), the forward graph's j-th output after the forward outputs
+    saved_from: list = field(default_factory=list)
+    # per gradient: the tangents it depends on (a gradient reached from none of the outputs
+    # the caller used is None, as in eager, not zeros)
+    grad_tangents: list = field(default_factory=list)
+
+
+def nbytes(node: torch.fx.Node) -> int | float:
+    """The bytes of the value a node makes; infinite for what cannot be saved (a tuple)."""
+    val = node.meta.get("val")
+    if isinstance(val, torch.Tensor):
+        return val.numel() * val.element_size()
+    if isinstance(val, (int, float, bool, torch.SymInt)) or val is None:
+        return 0
+    return math.inf
+
+
+def recomputable(node: torch.fx.Node) -> bool:
+    """Cheap enough for the backward to compute again: pointwise ops, views, getitem."""
+    if node.op != "call_function":
+        return False
+    t = node.target
+    if t in _CHEAP:
+        return True
+    if not isinstance(t, torch._ops.OpOverload):
+        return False
+    if torch.Tag.nondeterministic_seeded in t.tags:
+        return False
+    return torch.Tag.pointwise in t.tags or t.is_view
+
+
+def partition(joint: Joint) -> Partition:
+    import networkx as nx
+
+    graph = joint.graph.graph
+    placeholders = [n for n in graph.nodes if n.op == "placeholder"]
+    primals, tangents = placeholders[:joint.num_primals], placeholders[joint.num_primals:]
+    outputs = list(next(n for n in graph.nodes if n.op == "output").args[0])
+    fwd_outs, grads = outputs[:joint.num_outputs], outputs[joint.num_outputs:]
+
+    reads_tangent = _descendants(tangents)
+    needed_by_bwd = _ancestors([g for g in grads if isinstance(g, torch.fx.Node)])
+
+    flow = nx.DiGraph()
+    for node in graph.nodes:
+        if node.op == "output" or node not in needed_by_bwd:
+            continue
+        if node in reads_tangent:               # backward work: must run in the backward
+            flow.add_edge(node.name + "_in", "sink", capacity=math.inf)
+            continue
+        if node.op == "placeholder" or not recomputable(node):
+            # available in the forward (an input, or too costly to run again)
+            flow.add_edge("source", node.name + "_in", capacity=math.inf)
+        # saving costs the value's bytes (plus one, so that of equal sizes fewer are saved)
+        flow.add_edge(node.name + "_in", node.name + "_out", capacity=nbytes(node) + 1)
+        for user in node.users:
+            flow.add_edge(node.name + "_out", user.name + "_in", capacity=math.inf)
+    if "sink" in flow and "source" in flow:
+        _, (reachable, _) = nx.minimum_cut(flow, "source", "sink")
+    else:
+        reachable = {"source"} | {n + "_in" for n in flow if n.endswith("_in")}
+    by_name = {n.name: n for n in graph.nodes}
+    saved = [by_name[v[:-3]] for v in flow if v.endswith("_in") and v in reachable
+             and v[:-3] + "_out" in flow and v[:-3] + "_out" not in reachable]
+    order = {n: i for i, n in enumerate(graph.nodes)}
+    saved.sort(key=order.get)
+
+    # the forward computes its outputs and the saved values; a saved primal is passed on as is
+    computed = [s for s in saved if s.op != "placeholder"]
+    saved_from = [("primal", primals.index(s)) if s.op == "placeholder" else ("computed", computed.index(s))
+                  for s in saved]
+    forward = _subgraph(joint.graph, primals, fwd_outs + computed)
+    backward = _subgraph(joint.graph, saved + tangents, grads)
+    grad_tangents = [{tangents.index(t) for t in _ancestors([g]) if t in tangents}
+                     if isinstance(g, torch.fx.Node) else set() for g in grads]
+    return Partition(forward, backward, [s.name for s in saved],
+                     sum(int(nbytes(s)) for s in saved), saved_from, grad_tangents)
+
+
+def _descendants(nodes) -> set:
+    return _closure(nodes, lambda n: n.users)
+
+
+def _ancestors(nodes) -> set:
+    return _closure(nodes, lambda n: n.all_input_nodes)
+
+
+def _closure(nodes, step) -> set:
+    """The nodes and every node reached from them by `step` (users, or inputs)."""
+    seen, todo = set(), list(nodes)
+    while todo:
+        n = todo.pop()
+        if n not in seen:
+            seen.add(n)
+            todo.extend(step(n))
+    return seen
+
+
+def _subgraph(gm: torch.fx.GraphModule, inputs: list, outputs: list) -> torch.fx.GraphModule:
+    """The nodes of gm that compute `outputs` from `inputs` (which become the placeholders),
+    in gm's order, with their meta (the fake values lowering reads)."""
+    needed, todo = set(), [o for o in outputs if isinstance(o, torch.fx.Node)]
+    stop = set(inputs)
+    while todo:
+        n = todo.pop()
+        if n in needed:
+            continue
+        needed.add(n)
+        if n not in stop:
+            if n.op == "placeholder":
+                raise AssertionError(f"partition: {n.name} is needed but not an input")
+            todo.extend(n.all_input_nodes)
+    new = torch.fx.Graph()
+    env: dict = {}
+    for n in inputs:
+        env[n] = new.placeholder(n.name)
+        env[n].meta = dict(n.meta)
+    for n in gm.graph.nodes:
+        if n in needed and n not in env:
+            env[n] = new.node_copy(n, lambda a: env[a])
+    new.output([env[o] if isinstance(o, torch.fx.Node) else o for o in outputs])
+    return torch.fx.GraphModule(gm, new)

@@ -1,0 +1,174 @@
+"""Compiled training (minicompile/autograd/): several SGD steps of the book's models compiled
+and eager, side by side from the same weights, on fresh random inputs of awkward sizes. After
+every step the losses, the gradients, the updated parameters and batch norm's running
+statistics must be eager's, and the backward must be generated code (its kernels counted).
+Tiny Hugging Face models are trained one step in tests/test_hf_zoo.py."""
+import copy
+import os
+import sys
+
+import pytest
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+import minicompile
+from conftest import DEVICE
+from helpers import assert_same, randn
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "benchmarks"))
+import models  # noqa: E402
+
+
+class ConvBN(nn.Module):
+    """A torchvision-style stem: convolution, BatchNorm2d, ReLU(inplace=True), a residual add_."""
+
+    def __init__(self, channels=5):
+        super().__init__()
+        self.conv1 = nn.Conv2d(3, channels, 3, padding=1, bias=False)
+        self.bn1 = nn.BatchNorm2d(channels)
+        self.relu = nn.ReLU(inplace=True)
+        self.conv2 = nn.Conv2d(channels, channels, 3, padding=1, bias=False)
+        self.bn2 = nn.BatchNorm2d(channels)
+        self.fc = nn.Linear(channels, 3)
+
+    def forward(self, x):
+        x = self.relu(self.bn1(self.conv1(x)))
+        y = self.bn2(self.conv2(x))
+        y += x                                  # torchvision's BasicBlock: out += identity
+        y = self.relu(y)
+        return self.fc(y.mean((2, 3)))
+
+
+def _model(name):
+    torch.manual_seed(0)
+    if name == "mlp":
+        return models.MLP(width=37, depth=2), lambda: randn(13, 37)
+    if name == "cnn":
+        return models.SmallCNN(channels=4, classes=5), lambda: randn(3, 3, 9, 9)
+    if name == "conv_bn_inplace":
+        return ConvBN(), lambda: randn(2, 3, 7, 9)
+    if name == "gpt_block":
+        return models.Block(dim=32, heads=4), lambda: randn(2, 7, 32)
+    raise ValueError(name)
+
+
+def train_side_by_side(model, make_input, steps=3, lr=0.1):
+    """SGD steps of the model compiled and of its eager twin, compared after each."""
+    model = model.to(DEVICE).train()
+    twin = copy.deepcopy(model)
+    compiled = minicompile.compile(model)
+    opt = torch.optim.SGD(model.parameters(), lr=lr)
+    opt_twin = torch.optim.SGD(twin.parameters(), lr=lr)
+    for step in range(steps):
+        x = make_input()
+        loss = compiled(x).square().mean()
+        loss.backward()
+        expected = twin(x).square().mean()
+        expected.backward()
+        assert_same(loss, expected)
+        for (name, p), q in zip(model.named_parameters(), twin.parameters()):
+            torch.testing.assert_close(p.grad, q.grad, rtol=1e-4, atol=1e-5, msg=f"step {step}: {name}")
+        opt.step(), opt_twin.step()
+        opt.zero_grad(), opt_twin.zero_grad()
+        for (name, p), q in zip(model.state_dict().items(), twin.state_dict().values()):
+            torch.testing.assert_close(p, q, rtol=1e-4, atol=1e-5, msg=f"step {step}: {name}")
+
+
+@pytest.mark.parametrize("name", ["mlp", "cnn", "conv_bn_inplace", "gpt_block"])
+def test_sgd_steps_match_eager(kernel_backend, name):
+    model, make_input = _model(name)
+    train_side_by_side(model, make_input)
+    assert minicompile.metrics.graphs == 1 and minicompile.metrics.graph_breaks == 0
+    assert minicompile.metrics.recompiles == 0
+    # the backward is generated code: its kernels are counted (not a fallback to PyTorch's)
+    assert minicompile.metrics.backward_kernels > 0
+
+
+def test_batch_norm_training_makes_no_graph_break():
+    model, make_input = _model("conv_bn_inplace")
+    out = minicompile.explain(model.train())(make_input())
+    assert out.graph_count == 1 and out.graph_break_count == 0
+
+
+def test_gradients_of_inputs_noncontiguous_and_broadcast(kernel_backend):
+    """Gradients flow to inputs that require grad (not only parameters): a transposed one and
+    one that broadcasts; an input that needs no gradient gets none."""
+    def f(x, b, w):
+        h = torch.tanh(x @ w + b)
+        return (h * torch.sigmoid(h)).mean()
+
+    def leaves():
+        torch.manual_seed(3)
+        return (randn(19, 7, layout="transposed").requires_grad_(), randn(11).requires_grad_(),
+                randn(7, 11))
+    ours, theirs = leaves(), leaves()
+    minicompile.compile(f)(*ours).backward()
+    f(*theirs).backward()
+    for a, b in zip(ours[:2], theirs[:2]):
+        assert_same(a.grad, b.grad)
+    assert ours[2].grad is None
+    assert minicompile.metrics.backward_kernels > 0
+
+
+def test_writes_in_place_in_training(kernel_backend):
+    """add_ and relu_ on values autograd needs, and on a buffer that needs no gradient."""
+    def f(x, w, counter):
+        y = x @ w
+        y.add_(1.5)
+        z = torch.relu_(y * 2)
+        counter.add_(1)
+        return z.sum() + y.square().mean()
+
+    def leaves():
+        torch.manual_seed(4)
+        return randn(5, 6), randn(6, 3).requires_grad_(), torch.zeros((), device=DEVICE)
+    ours, theirs = leaves(), leaves()
+    compiled = minicompile.compile(f)
+    for _ in range(2):
+        assert_same(compiled(*ours), f(*theirs))
+    compiled(*ours).backward()
+    f(*theirs).backward()
+    assert_same(ours[1].grad, theirs[1].grad)
+    assert ours[2].item() == theirs[2].item() == 3
+
+
+def test_cross_entropy_and_embedding_training(kernel_backend):
+    """An embedding (its backward accumulates rows), layer norm, cross-entropy."""
+    torch.manual_seed(5)
+    model = nn.Sequential(nn.Embedding(23, 12), nn.LayerNorm(12), nn.Linear(12, 23)).to(DEVICE)
+    twin = copy.deepcopy(model)
+    ids = torch.randint(0, 23, (3, 9), device=DEVICE)
+    ids[0, :4] = 5                                # repeated ids: gradients accumulate
+
+    def loss(m):
+        return F.cross_entropy(m(ids).flatten(0, 1), ids.flatten())
+    loss(minicompile.compile(model)).backward()
+    loss(twin).backward()
+    for p, q in zip(model.parameters(), twin.parameters()):
+        assert_same(p.grad, q.grad)
+
+
+def test_aot_graphs_log(capsys):
+    minicompile.set_logs(aot_graphs=True)
+    try:
+        model, make_input = _model("mlp")
+        minicompile.compile(model)(make_input()).sum().backward()
+    finally:
+        minicompile.set_logs(aot_graphs=False)
+    out = capsys.readouterr().out
+    assert "Forward graph" in out and "Backward graph" in out
+    assert "Saved for backward:" in out and "bytes" in out
+
+
+def test_partition_saves_one_value_and_recomputes_the_pointwise_chain():
+    """sigmoid(exp(x @ w) * 2 + 1): the backward needs exp's result (the derivative of exp) and
+    x (for w's gradient); the min-cut saves just those two and recomputes the multiply, the add
+    and the sigmoid in the backward, rather than saving each."""
+    from minicompile.autograd import partition, trace_joint
+
+    def f(x, w):
+        return torch.sigmoid(torch.exp(x @ w) * 2 + 1)
+    x, w = randn(8, 5), randn(5, 4).requires_grad_()
+    part = partition(trace_joint(torch.fx.symbolic_trace(f), [x, w]))
+    assert len(part.saved) == 2 and part.saved_bytes == (8 * 4 + 8 * 5) * 4, part.saved
