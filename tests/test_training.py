@@ -87,7 +87,7 @@ def test_sgd_steps_match_eager(kernel_backend, name):
 
 def test_batch_norm_training_makes_no_graph_break():
     model, make_input = _model("conv_bn_inplace")
-    out = minicompile.explain(model.train())(make_input())
+    out = minicompile.explain(model.to(DEVICE).train())(make_input())
     assert out.graph_count == 1 and out.graph_break_count == 0
 
 
@@ -153,7 +153,7 @@ def test_aot_graphs_log(capsys):
     minicompile.set_logs(aot_graphs=True)
     try:
         model, make_input = _model("mlp")
-        minicompile.compile(model)(make_input()).sum().backward()
+        minicompile.compile(model.to(DEVICE))(make_input()).sum().backward()
     finally:
         minicompile.set_logs(aot_graphs=False)
     out = capsys.readouterr().out

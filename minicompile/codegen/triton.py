@@ -21,6 +21,7 @@ import re
 import sys
 import threading
 
+import numpy as np
 import torch
 
 from .. import config, ir
@@ -182,6 +183,9 @@ class TritonWriter(KernelWriter):
     def __init__(self, kernel, plan, buffers, mask: str):
         super().__init__(kernel, plan, buffers)
         self.mask = mask
+        # float arithmetic here is float32 (narrower floats compute in it) unless a float64
+        # tensor is involved: then Triton's own `/` and sqrt, which are IEEE for float64
+        self.float32_only = not any(b.dtype == torch.float64 for b in buffers.values())
         self.device_asserts = asserts_on_device(kernel.box.device)
         # a pointwise kernel's elements in loop order, as an index over its variables
         self.flat = None
@@ -189,6 +193,34 @@ class TritonWriter(KernelWriter):
             self.flat, stride = Index(), 1
             for var, size in zip(plan.x_vars[::-1], plan.x_sizes[::-1]):
                 self.flat, stride = self.flat + Index.var(var) * stride, ir.size_expr(stride * size)
+
+    # Division and square root rounded to nearest, as eager's CUDA kernels compute them:
+    # Triton's float32 `/` and tl.sqrt are approximate (within 2 units in the last place),
+    # which a later rounding to float16 can turn into a different half-precision value.
+    def truediv(self, a, b):
+        if a in self.constants and b in self.constants:
+            # two Python numbers (an empty mean's 0 / 0): divided here, since Triton would
+            # divide them while compiling and raise on a zero divisor
+            with np.errstate(all="ignore"):
+                value = np.float64(_literal(a)) / np.float64(_literal(b))
+            return self.constant(float(value), torch.float32 if self.float32_only else torch.float64)
+        if self.float32_only:
+            return self._emit(f"tl.div_rn({self._block(a)}, {self._block(b)})")
+        return self._emit(f"({a} / {b})")
+
+    def reciprocal(self, x):
+        return self.truediv(self.constant(1.0, torch.float32), x)
+
+    def erf(self, x):
+        # on a GPU, CUDA's own erf (libdevice's), the one eager's kernels call
+        return self._emit(f"libdevice.erf({x})" if self.device_asserts else f"tl.erf({x})")
+
+    def sqrt(self, x):
+        return self._emit(f"tl.sqrt_rn({x})" if self.float32_only else f"tl.sqrt({x})")
+
+    def _block(self, x):
+        """A Python float as a float32 block (tl.div_rn takes blocks)."""
+        return f"tl.full([1], {x}, tl.float32)" if x in self.constants and not x.startswith("tl.") else x
 
     def offset(self, index) -> str:
         """An index as code. One that walks the elements in loop order (a contiguous tensor in a
@@ -262,6 +294,12 @@ class TritonWriter(KernelWriter):
         return self._emit(self.cast_expr(f"tl.full([1], {self.render_size(size)}, tl.int64)", ir.compute_dtype(dtype)))
 
 
+def _literal(text: str) -> float:
+    """The number a constant's code holds (`0.5`, `float('nan')`, `tl.full([1], 3, tl.int64)`)."""
+    match = re.fullmatch(r"tl\.full\(\[1\], (.*), tl\.\w+\)", text)
+    return float(eval(match.group(1) if match else text, {"float": float}))
+
+
 def asserts_on_device(device: torch.device) -> bool:
     """How a kernel reports a data-dependent index out of range (embedding's). On a GPU: a
     device-side assert stops the kernel, as eager's CUDA kernels do, so the host never waits
@@ -275,6 +313,13 @@ def asserts_on_device(device: torch.device) -> bool:
 # mode, which also asserts that no 32-bit integer arithmetic overflows: off, as Inductor
 # does, since eager's integer arithmetic wraps). Launch settings, not kernel arguments.
 DEVICE_ASSERT_OPTIONS = {"debug": True, "sanitize_overflow": False}
+
+# Compile options every kernel gets on a GPU, so that its arithmetic is eager's: libdevice's
+# functions (pow, tanh...) keep subnormal numbers, as eager's CUDA kernels do (Triton flushes
+# them to zero by default); and a product is not fused with a sum into one FMA: the two are
+# separate ops in eager, each rounded (a float16 product rounded between them is otherwise
+# lost, and the result differs in its last bit)
+EAGER_MATH = {"enable_reflect_ftz": False, "enable_fp_fusion": False}
 
 
 def _decompose(flat: str, names: list[str], sizes: list[int]) -> list[str]:
@@ -681,8 +726,8 @@ def _compile_ahead(fn, args, settings):
         return fn.warmup(*args, grid=(1,), **settings)
     target = _gpu_target()
     backend = make_backend(target)
-    kwargs = dict(settings, debug=settings.get("debug", fn.debug) or knobs.runtime.debug,
-                  instrumentation_mode=knobs.compilation.instrumentation_mode)     # as its run() does
+    kwargs = {**EAGER_MATH, **settings, "debug": settings.get("debug", fn.debug) or knobs.runtime.debug,
+              "instrumentation_mode": knobs.compilation.instrumentation_mode}     # as its run() does
     binder = create_function_from_signature(fn.signature, fn.params, backend)
     bound, specialization, options = binder(*map(MockTensor.wrap_dtype, args), **kwargs)
     options, signature, constexprs, attrs = fn._pack_args(backend, kwargs, bound, specialization, options)
@@ -760,7 +805,8 @@ class Launcher:
         if binary is not None and not _launch_hooks_active():
             binary.launch(grid, args, kwargs)
         else:
-            self.module.jit_fn(self.name)[grid](*args, **kwargs)
+            extra = EAGER_MATH if os.environ.get("TRITON_INTERPRET") != "1" else {}
+            self.module.jit_fn(self.name)[grid](*args, **kwargs, **extra)
 
     def binary_path(self, key) -> str | None:
         """Where this kernel's binary for `key` is saved; None when there is none (yet), or
@@ -855,8 +901,8 @@ def _save_binary(kernel, base: str) -> str | None:
 
 def _binary_base(module_key: str, name: str, fixed: tuple, key) -> str:
     """A binary depends on the source, the constants it is launched with, the specialization,
-    the GPU and the compiler versions."""
-    text = repr((module_key, name, fixed, key, _toolchain()))
+    the compile options, the GPU and the compiler versions."""
+    text = repr((module_key, name, fixed, key, EAGER_MATH, _toolchain()))
     return os.path.join(config.cache_dir, "triton", "bin", hashlib.sha256(text.encode()).hexdigest()[:32])
 
 

@@ -377,8 +377,12 @@ def _clamp(node, values, input, min, max):
     """max(x, min) then min(_, max), NaN-propagating, in the result's dtype as PyTorch
     promotes: an int tensor clamped to float bounds is a float tensor; an int bound of a uint8
     tensor wraps into uint8 (as PyTorch converts it). Bounds may be numbers, tensors or
-    dynamic floats."""
-    bounds = [(op, b) for op, b in ((ops.maximum, min), (ops.minimum, max)) if b is not None]
+    dynamic floats. A NaN number as a bound makes every element NaN, except on a GPU when it
+    is the only bound: eager's CUDA kernel then takes fmax/fmin with it, which ignore a NaN."""
+    given = [b for b in (min, max) if b is not None]
+    ignored = len(given) == 1 and isinstance(given[0], float) and math.isnan(given[0]) and \
+        isinstance(input, TensorBox) and torch.device(input.device).type == "cuda"
+    bounds = [(op, b) for op, b in ((ops.maximum, min), (ops.minimum, max)) if b is not None and not ignored]
 
     def fn(x, *values_):
         for (op, _), bound in zip(bounds, values_):
