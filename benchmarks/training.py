@@ -148,9 +148,13 @@ def main():
         del copies, steps, model
         if cuda:
             torch.cuda.empty_cache()
-    device = "cpu" if not cuda else torch.cuda.get_device_name().split()[-1].lower()
-    path = bench.save_results(f"training_{device}", {"models": results}, args.out)
-    print(f"wrote {path}")
+        save(results, cuda, args.out)        # after each model: a run cut short keeps what it measured
+
+
+def save(results, cuda, out):
+    device = "cpu" if not cuda else torch.cuda.get_device_name().split()[1].lower()
+    path = bench.save_results(f"training_{device}", {"models": results}, out)
+    print(f"wrote {path}", flush=True)
 
 
 if __name__ == "__main__":
