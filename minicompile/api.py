@@ -20,12 +20,14 @@ import torch
 
 from . import config, logs, metrics
 from .capture import SUPPORTED_VERSIONS, Unsupported
+from .capture.breaks import DISABLE_MARK, never_traced
 from .capture.frame import ResumeSegment
 from .capture.guards import frame_target
 
 SUPPORTED_PYTHONS = SUPPORTED_VERSIONS       # capture's list: the versions it has opcode tables for
-MODES = (None, "default")
-LATER_MODES = ("reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
+# The settings each of torch.compile's modes stands for (options given with the mode win)
+MODES = {None: {}, "default": {}, "reduce-overhead": {"cudagraphs": True}}
+LATER_MODES = ("max-autotune", "max-autotune-no-cudagraphs")
 
 # One _FrameCache per (code object, backend, options, fullgraph): its segments, newest first,
 # as Dynamo's cache. Every callable running that code shares it (instances of a class,
@@ -162,7 +164,7 @@ class CompiledFunction:
         if frame is None or self._frame_generation != _GENERATION:
             # found once, not per call (the key is computed, the cache looked up): a hit's
             # cost is the guard and the compiled code
-            if not _python_supported():
+            if not _python_supported() or never_traced(self.fn) is not None:
                 return self.fn(*args, **kwargs)
             if self._func is None:
                 self._no_code()
@@ -315,6 +317,7 @@ class CompiledFunction:
         elif isinstance(fn, types.FunctionType):
             target = fn
         if target is None or _is_torch_internal(target.__module__ or "") or \
+                never_traced(fn) is not None or never_traced(target) is not None or \
                 target.__code__.co_flags & 0x2A0:          # generators, coroutines
             return fn(*args, **kwargs)
         callee = self._callees.get(target)
@@ -554,11 +557,12 @@ def compile(model: Callable | None = None, *, fullgraph: bool = False, dynamic: 
     if dynamic not in (None, True, False):
         raise TypeError(f"dynamic must be None, True or False, not {dynamic!r}")
     if mode in LATER_MODES:
-        raise NotImplementedError(f"mode={mode!r} comes with the runtime stage (CUDA graphs, "
-                                  "autotuning); use mode=None for now")
+        raise NotImplementedError(f"mode={mode!r}: minicompile does not autotune yet; use mode=None "
+                                  "or 'reduce-overhead'")
     if mode not in MODES:
         raise ValueError(f"unknown mode {mode!r}; torch.compile's modes are 'default', "
                          "'reduce-overhead', 'max-autotune', 'max-autotune-no-cudagraphs'")
+    options = {**MODES[mode], **(options or {})}
     config.patch(**(options or {}))          # validates the names now, applies at compile time
     if disable:
         return model
@@ -570,6 +574,27 @@ def compile(model: Callable | None = None, *, fullgraph: bool = False, dynamic: 
                         f"{type(model).__name__}")
     return CompiledFunction(model, fullgraph=fullgraph, backend=backend, dynamic=dynamic,
                             options=options)
+
+
+def disable(fn: Callable | None = None, *, reason: str | None = None):
+    """`fn`, never traced: compiled code that calls it breaks the graph at the call, and the
+    call runs as plain Python (as torch.compiler.disable; functions that one marks are treated
+    the same). On an nn.Module, its forward is marked (on the instance). As a decorator:
+    `@minicompile.disable` or `@minicompile.disable(reason="...")`."""
+    if fn is None:
+        return functools.partial(disable, reason=reason)
+    why = f"marked with minicompile.disable ({reason})" if reason else "marked with minicompile.disable"
+    if isinstance(fn, torch.nn.Module):
+        fn.forward = disable(fn.forward, reason=reason)
+        return fn
+    if not callable(fn):
+        raise TypeError(f"minicompile.disable takes a function or an nn.Module, not {type(fn).__name__}")
+
+    @functools.wraps(fn)
+    def never_traced_fn(*args, **kwargs):
+        return fn(*args, **kwargs)
+    setattr(never_traced_fn, DISABLE_MARK, why)
+    return never_traced_fn
 
 
 @dataclass

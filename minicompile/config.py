@@ -35,6 +35,13 @@ cxx_libs = ["-lmvec"] if sys.platform.startswith("linux") else []
 fallback_random = True
 
 
+# mode="reduce-overhead" (and "max-autotune"): each compiled graph whose inputs are on one CUDA
+# device replays CUDA graphs, one recording per input signature, at most this many per graph
+# (runtime/cudagraphs.py). Set by the mode; can be set as an option too.
+cudagraphs = False
+cudagraph_max_recordings = 8
+
+
 def patch(**changes):
     """Context manager: `with config.patch(cpu_backend="triton"): ...` sets these settings for
     the block only (how `minicompile.compile(..., options={...})` applies its options)."""

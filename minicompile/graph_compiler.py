@@ -18,12 +18,13 @@ import warnings
 
 import torch
 
-from . import autocast, fusion, logs
+from . import autocast, config, fusion, logs
 from .autograd import compile_training
 from .codegen import wrapper
 from .codegen.cpp import KernelCompileError
 from .functionalize import functionalize
 from .lower import lower
+from .runtime import cudagraphs
 
 
 def compile_graph(gm: torch.fx.GraphModule, example_inputs, training: bool = False):
@@ -43,6 +44,9 @@ def _compile_functional(gm: torch.fx.GraphModule, example_inputs, training: bool
         compiled = _compile_training(functional, example_inputs)
     else:
         compiled = _compile_values(functional, example_inputs)
+    if config.cudagraphs:
+        # the values-only graph is recorded; the epilogue's writes and views run after a replay
+        compiled = cudagraphs.record_when_possible(compiled, example_inputs, training)
     if epilogue is None:
         return compiled
     logs.log("output_code", "epilogue:\n" + "\n".join(f"    {line}" for line in epilogue.description))

@@ -313,11 +313,9 @@ def test_small_integers_wrap_where_they_are_read_again(kernel_backend, dtype):
 
     def fn(x, y):
         d, s, p = x - y, x + y, x * y
-        return d > 100, d.to(torch.int64), d.sum(), s < 0, s.float(), (p * 3).sum(0), (-x).to(torch.int64)
-    if DEVICE == "cuda" and dtype == torch.int16:
-        # Triton 3.6 on a GPU widens the int16 negation of -32768 to 32768, even written
-        # (0 - x.to(int32)).to(int16).to(int64): a compiler fold minicompile cannot prevent
-        pytest.xfail("Triton widens a negated int16 -32768 to 32768 (int8 and uint8 are right)")
+        n = -x          # -(-32768) is -32768 in int16: read by a widening cast, a compare, a sum
+        return (d > 100, d.to(torch.int64), d.sum(), s < 0, s.float(), (p * 3).sum(0),
+                n.to(torch.int64), n > 0, n.float(), n.sum(), n.abs().to(torch.int32))
     check_compiled(fn, x, y)
 
 
@@ -452,12 +450,23 @@ def test_half_precision_reduction_read_again_in_its_kernel(kernel_backend):
 def test_tiny_values_through_tanh_and_erf(kernel_backend):
     """tanh(1e-20) is 1e-20 (2 sigmoid(2x) - 1 gave 0); erf as eager computes it per dtype."""
     x = t([1e-20, -1e-30, 3e-39, 1e-8, 0.5, -3.0, 20.0, NAN, INF], torch.float32)
-    if DEVICE == "cuda":
-        # measured on an H100: gelu(-3.0) is 2e-5 (relative) from eager's, where 1 + erf(x/√2)
-        # cancels to 0.0027; the cause is not found yet (erf alone is eager's)
-        pytest.xfail("gelu(-3.0) on a GPU differs from eager's in its 5th digit")
-    check_compiled(lambda x: (torch.tanh(x), torch.erf(x), torch.erf(x.to(torch.bfloat16)),
-                              torch.erf(x.half()), torch.nn.functional.gelu(x)), x)
+    check_compiled(lambda x: (torch.tanh(x), torch.erf(x.to(torch.bfloat16)), torch.erf(x.half())), x)
+    # float32 erf, and gelu that is made of it, within one unit in the last place of erf's
+    # result: eager computes them differently per machine. On a CPU its gelu uses a polynomial
+    # erf whose last digits depend on the vector instructions (and gelu(inf) is inf in its
+    # scalar loop, NaN in its AVX-512 one: left out); on a GPU, generated kernels call
+    # libdevice's erf (as Inductor's do) and eager's kernels the CUDA math library's erff, which
+    # differ by one unit on 17% of float32 inputs in [-4.3, 4.3] (H100, CUDA 13, Triton 3.6).
+    # gelu's 1 + erf(x/√2) magnifies one unit near x = -3 (2e-5 relative).
+    x = x[:-1]
+    for fn, spread in ((torch.erf, 0.0), (torch.nn.functional.gelu, 1.0)):
+        for call in range(2):
+            args = x if call == 0 else vary(x)
+            actual, expected = minicompile.compile(fn)(args).cpu(), fn(args).cpu()
+            assert torch.equal(actual.isnan(), expected.isnan()) and torch.equal(actual.isinf(), expected.isinf())
+            finite = expected.isfinite()
+            ulp = 1.2e-7 * (expected.abs() + spread * args.cpu().abs())
+            assert ((actual - expected).abs() <= ulp)[finite].all(), (fn, call, actual, expected)
 
 
 def test_float_to_integer_casts_in_range(kernel_backend):

@@ -22,6 +22,19 @@ def source_line(filename: str, lineno: Optional[int]) -> str:
     return linecache.getline(filename, lineno).strip()
 
 
+# The attribute minicompile.disable sets on the function it returns (its value: the reason)
+DISABLE_MARK = "_minicompile_disable"
+
+
+def never_traced(fn) -> Optional[str]:
+    """Why `fn` must run as Python, never traced: marked by minicompile.disable, or by
+    torch.compiler.disable (whose marks TorchDynamo reads), or None."""
+    reason = getattr(fn, DISABLE_MARK, None)
+    if reason is None and getattr(fn, "_torchdynamo_disable", False):
+        reason = getattr(fn, "_torchdynamo_disable_msg", None) or "marked with torch.compiler.disable"
+    return reason
+
+
 class Unsupported(Exception):
     """The interpreter met something it cannot trace.
 

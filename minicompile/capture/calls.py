@@ -17,7 +17,7 @@ import torch
 import torch.fx
 
 
-from .breaks import Unsupported
+from .breaks import Unsupported, never_traced
 from .sources import RootSource, module_member_source
 from .builtin_calls import (_BUILTIN_HANDLERS, _COMPILING_QUERIES, ContainerReadVariable,
                             _builtin_dict, _constant_state, _is_none, _is_plain_user_class,
@@ -376,6 +376,10 @@ class CallsMixin:
                     kwargs: Dict[str, VariableTracker], closure_cells=None, markers=None) -> VariableTracker:
         code = func.__code__
         name = func.__qualname__
+        disabled = never_traced(func)
+        if disabled is not None:
+            raise self.unsupported(f"call to {name}: {disabled}",
+                                   "a function marked as never traced runs as Python")
         if code.co_flags & (inspect.CO_COROUTINE | inspect.CO_ASYNC_GENERATOR |
                             inspect.CO_ITERABLE_COROUTINE) or \
                 code.co_flags & inspect.CO_GENERATOR and code.co_name != "<genexpr>":

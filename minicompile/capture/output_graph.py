@@ -26,7 +26,7 @@ import torch.fx
 from torch.fx.proxy import GraphAppendingTracer
 
 from .. import aliasing, ir, logs
-from .breaks import Unsupported
+from .breaks import Unsupported, never_traced
 from .guards import GuardBuilder, dense_order
 from .sources import AttrSource, ItemSource, LocalSource, RemainingSource, RootSource, Source
 from .builtin_calls import _BUILTIN_HANDLERS
@@ -395,7 +395,7 @@ class OutputGraph:
             return BuiltinVariable(value, source)
         if isinstance(value, types.ModuleType):
             return PythonModuleVariable(value, source)
-        if _is_torch_callable(value):
+        if _is_torch_callable(value) and never_traced(value) is None:
             return TorchFunctionVariable(value, source)
         if isinstance(value, types.FunctionType):
             return UserFunctionVariable(value, source)

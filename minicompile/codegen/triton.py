@@ -215,6 +215,16 @@ class TritonWriter(KernelWriter):
         # on a GPU, CUDA's own erf (libdevice's), the one eager's kernels call
         return self._emit(f"libdevice.erf({x})" if self.device_asserts else f"tl.erf({x})")
 
+    def to_dtype(self, x, dtype, src_dtype=None):
+        if src_dtype == torch.int16 and ir.compute_dtype(dtype) not in (torch.int16, torch.bool):
+            # An int16 widened from its bits: ptxas keeps the result of `neg.s16` in a 32-bit
+            # register without wrapping it, and `cvt.s64.s16` then reads -(-32768) as 32768
+            # (measured on an H100, Triton 3.6). Zero-extended bits, sign-corrected in 32 bits,
+            # are right whatever the register holds above them.
+            x = self._emit(f"(({x}).to(tl.uint16, bitcast=True).to(tl.int32) ^ 0x8000) - 0x8000")
+            src_dtype = torch.int32
+        return super().to_dtype(x, dtype, src_dtype)
+
     def sqrt(self, x):
         return self._emit(f"tl.sqrt_rn({x})" if self.float32_only else f"tl.sqrt({x})")
 

@@ -1,2 +1,2 @@
-"""Run-time support for generated code: buffer allocation (memory.py). Later: CUDA graphs,
-autotuning, the on-disk compile cache."""
+"""Run-time support for generated code: buffer allocation (memory.py), CUDA graphs for
+mode="reduce-overhead" (cudagraphs.py)."""

@@ -1,0 +1,136 @@
+"""mode="reduce-overhead": a compiled graph's launches recorded once into a CUDA graph, replayed.
+
+Takes a compiled values-only graph (the epilogue that writes inputs and makes views runs
+after it, outside the recording) and its example inputs; hands back a callable with the same
+signature. Per call, the host work of a default call (the wrapper's Python, every allocation,
+every launch) becomes: copy the inputs into the recording's own input buffers, one
+`cudaGraphLaunch`, copy the outputs out.
+
+- One recording per input signature (sizes, strides, dtypes): a graph compiled with dynamic
+  sizes records each size it meets, up to `config.cudagraph_max_recordings`; past that it runs
+  the default path (and says so once), as torch.compile's does for dynamic shapes.
+- Parameters (`nn.Parameter` inputs) are used in place: the recording reads their memory
+  directly, so they are not copied per call; if a parameter's memory moves, it is recorded again.
+  Every other input is copied into a buffer of the recording (its sizes and strides).
+- Before recording, the graph runs once on a side stream (its kernels are compiled and loaded
+  then: nothing may be compiled or allocated with the host's help while recording).
+- All recordings of one graph share a private memory pool.
+- Outputs: a replay writes the same memory again, so each call's outputs are copies of the
+  recording's (torch.compile instead hands out the recording's own memory and raises if it is
+  read after the next replay). The `cudagraphs` log says so when a graph is recorded.
+- Not recorded (the default path, with the reason in the `cudagraphs` log): inputs not all on
+  one CUDA device, a graph that records gradients, a recording that fails (an op that
+  synchronizes with the host, for instance).
+"""
+from __future__ import annotations
+
+import torch
+import torch.utils._pytree as pytree
+
+from .. import config, logs
+
+
+def record_when_possible(compiled, example_inputs, training: bool = False):
+    """`compiled`, replayed from CUDA graphs where it can be; else `compiled` (the reason logged)."""
+    tensors = [t for t in example_inputs if isinstance(t, torch.Tensor)]
+    devices = {t.device for t in tensors}
+    reason = None
+    if training:
+        reason = "the graph records gradients (compiled training is not recorded)"
+    elif not tensors or any(d.type != "cuda" for d in devices) or len(devices) > 1:
+        reason = "its inputs are not all on one CUDA device: " + \
+                 (", ".join(sorted(str(d) for d in devices)) or "no tensor inputs")
+    if reason is not None:
+        logs.log("cudagraphs", f"not recorded: {reason}")
+        return compiled
+    return CUDAGraphed(compiled, next(iter(devices)))
+
+
+class _Recording:
+    """One CUDA graph of the compiled graph, for one input signature."""
+
+    def __init__(self, compiled, args, pool, device):
+        self.inputs = []        # per input: the recording's tensor, or the value (non-tensors)
+        self.copied = []        # per input: whether the call's tensor is copied in
+        for a in args:
+            if isinstance(a, torch.Tensor) and not isinstance(a, torch.nn.Parameter):
+                self.inputs.append(torch.empty_strided(a.size(), a.stride(), dtype=a.dtype, device=a.device))
+                self.copied.append(True)
+            else:
+                self.inputs.append(a)
+                self.copied.append(False)
+        self._copy_in(args)
+        side = torch.cuda.Stream(device)
+        side.wait_stream(torch.cuda.current_stream(device))
+        with torch.cuda.stream(side):
+            compiled(*self.inputs)                   # warm-up: kernels compiled and loaded
+        torch.cuda.current_stream(device).wait_stream(side)
+        self.graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(self.graph, pool=pool):
+            self.outputs = compiled(*self.inputs)
+        self.params = [a.data_ptr() if isinstance(a, torch.nn.Parameter) else None for a in args]
+
+    def _copy_in(self, args):
+        for mine, theirs, copied in zip(self.inputs, args, self.copied):
+            if copied and mine.data_ptr() != theirs.data_ptr():
+                mine.copy_(theirs)
+
+    def holds(self, args) -> bool:
+        """The parameters are where they were when recorded."""
+        return all(p is None or a.data_ptr() == p for a, p in zip(args, self.params))
+
+    def __call__(self, args):
+        self._copy_in(args)
+        self.graph.replay()
+        return pytree.tree_map(lambda v: v.clone() if isinstance(v, torch.Tensor) else v, self.outputs)
+
+
+def _signature(args) -> tuple:
+    return tuple((tuple(a.shape), a.stride(), a.dtype, isinstance(a, torch.nn.Parameter))
+                 if isinstance(a, torch.Tensor) else ("value", a) for a in args)
+
+
+class CUDAGraphed:
+    """A compiled graph whose calls replay CUDA graphs, one recording per input signature."""
+
+    def __init__(self, compiled, device):
+        self.compiled, self.device = compiled, device
+        self.recordings: dict = {}
+        self.pool = torch.cuda.graph_pool_handle()
+        self.limit = config.cudagraph_max_recordings
+        self.failed: str | None = None
+        self.said_limit = False
+
+    def __call__(self, *args):
+        if self.failed is not None:
+            return self.compiled(*args)
+        key = _signature(args)
+        rec = self.recordings.get(key)
+        if rec is not None and not rec.holds(args):
+            logs.log("cudagraphs", "recorded again: a parameter's memory moved")
+            rec = self.recordings.pop(key)
+            rec = None
+        if rec is None:
+            if len(self.recordings) >= self.limit:
+                if not self.said_limit:
+                    self.said_limit = True
+                    logs.log("cudagraphs", f"not recorded: {self.limit} input signatures are recorded "
+                                           f"already (config.cudagraph_max_recordings); other "
+                                           f"signatures run the default path")
+                return self.compiled(*args)
+            try:
+                rec = _Recording(self.compiled, args, self.pool, self.device)
+            except Exception as err:          # noqa: BLE001 (whatever stops the recording)
+                self.failed = f"{type(err).__name__}: {err}"
+                logs.log("cudagraphs", f"not recorded, the default path runs instead: {self.failed}")
+                torch.cuda.synchronize(self.device)
+                return self.compiled(*args)
+            self.recordings[key] = rec
+            sizes = ", ".join("x".join(map(str, k[0])) or "scalar" for k in key if k[0] != "value")
+            logs.log("cudagraphs", f"recorded a CUDA graph for inputs of sizes [{sizes}]: "
+                                   f"{sum(rec.copied)} inputs copied in per call, "
+                                   f"{len(args) - sum(rec.copied)} used in place; outputs copied out")
+        return rec(args)
+
+    def __getattr__(self, name):
+        return getattr(self.compiled, name)

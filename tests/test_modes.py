@@ -1,0 +1,175 @@
+"""The runtime modes and switches: minicompile.disable, compile(disable=True), mode="reduce-overhead"
+(CUDA graphs on a GPU; on a CPU the default path, said in the `cudagraphs` log)."""
+import contextlib
+import io
+
+import pytest
+import torch
+
+import minicompile
+from conftest import DEVICE
+
+needs_cuda = pytest.mark.skipif(DEVICE != "cuda", reason="CUDA graphs need a GPU")
+
+
+def logged(artifact, fn, *args):
+    """fn(*args) with one log artifact on: (result, what was logged)."""
+    out = io.StringIO()
+    minicompile.set_logs(**{artifact: True})
+    try:
+        with contextlib.redirect_stdout(out):
+            result = fn(*args)
+    finally:
+        minicompile.set_logs(**{artifact: False})
+    return result, out.getvalue()
+
+
+# --------------------------------------------------------------------------- disable
+
+def test_disabled_function_breaks_the_graph_and_runs_as_python():
+    seen = []
+
+    @minicompile.disable
+    def helper(x):
+        seen.append(type(x))                # a real tensor: the call is not traced
+        return float(x.numpy().sum())
+
+    def f(x):
+        y = x * 2
+        return y + helper(y)
+
+    x = torch.randn(5)
+    explained = minicompile.explain(f)(x)
+    assert explained.graph_count == 2 and explained.graph_break_count == 1
+    assert "marked with minicompile.disable" in str(explained.break_reasons[0])
+    compiled = minicompile.compile(f)
+    for _ in range(2):
+        torch.testing.assert_close(compiled(x), f(x))
+    assert all(t is torch.Tensor for t in seen)
+
+
+def test_disable_with_a_reason_and_torch_compiler_disable_are_honoured():
+    @minicompile.disable(reason="calls a C library")
+    def lib(x):
+        return x + 1
+
+    assert "(calls a C library)" in str(minicompile.explain(lambda x: lib(x) * 2)(torch.randn(3)).break_reasons[0])
+    marked = torch.compiler.disable(lambda x: x.numpy().sum())
+    f = lambda x: x * 2 + float(marked(x))          # noqa: E731
+    x = torch.randn(4)
+    assert "torch.compiler.disable" in str(minicompile.explain(f)(x).break_reasons[0])
+    torch.testing.assert_close(minicompile.compile(f)(x), f(x))
+
+
+def test_disabled_module_and_disabled_entry_point_run_eagerly():
+    class Net(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.inner = minicompile.disable(torch.nn.Linear(4, 4))
+
+        def forward(self, x):
+            return self.inner(x).relu() * 3
+
+    net, x = Net(), torch.randn(2, 4)
+    with torch.no_grad():
+        torch.testing.assert_close(minicompile.compile(net)(x), net(x))
+        assert minicompile.metrics.graph_breaks >= 1
+
+    minicompile.metrics.reset()
+    f = minicompile.disable(lambda x: x.sin())
+    torch.testing.assert_close(minicompile.compile(f)(x), x.sin())
+    g = minicompile.compile(lambda x: x.cos(), disable=True)
+    torch.testing.assert_close(g(x), x.cos())
+    assert minicompile.metrics.graphs == 0
+
+
+def test_disable_rejects_what_is_not_callable():
+    with pytest.raises(TypeError, match="function or an nn.Module"):
+        minicompile.disable(3)
+
+
+# --------------------------------------------------------------------------- modes
+
+def test_modes_are_checked():
+    with pytest.raises(ValueError, match="unknown mode"):
+        minicompile.compile(lambda x: x, mode="fast")
+    with pytest.raises(NotImplementedError, match="autotune"):
+        minicompile.compile(lambda x: x, mode="max-autotune")
+
+
+@pytest.mark.skipif(DEVICE == "cuda", reason="the CPU path")
+def test_reduce_overhead_on_a_cpu_runs_the_default_path_and_says_why():
+    f = minicompile.compile(lambda x: (x + 1).relu(), mode="reduce-overhead")
+    x = torch.randn(10)
+    out, text = logged("cudagraphs", f, x)
+    torch.testing.assert_close(out, (x + 1).relu())
+    assert "not recorded: its inputs are not all on one CUDA device: cpu" in text
+
+
+@needs_cuda
+def test_reduce_overhead_replays_and_outputs_are_not_overwritten():
+    def f(x, y):
+        return torch.relu(x * y + 1), (x - y).sum(0)
+
+    compiled = minicompile.compile(f, mode="reduce-overhead")
+    calls = [(torch.randn(37, 19, device="cuda"), torch.randn(19, device="cuda")) for _ in range(4)]
+    results, text = logged("cudagraphs", lambda: [compiled(*c) for c in calls])
+    assert text.count("recorded a CUDA graph") == 1
+    for (x, y), got in zip(calls, results):          # earlier outputs survive later replays
+        torch.testing.assert_close(got, f(x, y))
+    # non-contiguous and broadcast inputs: a signature of their own
+    x = torch.randn(19, 37, device="cuda").t()
+    torch.testing.assert_close(compiled(x, calls[0][1]), f(x, calls[0][1]))
+
+
+@needs_cuda
+def test_reduce_overhead_writes_inputs_and_returns_views_as_eager():
+    def step(x, w):
+        x[:, 0].mul_(2)
+        w += x.sum(0)
+        return x.t(), w[:2]
+
+    compiled = minicompile.compile(step, mode="reduce-overhead")
+    for _ in range(3):
+        x0, w0 = torch.randn(4, 3, device="cuda"), torch.randn(3, device="cuda")
+        xe, we, xc, wc = x0.clone(), w0.clone(), x0.clone(), w0.clone()
+        with torch.no_grad():
+            expected, got = step(xe, we), compiled(xc, wc)
+        torch.testing.assert_close((xc, wc), (xe, we))
+        torch.testing.assert_close(got, expected)
+        assert got[0].data_ptr() == xc.data_ptr() and got[1].data_ptr() == wc.data_ptr()
+
+
+@needs_cuda
+def test_reduce_overhead_uses_parameters_in_place_and_limits_recordings():
+    model = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.GELU(), torch.nn.Linear(32, 8)).cuda()
+    compiled = minicompile.compile(model, mode="reduce-overhead", dynamic=False,
+                                   options={"cudagraph_max_recordings": 2})
+    with torch.no_grad():
+        _, text = logged("cudagraphs", lambda: [compiled(torch.randn(n, 16, device="cuda")) for n in (3, 3)])
+        assert "2 used in place" in text or "4 used in place" in text
+        model[0].weight.mul_(0.5)                    # in place: the recording sees it
+        x = torch.randn(3, 16, device="cuda")
+        torch.testing.assert_close(compiled(x), model(x))
+        for n in (5, 7, 9):                          # new sizes: recorded up to the limit
+            x = torch.randn(n, 16, device="cuda")
+            torch.testing.assert_close(compiled(x), model(x))
+
+
+@needs_cuda
+def test_a_graph_that_cannot_be_recorded_runs_the_default_path():
+    from minicompile.runtime import cudagraphs
+
+    calls = []
+
+    def syncs(x):                  # a host synchronization is not allowed while recording
+        calls.append(1)
+        torch.cuda.synchronize()
+        return (x * 2,)
+
+    wrapped = cudagraphs.record_when_possible(syncs, [torch.randn(3, device="cuda")])
+    x = torch.randn(3, device="cuda")
+    out, text = logged("cudagraphs", wrapped, x)
+    torch.testing.assert_close(out[0], x * 2)
+    assert "not recorded, the default path runs instead" in text
+    torch.testing.assert_close(wrapped(x)[0], x * 2)
