@@ -18,7 +18,7 @@ from typing import Any, Callable
 
 import torch
 
-from . import config, logs, metrics
+from . import config, ir, logs, metrics
 from .capture import SUPPORTED_VERSIONS, Unsupported
 from .capture.breaks import DISABLE_MARK, never_traced
 from .capture.frame import ResumeSegment
@@ -273,7 +273,7 @@ class CompiledFunction:
                     metrics.recompiles += 1
                     logs.log("recompiles", _recompile_text(self.fn, where, failures))
                 try:
-                    with config.patch(**self.options):
+                    with config.patch(**self.options), ir.preserved_rng():
                         seg.compiled = self.backend(seg.gm, seg.example_inputs)
                     _add_shape_guards(seg)
                 except NotImplementedError as err:

@@ -524,13 +524,33 @@ RANDOM_METHODS = {"bernoulli", "bernoulli_", "uniform_", "normal_", "random_", "
 
 
 def draws_random_numbers(node) -> bool:
-    """Whether an FX node draws from PyTorch's generator (see RANDOM_FUNCTIONS)."""
+    """Whether an FX node draws from PyTorch's generator: one of RANDOM_FUNCTIONS or
+    RANDOM_METHODS, or any call capture saw draw (`meta["draws_random"]`, from the aten ops'
+    `nondeterministic_seeded` tag)."""
+    if node.meta.get("draws_random"):
+        return True
     if node.op == "call_method":
         return node.target in RANDOM_METHODS
     try:
         return node.op == "call_function" and node.target in RANDOM_FUNCTIONS
     except TypeError:                  # an unhashable target
         return False
+
+
+@contextlib.contextmanager
+def preserved_rng():
+    """PyTorch's generators (the CPU's, and each GPU's once CUDA is initialized) as they were
+    before the block: tracing and compiling run ops on example values, and whatever they draw
+    must not be missing from the program's own stream."""
+    cpu = torch.get_rng_state()
+    cuda = torch.cuda.get_rng_state_all() if torch.cuda.is_initialized() else None
+    try:
+        yield
+    finally:
+        torch.set_rng_state(cpu)
+        if cuda is not None:
+            torch.cuda.set_rng_state_all(cuda)
+
 
 # The one-element int32 buffer kernels with indirect indexing report an out-of-range index in
 # (the wrapper allocates it zeroed, passes it last, and raises if a kernel set it). Not on a

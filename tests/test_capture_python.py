@@ -111,11 +111,18 @@ def namedtuple_made_and_read(x):
     return p.a * p.b + p[1]
 
 
+def class_made_with_type(x):
+    Box = type("Box", (), {"scale": 2})
+    box = Box()
+    box.value = x * box.scale
+    return box.value + 1
+
+
 FUNCTIONS = [dict_views_are_live, dict_view_across_a_break, iterator_passed_to_a_call_at_a_break,
              iterator_keeps_its_type, numpy_scalars_and_info, dict_fromkeys, itertools_loops,
              partial_and_reduce, in_sets_and_lists, tuple_plus_constant_tuple,
              identity_and_equality_of_user_objects, import_inside, augmented_assignment_on_an_input,
-             namedtuple_made_and_read]
+             namedtuple_made_and_read, class_made_with_type]
 
 
 def same(a, b) -> bool:

@@ -76,6 +76,9 @@ CASES = {
                                 lambda: (torch.tensor([NAN, -1.0, 2.0], device=DEVICE),)),
     "overflow_to_inf": (lambda x: torch.exp(x * 1000).sum(-1), lambda: (X(3, 4),)),
     "bfloat16": (lambda x: torch.relu(x + 1) * 2, lambda: (X(8, 8).bfloat16(),)),
+    # complex numbers run on PyTorch's kernels (a kernel would read them as reals)
+    "complex": (lambda x: ((lambda z: ((z * z).abs(), z.angle(), torch.view_as_real(z * 2)))
+                           (torch.complex(x, x * 2))), lambda: (X(6, 7),)),
 }
 
 

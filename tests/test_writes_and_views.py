@@ -256,3 +256,44 @@ def test_a_counter_buffer_written_each_call():
         torch.testing.assert_close(compiled(x), x * i)
     assert m.calls.item() == 3
     assert minicompile.metrics.graphs == 1
+
+
+# --- writes capture does not model are never made twice ----------------------------------
+# Tracing runs each op on the real inputs: a write it does not recognise must not happen there
+# (it would happen again when the graph or the break runs); it becomes a graph break instead.
+NOT_MODELLED = {
+    # the same write as x[i] = v, called as a method
+    "x.__setitem__(i, x[i] + 1)": (lambda x: x.__setitem__(torch.tensor([0, 0, 2], device=x.device),
+                                                           x[torch.tensor([0, 0, 2], device=x.device)] + 1), 0),
+    "x.__iadd__(1)": (lambda x: x.__iadd__(1), 0),
+    # out= of other sizes: PyTorch resizes it
+    "torch.mul(x, 2, out=torch.empty(0))": (lambda x: torch.mul(x, 2, out=torch.empty(0, device=x.device)), 1),
+    # a write through an op whose name says nothing (the aten op's schema says it writes)
+    "torch.ops.aten.add_.Tensor(x[1], x[0])": (lambda x: torch.ops.aten.add_.Tensor(x[1], x[0]), 1),
+}
+
+
+@pytest.mark.parametrize("name", list(NOT_MODELLED))
+def test_a_write_is_made_once(kernel_backend, name):
+    fn, breaks = NOT_MODELLED[name]
+    assert_same_effects(fn, one(7, 5), graph_breaks=breaks)
+
+
+def test_backward_inside_the_function_runs_once():
+    def fn(x):
+        (x * 2).sum().backward()
+        return x.grad
+    for call in range(2):
+        x, y = randn(3, 4).requires_grad_(), None
+        y = x.detach().clone().requires_grad_()
+        torch.testing.assert_close(minicompile.compile(fn)(y), fn(x))
+
+
+def test_writing_a_leaf_that_requires_grad_raises_as_eager():
+    for fn in (lambda x: x.add_(1), lambda x: x[0].mul_(2)):
+        x = randn(3, 4).requires_grad_()
+        with pytest.raises(RuntimeError) as eager:
+            fn(x)
+        with pytest.raises(RuntimeError) as compiled:
+            minicompile.compile(fn)(x)
+        assert str(compiled.value) == str(eager.value)

@@ -267,6 +267,9 @@ def _builtin_callable(tx, args, kwargs):
 
 
 def _builtin_type(tx, args, kwargs):
+    if len(args) != 1 or kwargs:
+        raise tx.unsupported("type() with three arguments (a new class)",
+                             "classes made in the frame run as Python")
     v = args[0]
     if isinstance(v, TensorVariable):
         return tx.output.wrap(type(v.example), None)

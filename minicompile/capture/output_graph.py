@@ -24,6 +24,7 @@ import sympy
 import torch
 import torch.fx
 from torch.fx.proxy import GraphAppendingTracer
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from .. import aliasing, ir, logs
 from .breaks import Unsupported, never_traced
@@ -76,6 +77,45 @@ METADATA_FUNCTIONS = {torch.is_tensor, torch.is_floating_point, torch.is_complex
                       # the tensor's type guard (`type(x) is Tensor`) already rules out
                       torch._C._has_torch_function, torch._C._has_torch_function_unary,
                       torch._C._has_torch_function_variadic}
+
+
+# Calls whose effect is outside the tensors they return (the autograd engine filling `.grad`,
+# hooks registered on a tensor): run on the example values they would happen once in the
+# trace and again when the graph runs, so they break the graph before they run, as in Dynamo.
+EFFECT_METHODS = {"backward", "register_hook", "register_post_accumulate_grad_hook"}
+EFFECT_FUNCTIONS = {torch.autograd.backward}
+
+
+class _InputWritten(Exception):
+    """An op of the trace would have written memory of a graph input (see _NoInputWrites)."""
+
+
+class _ExampleOps(TorchDispatchMode):
+    """Watches the aten ops that one traced call runs on the example values (the real inputs).
+    An op that would write an input's memory in a way capture did not recognise as a write
+    (aliasing.written) is stopped before it writes, by its schema (the arguments it marks as
+    written): a trace never changes the caller's tensors. An op that draws random numbers
+    (tagged nondeterministic_seeded) is noted: its node must run, once, in program order."""
+
+    def __init__(self, storages):
+        super().__init__()
+        self.storages = storages
+        self.draws_random = False
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        schema = func._schema
+        if torch.Tag.nondeterministic_seeded in func.tags:
+            self.draws_random = True
+        if schema.is_mutable:
+            for i, arg in enumerate(schema.arguments):
+                if arg.alias_info is None or not arg.alias_info.is_write:
+                    continue
+                value = kwargs.get(arg.name) if arg.kwarg_only or i >= len(args) else args[i]
+                for t in value if isinstance(value, (list, tuple)) else (value,):
+                    if isinstance(t, torch.Tensor) and _storage_ptr(t) in self.storages:
+                        raise _InputWritten(str(func))
+        return func(*args, **kwargs)
 
 
 _TORCH_MODULE_PREFIXES = ("torch", "_operator", "operator", "math")
@@ -417,6 +457,10 @@ class OutputGraph:
              kwargs: Dict[str, VariableTracker]) -> VariableTracker:
         """Run `target` on the example values and, if tensors are involved, record a node."""
         has_tensor = _contains_tensor(list(args) + list(kwargs.values()))
+        if kind == "call_method" and isinstance(target, str) and target.startswith("__") \
+                and target.endswith("__") and callable(getattr(operator, target, None)):
+            # x.__setitem__(i, v), x.__iadd__(y): the operator they stand for (the same write)
+            kind, target = "call_function", getattr(operator, target)
         name = target if kind == "call_method" else getattr(target, "__name__", str(target))
         if args and isinstance(args[0], TensorVariable) and self.has_dynamic_inputs():
             sized = self._dynamic_size_call(kind, target, args, kwargs)
@@ -424,24 +468,51 @@ class OutputGraph:
                 return sized
         ex_args = [example_of(a) for a in args]
         ex_kwargs = {k: example_of(v) for k, v in kwargs.items()}
+        if has_tensor and (kind == "call_method" and target in EFFECT_METHODS or
+                           kind == "call_function" and _hashable(target) and target in EFFECT_FUNCTIONS):
+            raise self.unsupported(f"{name}(): an effect outside the tensors it returns",
+                                   "it runs once, as Python, at a graph break")
+        if any(isinstance(v, torch.Generator) for v in [*ex_args, *ex_kwargs.values()]):
+            # drawing from it here would advance it for real: the call runs at a break instead
+            raise self.unsupported(f"{name}() with an explicit torch.Generator",
+                                   "random numbers from a generator object run as Python")
         writes = has_tensor and self._writes(kind, target, args, kwargs, ex_args, ex_kwargs)
+        out_given = ex_kwargs.get("out")
+        if out_given is not None:
+            # written on copies, and back only if the sizes stay: an `out=` of other sizes is
+            # resized by PyTorch, which the graph cannot model (and the examples must not see)
+            ex_kwargs["out"] = _map_tensors(lambda t: t.clone(), out_given)
         try:
-            if kind == "call_method":
-                result = getattr(ex_args[0], target)(*ex_args[1:], **ex_kwargs)
-            else:
-                result = target(*ex_args, **ex_kwargs)
+            with _ExampleOps(set(self.input_storages)) as watch:
+                if kind == "call_method":
+                    result = getattr(ex_args[0], target)(*ex_args[1:], **ex_kwargs)
+                else:
+                    result = target(*ex_args, **ex_kwargs)
         except Unsupported:
             raise
+        except _InputWritten as e:
+            raise self.unsupported(f"{name}() writes into an input through {e}",
+                                   "a write minicompile does not model runs as Python, at a graph break") from None
         except Exception as e:
             raise self.unsupported(f"{name}() raised {type(e).__name__}: {e}",
                                    "running the operation on the example inputs failed; "
                                    "eager execution will raise the same error") from e
+        if out_given is not None:
+            if _shape_of(out_given) != _shape_of(ex_kwargs["out"]):
+                raise self.unsupported(f"{name}(out=...) resizes its out tensor",
+                                       "a write that changes a tensor's size runs as Python")
+            for given, written in zip(_tensors_of(out_given), _tensors_of(ex_kwargs["out"])):
+                given.copy_(written)
+            if result is not None and aliasing.returns_written(kind, target, args, kwargs, _constant):
+                result = out_given
         if writes and (result is None or aliasing.returns_written(kind, target, args, kwargs, _constant)):
             # kept in the graph for its write; what it returns is what it wrote (`x.add_(1)`
             # is x: the same variable, so `y is x` and `self.buf += 1` hold as in eager), or
             # nothing (x[i] = v)
-            self.tracer.create_proxy(kind, target, self.lift(tuple(a.as_proxy() for a in args)),
-                                     self.lift({k: v.as_proxy() for k, v in kwargs.items()}))
+            node = self.tracer.create_proxy(kind, target, self.lift(tuple(a.as_proxy() for a in args)),
+                                            self.lift({k: v.as_proxy() for k, v in kwargs.items()})).node
+            if watch.draws_random:
+                node.meta["draws_random"] = True
             if result is None:
                 return ConstantVariable(None)
             where = aliasing.written(kind, target, args, kwargs, lambda v: isinstance(v, TensorVariable), _constant)
@@ -465,6 +536,8 @@ class OutputGraph:
         proxy = self.tracer.create_proxy(kind, target, self.lift(tuple(_graph_arg(a) for a in args)),
                                          self.lift({k: _graph_arg(v) for k, v in kwargs.items()}))
         self._set_meta(proxy.node, result)
+        if watch.draws_random:
+            proxy.node.meta["draws_random"] = True
         return self._wrap_result(proxy, result)
 
     def _dynamic_size_call(self, kind, target, args, kwargs):
@@ -603,6 +676,11 @@ class OutputGraph:
             example = aliasing.locate(loc, ex_args, ex_kwargs)
             if not isinstance(example, torch.Tensor):
                 continue
+            if torch.is_grad_enabled() and example.requires_grad and \
+                    (example.is_leaf or example._base is not None and example._base.is_leaf):
+                # eager raises (a leaf that requires grad, or a view of one, written in place):
+                # run for real at a break, it raises there with eager's message
+                raise self.unsupported(f"in-place {name} on a leaf tensor that requires grad")
             sources = self.input_storages.get(_storage_ptr(example))
             if sources is None:
                 continue
@@ -640,6 +718,25 @@ def _graph_arg(v: VariableTracker):
 def _constant(v):
     """A traced argument's Python value, where it is a constant (for aliasing's flags)."""
     return v.value if isinstance(v, ConstantVariable) else v
+
+
+def _map_tensors(fn, value):
+    """fn applied to a tensor, or to each tensor of a list/tuple (the rest kept)."""
+    if isinstance(value, torch.Tensor):
+        return fn(value)
+    if isinstance(value, (list, tuple)):
+        return type(value)(fn(v) if isinstance(v, torch.Tensor) else v for v in value)
+    return value
+
+
+def _tensors_of(value) -> list:
+    return [value] if isinstance(value, torch.Tensor) else \
+        [v for v in value if isinstance(v, torch.Tensor)] if isinstance(value, (list, tuple)) else []
+
+
+def _shape_of(out) -> list:
+    """The sizes of the tensors of an `out=` argument (a tensor or a sequence of them)."""
+    return [tuple(t.shape) for t in _tensors_of(out)]
 
 
 def _storage_ptr(t: torch.Tensor):

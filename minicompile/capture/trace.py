@@ -61,19 +61,6 @@ def _is_impure(node: torch.fx.Node) -> bool:
     return False
 
 
-def _rng_states():
-    """The state of PyTorch's random-number generators (the CPU's, and each GPU's once CUDA
-    is initialized)."""
-    return torch.get_rng_state(), (torch.cuda.get_rng_state_all() if torch.cuda.is_initialized() else None)
-
-
-def _set_rng_states(states) -> None:
-    cpu, cuda = states
-    torch.set_rng_state(cpu)
-    if cuda is not None:
-        torch.cuda.set_rng_state_all(cuda)
-
-
 def _effect_templates(output, builder, source_fn):
     effects = []
     for var in output.side_effects:
@@ -159,7 +146,8 @@ def trace_segment(fn, args: tuple, kwargs: dict, offset: int = 0, *, breaks: boo
 
     # tracing runs the ops on real values: random ones draw from PyTorch's generator, which
     # is put back as it was, so the compiled code draws what eager would (ir.RANDOM_FUNCTIONS)
-    rng = _rng_states()
+    rng = ir.preserved_rng()
+    rng.__enter__()
     try:
         output.tx = tx
         for k in stack_names:
@@ -214,7 +202,7 @@ def trace_segment(fn, args: tuple, kwargs: dict, offset: int = 0, *, breaks: boo
     finally:
         torch._C._set_grad_enabled(grad)
         autocast.set_state(autocast_state)
-        _set_rng_states(rng)
+        rng.__exit__(None, None, None)
         output.tx = None
     if torch.is_grad_enabled() != grad:
         torch._C._set_grad_enabled(grad)

@@ -33,6 +33,12 @@ CTYPES = {torch.float32: "float", torch.float64: "double", torch.float16: "_Floa
           torch.int16: "int16_t", torch.int8: "int8_t", torch.uint8: "uint8_t", torch.bool: "bool"}
 
 PRELUDE = r"""
+// GCC 12 keeps _Float16 values in excess precision where the CPU has AVX512-FP16 arithmetic,
+// dropping the float -> _Float16 -> float round trips that round each op's result as eager
+// does; without those instructions it must convert (and still vectorizes the conversions).
+#if defined(__AVX512FP16__) && defined(__GNUC__) && !defined(__clang__)
+#pragma GCC target("no-avx512fp16")
+#endif
 // glibc declares the vector versions of exp, log, tanh, erf... (libmvec) only under fast-math.
 // We want those declarations (so loops calling them vectorize) without fast-math's semantics
 // (NaN and infinity must behave as in PyTorch), so we ask for the declarations alone.

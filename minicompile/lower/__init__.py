@@ -163,7 +163,7 @@ def lower(gm: torch.fx.GraphModule, example_inputs) -> ir.Program:
             if size is not None:
                 env[node] = size
                 continue
-        lowering = lookup(node.op, target)
+        lowering = lookup(node.op, target) if not _touches_complex(node, values) else None
         result = None
         if lowering is not None:
             result = lowering(node, values, *args, **kwargs)
@@ -174,6 +174,13 @@ def lower(gm: torch.fx.GraphModule, example_inputs) -> ir.Program:
             _rounded_as_eager(box)
         env[node] = result
     return program
+
+
+def _touches_complex(node, values) -> bool:
+    """Complex numbers have no lowering (their arithmetic is not modelled in kernels): an op
+    that reads or makes a complex tensor runs as PyTorch's."""
+    return any(isinstance(v, torch.Tensor) and v.is_complex()
+               for v in pytree.tree_leaves([values.get(n) for n in (node, *node.all_input_nodes)]))
 
 
 def _nothing_to_compute(box) -> None:
