@@ -102,6 +102,12 @@ class _ExampleOps(TorchDispatchMode):
         self.storages = storages
         self.draws_random = False
 
+    @classmethod
+    def _should_skip_dynamo(cls) -> bool:
+        # torch would wrap __torch_dispatch__ in torch._dynamo.disable, importing TorchDynamo
+        # (seconds) on the first traced op; minicompile's path never needs it
+        return False
+
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
         schema = func._schema
