@@ -9,11 +9,11 @@ lower/ (FX -> loop IR), fusion/ (which values get buffers, which ops share a ker
 codegen/ (Triton and C++ kernels, Python host code), runtime/ (caches).
 """
 from . import config, metrics
-from .api import compile, disable, explain, mark_dynamic, reset
+from .api import cache_info, compile, compile_regions, disable, explain, mark_dynamic, reset
 from .capture import Unsupported
 from .graph_compiler import backend
 from .logs import set_logs
 
-__all__ = ["compile", "disable", "explain", "reset", "mark_dynamic", "set_logs", "backend", "config",
+__all__ = ["compile", "compile_regions", "cache_info", "disable", "explain", "reset", "mark_dynamic", "set_logs", "backend", "config",
            "Unsupported", "metrics"]
 __version__ = "0.1.0"

@@ -39,6 +39,13 @@ _FRAME_IDS = itertools.count()
 _GENERATION = 0        # bumped whenever entries of _CACHES are dropped (compiled objects re-look)
 
 
+def cache_info() -> dict:
+    """The whole-graph cache since the process started: hits, misses, stores, entries found
+    corrupted, graphs not stored; and its directory (runtime/cache.py)."""
+    from .runtime import cache
+    return cache.info()
+
+
 def reset() -> None:
     """Forget every compiled entry (as torch._dynamo.reset()). Counters: minicompile.metrics.reset()."""
     global _FRAME_IDS, _GENERATION
@@ -574,6 +581,34 @@ def compile(model: Callable | None = None, *, fullgraph: bool = False, dynamic: 
                         f"{type(model).__name__}")
     return CompiledFunction(model, fullgraph=fullgraph, backend=backend, dynamic=dynamic,
                             options=options)
+
+
+def compile_regions(model: torch.nn.Module, block: type | None = None, **options) -> torch.nn.Module:
+    """Regional compilation: every submodule of class `block` (by default the class with the
+    most instances in `model`, the layers of a transformer) replaced in place by its compiled
+    form. All of them run one code object, whose guards check a block by its type and whose
+    graph takes the block's parameters as inputs: the first block compiles, every other reuses
+    that graph. `options` are compile()'s. Returns `model`."""
+    if not isinstance(model, torch.nn.Module):
+        raise TypeError(f"compile_regions takes an nn.Module, not {type(model).__name__}")
+    if block is None:
+        counts: dict = {}
+        for m in model.modules():
+            if m is not model and not _is_torch_internal(type(m).__module__):
+                counts[type(m)] = counts.get(type(m), 0) + 1
+        if not counts:
+            raise ValueError("compile_regions: the model has no submodules of its own classes; "
+                             "name the block class to compile")
+        block = max(counts, key=counts.get)
+    replaced = 0
+    for parent in list(model.modules()):
+        for name, child in list(parent.named_children()):
+            if type(child) is block:
+                setattr(parent, name, compile(child, **options))
+                replaced += 1
+    if not replaced:
+        raise ValueError(f"compile_regions: the model has no submodule of class {block.__name__}")
+    return model
 
 
 def disable(fn: Callable | None = None, *, reason: str | None = None):

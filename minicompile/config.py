@@ -14,6 +14,10 @@ cpu_backend = os.environ.get("MINICOMPILE_CPU_BACKEND", "cpp")
 cache_dir = os.environ.get("MINICOMPILE_CACHE_DIR",
                            os.path.join(os.path.expanduser("~"), ".cache", "minicompile"))
 
+# The whole-graph cache (runtime/cache.py): a graph compiled before, in any process, loads its
+# generated code from cache_dir instead of being lowered, fused and generated again.
+graph_cache = os.environ.get("MINICOMPILE_GRAPH_CACHE", "1") != "0"
+
 # The C++ compiler and its flags (OpenMP for the outer loop; the inner loop is vectorized).
 cxx = os.environ.get("CXX", "g++")
 # 512-bit vectors where the CPU has them (GCC prefers 256 by default): row reductions and the
@@ -40,6 +44,9 @@ fallback_random = True
 # (runtime/cudagraphs.py). Set by the mode; can be set as an option too.
 cudagraphs = False
 cudagraph_max_recordings = 8
+# Time a few replays against a few default calls after each recording, and keep the faster
+# (copying large inputs in and outputs out can cost more than the launches a replay saves).
+cudagraph_keep_faster = True
 
 
 def patch(**changes):

@@ -24,7 +24,7 @@ from .codegen import wrapper
 from .codegen.cpp import KernelCompileError
 from .functionalize import functionalize
 from .lower import lower
-from .runtime import cudagraphs
+from .runtime import cache, cudagraphs
 
 
 def compile_graph(gm: torch.fx.GraphModule, example_inputs, training: bool = False):
@@ -78,11 +78,22 @@ def _compile_training(gm: torch.fx.GraphModule, example_inputs):
 
 
 def _compile_values(gm: torch.fx.GraphModule, example_inputs) -> wrapper.CompiledGraph:
+    key = _graph_cache_key(gm, example_inputs)
+    if key is not None:
+        entry = cache.load(key)
+        if entry is not None:
+            compiled = wrapper.rebuild(entry)
+            compiled.shape_guards = entry["shape_guards"]
+            return compiled
     try:
         program = lower(gm, list(example_inputs))
         steps = fusion.schedule(program)
         compiled = wrapper.build(program, steps)
         compiled.shape_guards = shape_guards(program)
+        if key is not None and compiled.entry is None:
+            cache.not_stored("its output structure has no name a later process can read")
+        elif key is not None:
+            cache.store(key, {**compiled.entry, "shape_guards": compiled.shape_guards})
         return compiled
     except KernelCompileError as err:
         if not err.generated_code:
@@ -105,6 +116,19 @@ def _compile_values(gm: torch.fx.GraphModule, example_inputs) -> wrapper.Compile
         compiled = _compile_values(gm, example_inputs)
         compiled.shape_guards = conditions
         return compiled
+
+
+def _graph_cache_key(gm: torch.fx.GraphModule, example_inputs):
+    """The whole-graph cache's key for this graph (runtime/cache.py), or None: the cache is
+    off, the `fusion` log is on (a cached graph skips the decisions it prints), or the graph
+    holds something no key can name (said in the output_code log)."""
+    if not config.graph_cache or logs.enabled("fusion"):
+        return None
+    try:
+        return cache.graph_key(gm, example_inputs)
+    except cache.NotCacheable as err:
+        cache.not_stored(str(err))
+        return None
 
 
 def on_pytorch_kernels(gm: torch.fx.GraphModule, reason: str) -> wrapper.CompiledGraph:

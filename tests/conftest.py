@@ -10,6 +10,9 @@ import torch
 
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
+# Tests compile every graph afresh (some change lowering or fusion on the fly, which a graph
+# cache keyed on minicompile's source would not see); tests/test_graph_cache.py turns it on.
+os.environ.setdefault("MINICOMPILE_GRAPH_CACHE", "0")
 
 import minicompile  # noqa: E402
 

@@ -10,6 +10,8 @@ import minicompile
 from conftest import DEVICE
 
 needs_cuda = pytest.mark.skipif(DEVICE != "cuda", reason="CUDA graphs need a GPU")
+# replays even where the default path is faster (the tests are about what a replay does)
+ALWAYS_REPLAY = {"cudagraph_keep_faster": False}
 
 
 def logged(artifact, fn, *args):
@@ -111,7 +113,7 @@ def test_reduce_overhead_replays_and_outputs_are_not_overwritten():
     def f(x, y):
         return torch.relu(x * y + 1), (x - y).sum(0)
 
-    compiled = minicompile.compile(f, mode="reduce-overhead")
+    compiled = minicompile.compile(f, mode="reduce-overhead", options=ALWAYS_REPLAY)
     calls = [(torch.randn(37, 19, device="cuda"), torch.randn(19, device="cuda")) for _ in range(4)]
     results, text = logged("cudagraphs", lambda: [compiled(*c) for c in calls])
     assert text.count("recorded a CUDA graph") == 1
@@ -129,7 +131,7 @@ def test_reduce_overhead_writes_inputs_and_returns_views_as_eager():
         w += x.sum(0)
         return x.t(), w[:2]
 
-    compiled = minicompile.compile(step, mode="reduce-overhead")
+    compiled = minicompile.compile(step, mode="reduce-overhead", options=ALWAYS_REPLAY)
     for _ in range(3):
         x0, w0 = torch.randn(4, 3, device="cuda"), torch.randn(3, device="cuda")
         xe, we, xc, wc = x0.clone(), w0.clone(), x0.clone(), w0.clone()
@@ -144,7 +146,7 @@ def test_reduce_overhead_writes_inputs_and_returns_views_as_eager():
 def test_reduce_overhead_uses_parameters_in_place_and_limits_recordings():
     model = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.GELU(), torch.nn.Linear(32, 8)).cuda()
     compiled = minicompile.compile(model, mode="reduce-overhead", dynamic=False,
-                                   options={"cudagraph_max_recordings": 2})
+                                   options={"cudagraph_max_recordings": 2, **ALWAYS_REPLAY})
     with torch.no_grad():
         _, text = logged("cudagraphs", lambda: [compiled(torch.randn(n, 16, device="cuda")) for n in (3, 3)])
         assert "2 used in place" in text or "4 used in place" in text
@@ -174,3 +176,71 @@ def test_a_graph_that_cannot_be_recorded_runs_the_default_path():
     assert "not recorded, the default path runs instead" in text
     torch.testing.assert_close(wrapped(x)[0], x * 2)
     torch.randn(3, device="cuda")          # the generator works after the failed recording
+
+
+@needs_cuda
+def test_reduce_overhead_keeps_the_faster_of_replay_and_default_path():
+    def f(x):
+        return (x * torch.rand_like(x)).relu() + 1          # random numbers: none used up by timing
+
+    compiled = minicompile.compile(f, mode="reduce-overhead")
+    for size in (64, 4096 * 4096):
+        x = torch.randn(size, device="cuda")
+        torch.manual_seed(0)
+        expected = f(x)
+        torch.manual_seed(0)
+        got, text = logged("cudagraphs", compiled, x)
+        torch.testing.assert_close(got, expected)
+        assert "per call: replay" in text and "serves inputs of sizes" in text
+        torch.testing.assert_close(compiled(x + 1).ge(1).all(), torch.tensor(True, device="cuda"))
+
+
+# --------------------------------------------------------------------------- regions
+
+class Layer(torch.nn.Module):
+    def __init__(self, dim):
+        super().__init__()
+        self.norm, self.lin = torch.nn.LayerNorm(dim), torch.nn.Linear(dim, dim)
+
+    def forward(self, x):
+        return x + torch.nn.functional.gelu(self.lin(self.norm(x)))
+
+
+class Stack(torch.nn.Module):
+    def __init__(self, dim=16, depth=6):
+        super().__init__()
+        self.embed = torch.nn.Linear(dim, dim)
+        self.layers = torch.nn.ModuleList(Layer(dim) for _ in range(depth))
+
+    def forward(self, x):
+        x = self.embed(x)
+        for layer in self.layers:
+            x = layer(x)
+        return x
+
+
+def test_regional_compilation_compiles_one_graph_for_every_layer(kernel_backend):
+    torch.manual_seed(0)
+    model = Stack().to(DEVICE).eval()
+    x = torch.randn(3, 5, 16, device=DEVICE)
+    with torch.no_grad():
+        expected = model(x)
+        assert minicompile.compile_regions(model) is model        # the block class found: Layer
+        assert all(isinstance(layer, minicompile.api.CompiledModule) for layer in model.layers)
+        torch.testing.assert_close(model(x), expected, rtol=1e-4, atol=1e-5)
+        assert minicompile.metrics.graphs == 1 and minicompile.metrics.recompiles == 0
+        model.layers[2].lin.weight.mul_(2)                         # each layer's own parameters
+        torch.testing.assert_close(model(x), torch.nn.Sequential(model.embed, *[
+            l._orig_mod for l in model.layers])(x), rtol=1e-4, atol=1e-5)
+    assert minicompile.metrics.graphs == 1
+
+
+def test_compiling_each_layer_in_a_loop_shares_the_graph():
+    model = Stack().eval()
+    for i, layer in enumerate(model.layers):
+        model.layers[i] = minicompile.compile(layer)
+    with torch.no_grad():
+        model(torch.randn(2, 16))
+    assert minicompile.metrics.graphs == 1
+    with pytest.raises(ValueError, match="no submodule of class"):
+        minicompile.compile_regions(Stack(), torch.nn.Conv2d)

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import math
 import operator
+import types
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
@@ -38,6 +39,9 @@ class CompiledGraph:
     # dynamic shapes: what must hold of the inputs' sizes for this code to be right, as Python
     # conditions over the inputs (arg0, arg1...); the caller's guards check them
     shape_guards: list = field(default_factory=list)
+    # what a later process needs to run this graph without lowering, fusion or code generation
+    # (runtime/cache.py stores it; `rebuild` makes the callable again); None: not storable
+    entry: dict | None = None
 
     def __call__(self, *args):
         return self.fn(list(args))
@@ -146,19 +150,14 @@ def build(program: ir.Program, steps: list) -> CompiledGraph:
     buffers[ir.INDEX_ERRORS] = ir.InputBuffer(ir.INDEX_ERRORS, [1], [1], 0, torch.int32, program.device)
 
     if backend == "cpp":
-        kernel_source, signatures = cpp.generate(kernels, buffers)
-        launchers = cpp.load(kernel_source, signatures) if kernels else {}
-        kernel_args = {name: args for name, (args, _) in signatures.items()}
+        kernel_source, meta = cpp.generate(kernels, buffers)
+        kernel_args = {name: args for name, (args, _) in meta.items()}
     else:
         kernel_source, meta = triton_codegen.generate(kernels, buffers)
-        launchers = triton_codegen.load(kernel_source, meta) if kernels else {}
-        triton_codegen.precompile(launchers, meta, buffers)
         kernel_args = {name: args for name, (args, *_) in meta.items()}
-
-    namespace: dict[str, Any] = {"torch": torch, "operator": operator, "pytree": pytree, "output_spec": program.output_spec,
-                                 "empty_strided": memory.empty_strided, "as_layout": memory.as_layout,
-                                 "torch_empty_strided": torch.empty_strided}
-    namespace.update(launchers)
+    arg_dtypes = {name: [buffers[a].dtype if a in buffers else None for a in args]
+                  for name, args in kernel_args.items()}
+    namespace = _namespace(backend, kernel_source, meta, arg_dtypes, program.output_spec)
     lines = ["def call(args):"]
     if program.inputs:
         lines.append(f"    {', '.join(b.name for b in program.inputs)}, = args")
@@ -279,4 +278,49 @@ def build(program: ir.Program, steps: list) -> CompiledGraph:
     source = "\n".join(lines) + "\n"
     exec(compile(source, "<minicompile wrapper>", "exec"), namespace)
     logs.log("output_code", f"\n{kernel_source}\n{source}")
-    return CompiledGraph(namespace["call"], source, kernel_source, backend, kernels)
+    try:
+        spec = pytree.treespec_dumps(program.output_spec)
+    except Exception:                    # noqa: BLE001 (an output structure with no name)
+        spec = None
+    entry = None if spec is None else {
+             "wrapper_source": source, "kernel_source": kernel_source, "backend": backend,
+             "meta": meta, "arg_dtypes": arg_dtypes, "output_spec": spec,
+             "constants": {f"const{i}": namespace[f"const{i}"] for i in range(1, constants + 1)},
+             "kernels": [k.name for k in kernels],
+             "kernel_bytes": [(k.name, k.bytes_read, k.bytes_written) for k in kernels if k.name in kernel_args]}
+    return CompiledGraph(namespace["call"], source, kernel_source, backend, kernels, entry=entry)
+
+
+def _namespace(backend: str, kernel_source: str, meta: dict, arg_dtypes: dict, output_spec) -> dict:
+    """What the wrapper's source runs in: torch, the run-time helpers, and each kernel's
+    launcher (C++ libraries compiled and loaded; Triton kernels defined, and on a GPU compiled
+    ahead for the dtypes of their arguments)."""
+    namespace: dict[str, Any] = {"torch": torch, "operator": operator, "pytree": pytree, "output_spec": output_spec,
+                                 "empty_strided": memory.empty_strided, "as_layout": memory.as_layout,
+                                 "torch_empty_strided": torch.empty_strided}
+    if not meta:
+        return namespace
+    if backend == "cpp":
+        namespace.update(cpp.load(kernel_source, meta))
+    else:
+        launchers = triton_codegen.load(kernel_source, meta)
+        typed = {a: types.SimpleNamespace(dtype=d) for name, (args, *_) in meta.items()
+                 for a, d in zip(args, arg_dtypes[name])}
+        triton_codegen.precompile(launchers, meta, typed)
+        namespace.update(launchers)
+    return namespace
+
+
+def rebuild(entry: dict) -> CompiledGraph:
+    """The compiled graph an entry of `build` stands for, made again without lowering, fusion
+    or code generation: the kernels' launchers loaded (their binaries from the kernel caches),
+    the wrapper's source run. Counted in the metrics as `build` counts it."""
+    namespace = _namespace(entry["backend"], entry["kernel_source"], entry["meta"], entry["arg_dtypes"],
+                           pytree.treespec_loads(entry["output_spec"]))
+    namespace.update(entry["constants"])
+    exec(compile(entry["wrapper_source"], "<minicompile wrapper>", "exec"), namespace)
+    metrics.kernels += len(entry["kernel_bytes"])
+    metrics.kernel_bytes.extend(entry["kernel_bytes"])
+    logs.log("output_code", f"(from the graph cache)\n{entry['kernel_source']}\n{entry['wrapper_source']}")
+    return CompiledGraph(namespace["call"], entry["wrapper_source"], entry["kernel_source"], entry["backend"],
+                         list(entry["kernels"]), entry=entry)

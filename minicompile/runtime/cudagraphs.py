@@ -17,17 +17,24 @@ every launch) becomes: copy the inputs into the recording's own input buffers, o
 - All recordings of one graph share a private memory pool.
 - Outputs: a replay writes the same memory again, so each call's outputs are copies of the
   recording's (torch.compile instead hands out the recording's own memory and raises if it is
-  read after the next replay). The `cudagraphs` log says so when a graph is recorded.
+  read after the next replay). The `cudagraphs` log says so when a graph is recorded. Inputs
+  are copied in, and outputs out, by one multi-tensor copy each (`torch._foreach_copy_`).
+- A replay is not always faster: copying a large input in and its output out can cost more
+  than the launches it saves. Right after recording, a few replays and a few calls of the
+  default path are timed (`config.cudagraph_keep_faster`), and the faster serves that
+  signature from then on; the log gives both times.
 - Not recorded (the default path, with the reason in the `cudagraphs` log): inputs not all on
   one CUDA device, a graph that records gradients, a recording that fails (an op that
   synchronizes with the host, for instance).
 """
 from __future__ import annotations
 
+import time
+
 import torch
 import torch.utils._pytree as pytree
 
-from .. import config, logs
+from .. import config, ir, logs
 
 
 def record_when_possible(compiled, example_inputs, training: bool = False):
@@ -67,13 +74,16 @@ class _Recording:
         torch.cuda.current_stream(device).wait_stream(side)
         self.graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(self.graph, pool=pool):
-            self.outputs = compiled(*self.inputs)
+            outputs = compiled(*self.inputs)
         self.params = [a.data_ptr() if isinstance(a, torch.nn.Parameter) else None for a in args]
+        self.out_leaves, self.out_spec = pytree.tree_flatten(outputs)
+        self.out_tensors = [i for i, v in enumerate(self.out_leaves) if isinstance(v, torch.Tensor)]
 
     def _copy_in(self, args):
-        for mine, theirs, copied in zip(self.inputs, args, self.copied):
-            if copied and mine.data_ptr() != theirs.data_ptr():
-                mine.copy_(theirs)
+        pairs = [(mine, theirs) for mine, theirs, copied in zip(self.inputs, args, self.copied)
+                 if copied and mine.data_ptr() != theirs.data_ptr()]
+        if pairs:
+            torch._foreach_copy_([m for m, _ in pairs], [t for _, t in pairs])
 
     def holds(self, args) -> bool:
         """The parameters are where they were when recorded."""
@@ -82,7 +92,26 @@ class _Recording:
     def __call__(self, args):
         self._copy_in(args)
         self.graph.replay()
-        return pytree.tree_map(lambda v: v.clone() if isinstance(v, torch.Tensor) else v, self.outputs)
+        leaves = list(self.out_leaves)
+        recorded = [leaves[i] for i in self.out_tensors]
+        if recorded:
+            fresh = [torch.empty_like(t) for t in recorded]
+            torch._foreach_copy_(fresh, recorded)
+            for i, t in zip(self.out_tensors, fresh):
+                leaves[i] = t
+        return pytree.tree_unflatten(leaves, self.out_spec)
+
+
+def _per_call_s(fn, device, calls: int = 5) -> float:
+    """Wall time per call of `fn`, `calls` calls back to back after one, to the GPU's end:
+    whichever of the host and the GPU is slower sets it."""
+    fn()
+    torch.cuda.synchronize(device)
+    start = time.perf_counter()
+    for _ in range(calls):
+        fn()
+    torch.cuda.synchronize(device)
+    return (time.perf_counter() - start) / calls
 
 
 def _end_failed_capture(device) -> None:
@@ -93,6 +122,9 @@ def _end_failed_capture(device) -> None:
         torch.cuda.synchronize()
         with torch.cuda.graph(torch.cuda.CUDAGraph()):
             pass
+
+
+_DEFAULT = object()           # a signature whose replay was slower than the default path
 
 
 def _signature(args) -> tuple:
@@ -116,7 +148,7 @@ class CUDAGraphed:
             return self.compiled(*args)
         key = _signature(args)
         rec = self.recordings.get(key)
-        if rec is not None and not rec.holds(args):
+        if rec is not None and rec is not _DEFAULT and not rec.holds(args):
             logs.log("cudagraphs", "recorded again: a parameter's memory moved")
             rec = self.recordings.pop(key)
             rec = None
@@ -135,11 +167,23 @@ class CUDAGraphed:
                 logs.log("cudagraphs", f"not recorded, the default path runs instead: {self.failed}")
                 _end_failed_capture(self.device)
                 return self.compiled(*args)
-            self.recordings[key] = rec
             sizes = ", ".join("x".join(map(str, k[0])) or "scalar" for k in key if k[0] != "value")
             logs.log("cudagraphs", f"recorded a CUDA graph for inputs of sizes [{sizes}]: "
                                    f"{sum(rec.copied)} inputs copied in per call, "
                                    f"{len(args) - sum(rec.copied)} used in place; outputs copied out")
+            if config.cudagraph_keep_faster:
+                with ir.preserved_rng():         # the timed calls must not use up random numbers
+                    replay = _per_call_s(lambda: rec(args), self.device)
+                    default = _per_call_s(lambda: self.compiled(*args), self.device)
+                keep = replay < default
+                logs.log("cudagraphs", f"per call: replay {replay * 1e6:.1f} us, default path "
+                                       f"{default * 1e6:.1f} us: the {'replay' if keep else 'default path'} "
+                                       f"serves inputs of sizes [{sizes}]")
+                if not keep:
+                    rec = _DEFAULT
+            self.recordings[key] = rec
+        if rec is _DEFAULT:
+            return self.compiled(*args)
         return rec(args)
 
     def __getattr__(self, name):

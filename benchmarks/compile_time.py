@@ -1,0 +1,111 @@
+"""Compile time on a 12-block transformer: cold, warm cache in a new process, and regional.
+
+    python benchmarks/compile_time.py [--device cpu|cuda] [--out DIR]
+
+Each first call is measured in a fresh process (imports excluded), for torch.compile and for
+minicompile:
+- cold: empty caches (a new cache directory for each compiler: TORCHINDUCTOR_CACHE_DIR,
+  MINICOMPILE_CACHE_DIR);
+- warm: a second process on the cache the cold one filled (Inductor's FX graph cache;
+  minicompile's whole-graph cache and kernel caches);
+- regional: empty caches, every block compiled on its own (torch.compile: `block.compile()`;
+  minicompile: `minicompile.compile_regions(model)`), so one block's graph serves all 12.
+Each process also reports the steady-state time per call after warm-up (median), so regional
+and whole-model speed can be compared. Results checked against eager in each process. Writes
+compile_time_<device>.json.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+
+CHILD = r"""
+import json, os, statistics, sys, time
+import torch
+sys.path.insert(0, os.path.join(os.environ["REPO"], "benchmarks"))
+sys.path.insert(0, os.environ["REPO"])
+import minicompile
+from capture_transformer import Block, Transformer
+
+device, compiler, how = os.environ["DEVICE"], os.environ["COMPILER"], os.environ["HOW"]
+torch.manual_seed(0)
+model = Transformer(12).to(device).eval()
+x = torch.randn(8, 128, 256, device=device)
+with torch.no_grad():
+    expected = model(x)
+if how == "regional":
+    if compiler == "torch.compile":
+        for m in model.modules():
+            if isinstance(m, Block):
+                m.compile()
+    else:
+        minicompile.compile_regions(model, Block)
+    fn = model
+else:
+    fn = torch.compile(model) if compiler == "torch.compile" else minicompile.compile(model)
+
+def sync():
+    if device == "cuda":
+        torch.cuda.synchronize()
+with torch.no_grad():
+    sync()
+    start = time.perf_counter()
+    out = fn(x)
+    sync()
+    first = time.perf_counter() - start
+    torch.testing.assert_close(out, expected, rtol=2e-3, atol=2e-3)
+    for _ in range(3):
+        fn(x)
+    times = []
+    for _ in range(15):
+        sync()
+        s = time.perf_counter()
+        fn(x)
+        sync()
+        times.append(time.perf_counter() - s)
+print(json.dumps({"first_call_s": first, "per_call_ms": statistics.median(times) * 1e3}))
+"""
+
+
+def measure(device, compiler, how, cache_dir, repo):
+    env = {**os.environ, "DEVICE": device, "COMPILER": compiler, "HOW": how, "REPO": repo,
+           "TORCHINDUCTOR_CACHE_DIR": os.path.join(cache_dir, "inductor"),
+           "MINICOMPILE_CACHE_DIR": os.path.join(cache_dir, "minicompile"), "MINICOMPILE_GRAPH_CACHE": "1"}
+    out = subprocess.run([sys.executable, "-c", CHILD], capture_output=True, text=True, env=env)
+    if out.returncode != 0:
+        raise RuntimeError(f"{compiler} {how}: {out.stderr[-2000:]}")
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def main():
+    p = argparse.ArgumentParser()
+    p.add_argument("--device", default="cuda" if __import__("torch").cuda.is_available() else "cpu")
+    p.add_argument("--out", default=os.environ.get("OUT"))
+    args = p.parse_args()
+    repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    sys.path.insert(0, repo)
+    from minicompile.bench import save_results
+    results = {}
+    for compiler in ("torch.compile", "minicompile"):
+        with tempfile.TemporaryDirectory() as whole, tempfile.TemporaryDirectory() as regional:
+            results[compiler] = {
+                "cold": measure(args.device, compiler, "whole", whole, repo),
+                "warm": measure(args.device, compiler, "whole", whole, repo),
+                "regional": measure(args.device, compiler, "regional", regional, repo),
+            }
+        for how, r in results[compiler].items():
+            print(f"{compiler:14s} {how:9s} first call {r['first_call_s']:7.2f} s, "
+                  f"then {r['per_call_ms']:8.2f} ms per call", flush=True)
+    tag = "h100" if args.device == "cuda" and "H100" in __import__("torch").cuda.get_device_name() else args.device
+    path = save_results(f"compile_time_{tag}", {
+        "model": "12-block transformer (benchmarks/capture_transformer.py), dim 256, input (8, 128, 256), no_grad",
+        "results": results}, args.out)
+    print("wrote", path)
+
+
+if __name__ == "__main__":
+    main()

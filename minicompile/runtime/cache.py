@@ -1,0 +1,184 @@
+"""The whole-graph cache: a graph compiled before, in this process or another, is not lowered,
+fused or generated again.
+
+Takes a values-only FX graph and its example inputs (what `graph_compiler` compiles) and hands
+back a key; stores and loads the bytes of an entry under it (`codegen.wrapper` makes the entry
+and rebuilds the compiled graph from it). The key holds everything the generated code depends
+on: the graph's code and what each of its calls is, the constants it holds, the inputs' sizes,
+strides, dtypes, devices and which share memory, which dimensions are dynamic, minicompile's
+settings, and the versions of minicompile (a hash of its source), PyTorch, Triton and Python,
+and the device. The kernels' own caches (C++ libraries, Triton binaries) stay where they are:
+an entry names their source, which finds them.
+
+- `config.graph_cache` (environment: MINICOMPILE_GRAPH_CACHE=0) turns it off, and
+  `config.cache_dir` (MINICOMPILE_CACHE_DIR) moves it, with the kernel caches.
+- Entries are written to a temporary file and renamed into place, so processes sharing the
+  cache never read half an entry. Each entry starts with a checksum of the rest: a truncated
+  or corrupted entry is found, said in the `output_code` log and a warning (once), removed,
+  and the graph compiled again.
+- A graph whose calls or constants cannot be named or stored (a closure, a subgraph) is not
+  stored; the `output_code` log says why.
+- `minicompile.cache_info()`: hits, misses, stores, and entries found corrupted.
+"""
+from __future__ import annotations
+
+import functools
+import hashlib
+import marshal
+import os
+import pickle
+import platform
+import sys
+import tempfile
+import types
+import warnings
+
+import torch
+
+from .. import config, logs
+
+_INFO = {"hits": 0, "misses": 0, "stores": 0, "corrupted": 0, "not_stored": 0}
+_warned_corrupted = False
+
+
+def info() -> dict:
+    """Hits, misses, stores, entries found corrupted and graphs that could not be stored,
+    since the process started; and where the cache is."""
+    return {**_INFO, "directory": _directory()}
+
+
+def _directory() -> str:
+    return os.path.join(config.cache_dir, "graphs")
+
+
+class NotCacheable(Exception):
+    """The graph holds something the key cannot name (the reason is the message)."""
+
+
+@functools.lru_cache(None)
+def _versions() -> str:
+    """minicompile's source (every .py file of the package), PyTorch's, Triton's and Python's
+    versions, and the machine (C++ kernels are built for its processor)."""
+    package = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    digest = hashlib.sha256()
+    for root, _, files in sorted(os.walk(package)):
+        for name in sorted(files):
+            if name.endswith(".py"):
+                with open(os.path.join(root, name), "rb") as f:
+                    digest.update(name.encode() + f.read())
+    try:
+        from importlib.metadata import version
+        triton = version("triton")
+    except Exception:                  # noqa: BLE001 (not installed)
+        triton = None
+    return repr((digest.hexdigest(), torch.__version__, triton, sys.version_info[:3],
+                 platform.machine(), platform.processor()))
+
+
+def _target_name(target) -> str:
+    """A call target as the key names it: a function of a module by its qualified name."""
+    if isinstance(target, str):
+        return target
+    name = getattr(target, "__qualname__", None)
+    module = getattr(target, "__module__", None)
+    if isinstance(target, (torch._ops.OpOverload, torch._ops.OpOverloadPacket)):
+        return str(target)
+    if not isinstance(name, str) or "<locals>" in name or module is None:
+        raise NotCacheable(f"the call target {target!r} has no name a later process can find")
+    if isinstance(target, types.FunctionType) and module.split(".")[0] not in ("torch", "minicompile"):
+        # a user's function in the graph: its code too, which may change between processes
+        return f"{module}.{name}:{hashlib.sha256(marshal.dumps(target.__code__)).hexdigest()}"
+    return f"{module}.{name}"
+
+
+def _describe(value) -> tuple:
+    if isinstance(value, torch.Tensor):
+        device = value.device
+        name = torch.cuda.get_device_name(device) if device.type == "cuda" else device.type
+        return ("tensor", tuple(value.shape), value.stride(), value.storage_offset(), str(value.dtype),
+                name, value.requires_grad, isinstance(value, torch.nn.Parameter))
+    if value is None or isinstance(value, (bool, int, float, str)):
+        return (type(value).__name__, value)
+    raise NotCacheable(f"an input of type {type(value).__name__}")
+
+
+def graph_key(gm: torch.fx.GraphModule, example_inputs) -> str:
+    """The key of a graph's compiled code; NotCacheable where something cannot be named."""
+    parts = [gm.code, _versions(), torch.is_grad_enabled()]
+    for node in gm.graph.nodes:
+        if node.op in ("call_function", "call_method"):
+            parts.append((node.name, _target_name(node.target), bool(node.meta.get("draws_random"))))
+        elif node.op == "call_module":
+            raise NotCacheable("a call of a submodule")
+        elif node.op == "get_attr":
+            value = getattr(gm, node.target)
+            if not isinstance(value, torch.Tensor):
+                raise NotCacheable(f"a constant of type {type(value).__name__}")
+            parts.append((node.target, _describe(value),
+                          hashlib.sha256(value.detach().cpu().contiguous().view(torch.uint8).numpy()).hexdigest()))
+        elif node.op == "placeholder":
+            parts.append((node.name, sorted(node.meta.get("dynamic_dims", ()))))
+    storages = [t.untyped_storage().data_ptr() if isinstance(t, torch.Tensor) else None for t in example_inputs]
+    parts.append([_describe(t) for t in example_inputs])
+    parts.append([storages.index(s) if s is not None else None for s in storages])   # which share memory
+    settings = {k: v for k, v in vars(config).items()
+                if not k.startswith("_") and k != "cache_dir" and not callable(v) and not isinstance(v, type(os))}
+    parts.append(sorted((k, repr(v)) for k, v in settings.items()))
+    return hashlib.sha256(repr(parts).encode()).hexdigest()[:32]
+
+
+def _path(key: str) -> str:
+    return os.path.join(_directory(), f"{key}.entry")
+
+
+def load(key: str):
+    """The entry stored under `key`, or None (a miss). A corrupted entry is removed and said."""
+    global _warned_corrupted
+    path = _path(key)
+    try:
+        with open(path, "rb") as f:
+            data = f.read()
+    except OSError:
+        _INFO["misses"] += 1
+        return None
+    checksum, payload = data[:32], data[32:]
+    try:
+        if hashlib.sha256(payload).digest() != checksum:
+            raise ValueError("its checksum does not match (truncated or changed)")
+        entry = pickle.loads(payload)
+    except Exception as err:            # noqa: BLE001 (whatever is wrong with the file)
+        _INFO["corrupted"] += 1
+        _INFO["misses"] += 1
+        reason = f"graph cache entry {path} is corrupted ({err}): removed, and the graph compiled again"
+        logs.log("output_code", reason)
+        if not _warned_corrupted:
+            _warned_corrupted = True
+            warnings.warn(f"minicompile: {reason}", stacklevel=2)
+        try:
+            os.unlink(path)
+        except OSError:
+            pass
+        return None
+    _INFO["hits"] += 1
+    return entry
+
+
+def store(key: str, entry: dict) -> None:
+    """Write the entry under `key`, atomically; an entry that cannot be pickled is not stored."""
+    try:
+        payload = pickle.dumps(entry, protocol=pickle.HIGHEST_PROTOCOL)
+    except Exception as err:            # noqa: BLE001 (a constant pickle cannot write)
+        _INFO["not_stored"] += 1
+        logs.log("output_code", f"not stored in the graph cache: {type(err).__name__}: {err}")
+        return
+    os.makedirs(_directory(), exist_ok=True)
+    fd, tmp = tempfile.mkstemp(suffix=".tmp", dir=_directory())
+    with os.fdopen(fd, "wb") as f:
+        f.write(hashlib.sha256(payload).digest() + payload)
+    os.replace(tmp, _path(key))
+    _INFO["stores"] += 1
+
+
+def not_stored(reason: str) -> None:
+    _INFO["not_stored"] += 1
+    logs.log("output_code", f"not stored in the graph cache: {reason}")
