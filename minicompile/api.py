@@ -26,8 +26,9 @@ from .capture.guards import frame_target
 
 SUPPORTED_PYTHONS = SUPPORTED_VERSIONS       # capture's list: the versions it has opcode tables for
 # The settings each of torch.compile's modes stands for (options given with the mode win)
-MODES = {None: {}, "default": {}, "reduce-overhead": {"cudagraphs": True}}
-LATER_MODES = ("max-autotune", "max-autotune-no-cudagraphs")
+MODES = {None: {}, "default": {}, "reduce-overhead": {"cudagraphs": True},
+         "max-autotune": {"autotune": True, "cudagraphs": True},
+         "max-autotune-no-cudagraphs": {"autotune": True}}
 
 # One _FrameCache per (code object, backend, options, fullgraph): its segments, newest first,
 # as Dynamo's cache. Every callable running that code shares it (instances of a class,
@@ -563,9 +564,6 @@ def compile(model: Callable | None = None, *, fullgraph: bool = False, dynamic: 
         raise TypeError(f"fullgraph must be True or False, not {fullgraph!r}")
     if dynamic not in (None, True, False):
         raise TypeError(f"dynamic must be None, True or False, not {dynamic!r}")
-    if mode in LATER_MODES:
-        raise NotImplementedError(f"mode={mode!r}: minicompile does not autotune yet; use mode=None "
-                                  "or 'reduce-overhead'")
     if mode not in MODES:
         raise ValueError(f"unknown mode {mode!r}; torch.compile's modes are 'default', "
                          "'reduce-overhead', 'max-autotune', 'max-autotune-no-cudagraphs'")

@@ -44,6 +44,10 @@ fallback_random = True
 # (runtime/cudagraphs.py). Set by the mode; can be set as an option too.
 cudagraphs = False
 cudagraph_max_recordings = 8
+# mode="max-autotune": on a GPU, each Triton kernel's launch settings (block sizes, warps) are
+# chosen by timing candidates when the graph is compiled (codegen/triton.py autotune), the
+# choices kept in cache_dir/autotune. On a CPU it changes nothing (and the log says so).
+autotune = False
 # Time a few replays against a few default calls after each recording, and keep the faster
 # (copying large inputs in and outputs out can cost more than the launches a replay saves).
 cudagraph_keep_faster = True

@@ -6,7 +6,8 @@
 Artifacts: graph_code (each captured graph, with the user's source lines), graph_breaks,
 guards, recompiles, dynamic (which dimensions are dynamic, and why some became static), bytecode, output_code (generated kernels and wrapper), fusion (decisions), aot_graphs (training: the forward and
 backward graphs, what the forward saves for the backward and its bytes), cudagraphs
-(mode="reduce-overhead": what is recorded, and why a graph is not).
+(mode="reduce-overhead": what is recorded, and why a graph is not), autotune (mode="max-autotune": the
+launch settings timed for each kernel, and the one chosen).
 """
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ import os
 import sys
 
 ARTIFACTS = ("graph_code", "graph_breaks", "guards", "recompiles", "dynamic", "bytecode", "output_code",
-             "fusion", "aot_graphs", "cudagraphs")
+             "fusion", "aot_graphs", "cudagraphs", "autotune")
 _enabled: set[str] = set()
 
 

@@ -163,9 +163,6 @@ def test_explain():
     assert "print" in str(broken)
 
 
-def test_later_stages_say_so():
-    with pytest.raises(NotImplementedError, match="max-autotune"):
-        minicompile.compile(relu_chain, mode="max-autotune")
 
 
 def test_bad_arguments_name_the_cause():

@@ -95,8 +95,25 @@ def test_disable_rejects_what_is_not_callable():
 def test_modes_are_checked():
     with pytest.raises(ValueError, match="unknown mode"):
         minicompile.compile(lambda x: x, mode="fast")
-    with pytest.raises(NotImplementedError, match="autotune"):
-        minicompile.compile(lambda x: x, mode="max-autotune")
+
+
+@pytest.mark.parametrize("mode", ["max-autotune", "max-autotune-no-cudagraphs"])
+def test_max_autotune_gives_eagers_results_and_says_what_it_did(kernel_backend, mode):
+    def f(x, w):
+        return torch.softmax(x @ w, -1) * 2 + torch.relu(x).sum(-1, keepdim=True)
+
+    compiled = minicompile.compile(f, mode=mode)
+    x, w = torch.randn(37, 19, device=DEVICE), torch.randn(19, 19, device=DEVICE)
+    out, text = logged("autotune", compiled, x, w)
+    torch.testing.assert_close(out, f(x, w), rtol=1e-4, atol=1e-4)
+    if DEVICE == "cuda":
+        assert "settings timed, best" in text
+        # a later compile of the same kernels times nothing: the choices are on disk
+        minicompile.reset()
+        _, again = logged("autotune", minicompile.compile(f, mode=mode), x, w)
+        assert "settings timed" not in again
+    else:
+        assert "no launch settings to time here" in text
 
 
 @pytest.mark.skipif(DEVICE == "cuda", reason="the CPU path")

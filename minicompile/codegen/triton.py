@@ -780,6 +780,93 @@ def _spec_key(pointers: tuple, sizes: tuple) -> tuple:
     return pointers, tuple([(v == 1, v % 16 == 0, -2**31 <= v < 2**31) for v in sizes if type(v) is int])
 
 
+# ---------------------------------------------------------------------------------------
+# max-autotune: each kernel's launch settings chosen by timing candidates
+# ---------------------------------------------------------------------------------------
+def _candidates(launch: dict) -> list[dict]:
+    """Launch settings to try for one kernel: its own first, then other block sizes and warps
+    that leave its code as it is (a persistent reduction keeps its RBLOCK: the whole row)."""
+    xnumel = launch["xnumel"]
+    if "RBLOCK" not in launch:
+        blocks = [b for b in (128, 256, 512, 1024, 2048) if b <= max(128, _next_pow2(xnumel))]
+        tried = [{"XBLOCK": b, "num_warps": w} for b in blocks for w in (2, 4, 8) if b // w >= 16]
+    elif launch["RBLOCK"] >= launch["rnumel"]:              # persistent: rows held whole
+        rblock = launch["RBLOCK"]
+        blocks = [b for b in (1, 2, 4, 8, 16, 32) if b * rblock <= 16384 and b <= _next_pow2(xnumel)]
+        tried = [{"XBLOCK": b, "num_warps": w} for b in blocks for w in (2, 4, 8, 16)
+                 if b * rblock >= 32 * w]
+    else:                                                   # looped rows
+        tried = [{"RBLOCK": r, "num_warps": w} for r in (512, 1024, 2048, 4096) for w in (4, 8, 16)]
+    mine = {k: launch[k] for k in ("XBLOCK", "RBLOCK", "num_warps") if k in launch}
+    out = [dict(launch)]
+    for c in tried:
+        candidate = {**launch, **c}
+        if {k: candidate[k] for k in mine} != mine:
+            candidate["grid"] = _grid(xnumel, candidate["XBLOCK"])
+            out.append(candidate)
+    return out
+
+
+def _time_launch(launcher, args, launch, device) -> float:
+    """Median GPU time of one launch in ms (CUDA events), after a warm-up launch."""
+    settings = {k: v for k, v in launch.items() if k != "grid"}
+    run = launcher[(launch["grid"],)]
+    run(*args, **settings)
+    times = []
+    for _ in range(7):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        run(*args, **settings)
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end))
+    return sorted(times)[len(times) // 2]
+
+
+def autotune(source: str, meta: dict, buffers: dict, device: torch.device, log) -> None:
+    """mode="max-autotune" on a GPU: each kernel of static sizes is launched with every
+    candidate setting (`_candidates`) on buffers of its arguments' sizes (floats random,
+    integers 0, so indices stay in range), and `meta` takes the fastest. Choices are kept on
+    disk by the kernel's code, settings and GPU, so a later compile times nothing. A kernel
+    whose tuning fails keeps its settings (and the log says why)."""
+    directory = os.path.join(config.cache_dir, "autotune")
+    os.makedirs(directory, exist_ok=True)
+    gpu = torch.cuda.get_device_name(device)
+    for name, (args, launch, function) in list(meta.items()):
+        if any(isinstance(v, str) for k, v in launch.items() if k != "grid") or "xnumel" not in launch:
+            continue                              # dynamic sizes: one setting for every size
+        key = hashlib.sha256(repr((source, function, sorted(launch.items()), gpu)).encode()).hexdigest()[:24]
+        path = os.path.join(directory, f"{key}.json")
+        if os.path.exists(path):
+            with open(path) as f:
+                chosen = json.load(f)
+            meta[name] = (args, chosen, function)
+            continue
+        try:
+            tensors = []
+            for a in args:
+                b = buffers[a]
+                t = torch.empty_strided(b.shape or [1], b.stride or [1], dtype=b.dtype, device=device)
+                t.normal_() if t.is_floating_point() else t.zero_()
+                tensors.append(t)
+            timed = []
+            for candidate in _candidates(launch):
+                launcher = load(source, {name: (args, candidate, function)})[name]
+                timed.append((_time_launch(launcher, tensors, candidate, device), candidate))
+        except Exception as err:                  # noqa: BLE001 (keep the default settings)
+            log(f"{name}: not tuned ({type(err).__name__}: {err})")
+            continue
+        best_ms, best = min(timed, key=lambda t: t[0])
+        log(f"{name}: {len(timed)} settings timed, best {best_ms * 1e3:.1f} us "
+            f"({', '.join(f'{k}={best[k]}' for k in ('XBLOCK', 'RBLOCK', 'num_warps') if k in best)}), "
+            f"default {timed[0][0] * 1e3:.1f} us")
+        tmp = f"{path}.{os.getpid()}.tmp"
+        with open(tmp, "w") as f:
+            json.dump(best, f)
+        os.replace(tmp, path)
+        meta[name] = (args, best, function)
+
+
 class Launcher:
     """`launcher[grid](*args, **settings)`, as a @triton.jit function is launched.
 
