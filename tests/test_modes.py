@@ -98,7 +98,9 @@ def test_modes_are_checked():
 
 
 @pytest.mark.parametrize("mode", ["max-autotune", "max-autotune-no-cudagraphs"])
-def test_max_autotune_gives_eagers_results_and_says_what_it_did(kernel_backend, mode):
+def test_max_autotune_gives_eagers_results_and_says_what_it_did(kernel_backend, mode, tmp_path, monkeypatch):
+    monkeypatch.setattr(minicompile.config, "cache_dir", str(tmp_path))      # nothing tuned before
+
     def f(x, w):
         return torch.softmax(x @ w, -1) * 2 + torch.relu(x).sum(-1, keepdim=True)
 

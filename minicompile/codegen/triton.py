@@ -823,6 +823,18 @@ def _time_launch(launcher, args, launch, device) -> float:
     return sorted(times)[len(times) // 2]
 
 
+def _stand_in(buf, device) -> torch.Tensor:
+    """A tensor laid out as buffer `buf` (an input, or a computed buffer with its strides):
+    floats random, integers 0."""
+    stride = getattr(buf, "stride", None)
+    if stride is None:
+        stride = getattr(getattr(buf, "data", None), "stride", None)
+    shape = list(buf.shape) or [1]
+    t = torch.empty_strided(shape, list(stride) if stride else torch.empty(shape, device="meta").stride(),
+                            dtype=buf.dtype, device=device)
+    return t.normal_() if t.is_floating_point() else t.zero_()
+
+
 def autotune(source: str, meta: dict, buffers: dict, device: torch.device, log) -> None:
     """mode="max-autotune" on a GPU: each kernel of static sizes is launched with every
     candidate setting (`_candidates`) on buffers of its arguments' sizes (floats random,
@@ -843,12 +855,7 @@ def autotune(source: str, meta: dict, buffers: dict, device: torch.device, log) 
             meta[name] = (args, chosen, function)
             continue
         try:
-            tensors = []
-            for a in args:
-                b = buffers[a]
-                t = torch.empty_strided(b.shape or [1], b.stride or [1], dtype=b.dtype, device=device)
-                t.normal_() if t.is_floating_point() else t.zero_()
-                tensors.append(t)
+            tensors = [_stand_in(buffers[a], device) for a in args]
             timed = []
             for candidate in _candidates(launch):
                 launcher = load(source, {name: (args, candidate, function)})[name]

@@ -161,11 +161,17 @@ class CUDAGraphed:
                                            f"signatures run the default path")
                 return self.compiled(*args)
             try:
-                rec = _Recording(self.compiled, args, self.pool, self.device)
+                # the warm-up run and the recording draw no random numbers from the program's
+                # stream: each replay then draws where eager's call would
+                with ir.preserved_rng():
+                    try:
+                        rec = _Recording(self.compiled, args, self.pool, self.device)
+                    except Exception:
+                        _end_failed_capture(self.device)
+                        raise
             except Exception as err:          # noqa: BLE001 (whatever stops the recording)
                 self.failed = f"{type(err).__name__}: {err}"
                 logs.log("cudagraphs", f"not recorded, the default path runs instead: {self.failed}")
-                _end_failed_capture(self.device)
                 return self.compiled(*args)
             sizes = ", ".join("x".join(map(str, k[0])) or "scalar" for k in key if k[0] != "value")
             logs.log("cudagraphs", f"recorded a CUDA graph for inputs of sizes [{sizes}]: "
