@@ -18,7 +18,7 @@ from typing import Any, Callable
 
 import torch
 
-from . import config, ir, logs, metrics
+from . import config, distributed, ir, logs, metrics
 from .capture import SUPPORTED_VERSIONS, Unsupported
 from .capture.breaks import DISABLE_MARK, never_traced
 from .capture.frame import ResumeSegment
@@ -142,6 +142,7 @@ class CompiledFunction:
         self.eager_reason: Unsupported | None = None
         self._backend_arg = backend
         self._callees: dict = {}
+        self._around_logged: set = set()      # ids of modules whose hooks' log line was printed
         self.quiet = False            # True for a function compiled on its own at a graph break
         self._frame, self._frame_generation = None, -1
         # the Python function the calls run, and what `fn` passes it before the caller's
@@ -305,10 +306,8 @@ class CompiledFunction:
         """A call made at a graph break. A user function (or a user module's forward) is
         compiled on its own, as Dynamo's frame hook compiles every frame it sees."""
         target, pre = None, []
-        if isinstance(fn, torch.nn.Module) and not _is_torch_internal(type(fn).__module__) \
-                and not (fn._forward_hooks or fn._forward_pre_hooks or fn._backward_hooks
-                         or torch.nn.modules.module._global_forward_hooks
-                         or torch.nn.modules.module._global_forward_pre_hooks):
+        if isinstance(fn, torch.nn.Module) and not fn._backward_hooks:
+            # (a class made at run time, as FSDP2's FSDP<Name>, is judged by its forward)
             forward = getattr(type(fn), "forward", None)
             if isinstance(forward, types.FunctionType) and getattr(fn.forward, "__func__", None) is forward:
                 target, pre = forward, [fn]
@@ -327,6 +326,12 @@ class CompiledFunction:
             callee.backend, callee.backend_name = self.backend, self.backend_name
             callee.quiet = True
             self._callees[target] = callee
+        if isinstance(fn, torch.nn.Module) and distributed.has_hooks(fn):
+            # its hooks (FSDP2's gather and free the parameters) run as Python around the
+            # compiled forward
+            distributed.log_once(fn, self._around_logged)
+            with distributed.compiled_forward(fn, functools.partial(callee, fn)):
+                return fn(*args, **kwargs)
         return callee(*pre, *args, **kwargs)
 
 
@@ -510,13 +515,17 @@ class CompiledModule(torch.nn.Module):
     def __init__(self, mod: torch.nn.Module, **options):
         super().__init__()
         self._orig_mod = mod
-        self._compiled_forward = CompiledFunction(mod.forward, **options)
+        # under DDP or FSDP1, the wrapped module's forward (distributed.py says why)
+        self._compiled_forward = CompiledFunction(distributed.user_module(mod).forward, **options)
+        self._around_logged: set = set()
 
     def forward(self, *args, **kwargs):
         mod = self._orig_mod
-        if mod._forward_hooks or mod._forward_pre_hooks or torch.nn.modules.module._global_forward_hooks:
-            warnings.warn("minicompile: the module has hooks; it runs eagerly", stacklevel=2)
-            return mod(*args, **kwargs)
+        if distributed.runs_around(mod):
+            # hooks and wrappers (DDP, FSDP) run as PyTorch's, around the compiled forward
+            distributed.log_once(mod, self._around_logged)
+            with distributed.compiled_forward(distributed.user_module(mod), self._compiled_forward):
+                return mod(*args, **kwargs)
         return self._compiled_forward(*args, **kwargs)
 
     def __getattr__(self, name):
