@@ -14,9 +14,11 @@ PyTorch runs around the user's forward, never inside it:
 - FSDP2: hooks on each sharded module all-gather its parameters before its forward and free them
   after; hooks on its outputs gather them again before its backward, and the gradients are
   reduce-scattered after it.
-- FSDP1 with `use_orig_params=True`: the wrapper's forward gathers the flat parameter and sets
-  the original parameters on the module as views of it, which is what the trace reads (without
-  the flag the module holds one flat parameter and the trace sees none of the original names).
+- FSDP1 (`FullyShardedDataParallel`): the wrapper's forward gathers the flat parameter and sets
+  the original parameters on the wrapped module as views of it (with `use_orig_params=False`
+  as plain tensors, not Parameters), which is what the trace of the wrapped module's forward
+  reads. So minicompile needs no `use_orig_params=True`; TorchDynamo, which traces the
+  wrapper's parameters, does (without it, it compiles nothing and runs the model eagerly).
 
 So compiling the user's forward and letting PyTorch run the rest gives eager's results: the
 compiled backward is one autograd node that returns the parameters' gradients, their
@@ -34,28 +36,31 @@ hooks run as Python and its forward is compiled on its own, by the same swap.
 from __future__ import annotations
 
 import contextlib
+import sys
 
 import torch
 
 from . import logs
 
 
-def _wrapper_types() -> tuple:
-    """DDP and FSDP1: modules whose forward runs a wrapped module (none where torch.distributed
-    is not built)."""
-    if not torch.distributed.is_available():
-        return ()
-    from torch.distributed.fsdp import FullyShardedDataParallel
-    return (torch.nn.parallel.DistributedDataParallel, FullyShardedDataParallel)
+def _fsdp():
+    """torch.distributed.fsdp if the program imported it (a model it wraps was made by it);
+    never imported here, since importing it imports TorchDynamo, which minicompile's own path
+    does without."""
+    return sys.modules.get("torch.distributed.fsdp")
 
 
 def user_module(mod: torch.nn.Module) -> torch.nn.Module:
     """The module whose forward minicompile compiles: the one a DDP or FSDP1 wrapper runs (the
     innermost of nested wrappers), else `mod` itself."""
-    while isinstance(mod, _wrapper_types()):
-        mod = mod.module if isinstance(mod, torch.nn.parallel.DistributedDataParallel) \
-            else mod._fsdp_wrapped_module
-    return mod
+    fsdp = _fsdp()
+    while True:
+        if torch.distributed.is_available() and isinstance(mod, torch.nn.parallel.DistributedDataParallel):
+            mod = mod.module
+        elif fsdp is not None and isinstance(mod, fsdp.FullyShardedDataParallel):
+            mod = mod._fsdp_wrapped_module
+        else:
+            return mod
 
 
 def has_hooks(mod: torch.nn.Module) -> bool:
@@ -97,7 +102,7 @@ def describe(mod: torch.nn.Module) -> str:
     if user_module(mod) is not mod:
         return (f"{type(mod).__name__}.forward runs as PyTorch around the compiled {inner}.forward "
                 f"(it gathers the parameters; its hooks reduce-scatter the gradients)")
-    fsdp2 = torch.distributed.is_available() and isinstance(mod, torch.distributed.fsdp.FSDPModule)
+    fsdp2 = _fsdp() is not None and isinstance(mod, _fsdp().FSDPModule)
     return (f"{inner}'s forward hooks run as Python around its compiled forward"
             + (" (FSDP2's: they all-gather its parameters and free them after; in the backward "
                "they gather them again and reduce-scatter the gradients)" if fsdp2 else ""))
