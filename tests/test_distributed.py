@@ -1,8 +1,9 @@
 """Compiled training under torch.distributed (minicompile/distributed.py), on a CPU: two
 processes with the gloo backend train the book's MLP and GPT block under DDP, FSDP2
 (`fully_shard`, the whole model and block by block) and FSDP1 (`use_orig_params` True and
-False), each beside its eager twin under the same engine. After every SGD step the losses, the
-gradients and the updated parameters must be eager's.
+False), each beside its eager twin under the same engine; a small CNN (batch norm's buffers,
+which DDP broadcasts) and DDP's find_unused_parameters as well. After every SGD step the losses,
+the gradients, the updated parameters and the buffers must be eager's.
 
 The two processes are started once for the whole file (a module fixture) and run every case;
 each test then reads its case's result. They meet through a file store (no port to pick), are
@@ -28,8 +29,8 @@ import models  # noqa: E402
 
 WORLD = 2
 TIMEOUT_S = 240
-CASES = ["ddp-mlp", "ddp-gpt_block", "fsdp2-mlp", "fsdp2-gpt_block", "fsdp2_per_block-gpt_blocks",
-         "fsdp1-mlp", "fsdp1_flat-gpt_block"]
+CASES = ["ddp-mlp", "ddp-gpt_block", "ddp-cnn", "ddp_unused-mlp_unused", "fsdp2-mlp", "fsdp2-gpt_block",
+         "fsdp2_per_block-gpt_blocks", "fsdp1-mlp", "fsdp1_flat-gpt_block"]
 pytestmark = pytest.mark.skipif(not dist.is_available() or not dist.is_gloo_available(),
                                 reason="torch.distributed with gloo is not built")
 
@@ -38,6 +39,12 @@ def _model(name):
     torch.manual_seed(0)
     if name == "mlp":
         return models.MLP(width=37, depth=2), (13, 37)
+    if name == "mlp_unused":               # a parameter the forward never reads
+        model = models.MLP(width=37, depth=2)
+        model.unused = nn.Linear(3, 3)
+        return model, (13, 37)
+    if name == "cnn":                      # batch norm: buffers updated by the compiled code
+        return models.SmallCNN(channels=4, classes=4), (3, 3, 6, 6)
     if name == "gpt_block":
         return models.Block(dim=32, heads=4), (2, 7, 32)
     if name == "gpt_blocks":
@@ -48,8 +55,8 @@ def _model(name):
 def _wrap(engine, model):
     """The model under the engine (a fresh copy: the twin gets another)."""
     model = copy.deepcopy(model)
-    if engine == "ddp":
-        return nn.parallel.DistributedDataParallel(model)
+    if engine.startswith("ddp"):
+        return nn.parallel.DistributedDataParallel(model, find_unused_parameters=engine == "ddp_unused")
     if engine.startswith("fsdp1"):
         from torch.distributed.fsdp import FullyShardedDataParallel
         return FullyShardedDataParallel(model, use_orig_params=engine == "fsdp1",
@@ -75,8 +82,10 @@ def _run_case(case, rank, steps=3, lr=0.1):
     minicompile.metrics.reset()
     for step in range(steps):
         torch.manual_seed(1000 * step + rank)          # each rank its own batch
-        x, target = torch.randn(shape), torch.randn(shape)
-        loss = (compiled(x) - target).square().mean()
+        x = torch.randn(shape)
+        out = compiled(x)
+        target = torch.randn(out.shape)
+        loss = (out - target).square().mean()
         loss.backward()
         expected = (theirs(x) - target).square().mean()
         expected.backward()
@@ -89,9 +98,9 @@ def _run_case(case, rank, steps=3, lr=0.1):
                                        msg=f"step {step}: gradient of {pname}")
         opt.step(), opt_twin.step()
         opt.zero_grad(), opt_twin.zero_grad()
-        for (pname, p), q in zip(ours.named_parameters(), theirs.parameters()):
-            torch.testing.assert_close(_full(p.detach()), _full(q.detach()), rtol=1e-4, atol=1e-5,
-                                       msg=f"step {step}: {pname}")
+        for (pname, p), q in zip(ours.state_dict().items(), theirs.state_dict().values()):
+            torch.testing.assert_close(_full(p), _full(q), rtol=1e-4, atol=1e-5,
+                                       msg=f"step {step}: {pname}")     # parameters and buffers
     m = minicompile.metrics
     return {"graphs": m.graphs, "breaks": m.graph_breaks, "backward_kernels": m.backward_kernels,
             "recompiles": m.recompiles}
