@@ -307,10 +307,12 @@ class CompiledFunction:
         compiled on its own, as Dynamo's frame hook compiles every frame it sees."""
         target, pre = None, []
         if isinstance(fn, torch.nn.Module) and not fn._backward_hooks:
-            # (a class made at run time, as FSDP2's FSDP<Name>, is judged by its forward)
-            forward = getattr(type(fn), "forward", None)
-            if isinstance(forward, types.FunctionType) and getattr(fn.forward, "__func__", None) is forward:
-                target, pre = forward, [fn]
+            # the module DDP or FSDP1 wraps, if fn is such a wrapper; a class made at run time
+            # (FSDP2's FSDP<Name>) is judged by its forward
+            inner = distributed.user_module(fn)
+            forward = getattr(type(inner), "forward", None)
+            if isinstance(forward, types.FunctionType) and getattr(inner.forward, "__func__", None) is forward:
+                target, pre = forward, [inner]
         elif isinstance(fn, types.MethodType) and isinstance(fn.__func__, types.FunctionType):
             target, pre = fn.__func__, [fn.__self__]
         elif isinstance(fn, types.FunctionType):
@@ -326,12 +328,10 @@ class CompiledFunction:
             callee.backend, callee.backend_name = self.backend, self.backend_name
             callee.quiet = True
             self._callees[target] = callee
-        if isinstance(fn, torch.nn.Module) and distributed.has_hooks(fn):
-            # its hooks (FSDP2's gather and free the parameters) run as Python around the
-            # compiled forward
-            distributed.log_once(fn, self._around_logged)
-            with distributed.compiled_forward(fn, functools.partial(callee, fn)):
-                return fn(*args, **kwargs)
+        if isinstance(fn, torch.nn.Module) and distributed.runs_around(fn):
+            # a wrapper's forward and the hooks (FSDP's gather the parameters) run as Python
+            return distributed.call_around(fn, functools.partial(callee, *pre), args, kwargs,
+                                           self._around_logged)
         return callee(*pre, *args, **kwargs)
 
 
@@ -523,9 +523,8 @@ class CompiledModule(torch.nn.Module):
         mod = self._orig_mod
         if distributed.runs_around(mod):
             # hooks and wrappers (DDP, FSDP) run as PyTorch's, around the compiled forward
-            distributed.log_once(mod, self._around_logged)
-            with distributed.compiled_forward(distributed.user_module(mod), self._compiled_forward):
-                return mod(*args, **kwargs)
+            return distributed.call_around(mod, self._compiled_forward, args, kwargs,
+                                           self._around_logged)
         return self._compiled_forward(*args, **kwargs)
 
     def __getattr__(self, name):

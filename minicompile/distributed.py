@@ -1,5 +1,6 @@
 """minicompile under torch.distributed: a model wrapped in DistributedDataParallel, or sharded
-by FSDP (FSDP2's `fully_shard`, FSDP1's `FullyShardedDataParallel(use_orig_params=True)`).
+by FSDP (FSDP2's `fully_shard`, FSDP1's `FullyShardedDataParallel`); and any module with forward
+hooks, which run the same way.
 
 Takes the module `compile()` was given; hands `api.CompiledModule` the user's own module inside
 it (the one whose forward is compiled) and runs each call through the wrapper's own `__call__`,
@@ -17,8 +18,8 @@ PyTorch runs around the user's forward, never inside it:
 - FSDP1 (`FullyShardedDataParallel`): the wrapper's forward gathers the flat parameter and sets
   the original parameters on the wrapped module as views of it (with `use_orig_params=False`
   as plain tensors, not Parameters), which is what the trace of the wrapped module's forward
-  reads. So minicompile needs no `use_orig_params=True`; TorchDynamo, which traces the
-  wrapper's parameters, does (without it, it compiles nothing and runs the model eagerly).
+  reads. So minicompile needs no `use_orig_params=True`; TorchDynamo does (without it, it breaks
+  the graph at the wrapper, "FSDP with use_orig_params=False", and runs the model eagerly).
 
 So compiling the user's forward and letting PyTorch run the rest gives eager's results: the
 compiled backward is one autograd node that returns the parameters' gradients, their
@@ -29,13 +30,13 @@ TorchDynamo's DDPOptimizer splits the graph at bucket boundaries so that each bu
 all-reduce runs beside the rest of the backward; that pays on GPUs, where NCCL runs beside the
 kernels, and costs the fusions across each boundary. minicompile keeps one graph.
 
-A submodule sharded on its own (`fully_shard` on each block) is a call with hooks inside the
-parent's forward: the capture breaks the graph there (the `graph_breaks` log says so), its
-hooks run as Python and its forward is compiled on its own, by the same swap.
+A submodule sharded on its own (`fully_shard` on each block, or FSDP1's auto-wrap policy) is a
+call with hooks, or into a wrapper, inside the parent's forward: the capture breaks the graph
+there (the `graph_breaks` log says so), the hooks or the wrapper run as Python and the
+submodule's forward is compiled on its own, by the same swap.
 """
 from __future__ import annotations
 
-import contextlib
 import sys
 
 import torch
@@ -75,20 +76,24 @@ def runs_around(mod: torch.nn.Module) -> bool:
     return user_module(mod) is not mod or has_hooks(mod)
 
 
-@contextlib.contextmanager
-def compiled_forward(mod: torch.nn.Module, compiled):
-    """`mod.forward` is `compiled` for the length of the block: nn.Module.__call__ looks the
-    forward up on the instance, so hooks and wrappers run as PyTorch's and only the forward is
-    compiled. The instance attribute is removed after (an earlier one is put back)."""
-    before = mod.__dict__.get("forward")
-    mod.__dict__["forward"] = compiled
+def call_around(mod: torch.nn.Module, compiled, args, kwargs, logged: set):
+    """mod(*args, **kwargs) as PyTorch runs it (a wrapper's forward, hooks), with the forward of
+    its user module replaced by `compiled` for the length of the call: nn.Module.__call__ looks
+    the forward up on the instance. The instance attribute is removed after (an earlier one is
+    put back). `logged`: ids of the modules whose graph_breaks line was printed."""
+    if id(mod) not in logged:
+        logged.add(id(mod))
+        logs.log("graph_breaks", describe(mod))
+    inner = user_module(mod)
+    before = inner.__dict__.get("forward")
+    inner.__dict__["forward"] = compiled
     try:
-        yield
+        return mod(*args, **kwargs)
     finally:
         if before is None:
-            del mod.__dict__["forward"]
+            del inner.__dict__["forward"]
         else:
-            mod.__dict__["forward"] = before
+            inner.__dict__["forward"] = before
 
 
 def describe(mod: torch.nn.Module) -> str:
@@ -107,8 +112,3 @@ def describe(mod: torch.nn.Module) -> str:
             + (" (FSDP2's: they all-gather its parameters and free them after; in the backward "
                "they gather them again and reduce-scatter the gradients)" if fsdp2 else ""))
 
-
-def log_once(mod: torch.nn.Module, seen: set) -> None:
-    if id(mod) not in seen:
-        seen.add(id(mod))
-        logs.log("graph_breaks", describe(mod))

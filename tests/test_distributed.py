@@ -30,7 +30,7 @@ import models  # noqa: E402
 WORLD = 2
 TIMEOUT_S = 240
 CASES = ["ddp-mlp", "ddp-gpt_block", "ddp-cnn", "ddp_unused-mlp_unused", "fsdp2-mlp", "fsdp2-gpt_block",
-         "fsdp2_per_block-gpt_blocks", "fsdp1-mlp", "fsdp1_flat-gpt_block"]
+         "fsdp2_per_block-gpt_blocks", "fsdp1-mlp", "fsdp1_flat-gpt_block", "fsdp1_per_block-gpt_blocks"]
 pytestmark = pytest.mark.skipif(not dist.is_available() or not dist.is_gloo_available(),
                                 reason="torch.distributed with gloo is not built")
 
@@ -59,8 +59,10 @@ def _wrap(engine, model):
         return nn.parallel.DistributedDataParallel(model, find_unused_parameters=engine == "ddp_unused")
     if engine.startswith("fsdp1"):
         from torch.distributed.fsdp import FullyShardedDataParallel
-        return FullyShardedDataParallel(model, use_orig_params=engine == "fsdp1",
-                                        device_id=torch.device("cpu"))
+        from torch.distributed.fsdp.wrap import ModuleWrapPolicy
+        return FullyShardedDataParallel(
+            model, use_orig_params=engine != "fsdp1_flat", device_id=torch.device("cpu"),
+            auto_wrap_policy=ModuleWrapPolicy({models.Block}) if engine == "fsdp1_per_block" else None)
     from torch.distributed.fsdp import fully_shard
     if engine == "fsdp2_per_block":
         for block in model:
@@ -167,13 +169,19 @@ def test_matches_eager_under_the_same_engine(results, case):
         assert r["recompiles"] == ("per_block" in case), r
 
 
-def test_sharded_blocks_break_the_graph_where_fsdp_communicates(results):
-    """fully_shard on each block: the root's forward breaks at a block's call (its hooks gather
-    the block's parameters; here the break is in Sequential's loop, so the root frame runs as
-    Python), and each block's forward is compiled on its own, its hooks run around it."""
+@pytest.mark.parametrize("case, said", [
+    ("fsdp2_per_block-gpt_blocks", "FSDPBlock's forward hooks run as Python around its compiled forward"),
+    ("fsdp1_per_block-gpt_blocks", "FullyShardedDataParallel.forward runs as PyTorch around the "
+                                   "compiled Block.forward")])
+def test_sharded_blocks_break_the_graph_where_fsdp_communicates(results, case, said):
+    """Each block sharded on its own (fully_shard on each, or FSDP1's auto-wrap policy): the
+    root's forward breaks at a block's call (its hooks or its wrapper gather the block's
+    parameters; here the break is in Sequential's loop, so the root frame runs as Python), and
+    each block's forward is compiled on its own, with the hooks or the wrapper run around it."""
     for res in results:
-        r = res["fsdp2_per_block-gpt_blocks"]
+        r = res[case]
         assert r["breaks"] == 1 and r["graphs"] == 2, r
+        assert said in r["log"], r["log"]
 
 
 def test_logs_say_what_runs_around_the_compiled_forward(results):
