@@ -10,11 +10,13 @@ each test then reads its case's result. They meet through a file store (no port 
 joined with a timeout and killed if they hang, so a deadlock cannot stall the suite."""
 import contextlib
 import copy
+import datetime
 import io
 import json
 import multiprocessing
 import os
 import sys
+import time
 import traceback
 
 import pytest
@@ -110,7 +112,9 @@ def _run_case(case, rank, steps=3, lr=0.1):
 
 def _worker(rank, store_file, out_dir):
     torch.set_num_threads(1)
-    dist.init_process_group("gloo", init_method=f"file://{store_file}", rank=rank, world_size=WORLD)
+    # a collective left waiting (the other rank failed a case) raises after a minute, not 30
+    dist.init_process_group("gloo", init_method=f"file://{store_file}", rank=rank, world_size=WORLD,
+                            timeout=datetime.timedelta(seconds=60))
     results = {}
     try:
         for case in CASES:
@@ -140,9 +144,10 @@ def results(tmp_path_factory):
              for rank in range(WORLD)]
     for p in procs:
         p.start()
+    deadline = time.monotonic() + TIMEOUT_S
     try:
         for p in procs:
-            p.join(TIMEOUT_S)
+            p.join(max(0.0, deadline - time.monotonic()))
     finally:
         hung = [p for p in procs if p.is_alive()]
         for p in hung:
