@@ -2,7 +2,7 @@
 processes with the gloo backend train the book's MLP and GPT block under DDP, FSDP2
 (`fully_shard`, the whole model and block by block) and FSDP1 (`use_orig_params` True and
 False), each beside its eager twin under the same engine; a small CNN (batch norm's buffers,
-which DDP broadcasts) and DDP's find_unused_parameters as well. After every SGD step the losses,
+which DDP broadcasts), DDP's find_unused_parameters, and DDP around a compiled model as well. After every SGD step the losses,
 the gradients, the updated parameters and the buffers must be eager's.
 
 The two processes are started once for the whole file (a module fixture) and run every case;
@@ -31,8 +31,9 @@ import models  # noqa: E402
 
 WORLD = 2
 TIMEOUT_S = 240
-CASES = ["ddp-mlp", "ddp-gpt_block", "ddp-cnn", "ddp_unused-mlp_unused", "fsdp2-mlp", "fsdp2-gpt_block",
-         "fsdp2_per_block-gpt_blocks", "fsdp1-mlp", "fsdp1_flat-gpt_block", "fsdp1_per_block-gpt_blocks"]
+CASES = ["ddp-mlp", "ddp-gpt_block", "ddp-cnn", "ddp_unused-mlp_unused", "ddp_of_compiled-gpt_block",
+         "fsdp2-mlp", "fsdp2-gpt_block", "fsdp2_per_block-gpt_blocks",
+         "fsdp1-mlp", "fsdp1_flat-gpt_block", "fsdp1_per_block-gpt_blocks"]
 pytestmark = pytest.mark.skipif(not dist.is_available() or not dist.is_gloo_available(),
                                 reason="torch.distributed with gloo is not built")
 
@@ -80,8 +81,12 @@ def _full(t):
 def _run_case(case, rank, steps=3, lr=0.1):
     engine, name = case.split("-")
     model, shape = _model(name)
-    ours, theirs = _wrap(engine, model), _wrap(engine, model)
-    compiled = minicompile.compile(ours)
+    theirs = _wrap(engine, model)
+    if engine == "ddp_of_compiled":                # the other order: DDP(compile(model))
+        ours = compiled = nn.parallel.DistributedDataParallel(minicompile.compile(copy.deepcopy(model)))
+    else:
+        ours = _wrap(engine, model)
+        compiled = minicompile.compile(ours)
     opt, opt_twin = torch.optim.SGD(ours.parameters(), lr=lr), torch.optim.SGD(theirs.parameters(), lr=lr)
     minicompile.metrics.reset()
     for step in range(steps):
