@@ -1,8 +1,9 @@
 """Compiled training under torch.distributed (minicompile/distributed.py), on a CPU: two
 processes with the gloo backend train the book's MLP and GPT block under DDP, FSDP2
-(`fully_shard`, the whole model, block by block, and with bfloat16 parameters) and FSDP1 (`use_orig_params` True and
-False), each beside its eager twin under the same engine; a small CNN (batch norm's buffers,
-which DDP broadcasts), DDP's find_unused_parameters, and DDP around a compiled model as well. After every SGD step the losses,
+(`fully_shard`: the whole model, block by block, and with bfloat16 parameters) and FSDP1
+(`use_orig_params` True and False, and wrapped block by block), each beside its eager twin
+under the same engine; also a small CNN (batch norm's buffers, which DDP broadcasts), DDP's
+find_unused_parameters, and DDP around a model compiled first. After every SGD step the losses,
 the gradients, the updated parameters and the buffers must be eager's.
 
 The two processes are started once for the whole file (a module fixture) and run every case;
