@@ -18,7 +18,7 @@ from typing import Any, Callable
 
 import torch
 
-from . import config, ir, logs, metrics
+from . import config, distributed, ir, logs, metrics
 from .capture import SUPPORTED_VERSIONS, Unsupported
 from .capture.breaks import DISABLE_MARK, never_traced
 from .capture.frame import ResumeSegment
@@ -150,6 +150,7 @@ class CompiledFunction:
         self.eager_reason: Unsupported | None = None
         self._backend_arg = backend
         self._callees: dict = {}
+        self._around_logged: set = set()      # ids of modules whose hooks' log line was printed
         self.quiet = False            # True for a function compiled on its own at a graph break
         self._frame, self._frame_generation = None, -1
         # the Python function the calls run, and what `fn` passes it before the caller's
@@ -313,13 +314,13 @@ class CompiledFunction:
         """A call made at a graph break. A user function (or a user module's forward) is
         compiled on its own, as Dynamo's frame hook compiles every frame it sees."""
         target, pre = None, []
-        if isinstance(fn, torch.nn.Module) and not _is_torch_internal(type(fn).__module__) \
-                and not (fn._forward_hooks or fn._forward_pre_hooks or fn._backward_hooks
-                         or torch.nn.modules.module._global_forward_hooks
-                         or torch.nn.modules.module._global_forward_pre_hooks):
-            forward = getattr(type(fn), "forward", None)
-            if isinstance(forward, types.FunctionType) and getattr(fn.forward, "__func__", None) is forward:
-                target, pre = forward, [fn]
+        if isinstance(fn, torch.nn.Module) and not fn._backward_hooks:
+            # the module DDP or FSDP1 wraps, if fn is such a wrapper; a class made at run time
+            # (FSDP2's FSDP<Name>) is judged by its forward
+            inner = distributed.user_module(fn)
+            forward = getattr(type(inner), "forward", None)
+            if isinstance(forward, types.FunctionType) and getattr(inner.forward, "__func__", None) is forward:
+                target, pre = forward, [inner]
         elif isinstance(fn, types.MethodType) and isinstance(fn.__func__, types.FunctionType):
             target, pre = fn.__func__, [fn.__self__]
         elif isinstance(fn, types.FunctionType):
@@ -335,6 +336,10 @@ class CompiledFunction:
             callee.backend, callee.backend_name = self.backend, self.backend_name
             callee.quiet = True
             self._callees[target] = callee
+        if isinstance(fn, torch.nn.Module) and distributed.runs_around(fn):
+            # a wrapper's forward and the hooks (FSDP's gather the parameters) run as Python
+            return distributed.call_around(fn, functools.partial(callee, *pre), args, kwargs,
+                                           self._around_logged)
         return callee(*pre, *args, **kwargs)
 
 
@@ -518,13 +523,16 @@ class CompiledModule(torch.nn.Module):
     def __init__(self, mod: torch.nn.Module, **options):
         super().__init__()
         self._orig_mod = mod
-        self._compiled_forward = CompiledFunction(mod.forward, **options)
+        # under DDP or FSDP1, the wrapped module's forward (distributed.py says why)
+        self._compiled_forward = CompiledFunction(distributed.user_module(mod).forward, **options)
+        self._around_logged: set = set()
 
     def forward(self, *args, **kwargs):
         mod = self._orig_mod
-        if mod._forward_hooks or mod._forward_pre_hooks or torch.nn.modules.module._global_forward_hooks:
-            warnings.warn("minicompile: the module has hooks; it runs eagerly", stacklevel=2)
-            return mod(*args, **kwargs)
+        if distributed.runs_around(mod):
+            # hooks and wrappers (DDP, FSDP) run as PyTorch's, around the compiled forward
+            return distributed.call_around(mod, self._compiled_forward, args, kwargs,
+                                           self._around_logged)
         return self._compiled_forward(*args, **kwargs)
 
     def __getattr__(self, name):

@@ -356,6 +356,8 @@ class CallsMixin:
         if hooks:
             raise self.unsupported(f"call to {type(mod).__name__} with forward hooks",
                                    "hooks are not inlined yet")
+        if mv.source is not None:
+            self.output.guards.no_hooks(mv.source)
         if "forward" in mod.__dict__:          # replaced on the instance: that one runs
             return self.call_function(self.load_module_attr(mv, "forward"), args, kwargs)
         if mv.source is not None:

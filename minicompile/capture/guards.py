@@ -465,17 +465,23 @@ class GuardBuilder:
                   f"{e}: {what}, identity")
 
     def module(self, source: Source, mod: torch.nn.Module):
-        """A module the trace read: its type, `training` and (no) hooks, never its identity.
+        """A module the trace read: its type and `training`, never its identity.
         What the trace read from it (parameters, buffers, attributes, submodules) is guarded
         through its source, so every instance of a class passes (one compile serves all the
         layers of a model, as Dynamo's inlining of modules); where the trace did depend on
         identity (`is`, `id()`), that is guarded where it happened."""
         e = source.expr()
-        d = display(e)
         self.type_check(source, type(mod))
         self._add(("training", e), source,
-                  [(f"{{e}}.training is {mod.training}", f"{d}.training == {mod.training}")],
+                  [(f"{{e}}.training is {mod.training}", f"{display(e)}.training == {mod.training}")],
                   f"{e}.training")
+
+    def no_hooks(self, source: Source):
+        """A module whose forward the trace inlined: no forward hooks, its own or global, which
+        the inlined call did not run. (A frame's own `self` may have hooks: its hooks ran
+        around the compiled forward, as Python.)"""
+        e = source.expr()
+        d = display(e)
         self._add(("hooks", e), source,
                   [("not ({e}._forward_hooks or {e}._forward_pre_hooks)",
                     f"{d} has forward hooks now (its forward was inlined without them)")],
