@@ -27,7 +27,8 @@ import math
 from .. import config, ir, logs
 from ..lower.boxes import TensorBox
 from .kernels import ExternCall, FusionPass, FusionState, Kernel, Member
-from .passes import ElideStores, FuseRows, InlinePointwise, MakeKernels, RealizeOutputs, RealizeReductions
+from .passes import (ElideStores, FuseRows, InlinePointwise, MakeKernels, RealizeOutputs, RealizeReductions,
+                     loads)
 
 __all__ = ["ExternCall", "FusionPass", "FusionState", "Kernel", "Member", "PASSES", "schedule",
            "buffers_by_name", "draw", "format_bytes"]
@@ -76,9 +77,7 @@ def _fused_origins(box: TensorBox) -> list[str]:
 def _bytes_moved(kernel: Kernel, buffers: dict) -> tuple[int, int]:
     """Minimal bytes: each buffer the kernel loads from memory read once, each stored
     buffer written once."""
-    own = kernel.member_names()
-    names = {name for m in kernel.members for name, _ in ir.reads_of(m.comp).loads if name not in own}
-    read = sum(math.prod(buffers[n].shape) * buffers[n].dtype.itemsize for n in names)
+    read = sum(math.prod(buffers[n].shape) * buffers[n].dtype.itemsize for n in loads(kernel))
     written = sum(math.prod(m.box.shape) * m.box.dtype.itemsize for m in kernel.members
                   if m.box.name in kernel.stored)
     return read, written

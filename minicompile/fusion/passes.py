@@ -1,6 +1,7 @@
 """The fusion passes, in the order `PASSES` runs them (see the package's docstring), and the
 helpers a new pass can reuse: `space` (a stored computation's iteration space), `merge`
-(members into a kernel), `reads_are_local` (may members share a kernel's registers).
+(members into a kernel), `reads_are_local` (may members share a kernel's registers), `loads`
+and `stores` (the buffers a step reads and writes), `renumber`.
 
 Each pass reads and changes a `FusionState`; each decision, and each fusion refused with its
 reason, goes to the `fusion` log (MINICOMPILE_LOGS=fusion).
@@ -200,17 +201,23 @@ class ElideStores(FusionPass):
     name = "elide-stores"
 
     def run(self, state):
-        needed = {b.name for b in state.outputs}
-        for step in state.steps:
-            if isinstance(step, ExternCall):
-                needed |= {r.name for r in step.box.reads}
-            else:
-                own = step.member_names()
-                for m in step.members:
-                    needed |= {name for name, _ in ir.reads_of(m.comp).loads if name not in own}
+        needed = {b.name for b in state.outputs}.union(*(loads(step) for step in state.steps))
         for step in state.steps:
             if isinstance(step, Kernel) and len(step.members) > 1:
                 for m in step.members:
                     if m.box.name not in needed and m.box.name in step.stored:
                         step.stored.discard(m.box.name)
                         state.log(f"{self.name}: {m.box.name} stays in {step.name}'s registers")
+
+
+def loads(step) -> set[str]:
+    """Names of the buffers a step reads from memory (a kernel's own members excluded)."""
+    if isinstance(step, ExternCall):
+        return {r.name for r in step.box.reads}
+    own = step.member_names()
+    return {name for m in step.members for name, _ in ir.reads_of(m.comp).loads if name not in own}
+
+
+def stores(step) -> set[str]:
+    """Names of the buffers a step writes to memory."""
+    return {step.box.name} if isinstance(step, ExternCall) else set(step.stored)
