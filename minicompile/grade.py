@@ -131,7 +131,7 @@ def costly_shared(x):
 
 def cheap_shared(x):
     y = x * 2 + 1
-    return y.relu(), y.sum(-1)
+    return y.sum(0), y.sum(-1)
 
 
 def costly_three(x):
@@ -148,8 +148,7 @@ def layer_norm(x, w, b):
 
 
 def other_rows(x):
-    s = x.sum(-1, keepdim=True)
-    return x - s.flip(0)
+    return x - x.sum(-1)[None, :]
 
 
 TASKS = {
@@ -174,14 +173,14 @@ TASKS = {
     4: Task(4, "a cost rule: store or recompute a shared value", "a4_cost", "StoreCostly",
             lambda p: _replace(PASSES, InlinePointwise, p),
             [Example("costly, read twice", costly_shared, [(37, 101)], 1, 30044, 37370),
-             Example("cheap, read twice", cheap_shared, [(37, 101)], 1, 30044, 33633),
+             Example("cheap, read twice", cheap_shared, [(37, 101)], 2, 30448, 29896),
              Example("costly, read three times", costly_three, [(31, 47)], 3, 29452, 17484)],
             "44_assignment_cost"),
     5: Task(5, "a reduction with its producers and consumers in one kernel", "a5_rows",
             "FuseRowsAgain", lambda p: _replace(PASSES, FuseRows, p),
             [Example("softmax", softmax, [(37, 101)], 1, 29896),
              Example("layer norm", layer_norm, [(29, 67), (67,), (67,)], 1, 16080),
-             Example("reads another row", other_rows, [(41, 57)], 2, 28372)],
+             Example("reads another row", other_rows, [(41, 41)], 2, 20500)],
             "45_assignment_rows"),
 }
 
@@ -305,7 +304,12 @@ def grade_task(number: int, student_pass=None, *, solutions=False, speed=False) 
                         note=f"cannot load {task.module}.{task.cls}: {type(err).__name__}: {err}")
                     for ex in task.examples]
     with config.patch(cpu_backend="cpp"):
-        return [grade_example(task, ex, student_pass, speed) for ex in task.examples]
+        rows = [grade_example(task, ex, student_pass, speed) for ex in task.examples]
+    stub = next((r.note for r in rows if r.note.startswith("NotImplementedError")), None)
+    if stub:            # an unwritten pass scores zero, also where doing nothing happens to be right
+        for r in rows:
+            r.points, r.note = 0, stub
+    return rows
 
 
 def score(rows: list[Row]) -> tuple[int, int]:
