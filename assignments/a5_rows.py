@@ -5,6 +5,8 @@ kernel can run all three over a row while the row is in cache, keeping the maxim
 in registers. `FuseRowsAgain` (the built-in `fuse-rows`, rewritten) walks the kernels in order
 and asks `merge` to merge each into the kernel just before it. Write `merge`.
 """
+import math
+
 from minicompile import ir
 from minicompile.fusion import FusionPass, Kernel, Member
 from minicompile.fusion.passes import merge, reads_are_local, renumber

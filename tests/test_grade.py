@@ -107,11 +107,9 @@ WRONG = [pytest.param(1, NoLocalityCheck, "transposed read", marks=pytest.mark.t
 
 @pytest.mark.parametrize("number, wrong, example", WRONG)
 def test_a_wrong_solution_loses_marks(number, wrong, example):
-    rows = grade.grade_task(number, wrong())
-    got, out_of = grade.score(rows)
-    assert got < out_of, grade.table(rows)
-    row = next(r for r in rows if r.example == example)
-    assert row.points < row.out_of, grade.table(rows)
+    task = grade.TASKS[number]
+    row = grade.grade_example(task, next(e for e in task.examples if e.name == example), wrong())
+    assert row.points < row.out_of, grade.table([row])
 
 
 def test_the_command_prints_the_table(capsys):
@@ -143,3 +141,23 @@ def test_the_fusion_log_says_why_not(capsys):
     assert sum(isinstance(s, grade.Kernel) for s in steps) == 2
     out = capsys.readouterr().out
     assert "not fused with kernel0: it reads the kernel's results at other elements or rows" in out
+
+
+@pytest.mark.parametrize("number", TASKS)
+def test_a_stub_completed_at_its_task_mark_gets_full_marks(number, tmp_path, monkeypatch):
+    """What a student does: edit only the lines between `# TASK n` and `# END TASK n`."""
+    module = grade.TASKS[number].module
+    stub = open(os.path.join(ROOT, "assignments", f"{module}.py")).read()
+    solution = open(os.path.join(ROOT, "assignments", "solutions", f"{module}.py")).read()
+    begin, end = f"        # TASK {number}\n", f"        # END TASK {number}\n"
+    body = solution[solution.index(begin):solution.index(end)]
+    completed = stub[:stub.index(begin)] + body + stub[stub.index(end):]
+    (tmp_path / "assignments").mkdir()
+    (tmp_path / "assignments" / "__init__.py").write_text("")
+    (tmp_path / "assignments" / f"{module}.py").write_text(completed)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    for name in [m for m in sys.modules if m == "assignments" or m.startswith("assignments.")]:
+        monkeypatch.delitem(sys.modules, name)
+    rows = grade.grade_task(number)
+    got, out_of = grade.score(rows)
+    assert got == out_of, grade.table(rows)
