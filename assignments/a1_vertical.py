@@ -6,7 +6,7 @@ each into the kernel just before it when `why_not` says nothing against it; `eli
 keeps the merged intermediates in registers. Write `why_not`.
 """
 from minicompile.fusion import FusionPass, Kernel, Member
-from minicompile.fusion.passes import merge, reads_are_local, renumber
+from minicompile.fusion.passes import fuse_consecutive, merge, reads_are_local
 
 
 class FusePointwise(FusionPass):
@@ -14,19 +14,13 @@ class FusePointwise(FusionPass):
     name = "fuse-pointwise"
 
     def run(self, state):
-        out = []
-        for step in state.steps:
-            prev = out[-1] if out else None
-            if isinstance(step, Kernel) and isinstance(prev, Kernel):
-                reason = self.why_not(prev, step)
-                if reason is None:
-                    merge(prev, prev.members + [Member(step.box, "flat")], prev.x_sizes, [], step)
-                    state.log(f"{self.name}: {step.box.name} joins {prev.name}")
-                    continue
-                state.log(f"{self.name}: {step.name} ({step.box.name}) not fused with {prev.name}: {reason}")
-            out.append(step)
-        renumber(out)
-        state.steps = out
+        fuse_consecutive(state, self.name, self.join)
+
+    def join(self, group: Kernel, new: Kernel) -> str | None:
+        reason = self.why_not(group, new)
+        if reason is None:
+            merge(group, group.members + [Member(new.box, "flat")], group.x_sizes, [], new)
+        return reason
 
     def why_not(self, group: Kernel, new: Kernel) -> str | None:
         """None when `new` (a kernel of one member) may join `group`, else the reason it may not

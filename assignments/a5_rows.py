@@ -9,7 +9,7 @@ import math
 
 from minicompile import ir
 from minicompile.fusion import FusionPass, Kernel, Member
-from minicompile.fusion.passes import merge, reads_are_local, renumber
+from minicompile.fusion.passes import fuse_consecutive, merge, reads_are_local
 
 
 class FuseRowsAgain(FusionPass):
@@ -17,18 +17,7 @@ class FuseRowsAgain(FusionPass):
     name = "fuse-rows-again"
 
     def run(self, state):
-        out = []
-        for step in state.steps:
-            prev = out[-1] if out else None
-            if isinstance(step, Kernel) and isinstance(prev, Kernel):
-                reason = self.merge(prev, step)
-                if reason is None:
-                    state.log(f"{self.name}: {step.name} ({step.box.name}) joins {prev.name}")
-                    continue
-                state.log(f"{self.name}: {step.name} ({step.box.name}) not fused with {prev.name}: {reason}")
-            out.append(step)
-        renumber(out)
-        state.steps = out
+        fuse_consecutive(state, self.name, self.merge)
 
     def merge(self, group: Kernel, new: Kernel) -> str | None:
         """Merge `new` (one member) into `group` and return None, or return why not.

@@ -1,6 +1,6 @@
 """The fusion passes, in the order `PASSES` runs them (see the package's docstring), and the
 helpers a new pass can reuse: `space` (a stored computation's iteration space), `merge`
-(members into a kernel), `reads_are_local` (may members share a kernel's registers), `loads`
+(members into a kernel), `fuse_consecutive`, `reads_are_local` (may members share a kernel's registers), `loads`
 and `stores` (the buffers a step reads and writes), `renumber`.
 
 Each pass reads and changes a `FusionState`; each decision, and each fusion refused with its
@@ -99,19 +99,7 @@ class FuseRows(FusionPass):
     name = "fuse-rows"
 
     def run(self, state):
-        out = []
-        for step in state.steps:
-            prev = out[-1] if out else None
-            if isinstance(step, Kernel) and isinstance(prev, Kernel):
-                why_not = self.merge(prev, step)
-                if why_not is None:
-                    state.log(f"{self.name}: {step.name} ({step.box.name}) joins {prev.name}")
-                    continue
-                state.log(f"{self.name}: {step.name} ({step.box.name}) not fused with "
-                          f"{prev.name}: {why_not}")
-            out.append(step)
-        renumber(out)
-        state.steps = out
+        fuse_consecutive(state, self.name, self.merge)
 
     def merge(self, group: Kernel, new: Kernel) -> str | None:
         """Merge `new` into `group`; None when merged, else why not."""
@@ -148,6 +136,23 @@ class FuseRows(FusionPass):
             return "it reads the kernel's results at other elements or rows (not from registers)"
         merge(group, members, gx, gr, new)
         return None
+
+
+def fuse_consecutive(state, name: str, merge) -> None:
+    """Offer each kernel to the kernel just before it: `merge(prev, kernel)` merges it and returns
+    None, or returns why not; either is logged under the pass's `name`."""
+    out = []
+    for step in state.steps:
+        prev = out[-1] if out else None
+        if isinstance(step, Kernel) and isinstance(prev, Kernel):
+            why_not = merge(prev, step)
+            if why_not is None:
+                state.log(f"{name}: {step.name} ({step.box.name}) joins {prev.name}")
+                continue
+            state.log(f"{name}: {step.name} ({step.box.name}) not fused with {prev.name}: {why_not}")
+        out.append(step)
+    renumber(out)
+    state.steps = out
 
 
 def merge(group: Kernel, members: list[Member], x_sizes, r_sizes, new: Kernel) -> None:
