@@ -27,7 +27,7 @@ from typing import Callable
 
 import torch
 
-from . import api, config, ir, metrics
+from . import api, bench, config, ir, metrics
 from .fusion import PASSES, FusionPass, Kernel, schedule
 from .fusion.passes import ElideStores, FuseRows, InlinePointwise, MakeKernels
 from .lower import lower
@@ -240,16 +240,6 @@ def _close(got, want, dtype) -> bool:
         for g, w in zip(got, want))
 
 
-def _timed(fn, args, repeat=20) -> float:
-    fn(*args)
-    start = time.perf_counter()
-    for _ in range(repeat):
-        fn(*args)
-    if DEVICE == "cuda":
-        torch.cuda.synchronize()
-    return (time.perf_counter() - start) / repeat
-
-
 def grade_example(task: Task, example: Example, student_pass, speed=False) -> Row:
     row = Row(task.number, example.name, out_of=4 if example.ops is not None else 3)
     passes = plan_of(task, student_pass)
@@ -286,9 +276,10 @@ def grade_example(task: Task, example: Example, student_pass, speed=False) -> Ro
         ops = ops_computed(steps)
         row.ops = f"{ops} / {example.ops}"
         row.points += correct and ops <= example.ops
-    if speed:
+    if speed:                  # medians of eager and compiled calls, one after the other
         args = example.inputs()
-        row.speed = f"{_timed(example.fn, args) / _timed(compiled, args):.2f}x eager"
+        with torch.no_grad():
+            row.speed = f"{bench.median_ms(example.fn, *args) / bench.median_ms(compiled, *args):.2f}x eager"
     return row
 
 
