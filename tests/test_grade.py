@@ -129,6 +129,12 @@ def test_compile_takes_the_pass_list_as_an_option():
     assert minicompile.metrics.kernels == 5
     with pytest.raises(ValueError, match="unknown option"):
         minicompile.compile(grade.chain, options={"fusion_pass": []})
+    # or as a setting, for every compile
+    minicompile.reset()
+    minicompile.metrics.reset()
+    with minicompile.config.patch(fusion_passes=[grade.StoreEverything(), grade.MakeKernels()]):
+        torch.testing.assert_close(minicompile.compile(grade.chain)(x), grade.chain(x))
+    assert minicompile.metrics.kernels == 5
 
 
 def test_the_fusion_log_says_why_not(capsys):
