@@ -8,7 +8,7 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 NOTEBOOKS := $(shell find notebooks -name '*.ipynb' -not -path '*/.ipynb_checkpoints/*' | sort)
 
-.PHONY: book test install unit notebooks stripped book-strict sync-url clean
+.PHONY: book test install unit notebooks stripped book-strict sync-url clean grade
 
 install: $(STAMP)
 $(STAMP): requirements.txt pyproject.toml
@@ -42,6 +42,10 @@ book-strict: $(STAMP)
 	$(BIN)/python -c 'import yaml; c = yaml.safe_load(open("_config.yml")); c["execute"]["execute_notebooks"] = "off"; yaml.safe_dump(c, open("_build/strict-config.yml", "w"))'
 	set -o pipefail; $(BIN)/jupyter-book build . --path-output _build/strict -W -n --keep-going \
 	    --config _build/strict-config.yml 2>&1 | tail -n 25
+
+# Part III's score table: the assignments as they are (make grade), or the solutions (make grade ARGS=--solutions)
+grade: $(STAMP)
+	$(BIN)/python -m minicompile.grade $(ARGS)
 
 sync-url: $(STAMP)
 	$(BIN)/python tools/sync_repo_url.py

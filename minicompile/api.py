@@ -165,8 +165,9 @@ class CompiledFunction:
 
     @property
     def _key(self):
-        return (self._func.__code__, self.backend, tuple(sorted(self.options.items())),
-                self.fullgraph)
+        # a list option (fusion_passes) is keyed as a tuple of the same items
+        options = ((k, tuple(v) if isinstance(v, list) else v) for k, v in self.options.items())
+        return (self._func.__code__, self.backend, tuple(sorted(options)), self.fullgraph)
 
     def __call__(self, *args, **kwargs):
         frame = self._frame

@@ -53,6 +53,12 @@ autotune = False
 cudagraph_keep_faster = True
 
 
+# The fusion passes `minicompile.compile` runs, in order: None for `fusion.PASSES`, or a list of
+# passes (objects with a `name` and a `run(state)` method; Part III's assignments add their own).
+# As an option, a tuple: `compile(fn, options={"fusion_passes": (...)})`.
+fusion_passes = None
+
+
 def patch(**changes):
     """Context manager: `with config.patch(cpu_backend="triton"): ...` sets these settings for
     the block only (how `minicompile.compile(..., options={...})` applies its options)."""

@@ -1,4 +1,5 @@
-"""The fusion decisions as a picture: `draw(fn_or_gm, example_inputs, passes)`.
+"""The fusion decisions as a picture: `draw(fn_or_gm, example_inputs, passes)` (also reachable as
+`minicompile.fusion.draw`).
 
 One column per plan (a list of passes run by `schedule`), left to right; in each column one box
 per step, in execution order. A coloured box is a generated kernel: its name and kind, the
@@ -14,7 +15,7 @@ import textwrap
 
 import torch
 
-from . import PASSES, ExternCall, Kernel, _fused_origins, schedule
+from .fusion import PASSES, ExternCall, Kernel, _fused_origins, schedule
 
 WIDTH, GAP, LINE, PAD = 2.6, 0.5, 0.42, 0.3      # data units: column width, gap, text line, box gap
 EXTERN_COLOR = "#bbbbbb"
@@ -45,7 +46,7 @@ def draw(fn_or_gm, example_inputs, passes=None, ax=None, title: str | None = Non
     except ImportError as e:                                   # pragma: no cover
         raise ImportError("fusion.draw needs matplotlib (pip install matplotlib, or the "
                           "package's [book] extra)") from e
-    from ..lower import lower
+    from .lower import lower
 
     gm, inputs = _graph(fn_or_gm, example_inputs)
     plans = _plans(passes)
@@ -106,7 +107,7 @@ def _graph(fn_or_gm, example_inputs):
     inputs = list(example_inputs)
     if isinstance(fn_or_gm, torch.fx.GraphModule):
         return fn_or_gm, inputs
-    from ..api import capture_graph
+    from .api import capture_graph
     return capture_graph(fn_or_gm, *inputs)
 
 
