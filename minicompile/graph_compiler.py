@@ -78,6 +78,10 @@ def _compile_training(gm: torch.fx.GraphModule, example_inputs):
 
 
 def _compile_values(gm: torch.fx.GraphModule, example_inputs) -> wrapper.CompiledGraph:
+    devices = {t.device.type for t in example_inputs if isinstance(t, torch.Tensor)}
+    if config.autotune and "cuda" not in devices:
+        logs.log("autotune", f"max-autotune on {', '.join(sorted(devices)) or 'no device'}: kernels "
+                             "here have no launch settings to time; the default code runs")
     key = _graph_cache_key(gm, example_inputs)
     if key is not None:
         entry = cache.load(key)

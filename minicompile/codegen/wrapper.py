@@ -158,9 +158,6 @@ def build(program: ir.Program, steps: list) -> CompiledGraph:
         if config.autotune and program.device.type == "cuda":
             triton_codegen.autotune(kernel_source, meta, buffers, program.device,
                                     lambda text: logs.log("autotune", text))
-    if config.autotune and program.device.type != "cuda":
-        logs.log("autotune", f"max-autotune on {program.device.type}: {backend} kernels have no launch "
-                             "settings to time here; the default code runs")
     arg_dtypes = {name: [buffers[a].dtype if a in buffers else None for a in args]
                   for name, args in kernel_args.items()}
     namespace = _namespace(backend, kernel_source, meta, arg_dtypes, program.output_spec)
