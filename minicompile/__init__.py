@@ -13,7 +13,8 @@ from .api import cache_info, compile, compile_regions, disable, explain, mark_dy
 from .capture import Unsupported
 from .graph_compiler import backend
 from .logs import set_logs
+from .package import export, load, save
 
 __all__ = ["compile", "compile_regions", "cache_info", "disable", "explain", "reset", "mark_dynamic", "set_logs", "backend", "config",
-           "Unsupported", "metrics"]
+           "Unsupported", "metrics", "export", "save", "load"]
 __version__ = "0.1.0"
