@@ -12,7 +12,6 @@ import functools
 import itertools
 import sys
 import types
-import warnings
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
@@ -196,7 +195,7 @@ class CompiledFunction:
             raise err
         if self.eager_reason is None:
             self.eager_reason = err
-            warnings.warn(f"minicompile: {self.__name__} runs eagerly: {err}", stacklevel=3)
+            logs.warn(f"minicompile: {self.__name__} runs eagerly: {err}")
 
     def _segment(self, frame: "_FrameCache", offset: int, args, kwargs, eager: bool):
         """The cached segment of this frame starting at `offset` whose guard holds, or a new one.
@@ -225,7 +224,7 @@ class CompiledFunction:
         if not eager and _n_entries(entries) >= config.recompile_limit:
             if (offset, eager) not in frame.limit_warned:      # once per frame, as Dynamo
                 frame.limit_warned.add((offset, eager))
-                warnings.warn(_limit_text(self.fn, where, failures), stacklevel=3)
+                logs.warn(_limit_text(self.fn, where, failures))
             if offset == 0:
                 return None
             eager = True
@@ -253,7 +252,7 @@ class CompiledFunction:
                 if self.quiet:               # a callee compiled on its own: the logs say it
                     logs.log("graph_breaks", f"{where} runs eagerly: {err}")
                 else:
-                    warnings.warn(f"minicompile: {self.__name__} runs eagerly: {err}", stacklevel=3)
+                    logs.warn(f"minicompile: {self.__name__} runs eagerly: {err}")
                 return None
             # minicompile's interpreter cannot run the rest of the frame: CPython does, from a
             # resume function (capture/resume.py), as TorchDynamo's resume functions do
@@ -280,8 +279,8 @@ class CompiledFunction:
                     # a stage minicompile does not have yet (a dtype, an op): the captured
                     # graph runs on PyTorch's kernels instead, which gives eager's results
                     seg.compiled = None
-                    warnings.warn(f"minicompile: {where}: the graph runs on PyTorch's kernels, "
-                                  f"not compiled: {err}", stacklevel=3)
+                    logs.warn(f"minicompile: {where}: the graph runs on PyTorch's kernels, "
+                              f"not compiled: {err}")
                 metrics.graphs += 1
                 _record(seg.gm, seg.reason)
             if seg.end == "break":
@@ -515,7 +514,7 @@ class CompiledModule(torch.nn.Module):
     def forward(self, *args, **kwargs):
         mod = self._orig_mod
         if mod._forward_hooks or mod._forward_pre_hooks or torch.nn.modules.module._global_forward_hooks:
-            warnings.warn("minicompile: the module has hooks; it runs eagerly", stacklevel=2)
+            logs.warn("minicompile: the module has hooks; it runs eagerly")
             return mod(*args, **kwargs)
         return self._compiled_forward(*args, **kwargs)
 
@@ -716,7 +715,7 @@ def _python_supported() -> bool:
     if sys.version_info[:2] in SUPPORTED_PYTHONS:
         return True
     if not _warned_python:
-        warnings.warn(f"minicompile captures the bytecode of Python 3.11 to 3.13; on Python "
-                      f"{sys.version_info[0]}.{sys.version_info[1]} compiled functions run eagerly")
+        logs.warn(f"minicompile captures the bytecode of Python 3.11 to 3.13; on Python "
+                  f"{sys.version_info[0]}.{sys.version_info[1]} compiled functions run eagerly")
         _warned_python = True
     return False
