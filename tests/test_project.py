@@ -37,8 +37,9 @@ def repository_url():
     return yaml.safe_load((ROOT / "_config.yml").read_text())["repository"]["url"].rstrip("/")
 
 
-def test_pyproject_names_the_configured_repository():
+def test_pyproject_and_readme_name_the_configured_repository():
     assert f'Repository = "{repository_url()}"' in (ROOT / "pyproject.toml").read_text()
+    assert f'"minicompile @ git+{repository_url()}"' in (ROOT / "README.md").read_text()
 
 
 def test_every_notebook_installs_on_colab_only_and_keeps_torch():

@@ -1,5 +1,5 @@
-"""Copy the repository URL from _config.yml (its one home) into pyproject.toml, and write each
-notebook's first cell, the Colab install cell, from INSTALL_CELL with that URL. `make sync-url`
+"""Copy the repository URL from _config.yml (its one home) into pyproject.toml and the README's
+install command, and write each notebook's first cell, the Colab install cell, from INSTALL_CELL with that URL. `make sync-url`
 runs this; tests/test_project.py checks the copies and runs the cell with the install failing."""
 import json
 import re
@@ -35,12 +35,14 @@ def main():
     url = repository_url()
     pyproject = ROOT / "pyproject.toml"
     pyproject.write_text(re.sub(r'(?m)^Repository = ".*"$', f'Repository = "{url}"', pyproject.read_text()))
+    readme = ROOT / "README.md"
+    readme.write_text(re.sub(r'minicompile @ git\+[^"\s]+"', f'minicompile @ git+{url}"', readme.read_text()))
     for path in sorted((ROOT / "notebooks").glob("*.ipynb")):
         nb = json.loads(path.read_text())
         first = next(cell for cell in nb["cells"] if cell["cell_type"] == "code")
         first["source"] = install_cell(url).splitlines(keepends=True)
         path.write_text(json.dumps(nb, indent=1, ensure_ascii=False) + "\n")
-    print(f"repository URL {url} copied into pyproject.toml and the notebooks' install cells")
+    print(f"repository URL {url} copied into pyproject.toml, README.md and the notebooks' install cells")
 
 
 if __name__ == "__main__":
