@@ -42,7 +42,7 @@ book-strict: $(STAMP)
 	mkdir -p _build
 	$(BIN)/python -c 'import yaml; c = yaml.safe_load(open("_config.yml")); c["execute"]["execute_notebooks"] = "off"; yaml.safe_dump(c, open("_build/strict-config.yml", "w"))'
 	set -o pipefail; $(BIN)/jupyter-book build . --path-output _build/strict -W -n --keep-going \
-	    --config _build/strict-config.yml 2>&1 | sed '/Finished generating HTML/,$$d' | tail -n 25
+	    --config _build/strict-config.yml 2>&1 | sed '/The HTML pages are in/d; /Finished generating HTML/,$$d' | tail -n 25
 	@echo "The strict build passed (it checks the markup; its pages have no outputs). To read the book,"
 	@echo "run make book and open $(CURDIR)/_build/html/index.html"
 
