@@ -701,7 +701,8 @@ def _graph_code(cap) -> str:
         src = node.meta.get("source")
         if src and src != last and node.op != "placeholder":
             function = node.meta.get("function", cap.code.co_name)
-            lines.append(f"    # File: {src[0]}:{src[1]} in {function}, code: {src[2].strip()}")
+            where = f"{logs.short_path(src[0])}:{src[1]}"
+            lines.append(f"    # File: {where} in {function}, code: {src[2].strip()}")
             last = src
         lines.append(f"    {node.format_node()}")
     return "\n".join(lines)

@@ -39,6 +39,13 @@ def log(artifact: str, message: str) -> None:
         print(f"[minicompile:{artifact}] {message}", file=sys.stdout)
 
 
+def short_path(filename: str) -> str:
+    """A file of an installed package from the package on (torch/nn/modules/linear.py): where
+    the package is installed differs from machine to machine and says nothing to the reader."""
+    _, installed, rest = filename.rpartition(os.sep + "site-packages" + os.sep)
+    return rest if installed else filename
+
+
 def warn(message: str, category: type[Warning] = UserWarning) -> None:
     """warnings.warn, located at the first frame outside minicompile and torch (torch calls
     minicompile as a backend): the user's line, which is what a warning should show."""

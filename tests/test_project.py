@@ -3,6 +3,7 @@ Colab install cells that say what to do when the install fails, the README's exa
 that point at the user's line, generated C++ without unused helpers."""
 import importlib.util
 import json
+import os
 import re
 import subprocess
 import sys
@@ -133,3 +134,11 @@ def test_generated_cpp_has_only_the_helpers_its_kernels_use():
     assert "mc_sigmoid" in sigmoid and "mc_exp" in sigmoid                     # sigmoid uses exp
     assert sigmoid.index("mc_exp(T a)") < sigmoid.index("mc_sigmoid(T a)")
     assert "mc_add" not in sigmoid
+
+
+def test_logs_name_installed_files_from_their_package():
+    from minicompile import logs
+    installed = os.path.join(os.sep, "home", "me", "venv", "lib", "python3.12", "site-packages",
+                             "torch", "nn", "modules", "linear.py")
+    assert logs.short_path(installed) == os.path.join("torch", "nn", "modules", "linear.py")
+    assert logs.short_path(__file__) == __file__                # the user's own files keep their path
