@@ -11,12 +11,13 @@ NOTEBOOKS := $(shell find notebooks -name '*.ipynb' -not -path '*/.ipynb_checkpo
 .PHONY: book test install unit notebooks stripped book-strict sync-url clean grade
 
 install: $(STAMP)
-$(STAMP): requirements.txt pyproject.toml
+$(STAMP): requirements.txt pyproject.toml tools/ipython_kernel_config.py
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
 	$(BIN)/python -m pip install -q -r requirements.txt
 	$(BIN)/python -m pip install -q --no-deps -e .
 	$(BIN)/python -m ipykernel install --sys-prefix --name python3 >/dev/null
+	mkdir -p $(VENV)/etc/ipython && cp tools/ipython_kernel_config.py $(VENV)/etc/ipython/
 	touch $(STAMP)
 
 book: $(STAMP)
@@ -41,7 +42,9 @@ book-strict: $(STAMP)
 	mkdir -p _build
 	$(BIN)/python -c 'import yaml; c = yaml.safe_load(open("_config.yml")); c["execute"]["execute_notebooks"] = "off"; yaml.safe_dump(c, open("_build/strict-config.yml", "w"))'
 	set -o pipefail; $(BIN)/jupyter-book build . --path-output _build/strict -W -n --keep-going \
-	    --config _build/strict-config.yml 2>&1 | tail -n 25
+	    --config _build/strict-config.yml 2>&1 | sed '/The HTML pages are in/d; /Finished generating HTML/,$$d' | tail -n 25
+	@echo "The strict build passed (it checks the markup; its pages have no outputs). To read the book,"
+	@echo "run make book and open $(CURDIR)/_build/html/index.html"
 
 # Part III's score table: the assignments as they are (make grade), or the solutions (make grade ARGS=--solutions)
 grade: $(STAMP)

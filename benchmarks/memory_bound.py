@@ -1,4 +1,4 @@
-"""The six memory-bound functions of ANCHORS.md: eager vs torch.compile vs minicompile.
+"""The six memory-bound functions of book/reference_results.md: eager vs torch.compile vs minicompile.
 
     python benchmarks/memory_bound.py [--device cpu|cuda] [--size N] [--out DIR]
 

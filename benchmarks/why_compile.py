@@ -54,7 +54,7 @@ def main():
         copy = bench.copy_bandwidth(x.numel() * 4, args.device, repeat=args.repeat)
         result["copy_bandwidth_bytes_per_s"] = copy
         for label, rec in records.items():
-            # as in ANCHORS.md: the minimal bytes over the time, against the measured copy
+            # as in book/reference_results.md: the minimal bytes over the time, against the measured copy
             rec["bandwidth_fraction_of_copy"] = minimal / (rec["median_ms"] * 1e-3) / copy
             # each call on its own (synchronized before and after): the host's work to launch
             # the call is then on the critical path too

@@ -12,7 +12,6 @@ import functools
 import itertools
 import sys
 import types
-import warnings
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
@@ -206,7 +205,7 @@ class CompiledFunction:
             raise err
         if self.eager_reason is None:
             self.eager_reason = err
-            warnings.warn(f"minicompile: {self.__name__} runs eagerly: {err}", stacklevel=3)
+            logs.warn(f"minicompile: {self.__name__} runs eagerly: {err}")
 
     def _segment(self, frame: "_FrameCache", offset: int, args, kwargs, eager: bool):
         """The cached segment of this frame starting at `offset` whose guard holds, or a new one.
@@ -235,7 +234,7 @@ class CompiledFunction:
         if not eager and _n_entries(entries) >= config.recompile_limit:
             if (offset, eager) not in frame.limit_warned:      # once per frame, as Dynamo
                 frame.limit_warned.add((offset, eager))
-                warnings.warn(_limit_text(self.fn, where, failures), stacklevel=3)
+                logs.warn(_limit_text(self.fn, where, failures))
             if offset == 0:
                 return None
             eager = True
@@ -263,7 +262,7 @@ class CompiledFunction:
                 if self.quiet:               # a callee compiled on its own: the logs say it
                     logs.log("graph_breaks", f"{where} runs eagerly: {err}")
                 else:
-                    warnings.warn(f"minicompile: {self.__name__} runs eagerly: {err}", stacklevel=3)
+                    logs.warn(f"minicompile: {self.__name__} runs eagerly: {err}")
                 return None
             # minicompile's interpreter cannot run the rest of the frame: CPython does, from a
             # resume function (capture/resume.py), as TorchDynamo's resume functions do
@@ -290,8 +289,8 @@ class CompiledFunction:
                     # a stage minicompile does not have yet (a dtype, an op): the captured
                     # graph runs on PyTorch's kernels instead, which gives eager's results
                     seg.compiled = None
-                    warnings.warn(f"minicompile: {where}: the graph runs on PyTorch's kernels, "
-                                  f"not compiled: {err}", stacklevel=3)
+                    logs.warn(f"minicompile: {where}: the graph runs on PyTorch's kernels, "
+                              f"not compiled: {err}")
                 metrics.graphs += 1
                 _record(seg.gm, seg.reason)
             if seg.end == "break":
@@ -744,7 +743,8 @@ def _graph_code(cap) -> str:
         src = node.meta.get("source")
         if src and src != last and node.op != "placeholder":
             function = node.meta.get("function", cap.code.co_name)
-            lines.append(f"    # File: {src[0]}:{src[1]} in {function}, code: {src[2].strip()}")
+            where = f"{logs.short_path(src[0])}:{src[1]}"
+            lines.append(f"    # File: {where} in {function}, code: {src[2].strip()}")
             last = src
         lines.append(f"    {node.format_node()}")
     return "\n".join(lines)
@@ -758,7 +758,7 @@ def _python_supported() -> bool:
     if sys.version_info[:2] in SUPPORTED_PYTHONS:
         return True
     if not _warned_python:
-        warnings.warn(f"minicompile captures the bytecode of Python 3.11 to 3.13; on Python "
-                      f"{sys.version_info[0]}.{sys.version_info[1]} compiled functions run eagerly")
+        logs.warn(f"minicompile captures the bytecode of Python 3.11 to 3.13; on Python "
+                  f"{sys.version_info[0]}.{sys.version_info[1]} compiled functions run eagerly")
         _warned_python = True
     return False

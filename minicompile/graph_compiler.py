@@ -14,7 +14,6 @@ parameters, in training): autograd/ then builds and compiles its backward too.
 """
 from __future__ import annotations
 
-import warnings
 
 import torch
 
@@ -106,7 +105,7 @@ def _compile_values(gm: torch.fx.GraphModule, example_inputs) -> wrapper.Compile
         # cost the user a result (nor a different one)
         reason = f"a generated kernel did not compile, so this graph runs on PyTorch's kernels: {err}"
         logs.log("output_code", reason)
-        warnings.warn(f"minicompile: {reason}", stacklevel=2)
+        logs.warn(f"minicompile: {reason}")
         return on_pytorch_kernels(gm, reason)
     except (TypeError, NotImplementedError) as err:
         dynamic = _dynamic_dims(gm)
@@ -208,8 +207,7 @@ def backend(gm: torch.fx.GraphModule, example_inputs):
     except NotImplementedError as err:
         # a stage minicompile does not have yet (a dtype, an op): PyTorch's kernels run the
         # graph, which gives eager's results (as minicompile.compile does)
-        warnings.warn(f"minicompile: the graph runs on PyTorch's kernels, not compiled: {err}",
-                      stacklevel=2)
+        logs.warn(f"minicompile: the graph runs on PyTorch's kernels, not compiled: {err}")
         return gm
 
 

@@ -8,11 +8,14 @@ guards, recompiles, dynamic (which dimensions are dynamic, and why some became s
 backward graphs, what the forward saves for the backward and its bytes), cudagraphs
 (mode="reduce-overhead": what is recorded, and why a graph is not), autotune (mode="max-autotune": the
 launch settings timed for each kernel, and the one chosen).
+
+`warn` raises minicompile's warnings at the user's line, not at minicompile's.
 """
 from __future__ import annotations
 
 import os
 import sys
+import warnings
 
 ARTIFACTS = ("graph_code", "graph_breaks", "guards", "recompiles", "dynamic", "bytecode", "output_code",
              "fusion", "aot_graphs", "cudagraphs", "autotune")
@@ -35,6 +38,25 @@ def enabled(artifact: str) -> bool:
 def log(artifact: str, message: str) -> None:
     if artifact in _enabled:
         print(f"[minicompile:{artifact}] {message}", file=sys.stdout)
+
+
+def short_path(filename: str) -> str:
+    """A file of an installed package from the package on (torch/nn/modules/linear.py): where
+    the package is installed differs from machine to machine and says nothing to the reader."""
+    _, installed, rest = filename.rpartition(os.sep + "site-packages" + os.sep)
+    return rest if installed else filename
+
+
+def warn(message: str, category: type[Warning] = UserWarning) -> None:
+    """warnings.warn, located at the first frame outside minicompile and torch (torch calls
+    minicompile as a backend): the user's line, which is what a warning should show."""
+    internal = [os.path.dirname(__file__) + os.sep]
+    if "torch" in sys.modules:
+        internal.append(os.path.dirname(sys.modules["torch"].__file__) + os.sep)
+    frame, level = sys._getframe(1), 2          # level 2: the frame that called warn
+    while frame is not None and frame.f_code.co_filename.startswith(tuple(internal)):
+        frame, level = frame.f_back, level + 1
+    warnings.warn(message, category, stacklevel=level)
 
 
 def _from_environment() -> None:

@@ -32,13 +32,19 @@ CTYPES = {torch.float32: "float", torch.float64: "double", torch.float16: "_Floa
           torch.bfloat16: "mc_bf16", torch.int64: "int64_t", torch.int32: "int32_t",
           torch.int16: "int16_t", torch.int8: "int8_t", torch.uint8: "uint8_t", torch.bool: "bool"}
 
-PRELUDE = r"""
+# The source that precedes a graph's kernels (`prelude`): the pragma for half precision where a
+# kernel uses it (before the headers, so their functions and the kernels share one target), the
+# headers every kernel needs, and of the helpers only those a kernel, or a helper it keeps, names.
+HALF_PRAGMA = r"""
 // GCC 12 keeps _Float16 values in excess precision where the CPU has AVX512-FP16 arithmetic,
 // dropping the float -> _Float16 -> float round trips that round each op's result as eager
 // does; without those instructions it must convert (and still vectorizes the conversions).
 #if defined(__AVX512FP16__) && defined(__GNUC__) && !defined(__clang__)
 #pragma GCC target("no-avx512fp16")
 #endif
+"""
+
+PRELUDE_HEADER = r"""
 // glibc declares the vector versions of exp, log, tanh, erf... (libmvec) only under fast-math.
 // We want those declarations (so loops calling them vectorize) without fast-math's semantics
 // (NaN and infinity must behave as in PyTorch), so we ask for the declarations alone.
@@ -51,6 +57,10 @@ PRELUDE = r"""
 #include <limits>
 #include <algorithm>
 #include <type_traits>
+"""
+
+HELPERS = [      # (the names a piece defines, its source), in the order they are emitted
+    (('mc_wide',), r"""
 // Arithmetic in the operands' own type, as PyTorch computes it. C++ widens bool, int8, uint8
 // and int16 operands to int, so uint8 3 - 5 would stay -2 where PyTorch has 254 (and a later
 // comparison, cast or sum would see -2); and overflow of int32 and int64 is undefined. So
@@ -58,6 +68,8 @@ PRELUDE = r"""
 // (which wrap) and converted back to their type: every result wraps as PyTorch's does.
 // bool + bool is then bool (logical or), bool * bool logical and, as in PyTorch.
 template <typename T> using mc_wide = std::make_unsigned_t<std::common_type_t<T, int>>;
+"""),
+    (('mc_add', 'mc_sub', 'mc_mul'), r"""
 #define MC_WRAPPING(name, op)                                                              \
     template <typename A, typename B> static inline std::common_type_t<A, B> name(A a, B b) { \
         using T = std::common_type_t<A, B>;                                                \
@@ -69,21 +81,31 @@ template <typename T> using mc_wide = std::make_unsigned_t<std::common_type_t<T,
 MC_WRAPPING(mc_add, +)
 MC_WRAPPING(mc_sub, -)
 MC_WRAPPING(mc_mul, *)
+"""),
+    (('mc_neg',), r"""
 template <typename T> static inline T mc_neg(T a) {
     if constexpr (std::is_integral_v<T>) return static_cast<T>(mc_wide<T>(0) - static_cast<mc_wide<T>>(a));
     else return -a;
 }
+"""),
+    (('mc_abs',), r"""
 template <typename T> static inline T mc_abs(T a) {
     if constexpr (std::is_integral_v<T>) return a < T(0) ? mc_neg(a) : a;
     else return std::abs(a);
 }
+"""),
+    (('mc_floor',), r"""
 // floor and ceil of an integer are the integer (std::floor would make it a double)
 template <typename T> static inline T mc_floor(T a) {
     if constexpr (std::is_integral_v<T>) return a; else return std::floor(a);
 }
+"""),
+    (('mc_ceil',), r"""
 template <typename T> static inline T mc_ceil(T a) {
     if constexpr (std::is_integral_v<T>) return a; else return std::ceil(a);
 }
+"""),
+    (('mc_bf16',), r"""
 // bfloat16 (GCC 12 has no arithmetic type for it): the upper half of a float's bits, made
 // from a float by rounding to nearest even as PyTorch's c10::BFloat16 does (a NaN stays a
 // NaN). Kernels load it as float and store it rounded, as they do float16.
@@ -102,11 +124,17 @@ struct mc_bf16 {
         return f;
     }
 };
+"""),
+    (('mc_max', 'mc_min'), r"""
 // NaN-propagating helpers, as PyTorch's maximum/minimum/relu behave. Two selects, not one
 // select on `a != a || a > b`: GCC does not vectorize a loop calling the latter (max pooling).
 template <typename T> static inline T mc_max(T a, T b) { T m = a > b ? a : b; return a != a ? a : m; }
 template <typename T> static inline T mc_min(T a, T b) { T m = a < b ? a : b; return a != a ? a : m; }
+"""),
+    (('mc_relu',), r"""
 template <typename T> static inline T mc_relu(T a) { return a < T(0) ? T(0) : a; }
+"""),
+    (('mc_exp',), r"""
 // exp for float, written out so the compiler vectorizes it in any loop: exp(x) = 2^k exp(r),
 // k = round(x / ln 2), r = x - k ln 2 (in two parts), exp(r) by Cephes' polynomial; error
 // under 2 ulp. glibc's vector expf is as fast in its range, but a lane below -87.3 (masked
@@ -132,6 +160,8 @@ template <> inline float mc_exp<float>(float x) {
     y = y * s1 * s2;
     return x < -104.0f ? 0.0f : (x != x ? x : y);
 }
+"""),
+    (('mc_philox',), r"""
 // Random numbers made in a kernel (config.fallback_random off): Philox 4x32-10 of the counter
 // (offset, 0, 0, 0) under the key (seed's low, high 32 bits), as Triton's tl.rand and
 // tl.randn compute it, so C++ and Triton kernels draw the same bits. rand: the first word as
@@ -152,23 +182,32 @@ static inline void mc_philox(int64_t seed, int32_t offset, uint32_t out[4]) {
     }
     out[0] = c0; out[1] = c1; out[2] = c2; out[3] = c3;
 }
+"""),
+    (('mc_uniform',), r"""
 static inline float mc_uniform(uint32_t bits) {
     int32_t x = static_cast<int32_t>(bits);
     return static_cast<float>(x < 0 ? ~x : x) * 4.6566127342e-10f;     // ~x is -x - 1
 }
+"""),
+    (('mc_rand',), r"""
 static inline float mc_rand(int64_t seed, int32_t offset) {
     uint32_t r[4];
     mc_philox(seed, offset, r);
     return mc_uniform(r[0]);
 }
+"""),
+    (('mc_randn',), r"""
 static inline float mc_randn(int64_t seed, int32_t offset) {
     uint32_t r[4];
     mc_philox(seed, offset, r);
     float u1 = std::max(1.0e-7f, mc_uniform(r[0])), u2 = mc_uniform(r[1]);
     return std::sqrt(-2.0f * std::log(u1)) * std::cos(6.283185307179586f * u2);
 }
+"""),
+    (('mc_sigmoid',), r"""
 template <typename T> static inline T mc_sigmoid(T a) { return T(1) / (T(1) + mc_exp(-a)); }
-"""
+"""),
+]
 
 
 class KernelCompileError(RuntimeError):
@@ -583,14 +622,29 @@ KERNEL_MARK = "// ---- kernel "
 def generate(kernels, buffers) -> tuple[str, dict]:
     """Source of all kernels of a graph, and {kernel name: (argument buffer names, name of the
     function that runs it)}: kernels with the same code share one function."""
-    parts, signatures, defined = [PRELUDE], {}, {}
+    parts, signatures, defined = [], {}, {}
     for kernel in kernels:
         src, args = kernel_source(kernel, buffers)
         function = defined_once(defined, kernel.name, src)
         if function == kernel.name:
             parts.append(f"{KERNEL_MARK}{kernel.name}\n{src}")
         signatures[kernel.name] = (args, function)
-    return "\n\n".join(parts) + "\n", signatures
+    return "\n\n".join([prelude("".join(parts)), *parts]) + "\n", signatures
+
+
+def prelude(kernels_source: str) -> str:
+    """The source the kernels need before them: the helpers they name, with the helpers those
+    name in turn, in HELPERS' order (a helper comes after those it uses)."""
+    used, text = set(), kernels_source
+    while True:
+        more = {i for i, (names, _) in enumerate(HELPERS)
+                if i not in used and any(re.search(rf"\b{n}\b", text) for n in names)}
+        if not more:
+            break
+        used |= more
+        text = "".join(HELPERS[i][1] for i in more)
+    pragma = HALF_PRAGMA if "_Float16" in kernels_source else ""
+    return pragma + PRELUDE_HEADER + "".join(HELPERS[i][1] for i in sorted(used))
 
 
 def load(source: str, signatures: dict) -> dict:

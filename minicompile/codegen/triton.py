@@ -908,9 +908,12 @@ class Launcher:
             binary = self.binaries[key] = self._binary(key, args, kwargs)
         if binary is not None and not _launch_hooks_active():
             binary.launch(grid, args, kwargs)
+        elif os.environ.get("TRITON_INTERPRET") == "1":
+            # the interpreter computes with NumPy, which warns where a GPU gives inf or NaN silently
+            with np.errstate(all="ignore"):
+                self.module.jit_fn(self.name)[grid](*args, **kwargs)
         else:
-            extra = EAGER_MATH if os.environ.get("TRITON_INTERPRET") != "1" else {}
-            self.module.jit_fn(self.name)[grid](*args, **kwargs, **extra)
+            self.module.jit_fn(self.name)[grid](*args, **kwargs, **EAGER_MATH)
 
     def binary_path(self, key) -> str | None:
         """Where this kernel's binary for `key` is saved; None when there is none (yet), or
