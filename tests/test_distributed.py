@@ -67,14 +67,17 @@ def _wrap(engine, model):
         return FullyShardedDataParallel(
             model, use_orig_params=engine != "fsdp1_flat", device_id=torch.device("cpu"),
             auto_wrap_policy=ModuleWrapPolicy({models.Block}) if engine == "fsdp1_per_block" else None)
+    from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+    # on the CPU (gloo), also where a GPU is present: fully_shard would take the GPU by default
+    mesh = init_device_mesh("cpu", (torch.distributed.get_world_size(),))
     if engine == "fsdp2_per_block":
         for block in model:
-            fully_shard(block)
+            fully_shard(block, mesh=mesh)
     if engine == "fsdp2_bf16":     # parameters gathered in bfloat16, gradients reduced in float32
-        return fully_shard(model, mp_policy=MixedPrecisionPolicy(param_dtype=torch.bfloat16,
-                                                                 reduce_dtype=torch.float32))
-    return fully_shard(model)
+        return fully_shard(model, mesh=mesh, mp_policy=MixedPrecisionPolicy(param_dtype=torch.bfloat16,
+                                                                            reduce_dtype=torch.float32))
+    return fully_shard(model, mesh=mesh)
 
 
 def _full(t):
