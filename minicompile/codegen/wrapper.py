@@ -1,7 +1,8 @@
 """Wrapper code: the generated Python host function that runs one compiled graph.
 
-Takes the fusion schedule (kernels and extern calls) and the kernels' generated source; hands
-back a callable with the backend contract's signature (graph inputs in, graph outputs out) and
+Takes the fusion schedule (kernels and extern calls) and the kernels' generated source; the
+memory plan (`plan_memory`: which buffer's memory each new buffer takes) is decided first, and
+the code is written from it. Hands back a callable with the backend contract's signature (graph inputs in, graph outputs out) and
 its source text, which the `output_code` log prints whole. The host function allocates each
 buffer, launches the kernels in order (C++ through ctypes with data pointers, Triton with a
 grid), calls PyTorch for extern ops, raises IndexError if a kernel met an out-of-range
@@ -114,6 +115,44 @@ def plan_reuse(program: ir.Program, steps: list, kernel_args: dict) -> tuple[dic
     return last_use, reusable - seen_by_extern - outputs
 
 
+def plan_memory(program: ir.Program, steps: list, kernel_args: dict, buffers: dict) -> dict:
+    """Where each buffer a kernel stores gets its memory, decided before any code is written:
+    {buffer name: (how, source)}, how one of
+    - "in place": over `source`, an input the kernel reads last and only where it writes;
+    - "reuse": the memory of `source`, a buffer dead by then of the same bytes and dtype;
+    - "small": a new allocation by PyTorch (too small for huge pages);
+    - "new": a new allocation by runtime.memory (huge pages for large buffers).
+    A buffer's memory is free once the kernel that reads it last has run (plan_reuse)."""
+    last_use, reusable = plan_reuse(program, steps, kernel_args)
+    free: dict[tuple, list[str]] = {}        # (bytes, dtype) -> buffers whose memory is free
+    overwritten: set[str] = set()            # buffers a kernel's output was written over
+    plan: dict[str, tuple] = {}
+    for i, step in enumerate(steps):
+        if not isinstance(step, Kernel):
+            continue
+        for m in step.members:
+            if m.box.name not in step.stored:
+                continue
+            key = (nbytes(m.box), m.box.dtype)
+            over = next((b for b in step.in_place.get(m.box.name, ()) if last_use.get(b) == i
+                         and b in reusable and b not in overwritten
+                         and (nbytes(buffers[b]), buffers[b].dtype) == key), None)
+            if over is not None:
+                overwritten.add(over)
+                plan[m.box.name] = ("in place", over)
+            elif free.get(key):
+                plan[m.box.name] = ("reuse", free[key].pop())
+            elif not ir.is_symbolic(key[0]) and key[0] < memory.MIN_BYTES:
+                plan[m.box.name] = ("small", None)
+            else:
+                plan[m.box.name] = ("new", None)
+        for name in kernel_args.get(step.name, ()):
+            if last_use.get(name) == i and name in reusable and name not in overwritten:
+                buf = buffers[name]
+                free.setdefault((nbytes(buf), buf.dtype), []).append(name)
+    return plan
+
+
 def sizes(values) -> str:
     """A shape or strides as the Python tuple the wrapper evaluates (dynamic sizes by name)."""
     items = [ir.render_size(v) for v in values]
@@ -204,9 +243,7 @@ def build(program: ir.Program, steps: list) -> CompiledGraph:
         namespace[f"const{constants}"] = value
         return f"const{constants}"
 
-    last_use, reusable = plan_reuse(program, steps, kernel_args)
-    free: dict[tuple, list[str]] = {}        # (bytes, dtype) -> buffers whose memory is free
-    overwritten: set[str] = set()            # buffers a kernel's output was written over
+    plan = plan_memory(program, steps, kernel_args, buffers)
     for i, step in enumerate(steps):
         if isinstance(step, Kernel):
             for m in step.members:
@@ -216,20 +253,14 @@ def build(program: ir.Program, steps: list) -> CompiledGraph:
                 # tensors as Python scalars), then viewed as 0-dim
                 shape = tuple(m.box.shape) or (1,)
                 stride = sizes(m.box.data.stride or (1,))
-                key = (nbytes(m.box), m.box.dtype)
-                # an input this kernel reads last, only where it writes this output: write over it
-                over = next((b for b in step.in_place.get(m.box.name, ()) if last_use.get(b) == i
-                             and b in reusable and b not in overwritten
-                             and (nbytes(buffers[b]), buffers[b].dtype) == key), None)
-                if over is not None:
-                    overwritten.add(over)
-                    lines.append(f"    {m.box.name} = {over}.as_strided({sizes(shape)}, {stride})"
-                                 f"  # in place: {step.name} reads {over} only where it writes this")
-                elif free.get(key):
-                    old = free[key].pop()
-                    lines.append(f"    {m.box.name} = {old}.as_strided({sizes(shape)}, {stride}); del {old}"
-                                 f"  # reuses {old}'s memory")
-                elif not ir.is_symbolic(key[0]) and key[0] < memory.MIN_BYTES:
+                how, source = plan[m.box.name]
+                if how == "in place":
+                    lines.append(f"    {m.box.name} = {source}.as_strided({sizes(shape)}, {stride})"
+                                 f"  # in place: {step.name} reads {source} only where it writes this")
+                elif how == "reuse":
+                    lines.append(f"    {m.box.name} = {source}.as_strided({sizes(shape)}, {stride}); del {source}"
+                                 f"  # reuses {source}'s memory")
+                elif how == "small":
                     # too small for huge pages: PyTorch's own allocation, without a Python call
                     lines.append(f"    {m.box.name} = torch_empty_strided({sizes(shape)}, {stride}, "
                                  f"dtype={m.box.dtype}, device={device})")
@@ -252,10 +283,6 @@ def build(program: ir.Program, steps: list) -> CompiledGraph:
                     lines.append(f"    {m.box.name} = {m.box.name}.view(())")
             metrics.kernels += 1
             metrics.kernel_bytes.append((step.name, step.bytes_read, step.bytes_written))
-            for name in args:
-                if last_use.get(name) == i and name in reusable and name not in overwritten:
-                    buf = buffers[name]
-                    free.setdefault((nbytes(buf), buf.dtype), []).append(name)
         elif isinstance(step, ExternCall):
             ext = step.box.data
             target = ext.op
