@@ -93,10 +93,11 @@ def _compile_values(gm: torch.fx.GraphModule, example_inputs) -> wrapper.Compile
         steps = fusion.schedule(program)
         compiled = wrapper.build(program, steps)
         compiled.shape_guards = shape_guards(program)
-        if key is not None and compiled.entry is None:
-            cache.not_stored("its output structure has no name a later process can read")
-        elif key is not None:
-            cache.store(key, {**compiled.entry, "shape_guards": compiled.shape_guards})
+        if key is not None:
+            if compiled.entry is None:
+                cache.not_stored("its output structure has no name a later process can read")
+            else:
+                cache.store(key, {**compiled.entry, "shape_guards": compiled.shape_guards})
         return compiled
     except KernelCompileError as err:
         if not err.generated_code:

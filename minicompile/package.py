@@ -18,15 +18,13 @@ inputs, returns views of them, or runs under autocast is refused with the reason
 """
 from __future__ import annotations
 
-import hashlib
-import pickle
-
 import torch
 import torch.utils._pytree as pytree
 
 from .capture.trace import capture
 from .codegen import wrapper
 from .graph_compiler import compile_graph
+from .runtime.cache import read_checked, write_checked
 
 FORMAT = "minicompile-package-1"
 
@@ -37,6 +35,7 @@ class ExportedProgram:
     def __init__(self, entry: dict, plan: list, inputs_spec: list, output_spec: str, graph_code: str = ""):
         self.entry, self.plan, self.inputs_spec, self.output_spec = entry, plan, inputs_spec, output_spec
         self.graph_code = graph_code
+        self._tree = pytree.treespec_loads(output_spec)     # the result's structure, read once
         self._compiled = None
 
     def _run(self):
@@ -54,7 +53,7 @@ class ExportedProgram:
                 raise ValueError(f"argument tensor {i} is {_say(have)}; the package was exported for {_say(want)}")
         inputs = [given[where] if kind == "arg" else where for kind, where in self.plan]
         outs = self._run()(*inputs)
-        return pytree.tree_unflatten(list(outs), pytree.treespec_loads(self.output_spec))
+        return pytree.tree_unflatten(list(outs), self._tree)
 
 
 def _spec(t: torch.Tensor) -> tuple:
@@ -83,33 +82,28 @@ def export(model, *args, **kwargs) -> ExportedProgram:
     if len(leaves) != len(outs) or any(a is not b for a, b in zip(leaves, outs)):
         raise NotImplementedError("export packages a result made of the graph's outputs (tensors in "
                                   "tuples, lists and dicts), each once")
-    given = {id(t): i for i, t in enumerate(a for a in pytree.tree_leaves([list(args), kwargs])
-                                            if isinstance(a, torch.Tensor))}
+    arguments = [a for a in pytree.tree_leaves([list(args), kwargs]) if isinstance(a, torch.Tensor)]
+    given = {id(t): i for i, t in enumerate(arguments)}
     plan = [("arg", given[id(t)]) if id(t) in given else ("value", t.detach().clone() if isinstance(t, torch.Tensor) else t)
             for t in cap.example_inputs]
-    inputs_spec = [_spec(a) for a in pytree.tree_leaves([list(args), kwargs]) if isinstance(a, torch.Tensor)]
+    inputs_spec = [_spec(a) for a in arguments]
     return ExportedProgram({**entry, "shape_guards": []}, plan, inputs_spec, pytree.treespec_dumps(spec),
                            cap.gm.code)
 
 
 def save(exported: ExportedProgram, path) -> None:
     """Write the package to `path` (one file: a checksum, then the pickled package)."""
-    payload = pickle.dumps({"format": FORMAT, "torch": torch.__version__, "entry": exported.entry,
-                            "plan": exported.plan, "inputs_spec": exported.inputs_spec,
-                            "output_spec": exported.output_spec, "graph_code": exported.graph_code},
-                           protocol=pickle.HIGHEST_PROTOCOL)
-    with open(path, "wb") as f:
-        f.write(hashlib.sha256(payload).digest() + payload)
+    write_checked(path, {"format": FORMAT, "torch": torch.__version__, "entry": exported.entry,
+                         "plan": exported.plan, "inputs_spec": exported.inputs_spec,
+                         "output_spec": exported.output_spec, "graph_code": exported.graph_code})
 
 
 def load(path) -> ExportedProgram:
     """The package saved at `path`, ready to call: no capture, lowering or code generation."""
-    with open(path, "rb") as f:
-        data = f.read()
-    checksum, payload = data[:32], data[32:]
-    if hashlib.sha256(payload).digest() != checksum:
-        raise ValueError(f"{path} is not a whole minicompile package (its checksum does not match)")
-    package = pickle.loads(payload)
+    try:
+        package = read_checked(path)
+    except ValueError as err:
+        raise ValueError(f"{path} is not a whole minicompile package ({err})") from None
     if package.get("format") != FORMAT:
         raise ValueError(f"{path} is a package of another format ({package.get('format')!r}, not {FORMAT!r})")
     return ExportedProgram(package["entry"], package["plan"], package["inputs_spec"], package["output_spec"],

@@ -99,7 +99,7 @@ class _ExampleOps(TorchDispatchMode):
 
     def __init__(self, storages):
         super().__init__()
-        self.storages = storages
+        self.storages = storages          # the inputs' storage pointers (a dict's keys)
         self.draws_random = False
 
     @classmethod
@@ -489,7 +489,7 @@ class OutputGraph:
             # resized by PyTorch, which the graph cannot model (and the examples must not see)
             ex_kwargs["out"] = _map_tensors(lambda t: t.clone(), out_given)
         try:
-            with _ExampleOps(set(self.input_storages)) as watch:
+            with _ExampleOps(self.input_storages) as watch:
                 if kind == "call_method":
                     result = getattr(ex_args[0], target)(*ex_args[1:], **ex_kwargs)
                 else:

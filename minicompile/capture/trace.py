@@ -146,64 +146,62 @@ def trace_segment(fn, args: tuple, kwargs: dict, offset: int = 0, *, breaks: boo
 
     # tracing runs the ops on real values: random ones draw from PyTorch's generator, which
     # is put back as it was, so the compiled code draws what eager would (ir.RANDOM_FUNCTIONS)
-    rng = ir.preserved_rng()
-    rng.__enter__()
-    try:
-        output.tx = tx
-        for k in stack_names:
-            v = values[k]
-            tx.stack.append(NULL if v is F.NULL_VALUE else output.wrap(v, LocalSource(k)))
-        if offset:
-            tx.pc = tx.offset_to_index[offset]
+    with ir.preserved_rng():
         try:
-            ret = tx.run()
-            builder = F.TemplateBuilder(tx, source_fn)
             output.tx = tx
-            template = builder.build(ret)
-            end, reason, inst, kw = "return", None, None, ()
-            effects = _effect_templates(output, builder, source_fn)
-        except GraphBreak as gb:
-            reason, inst = gb.unsupported, gb.inst
-            ok = inst.opname in (F.EXECUTABLE if eager else F.RESUMABLE)
-            if eager and offset == 0 and inst.opname == "BEFORE_WITH":
-                # an unmodelled context manager met before any break: the whole frame runs
-                # for real, so that Python routes exceptions through its __exit__ (entering it
-                # for real is the fallback when the frame has already been split)
-                ok = False
-            why = None
-            if getattr(reason, "internal", False):
-                why = "minicompile's interpreter failed here: the rest runs as Python"
-            elif _in_exception_block(code, inst.offset):
-                # the chain of segments cannot route an exception to the frame's handler (a
-                # try block, or the __exit__ of a `with` block): the frame runs for real
-                why = "a graph break inside a try or with block: the frame runs eagerly"
-            elif tx.with_depth:
-                why = "a graph break inside a `with` block is not resumed"
-            elif not ok:
-                why = f"a graph break at {inst.opname} (not a call or a jump) is not resumed"
-            elif not eager and F.maybe_has_backedge(tx):
-                why = "graph break in a for/while loop: the frame is skipped, as Dynamo does"
-            if why is not None:
-                reason.frame_skip = why
-                raise reason
-            builder = F.TemplateBuilder(tx, source_fn)
-            live = F.live_locals(tx, inst.index)
-            stack_t = [builder.build(v) for v in gb.stack]
-            locals_t = {}
-            for name, v in tx.locals.items():
-                if name in live:
-                    locals_t[name] = builder.build(v)
-            for name, (value, src) in tx.lazy_locals.items():
-                if name in live:
-                    locals_t[name] = ["src", source_fn(src)]
-            template = [stack_t, locals_t]
-            end, kw = "break", gb.kw_names
-            effects = _effect_templates(output, builder, source_fn)
-    finally:
-        torch._C._set_grad_enabled(grad)
-        autocast.set_state(autocast_state)
-        rng.__exit__(None, None, None)
-        output.tx = None
+            for k in stack_names:
+                v = values[k]
+                tx.stack.append(NULL if v is F.NULL_VALUE else output.wrap(v, LocalSource(k)))
+            if offset:
+                tx.pc = tx.offset_to_index[offset]
+            try:
+                ret = tx.run()
+                builder = F.TemplateBuilder(tx, source_fn)
+                output.tx = tx
+                template = builder.build(ret)
+                end, reason, inst, kw = "return", None, None, ()
+                effects = _effect_templates(output, builder, source_fn)
+            except GraphBreak as gb:
+                reason, inst = gb.unsupported, gb.inst
+                ok = inst.opname in (F.EXECUTABLE if eager else F.RESUMABLE)
+                if eager and offset == 0 and inst.opname == "BEFORE_WITH":
+                    # an unmodelled context manager met before any break: the whole frame runs
+                    # for real, so that Python routes exceptions through its __exit__ (entering it
+                    # for real is the fallback when the frame has already been split)
+                    ok = False
+                why = None
+                if getattr(reason, "internal", False):
+                    why = "minicompile's interpreter failed here: the rest runs as Python"
+                elif _in_exception_block(code, inst.offset):
+                    # the chain of segments cannot route an exception to the frame's handler (a
+                    # try block, or the __exit__ of a `with` block): the frame runs for real
+                    why = "a graph break inside a try or with block: the frame runs eagerly"
+                elif tx.with_depth:
+                    why = "a graph break inside a `with` block is not resumed"
+                elif not ok:
+                    why = f"a graph break at {inst.opname} (not a call or a jump) is not resumed"
+                elif not eager and F.maybe_has_backedge(tx):
+                    why = "graph break in a for/while loop: the frame is skipped, as Dynamo does"
+                if why is not None:
+                    reason.frame_skip = why
+                    raise reason
+                builder = F.TemplateBuilder(tx, source_fn)
+                live = F.live_locals(tx, inst.index)
+                stack_t = [builder.build(v) for v in gb.stack]
+                locals_t = {}
+                for name, v in tx.locals.items():
+                    if name in live:
+                        locals_t[name] = builder.build(v)
+                for name, (value, src) in tx.lazy_locals.items():
+                    if name in live:
+                        locals_t[name] = ["src", source_fn(src)]
+                template = [stack_t, locals_t]
+                end, kw = "break", gb.kw_names
+                effects = _effect_templates(output, builder, source_fn)
+        finally:
+            torch._C._set_grad_enabled(grad)
+            autocast.set_state(autocast_state)
+            output.tx = None
     if torch.is_grad_enabled() != grad:
         torch._C._set_grad_enabled(grad)
     output.tx = tx

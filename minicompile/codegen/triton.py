@@ -217,9 +217,9 @@ class TritonWriter(KernelWriter):
 
     def to_dtype(self, x, dtype, src_dtype=None):
         if src_dtype == torch.int16 and ir.compute_dtype(dtype) not in (torch.int16, torch.bool):
-            # An int16 widened from its bits: ptxas keeps the result of `neg.s16` in a 32-bit
-            # register without wrapping it, and `cvt.s64.s16` then reads -(-32768) as 32768
-            # (measured on an H100, Triton 3.6). Zero-extended bits, sign-corrected in 32 bits,
+            # An int16 widened from its bits: on a GPU the compiler may take -(-32768) for an
+            # overflow that cannot happen, and a plain widening cast then reads 32768 (the
+            # GPU's arithmetic tests check it). Zero-extended bits, sign-corrected in 32 bits,
             # are right whatever the register holds above them.
             x = self._emit(f"(({x}).to(tl.uint16, bitcast=True).to(tl.int32) ^ 0x8000) - 0x8000")
             src_dtype = torch.int32

@@ -31,7 +31,6 @@ import platform
 import sys
 import tempfile
 import types
-import warnings
 
 import torch
 
@@ -131,21 +130,38 @@ def _path(key: str) -> str:
     return os.path.join(_directory(), f"{key}.entry")
 
 
+def write_checked(path, value) -> None:
+    """Pickle `value` into `path`, after a checksum of the pickle, written to a temporary file
+    and renamed into place (a reader never sees half a file). Pickling errors propagate."""
+    payload = pickle.dumps(value, protocol=pickle.HIGHEST_PROTOCOL)
+    directory = os.path.dirname(os.path.abspath(path))
+    os.makedirs(directory, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(suffix=".tmp", dir=directory)
+    with os.fdopen(fd, "wb") as f:
+        f.write(hashlib.sha256(payload).digest() + payload)
+    os.replace(tmp, path)
+
+
+def read_checked(path):
+    """What `write_checked` wrote at `path`; OSError where there is no file, ValueError where
+    its checksum does not match (truncated or changed)."""
+    with open(path, "rb") as f:
+        data = f.read()
+    checksum, payload = data[:32], data[32:]
+    if hashlib.sha256(payload).digest() != checksum:
+        raise ValueError("its checksum does not match (truncated or changed)")
+    return pickle.loads(payload)
+
+
 def load(key: str):
     """The entry stored under `key`, or None (a miss). A corrupted entry is removed and said."""
     global _warned_corrupted
     path = _path(key)
     try:
-        with open(path, "rb") as f:
-            data = f.read()
+        entry = read_checked(path)
     except OSError:
         _INFO["misses"] += 1
         return None
-    checksum, payload = data[:32], data[32:]
-    try:
-        if hashlib.sha256(payload).digest() != checksum:
-            raise ValueError("its checksum does not match (truncated or changed)")
-        entry = pickle.loads(payload)
     except Exception as err:            # noqa: BLE001 (whatever is wrong with the file)
         _INFO["corrupted"] += 1
         _INFO["misses"] += 1
@@ -153,7 +169,7 @@ def load(key: str):
         logs.log("output_code", reason)
         if not _warned_corrupted:
             _warned_corrupted = True
-            warnings.warn(f"minicompile: {reason}", stacklevel=2)
+            logs.warn(f"minicompile: {reason}")
         try:
             os.unlink(path)
         except OSError:
@@ -166,16 +182,10 @@ def load(key: str):
 def store(key: str, entry: dict) -> None:
     """Write the entry under `key`, atomically; an entry that cannot be pickled is not stored."""
     try:
-        payload = pickle.dumps(entry, protocol=pickle.HIGHEST_PROTOCOL)
-    except Exception as err:            # noqa: BLE001 (a constant pickle cannot write)
-        _INFO["not_stored"] += 1
-        logs.log("output_code", f"not stored in the graph cache: {type(err).__name__}: {err}")
+        write_checked(_path(key), entry)
+    except Exception as err:            # noqa: BLE001 (a constant pickle cannot write, a full disk)
+        not_stored(f"{type(err).__name__}: {err}")
         return
-    os.makedirs(_directory(), exist_ok=True)
-    fd, tmp = tempfile.mkstemp(suffix=".tmp", dir=_directory())
-    with os.fdopen(fd, "wb") as f:
-        f.write(hashlib.sha256(payload).digest() + payload)
-    os.replace(tmp, _path(key))
     _INFO["stores"] += 1
 
 

@@ -150,7 +150,7 @@ class CUDAGraphed:
         rec = self.recordings.get(key)
         if rec is not None and rec is not _DEFAULT and not rec.holds(args):
             logs.log("cudagraphs", "recorded again: a parameter's memory moved")
-            rec = self.recordings.pop(key)
+            del self.recordings[key]
             rec = None
         if rec is None:
             if len(self.recordings) >= self.limit:
