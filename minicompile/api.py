@@ -12,12 +12,13 @@ import functools
 import itertools
 import sys
 import types
+import weakref
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
 import torch
 
-from . import config, distributed, ir, logs, metrics
+from . import config, distributed, ir, logs, metrics, optim
 from .capture import SUPPORTED_VERSIONS, Unsupported
 from .capture.breaks import DISABLE_MARK, never_traced
 from .capture.frame import ResumeSegment
@@ -80,7 +81,8 @@ def _dynamic_policy(frame: "_FrameCache", offset: int, dynamic, backend):
     - dynamic=None ("automatic dynamic", TorchDynamo's default): a dim whose size differs from
       the size the previous compile of this frame saw, an int argument whose value differs;
       the first compile is static;
-    - dynamic=False: none (but marked ones).
+    - dynamic=False: none (but marked ones);
+    - dynamic="numbers" (the compiled optimizer step's): every number argument, no tensor dim.
     None when the backend cannot take dynamic graphs (it would compile them for one size)."""
     if not getattr(backend, "supports_dynamic_shapes", False):
         return None
@@ -91,8 +93,10 @@ def _dynamic_policy(frame: "_FrameCache", offset: int, dynamic, backend):
             frame.seen_sizes[(offset, source)] = t
             if dynamic is None and seen is not None and seen != t:
                 frame.auto_dynamic[(offset, source)] = {0}
-            return {0} if dynamic is True or frame.auto_dynamic.get((offset, source)) else set()
+            return {0} if dynamic in (True, "numbers") or frame.auto_dynamic.get((offset, source)) else set()
         dims = set(getattr(t, "_dynamo_dynamic_indices", ()))
+        if dynamic == "numbers":
+            return dims
         seen = frame.seen_sizes.get((offset, source))
         frame.seen_sizes[(offset, source)] = tuple(t.shape)
         static_kind = isinstance(t, torch.nn.Parameter) or source.endswith("]") and "_buffers" in source
@@ -149,6 +153,7 @@ class CompiledFunction:
         self.eager_reason: Unsupported | None = None
         self._backend_arg = backend
         self._callees: dict = {}
+        self._steps = weakref.WeakKeyDictionary()     # optimizer -> its compiled step
         self._around_logged: set = set()      # ids of modules whose hooks' log line was printed
         self.quiet = False            # True for a function compiled on its own at a graph break
         self._frame, self._frame_generation = None, -1
@@ -321,6 +326,8 @@ class CompiledFunction:
             forward = getattr(type(inner), "forward", None)
             if isinstance(forward, types.FunctionType) and getattr(inner.forward, "__func__", None) is forward:
                 target, pre = forward, [inner]
+        elif optim.step_method(fn) is not None:
+            return self._optimizer_step(fn)(*args, **kwargs)
         elif isinstance(fn, types.MethodType) and isinstance(fn.__func__, types.FunctionType):
             target, pre = fn.__func__, [fn.__self__]
         elif isinstance(fn, types.FunctionType):
@@ -341,6 +348,26 @@ class CompiledFunction:
             return distributed.call_around(fn, functools.partial(callee, *pre), args, kwargs,
                                            self._around_logged)
         return callee(*pre, *args, **kwargs)
+
+    def _optimizer_step(self, fn) -> Callable:
+        """`opt.step` (fn) as minicompile's compiled step, made once per optimizer; the
+        optimizer's own where optim.py does not model it."""
+        opt = optim.step_method(fn)
+        why = optim.why_not_modelled(opt)
+        if why is not None:
+            optim.log_not_modelled(opt, why)
+            return fn
+        step = self._steps.get(opt)
+        if step is None:
+            def compile_update(update):
+                callee = CompiledFunction(update, fullgraph=False, backend=self._backend_arg,
+                                          dynamic="numbers", options=self.options)
+                callee.backend, callee.backend_name = self.backend, self.backend_name
+                callee.quiet = True
+                return callee
+            step = self._steps[opt] = optim.CompiledStep(opt, compile_update,
+                                                           scheduled=not isinstance(fn, types.MethodType))
+        return step
 
 
 @dataclass

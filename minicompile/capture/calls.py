@@ -17,6 +17,7 @@ import torch
 import torch.fx
 
 
+from .. import optim
 from .breaks import Unsupported, never_traced
 from .sources import RootSource, module_member_source
 from .builtin_calls import (_BUILTIN_HANDLERS, _COMPILING_QUERIES, ContainerReadVariable,
@@ -98,6 +99,7 @@ class CallsMixin:
                 return GradModeVariable(mode, prev)
             return GradModeVariable(fn.value is torch.enable_grad)
         if isinstance(fn, TorchFunctionVariable):
+            self.break_at_optimizer_step(fn)      # (an LR scheduler's wrapper of it has torch's name)
             # (looked up without importing torch._dynamo: that import alone takes seconds, and
             # code that calls graph_break() has imported it already)
             dynamo = sys.modules.get("torch._dynamo")
@@ -138,6 +140,8 @@ class CallsMixin:
                 raise self.unsupported(f"{fn.describe()} on {a.describe()}, not a constant")
             result = fn.value(*[real(a) for a in args], **{k: real(v) for k, v in kwargs.items()})
             return ConstantVariable(result) if is_constant_value(result) else OpaqueConstantVariable(result)
+        if isinstance(fn, (UserFunctionVariable, BoundMethodVariable)):
+            self.break_at_optimizer_step(fn)
         if isinstance(fn, UserFunctionVariable):
             return self.inline_call(fn.value, args, kwargs)
         if isinstance(fn, BoundMethodVariable) and isinstance(fn.self_var, UserObjectVariable) and \
@@ -373,6 +377,17 @@ class CallsMixin:
         if not isinstance(forward, types.FunctionType):
             raise self.unsupported(f"{type(mod).__name__}.forward is not a Python function")
         return self.inline_call(forward, [mv] + list(args), kwargs)
+
+    def break_at_optimizer_step(self, fn) -> None:
+        """`opt.step()` is not traced into torch.optim's code: the graph breaks at the call,
+        and the call at the break runs minicompile's compiled step (optim.py)."""
+        real = getattr(fn.self_var, "value", None) if isinstance(fn, BoundMethodVariable) else fn.value
+        if isinstance(fn, BoundMethodVariable) and isinstance(real, torch.optim.Optimizer):
+            real = types.MethodType(fn.func, real)
+        opt = optim.step_method(real)
+        if opt is not None:
+            raise self.unsupported(f"{type(opt).__name__}.step()",
+                                   "the optimizer step runs as its own compiled graph (minicompile/optim.py)")
 
     def inline_call(self, func: types.FunctionType, args: List[VariableTracker],
                     kwargs: Dict[str, VariableTracker], closure_cells=None, markers=None) -> VariableTracker:

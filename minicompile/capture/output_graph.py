@@ -763,8 +763,8 @@ _READABLE_ITERATORS = tuple({type(iter(c)) for c in ([], (), range(1), "", b"")}
 def _may_be_dynamic_number(value, source, module_sources=frozenset()) -> bool:
     """Numbers automatic dynamic applies to, as in TorchDynamo: ints reached from the frame's
     arguments (an argument, an item or attribute of one: a cache's length) but not through an
-    nn.Module (its attributes stay specialized); floats passed as arguments or read from
-    globals."""
+    nn.Module (its attributes stay specialized); floats passed as arguments (or as items of
+    a list argument) or read from globals."""
     if type(value) is int:
         s = source
         while isinstance(s, (AttrSource, ItemSource)):
@@ -773,8 +773,9 @@ def _may_be_dynamic_number(value, source, module_sources=frozenset()) -> bool:
                 return False
         return isinstance(s, LocalSource)
     if type(value) is float:
-        return isinstance(source, LocalSource) or (
-            isinstance(source, ItemSource) and isinstance(source.base, RootSource) and source.base.expr() == "G")
+        return isinstance(source, LocalSource) or isinstance(source, ItemSource) and (
+            isinstance(source.base, LocalSource) or       # an item of a list argument
+            isinstance(source.base, RootSource) and source.base.expr() == "G")
     return False
 
 

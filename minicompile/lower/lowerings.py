@@ -286,16 +286,68 @@ for _op, _targets in [("eq", [operator.eq, torch.eq, "eq"]), ("ne", [operator.ne
 
 @register([torch.add, torch.Tensor.add, "add"], "input, other, *, alpha=1", pointwise=True)
 def _add(node, values, input, other, alpha):
-    if alpha != 1:
-        return NotImplemented
+    if not isinstance(alpha, (int, float)) or alpha != 1:
+        return _scaled(node, values, ops.add, input, other, alpha)
     return _arith_box(node, values, "add", [input, other])
 
 
 @register([torch.sub, torch.Tensor.sub, "sub", torch.subtract], "input, other, *, alpha=1", pointwise=True)
 def _sub(node, values, input, other, alpha):
-    if alpha != 1:
-        return NotImplemented
+    if not isinstance(alpha, (int, float)) or alpha != 1:
+        return _scaled(node, values, ops.sub, input, other, alpha)
     return _arith_box(node, values, "sub", [input, other])
+
+
+def _scaled(node, values, op, input, other, alpha):
+    """input op alpha * other (floating point; alpha a number or a float graph input)."""
+    meta = _meta(node, values)
+    if meta is None or not meta.dtype.is_floating_point or isinstance(alpha, bool):
+        return NotImplemented
+    return _pointwise_box(node, values, lambda a, k, b: op(a, ops.mul(k, b)), [input, alpha, other])
+
+
+@register([torch.addcmul, torch.Tensor.addcmul, "addcmul"], "input, tensor1, tensor2, *, value=1",
+          pointwise=True)
+def _addcmul(node, values, input, tensor1, tensor2, value):
+    """input + value * tensor1 * tensor2, in PyTorch's order (the products left to right)."""
+    meta = _meta(node, values)
+    if meta is None or not meta.dtype.is_floating_point:
+        return NotImplemented
+    return _pointwise_box(node, values, lambda a, v, b, c: ops.add(a, ops.mul(ops.mul(v, b), c)),
+                          [input, value, tensor1, tensor2])
+
+
+@register([torch.addcdiv, torch.Tensor.addcdiv, "addcdiv"], "input, tensor1, tensor2, *, value=1",
+          pointwise=True)
+def _addcdiv(node, values, input, tensor1, tensor2, value):
+    """input + value * tensor1 / tensor2: PyTorch's CPU kernel multiplies first, its CUDA
+    kernel divides first; each device's order is kept."""
+    meta = _meta(node, values)
+    if meta is None or not meta.dtype.is_floating_point:
+        return NotImplemented
+    if meta.device.type == "cuda":
+        def fn(a, v, b, c):
+            return ops.add(a, ops.mul(v, ops.truediv(b, c)))
+    else:
+        def fn(a, v, b, c):
+            return ops.add(a, ops.truediv(ops.mul(v, b), c))
+    return _pointwise_box(node, values, fn, [input, value, tensor1, tensor2])
+
+
+@register([torch.lerp, torch.Tensor.lerp, "lerp"], "input, end, weight", pointwise=True)
+def _lerp(node, values, input, end, weight):
+    """input + weight * (end - input), as PyTorch computes it: from the nearer end, so that
+    weight 1 gives `end` exactly (for |weight| >= 0.5: end - (end - input) * (1 - weight))."""
+    meta = _meta(node, values)
+    if meta is None or not meta.dtype.is_floating_point:
+        return NotImplemented
+
+    def fn(a, b, w):
+        one, half = ops.constant(1.0, compute_dtype(meta.dtype)), ops.constant(0.5, compute_dtype(meta.dtype))
+        diff = ops.sub(b, a)
+        return ops.where(ops.lt(ops.abs(w), half), ops.add(a, ops.mul(w, diff)),
+                         ops.sub(b, ops.mul(diff, ops.sub(one, w))))
+    return _pointwise_box(node, values, fn, [input, end, weight])
 
 
 @register([torch.div, torch.Tensor.div, "div", torch.divide], "input, other, *, rounding_mode=None",
