@@ -42,7 +42,10 @@ def _compile_functional(gm: torch.fx.GraphModule, example_inputs, training: bool
     if training:
         compiled = _compile_training(functional, example_inputs)
     else:
-        compiled = _compile_values(functional, example_inputs)
+        # the new value of an input the graph writes may be stored straight into it (the
+        # epilogue's copy is then of memory onto itself), except where CUDA graphs record
+        written = {} if epilogue is None or config.cudagraphs else {k: i for i, k in epilogue.copies}
+        compiled = _compile_values(functional, example_inputs, written)
     if config.cudagraphs:
         # the values-only graph is recorded; the epilogue's writes and views run after a replay
         compiled = cudagraphs.record_when_possible(compiled, example_inputs, training)
@@ -76,12 +79,17 @@ def _compile_training(gm: torch.fx.GraphModule, example_inputs):
     return compiled
 
 
-def _compile_values(gm: torch.fx.GraphModule, example_inputs) -> wrapper.CompiledGraph:
+def _compile_values(gm: torch.fx.GraphModule, example_inputs, written=None) -> wrapper.CompiledGraph:
+    """written: {output index k: input index i} where output k is the value written back
+    into input i after the graph (functionalize's epilogue)."""
+    written = written or {}
     devices = {t.device.type for t in example_inputs if isinstance(t, torch.Tensor)}
     if config.autotune and "cuda" not in devices:
         logs.log("autotune", f"max-autotune on {', '.join(sorted(devices)) or 'no device'}: kernels "
                              "here have no launch settings to time; the default code runs")
     key = _graph_cache_key(gm, example_inputs)
+    if key is not None and written:
+        key = f"{key}-w{abs(hash(tuple(sorted(written.items())))):x}"
     if key is not None:
         entry = cache.load(key)
         if entry is not None:
@@ -91,7 +99,7 @@ def _compile_values(gm: torch.fx.GraphModule, example_inputs) -> wrapper.Compile
     try:
         program = lower(gm, list(example_inputs))
         steps = fusion.schedule(program)
-        compiled = wrapper.build(program, steps)
+        compiled = wrapper.build(program, steps, written)
         compiled.shape_guards = shape_guards(program)
         if key is not None:
             if compiled.entry is None:
@@ -117,7 +125,7 @@ def _compile_values(gm: torch.fx.GraphModule, example_inputs) -> wrapper.Compile
         logs.log("dynamic", f"no size-generic code ({type(err).__name__}: {err}); "
                             f"compiled for the example's sizes")
         conditions = _specialize(gm, example_inputs)
-        compiled = _compile_values(gm, example_inputs)
+        compiled = _compile_values(gm, example_inputs, written)
         compiled.shape_guards = conditions
         return compiled
 

@@ -100,7 +100,19 @@ def test_one_kernel_per_parameter_and_no_recompile_per_step():
         step()
     # the first step lacks the last parameter's gradient: two graphs, then none per step
     assert minicompile.metrics.graphs == 2
-    # each parameter's update (the moments, the bias corrections, the write) is one kernel
+    # every parameter's update (the moments, the bias corrections, the write) in one launch
+    assert minicompile.metrics.kernels == 2
+
+
+def test_one_kernel_per_parameter_without_combo_kernels():
+    from minicompile.fusion import PASSES
+    params = _params()
+    opt = torch.optim.Adam(params, lr=0.01)
+    step = minicompile.compile(lambda: opt.step(),
+                               options={"fusion_passes": tuple(p for p in PASSES if p.name != "combo-kernels")})
+    for i in range(2):
+        _set_grads(params, [torch.empty_like(p) for p in params], i)
+        step()
     assert minicompile.metrics.kernels == 3 + 4
 
 

@@ -153,6 +153,38 @@ def test_non_contiguous_input_written(kernel_backend):
     assert_same_effects(lambda x: x[:, 1:].add_(1), lambda: (randn(9, 4, layout="strided"),))
 
 
+def _written_then_read_elsewhere(x, y):
+    old = x.clone()
+    x.mul_(2)
+    y.add_(x[:, :1])             # reads x's new value at other positions
+    return old, x.sum()
+
+
+def _written_read_by_an_extern(x, w):
+    x.add_(1)
+    return x @ w, x.exp_()
+
+
+def test_new_values_stored_straight_into_the_inputs_they_are_written_to(kernel_backend):
+    """A kernel may store an input's new value straight into the input (its write-back is
+    then of memory onto itself): never where another step still reads the old value."""
+    assert_same_effects(_written_then_read_elsewhere, lambda: (randn(5, 3), randn(5, 3)))
+    assert_same_effects(_written_read_by_an_extern, lambda: (randn(4, 6), randn(6, 2)))
+    from minicompile.graph_compiler import compile_graph
+
+    def momentum(x, g):
+        return x.mul_(0.9).add_(g, alpha=0.1)
+
+    x, g = randn(1000), randn(1000)
+    expected = x.clone().mul_(0.9).add_(g, alpha=0.1)
+    compiled = compile_graph(torch.fx.symbolic_trace(momentum), [x, g])
+    compiled(x, g)
+    torch.testing.assert_close(x, expected)
+    in_place = "arg0.as_strided" in compiled.wrapper_source
+    # (the C++ kernels' pointers are __restrict__, so none of their outputs is stored over an input)
+    assert in_place == (kernel_backend == "triton"), compiled.wrapper_source
+
+
 def test_integer_and_half_inputs_written(kernel_backend):
     assert_same_effects(lambda x: x.add_(3), lambda: (torch.randint(-5, 5, (4, 6), dtype=torch.int32, device=DEVICE),))
     assert_same_effects(lambda x: x.mul_(0.5), lambda: (randn(4, 6, dtype=torch.float16),))

@@ -181,10 +181,12 @@ class KernelWriter:
         if member is not None:
             return member.run(*self.canonical)
         index = self.plan.apply(index.simplify(self.ranges))
-        self.accesses.append(("load", name, index.render("//")))
+        expr = self.load_expr(name, index, self.buffers[name].dtype)
+        if expr not in self.cache:       # (a load made before is reused, not made again here)
+            self.accesses.append(("load", name, index.render("//")))
         if set(self.plan.x_vars + self.plan.r_vars) <= index.variables():
             self.whole_inputs.add(name)
-        return self._emit(self.load_expr(name, index, self.buffers[name].dtype))
+        return self._emit(expr)
 
     def store_index(self, member) -> Index:
         """Where `member` is stored (over the merged loop variables); the store is recorded."""

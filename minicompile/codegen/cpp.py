@@ -24,6 +24,7 @@ from dataclasses import dataclass
 import torch
 
 from .. import config, ir
+from ..fusion.kernels import ComboKernel
 from ..ir import Index, use_ops
 from .common import (SCALAR, SYMBOL, KernelWriter, defined_once, plan_loops, reduction_identity, scalars_in,
                      size_symbols_in)
@@ -619,11 +620,40 @@ def _compiler_works(command: tuple) -> bool:
 KERNEL_MARK = "// ---- kernel "
 
 
+def combo_source(combo, buffers, defined: dict) -> tuple[str, list[str]]:
+    """A combo kernel (fusion's ComboKernel): its parts' functions, called one after another
+    by one exported function. -> (source, argument names)."""
+    sources, args, calls = [], [], []
+    for i, part in enumerate(combo.parts):
+        src, part_args = kernel_source(part, buffers)
+        name = f"{combo.name}_part{i}"
+        src = src.replace(f'extern "C" void {part.name}(', f"static void {name}(", 1)
+        function = defined_once(defined, name, src)
+        if function == name:
+            sources.append(src)
+        args += [a for a in part_args if a not in args]
+        declared = src.split("(", 1)[1].split(") {", 1)[0].split(", ")
+        passed = [f"a{args.index(a)}" if "*" not in d else
+                  f"({d.rsplit(' ', 1)[0].replace(' __restrict__', '')})a{args.index(a)}"
+                  for a, d in zip(part_args, declared)]
+        calls.append(f"    {function}({', '.join(passed)});")
+    params = [f"int64_t a{i}" if SYMBOL.fullmatch(a) else f"double a{i}" if SCALAR.fullmatch(a)
+              else f"void* a{i}" for i, a in enumerate(args)]
+    combo.take_in_place()
+    return "\n\n".join(sources + [f'extern "C" void {combo.name}({", ".join(params)}) {{', *calls, "}"]), args
+
+
 def generate(kernels, buffers) -> tuple[str, dict]:
     """Source of all kernels of a graph, and {kernel name: (argument buffer names, name of the
     function that runs it)}: kernels with the same code share one function."""
     parts, signatures, defined = [], {}, {}
     for kernel in kernels:
+        if isinstance(kernel, ComboKernel):
+            # (its parts shared only inside it: each combo may land in another library)
+            src, args = combo_source(kernel, buffers, {})
+            parts.append(f"{KERNEL_MARK}{kernel.name}\n{src}")
+            signatures[kernel.name] = (args, kernel.name)
+            continue
         src, args = kernel_source(kernel, buffers)
         function = defined_once(defined, kernel.name, src)
         if function == kernel.name:

@@ -25,6 +25,7 @@ import numpy as np
 import torch
 
 from .. import config, ir
+from ..fusion.kernels import ComboKernel
 from ..ir import Index, use_ops
 from .common import KernelWriter, defined_once, plan_loops, reduction_identity, scalars_in, size_symbols_in
 
@@ -496,6 +497,37 @@ def kernel_source(kernel, buffers):
     return "\n".join(lines), writer.args + [b.name for b in stored] + checked, launch
 
 
+def combo_source(combo, buffers, defined: dict) -> tuple[list[str], list[str], dict]:
+    """The sources of a combo kernel (fusion's ComboKernel): each part is its kernel's code as
+    a function of the program id (`pid`), and one @triton.jit kernel gives the first part's
+    grid of programs to the first part, the next ids to the second, and so on. -> (sources,
+    argument buffer names, launch settings)."""
+    sources, args, symbols, branches, start = [], [], [], [], 0
+    launch = {"num_warps": 1}
+    for i, part in enumerate(combo.parts):
+        src, part_args, part_launch = kernel_source(part, buffers)
+        name = f"{combo.name}_part{i}"
+        src = src.replace(f"def {part.name}(", f"def {name}(pid, ", 1).replace("tl.program_id(0)", "pid")
+        function = defined_once(defined, name, src)
+        if function == name:
+            sources += [src, ""]
+        args += [a for a in part_args if a not in args]
+        given = [k for k, v in part_launch.items() if k != "grid" and isinstance(v, str)]
+        symbols += [k for k in given if k not in symbols]
+        passed = [f"a{args.index(a)}" for a in part_args] + given + \
+                 [str(part_launch["xnumel"]), str(part_launch["XBLOCK"])]
+        start += part_launch["grid"]
+        branches.append((start, f"{function}(pid - {start - part_launch['grid']}, {', '.join(passed)})"))
+        launch["num_warps"] = max(launch["num_warps"], part_launch["num_warps"])
+        launch.update({k: v for k, v in part_launch.items() if k in DEVICE_ASSERT_OPTIONS})
+    lines = ["@triton.jit", f"def {combo.name}({', '.join([f'a{i}' for i in range(len(args))] + symbols)}):",
+             "    pid = tl.program_id(0)"]
+    for k, (end, call) in enumerate(branches):
+        lines += [f"    {'if' if k == 0 else 'elif'} pid < {end}:", f"        {call}"]
+    combo.take_in_place()
+    return sources + ["\n".join(lines)], args, {**{sym: sym for sym in symbols}, **launch, "grid": start}
+
+
 def _mask(axis: str, numel, block: int, shape: str) -> str:
     """Which lanes of a block are in range. When the block size divides a static size, all
     are: the mask is a constant, and Triton's compiler drops it from every load, store and
@@ -612,6 +644,11 @@ def generate(kernels, buffers) -> tuple[str, dict]:
     and Triton compiles that code once."""
     sources, meta, defined = [], {}, {}
     for kernel in kernels:
+        if isinstance(kernel, ComboKernel):
+            parts, args, launch = combo_source(kernel, buffers, defined)
+            sources += [*parts, ""]
+            meta[kernel.name] = (args, launch, kernel.name)
+            continue
         src, args, launch = kernel_source(kernel, buffers)
         function = defined_once(defined, kernel.name, src)
         sources += [src, ""] if function == kernel.name else [f"{kernel.name} = {function}  # the same code", ""]

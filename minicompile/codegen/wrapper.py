@@ -115,15 +115,24 @@ def plan_reuse(program: ir.Program, steps: list, kernel_args: dict) -> tuple[dic
     return last_use, reusable - seen_by_extern - outputs
 
 
-def plan_memory(program: ir.Program, steps: list, kernel_args: dict, buffers: dict) -> dict:
+def plan_memory(program: ir.Program, steps: list, kernel_args: dict, buffers: dict,
+                written: dict | None = None) -> dict:
     """Where each buffer a kernel stores gets its memory, decided before any code is written:
     {buffer name: (how, source)}, how one of
-    - "in place": over `source`, an input the kernel reads last and only where it writes;
+    - "in place": over `source`, an input the kernel reads last and only where it writes; or
+      over the graph input the buffer is written back into after the graph (`written`:
+      {output index: input index}), where nothing later reads that input, so the
+      write-back is of memory onto itself (an optimizer's update, in one pass);
     - "reuse": the memory of `source`, a buffer dead by then of the same bytes and dtype;
     - "small": a new allocation by PyTorch (too small for huge pages);
     - "new": a new allocation by runtime.memory (huge pages for large buffers).
     A buffer's memory is free once the kernel that reads it last has run (plan_reuse)."""
     last_use, reusable = plan_reuse(program, steps, kernel_args)
+    returned = {o.name for o in program.outputs if isinstance(o, TensorBox)}
+    read_by_extern = {r.name for s in steps if isinstance(s, ExternCall) for r in s.box.reads}
+    write_back = {program.outputs[k].name: program.inputs[i].name for k, i in (written or {}).items()
+                  if isinstance(program.outputs[k], TensorBox) and isinstance(program.inputs[i], ir.InputBuffer)
+                  and program.inputs[i].name not in returned | read_by_extern}
     free: dict[tuple, list[str]] = {}        # (bytes, dtype) -> buffers whose memory is free
     overwritten: set[str] = set()            # buffers a kernel's output was written over
     plan: dict[str, tuple] = {}
@@ -135,7 +144,7 @@ def plan_memory(program: ir.Program, steps: list, kernel_args: dict, buffers: di
                 continue
             key = (nbytes(m.box), m.box.dtype)
             over = next((b for b in step.in_place.get(m.box.name, ()) if last_use.get(b) == i
-                         and b in reusable and b not in overwritten
+                         and (b in reusable or write_back.get(m.box.name) == b) and b not in overwritten
                          and (nbytes(buffers[b]), buffers[b].dtype) == key), None)
             if over is not None:
                 overwritten.add(over)
@@ -182,7 +191,9 @@ def has_no_elements(kernel: Kernel) -> bool:
     return any(not ir.is_symbolic(s) and s == 0 for s in (*kernel.x_sizes, *kernel.r_sizes))
 
 
-def build(program: ir.Program, steps: list) -> CompiledGraph:
+def build(program: ir.Program, steps: list, written: dict | None = None) -> CompiledGraph:
+    """written: {output index: input index}, outputs whose value is written back into an input
+    after the graph (plan_memory may store them straight into it)."""
     kernels = [s for s in steps if isinstance(s, Kernel) and not has_no_elements(s)]
     backend = choose_backend(program.device)
     buffers = buffers_by_name(program)
@@ -243,7 +254,7 @@ def build(program: ir.Program, steps: list) -> CompiledGraph:
         namespace[f"const{constants}"] = value
         return f"const{constants}"
 
-    plan = plan_memory(program, steps, kernel_args, buffers)
+    plan = plan_memory(program, steps, kernel_args, buffers, written)
     for i, step in enumerate(steps):
         if isinstance(step, Kernel):
             for m in step.members:

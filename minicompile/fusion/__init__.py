@@ -14,6 +14,8 @@ with a `run` method over the `FusionState` (kernels.py):
    pointwise work that reads its result (softmax: max, sum and the division in one kernel),
    sibling reductions and pointwise kernels over the same data (horizontal fusion).
 4. elide-stores drops the store of a buffer that nothing outside its kernel reads.
+5. combo-kernels launches consecutive independent pointwise kernels as one (a `ComboKernel`:
+   each part its own sizes and code; an optimizer step's per-parameter updates).
 
 Another list of passes reaches `minicompile.compile` without editing the package:
 `config.fusion_passes = [...]`, or `compile(fn, options={"fusion_passes": (...)})` (Part III's
@@ -26,15 +28,15 @@ import math
 
 from .. import config, ir, logs
 from ..lower.boxes import TensorBox
-from .kernels import ExternCall, FusionPass, FusionState, Kernel, Member
-from .passes import (ElideStores, FuseRows, InlinePointwise, MakeKernels, RealizeOutputs, RealizeReductions,
-                     loads)
+from .kernels import ComboKernel, ExternCall, FusionPass, FusionState, Kernel, Member
+from .passes import (ComboKernels, ElideStores, FuseRows, InlinePointwise, MakeKernels, RealizeOutputs,
+                     RealizeReductions, loads)
 
-__all__ = ["ExternCall", "FusionPass", "FusionState", "Kernel", "Member", "PASSES", "schedule",
+__all__ = ["ComboKernel", "ExternCall", "FusionPass", "FusionState", "Kernel", "Member", "PASSES", "schedule",
            "buffers_by_name", "draw", "format_bytes"]
 
 PASSES: list[FusionPass] = [RealizeReductions(), RealizeOutputs(), InlinePointwise(), MakeKernels(),
-                            FuseRows(), ElideStores()]
+                            FuseRows(), ElideStores(), ComboKernels()]
 
 
 def schedule(program: ir.Program, passes: list[FusionPass] | None = None) -> list:

@@ -70,6 +70,32 @@ class Kernel:
         return {m.box.name for m in self.members}
 
 
+class ComboKernel(Kernel):
+    """Independent pointwise kernels launched as one (combo-kernels): each part keeps its own
+    iteration space and code, and a program runs the part its id falls in. Its members are
+    the parts' members, so the wrapper and the passes see one kernel that stores them all."""
+
+    def __init__(self, name: str, parts: list[Kernel]):
+        super().__init__(name, [m for k in parts for m in k.members], [],
+                         stored=set().union(*(k.stored for k in parts)))
+        self.parts = parts
+
+    @property
+    def kind(self) -> str:
+        return "combo"
+
+    def take_in_place(self) -> None:
+        """The parts' in-place writes (code generation found them, per part), kept where no
+        other part reads the input written over: parts run side by side, or one after another."""
+        readers: dict[str, set] = {}
+        for k, part in enumerate(self.parts):
+            for m in part.members:
+                for name, _ in ir.reads_of(m.comp).loads:
+                    readers.setdefault(name, set()).add(k)
+        self.in_place = {out: [x for x in over if readers.get(x, set()) <= {k}]
+                         for k, part in enumerate(self.parts) for out, over in part.in_place.items()}
+
+
 @dataclass
 class ExternCall:
     box: TensorBox

@@ -13,7 +13,7 @@ import math
 from .. import ir
 from ..ir import Index
 from ..lower.boxes import TensorBox
-from .kernels import ExternCall, FusionPass, Kernel, Member
+from .kernels import ComboKernel, ExternCall, FusionPass, Kernel, Member
 
 
 class RealizeReductions(FusionPass):
@@ -213,6 +213,55 @@ class ElideStores(FusionPass):
                     if m.box.name not in needed and m.box.name in step.stored:
                         step.stored.discard(m.box.name)
                         state.log(f"{self.name}: {m.box.name} stays in {step.name}'s registers")
+
+
+class ComboKernels(FusionPass):
+    """Consecutive pointwise kernels that do not read what another writes are launched as one
+    kernel (Inductor's combo kernels): an optimizer step updating every parameter with one
+    launch instead of one per parameter. Each part keeps its own sizes and code."""
+    name = "combo-kernels"
+    max_parts = 32
+
+    def run(self, state):
+        steps, group = [], []
+
+        def close():
+            if len(group) > 1:
+                combo = ComboKernel(f"combo_{group[0].name}", list(group))
+                state.log(f"{self.name}: {', '.join(k.name for k in group)} launched as {combo.name}")
+                steps.append(combo)
+            else:
+                steps.extend(group)
+            group.clear()
+
+        for step in state.steps:
+            reason = self.why_not(group, step) if group else None
+            if reason is not None:
+                state.log(f"{self.name}: {step.name if isinstance(step, Kernel) else step.box.name} "
+                          f"not launched with {group[0].name}: {reason}")
+                close()
+            if self.why_not([], step) is None:
+                group.append(step)
+            else:
+                close()
+                steps.append(step)
+        close()
+        state.steps = steps
+
+    def why_not(self, group: list[Kernel], new) -> str | None:
+        """None when `new` may join the kernels of `group` in one launch, else why not."""
+        if not isinstance(new, Kernel) or new.kind != "pointwise":
+            return "not a pointwise kernel"
+        if any(ir.is_symbolic(s) or s == 0 for s in new.x_sizes):
+            return "a dynamic or empty size"
+        if len(group) >= self.max_parts:
+            return f"the combo has {self.max_parts} parts already"
+        written = set().union(*(stores(k) for k in group))
+        if loads(new) & written:
+            return f"reads {sorted(loads(new) & written)[0]}, written by the combo"
+        if stores(new) & set().union(*(loads(k) for k in group)):
+            return "writes what the combo reads"
+        return None
 
 
 def loads(step) -> set[str]:
