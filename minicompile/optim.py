@@ -89,7 +89,8 @@ def _kind(opt) -> str | None:
 
 
 def why_not_modelled(opt) -> str | None:
-    """None when `opt.step()` can run compiled, else why not."""
+    """None when `opt.step()` can run compiled, else why not (the optimizer and its options;
+    the step itself finds sparse and complex gradients, as it gathers them)."""
     kind = _kind(opt)
     if kind is None:
         return f"{type(opt).__name__} is not one of the modelled optimizers (SGD, Adam, AdamW)"
@@ -102,11 +103,6 @@ def why_not_modelled(opt) -> str | None:
         if any(isinstance(v, torch.Tensor) for v in group.values() if not isinstance(v, list)) or \
                 any(isinstance(b, torch.Tensor) for b in group.get("betas", ())):
             return "a hyperparameter is a tensor"
-        for p in group["params"]:
-            g = p.grad
-            if g is not None and (g.is_sparse or g.layout != torch.strided or torch.is_complex(p)
-                                  or g.device != p.device or g.dtype != p.dtype):
-                return "a sparse or complex gradient, or one of another device or dtype than its parameter"
     return None
 
 
@@ -126,12 +122,19 @@ def step_method(fn) -> object | None:
 # --------------------------------------------------------------------------------------
 # The step
 # --------------------------------------------------------------------------------------
+class _NotModelled(Exception):
+    """Found while gathering a group: the optimizer's own step runs instead."""
+
+
 class CompiledStep:
     """`opt.step(closure=None)` with the arithmetic compiled by `compile_update(fn)`."""
 
     def __init__(self, opt, compile_update: Callable, scheduled: bool = False):
         self._opt, self.scheduled = weakref.ref(opt), scheduled      # (the cache of steps is weak)
         self.update = compile_update(sgd_update if _kind(opt) == "sgd" else adam_update)
+        self.kind = _kind(opt)
+        self.init_takes_amsgrad = "amsgrad" in inspect.signature(opt._init_group).parameters
+        self.decoupled = type(opt) is torch.optim.AdamW          # (where groups do not say)
 
     @property
     def opt(self):
@@ -153,19 +156,29 @@ class CompiledStep:
                 with torch.enable_grad():
                     loss = kwargs["closure"]()
             with torch.no_grad():
-                for group in opt.param_groups:
-                    (self._sgd if _kind(opt) == "sgd" else self._adam)(group)
+                try:
+                    gathered = [(self._gather_sgd if self.kind == "sgd" else self._gather_adam)(group)
+                                for group in opt.param_groups]
+                except _NotModelled as why:
+                    log_not_modelled(opt, str(why))
+                    type(opt).step.__wrapped__(opt)       # its update alone (hooks ran here)
+                else:
+                    for group, lists in zip(opt.param_groups, gathered):
+                        if lists[0]:
+                            (self._sgd if self.kind == "sgd" else self._adam)(group, *lists)
             opt._optimizer_step_code()
             for post_hook in chain(opt._optimizer_step_post_hooks.values(),
                                    _global_optimizer_post_hooks.values()):
                 post_hook(opt, args, kwargs)
         return loss
 
-    def _sgd(self, group) -> None:
+    def _gather_sgd(self, group) -> tuple:
         params, grads, bufs = [], [], []
-        self.opt._init_group(group, params, grads, bufs)
-        if not params:
-            return
+        if self.opt._init_group(group, params, grads, bufs):
+            raise _NotModelled("a sparse gradient")
+        return params, grads, bufs
+
+    def _sgd(self, group, params, grads, bufs) -> None:
         new_bufs = self.update(params, grads, bufs, -group["lr"], group["weight_decay"],
                                group["momentum"], 1 - group["dampening"], group["nesterov"],
                                group["maximize"])
@@ -173,14 +186,14 @@ class CompiledStep:
             for p, buf in zip(params, new_bufs):
                 self.opt.state[p]["momentum_buffer"] = buf
 
-    def _adam(self, group) -> None:
-        params, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs, steps = [], [], [], [], [], []
-        lists = (params, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs, steps)
-        if "amsgrad" in inspect.signature(self.opt._init_group).parameters:   # older AdamW's
-            lists = (params, grads, group["amsgrad"], *lists[2:])
-        self.opt._init_group(group, *lists)
-        if not params:
-            return
+    def _gather_adam(self, group) -> tuple:
+        lists = ([], [], [], [], [], [])      # params, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs, steps
+        args = (*lists[:2], group["amsgrad"], *lists[2:]) if self.init_takes_amsgrad else lists
+        if self.opt._init_group(group, *args):           # older AdamW's takes amsgrad
+            raise _NotModelled("a complex parameter")
+        return lists
+
+    def _adam(self, group, params, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs, steps) -> None:
         torch._foreach_add_(steps, 1)
         beta1, beta2 = group["betas"]
         lr = group["lr"]
@@ -191,8 +204,7 @@ class CompiledStep:
         weight_decay = group["weight_decay"]
         self.update(params, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs, neg_step_sizes,
                     bias_correction2_sqrts, 1 - lr * weight_decay, 1 - beta1, beta2, 1 - beta2,
-                    group["eps"], weight_decay,
-                    group.get("decoupled_weight_decay", type(self.opt) is torch.optim.AdamW),
+                    group["eps"], weight_decay, group.get("decoupled_weight_decay", self.decoupled),
                     group["amsgrad"], group["maximize"])
 
 
