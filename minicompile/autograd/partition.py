@@ -14,11 +14,12 @@ default partitioner has it:
   is saved anyway).
 
 Which values to save is then a minimum cut. Each value v of the forward is an edge v_in -> v_out
-whose capacity is its size in bytes; a value's users hang off v_out. The source feeds the
-inputs and the expensive values (they are available in the forward); the nodes the backward
-must run (those that read a gradient) drain into the sink. A cut separates what the forward
-computes from what the backward computes, and the edges it cuts are the values that cross:
-the saved values, of the fewest bytes in all (networkx's max-flow).
+whose capacity is what saving it costs (`save_cost`: its size in bytes, and a tie-breaker); a
+value's users hang off v_out. The source feeds the inputs and the expensive values (they are
+available in the forward); the nodes the backward must run (those that read a gradient) drain
+into the sink. A cut separates what the forward computes from what the backward computes, and
+the edges it cuts are the values that cross: the saved values, of the fewest bytes in all
+(networkx's max-flow).
 
 Hands on a `Partition`: the forward graph (primals -> forward outputs, then saved values) and
 the backward graph (saved values, then tangents -> gradients), both aten-level FX graphs.
