@@ -198,3 +198,26 @@ def test_partition_saves_an_input_rather_than_a_view_of_it(kernel_backend):
         assert_same(out, expected)
         torch.testing.assert_close(w.grad, w_twin.grad, rtol=1e-4, atol=1e-5)
     assert minicompile.metrics.kernels - minicompile.metrics.backward_kernels == 1
+
+
+def test_double_backward_raises_instead_of_dropping_second_order_terms(kernel_backend):
+    """A gradient penalty: the gradient of x, taken with create_graph=True, is right; the
+    compiled backward is not itself differentiable, so differentiating that gradient raises
+    (as torch.compile does) instead of silently leaving the penalty's terms out."""
+    torch.manual_seed(6)
+    lin = nn.Linear(4, 1).to(DEVICE)
+    twin = copy.deepcopy(lin)
+
+    def f(m, x):
+        return torch.tanh(m(x)).sum()
+    x = randn(6, 4).requires_grad_()
+    compiled = minicompile.compile(f)
+    out = compiled(lin, x)
+    (g,) = torch.autograd.grad(out, x, create_graph=True)
+    (expected,) = torch.autograd.grad(f(twin, x), x, create_graph=True)
+    assert_same(g, expected)
+    penalty = out + g.square().sum()
+    with pytest.raises(RuntimeError, match="not differentiable"):
+        torch.autograd.grad(penalty, lin.weight, retain_graph=True)
+    with pytest.raises(RuntimeError, match="not differentiable"):
+        penalty.backward()
