@@ -5,7 +5,8 @@ contract a callable with the user's graph's inputs and outputs. Each call runs t
 forward inside a `torch.autograd.Function`, which keeps the saved values for the backward
 (through `ctx.save_for_backward`, so that a later in-place write to one of them raises, as in
 eager, instead of giving a wrong gradient); `loss.backward()` then runs the compiled backward,
-which returns the gradients of the inputs that need them.
+which returns the gradients of the inputs that need them. The compiled backward has no backward
+of its own: a gradient of those gradients (double backward) raises.
 """
 from __future__ import annotations
 
