@@ -1,11 +1,16 @@
-"""The fusion decisions as a picture: `draw(fn_or_gm, example_inputs, passes)` (also reachable as
-`minicompile.fusion.draw`).
+"""The compiler's decisions as pictures (matplotlib):
 
-One column per plan (a list of passes run by `schedule`), left to right; in each column one box
-per step, in execution order. A coloured box is a generated kernel: its name and kind, the
-operations it computes from top to bottom (a bold one is a buffer the kernel writes to memory;
-the others stay in registers or are recomputed), and the bytes it reads and writes. A grey,
-hatched box is an extern call: PyTorch's own kernel (a matrix product, a fallback).
+- `draw(fn_or_gm, example_inputs, passes)` (also reachable as `minicompile.fusion.draw`): the
+  fusion decisions. One column per plan (a list of passes run by `schedule`), left to right; in
+  each column one box per step, in execution order. A coloured box is a generated kernel: its
+  name and kind, the operations it computes from top to bottom (a bold one is a buffer the
+  kernel writes to memory; the others stay in registers or are recomputed), and the bytes it
+  reads and writes. A grey, hatched box is an extern call: PyTorch's own kernel (a matrix
+  product, a fallback).
+- `draw_partition(joint, part)`: the AOT autograd partition (autograd/partition.py). Every node
+  of the joint forward+backward graph, in the graph's order from left to right, in one of
+  three lanes: the forward's work on top, the forward work the backward does (again) in the
+  middle, the backward's work below; the saved values ringed in red.
 
 matplotlib is imported only when drawing (it comes with the book's dependencies).
 """
@@ -154,3 +159,103 @@ def _box(step) -> tuple[str, list, object]:
                   "small"))
     index = int(step.name.removeprefix("kernel")) if step.name.removeprefix("kernel").isdigit() else 0
     return step.name, lines, matplotlib.colormaps["tab10"](KERNEL_COLORS[index % len(KERNEL_COLORS)])
+
+
+# the lanes of draw_partition, top to bottom: (role, y, colour, legend label)
+PARTITION_LANES = [("forward", 2.0, "tab:blue", "forward"),
+                   ("recomputed", 1.0, "tab:purple", "recomputed in the backward"),
+                   ("backward", 0.0, "tab:orange", "backward (reads a gradient)")]
+
+
+def partition_roles(joint, part) -> dict:
+    """{joint node name: role} for every node of the joint graph but its output. Roles: 'forward'
+    (an input of the forward, or computed by the forward graph alone), 'recomputed' (computed by
+    the backward graph without reading a gradient: forward work done again, or moved there),
+    'backward' (a gradient input, or work that reads one)."""
+    from .autograd.partition import _descendants
+    graph = joint.graph.graph
+    placeholders = [n for n in graph.nodes if n.op == "placeholder"]
+    reads_tangent = _descendants(placeholders[joint.num_primals:])
+    in_backward = {n.name for n in part.backward.graph.nodes if n.op == "call_function"}
+    roles = {}
+    for n in graph.nodes:
+        if n.op == "output":
+            continue
+        if n in reads_tangent:
+            roles[n.name] = "backward"
+        elif n.name in in_backward:
+            roles[n.name] = "recomputed"
+        else:
+            roles[n.name] = "forward"
+    return roles
+
+
+def draw_partition(joint, part=None, ax=None, title: str | None = None, labels: bool | None = None):
+    """Draw the partition of a joint graph (autograd.trace_joint's) into forward and backward;
+    return the matplotlib Figure.
+
+    part:    its `Partition` (None: `autograd.partition(joint)`).
+    labels:  write each node's op under it (None: when the graph has at most 40 nodes).
+
+    Each node is one marker (a Line2D whose gid is 'role:name', role as `partition_roles`
+    gives it), joined to the nodes it reads by grey lines; a saved value has a red ring and its
+    gid ends in ':saved'. Every line from the top lane into the lower two leaves a saved value:
+    what the backward reads of the forward is exactly what was saved.
+    """
+    try:
+        import matplotlib.pyplot as plt
+        from matplotlib.lines import Line2D
+    except ImportError as e:                                   # pragma: no cover
+        raise ImportError("draw_partition needs matplotlib (pip install matplotlib, or the "
+                          "package's [book] extra)") from e
+    from .autograd import partition
+
+    part = part if part is not None else partition(joint)
+    roles = partition_roles(joint, part)
+    nodes = [n for n in joint.graph.graph.nodes if n.name in roles]
+    saved = set(part.saved)
+    labels = len(nodes) <= 40 if labels is None else labels
+    lane = {role: (y, color) for role, y, color, _ in PARTITION_LANES}
+    where = {n.name: (i, lane[roles[n.name]][0]) for i, n in enumerate(nodes)}
+    if ax is None:
+        width = min(16.0, max(6.0, 0.42 * len(nodes) if labels else 0.1 * len(nodes)))
+        fig, ax = plt.subplots(figsize=(width, 3.2 + (0.3 if title else 0.0)), layout="constrained")
+    else:
+        fig = ax.figure
+    for n in nodes:
+        for m in n.all_input_nodes:
+            (x0, y0), (x1, y1) = where[m.name], where[n.name]
+            ax.plot([x0, x1], [y0, y1], color="0.75", lw=0.6, zorder=1)
+    size = 9 if labels else 5
+    for n in nodes:
+        x, y = where[n.name]
+        role = roles[n.name]
+        gid = f"{role}:{n.name}" + (":saved" if n.name in saved else "")
+        ax.plot([x], [y], marker="o", ms=size, color=lane[role][1], zorder=3,
+                mec="red" if n.name in saved else "k", mew=2.2 if n.name in saved else 0.5, gid=gid)
+        if labels:
+            ax.text(x, y - 0.22, _op_name(n), rotation=60, ha="right", va="top", fontsize=7)
+    counts = {role: sum(r == role for r in roles.values()) for role, *_ in PARTITION_LANES}
+    handles = [Line2D([], [], marker="o", ls="", color=color, mec="k", mew=0.5,
+                      label=f"{label}: {counts[role]}") for role, _, color, label in PARTITION_LANES]
+    handles.append(Line2D([], [], marker="o", ls="", color="white", mec="red", mew=2.2,
+                          label=f"saved: {len(saved)}, {format_bytes(part.saved_bytes)}"))
+    ax.legend(handles=handles, loc="upper left", bbox_to_anchor=(1.0, 1.0), fontsize=8, frameon=False)
+    ax.set_yticks([y for _, y, _, _ in PARTITION_LANES], ["forward", "recomputed", "backward"])
+    ax.set_ylim(-1.2 if labels else -0.4, 2.4)
+    ax.set_xlim(-0.8, len(nodes) - 0.2)
+    ax.set_xticks([])
+    for side in ("top", "right", "bottom"):
+        ax.spines[side].set_visible(False)
+    if title:
+        ax.set_title(title)
+    return fig
+
+
+def _op_name(node) -> str:
+    """'mm', 'exp', 'permute', 'getitem'... or the placeholder's name."""
+    if node.op == "placeholder":
+        return node.name
+    target = node.target
+    name = getattr(target, "__name__", str(target))
+    return name.split(".")[0]

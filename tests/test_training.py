@@ -172,3 +172,52 @@ def test_partition_saves_one_value_and_recomputes_the_pointwise_chain():
     x, w = randn(8, 5), randn(5, 4).requires_grad_()
     part = partition(trace_joint(torch.fx.symbolic_trace(f), [x, w]))
     assert len(part.saved) == 2 and part.saved_bytes == (8 * 4 + 8 * 5) * 4, part.saved
+
+
+def test_partition_saves_an_input_rather_than_a_view_of_it(kernel_backend):
+    """x @ w: w's gradient needs x, read in the backward as x.t(). Saving x and saving x.t()
+    cost the same bytes, but a saved view is a forward output, written as a copy by an extra
+    kernel; the input is handed on as it is. So the input is saved, and the forward is one
+    kernel (exp, then the sigmoid chain), with gradients equal to eager's."""
+    from minicompile.autograd import partition, trace_joint
+
+    def f(x, w):
+        return torch.sigmoid(torch.exp(x @ w) * 2 + 1)
+    x, w = randn(9, 5), randn(5, 3).requires_grad_()
+    part = partition(trace_joint(torch.fx.symbolic_trace(f), [x, w]))
+    assert ("primal", 0) in part.saved_from and len(part.saved) == 2, part.saved
+    minicompile.metrics.reset()
+    compiled = minicompile.compile(f)
+    for _ in range(2):
+        x, w = randn(9, 5), randn(5, 3).requires_grad_()
+        w_twin = w.detach().clone().requires_grad_()
+        out = compiled(x, w)
+        out.backward(torch.ones_like(out))
+        expected = f(x, w_twin)
+        expected.backward(torch.ones_like(expected))
+        assert_same(out, expected)
+        torch.testing.assert_close(w.grad, w_twin.grad, rtol=1e-4, atol=1e-5)
+    assert minicompile.metrics.kernels - minicompile.metrics.backward_kernels == 1
+
+
+def test_double_backward_raises_instead_of_dropping_second_order_terms(kernel_backend):
+    """A gradient penalty: the gradient of x, taken with create_graph=True, is right; the
+    compiled backward is not itself differentiable, so differentiating that gradient raises
+    (as torch.compile does) instead of silently leaving the penalty's terms out."""
+    torch.manual_seed(6)
+    lin = nn.Linear(4, 1).to(DEVICE)
+    twin = copy.deepcopy(lin)
+
+    def f(m, x):
+        return torch.tanh(m(x)).sum()
+    x = randn(6, 4).requires_grad_()
+    compiled = minicompile.compile(f)
+    out = compiled(lin, x)
+    (g,) = torch.autograd.grad(out, x, create_graph=True)
+    (expected,) = torch.autograd.grad(f(twin, x), x, create_graph=True)
+    assert_same(g, expected)
+    penalty = out + g.square().sum()
+    with pytest.raises(RuntimeError, match="not differentiable"):
+        torch.autograd.grad(penalty, lin.weight, retain_graph=True)
+    with pytest.raises(RuntimeError, match="not differentiable"):
+        penalty.backward()

@@ -5,7 +5,8 @@ contract a callable with the user's graph's inputs and outputs. Each call runs t
 forward inside a `torch.autograd.Function`, which keeps the saved values for the backward
 (through `ctx.save_for_backward`, so that a later in-place write to one of them raises, as in
 eager, instead of giving a wrong gradient); `loss.backward()` then runs the compiled backward,
-which returns the gradients of the inputs that need them.
+which returns the gradients of the inputs that need them. The compiled backward has no backward
+of its own: a gradient of those gradients (double backward) raises.
 """
 from __future__ import annotations
 
@@ -58,6 +59,17 @@ class _Function(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, *grad_outputs):
+        with torch.no_grad():
+            grads = _Function._gradients(ctx, *grad_outputs)
+        if torch.is_grad_enabled():
+            # create_graph=True: these gradients may be differentiated, but the compiled backward
+            # has no backward of its own. Asking for one raises, as in torch.compile, rather
+            # than a gradient penalty silently losing its second-order terms.
+            return _not_differentiable(grads, ctx.saved_tensors)
+        return grads
+
+    @staticmethod
+    def _gradients(ctx, *grad_outputs):
         plan = ctx.plan
         joint = plan.joint
         # the backward was compiled for dense gradients (autograd may hand an expanded one)
@@ -73,6 +85,18 @@ class _Function(torch.autograd.Function):
         for k, g, needs in zip(joint.grad_inputs, grads, plan.partition.grad_tangents):
             result[k] = g if needs & used else None
         return (None, *result)
+
+
+def _not_differentiable(grads: tuple, saved: tuple) -> tuple:
+    """The gradients, each with a backward that raises (as torch's @once_differentiable). The
+    node also reads the saved values that need gradients (inputs passed on as they are), so that
+    a gradient asked of them reaches it and raises too."""
+    inputs = [t for t in saved if t.requires_grad]
+    error = torch._C._functions.DelayedError(
+        b"minicompile: the compiled backward is not differentiable (double backward: "
+        b"create_graph=True, then a gradient of a gradient)", len(grads) + len(inputs))
+    outs = error(*[g.detach().requires_grad_() if g is not None else None for g in grads], *inputs)
+    return tuple(outs[:len(grads)])
 
 
 def _laid_out(t: torch.Tensor, stride) -> torch.Tensor:

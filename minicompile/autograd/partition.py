@@ -14,11 +14,12 @@ default partitioner has it:
   is saved anyway).
 
 Which values to save is then a minimum cut. Each value v of the forward is an edge v_in -> v_out
-whose capacity is its size in bytes; a value's users hang off v_out. The source feeds the
-inputs and the expensive values (they are available in the forward); the nodes the backward
-must run (those that read a gradient) drain into the sink. A cut separates what the forward
-computes from what the backward computes, and the edges it cuts are the values that cross:
-the saved values, of the fewest bytes in all (networkx's max-flow).
+whose capacity is what saving it costs (`save_cost`: its size in bytes, and a tie-breaker); a
+value's users hang off v_out. The source feeds the inputs and the expensive values (they are
+available in the forward); the nodes the backward must run (those that read a gradient) drain
+into the sink. A cut separates what the forward computes from what the backward computes, and
+the edges it cuts are the values that cross: the saved values, of the fewest bytes in all
+(networkx's max-flow).
 
 Hands on a `Partition`: the forward graph (primals -> forward outputs, then saved values) and
 the backward graph (saved values, then tangents -> gradients), both aten-level FX graphs.
@@ -81,6 +82,15 @@ def recomputable(node: torch.fx.Node) -> bool:
     return torch.Tag.pointwise in t.tags or t.is_view
 
 
+def save_cost(node: torch.fx.Node) -> int | float:
+    """What saving a value costs the cut: its bytes, plus one, so that of equal sizes fewer
+    values are saved, plus one more for a view, so that of a value and a view of it as large
+    (a weight and its transpose) the value is saved: the forward hands a saved input on as it
+    is, where a saved view is a forward output, which the compiled forward writes as a copy."""
+    view = isinstance(node.target, torch._ops.OpOverload) and node.target.is_view
+    return nbytes(node) + (2 if view else 1)
+
+
 def partition(joint: Joint) -> Partition:
     import networkx as nx
 
@@ -103,8 +113,7 @@ def partition(joint: Joint) -> Partition:
         if node.op == "placeholder" or not recomputable(node):
             # available in the forward (an input, or too costly to run again)
             flow.add_edge("source", node.name + "_in", capacity=math.inf)
-        # saving costs the value's bytes (plus one, so that of equal sizes fewer are saved)
-        flow.add_edge(node.name + "_in", node.name + "_out", capacity=nbytes(node) + 1)
+        flow.add_edge(node.name + "_in", node.name + "_out", capacity=save_cost(node))
         for user in node.users:
             flow.add_edge(node.name + "_out", user.name + "_in", capacity=math.inf)
     if "sink" in flow and "source" in flow:
