@@ -117,7 +117,8 @@ def graph_key(gm: torch.fx.GraphModule, example_inputs) -> str:
                           hashlib.sha256(value.detach().cpu().contiguous().view(torch.uint8).numpy()).hexdigest()))
         elif node.op == "placeholder":
             parts.append((node.name, sorted(node.meta.get("dynamic_dims", ()))))
-    storages = [t.untyped_storage().data_ptr() if isinstance(t, torch.Tensor) else None for t in example_inputs]
+    # (the storage's identity, which a backward graph's fake example inputs have too)
+    storages = [t.untyped_storage()._cdata if isinstance(t, torch.Tensor) else None for t in example_inputs]
     parts.append([_describe(t) for t in example_inputs])
     parts.append([storages.index(s) if s is not None else None for s in storages])   # which share memory
     settings = {k: v for k, v in vars(config).items()
