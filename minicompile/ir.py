@@ -497,6 +497,8 @@ def use_ops(handler):
 # config.fallback_random is off): a float32 in [0, 1) and a standard normal one, from Philox
 # 4x32-10 as Triton's tl.rand and tl.randn draw them (the C++ kernels compute the same bits);
 # seed is an int64 value, offset an int32 (the element's position).
+# opaque(x) is x, as a value the compiler may not reason about (on a GPU, Triton's LLVM would
+# otherwise narrow an int32 abs of a widened int16 back to the int16 abs that gets -32768 wrong).
 # name -> number of operands.
 POINTWISE_OPS = {
     "add": 2, "sub": 2, "mul": 2, "truediv": 2, "pow": 2,
@@ -507,6 +509,7 @@ POINTWISE_OPS = {
     "sin": 1, "cos": 1, "tanh": 1, "sigmoid": 1, "erf": 1, "reciprocal": 1,
     "floor": 1, "ceil": 1, "logical_not": 1, "isnan": 1,
     "rand": 2, "randn": 2,
+    "opaque": 1,
 }
 
 # Graph targets that draw from PyTorch's random-number generator. By default each runs as

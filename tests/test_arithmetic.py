@@ -322,12 +322,6 @@ def test_small_integers_wrap_where_they_are_read_again(kernel_backend, dtype):
 @pytest.mark.parametrize("dtype", [torch.int8, torch.int16])
 def test_abs_of_the_minimum_wraps(kernel_backend, dtype):
     """abs(-32768) is -32768 in int16, also when a widening cast reads it."""
-    if DEVICE == "cuda" and dtype == torch.int16:
-        # measured on an H100 (Triton 3.6): the int16 abs of -32768 widens to 32768, though
-        # the same widening of a negation is right (codegen.triton's to_dtype reads the bits).
-        # tl.abs, tl.where(x < 0, -x, x) and an int32 abs cast back to int16 all give 32768:
-        # the compiler takes the minimum's negation for an overflow it may assume away
-        pytest.xfail("Triton's int16 abs of -32768 widens to 32768 on a GPU")
     info = torch.iinfo(dtype)
     x = t([10, info.max, info.min, -3, 0, info.min + 1], dtype)
     check_compiled(lambda x: (x.abs().to(torch.int32), x.abs() < 0), x)

@@ -265,7 +265,7 @@ class CppWriter(KernelWriter):
         "eq": "({0} == {1})", "ne": "({0} != {1})", "lt": "({0} < {1})", "le": "({0} <= {1})",
         "gt": "({0} > {1})", "ge": "({0} >= {1})", "logical_and": "({0} && {1})",
         "logical_or": "({0} || {1})", "logical_not": "(!{0})", "neg": "mc_neg({0})",
-        "abs": "mc_abs({0})", "relu": "mc_relu({0})", "exp": "mc_exp({0})", "log": "std::log({0})",
+        "opaque": "{0}", "abs": "mc_abs({0})", "relu": "mc_relu({0})", "exp": "mc_exp({0})", "log": "std::log({0})",
         "sqrt": "std::sqrt({0})", "rsqrt": "(1 / std::sqrt({0}))", "sin": "std::sin({0})",
         "cos": "std::cos({0})", "tanh": "std::tanh({0})", "sigmoid": "mc_sigmoid({0})",
         "erf": "std::erf({0})", "reciprocal": "(1 / {0})", "floor": "mc_floor({0})",

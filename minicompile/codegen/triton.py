@@ -229,6 +229,13 @@ class TritonWriter(KernelWriter):
     def sqrt(self, x):
         return self._emit(f"tl.sqrt_rn({x})" if self.float32_only else f"tl.sqrt({x})")
 
+    def opaque(self, x):
+        """x (an int32), hidden from the compiler's reasoning on a GPU by an empty asm move."""
+        if not self.device_asserts:                 # Triton's interpreter: no compiler
+            return x
+        return self._emit(f'tl.inline_asm_elementwise("mov.b32 $0, $1;", "=r,r", [{x}], '
+                          f"dtype=tl.int32, is_pure=True, pack=1)")
+
     def _block(self, x):
         """A Python float as a float32 block (tl.div_rn takes blocks)."""
         return f"tl.full([1], {x}, tl.float32)" if x in self.constants and not x.startswith("tl.") else x

@@ -183,8 +183,21 @@ def _arith_box(node, values, op, inputs):
 # --------------------------------------------------------------------------- pointwise
 
 for _name in ["exp", "log", "sqrt", "rsqrt", "sin", "cos", "tanh", "sigmoid",
-              "reciprocal", "abs", "neg", "relu"]:
+              "reciprocal", "neg", "relu"]:
     _unary(_name, (lambda n: (lambda x: getattr(ops, n)(x)))(_name))
+
+
+@register([torch.abs, torch.Tensor.abs, "abs", torch.absolute], "input", pointwise=True)
+def _abs(node, values, input):
+    """|x|. Of an int8 or int16: the abs of its int32 value, cast back (so the minimum stays
+    the minimum, as in eager), the int32 kept opaque: on a GPU the compiler would narrow it to
+    the int16 abs, whose -32768 widens to 32768."""
+    meta = _meta(node, values)
+    if meta is not None and meta.dtype in (torch.int8, torch.int16):
+        dtype = meta.dtype
+        return _pointwise_box(node, values, lambda x: ops.to_dtype(
+            ops.abs(ops.opaque(ops.to_dtype(x, torch.int32, dtype))), dtype, torch.int32), [input])
+    return _pointwise_box(node, values, ops.abs, [input])
 
 
 @register([torch.floor, torch.Tensor.floor, "floor", torch.ceil, torch.Tensor.ceil, "ceil"], "input",
