@@ -313,6 +313,24 @@ def test_a_float_that_changes_becomes_an_input(kernel_backend):
     SCALE = 2.0
 
 
+def branches_on_a_float(x, a):
+    if a != 0:
+        return x * a
+    if a > -1:          # (never reached with a != 0: the guard holds the first answer)
+        return x + 1
+    return x - 1
+
+
+def test_a_branch_on_a_dynamic_float_is_guarded(kernel_backend):
+    # once the float is a graph input, `if a != 0` is answered for the example and guarded:
+    # a call with a = 0 takes the other branch, as eager does
+    compiled = minicompile.compile(branches_on_a_float)
+    x = torch.randn(5, device=DEVICE)
+    for a in (2.0, 3.0, 0.0, 5.0, 0.0):
+        torch.testing.assert_close(compiled(x, a), branches_on_a_float(x, a))
+    assert minicompile.metrics.recompiles == 2
+
+
 def rotate_into_a_cache(k, x, w):
     """A KV-cache step as GPT-NeoX writes it: a head of a linear's output (a view of its flat
     buffer), rotated, concatenated onto a cache whose length is dynamic."""

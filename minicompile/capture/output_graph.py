@@ -13,6 +13,7 @@ are worked out here on fake tensors, and comparisons of them answered on the sym
 from __future__ import annotations
 
 import copy
+import math
 import operator
 import os
 import re
@@ -62,6 +63,8 @@ METADATA_METHODS = {"size", "dim", "ndimension", "numel", "nelement", "stride",
 
 
 # Integer arithmetic kept symbolic on dynamic sizes (anything else specializes them)
+COMPARE_SYMBOLS = {operator.eq: "==", operator.ne: "!=", operator.lt: "<", operator.le: "<=",
+                   operator.gt: ">", operator.ge: ">="}
 SIZE_ARITHMETIC = {"+": operator.add, "+=": operator.add, "-": operator.sub, "-=": operator.sub,
                    "*": operator.mul, "*=": operator.mul, "//": operator.floordiv,
                    "//=": operator.floordiv}
@@ -573,6 +576,8 @@ class OutputGraph:
         becomes a condition of the guard (`x.size(2) > 3`), so another answer recompiles. None
         where the sizes cannot be worked out symbolically."""
         from torch.fx.experimental.symbolic_shapes import statically_known_true
+        if any(isinstance(v, SymIntVariable) and type(v.example) is float for v in (a, b)):
+            return self._float_compare(op, a, b)
         try:
             fa, fb = self._sym_fake(a), self._sym_fake(b)
             cond = op(fa, fb)
@@ -589,6 +594,27 @@ class OutputGraph:
         if text is None:
             return None
         self.guards.shape_condition(text, text)
+        return answer
+
+    def _float_compare(self, op, a: VariableTracker, b: VariableTracker) -> Optional[bool]:
+        """A comparison of a float graph input (`if weight_decay != 0`) with a number or another
+        one: the example's answer, and a guard that the comparison still gives it (the float
+        stays a graph input). None where a side is neither (the caller specializes)."""
+        sides = []
+        for v in (a, b):
+            if isinstance(v, SymIntVariable) and v.proxy.node.op == "placeholder":
+                sides.append(v.proxy.node.meta["source_expr"])
+            elif isinstance(v, ConstantVariable) and not isinstance(v, SymIntVariable) and \
+                    type(v.value) in (int, float) and math.isfinite(v.value):
+                sides.append(repr(v.value))
+            else:
+                return None
+        symbol = COMPARE_SYMBOLS.get(op)
+        if symbol is None:
+            return None
+        answer = bool(op(example_of(a), example_of(b)))
+        text = f"({sides[0]} {symbol} {sides[1]})"
+        self.guards.shape_condition(text if answer else f"not {text}", text)
         return answer
 
     def _sym_fake(self, v: VariableTracker):

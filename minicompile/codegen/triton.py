@@ -178,7 +178,7 @@ class TritonWriter(KernelWriter):
         "cos": "tl.cos({0})", "tanh": "libdevice.tanh({0})", "sigmoid": "tl.sigmoid({0})",
         "erf": "tl.erf({0})", "reciprocal": "(1 / {0})", "floor": "tl.floor({0})",
         "ceil": "tl.ceil({0})", "isnan": "({0} != {0})", "where": "tl.where({0}, {1}, {2})",
-        "rand": "tl.rand({0}, {1})", "randn": "tl.randn({0}, {1})",
+        "rand": "tl.rand({0}, {1})", "randn": "tl.randn({0}, {1})", "opaque": "{0}",
     }
 
     def __init__(self, kernel, plan, buffers, mask: str):

@@ -13,6 +13,7 @@ import math
 from .. import ir
 from ..ir import Index
 from ..lower.boxes import TensorBox
+from ..lower.lowerings import as_view_of_buffer
 from .kernels import ComboKernel, ExternCall, FusionPass, Kernel, Member
 
 
@@ -28,14 +29,40 @@ class RealizeReductions(FusionPass):
 
 
 class RealizeOutputs(FusionPass):
-    """Graph outputs must exist in memory when the graph returns."""
+    """Graph outputs must exist in memory when the graph returns. An output that is a view in
+    eager (a chain of views, `mm(...).t().t()` in a backward) of a buffer the graph made is
+    returned as that view, with no copy: eager's result shares that memory too."""
     name = "realize-outputs"
 
     def run(self, state):
         for box in state.outputs:
-            if not box.is_realized:
+            if box.is_realized:
+                continue
+            view = _view_of_made_buffer(box)
+            if view is not None:
+                box.data = view
+                state.log(f"{self.name}: a graph output is a view of {view.base.name}, returned as one")
+            else:
                 box.realize()
                 state.log(f"{self.name}: {box.name} is a graph output")
+
+
+def _view_of_made_buffer(box: TensorBox):
+    """box as strides over the buffer it views, when it is views all the way down to a buffer
+    the graph computed (not an input: the epilogue makes those views), in eager's layout."""
+    link = box
+    while not link.is_realized:
+        if not (isinstance(link.data, ir.Pointwise) and link.data.aliases and len(link.reads) == 1):
+            return None
+        link = link.reads[0]
+    if isinstance(link.data, (ir.InputBuffer, ir.ViewOfBuffer)):
+        return None
+    view = as_view_of_buffer(box)
+    if view is None or view.base is not link or (
+            box.wanted_stride is not None and any(a != b and n > 1 for a, b, n in
+                                                  zip(view.stride, box.wanted_stride, box.shape))):
+        return None
+    return view
 
 
 class InlinePointwise(FusionPass):

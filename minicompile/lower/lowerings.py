@@ -1454,11 +1454,11 @@ def lower_fallback(program: ir.Program, node, values, target, args, kwargs, stri
     the result's strides, where the caller knows them better than a meta kernel does."""
     boxes = []
 
-    pure = _is_extern_kernel(target)     # reads its inputs only: a strided view will do
+    pure = _reads_inputs_only(target)    # a strided view of a buffer will do
 
     def realize(x):
         if isinstance(x, TensorBox):
-            view = _as_view_of_buffer(x) if pure else None
+            view = as_view_of_buffer(x) if pure else None
             if view is not None:         # a transpose or slice of a buffer: pass a strided view
                 x.data = view
             boxes.append(x.realize())
@@ -1515,7 +1515,7 @@ def constant_tensor(program: ir.Program, value: torch.Tensor) -> TensorBox:
     return TensorBox(data, program)
 
 
-def _as_view_of_buffer(box: TensorBox):
+def as_view_of_buffer(box: TensorBox):
     """If box only re-indexes a buffer in memory (no arithmetic; a linear index once
     divisions are simplified away), that buffer viewed with strides and an offset; else None."""
     if box.is_realized or not isinstance(box.data, ir.Pointwise):
@@ -1620,6 +1620,16 @@ def _in(target, kernels: set) -> bool:
 
 def _is_extern_kernel(target) -> bool:
     return _in(target, EXTERN_KERNELS) or isinstance(target, torch.nn.Module)
+
+
+def _reads_inputs_only(target) -> bool:
+    """Whether an op surely writes none of its tensor arguments, so that it may be given a
+    strided view of a buffer (a transpose, a head split) instead of a copy: the extern kernels,
+    and aten ops whose schema writes nothing (the functional graphs of training call these)."""
+    if _is_extern_kernel(target):
+        return not isinstance(target, torch.nn.Module)
+    schema = getattr(target, "_schema", None)
+    return isinstance(target, torch._ops.OpOverload) and schema is not None and not schema.is_mutable
 
 
 def returns_new_memory(target) -> bool:
