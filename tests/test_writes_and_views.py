@@ -6,6 +6,8 @@ caller can observe is compared: the results' values, sizes, strides and storage 
 results share memory with which input or with each other, and which result *is* an input; the
 inputs' values after the call. Writes stay in one graph (no graph break), as in TorchDynamo.
 """
+import re
+
 import pytest
 import torch
 import torch.nn as nn
@@ -180,7 +182,7 @@ def test_new_values_stored_straight_into_the_inputs_they_are_written_to(kernel_b
     compiled = compile_graph(torch.fx.symbolic_trace(momentum), [x, g])
     compiled(x, g)
     torch.testing.assert_close(x, expected)
-    in_place = "arg0.as_strided" in compiled.wrapper_source
+    in_place = re.search(r"= arg0(\.as_strided.*)?  # in place", compiled.wrapper_source) is not None
     # (the C++ kernels' pointers are __restrict__, so none of their outputs is stored over an input)
     assert in_place == (kernel_backend == "triton"), compiled.wrapper_source
 

@@ -162,6 +162,12 @@ def plan_memory(program: ir.Program, steps: list, kernel_args: dict, buffers: di
     return plan
 
 
+def _same_layout(buf, box) -> bool:
+    """An input buffer that is laid out as box (so the input tensor itself can stand for it)."""
+    return (isinstance(buf, ir.InputBuffer) and not buf.offset and list(buf.shape) == list(box.shape)
+            and list(buf.stride) == list(box.data.stride) and buf.dtype == box.dtype)
+
+
 def sizes(values) -> str:
     """A shape or strides as the Python tuple the wrapper evaluates (dynamic sizes by name)."""
     items = [ir.render_size(v) for v in values]
@@ -265,7 +271,11 @@ def build(program: ir.Program, steps: list, written: dict | None = None) -> Comp
                 shape = tuple(m.box.shape) or (1,)
                 stride = sizes(m.box.data.stride or (1,))
                 how, source = plan[m.box.name]
-                if how == "in place":
+                if how == "in place" and _same_layout(buffers[source], m.box):
+                    # (the very tensor: no view to make per call, nor a write-back to do)
+                    lines.append(f"    {m.box.name} = {source}  # in place: {step.name} reads {source} "
+                                 f"only where it writes this")
+                elif how == "in place":
                     lines.append(f"    {m.box.name} = {source}.as_strided({sizes(shape)}, {stride})"
                                  f"  # in place: {step.name} reads {source} only where it writes this")
                 elif how == "reuse":
