@@ -29,6 +29,9 @@ class LoopPlan:
     r_sizes: list[int]
     groups: list[tuple[list[str], str, int]]     # (canonical vars, merged var, merged size)
     zero: list[str]                              # canonical vars of size 1 (always index 0)
+    # more of the loads that walk a row step through memory along x than along r: a column
+    # reduction (a bias gradient's sum over rows), whose rows are far apart in memory
+    columns: bool = False
 
     def apply(self, index: Index) -> Index:
         if self.zero:
@@ -71,11 +74,12 @@ def plan_loops(kernel) -> LoopPlan:
     size of d+1) and neither appears inside a division or modulo."""
     x_idx, r_idx = canonical_indices(kernel)
     ranges = canonical_ranges(kernel)
-    indices = []
+    indices, loads = [], []
     for m in kernel.members:
         rec = ir.RecordingOps()
         with ir.use_ops(rec):
             m.run(x_idx, r_idx)
+        loads += [i.simplify(ranges) for _, i in rec.loads]
         indices += [idx.simplify(ranges) for idx in [i for _, i in rec.loads] + rec.index_exprs]
         indices.append(m.store_index(x_idx, r_idx))
     nonlinear = set().union(*[i.nonlinear_variables() for i in indices]) if indices else set()
@@ -98,7 +102,23 @@ def plan_loops(kernel) -> LoopPlan:
 
     xg, xz = groups_for("x", kernel.x_sizes, _store_order(kernel, x_idx, r_idx))
     rg, rz = groups_for("r", kernel.r_sizes)
-    return LoopPlan([g[2] for g in xg], [g[2] for g in rg], xg + rg, xz + rz)
+    return LoopPlan([g[2] for g in xg], [g[2] for g in rg], xg + rg, xz + rz,
+                    columns=_column_loads(loads, kernel))
+
+
+def _column_loads(loads: list, kernel) -> bool:
+    """Whether more of the loads that walk the rows (r) are contiguous along x than along r."""
+    rvars = [f"r{d}" for d in range(len(kernel.r_sizes)) if kernel.r_sizes[d] != 1]
+    xvars = [f"x{d}" for d in range(len(kernel.x_sizes)) if kernel.x_sizes[d] != 1]
+    along_r = along_x = 0
+    for index in loads:
+        if not any(index.coeff(v) != 0 for v in rvars):
+            continue                              # a per-row value: read once per row
+        if any(index.coeff(v) == 1 for v in rvars):
+            along_r += 1
+        elif any(index.coeff(v) == 1 for v in xvars):
+            along_x += 1
+    return along_x > along_r
 
 
 def _store_order(kernel, x_idx, r_idx) -> list[int] | None:
