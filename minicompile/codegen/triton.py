@@ -400,7 +400,7 @@ def kernel_source(kernel, buffers):
             persistent, xblock, rblock, _ = _reduction_config(xnumel, rnumel)   # warps: once the body is written
             columns = plan.columns and not ir.is_symbolic(xnumel) and not ir.is_symbolic(rnumel)
             if columns:
-                persistent, xblock, rblock = False, *_column_config(xnumel, rnumel)
+                persistent, (xblock, rblock, column_warps) = False, _column_config(xnumel, rnumel)
             rvars = [*_decompose("rindex", plan.r_vars, plan.r_sizes), _mask("r", rnumel, rblock, "[1, RBLOCK]")]
             head = [f"xindex = {pid} * XBLOCK + tl.arange(0, XBLOCK)[:, None]", _mask("x", xnumel, xblock, "[XBLOCK, 1]"),
                     *_decompose("xindex", plan.x_vars, plan.x_sizes), "rbase = tl.arange(0, RBLOCK)[None, :]"]
@@ -477,7 +477,7 @@ def kernel_source(kernel, buffers):
                     if m.box.name in kernel.stored:
                         writer.lines.append(store(m, value, row=False))
             body = head + writer.lines
-            num_warps = 8 if columns else _reduction_config(xnumel, rnumel, len(writer.whole_inputs))[3]   # (the inputs it reads whole)
+            num_warps = column_warps if columns else _reduction_config(xnumel, rnumel, len(writer.whole_inputs))[3]   # (the inputs it reads whole)
             # a static row length is a compile-time constant (the loop over it is unrolled or
             # bounded at compile time); a dynamic one is an argument like the other sizes
             params = ["xnumel", "rnumel" if ir.is_symbolic(rnumel) else "rnumel: tl.constexpr",
@@ -597,15 +597,16 @@ def _reduction_config(xnumel: int, rnumel: int, whole_inputs: int = 1) -> tuple[
     return persistent, xblock, rblock, num_warps
 
 
-def _column_config(xnumel: int, rnumel: int) -> tuple[int, int]:
-    """(XBLOCK, RBLOCK) for a column reduction (its rows far apart in memory, its columns
-    next to each other): a program takes XBLOCK neighbouring columns, at least 8 (a 32-byte
-    sector of float32 per row read) and at most 32, fewer where that leaves more programs
-    for the GPU's 132 multiprocessors, and walks the rows RBLOCK at a time (tiles of 4096)."""
+def _column_config(xnumel: int, rnumel: int) -> tuple[int, int, int]:
+    """(XBLOCK, RBLOCK, num_warps) for a column reduction (its rows far apart in memory, its
+    columns next to each other): a program takes XBLOCK neighbouring columns, at least 8 (a
+    32-byte sector of float32 per row read) and at most 32, fewer where that leaves more
+    programs for the GPU's 132 multiprocessors, and walks the rows RBLOCK at a time (tiles of
+    4096)."""
     xblock = 32
     while xblock > 8 and xnumel // xblock < 132:
         xblock //= 2
-    return xblock, max(16, min(4096 // xblock, _next_pow2(rnumel)))
+    return xblock, max(16, min(4096 // xblock, _next_pow2(rnumel))), 8
 
 
 def _pointwise_config(xnumel: int, whole_inputs: int = 1) -> tuple[int, int]:
