@@ -113,11 +113,39 @@ def trace_joint(gm: torch.fx.GraphModule, example_inputs) -> Joint:
         if node.op == "call_function" and node.target in (aten.alias.default, aten.detach.default):
             node.replace_all_uses_with(node.args[0])
             graph.graph.erase_node(node)
+    _fold_views(graph)
     graph.graph.eliminate_dead_code()
     graph.recompile()
     modes = [n.args[0] for n in gm.graph.nodes if n.target is torch._C._set_grad_enabled]
     return Joint(graph, len(primals), len(tensor_outs), differentiable, list(grad_inputs), inputs,
                  outputs, spec, modes[-1] if modes else None)
+
+
+def _fold_views(gm: torch.fx.GraphModule) -> None:
+    """Views that the compiled code would otherwise copy out of a graph, folded away. A permute
+    of a permute is one permute, and none where they undo each other: a linear layer's
+    backward multiplies by W.t().t(), which is W (so the partitioner saves the weight itself,
+    not a copy of it), and its weight's gradient is (x.t() @ g).t().t(). A sum that keeps its
+    reduced dims only for a view to drop them (a bias's gradient) does not keep them."""
+    for node in gm.graph.nodes:
+        if node.op != "call_function" or not isinstance(node.args[0], torch.fx.Node):
+            continue
+        inner = node.args[0]
+        if node.target is aten.permute.default and inner.target is aten.permute.default:
+            dims = [inner.args[1][d] for d in node.args[1]]
+            if dims == list(range(len(dims))):
+                node.replace_all_uses_with(inner.args[0])
+            else:
+                node.args = (inner.args[0], dims)
+        elif node.target is aten.view.default and inner.target is aten.sum.dim_IntList \
+                and len(inner.users) == 1 and not inner.kwargs and len(inner.args) == 3 and inner.args[2]:
+            x, dims = inner.args[0], inner.args[1]
+            shape = x.meta["val"].shape
+            kept = [d % len(shape) for d in dims]
+            if list(node.args[1]) == [s for d, s in enumerate(shape) if d not in kept]:
+                inner.args = (x, dims, False)
+                inner.meta["val"] = node.meta["val"]
+                node.replace_all_uses_with(inner)
 
 
 def _writes(gm: torch.fx.GraphModule) -> bool:

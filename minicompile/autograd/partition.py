@@ -11,14 +11,19 @@ default partitioner has it:
   a random op would draw other numbers);
 - pointwise ops and views are cheap: the backward may recompute them, and does where that
   saves bytes (a ReLU's mask is recomputed from the tensor it was applied to, when that tensor
-  is saved anyway).
+  is saved anyway);
+- but not a pointwise value that an extern kernel of the backward reads (the input of a
+  linear layer, which its weight's gradient multiplies): recomputed, it would be computed
+  again and stored by a kernel of its own in the backward, work the forward did already;
+  saved, it is read as it is. AOTAutograd's partitioner bans that recomputation too.
 
 Which values to save is then a minimum cut. Each value v of the forward is an edge v_in -> v_out
 whose capacity is its size in bytes; a value's users hang off v_out. The source feeds the
 inputs and the expensive values (they are available in the forward); the nodes the backward
 must run (those that read a gradient) drain into the sink. A cut separates what the forward
 computes from what the backward computes, and the edges it cuts are the values that cross:
-the saved values, of the fewest bytes in all (networkx's max-flow).
+the saved values, of the fewest bytes in all (networkx's max-flow). Of a view and the value it
+views, equal in bytes, the value is saved (a saved view would be copied out by the forward).
 
 Hands on a `Partition`: the forward graph (primals -> forward outputs, then saved values) and
 the backward graph (saved values, then tangents -> gradients), both aten-level FX graphs.
@@ -81,6 +86,33 @@ def recomputable(node: torch.fx.Node) -> bool:
     return torch.Tag.pointwise in t.tags or t.is_view
 
 
+# reductions read their input where they compute it (fused into their kernel): what they read
+# needs no buffer of its own
+_REDUCTIONS = {aten.sum.dim_IntList, aten.sum.default, aten.mean.dim, aten.mean.default, aten.amax.default,
+               aten.amin.default, aten.var.correction, aten.var_mean.correction, aten.prod.default,
+               aten.prod.dim_int}
+
+
+def is_view(node: torch.fx.Node) -> bool:
+    return node.op == "call_function" and isinstance(node.target, torch._ops.OpOverload) \
+        and node.target.is_view
+
+
+def read_by_backward_extern(node: torch.fx.Node, backward: set) -> bool:
+    """Whether an op of the backward that is neither pointwise nor a reduction (a matrix
+    product, a convolution's backward: an extern kernel) reads the node's value, directly or
+    through views."""
+    todo = list(node.users)
+    while todo:
+        user = todo.pop()
+        if is_view(user):
+            todo.extend(user.users)
+        elif user in backward and user.op == "call_function" and not recomputable(user) \
+                and user.target not in _REDUCTIONS:
+            return True
+    return False
+
+
 def partition(joint: Joint) -> Partition:
     import networkx as nx
 
@@ -100,11 +132,13 @@ def partition(joint: Joint) -> Partition:
         if node in reads_tangent:               # backward work: must run in the backward
             flow.add_edge(node.name + "_in", "sink", capacity=math.inf)
             continue
-        if node.op == "placeholder" or not recomputable(node):
+        if node.op == "placeholder" or not recomputable(node) \
+                or (not is_view(node) and read_by_backward_extern(node, reads_tangent)):
             # available in the forward (an input, or too costly to run again)
             flow.add_edge("source", node.name + "_in", capacity=math.inf)
-        # saving costs the value's bytes (plus one, so that of equal sizes fewer are saved)
-        flow.add_edge(node.name + "_in", node.name + "_out", capacity=nbytes(node) + 1)
+        # saving costs the value's bytes (plus one, so that of equal sizes fewer are saved; a
+        # view one more, so that the value it views is saved instead)
+        flow.add_edge(node.name + "_in", node.name + "_out", capacity=nbytes(node) + 1 + is_view(node))
         for user in node.users:
             flow.add_edge(node.name + "_out", user.name + "_in", capacity=math.inf)
     if "sink" in flow and "source" in flow:
