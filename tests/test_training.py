@@ -172,3 +172,40 @@ def test_partition_saves_one_value_and_recomputes_the_pointwise_chain():
     x, w = randn(8, 5), randn(5, 4).requires_grad_()
     part = partition(trace_joint(torch.fx.symbolic_trace(f), [x, w]))
     assert len(part.saved) == 2 and part.saved_bytes == (8 * 4 + 8 * 5) * 4, part.saved
+
+
+def test_partition_saves_weights_and_the_inputs_of_matrix_products():
+    """Two linear layers with a GELU between. The backward multiplies by W.t().t(), which is W:
+    the weight itself is saved (an input passed on as it is, never copied out by the forward).
+    The GELU's output, which the second weight's gradient multiplies, is saved rather than
+    recomputed by a kernel of its own in the backward (the forward computed it already); the
+    GELU's derivative is computed in the backward from the first product, which is saved."""
+    from minicompile.autograd import partition, trace_joint
+
+    def f(x, w1, b1, w2, b2):
+        return F.linear(F.gelu(F.linear(x, w1, b1)), w2, b2)
+    args = [randn(9, 7), randn(11, 7).requires_grad_(), randn(11).requires_grad_(),
+            randn(5, 11).requires_grad_(), randn(5).requires_grad_()]
+    joint = trace_joint(torch.fx.symbolic_trace(f), args)
+    aten = torch.ops.aten
+    assert not any(n.target is aten.permute.default and n.args[0].target is aten.permute.default
+                   for n in joint.graph.graph.nodes if n.op == "call_function")
+    part = partition(joint)
+    assert ("primal", 3) in part.saved_from and ("primal", 1) not in part.saved_from
+    saved = {n.name: n for n in joint.graph.graph.nodes if n.name in part.saved}
+    assert any(n.target is aten.gelu.default for n in saved.values()), part.saved
+    assert any(n.target is aten.addmm.default for n in saved.values()), part.saved
+    assert not any(n.target is aten.gelu.default for n in part.backward.graph.nodes)
+    forward_outputs = next(n for n in part.forward.graph.nodes if n.op == "output").args[0]
+    assert not any(getattr(o, "target", None) is aten.permute.default for o in forward_outputs)
+
+
+@pytest.mark.parametrize("name, forward_kernels", [("mlp", 2), ("gpt_block", 4)])
+def test_forward_kernels_compute_only_what_eager_does(kernel_backend, name, forward_kernels):
+    """The compiled forward of a training step copies nothing out for the backward (no weight,
+    no view of a product, no value it also feeds a matrix product through a reshape): the MLP
+    is one kernel per layer (GELU and residual; the last with the layer norm), the GPT block
+    four (each layer norm, the GELU, the last residual add)."""
+    model, make_input = _model(name)
+    minicompile.compile(model.train())(make_input()).square().mean().backward()
+    assert minicompile.metrics.kernels - minicompile.metrics.backward_kernels == forward_kernels

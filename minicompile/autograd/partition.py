@@ -94,8 +94,9 @@ _REDUCTIONS = {aten.sum.dim_IntList, aten.sum.default, aten.mean.dim, aten.mean.
 
 
 def is_view(node: torch.fx.Node) -> bool:
-    return node.op == "call_function" and isinstance(node.target, torch._ops.OpOverload) \
-        and node.target.is_view
+    """A view of another value (an item of split's pieces is one too)."""
+    return node.op == "call_function" and (node.target is operator.getitem or (
+        isinstance(node.target, torch._ops.OpOverload) and node.target.is_view))
 
 
 def read_by_backward_extern(node: torch.fx.Node, backward: set) -> bool:
@@ -136,9 +137,11 @@ def partition(joint: Joint) -> Partition:
                 or (not is_view(node) and read_by_backward_extern(node, reads_tangent)):
             # available in the forward (an input, or too costly to run again)
             flow.add_edge("source", node.name + "_in", capacity=math.inf)
-        # saving costs the value's bytes (plus one, so that of equal sizes fewer are saved; a
-        # view one more, so that the value it views is saved instead)
-        flow.add_edge(node.name + "_in", node.name + "_out", capacity=nbytes(node) + 1 + is_view(node))
+        # saving costs the value's bytes, plus a little so that of equal sizes fewer values are
+        # saved, and rather a value the forward computes anyway than one it would compute only
+        # to save it (a GELU's derivative; a view, which it would copy)
+        extra = 1 if not recomputable(node) else 3 if is_view(node) else 2
+        flow.add_edge(node.name + "_in", node.name + "_out", capacity=nbytes(node) + extra)
         for user in node.users:
             flow.add_edge(node.name + "_out", user.name + "_in", capacity=math.inf)
     if "sink" in flow and "source" in flow:
@@ -155,7 +158,12 @@ def partition(joint: Joint) -> Partition:
     computed = [s for s in saved if s.op != "placeholder"]
     saved_from = [("primal", primals.index(s)) if s.op == "placeholder" else ("computed", computed.index(s))
                   for s in saved]
-    forward = _subgraph(joint.graph, primals, fwd_outs + computed)
+    # what the forward computes only to save it (a layer norm's normalized input, which its
+    # weight's gradient reads) is computed as early as it can be, beside the work it comes from
+    # (the same kernel, where it walks the same rows), not after the forward's last output
+    fwd_nodes = [o for o in fwd_outs if isinstance(o, torch.fx.Node)]
+    only_saved = _ancestors(computed) - _ancestors(fwd_nodes)
+    forward = _subgraph(joint.graph, primals, fwd_outs + computed, early=only_saved)
     backward = _subgraph(joint.graph, saved + tangents, grads)
     grad_tangents = [{tangents.index(t) for t in _ancestors([g]) if t in tangents}
                      if isinstance(g, torch.fx.Node) else set() for g in grads]
@@ -182,9 +190,10 @@ def _closure(nodes, step) -> set:
     return seen
 
 
-def _subgraph(gm: torch.fx.GraphModule, inputs: list, outputs: list) -> torch.fx.GraphModule:
+def _subgraph(gm: torch.fx.GraphModule, inputs: list, outputs: list, early=frozenset()) -> torch.fx.GraphModule:
     """The nodes of gm that compute `outputs` from `inputs` (which become the placeholders),
-    in gm's order, with their meta (the fake values lowering reads)."""
+    in gm's order except that those in `early` come right after their last input, with their
+    meta (the fake values lowering reads)."""
     needed, todo = set(), [o for o in outputs if isinstance(o, torch.fx.Node)]
     stop = set(inputs)
     while todo:
@@ -201,8 +210,12 @@ def _subgraph(gm: torch.fx.GraphModule, inputs: list, outputs: list) -> torch.fx
     for n in inputs:
         env[n] = new.placeholder(n.name)
         env[n].meta = dict(n.meta)
+    order: list = []
     for n in gm.graph.nodes:
         if n in needed and n not in env:
-            env[n] = new.node_copy(n, lambda a: env[a])
+            after = [order.index(a) for a in n.all_input_nodes if a in order] if n in early else None
+            order.insert(max(after) + 1 if after else len(order) if after is None else 0, n)
+    for n in order:
+        env[n] = new.node_copy(n, lambda a: env[a])
     new.output([env[o] if isinstance(o, torch.fx.Node) else o for o in outputs])
     return torch.fx.GraphModule(gm, new)
