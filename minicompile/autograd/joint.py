@@ -22,6 +22,7 @@ from typing import Any
 
 import torch
 import torch.fx
+import torch.nn.functional as F
 import torch.utils._pytree as pytree
 
 aten = torch.ops.aten
@@ -92,9 +93,10 @@ def trace_joint(gm: torch.fx.GraphModule, example_inputs) -> Joint:
 
     def joint(primals, tangents):
         leafs = [p.detach().requires_grad_(n) for p, n in zip(primals, needs_grad)]
-        with torch.set_grad_enabled(grad_on):
+        with torch.set_grad_enabled(grad_on), _ChannelsLastConvolutions():
             outs, _ = run(leafs)
-        outs = [outs[i] for i in tensor_outs]
+        # the outputs in eager's layout (a value computed channels-last is made contiguous)
+        outs = [_as_laid_out(outs[i], leaves[i]) for i in tensor_outs]
         wanted = [k for k, n in enumerate(needs_grad) if n]
         grads = torch.autograd.grad([o for o, d in zip(outs, differentiable) if d],
                                     [leafs[k] for k in wanted], tangents, allow_unused=True)
@@ -119,6 +121,31 @@ def trace_joint(gm: torch.fx.GraphModule, example_inputs) -> Joint:
     modes = [n.args[0] for n in gm.graph.nodes if n.target is torch._C._set_grad_enabled]
     return Joint(graph, len(primals), len(tensor_outs), differentiable, list(grad_inputs), inputs,
                  outputs, spec, modes[-1] if modes else None)
+
+
+class _ChannelsLastConvolutions(torch.overrides.TorchFunctionMode):
+    """Inductor's layout optimization on a CPU: a 2-D convolution's input is made channels-last
+    (lowering gives oneDNN that layout, its fast one: lower/lowerings.py's convolution), so the
+    traced graph records, as eager would compute them, channels-last results for the
+    convolution and everything computed from it (batch norm, ReLU, pooling), in the forward and
+    in the backward alike. Lowering stores each value in the layout the graph records: without
+    this, the saved values and the backward's, recorded contiguous, are copied out of and back
+    into channels-last around every convolution."""
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        x = args[0] if args else None
+        if func in (torch.conv2d, F.conv2d) and isinstance(x, torch.Tensor) and x.dim() == 4 \
+                and x.device.type == "cpu" and x.dtype == torch.float32 and torch.backends.mkldnn.is_available():
+            args = (x.contiguous(memory_format=torch.channels_last), *args[1:])
+        return func(*args, **kwargs)
+
+
+def _as_laid_out(value, eager):
+    """value contiguous where eager's is (and value is not)."""
+    if isinstance(value, torch.Tensor) and eager.is_contiguous() and not value.is_contiguous():
+        return value.contiguous()
+    return value
 
 
 def _fold_views(gm: torch.fx.GraphModule) -> None:
