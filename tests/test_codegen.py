@@ -610,3 +610,20 @@ def test_an_extern_reads_a_view_of_a_value_the_graph_also_returns(kernel_backend
     for actual, expected in zip(compiled(x, w), f(x, w)):
         assert_same(actual, expected)
     assert minicompile.metrics.kernels == 1
+
+
+def test_wrapper_lets_go_of_each_buffer_after_its_last_reader(kernel_backend):
+    """Intermediate buffers (a product's result, a kernel's) are deleted once their last
+    reader has run, so their memory serves the buffers allocated after them; the outputs are
+    kept, results eager's."""
+    def f(x, w):
+        h = torch.relu(x @ w)
+        return (h @ w.t()) * 2 + 1, h.sum(0)
+    x, w = randn(37, 29), randn(29, 29)
+    compiled = compile_graph(torch.fx.symbolic_trace(f), [x, w])
+    for actual, expected in zip(compiled(x, w), f(x, w)):
+        torch.testing.assert_close(actual, expected, rtol=1e-5, atol=1e-5)
+    deleted = [n for line in compiled.wrapper_source.splitlines() if line.strip().startswith("del ")
+               for n in line.strip()[4:].split(", ")]
+    returned = compiled.wrapper_source.splitlines()[-1]
+    assert deleted and not any(re.search(rf"\b{n}\b", returned) for n in deleted), compiled.wrapper_source

@@ -115,6 +115,27 @@ def plan_reuse(program: ir.Program, steps: list, kernel_args: dict) -> tuple[dic
     return last_use, reusable - seen_by_extern - outputs
 
 
+def _dead_after(program: ir.Program, steps: list, kernel_args: dict, kept: set) -> dict[int, list[str]]:
+    """{step: the buffers read last by it}, to let go of each (`del`) once dead rather than
+    when the graph returns: PyTorch and malloc reuse its memory for the buffers allocated after
+    it, instead of growing the heap (and, on a CPU, taking a page fault on each new page of
+    it, every call, where malloc gives the top of its heap back to the system between calls).
+    Outputs, the buffers they view, and `kept` are not let go of here."""
+    last: dict[str, int] = {}
+    for i, step in enumerate(steps):
+        names = kernel_args.get(step.name, ()) if isinstance(step, Kernel) else \
+            [r.name for r in step.box.reads] + [step.box.name]
+        for name in names:
+            last[name] = i
+    kept = kept | {o.name for o in program.outputs if isinstance(o, TensorBox)} | set(program.symbols) \
+        | set(program.scalars) | {ir.INDEX_ERRORS}
+    dead: dict[int, list[str]] = {}
+    for name, i in last.items():
+        if name not in kept:
+            dead.setdefault(i, []).append(name)
+    return dead
+
+
 def plan_memory(program: ir.Program, steps: list, kernel_args: dict, buffers: dict) -> dict:
     """Where each buffer a kernel stores gets its memory, decided before any code is written:
     {buffer name: (how, source)}, how one of
@@ -244,6 +265,9 @@ def build(program: ir.Program, steps: list) -> CompiledGraph:
         return f"const{constants}"
 
     plan = plan_memory(program, steps, kernel_args, buffers)
+    # a buffer whose memory a later one takes is let go of by the line that takes it
+    taken = {source for how, source in plan.values() if how in ("reuse", "in place")}
+    dead_after = _dead_after(program, steps, kernel_args, kept=taken)
     for i, step in enumerate(steps):
         if isinstance(step, Kernel):
             for m in step.members:
@@ -297,6 +321,9 @@ def build(program: ir.Program, steps: list) -> CompiledGraph:
             if ext.value_is_tensor:
                 # kernels index this buffer with the strides lowering predicted: make sure
                 lines.append(f"    {ext.name} = as_layout({ext.name}, {sizes(ext.stride)})")
+        dead = dead_after.get(i)
+        if dead:
+            lines.append(f"    del {', '.join(dead)}")
     if checks_indices:       # one check per call, on the host
         lines.append(f"    if {ir.INDEX_ERRORS}.item(): raise IndexError('index out of range in self')")
     outs = ", ".join(render(o) for o in program.outputs)
