@@ -5,7 +5,7 @@ memory plan (`plan_memory`: which buffer's memory each new buffer takes) is deci
 the code is written from it. Hands back a callable with the backend contract's signature (graph inputs in, graph outputs out) and
 its source text, which the `output_code` log prints whole. The host function allocates each
 buffer, launches the kernels in order (C++ through ctypes with data pointers, Triton with a
-grid), calls PyTorch for extern ops, raises IndexError if a kernel met an out-of-range
+grid), calls PyTorch for extern ops, deletes each buffer once its last reader has run, raises IndexError if a kernel met an out-of-range
 data-dependent index (ir.INDEX_ERRORS; on a GPU the kernel stops with a device-side assert
 instead), and returns the outputs in the structure the graph had. (The graph computes values
 only: writes into inputs are made by functionalize.py's epilogue.)
