@@ -210,3 +210,26 @@ def test_forward_kernels_compute_only_what_eager_does(kernel_backend, name, forw
     model, make_input = _model(name)
     minicompile.compile(model.train())(make_input()).square().mean().backward()
     assert minicompile.metrics.kernels - minicompile.metrics.backward_kernels == forward_kernels
+
+
+@pytest.mark.skipif(DEVICE != "cpu", reason="the channels-last layout is the CPU's (oneDNN)")
+def test_convolutions_train_channels_last_on_a_cpu(kernel_backend):
+    """On a CPU the joint graph records channels-last values around each convolution, so the
+    CNN's forward stores them so: no kernel copies a saved convolution output, or the input of
+    max pooling, between layouts (19 kernels, 22 before). A 4-D output still comes back in
+    eager's (contiguous) layout, and gradients are eager's."""
+    model, make_input = _model("cnn")
+    minicompile.compile(model.train())(make_input()).square().mean().backward()
+    assert minicompile.metrics.kernels - minicompile.metrics.backward_kernels == 19
+
+    torch.manual_seed(6)
+    net = nn.Sequential(nn.Conv2d(3, 6, 3, padding=1), nn.BatchNorm2d(6), nn.ReLU()).train()
+    twin = copy.deepcopy(net)
+    x = randn(2, 3, 7, 5)
+    out, expected = minicompile.compile(net)(x), twin(x)
+    assert out.is_contiguous() and out.stride() == expected.stride()
+    assert_same(out, expected)
+    out.square().mean().backward()
+    expected.square().mean().backward()
+    for p, q in zip(net.parameters(), twin.parameters()):
+        torch.testing.assert_close(p.grad, q.grad, rtol=1e-4, atol=1e-5)
