@@ -330,7 +330,15 @@ class Index:
             # read, but r alone may be negative (q*k + r = 96*x1 + 8 - 96*s0), and then the
             # division stays whole
             r_nonneg = provably_nonneg(lo)
-            if isinstance(atom, FloorDiv):
+            split = None if fits else _split_below(inner, k, ranges)
+            if split is not None:
+                # (g*h + l) // k == h // (k/g) and (g*h + l) % k == g*(h % (k/g)) + l when
+                # g divides k and 0 <= l < g: the rows of a (2*512, 3072) buffer read through
+                # a (2, 512, 3072) view, (3072*x0 + x1) // 1572864, are x0 // 512
+                g, high, low = split
+                simple = (high // (k // g)).simplify(ranges) if isinstance(atom, FloorDiv) \
+                    else (high % (k // g)).simplify(ranges) * g + low
+            elif isinstance(atom, FloorDiv):
                 simple = q if fits else q + r // k if r_nonneg else inner // k
             else:
                 simple = r if fits else r % k if r_nonneg else inner % k
@@ -383,6 +391,21 @@ class Index:
 
     def __hash__(self):
         return hash((frozenset(self.terms.items()), self.const))
+
+
+def _split_below(inner: Index, k, ranges: dict):
+    """(g, h, l) with inner == g*h + l, g > 1 dividing k, and 0 <= h, 0 <= l < g over the
+    ranges; the largest such g among inner's coefficients, or None (constant sizes only)."""
+    if is_symbolic(k) or is_symbolic(inner.const) or any(is_symbolic(v) for v in inner.terms.values()):
+        return None
+    for g in sorted({abs(v) for v in inner.terms.values() if 1 < abs(v) < k and k % v == 0}, reverse=True):
+        high = Index({a: v // g for a, v in inner.terms.items() if v % g == 0}, inner.const // g)
+        low = Index({a: v for a, v in inner.terms.items() if v % g != 0}, inner.const % g)
+        h_lo, _ = high.bounds(ranges)
+        l_lo, l_hi = low.bounds(ranges)
+        if h_lo is not None and l_hi is not None and h_lo >= 0 and l_lo >= 0 and l_hi < g:
+            return g, high, low
+    return None
 
 
 @dataclass(frozen=True)

@@ -542,3 +542,88 @@ def test_warm_process_runs_kernels_without_importing_triton(tmp_path):
     (cold_imported, cold_err), (warm_imported, warm_err) = [r.stdout.split() for r in runs]
     assert cold_imported == "True" and warm_imported == "False"
     assert float(cold_err) < 1e-5 and float(warm_err) < 1e-5
+
+
+def test_reshape_through_a_view_of_more_dims_indexes_linearly():
+    """Rows of an (N*T, C) buffer read through an (N, T, C) view and back: the index
+    (C*x0 + x1) // (T*C) is x0 // T, and T*C*(x0 // T) + C*(x0 % T) is C*x0, so the kernel
+    reads a plain linear index (its loop vectorizes) with the value unchanged."""
+    from minicompile.ir import Index, contiguous_strides, flat_index, unflatten
+    x0, x1 = Index.var("x0"), Index.var("x1")
+    ranges = {"x0": 10, "x1": 12}
+    parts = unflatten(x0 * 12 + x1, [2, 5, 12])
+    index = flat_index(parts, contiguous_strides([2, 5, 12]))
+    assert index.simplify(ranges) == x0 * 12 + x1
+    odd = (x0 * 6 + x1 + 2) % 12                   # 6 divides 12 and x1 + 2 < 6
+    simple = odd.simplify({"x0": 9, "x1": 4})
+    assert all(simple.substitute({"x0": Index({}, a), "x1": Index({}, b)}).const == (6 * a + b + 2) % 12
+               for a in range(9) for b in range(4))
+
+
+@pytest.fixture
+def cpp_backend():
+    """C++ kernels (for tests that read their source); they serve CPU tensors only."""
+    if DEVICE != "cpu":
+        pytest.skip("C++ kernels serve CPU tensors")
+    minicompile.config.cpu_backend = "cpp"
+
+
+def test_gelu_of_a_reshaped_product_vectorizes(cpp_backend):
+    """A GELU read through views of another rank (a transformer's MLP): no division in the
+    kernel's index, results eager's."""
+    def f(x, w):
+        h = (x @ w).view(3, 7, 130)
+        return F.gelu(h, approximate="tanh").view(21, 130) * 2
+    x, w = randn(21, 33), randn(33, 130)
+    compiled = compile_graph(torch.fx.symbolic_trace(f), [x, w])
+    assert_same(compiled(x, w), f(x, w))
+    loads = re.findall(r"in_ptr\d+\[([^\]]*)\]", compiled.kernel_source)
+    assert loads and not any("/" in index or "%" in index for index in loads), loads
+
+
+@pytest.mark.parametrize("cols", [781, 100])
+def test_column_reductions_vectorize_across_rows(cpp_backend, cols):
+    """Reductions over dim 0 (a bias's gradient) and over the leading dims of a 3-D tensor
+    walk the contiguous columns in the innermost loop, in parallel blocks of columns (a
+    partial last block of 781); sums of long columns, a max with a NaN, eager's results."""
+    def f(a, b, c):
+        return a.sum(0), (a * b).sum(0), a.amax(0), c.mean((0, 1))
+    a, b, c = randn(1023, cols), randn(1023, cols), randn(3, 37, cols)
+    a[5, 3] = float("nan")
+    compiled = compile_graph(torch.fx.symbolic_trace(f), [a, b, c])
+    for actual, expected in zip(compiled(a, b, c), f(a, b, c)):
+        torch.testing.assert_close(actual, expected, rtol=1e-5, atol=1e-4, equal_nan=True)
+    source = compiled.kernel_source
+    assert source.count("acc0[") >= 4 and ("x0_block" in source) == (cols > 128), source
+
+
+def test_an_extern_reads_a_view_of_a_value_the_graph_also_returns(kernel_backend):
+    """A value read by a matrix product through a reshape and also returned (a layer norm's
+    output, saved for the backward): computed and stored once, the product reading it as a
+    strided view, not a copy."""
+    def f(x, w):
+        y = torch.tanh(x) * 2 + 1
+        return y, y.view(-1, 8) @ w
+    x, w = randn(3, 5, 8), randn(8, 6)
+    minicompile.metrics.reset()
+    compiled = compile_graph(torch.fx.symbolic_trace(f), [x, w])
+    for actual, expected in zip(compiled(x, w), f(x, w)):
+        assert_same(actual, expected)
+    assert minicompile.metrics.kernels == 1
+
+
+def test_wrapper_lets_go_of_each_buffer_after_its_last_reader(kernel_backend):
+    """Intermediate buffers (a product's result, a kernel's) are deleted once their last
+    reader has run, so their memory serves the buffers allocated after them; the outputs are
+    kept, results eager's."""
+    def f(x, w):
+        h = torch.relu(x @ w)
+        return (h @ w.t()) * 2 + 1, h.sum(0)
+    x, w = randn(37, 29), randn(29, 29)
+    compiled = compile_graph(torch.fx.symbolic_trace(f), [x, w])
+    for actual, expected in zip(compiled(x, w), f(x, w)):
+        torch.testing.assert_close(actual, expected, rtol=1e-5, atol=1e-5)
+    deleted = [n for line in compiled.wrapper_source.splitlines() if line.strip().startswith("del ")
+               for n in line.strip()[4:].split(", ")]
+    returned = compiled.wrapper_source.splitlines()[-1]
+    assert deleted and not any(re.search(rf"\b{n}\b", returned) for n in deleted), compiled.wrapper_source

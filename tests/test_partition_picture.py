@@ -49,11 +49,12 @@ def test_small_function_roles_saved_and_labels(close_figures):
     seen = markers(fig)
     nodes = [n.name for n in joint.graph.graph.nodes if n.op != "output"]
     assert list(seen) == nodes                           # every node, in the graph's order
-    assert {n for n, (_, s, _) in seen.items() if s} == set(part.saved) == {"primals_1", "exp"}
+    assert {n for n, (_, s, _) in seen.items() if s} == set(part.saved) == {"primals_1", "mm"}
     assert seen["mm"][0] == "forward" and seen["tangents_1"][0] == "backward"
     assert seen["mm_1"][0] == "backward"                  # w's gradient
-    # the backward graph recomputes the multiply, the add and the sigmoid from the saved exp
-    for name in ("mul", "add", "sigmoid"):
+    # the backward graph recomputes the exp, the multiply, the add and the sigmoid from the
+    # saved product
+    for name in ("exp", "mul", "add", "sigmoid"):
         assert seen[name][0] == "recomputed"
     texts = [t.get_text() for t in fig.axes[0].texts]
     assert "sigmoid" in texts and "mm" in texts

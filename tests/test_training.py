@@ -163,8 +163,9 @@ def test_aot_graphs_log(capsys):
 
 def test_partition_saves_one_value_and_recomputes_the_pointwise_chain():
     """sigmoid(exp(x @ w) * 2 + 1): the backward needs exp's result (the derivative of exp) and
-    x (for w's gradient); the min-cut saves just those two and recomputes the multiply, the add
-    and the sigmoid in the backward, rather than saving each."""
+    x (for w's gradient); the min-cut saves two values, x and the product x @ w (as many bytes as
+    exp's result, and computed by the forward anyway), and recomputes the exp, the multiply, the
+    add and the sigmoid in the backward, rather than saving each."""
     from minicompile.autograd import partition, trace_joint
 
     def f(x, w):
@@ -221,3 +222,63 @@ def test_double_backward_raises_instead_of_dropping_second_order_terms(kernel_ba
         torch.autograd.grad(penalty, lin.weight, retain_graph=True)
     with pytest.raises(RuntimeError, match="not differentiable"):
         penalty.backward()
+
+
+def test_partition_saves_weights_and_the_inputs_of_matrix_products():
+    """Two linear layers with a GELU between. The backward multiplies by W.t().t(), which is W:
+    the weight itself is saved (an input passed on as it is, never copied out by the forward).
+    The GELU's output, which the second weight's gradient multiplies, is saved rather than
+    recomputed by a kernel of its own in the backward (the forward computed it already); the
+    GELU's derivative is computed in the backward from the first product, which is saved."""
+    from minicompile.autograd import partition, trace_joint
+
+    def f(x, w1, b1, w2, b2):
+        return F.linear(F.gelu(F.linear(x, w1, b1)), w2, b2)
+    args = [randn(9, 7), randn(11, 7).requires_grad_(), randn(11).requires_grad_(),
+            randn(5, 11).requires_grad_(), randn(5).requires_grad_()]
+    joint = trace_joint(torch.fx.symbolic_trace(f), args)
+    aten = torch.ops.aten
+    assert not any(n.target is aten.permute.default and n.args[0].target is aten.permute.default
+                   for n in joint.graph.graph.nodes if n.op == "call_function")
+    part = partition(joint)
+    assert ("primal", 3) in part.saved_from and ("primal", 1) not in part.saved_from
+    saved = {n.name: n for n in joint.graph.graph.nodes if n.name in part.saved}
+    assert any(n.target is aten.gelu.default for n in saved.values()), part.saved
+    assert any(n.target is aten.addmm.default for n in saved.values()), part.saved
+    assert not any(n.target is aten.gelu.default for n in part.backward.graph.nodes)
+    forward_outputs = next(n for n in part.forward.graph.nodes if n.op == "output").args[0]
+    assert not any(getattr(o, "target", None) is aten.permute.default for o in forward_outputs)
+
+
+@pytest.mark.parametrize("name, forward_kernels", [("mlp", 2), ("gpt_block", 4)])
+def test_forward_kernels_compute_only_what_eager_does(kernel_backend, name, forward_kernels):
+    """The compiled forward of a training step copies nothing out for the backward (no weight,
+    no view of a product, no value it also feeds a matrix product through a reshape): the MLP
+    is one kernel per layer (GELU and residual; the last with the layer norm), the GPT block
+    four (each layer norm, the GELU, the last residual add)."""
+    model, make_input = _model(name)
+    minicompile.compile(model.train())(make_input()).square().mean().backward()
+    assert minicompile.metrics.kernels - minicompile.metrics.backward_kernels == forward_kernels
+
+
+@pytest.mark.skipif(DEVICE != "cpu", reason="the channels-last layout is the CPU's (oneDNN)")
+def test_convolutions_train_channels_last_on_a_cpu(kernel_backend):
+    """On a CPU the joint graph records channels-last values around each convolution, so the
+    CNN's forward stores them so: no kernel copies a saved convolution output, or the input of
+    max pooling, between layouts (15 launches, with combo kernels). A 4-D output still comes
+    back in eager's (contiguous) layout, and gradients are eager's."""
+    model, make_input = _model("cnn")
+    minicompile.compile(model.train())(make_input()).square().mean().backward()
+    assert minicompile.metrics.kernels - minicompile.metrics.backward_kernels == 15
+
+    torch.manual_seed(6)
+    net = nn.Sequential(nn.Conv2d(3, 6, 3, padding=1), nn.BatchNorm2d(6), nn.ReLU()).train()
+    twin = copy.deepcopy(net)
+    x = randn(2, 3, 7, 5)
+    out, expected = minicompile.compile(net)(x), twin(x)
+    assert out.is_contiguous() and out.stride() == expected.stride()
+    assert_same(out, expected)
+    out.square().mean().backward()
+    expected.square().mean().backward()
+    for p, q in zip(net.parameters(), twin.parameters()):
+        torch.testing.assert_close(p.grad, q.grad, rtol=1e-4, atol=1e-5)

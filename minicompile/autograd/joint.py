@@ -22,6 +22,7 @@ from typing import Any
 
 import torch
 import torch.fx
+import torch.nn.functional as F
 import torch.utils._pytree as pytree
 
 aten = torch.ops.aten
@@ -92,9 +93,10 @@ def trace_joint(gm: torch.fx.GraphModule, example_inputs) -> Joint:
 
     def joint(primals, tangents):
         leafs = [p.detach().requires_grad_(n) for p, n in zip(primals, needs_grad)]
-        with torch.set_grad_enabled(grad_on):
+        with torch.set_grad_enabled(grad_on), _ChannelsLastConvolutions():
             outs, _ = run(leafs)
-        outs = [outs[i] for i in tensor_outs]
+        # the outputs in eager's layout (a value computed channels-last is made contiguous)
+        outs = [_as_laid_out(outs[i], leaves[i]) for i in tensor_outs]
         wanted = [k for k, n in enumerate(needs_grad) if n]
         grads = torch.autograd.grad([o for o, d in zip(outs, differentiable) if d],
                                     [leafs[k] for k in wanted], tangents, allow_unused=True)
@@ -113,11 +115,64 @@ def trace_joint(gm: torch.fx.GraphModule, example_inputs) -> Joint:
         if node.op == "call_function" and node.target in (aten.alias.default, aten.detach.default):
             node.replace_all_uses_with(node.args[0])
             graph.graph.erase_node(node)
+    _fold_views(graph)
     graph.graph.eliminate_dead_code()
     graph.recompile()
     modes = [n.args[0] for n in gm.graph.nodes if n.target is torch._C._set_grad_enabled]
     return Joint(graph, len(primals), len(tensor_outs), differentiable, list(grad_inputs), inputs,
                  outputs, spec, modes[-1] if modes else None)
+
+
+class _ChannelsLastConvolutions(torch.overrides.TorchFunctionMode):
+    """Inductor's layout optimization on a CPU: a 2-D convolution's input is made channels-last
+    (lowering gives oneDNN that layout, its fast one: lower/lowerings.py's convolution), so the
+    traced graph records, as eager would compute them, channels-last results for the
+    convolution and everything computed from it (batch norm, ReLU, pooling), in the forward and
+    in the backward alike. Lowering stores each value in the layout the graph records: without
+    this, the saved values and the backward's, recorded contiguous, are copied out of and back
+    into channels-last around every convolution."""
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        x = args[0] if args else None
+        if func in (torch.conv2d, F.conv2d) and isinstance(x, torch.Tensor) and x.dim() == 4 \
+                and x.device.type == "cpu" and x.dtype == torch.float32 and torch.backends.mkldnn.is_available():
+            args = (x.contiguous(memory_format=torch.channels_last), *args[1:])
+        return func(*args, **kwargs)
+
+
+def _as_laid_out(value, eager):
+    """value contiguous where eager's is (and value is not)."""
+    if isinstance(value, torch.Tensor) and eager.is_contiguous() and not value.is_contiguous():
+        return value.contiguous()
+    return value
+
+
+def _fold_views(gm: torch.fx.GraphModule) -> None:
+    """Views that the compiled code would otherwise copy out of a graph, folded away. A permute
+    of a permute is one permute, and none where they undo each other: a linear layer's
+    backward multiplies by W.t().t(), which is W (so the partitioner saves the weight itself,
+    not a copy of it), and its weight's gradient is (x.t() @ g).t().t(). A sum that keeps its
+    reduced dims only for a view to drop them (a bias's gradient) does not keep them."""
+    for node in gm.graph.nodes:
+        if node.op != "call_function" or not isinstance(node.args[0], torch.fx.Node):
+            continue
+        inner = node.args[0]
+        if node.target is aten.permute.default and inner.target is aten.permute.default:
+            dims = [inner.args[1][d] for d in node.args[1]]
+            if dims == list(range(len(dims))):
+                node.replace_all_uses_with(inner.args[0])
+            else:
+                node.args = (inner.args[0], dims)
+        elif node.target is aten.view.default and inner.target is aten.sum.dim_IntList \
+                and len(inner.users) == 1 and not inner.kwargs and len(inner.args) == 3 and inner.args[2]:
+            x, dims = inner.args[0], inner.args[1]
+            shape = x.meta["val"].shape
+            kept = [d % len(shape) for d in dims]
+            if list(node.args[1]) == [s for d, s in enumerate(shape) if d not in kept]:
+                inner.args = (x, dims, False)
+                inner.meta["val"] = node.meta["val"]
+                node.replace_all_uses_with(inner)
 
 
 def _writes(gm: torch.fx.GraphModule) -> bool:

@@ -11,15 +11,19 @@ default partitioner has it:
   a random op would draw other numbers);
 - pointwise ops and views are cheap: the backward may recompute them, and does where that
   saves bytes (a ReLU's mask is recomputed from the tensor it was applied to, when that tensor
-  is saved anyway).
+  is saved anyway);
+- but not a pointwise value that an extern kernel of the backward reads (the input of a
+  linear layer, which its weight's gradient multiplies): recomputed, it would be computed
+  again and stored by a kernel of its own in the backward, work the forward did already;
+  saved, it is read as it is. AOTAutograd's partitioner bans that recomputation too.
 
 Which values to save is then a minimum cut. Each value v of the forward is an edge v_in -> v_out
-whose capacity is what saving it costs (`save_cost`: its size in bytes, and a tie-breaker); a
-value's users hang off v_out. The source feeds the inputs and the expensive values (they are
-available in the forward); the nodes the backward must run (those that read a gradient) drain
-into the sink. A cut separates what the forward computes from what the backward computes, and
-the edges it cuts are the values that cross: the saved values, of the fewest bytes in all
-(networkx's max-flow).
+whose capacity is what saving it costs (`save_cost`: its size in bytes, and a tie-breaker); a value's users hang off v_out. The source feeds the
+inputs and the expensive values (they are available in the forward); the nodes the backward
+must run (those that read a gradient) drain into the sink. A cut separates what the forward
+computes from what the backward computes, and the edges it cuts are the values that cross:
+the saved values, of the fewest bytes in all (networkx's max-flow). Of a view and the value it
+views, equal in bytes, the value is saved (a saved view would be copied out by the forward).
 
 Hands on a `Partition`: the forward graph (primals -> forward outputs, then saved values) and
 the backward graph (saved values, then tangents -> gradients), both aten-level FX graphs.
@@ -82,13 +86,41 @@ def recomputable(node: torch.fx.Node) -> bool:
     return torch.Tag.pointwise in t.tags or t.is_view
 
 
-def save_cost(node: torch.fx.Node) -> int | float:
-    """What saving a value costs the cut: its bytes, plus one, so that of equal sizes fewer
-    values are saved, plus one more for a view, so that of a value and a view of it as large
-    (a weight and its transpose) the value is saved: the forward hands a saved input on as it
-    is, where a saved view is a forward output, which the compiled forward writes as a copy."""
-    view = isinstance(node.target, torch._ops.OpOverload) and node.target.is_view
-    return nbytes(node) + (2 if view else 1)
+# reductions read their input where they compute it (fused into their kernel): what they read
+# needs no buffer of its own
+_REDUCTIONS = {aten.sum.dim_IntList, aten.sum.default, aten.mean.dim, aten.mean.default, aten.amax.default,
+               aten.amin.default, aten.var.correction, aten.var_mean.correction, aten.prod.default,
+               aten.prod.dim_int}
+
+
+def is_view(node: torch.fx.Node) -> bool:
+    """A view of another value (an item of split's pieces is one too)."""
+    return node.op == "call_function" and (node.target is operator.getitem or (
+        isinstance(node.target, torch._ops.OpOverload) and node.target.is_view))
+
+
+def read_by_backward_extern(node: torch.fx.Node, backward: set) -> bool:
+    """Whether an op of the backward that is neither pointwise nor a reduction (a matrix
+    product, a convolution's backward: an extern kernel) reads the node's value, directly or
+    through views."""
+    todo = list(node.users)
+    while todo:
+        user = todo.pop()
+        if is_view(user):
+            todo.extend(user.users)
+        elif user in backward and user.op == "call_function" and not recomputable(user) \
+                and user.target not in _REDUCTIONS:
+            return True
+    return False
+
+
+def save_cost(node: torch.fx.Node) -> int:
+    """What saving a value costs the cut: its bytes, plus a little, so that of equal sizes
+    fewer values are saved, and rather a value the forward computes anyway than one it would
+    compute only to save it (a GELU's derivative; a view, which the compiled forward would
+    write out as a copy: of a weight and its transpose, the weight is saved)."""
+    extra = 1 if not recomputable(node) else 3 if is_view(node) else 2
+    return nbytes(node) + extra
 
 
 def partition(joint: Joint) -> Partition:
@@ -110,7 +142,8 @@ def partition(joint: Joint) -> Partition:
         if node in reads_tangent:               # backward work: must run in the backward
             flow.add_edge(node.name + "_in", "sink", capacity=math.inf)
             continue
-        if node.op == "placeholder" or not recomputable(node):
+        if node.op == "placeholder" or not recomputable(node) \
+                or (not is_view(node) and read_by_backward_extern(node, reads_tangent)):
             # available in the forward (an input, or too costly to run again)
             flow.add_edge("source", node.name + "_in", capacity=math.inf)
         flow.add_edge(node.name + "_in", node.name + "_out", capacity=save_cost(node))
@@ -130,7 +163,12 @@ def partition(joint: Joint) -> Partition:
     computed = [s for s in saved if s.op != "placeholder"]
     saved_from = [("primal", primals.index(s)) if s.op == "placeholder" else ("computed", computed.index(s))
                   for s in saved]
-    forward = _subgraph(joint.graph, primals, fwd_outs + computed)
+    # what the forward computes only to save it (a layer norm's normalized input, which its
+    # weight's gradient reads) is computed as early as it can be, beside the work it comes from
+    # (the same kernel, where it walks the same rows), not after the forward's last output
+    fwd_nodes = [o for o in fwd_outs if isinstance(o, torch.fx.Node)]
+    only_saved = _ancestors(computed) - _ancestors(fwd_nodes)
+    forward = _subgraph(joint.graph, primals, fwd_outs + computed, early=only_saved)
     backward = _subgraph(joint.graph, saved + tangents, grads)
     grad_tangents = [{tangents.index(t) for t in _ancestors([g]) if t in tangents}
                      if isinstance(g, torch.fx.Node) else set() for g in grads]
@@ -157,9 +195,10 @@ def _closure(nodes, step) -> set:
     return seen
 
 
-def _subgraph(gm: torch.fx.GraphModule, inputs: list, outputs: list) -> torch.fx.GraphModule:
+def _subgraph(gm: torch.fx.GraphModule, inputs: list, outputs: list, early=frozenset()) -> torch.fx.GraphModule:
     """The nodes of gm that compute `outputs` from `inputs` (which become the placeholders),
-    in gm's order, with their meta (the fake values lowering reads)."""
+    in gm's order except that those in `early` come right after their last input, with their
+    meta (the fake values lowering reads)."""
     needed, todo = set(), [o for o in outputs if isinstance(o, torch.fx.Node)]
     stop = set(inputs)
     while todo:
@@ -176,8 +215,12 @@ def _subgraph(gm: torch.fx.GraphModule, inputs: list, outputs: list) -> torch.fx
     for n in inputs:
         env[n] = new.placeholder(n.name)
         env[n].meta = dict(n.meta)
+    order: list = []
     for n in gm.graph.nodes:
         if n in needed and n not in env:
-            env[n] = new.node_copy(n, lambda a: env[a])
+            after = [order.index(a) for a in n.all_input_nodes if a in order] if n in early else None
+            order.insert(max(after) + 1 if after else len(order) if after is None else 0, n)
+    for n in order:
+        env[n] = new.node_copy(n, lambda a: env[a])
     new.output([env[o] if isinstance(o, torch.fx.Node) else o for o in outputs])
     return torch.fx.GraphModule(gm, new)

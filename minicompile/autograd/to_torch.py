@@ -85,6 +85,8 @@ _TABLE = {
     aten.squeeze.dim: _method("squeeze"), aten.squeeze.dims: _method("squeeze"),
     aten.squeeze.default: _method("squeeze"), aten.slice.Tensor: _slice, aten.select.int: _select,
     aten.clone.default: lambda g, a, k: g.call_method("clone", a[:1], k),
+    aten.split_with_sizes.default: _function(torch.split), aten.split.Tensor: _function(torch.split),
+    aten.cat.default: _function(torch.cat),
     aten._to_copy.default: _to, prims.convert_element_type.default: _convert,
 }
 for _name in ["add", "sub", "mul", "div", "eq", "ne", "lt", "le", "gt", "ge", "maximum", "minimum",

@@ -462,53 +462,95 @@ class _Loop:
     nest_kwargs: dict
 
 
-def _all_float32(kernel, buffers) -> bool:
-    """Every value of the kernel is computed in float32 (what a row array holds)."""
+def _all_float32(kernel, buffers, also=()) -> bool:
+    """Every value of the kernel is computed in float32 (what a row array holds), or in one of
+    the dtypes `also` names."""
     names = {n for m in kernel.members for n, _ in ir.reads_of(m.comp).loads}
     dtypes = [m.box.dtype for m in kernel.members] + [buffers[n].dtype for n in names if n in buffers]
     dtypes += [m.comp.src_dtype for m in kernel.members if isinstance(m.comp, ir.Reduction)]
-    return all(ir.compute_dtype(d) == torch.float32 for d in dtypes)
+    return all(ir.compute_dtype(d) in (torch.float32, *also) for d in dtypes)
 
 
 def _across_rows_fits(kernel, plan, writer, buffers) -> bool:
-    """A lone float32 sum/mean/max/min whose every input that varies along the row is
-    contiguous along the innermost row (x) loop: a mean over H and W of a channels-last
-    (N, C, H, W) tensor, whose rows (n, c) are side by side in memory and whose row elements
-    are C apart. Needs an outer x loop to run in parallel, and a short innermost one."""
-    if len(kernel.members) != 1 or len(plan.x_sizes) < 2 or not plan.r_sizes:
+    """Float32 (or float64: a variance's passes) sums/means/maxes/mins of the same rows, and
+    nothing else, whose every input that varies along the row is contiguous along the
+    innermost row (x) loop: a mean over H and W of a channels-last (N, C, H, W) tensor, whose
+    rows (n, c) are side by side in memory and whose row elements are C apart; batch norm's
+    statistics of such a tensor; the column sums of an (R, N) gradient that give a bias its
+    gradient. With outer x loops, those run in parallel and the innermost must be short."""
+    if not plan.x_sizes or not plan.r_sizes:
         return False
-    comp = kernel.members[0].comp
     inner = plan.x_sizes[-1]
-    if not isinstance(comp, ir.Reduction) or comp.reduction_type not in ("sum", "mean", "max", "min") \
-            or ir.is_symbolic(inner) or inner > CARRY_LIMIT or not _all_float32(kernel, buffers):
+    if ir.is_symbolic(inner) or (len(plan.x_sizes) > 1 and inner > CARRY_LIMIT) \
+            or not _all_float32(kernel, buffers, also=(torch.float64,)):
+        return False
+    if not all(isinstance(m.comp, ir.Reduction) and m.comp.reduction_type in ("sum", "mean", "max", "min")
+               for m in kernel.members):
         return False
     rec = ir.RecordingOps()
     with use_ops(rec):
-        kernel.members[0].run(*writer.canonical)
+        for m in kernel.members:
+            m.run(*writer.canonical)
+    if any(name in kernel.member_names() for name, _ in rec.loads):     # one reads another's result
+        return False
     loads = [plan.apply(index.simplify(writer.ranges)) for _, index in rec.loads]
     along = [i for i in loads if any(i.coeff(r) != 0 for r in plan.r_vars)]
     return bool(along) and not rec.indirect and all(
         i.is_linear() and i.coeff(plan.x_vars[-1]) == 1 for i in along)
 
 
+ACROSS_BLOCK = 128          # columns per parallel block when a lone x loop is cut into blocks
+ACROSS_CHUNKS = 8           # parallel pieces of the rows of a lone short x loop
+
+
 def _across_rows(writer, xs, rs, store, parallel_if) -> list[str]:
-    """Loops of a reduction vectorized across rows: for each outer row group (in parallel),
+    """Loops of reductions vectorized across rows: for each outer row group (in parallel),
     the r loops outside and the innermost x loop inside, accumulating one array element per
-    row (vector loads along x); then each row's result is stored."""
-    member = writer.kernel.members[0]
-    comp = member.comp
-    (xi, n), *_ = xs[-1:]
-    acc, nan = f"acc0[{xi}]", f"nan0[{xi}]"
+    row and reduction (vector loads along x); then each row's results are stored. A lone x
+    loop runs in blocks of ACROSS_BLOCK rows, in parallel; a lone short one (batch norm's
+    channels) has its rows' elements cut into ACROSS_CHUNKS chunks instead, reduced in
+    parallel and then combined in chunk order (the same result on any number of cores)."""
+    (xi, n), outer = xs[-1], xs[:-1]
+    blocked = not outer and n > ACROSS_BLOCK
+    width, lo, hi = (ACROSS_BLOCK, f"{xi}_lo", f"{xi}_hi") if blocked else (n, "0", n)
+    at = f"{xi} - {lo}" if blocked else xi
+
+    def over_x(body):
+        return ["#pragma omp simd", f"for (int64_t {xi} = {lo}; {xi} < {hi}; {xi}++) {{",
+                *["    " + line for line in body], "}"]
+    decls, inits, finals, parts, combine = [], [], [], [], []
     with writer.scope() as body:
-        value = member.run(*writer.canonical)
-        body.append(REDUCE[comp.reduction_type][0].format(acc=acc, v=value, nan=nan))
-    init = writer.constant_expr(reduction_identity(comp.reduction_type, comp.src_dtype), comp.src_dtype)
-    result = _finish(comp, acc, nan, writer)
-    lines = [f"{accumulator_type(comp)} acc0[{n}];", f"int nan0[{n}];",
-             *_nest([(xi, n)], [f"{acc} = {init};", f"{nan} = 0;"], innermost_pragma="#pragma omp simd"),
-             *_nest(rs, _nest([(xi, n)], body, innermost_pragma="#pragma omp simd")),
-             *_nest([(xi, n)], [store(member, result)], innermost_pragma="#pragma omp simd")]
-    return _nest(xs[:-1], lines, outer_pragma=f"#pragma omp parallel for {parallel_if}", collapse=True)
+        for k, member in enumerate(writer.kernel.members):
+            comp = member.comp
+            acc, nan = f"acc{k}[{at}]", f"nan{k}[{at}]"
+            value = member.run(*writer.canonical)
+            reduce = REDUCE[comp.reduction_type][0]
+            body.append(reduce.format(acc=acc, v=value, nan=nan))
+            init = writer.constant_expr(reduction_identity(comp.reduction_type, comp.src_dtype), comp.src_dtype)
+            decls += [f"{accumulator_type(comp)} acc{k}[{width}];", f"int nan{k}[{width}];"]
+            inits += [f"{acc} = {init};", f"{nan} = 0;"]
+            finals.append(store(member, _finish(comp, acc, nan, writer)))
+            part, part_nan = f"part{k}[chunk][{xi}]", f"part_nan{k}[chunk][{xi}]"
+            parts.append((f"{accumulator_type(comp)} part{k}[{ACROSS_CHUNKS}][{n}];",
+                          f"int part_nan{k}[{ACROSS_CHUNKS}][{n}];", f"{part} = {acc}; {part_nan} = {nan};"))
+            combine.append(reduce.format(acc=acc, v=part, nan=nan) + f" {nan} |= {part_nan};")
+    if blocked:
+        blocks = -(-n // ACROSS_BLOCK)
+        lines = [f"int64_t {lo} = {ACROSS_BLOCK} * {xi}_block, {hi} = std::min<int64_t>({lo} + {ACROSS_BLOCK}, {n});",
+                 *decls, *over_x(inits), *_nest(rs, over_x(body)), *over_x(finals)]
+        return _nest([(f"{xi}_block", blocks)], lines, outer_pragma=f"#pragma omp parallel for {parallel_if}")
+    if outer:
+        lines = [*decls, *over_x(inits), *_nest(rs, over_x(body)), *over_x(finals)]
+        return _nest(outer, lines, outer_pragma=f"#pragma omp parallel for {parallel_if}", collapse=True)
+    (r, size), inner = rs[0], rs[1:]
+    size = ir.render_size(size, "/")
+    chunk = [*decls, *over_x(inits),
+             f"for (int64_t {r} = {size} * chunk / {ACROSS_CHUNKS}; {r} < {size} * (chunk + 1) / {ACROSS_CHUNKS}; {r}++) {{",
+             *["    " + line for line in _nest(inner, over_x(body))], "}",
+             *over_x([p[2] for p in parts])]
+    return [*[line for p in parts for line in p[:2]],
+            *_nest([("chunk", ACROSS_CHUNKS)], chunk, outer_pragma=f"#pragma omp parallel for {parallel_if}"),
+            *decls, *over_x(inits), *_nest([("chunk", ACROSS_CHUNKS)], over_x(combine)), *over_x(finals)]
 
 
 def _emit_pass(writer, members, rs, store, position, parallel_if) -> None:

@@ -5,7 +5,7 @@ memory plan (`plan_memory`: which buffer's memory each new buffer takes) is deci
 the code is written from it. Hands back a callable with the backend contract's signature (graph inputs in, graph outputs out) and
 its source text, which the `output_code` log prints whole. The host function allocates each
 buffer, launches the kernels in order (C++ through ctypes with data pointers, Triton with a
-grid), calls PyTorch for extern ops, raises IndexError if a kernel met an out-of-range
+grid), calls PyTorch for extern ops, deletes each buffer once its last reader has run, raises IndexError if a kernel met an out-of-range
 data-dependent index (ir.INDEX_ERRORS; on a GPU the kernel stops with a device-side assert
 instead), and returns the outputs in the structure the graph had. (The graph computes values
 only: writes into inputs are made by functionalize.py's epilogue.)
@@ -113,6 +113,27 @@ def plan_reuse(program: ir.Program, steps: list, kernel_args: dict) -> tuple[dic
                 reusable.add(step.box.name)
     outputs = {o.name for o in program.outputs if isinstance(o, TensorBox)}
     return last_use, reusable - seen_by_extern - outputs
+
+
+def _dead_after(program: ir.Program, steps: list, kernel_args: dict, kept: set) -> dict[int, list[str]]:
+    """{step: the buffers read last by it}, to let go of each (`del`) once dead rather than
+    when the graph returns: PyTorch and malloc reuse its memory for the buffers allocated after
+    it, instead of growing the heap (and, on a CPU, taking a page fault on each new page of
+    it, every call, where malloc gives the top of its heap back to the system between calls).
+    Outputs, the buffers they view, and `kept` are not let go of here."""
+    last: dict[str, int] = {}
+    for i, step in enumerate(steps):
+        names = kernel_args.get(step.name, ()) if isinstance(step, Kernel) else \
+            [r.name for r in step.box.reads] + [step.box.name]
+        for name in names:
+            last[name] = i
+    kept = kept | {o.name for o in program.outputs if isinstance(o, TensorBox)} | set(program.symbols) \
+        | set(program.scalars) | {ir.INDEX_ERRORS}
+    dead: dict[int, list[str]] = {}
+    for name, i in last.items():
+        if name not in kept:
+            dead.setdefault(i, []).append(name)
+    return dead
 
 
 def plan_memory(program: ir.Program, steps: list, kernel_args: dict, buffers: dict,
@@ -261,6 +282,9 @@ def build(program: ir.Program, steps: list, written: dict | None = None) -> Comp
         return f"const{constants}"
 
     plan = plan_memory(program, steps, kernel_args, buffers, written)
+    # a buffer whose memory a later one takes is let go of by the line that takes it
+    taken = {source for how, source in plan.values() if how in ("reuse", "in place")}
+    dead_after = _dead_after(program, steps, kernel_args, kept=taken)
     for i, step in enumerate(steps):
         if isinstance(step, Kernel):
             for m in step.members:
@@ -318,6 +342,9 @@ def build(program: ir.Program, steps: list, written: dict | None = None) -> Comp
             if ext.value_is_tensor:
                 # kernels index this buffer with the strides lowering predicted: make sure
                 lines.append(f"    {ext.name} = as_layout({ext.name}, {sizes(ext.stride)})")
+        dead = dead_after.get(i)
+        if dead:
+            lines.append(f"    del {', '.join(dead)}")
     if checks_indices:       # one check per call, on the host
         lines.append(f"    if {ir.INDEX_ERRORS}.item(): raise IndexError('index out of range in self')")
     outs = ", ".join(render(o) for o in program.outputs)

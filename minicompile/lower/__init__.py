@@ -172,6 +172,8 @@ def lower(gm: torch.fx.GraphModule, example_inputs) -> ir.Program:
         for box in pytree.tree_leaves(result):
             _nothing_to_compute(box)
             _rounded_as_eager(box)
+        if isinstance(result, TensorBox):
+            _channels_last_as_traced(result, values.get(node))
         env[node] = result
     return program
 
@@ -202,6 +204,18 @@ def _rounded_as_eager(box) -> None:
             and box.dtype in (torch.float16, torch.bfloat16):
         fn, dtype = box.data.inner_fn, box.dtype
         box.data.inner_fn = lambda idx: ir.ops.round_to(fn(idx), dtype)
+
+
+def _channels_last_as_traced(box, value) -> None:
+    """A value computed channels-last where it was traced (after a convolution on a CPU: the
+    training graphs of autograd/joint.py) is stored channels-last when it gets a buffer, so the
+    kernels around the convolutions read and write one layout instead of transposing."""
+    if box.computation is None or box.is_realized or not isinstance(value, torch.Tensor) \
+            or value.dim() != 4 or value.is_contiguous() \
+            or not value.is_contiguous(memory_format=torch.channels_last) \
+            or any(ir.is_symbolic(s) for s in (*box.shape, *value.stride())):
+        return
+    box.wanted_stride = ir.dense_strides(box.shape, ir.CHANNELS_LAST)
 
 
 def _eager_layout(box, value):

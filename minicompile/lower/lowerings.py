@@ -1458,6 +1458,8 @@ def lower_fallback(program: ir.Program, node, values, target, args, kwargs, stri
 
     def realize(x):
         if isinstance(x, TensorBox):
+            if pure:
+                _realize_viewed(x)
             view = as_view_of_buffer(x) if pure else None
             if view is not None:         # a transpose or slice of a buffer: pass a strided view
                 x.data = view
@@ -1513,6 +1515,22 @@ def constant_tensor(program: ir.Program, value: torch.Tensor) -> TensorBox:
                      list(value.stride()), value.dtype, value.device, reason="a constant tensor",
                      meta_value=_to_meta(value))
     return TensorBox(data, program)
+
+
+def _realize_viewed(box: TensorBox) -> None:
+    """The value a chain of views reads (a layer norm's result that a linear layer reads
+    reshaped), stored, where the views are then a strided view of its buffer: the extern reads
+    that view, instead of a copy of the value made for it (and the value is not stored twice
+    where the graph also returns it). Left as it was where the views are not strided views."""
+    base = box
+    while isinstance(base.data, ir.Pointwise) and base.data.aliases and len(base.reads) == 1:
+        base = base.reads[0]
+    if base is box or base.is_realized:
+        return
+    data = base.data
+    base.realize()
+    if as_view_of_buffer(box) is None:
+        base.data = data
 
 
 def as_view_of_buffer(box: TensorBox):
@@ -1608,7 +1626,14 @@ def _predict_on_meta(target, kind, args, kwargs):
 NEW_MEMORY_KERNELS = {torch.matmul, operator.matmul, torch.mm, torch.bmm, torch.addmm, F.linear,
                       torch.conv2d, F.conv2d, F.scaled_dot_product_attention, "matmul", "mm", "bmm",
                       torch.baddbmm}
-EXTERN_KERNELS = NEW_MEMORY_KERNELS | {torch.einsum}     # einsum may hand back a view
+# the aten ops of training's joint graph that are PyTorch's kernels too (attention and its
+# backward, a convolution's backward): they read their inputs, strided views included
+_ATEN_KERNELS = {getattr(torch.ops.aten, name).default for name in (
+    "_scaled_dot_product_flash_attention_for_cpu", "_scaled_dot_product_flash_attention_for_cpu_backward",
+    "_scaled_dot_product_flash_attention", "_scaled_dot_product_flash_attention_backward",
+    "_scaled_dot_product_efficient_attention", "_scaled_dot_product_efficient_attention_backward",
+    "convolution_backward") if hasattr(torch.ops.aten, name)}
+EXTERN_KERNELS = NEW_MEMORY_KERNELS | {torch.einsum} | _ATEN_KERNELS     # einsum may hand back a view
 
 
 def _in(target, kernels: set) -> bool:
