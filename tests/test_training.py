@@ -257,7 +257,7 @@ def test_forward_kernels_compute_only_what_eager_does(kernel_backend, name, forw
     is one kernel per layer (GELU and residual; the last with the layer norm), the GPT block
     four (each layer norm, the GELU, the last residual add)."""
     model, make_input = _model(name)
-    minicompile.compile(model.train())(make_input()).square().mean().backward()
+    minicompile.compile(model.to(DEVICE).train())(make_input()).square().mean().backward()
     assert minicompile.metrics.kernels - minicompile.metrics.backward_kernels == forward_kernels
 
 
