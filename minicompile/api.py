@@ -164,6 +164,8 @@ class CompiledFunction:
         except TypeError:
             self._func, self._pre, self._pre_kw = None, (), {}
         functools.update_wrapper(self, fn)
+        # compile(opt.step): the call runs minicompile's compiled step (optim.py)
+        self._optimizer = optim.step_method(fn)
         if not hasattr(self, "__name__"):            # a partial, a callable object
             self.__name__ = getattr(self._func, "__name__", None) or type(fn).__name__
 
@@ -174,6 +176,8 @@ class CompiledFunction:
         return (self._func.__code__, self.backend, tuple(sorted(options)), self.fullgraph)
 
     def __call__(self, *args, **kwargs):
+        if self._optimizer is not None:
+            return self._optimizer_step(self.fn)(*args, **kwargs)
         frame = self._frame
         if frame is None or self._frame_generation != _GENERATION:
             # found once, not per call (the key is computed, the cache looked up): a hit's

@@ -181,3 +181,17 @@ def test_unmodelled_options_run_pytorchs_step(capsys):
         minicompile.logs.set_logs()
     _assert_state_equal(eager_opt, opt, torch.float32)
     assert "Adam.step() runs as PyTorch's: fused=True" in capsys.readouterr().out
+
+
+def test_compiling_the_step_method_itself():
+    """minicompile.compile(opt.step), as some guides write it, runs the compiled step too."""
+    eager = _params()
+    mine = [torch.nn.Parameter(p.detach().clone()) for p in eager]
+    eager_opt, opt = torch.optim.Adam(eager, lr=0.01), torch.optim.Adam(mine, lr=0.01)
+    step = minicompile.compile(opt.step)
+    for i in range(3):
+        _set_grads(eager, mine, i)
+        eager_opt.step()
+        step()
+        _assert_state_equal(eager_opt, opt, torch.float32)
+    assert minicompile.metrics.kernels > 0
