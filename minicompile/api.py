@@ -177,7 +177,7 @@ class CompiledFunction:
 
     def __call__(self, *args, **kwargs):
         if self._optimizer is not None:
-            return self._optimizer_step(self.fn)(*args, **kwargs)
+            return self._optimizer_step(self.fn, self._optimizer)(*args, **kwargs)
         frame = self._frame
         if frame is None or self._frame_generation != _GENERATION:
             # found once, not per call (the key is computed, the cache looked up): a hit's
@@ -330,8 +330,8 @@ class CompiledFunction:
             forward = getattr(type(inner), "forward", None)
             if isinstance(forward, types.FunctionType) and getattr(inner.forward, "__func__", None) is forward:
                 target, pre = forward, [inner]
-        elif optim.step_method(fn) is not None:
-            return self._optimizer_step(fn)(*args, **kwargs)
+        elif (opt := optim.step_method(fn)) is not None:
+            return self._optimizer_step(fn, opt)(*args, **kwargs)
         elif isinstance(fn, types.MethodType) and isinstance(fn.__func__, types.FunctionType):
             target, pre = fn.__func__, [fn.__self__]
         elif isinstance(fn, types.FunctionType):
@@ -353,10 +353,9 @@ class CompiledFunction:
                                            self._around_logged)
         return callee(*pre, *args, **kwargs)
 
-    def _optimizer_step(self, fn) -> Callable:
+    def _optimizer_step(self, fn, opt) -> Callable:
         """`opt.step` (fn) as minicompile's compiled step, made once per optimizer; the
         optimizer's own where optim.py does not model it."""
-        opt = optim.step_method(fn)
         why = optim.why_not_modelled(opt)
         if why is not None:
             optim.log_not_modelled(opt, why)

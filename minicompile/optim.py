@@ -11,8 +11,9 @@ what `opt.step()` does. The work splits as in eager's own implementation:
   `adam_update`: torch's single-tensor code, written out), compiled by minicompile for all the
   parameters of a group at once. Its floats (learning rate, step sizes) are graph inputs, so a
   new step or a scheduler's learning rate does not recompile; the arithmetic on them (`1 -
-  beta1`, `-lr`) is done by the host in double precision, as eager does it, before the call. Each parameter's update fuses
-  into one kernel, and combo kernels (fusion/passes.py) join those of many parameters.
+  beta1`, `-lr`) is done by the host in double precision, as eager does it, before the call.
+  Each parameter's update fuses into one kernel, and combo kernels (fusion/passes.py) join
+  those of many parameters.
 
 An optimizer or option this does not model (other classes, fused=True, capturable,
 differentiable, tensor hyperparameters, sparse or complex gradients, a GradScaler's
@@ -131,8 +132,9 @@ class CompiledStep:
 
     def __init__(self, opt, compile_update: Callable, scheduled: bool = False):
         self._opt, self.scheduled = weakref.ref(opt), scheduled      # (the cache of steps is weak)
-        self.update = compile_update(sgd_update if _kind(opt) == "sgd" else adam_update)
-        self.kind = _kind(opt)
+        sgd = _kind(opt) == "sgd"
+        self.update = compile_update(sgd_update if sgd else adam_update)
+        self._gather, self._apply = (self._gather_sgd, self._sgd) if sgd else (self._gather_adam, self._adam)
         self.init_takes_amsgrad = "amsgrad" in inspect.signature(opt._init_group).parameters
         self.decoupled = type(opt) is torch.optim.AdamW          # (where groups do not say)
 
@@ -157,15 +159,14 @@ class CompiledStep:
                     loss = kwargs["closure"]()
             with torch.no_grad():
                 try:
-                    gathered = [(self._gather_sgd if self.kind == "sgd" else self._gather_adam)(group)
-                                for group in opt.param_groups]
+                    gathered = [self._gather(group) for group in opt.param_groups]
                 except _NotModelled as why:
                     log_not_modelled(opt, str(why))
                     type(opt).step.__wrapped__(opt)       # its update alone (hooks ran here)
                 else:
                     for group, lists in zip(opt.param_groups, gathered):
                         if lists[0]:
-                            (self._sgd if self.kind == "sgd" else self._adam)(group, *lists)
+                            self._apply(group, *lists)
             opt._optimizer_step_code()
             for post_hook in chain(opt._optimizer_step_post_hooks.values(),
                                    _global_optimizer_post_hooks.values()):

@@ -59,36 +59,42 @@ def _assert_state_equal(eager_opt, compiled_opt, dtype):
                     assert sb[k] == sa[k]
 
 
+def _twin(params):
+    """Parameters with params' values, for the compiled side."""
+    return [torch.nn.Parameter(p.detach().clone()) for p in params]
+
+
+def _steps_beside_eager(eager, mine, eager_opt, opt, step, steps, dtype=torch.float32):
+    """`steps` steps of eager_opt and of `step` (opt's, compiled) on the same gradients, the
+    parameters and states compared after each."""
+    for i in range(steps):
+        _set_grads(eager, mine, i)
+        eager_opt.step()
+        step()
+        _assert_state_equal(eager_opt, opt, dtype)
+
+
 @pytest.mark.parametrize("name", list(CONFIGS))
 def test_steps_equal_eager(name, kernel_backend):
     cls, kwargs = CONFIGS[name]
     eager = _params()
-    mine = [torch.nn.Parameter(p.detach().clone()) for p in eager]
+    mine = _twin(eager)
     eager_opt, opt = _optimizer(cls, kwargs, eager), _optimizer(cls, kwargs, mine)
 
     @minicompile.compile
     def step():
         opt.step()
 
-    for i in range(4):
-        _set_grads(eager, mine, i)
-        eager_opt.step()
-        step()
-        _assert_state_equal(eager_opt, opt, torch.float32)
+    _steps_beside_eager(eager, mine, eager_opt, opt, step, 4)
     assert minicompile.metrics.kernels > 0
 
 
 @pytest.mark.parametrize("dtype", [torch.float64, torch.bfloat16])
 def test_adamw_in_other_dtypes(dtype, kernel_backend):
     eager = _params(dtype)
-    mine = [torch.nn.Parameter(p.detach().clone()) for p in eager]
+    mine = _twin(eager)
     eager_opt, opt = torch.optim.AdamW(eager, lr=0.01), torch.optim.AdamW(mine, lr=0.01)
-    step = minicompile.compile(lambda: opt.step())
-    for i in range(3):
-        _set_grads(eager, mine, i)
-        eager_opt.step()
-        step()
-        _assert_state_equal(eager_opt, opt, dtype)
+    _steps_beside_eager(eager, mine, eager_opt, opt, minicompile.compile(lambda: opt.step()), 3, dtype)
 
 
 def test_one_kernel_per_parameter_and_no_recompile_per_step():
@@ -118,7 +124,7 @@ def test_one_kernel_per_parameter_without_combo_kernels():
 
 def test_learning_rate_scheduler_and_hooks():
     eager = _params()
-    mine = [torch.nn.Parameter(p.detach().clone()) for p in eager]
+    mine = _twin(eager)
     eager_opt, opt = torch.optim.AdamW(eager, lr=0.05), torch.optim.AdamW(mine, lr=0.05)
     eager_sched = torch.optim.lr_scheduler.StepLR(eager_opt, step_size=1, gamma=0.5)
     sched = torch.optim.lr_scheduler.StepLR(opt, step_size=1, gamma=0.5)
@@ -169,7 +175,7 @@ def test_training_loop_with_backward_and_step():
 def test_unmodelled_options_run_pytorchs_step(capsys):
     params = _params()
     opt = torch.optim.Adam(params, lr=0.01, fused=True)
-    eager = [torch.nn.Parameter(p.detach().clone()) for p in params]
+    eager = _twin(params)
     eager_opt = torch.optim.Adam(eager, lr=0.01, fused=True)
     minicompile.logs.set_logs(graph_breaks=True)
     try:
@@ -186,12 +192,7 @@ def test_unmodelled_options_run_pytorchs_step(capsys):
 def test_compiling_the_step_method_itself():
     """minicompile.compile(opt.step), as some guides write it, runs the compiled step too."""
     eager = _params()
-    mine = [torch.nn.Parameter(p.detach().clone()) for p in eager]
+    mine = _twin(eager)
     eager_opt, opt = torch.optim.Adam(eager, lr=0.01), torch.optim.Adam(mine, lr=0.01)
-    step = minicompile.compile(opt.step)
-    for i in range(3):
-        _set_grads(eager, mine, i)
-        eager_opt.step()
-        step()
-        _assert_state_equal(eager_opt, opt, torch.float32)
+    _steps_beside_eager(eager, mine, eager_opt, opt, minicompile.compile(opt.step), 3)
     assert minicompile.metrics.kernels > 0

@@ -18,9 +18,10 @@ default partitioner has it:
   saved, it is read as it is. AOTAutograd's partitioner bans that recomputation too.
 
 Which values to save is then a minimum cut. Each value v of the forward is an edge v_in -> v_out
-whose capacity is what saving it costs (`save_cost`: its size in bytes, and a tie-breaker); a value's users hang off v_out. The source feeds the
-inputs and the expensive values (they are available in the forward); the nodes the backward
-must run (those that read a gradient) drain into the sink. A cut separates what the forward
+whose capacity is what saving it costs (`save_cost`: its size in bytes, and a tie-breaker); a
+value's users hang off v_out. The source feeds the inputs and the expensive values (they are
+available in the forward); the nodes the backward must run (those that read a gradient) drain
+into the sink. A cut separates what the forward
 computes from what the backward computes, and the edges it cuts are the values that cross:
 the saved values, of the fewest bytes in all (networkx's max-flow). Of a view and the value it
 views, equal in bytes, the value is saved (a saved view would be copied out by the forward).

@@ -2,13 +2,15 @@
 
 Takes the fusion schedule (kernels and extern calls) and the kernels' generated source; the
 memory plan (`plan_memory`: which buffer's memory each new buffer takes) is decided first, and
-the code is written from it. Hands back a callable with the backend contract's signature (graph inputs in, graph outputs out) and
-its source text, which the `output_code` log prints whole. The host function allocates each
-buffer, launches the kernels in order (C++ through ctypes with data pointers, Triton with a
-grid), calls PyTorch for extern ops, deletes each buffer once its last reader has run, raises IndexError if a kernel met an out-of-range
+the code is written from it. Hands back a callable with the backend contract's signature
+(graph inputs in, graph outputs out) and its source text, which the `output_code` log prints
+whole. The host function allocates each buffer, launches the kernels in order (C++ through
+ctypes with data pointers, Triton with a grid), calls PyTorch for extern ops, deletes each
+buffer once its last reader has run, raises IndexError if a kernel met an out-of-range
 data-dependent index (ir.INDEX_ERRORS; on a GPU the kernel stops with a device-side assert
 instead), and returns the outputs in the structure the graph had. (The graph computes values
-only: writes into inputs are made by functionalize.py's epilogue.)
+only: writes into inputs are made by functionalize.py's epilogue, unless a kernel stored the
+new value straight into the input.)
 """
 from __future__ import annotations
 
@@ -94,11 +96,17 @@ def _new_memory(ext: ir.Extern) -> bool:
     return returns_new_memory(ext.op) and not ext.reason and ext.value_is_tensor and ir.is_dense(ext.shape, ext.stride)
 
 
-def plan_reuse(program: ir.Program, steps: list, kernel_args: dict) -> tuple[dict, set]:
-    """Memory planning: the step after which each buffer is last read, and which buffers'
-    memory may be reused once dead: those a kernel wrote or an extern kernel made new
+def _output_names(program: ir.Program) -> set[str]:
+    """The buffers the graph returns (or whose views it returns)."""
+    return {o.name for o in program.outputs if isinstance(o, TensorBox)}
+
+
+def plan_reuse(program: ir.Program, steps: list, kernel_args: dict) -> tuple[dict, set, set]:
+    """Memory planning: the step after which each buffer is last read; which buffers' memory
+    may be reused once dead: those a kernel wrote or an extern kernel made new
     (lowerings.NEW_MEMORY_KERNELS), that are not outputs and that no extern op saw (an
-    extern's result may be a view of its input, so its memory is not ours)."""
+    extern's result may be a view of its input, so its memory is not ours); and the buffers
+    some extern op reads."""
     last_use: dict[str, int] = {}
     reusable: set[str] = set()
     seen_by_extern = set()
@@ -111,8 +119,7 @@ def plan_reuse(program: ir.Program, steps: list, kernel_args: dict) -> tuple[dic
             seen_by_extern |= {r.name for r in step.box.reads}
             if _new_memory(step.box.data):
                 reusable.add(step.box.name)
-    outputs = {o.name for o in program.outputs if isinstance(o, TensorBox)}
-    return last_use, reusable - seen_by_extern - outputs
+    return last_use, reusable - seen_by_extern - _output_names(program), seen_by_extern
 
 
 def _dead_after(program: ir.Program, steps: list, kernel_args: dict, kept: set) -> dict[int, list[str]]:
@@ -127,8 +134,7 @@ def _dead_after(program: ir.Program, steps: list, kernel_args: dict, kept: set) 
             [r.name for r in step.box.reads] + [step.box.name]
         for name in names:
             last[name] = i
-    kept = kept | {o.name for o in program.outputs if isinstance(o, TensorBox)} | set(program.symbols) \
-        | set(program.scalars) | {ir.INDEX_ERRORS}
+    kept = kept | _output_names(program) | set(program.symbols) | set(program.scalars) | {ir.INDEX_ERRORS}
     dead: dict[int, list[str]] = {}
     for name, i in last.items():
         if name not in kept:
@@ -148,12 +154,11 @@ def plan_memory(program: ir.Program, steps: list, kernel_args: dict, buffers: di
     - "small": a new allocation by PyTorch (too small for huge pages);
     - "new": a new allocation by runtime.memory (huge pages for large buffers).
     A buffer's memory is free once the kernel that reads it last has run (plan_reuse)."""
-    last_use, reusable = plan_reuse(program, steps, kernel_args)
-    returned = {o.name for o in program.outputs if isinstance(o, TensorBox)}
-    read_by_extern = {r.name for s in steps if isinstance(s, ExternCall) for r in s.box.reads}
+    last_use, reusable, read_by_extern = plan_reuse(program, steps, kernel_args)
+    kept = _output_names(program) | read_by_extern
     write_back = {program.outputs[k].name: program.inputs[i].name for k, i in (written or {}).items()
                   if isinstance(program.outputs[k], TensorBox) and isinstance(program.inputs[i], ir.InputBuffer)
-                  and program.inputs[i].name not in returned | read_by_extern}
+                  and program.inputs[i].name not in kept}
     free: dict[tuple, list[str]] = {}        # (bytes, dtype) -> buffers whose memory is free
     overwritten: set[str] = set()            # buffers a kernel's output was written over
     plan: dict[str, tuple] = {}

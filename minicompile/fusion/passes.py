@@ -13,7 +13,7 @@ import math
 from .. import ir
 from ..ir import Index
 from ..lower.boxes import TensorBox
-from ..lower.lowerings import as_view_of_buffer
+from ..lower.lowerings import as_view_of_buffer, viewed_value
 from .kernels import ComboKernel, ExternCall, FusionPass, Kernel, Member
 
 
@@ -50,12 +50,8 @@ class RealizeOutputs(FusionPass):
 def _view_of_made_buffer(box: TensorBox):
     """box as strides over the buffer it views, when it is views all the way down to a buffer
     the graph computed (not an input: the epilogue makes those views), in eager's layout."""
-    link = box
-    while not link.is_realized:
-        if not (isinstance(link.data, ir.Pointwise) and link.data.aliases and len(link.reads) == 1):
-            return None
-        link = link.reads[0]
-    if isinstance(link.data, (ir.InputBuffer, ir.ViewOfBuffer)):
+    link = viewed_value(box)
+    if not link.is_realized or isinstance(link.data, (ir.InputBuffer, ir.ViewOfBuffer)):
         return None
     view = as_view_of_buffer(box)
     if view is None or view.base is not link or (
@@ -269,8 +265,7 @@ class ComboKernels(FusionPass):
                 close()
             if self.why_not([], step) is None:
                 group.append(step)
-            else:
-                close()
+            else:                        # (never a part: the group was closed above)
                 steps.append(step)
         close()
         state.steps = steps

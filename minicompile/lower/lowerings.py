@@ -1460,9 +1460,9 @@ def lower_fallback(program: ir.Program, node, values, target, args, kwargs, stri
         if isinstance(x, TensorBox):
             if pure:
                 _realize_viewed(x)
-            view = as_view_of_buffer(x) if pure else None
-            if view is not None:         # a transpose or slice of a buffer: pass a strided view
-                x.data = view
+                view = as_view_of_buffer(x)
+                if view is not None:     # a transpose or slice of a buffer: pass a strided view
+                    x.data = view
             boxes.append(x.realize())
         return x
     args = torch.fx.node.map_aggregate(args, realize)
@@ -1517,14 +1517,20 @@ def constant_tensor(program: ir.Program, value: torch.Tensor) -> TensorBox:
     return TensorBox(data, program)
 
 
+def viewed_value(box: TensorBox) -> TensorBox:
+    """The value a chain of views (eager's views, not yet stored) reads: box itself where box
+    is not such a view."""
+    while isinstance(box.data, ir.Pointwise) and box.data.aliases and len(box.reads) == 1:
+        box = box.reads[0]
+    return box
+
+
 def _realize_viewed(box: TensorBox) -> None:
     """The value a chain of views reads (a layer norm's result that a linear layer reads
     reshaped), stored, where the views are then a strided view of its buffer: the extern reads
     that view, instead of a copy of the value made for it (and the value is not stored twice
     where the graph also returns it). Left as it was where the views are not strided views."""
-    base = box
-    while isinstance(base.data, ir.Pointwise) and base.data.aliases and len(base.reads) == 1:
-        base = base.reads[0]
+    base = viewed_value(box)
     if base is box or base.is_realized:
         return
     data = base.data
