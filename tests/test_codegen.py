@@ -40,6 +40,8 @@ POINTWISE = {
     "gelu": lambda x: F.gelu(x),
     "gelu_tanh": lambda x: F.gelu(x, approximate="tanh"),
     "silu": lambda x: F.silu(x),
+    "hardswish": lambda x: F.hardswish(x * 4),
+    "hardsigmoid": lambda x: F.hardsigmoid(x * 4) * x,
     "sigmoid_tanh": lambda x: torch.sigmoid(x) * torch.tanh(x) - x.abs(),
     "exp_log": lambda x: torch.log(torch.exp(x) + 1.5).sqrt(),
     "rsqrt_div": lambda x: x / (x.abs() + 1) + torch.rsqrt(x * x + 2),
@@ -74,6 +76,20 @@ def test_dtypes(kernel_backend, dtype):
     x = randn(67, 129, dtype=dtype)
     check(lambda x: F.gelu(x * 2 + 1) - x, x, dtype=dtype)
     check(lambda x: x.sum(-1), x, dtype=dtype)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
+def test_mobilenet_activations_and_global_pooling(kernel_backend, dtype):
+    # hardswish/hardsigmoid around their kinks (-3, 3), with a NaN; global average pooling
+    # of a channels-last input, fused with the work before and after it
+    x = randn(5, 6, 7, 9, dtype=dtype) * 4
+    x[0, 0, 0, 0] = float("nan")
+    tolerance = dict(rtol=1e-2, atol=1e-2) if dtype != torch.float32 else dict(rtol=1e-5, atol=1e-5)
+    check(lambda x: F.hardswish(x) - F.hardsigmoid(x), x, equal_nan=True, **tolerance)
+    pool = lambda x: F.hardsigmoid(F.adaptive_avg_pool2d(F.hardswish(x), 1)) * x
+    check(pool, x, equal_nan=True, **tolerance)
+    check(pool, x.contiguous(memory_format=torch.channels_last), equal_nan=True, **tolerance)
+    check(lambda x: F.adaptive_avg_pool2d(x, (1, 1)).flatten(1), x[1:, :, 1:, 2:], equal_nan=True, **tolerance)
 
 
 def test_type_promotion(kernel_backend):
@@ -226,6 +242,31 @@ def test_extern_output_layout_follows_realized_inputs(kernel_backend):
         y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
         return y.transpose(1, 2).contiguous().view(2, 8, 16) * 2
     check(f, randn(2, 8, 48))
+
+
+def test_attention_with_a_boolean_mask(kernel_backend):
+    # masks as models build them: from positions (a view whose key dim has stride 0), from
+    # padding (broadcast over queries and heads), and one that masks whole rows (NaN rows)
+    q, k, v = (randn(3, 7, 2, 8).transpose(1, 2) for _ in range(3))    # (3, 2, 7, 8) views
+
+    def by_position(q, k, v):
+        keep = torch.arange(7) >= 0
+        mask = keep[None, None, :, None].expand(3, 1, 7, 7)
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=0.3) * 2
+
+    def by_padding(q, k, v, pad):
+        mask = pad[:, None, None, :].expand(3, 1, 7, 7)
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+
+    pad = torch.rand(3, 7) > 0.3
+    pad[:, 0] = True
+    check(by_position, q, k, v)
+    check(by_padding, q, k, v, pad)
+    causal = torch.ones(7, 7, dtype=torch.bool).tril()
+    causal[2] = False                                                  # a row that attends to nothing
+    actual = run_compiled(lambda q, k, v, m: F.scaled_dot_product_attention(q, k, v, attn_mask=m), q, k, v, causal)
+    expected = F.scaled_dot_product_attention(q, k, v, attn_mask=causal)
+    torch.testing.assert_close(actual, expected, equal_nan=True)
 
 
 def test_var_std_batch_norm_dropout(kernel_backend):

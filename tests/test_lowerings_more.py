@@ -524,3 +524,10 @@ def test_batch_norm_training_called_directly_updates_the_statistics_once(kernel_
         assert_same(rm, rm_eager)
         assert_same(rv, rv_eager)
     assert minicompile.metrics.graphs == 1
+
+
+def test_mobilenet_activations_and_global_pooling_are_lowered(kernel_backend):
+    # hardswish, hardsigmoid and global average pooling, each without a PyTorch kernel: the
+    # squeeze-and-excitation block of MobileNetV3 is one kernel (the pooled rows and their use)
+    x = torch.randn(4, 6, 5, 7) * 4
+    check(lambda x: F.hardsigmoid(F.adaptive_avg_pool2d(F.hardswish(x), 1)) * F.hardswish(x), x, kernels=1)
