@@ -39,6 +39,12 @@ cxx_libs = ["-lmvec"] if sys.platform.startswith("linux") else []
 fallback_random = True
 
 
+# 2-D convolutions are handed their input channels-last (and return their result so): on a
+# CPU where oneDNN is there, on a GPU where cuDNN is (Inductor's layout optimization). False:
+# every convolution keeps PyTorch's default layout.
+channels_last_convolutions = os.environ.get("MINICOMPILE_CHANNELS_LAST", "1") != "0"
+
+
 # mode="reduce-overhead" (and "max-autotune"): each compiled graph whose inputs are on one CUDA
 # device replays CUDA graphs, one recording per input signature, at most this many per graph
 # (runtime/cudagraphs.py). Set by the mode; can be set as an option too.

@@ -531,3 +531,19 @@ def test_mobilenet_activations_and_global_pooling_are_lowered(kernel_backend):
     # squeeze-and-excitation block of MobileNetV3 is one kernel (the pooled rows and their use)
     x = torch.randn(4, 6, 5, 7) * 4
     check(lambda x: F.hardsigmoid(F.adaptive_avg_pool2d(F.hardswish(x), 1)) * F.hardswish(x), x, kernels=1)
+
+
+@pytest.mark.parametrize("bias", [False, True])
+def test_a_product_of_unaligned_width_is_padded(kernel_backend, monkeypatch, bias):
+    # a language model's head: n = 50257 words is not a multiple of 16 bytes. Where Triton
+    # kernels run, the weight gets zero rows up to an aligned width and the result is the view
+    # of its first n columns; a graph output is returned in eager's (contiguous) layout
+    from minicompile.lower import lowerings
+    monkeypatch.setattr(lowerings, "PAD_PRODUCTS_FROM", 1)
+    x, w, b = torch.randn(2, 5, 12), torch.randn(37, 12), torch.randn(37)
+    head = (lambda x, w, b: F.linear(x, w, b) * 2) if bias else (lambda x, w, b: F.linear(x, w))
+    compiled = check(head, x, w, b)
+    assert ("torch_empty_strided((40, 12)" in compiled.wrapper_source) == (kernel_backend == "triton")
+    out = compiled(x, w, b)
+    assert out.is_contiguous()
+    check(lambda x, w, b: F.linear(x, w).softmax(-1), x.transpose(0, 1), w, b)

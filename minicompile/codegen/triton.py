@@ -960,14 +960,15 @@ class Launcher:
 
     def launch(self, grid, args, kwargs):
         # per call, in Python: keep this short (a small model launches many kernels per call)
-        key = _spec_key(tuple([(a.dtype, a.data_ptr() % 16 == 0) for a in args]),
+        pointers = [a.data_ptr() for a in args]
+        key = _spec_key(tuple([(a.dtype, p % 16 == 0) for a, p in zip(args, pointers)]),
                         tuple([kwargs[k] for k in self.given]) if self.given else ())
         try:
             binary = self.binaries[key]
         except KeyError:
             binary = self.binaries[key] = self._binary(key, args, kwargs)
         if binary is not None and not _launch_hooks_active():
-            binary.launch(grid, args, kwargs)
+            binary.launch(grid, pointers, kwargs)
         elif os.environ.get("TRITON_INTERPRET") == "1":
             # the interpreter computes with NumPy, which warns where a GPU gives inf or NaN silently
             with np.errstate(all="ignore"):
@@ -993,7 +994,12 @@ class Launcher:
         if _static_launcher() is None:
             return None
         path = self.binary_path(key) or self.compile(args, kwargs, key)
-        return None if path is None else _Binary(path, self.positional, args[0].device.index)
+        if path is None:
+            return None
+        try:
+            return _Binary(path, self.positional, args[0].device.index)
+        except ValueError:             # parameters in an order the fast launch does not take
+            return None
 
 
 class _Binary:
@@ -1004,18 +1010,21 @@ class _Binary:
             facts = json.load(f)
         self.num_warps, self.shared = facts["num_warps"], facts["shared"]
         self.types = facts["types"] + "O" * facts["null_params"]
-        # each cubin parameter: (from a positional argument by index, or a setting by name,
-        # is a pointer); recent Triton kernels end with scratch pointers, passed as null
-        self.params = [(i if i < positional else name, code == "O")
-                       for (i, name), code in zip(facts["params"], facts["types"])]
+        # the cubin's parameters: pointers from positional arguments (the buffers, by index),
+        # then numbers from settings given at launch (by name); recent Triton kernels end with
+        # scratch pointers, passed as null
+        self.buffers = [i for i, _ in facts["params"] if i < positional]
+        self.settings = [name for i, name in facts["params"] if i >= positional]
+        if [i for i, _ in facts["params"]][:len(self.buffers)] != self.buffers:
+            raise ValueError(f"{facts['name']}: a setting comes before a buffer in its parameters")
         self.nulls = (None,) * facts["null_params"]
         self.launcher = _static_launcher()
         # (module, function, registers, spills) in recent PyTorch, (function, ...) before
         self.function = self.launcher._load_kernel(base + ".cubin", facts["name"], self.shared, device)[-3]
 
-    def launch(self, grid, args, kwargs):
-        values = [(args[source] if type(source) is int else kwargs[source]) for source, _ in self.params]
-        values = [v.data_ptr() if pointer else v for v, (_, pointer) in zip(values, self.params)]
+    def launch(self, grid, pointers, kwargs):
+        """Launch on the current stream; `pointers`: the positional arguments' addresses."""
+        values = [pointers[i] for i in self.buffers] + [kwargs[name] for name in self.settings]
         stream = torch._C._cuda_getCurrentRawStream(torch._C._cuda_getDevice())
         self.launcher._launch_kernel(
             self.function, grid[0], grid[1] if len(grid) > 1 else 1, grid[2] if len(grid) > 2 else 1,
@@ -1100,9 +1109,23 @@ def _static_launcher():
 
 def _launch_hooks_active() -> bool:
     """Whether a profiler has hooked Triton's launches (they would miss a static launch)."""
-    triton = sys.modules.get("triton")
-    if triton is None or not hasattr(triton, "knobs"):
+    runtime = _triton_runtime_knobs()
+    if runtime is None:
         return False
-    runtime = triton.knobs.runtime
-    return any(h is not None and not (hasattr(h, "calls") and not h.calls)
-               for h in (runtime.launch_enter_hook, runtime.launch_exit_hook))
+    enter, exit_ = runtime.launch_enter_hook, runtime.launch_exit_hook
+    if enter is None and exit_ is None:          # the common case, checked on every launch
+        return False
+    return any(h is not None and not (hasattr(h, "calls") and not h.calls) for h in (enter, exit_))
+
+
+def _triton_runtime_knobs():
+    """Triton's runtime settings (where profilers hook launches), once Triton is imported."""
+    global _RUNTIME_KNOBS
+    if _RUNTIME_KNOBS is None:
+        triton = sys.modules.get("triton")
+        if triton is not None and hasattr(triton, "knobs"):
+            _RUNTIME_KNOBS = triton.knobs.runtime
+    return _RUNTIME_KNOBS
+
+
+_RUNTIME_KNOBS = None

@@ -264,6 +264,8 @@ def build(program: ir.Program, steps: list, written: dict | None = None) -> Comp
         if isinstance(value, TensorBox):
             if isinstance(value.data, ir.ViewOfBuffer):
                 v = value.data
+                if _views_all_of(v):          # the buffer as it is: no view to make per call
+                    return v.base.name
                 return (f"torch.as_strided({v.base.name}, {sizes(v.shape)}, {sizes(v.stride)}, "
                         f"{v.base.name}.storage_offset() + {ir.render_size(v.offset)})")
             return value.name
@@ -407,3 +409,11 @@ def rebuild(entry: dict) -> CompiledGraph:
     logs.log("output_code", f"(from the graph cache)\n{entry['kernel_source']}\n{entry['wrapper_source']}")
     return CompiledGraph(namespace["call"], entry["wrapper_source"], entry["kernel_source"], entry["backend"],
                          list(entry["kernels"]), entry=entry)
+
+
+def _views_all_of(view: ir.ViewOfBuffer) -> bool:
+    """Whether a view is its buffer with the buffer's own sizes and strides (which hold at run
+    time: an input's by its guard, an extern's result by as_layout)."""
+    base = getattr(view.base, "data", view.base)
+    return view.offset == 0 and list(view.shape) == list(getattr(base, "shape", ())) \
+        and list(view.stride) == list(getattr(base, "stride", ()))
