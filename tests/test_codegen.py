@@ -250,7 +250,7 @@ def test_attention_with_a_boolean_mask(kernel_backend):
     q, k, v = (randn(3, 7, 2, 8).transpose(1, 2) for _ in range(3))    # (3, 2, 7, 8) views
 
     def by_position(q, k, v):
-        keep = torch.arange(7) >= 0
+        keep = torch.arange(7, device=q.device) >= 0
         mask = keep[None, None, :, None].expand(3, 1, 7, 7)
         return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=0.3) * 2
 
@@ -258,11 +258,11 @@ def test_attention_with_a_boolean_mask(kernel_backend):
         mask = pad[:, None, None, :].expand(3, 1, 7, 7)
         return F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
 
-    pad = torch.rand(3, 7) > 0.3
+    pad = torch.rand(3, 7, device=DEVICE) > 0.3
     pad[:, 0] = True
     check(by_position, q, k, v)
     check(by_padding, q, k, v, pad)
-    causal = torch.ones(7, 7, dtype=torch.bool).tril()
+    causal = torch.ones(7, 7, dtype=torch.bool, device=DEVICE).tril()
     causal[2] = False                                                  # a row that attends to nothing
     actual = run_compiled(lambda q, k, v, m: F.scaled_dot_product_attention(q, k, v, attn_mask=m), q, k, v, causal)
     expected = F.scaled_dot_product_attention(q, k, v, attn_mask=causal)

@@ -529,7 +529,7 @@ def test_batch_norm_training_called_directly_updates_the_statistics_once(kernel_
 def test_mobilenet_activations_and_global_pooling_are_lowered(kernel_backend):
     # hardswish, hardsigmoid and global average pooling, each without a PyTorch kernel: the
     # squeeze-and-excitation block of MobileNetV3 is one kernel (the pooled rows and their use)
-    x = torch.randn(4, 6, 5, 7) * 4
+    x = randn(4, 6, 5, 7) * 4
     check(lambda x: F.hardsigmoid(F.adaptive_avg_pool2d(F.hardswish(x), 1)) * F.hardswish(x), x, kernels=1)
 
 
@@ -540,10 +540,23 @@ def test_a_product_of_unaligned_width_is_padded(kernel_backend, monkeypatch, bia
     # of its first n columns; a graph output is returned in eager's (contiguous) layout
     from minicompile.lower import lowerings
     monkeypatch.setattr(lowerings, "PAD_PRODUCTS_FROM", 1)
-    x, w, b = torch.randn(2, 5, 12), torch.randn(37, 12), torch.randn(37)
+    x, w, b = randn(2, 5, 12), randn(37, 12), randn(37)
     head = (lambda x, w, b: F.linear(x, w, b) * 2) if bias else (lambda x, w, b: F.linear(x, w))
     compiled = check(head, x, w, b)
     assert ("torch_empty_strided((40, 12)" in compiled.wrapper_source) == (kernel_backend == "triton")
     out = compiled(x, w, b)
     assert out.is_contiguous()
     check(lambda x, w, b: F.linear(x, w).softmax(-1), x.transpose(0, 1), w, b)
+
+
+def test_a_boolean_attention_mask_is_handed_over_dense(kernel_backend):
+    # a mask as Hugging Face builds it (a view with a zero stride in the key dim): where Triton
+    # kernels run, attention gets the dense additive mask, which its fused kernels take
+    q, k, v = (randn(3, 7, 2, 8).transpose(1, 2) for _ in range(3))
+
+    def f(q, k, v, positions):
+        mask = (positions >= 0)[None, None, :, None].expand(3, 1, 7, 7)
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=0.3)
+    compiled = check(f, q, k, v, torch.arange(7, device=DEVICE))
+    dense = "attn_mask=torch.as_strided" not in compiled.wrapper_source
+    assert dense == (kernel_backend == "triton"), compiled.wrapper_source

@@ -1545,6 +1545,33 @@ def _padded_rows(weight: TensorBox, meta) -> TensorBox | None:
     return box.realize(ir.contiguous_strides([wide, k]))
 
 
+@register([F.scaled_dot_product_attention],
+          "query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None, enable_gqa=False")
+def _attention(node, values, query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa):
+    """Attention is PyTorch's kernel; a boolean mask is handed to it as the additive float mask
+    it stands for (0 where attending, -inf where not: what PyTorch converts it to), computed in
+    a generated kernel and stored dense. The masks models build (Hugging Face's, from positions
+    and padding) are views with a stride of 0 somewhere: PyTorch's fused attention kernels need
+    the key dimension contiguous, so such a mask sends the call to its unfused math path (a
+    dozen kernels; measured on the H100 for BERT-base's shapes, 0.21 ms a call against 0.055 ms
+    with the dense float mask). Triton kernels only: on a CPU, attention keeps the mask it got."""
+    meta = _meta(node, values)
+    if (meta is None or not isinstance(attn_mask, TensorBox) or attn_mask.dtype != torch.bool
+            or not isinstance(query, TensorBox) or not query.dtype.is_floating_point
+            or (query.device.type == "cpu" and config.cpu_backend == "cpp")
+            or any(ir.is_symbolic(s) for s in attn_mask.shape)):
+        return NotImplemented
+    dt, shape = query.dtype, list(attn_mask.shape)
+    additive = _pw(query.program, shape, dt, query.device,
+                   lambda m: ops.where(m, ops.constant(0.0, dt), ops.constant(-math.inf, dt)),
+                   [attn_mask], "attention mask", common=torch.bool)
+    mask = additive.laid_out(ir.contiguous_strides(shape))
+    kwargs = dict(attn_mask=mask, dropout_p=dropout_p, is_causal=is_causal, scale=scale)
+    if enable_gqa:
+        kwargs["enable_gqa"] = True
+    return lower_fallback(query.program, node, values, node.target, (query, key, value), kwargs)
+
+
 def _read_elementwise_only(node) -> bool:
     users = list(node.users)
     try:
