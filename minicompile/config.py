@@ -39,6 +39,11 @@ cxx_libs = ["-lmvec"] if sys.platform.startswith("linux") else []
 fallback_random = True
 
 
+# A graph's Triton kernels are compiled by this many worker processes at most (forked; one:
+# in this process, one by one).
+compile_workers = int(os.environ.get("MINICOMPILE_COMPILE_WORKERS", "8"))
+
+
 # 2-D convolutions are handed their input channels-last (and return their result so): on a
 # CPU where oneDNN is there, on a GPU where cuDNN is (Inductor's layout optimization). False:
 # every convolution keeps PyTorch's default layout.

@@ -560,3 +560,13 @@ def test_a_boolean_attention_mask_is_handed_over_dense(kernel_backend):
     compiled = check(f, q, k, v, torch.arange(7, device=DEVICE))
     dense = "attn_mask=torch.as_strided" not in compiled.wrapper_source
     assert dense == (kernel_backend == "triton"), compiled.wrapper_source
+
+
+def test_addmm_bias_is_added_by_a_generated_kernel(kernel_backend):
+    # GPT-2's Conv1D: bias + x @ w. With Triton kernels the product is torch.mm and the bias
+    # joins the elementwise work after it; other forms of addmm stay PyTorch's
+    x, w, b = randn(37, 48), randn(48, 29) / 7, randn(29)
+    compiled = check(lambda x, w, b: F.gelu(torch.addmm(b, x, w)) * 2, x, w, b)
+    assert ("torch.mm(" in compiled.wrapper_source) == (kernel_backend == "triton"), compiled.wrapper_source
+    check(lambda x, w, b: torch.addmm(b, x.t(), w.t()[:, :29]), randn(48, 37), randn(29, 48), b)
+    check(lambda x, w, b: torch.addmm(b[:37, None], x, w, beta=0.5, alpha=2), x, w, randn(48))

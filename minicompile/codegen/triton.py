@@ -736,10 +736,15 @@ class _KernelModule:
 
 
 def precompile(launchers: dict, meta: dict, buffers: dict) -> None:
-    """Compile every kernel of a graph at once, in threads (Triton's compiler spends much of
-    its time outside Python: LLVM, ptxas), instead of one by one at first launch. Each kernel
-    is compiled for the specialization its first real launch will ask for: 16-byte-aligned
-    pointers. Kernels whose binary is on disk already cost nothing here."""
+    """Compile every kernel of a graph at once, instead of one by one at first launch. Each
+    kernel is compiled for the specialization its first real launch will ask for: 16-byte-
+    aligned pointers. Kernels whose binary is on disk already cost nothing here.
+
+    Triton's front end (Python source to its IR) is Python, so threads would take turns at
+    the interpreter lock: the kernels are shared among forked worker processes instead (where
+    the system can fork), each of which compiles its share, saves the binaries and exits. The
+    launches then load the binaries from disk. A kernel a worker could not compile is compiled
+    again at its first launch, which reports the error."""
     if os.environ.get("TRITON_INTERPRET") == "1" or not torch.cuda.is_available():
         return
     todo, seen = [], set()
@@ -753,8 +758,6 @@ def precompile(launchers: dict, meta: dict, buffers: dict) -> None:
         if (launcher, key) not in seen and launcher.binary_path(key) is None:
             todo.append((launcher, dtypes, settings, key))
             seen.add((launcher, key))
-    if not todo:
-        return
 
     def compile_one(job):
         launcher, dtypes, settings, key = job
@@ -762,12 +765,43 @@ def precompile(launchers: dict, meta: dict, buffers: dict) -> None:
             launcher.compile(dtypes, settings, key)
         except Exception:           # the real launch compiles again, and reports the error
             pass
-    if len(todo) == 1:
-        compile_one(todo[0])
+    workers = min(len(todo), os.cpu_count() or 1, config.compile_workers)
+    if workers <= 1 or not hasattr(os, "fork"):
+        for job in todo:
+            compile_one(job)
         return
-    from concurrent.futures import ThreadPoolExecutor
-    with ThreadPoolExecutor(max_workers=min(8, len(todo))) as pool:
-        list(pool.map(compile_one, todo))
+    _gpu_target(), _toolchain()     # asked of the GPU here: a forked worker must not touch CUDA
+    import_triton()
+    children = []
+    for w in range(workers):
+        pid = os.fork()
+        if pid == 0:                # a worker: its share of the kernels, then exit at once
+            try:
+                for job in todo[w::workers]:
+                    compile_one(job)
+            finally:
+                os._exit(0)
+        children.append(pid)
+    _wait_for(children, deadline=300.0)
+
+
+def _wait_for(children: list, deadline: float) -> None:
+    """Wait for the worker processes; any still running after `deadline` seconds is stopped
+    (its kernels are then compiled at their first launch)."""
+    import signal
+    import time
+    start, running = time.monotonic(), set(children)
+    while running:
+        for pid in list(running):
+            if os.waitpid(pid, os.WNOHANG)[0] != 0:
+                running.discard(pid)
+        if running and time.monotonic() - start > deadline:
+            for pid in running:
+                os.kill(pid, signal.SIGKILL)
+                os.waitpid(pid, 0)
+            return
+        if running:
+            time.sleep(0.005)
 
 
 @functools.lru_cache(None)

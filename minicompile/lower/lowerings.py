@@ -1482,12 +1482,16 @@ def _channels_last_convolutions(device, dtype) -> bool:
 
 @register([F.linear], "input, weight, bias=None")
 def _linear(node, values, input, weight, bias):
-    """A linear layer is PyTorch's matrix product. For Triton kernels its bias, when everything
-    that reads the result is elementwise (an activation, a residual add), is added in the kernel
-    that does that work, as Inductor does on a GPU: the product then writes its result once,
-    instead of first filling its output with copies of the bias for the GEMM to add to (addmm's
-    beta * C). With C++ kernels the bias stays in the product, as Inductor keeps it on a CPU:
-    measured on 2 cores, the BLAS library's addmm adds it for less than a separate read does.
+    """A linear layer is PyTorch's matrix product. For Triton kernels its bias is added by a
+    generated kernel, as Inductor does on a GPU, where everything that reads the result is
+    elementwise (an activation, a residual add): in the kernel that does that work, so the
+    product writes its result once. Elsewhere (a projection that attention reads) the bias is
+    added by a kernel of its own, over the product in place, where the result is small
+    (BIAS_PASS_UP_TO bytes): a product with a bias is cuBLASLt's, which asks for its heuristics
+    on every call (measured on the H100, BERT-base's 73 linear layers spent 3 ms of host time a
+    call there), more than one more pass over a small result costs. With C++ kernels the bias
+    stays in the product, as Inductor keeps it on a CPU: measured on 2 cores, the BLAS
+    library's addmm adds it for less than a separate read does.
 
     On a GPU, a large product whose output rows are not a multiple of 16 bytes long (a
     language model's head over a vocabulary of 50,257 words) is computed with its weight padded
@@ -1499,7 +1503,7 @@ def _linear(node, values, input, weight, bias):
     if meta is None or not isinstance(input, TensorBox) or not isinstance(weight, TensorBox) \
             or (input.device.type == "cpu" and config.cpu_backend == "cpp"):
         return NotImplemented
-    fuse_bias = isinstance(bias, TensorBox) and len(bias.shape) == 1 and _read_elementwise_only(node)
+    fuse_bias = isinstance(bias, TensorBox) and len(bias.shape) == 1 and _bias_added_apart(node, meta)
     padded = _padded_rows(weight, meta) if bias is None or fuse_bias else None
     if not fuse_bias and padded is None:
         return NotImplemented
@@ -1516,6 +1520,36 @@ def _linear(node, values, input, weight, bias):
     if not fuse_bias:
         return product
     return _pw(program, shape, meta.dtype, meta.device, ops.add, [product, bias], "linear bias")
+
+
+@register([torch.addmm, torch.Tensor.addmm, "addmm"], "input, mat1, mat2, *, beta=1, alpha=1")
+def _addmm(node, values, input, mat1, mat2, beta, alpha):
+    """bias + mat1 @ mat2 (a Hugging Face Conv1D, GPT-2's layers), for Triton kernels: the
+    product, and the bias added by a generated kernel, as a linear layer's (see _linear)."""
+    meta = _meta(node, values)
+    if meta is None or beta != 1 or alpha != 1 or not all(isinstance(x, TensorBox) for x in (input, mat1, mat2)) \
+            or len(input.shape) > 2 or (mat1.device.type == "cpu" and config.cpu_backend == "cpp") \
+            or not _bias_added_apart(node, meta):
+        return NotImplemented
+    shape = ir.shape_of(meta)
+    product = lower_fallback(mat1.program, node, values, torch.mm, (mat1, mat2), {},
+                             stride=ir.contiguous_strides(shape))
+    return _pw(mat1.program, shape, meta.dtype, meta.device, ops.add, [product, input], "addmm bias")
+
+
+BIAS_PASS_UP_TO = 2 ** 24    # bytes of a product's result that one more pass may read and write
+
+
+def _bias_added_apart(node, meta) -> bool:
+    """Whether a product's bias is better added by a generated kernel (see _linear)."""
+    if meta.numel() * meta.dtype.itemsize <= BIAS_PASS_UP_TO:
+        return True
+    users = list(node.users)
+    try:
+        return bool(users) and all(u.op in ("call_function", "call_method") and u.target in POINTWISE_TARGETS
+                                   for u in users)
+    except TypeError:                 # an unhashable target: not one of ours
+        return False
 
 
 PAD_PRODUCTS_FROM = 2 ** 28     # multiply-adds: below this, padding costs more than it saves
@@ -1570,15 +1604,6 @@ def _attention(node, values, query, key, value, attn_mask, dropout_p, is_causal,
     if enable_gqa:
         kwargs["enable_gqa"] = True
     return lower_fallback(query.program, node, values, node.target, (query, key, value), kwargs)
-
-
-def _read_elementwise_only(node) -> bool:
-    users = list(node.users)
-    try:
-        return bool(users) and all(u.op in ("call_function", "call_method") and u.target in POINTWISE_TARGETS
-                                   for u in users)
-    except TypeError:                 # an unhashable target: not one of ours
-        return False
 
 
 # --------------------------------------------------------------------------- fallback
