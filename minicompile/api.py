@@ -197,10 +197,10 @@ class CompiledFunction:
         # the frame is a chain of segments: graph, break run for real, resume point, ...
         offset, eager = 0, False
         while True:
-            seg = self._segment(frame, offset, a, k, eager)
+            seg, inputs = self._segment(frame, offset, a, k, eager)
             if seg is None:                       # the whole frame runs eagerly
                 return self.fn(*args, **kwargs)
-            result = seg.run(F, a, k, self._call_for_real)
+            result = seg.run(F, a, k, self._call_for_real, inputs)
             if result[0] == "return":
                 return result[1]
             _, offset, state = result
@@ -217,15 +217,24 @@ class CompiledFunction:
             logs.warn(f"minicompile: {self.__name__} runs eagerly: {err}")
 
     def _segment(self, frame: "_FrameCache", offset: int, args, kwargs, eager: bool):
-        """The cached segment of this frame starting at `offset` whose guard holds, or a new one.
-        (args, kwargs): the call as the frame's function takes them (a method's self first)."""
+        """(the cached segment of this frame starting at `offset` whose guard holds, or a new
+        one; its graph's inputs where its guard fetched them, else None). (args, kwargs): the
+        call as the frame's function takes them (a method's self first)."""
         F = self._func
         if not eager and offset in frame.skipped:
             eager = True
-        entries = frame.segments.setdefault((offset, eager), [])
+        entries = frame.segments.get((offset, eager))
+        if entries is None:
+            entries = frame.segments[(offset, eager)] = []
         for seg in entries:
-            if seg.guard(F, args, kwargs):
-                return seg
+            inputs = seg.check(F, args, kwargs)
+            if inputs is not None:
+                return seg, inputs
+        return self._miss(frame, offset, args, kwargs, eager, entries), None
+
+    def _miss(self, frame: "_FrameCache", offset: int, args, kwargs, eager: bool, entries: list):
+        """A call no entry's guard lets through: a re-bound entry, a new trace, or eager."""
+        F = self._func
         from .capture.trace import trace_segment
         where = self.__name__ if offset == 0 else f"{self.__name__} (resume at offset {offset})"
         # a miss: ask each earlier entry which of its checks failed (the slow twin of its guard);
@@ -264,7 +273,7 @@ class CompiledFunction:
                 _record(None, err)
                 logs.log("graph_breaks", f"frame {where} runs eagerly: "
                          f"{getattr(err, 'frame_skip', '')}\n{err}")
-                return self._segment(frame, offset, args, kwargs, True)
+                return self._segment(frame, offset, args, kwargs, True)[0]
             if offset == 0:
                 frame.eager_reason = err
                 self.eager_reason = err
