@@ -421,6 +421,8 @@ class Segment:
             outs = self.compiled(*inputs)
         else:                          # not compiled (no ops, or a frame run eagerly)
             outs = self.gm(*inputs)
+        if self.end == "return" and not self.effects and self.template[0] == "out":
+            return ("return", outs[self.template[1]])       # one of the graph's outputs
         env = self.make_env(F, args, kwargs)
         memo: dict = {}
         # every value is rebuilt first, then the side effects are made: a value the trace read
