@@ -692,12 +692,24 @@ class GuardBuilder:
         # the namespace the templates of the live state and the side effects are read in
         env_src = "\n".join(["def make_env(F, args, kwargs):"] + outer
                             + ["    return {'L': L, 'G': G, 'F': F}"]) + "\n"
-        exec(compile(guard_src, "<minicompile guard>", "exec"), ns)
+        def on_first_call(src: str, name: str, filename: str) -> Callable:
+            """The generated function `name`, compiled when it is first called: the boolean
+            guard and the slow twin run only on a miss (or when a reader asks), and a large
+            model's take milliseconds to compile, which a first call need not pay."""
+            made = None
+
+            def call(*args):
+                nonlocal made
+                if made is None:
+                    exec(compile(src, filename, "exec"), ns)
+                    made = ns[name]
+                return made(*args)
+            return call
         exec(compile(check_src, "<minicompile guard>", "exec"), ns)
-        exec(compile(failure_src, "<minicompile guard_failure>", "exec"), ns)
-        exec(compile(inputs_src, "<minicompile get_inputs>", "exec"), ns)
         exec(compile(env_src, "<minicompile env>", "exec"), ns)
-        guard, get_inputs, raw = ns["guard"], ns["get_inputs"], ns["guard_failure"]
+        guard = on_first_call(guard_src, "guard", "<minicompile guard>")
+        raw = on_first_call(failure_src, "guard_failure", "<minicompile guard_failure>")
+        get_inputs = on_first_call(inputs_src, "get_inputs", "<minicompile get_inputs>")
         checks = list(self.checks)
 
         def failure(F, args, kwargs):
