@@ -119,6 +119,30 @@ def test_only_the_cpp_check_sees_it(monkeypatch):
         assert_same(compiled(v), f(v))
 
 
+def test_inference_mode_recompiles_and_says_why(monkeypatch, capsys):
+    """A tensor made in inference mode has other dispatch keys: like TorchDynamo's tensor
+    check, the C++ check fails, the entry is compiled again, and the log names the check."""
+    monkeypatch.setattr(config, "cpp_tensor_guards", True)
+    torch.manual_seed(0)
+    m = nn.Sequential(nn.Linear(8, 8), nn.GELU(), nn.Linear(8, 4)).eval()
+    minicompile.reset()
+    minicompile.metrics.reset()
+    compiled = minicompile.compile(m)
+    x = torch.randn(3, 8)
+    minicompile.set_logs(recompiles=True)
+    try:
+        with torch.no_grad():
+            assert_same(compiled(x), m(x))
+        with torch.inference_mode():
+            xi = torch.randn(3, 8)
+            assert_same(compiled(xi), m(xi))
+            assert_same(compiled(xi), m(xi))
+    finally:
+        minicompile.set_logs(recompiles=False)
+    assert minicompile.metrics.recompiles == 1
+    assert "dispatch key set mismatch" in capsys.readouterr().out
+
+
 def test_the_check_hands_on_the_graphs_inputs(tensor_guards):
     torch.manual_seed(0)
     m = Block()
