@@ -176,12 +176,12 @@ class CompiledFunction:
         return (self._func.__code__, self.backend, tuple(sorted(options)), self.fullgraph)
 
     def __call__(self, *args, **kwargs):
-        if self._optimizer is not None:
-            return self._optimizer_step(self.fn, self._optimizer)(*args, **kwargs)
         frame = self._frame
-        if frame is None or self._frame_generation != _GENERATION:
+        if frame is None or self._frame_generation != _GENERATION or self._optimizer is not None:
             # found once, not per call (the key is computed, the cache looked up): a hit's
             # cost is the guard and the compiled code
+            if self._optimizer is not None:
+                return self._optimizer_step(self.fn, self._optimizer)(*args, **kwargs)
             if not _python_supported() or never_traced(self.fn) is not None:
                 return self.fn(*args, **kwargs)
             if self._func is None:
@@ -192,19 +192,30 @@ class CompiledFunction:
         if frame.eager_reason is not None:
             return self.fn(*args, **kwargs)
         F, a, k = self._func, args, kwargs
-        if self._pre or self._pre_kw:
-            a, k = self._pre + args, {**self._pre_kw, **kwargs}
-        # the frame is a chain of segments: graph, break run for real, resume point, ...
-        offset, eager = 0, False
-        while True:
-            seg = self._segment(frame, offset, a, k, eager)
+        if self._pre:
+            a = self._pre + args
+        if self._pre_kw:
+            k = {**self._pre_kw, **kwargs}
+        # the newest entry of the frame's start whose guard holds: the common case, one graph
+        for seg in () if frame.skipped else frame.segments.get((0, False), ()):
+            inputs = seg.check(F, a, k)
+            if inputs is not None:
+                break
+        else:
+            seg, inputs = self._segment(frame, 0, a, k, False)
             if seg is None:                       # the whole frame runs eagerly
                 return self.fn(*args, **kwargs)
-            result = seg.run(F, a, k, self._call_for_real)
+        # the frame is a chain of segments: graph, break run for real, resume point, ...
+        eager = False
+        while True:
+            result = seg.run(F, a, k, self._call_for_real, inputs)
             if result[0] == "return":
                 return result[1]
             _, offset, state = result
             a, k, eager = (), state, eager or seg.eager
+            seg, inputs = self._segment(frame, offset, a, k, eager)
+            if seg is None:
+                return self.fn(*args, **kwargs)
 
     def _no_code(self):
         err = Unsupported(f"capture of {type(self.fn).__name__} {self.fn!r}",
@@ -217,15 +228,24 @@ class CompiledFunction:
             logs.warn(f"minicompile: {self.__name__} runs eagerly: {err}")
 
     def _segment(self, frame: "_FrameCache", offset: int, args, kwargs, eager: bool):
-        """The cached segment of this frame starting at `offset` whose guard holds, or a new one.
-        (args, kwargs): the call as the frame's function takes them (a method's self first)."""
+        """(the cached segment of this frame starting at `offset` whose guard holds, or a new
+        one; its graph's inputs where its guard fetched them, else None). (args, kwargs): the
+        call as the frame's function takes them (a method's self first)."""
         F = self._func
         if not eager and offset in frame.skipped:
             eager = True
-        entries = frame.segments.setdefault((offset, eager), [])
+        entries = frame.segments.get((offset, eager))
+        if entries is None:
+            entries = frame.segments[(offset, eager)] = []
         for seg in entries:
-            if seg.guard(F, args, kwargs):
-                return seg
+            inputs = seg.check(F, args, kwargs)
+            if inputs is not None:
+                return seg, inputs
+        return self._miss(frame, offset, args, kwargs, eager, entries), None
+
+    def _miss(self, frame: "_FrameCache", offset: int, args, kwargs, eager: bool, entries: list):
+        """A call no entry's guard lets through: a re-bound entry, a new trace, or eager."""
+        F = self._func
         from .capture.trace import trace_segment
         where = self.__name__ if offset == 0 else f"{self.__name__} (resume at offset {offset})"
         # a miss: ask each earlier entry which of its checks failed (the slow twin of its guard);
@@ -264,7 +284,7 @@ class CompiledFunction:
                 _record(None, err)
                 logs.log("graph_breaks", f"frame {where} runs eagerly: "
                          f"{getattr(err, 'frame_skip', '')}\n{err}")
-                return self._segment(frame, offset, args, kwargs, True)
+                return self._segment(frame, offset, args, kwargs, True)[0]
             if offset == 0:
                 frame.eager_reason = err
                 self.eager_reason = err
@@ -554,12 +574,16 @@ class CompiledModule(torch.nn.Module):
         super().__init__()
         self._orig_mod = mod
         # under DDP or FSDP1, the wrapped module's forward (distributed.py says why)
-        self._compiled_forward = CompiledFunction(distributed.user_module(mod).forward, **options)
+        inner = distributed.user_module(mod)
+        self._compiled_forward = CompiledFunction(inner.forward, **options)
         self._around_logged: set = set()
+        # read on every call, so kept as plain attributes (a submodule is found through
+        # nn.Module.__getattr__); whether `mod` is a wrapper is a matter of its class
+        self.__dict__["_mod"], self.__dict__["_wrapper"] = mod, inner is not mod
 
     def forward(self, *args, **kwargs):
-        mod = self._orig_mod
-        if distributed.runs_around(mod):
+        mod = self._mod
+        if self._wrapper or distributed.has_hooks(mod):
             # hooks and wrappers (DDP, FSDP) run as PyTorch's, around the compiled forward
             return distributed.call_around(mod, self._compiled_forward, args, kwargs,
                                            self._around_logged)

@@ -18,6 +18,10 @@ cache_dir = os.environ.get("MINICOMPILE_CACHE_DIR",
 # generated code from cache_dir instead of being lowered, fused and generated again.
 graph_cache = os.environ.get("MINICOMPILE_GRAPH_CACHE", "1") != "0"
 
+# Guards check the static-shaped tensors of an entry (a model's parameters) with one call of
+# TorchDynamo's C++ TensorGuards (capture/guards.py); False: each by Python expressions.
+cpp_tensor_guards = os.environ.get("MINICOMPILE_CPP_GUARDS", "1") != "0"
+
 # The C++ compiler and its flags (OpenMP for the outer loop; the inner loop is vectorized).
 cxx = os.environ.get("CXX", "g++")
 # 512-bit vectors where the CPU has them (GCC prefers 256 by default): row reductions and the

@@ -289,7 +289,7 @@ def test_guards_log_shows_the_generated_guard(capsys):
     out = capsys.readouterr().out
     assert "[minicompile:guards] [0/0] pointwise" in out
     assert "def guard(F, args, kwargs):" in out
-    assert "v0.shape == (4,)" in out or ".shape == (4,)" in out
+    assert ".shape == (4,)" in out or "size (4,) stride (1,)" in out    # Python or C++
 
 
 def test_recompiles_log(capsys):

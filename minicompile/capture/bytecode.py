@@ -20,6 +20,7 @@ of being half-modelled.
 from __future__ import annotations
 
 import dis
+import functools
 import operator
 import sys
 import types
@@ -91,8 +92,11 @@ class Instruction:
         return f"{self.offset:>4} {self.opname} {self.argrepr}".rstrip()
 
 
+@functools.lru_cache(maxsize=4096)
 def decode(code: types.CodeType) -> Tuple[List[Instruction], Dict[int, int]]:
-    """Decode `code` into Instructions (CACHE entries hidden) and an offset -> index map."""
+    """Decode `code` into Instructions (CACHE entries hidden) and an offset -> index map.
+    Decoded once per code object (a model's twelve blocks run one forward): the callers only
+    read the list and the map, and an Instruction is frozen."""
     insts = []
     for i, ins in enumerate(dis.get_instructions(code)):
         # positions.lineno works on 3.11-3.13 (starts_line changed meaning in 3.13).

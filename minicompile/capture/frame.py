@@ -404,20 +404,25 @@ class Segment:
     get_inputs: Callable = None       # (F, args, kwargs) -> the graph's inputs
     get_inputs_source: str = ""
     make_env: Callable = None         # (F, args, kwargs) -> the namespace templates read
+    check: Callable = None            # (F, args, kwargs) -> the graph's inputs if the guard holds
 
     def use(self, code) -> None:
         """Take the generated functions of a guards.GuardCode."""
         self.guard, self.guard_source = code.guard, code.source
         self.get_inputs, self.get_inputs_source = code.get_inputs, code.get_inputs_source
-        self.make_env = code.make_env
+        self.make_env, self.check = code.make_env, code.check
 
-    def run(self, F, args, kwargs, call):
-        """-> ("return", value) or ("resume", offset, state)."""
-        inputs = self.get_inputs(F, args, kwargs)
+    def run(self, F, args, kwargs, call, inputs=None):
+        """-> ("return", value) or ("resume", offset, state). `inputs`: the graph's inputs,
+        where the caller has them (from `check`)."""
+        if inputs is None:
+            inputs = self.get_inputs(F, args, kwargs)
         if self.compiled is not None:
             outs = self.compiled(*inputs)
         else:                          # not compiled (no ops, or a frame run eagerly)
             outs = self.gm(*inputs)
+        if self.end == "return" and not self.effects and self.template[0] == "out":
+            return ("return", outs[self.template[1]])       # one of the graph's outputs
         env = self.make_env(F, args, kwargs)
         memo: dict = {}
         # every value is rebuilt first, then the side effects are made: a value the trace read
@@ -470,7 +475,10 @@ class ResumeSegment:
     def guard(self, F, args, kwargs) -> bool:
         return not args and _state_shape(kwargs) == self.shape
 
-    def run(self, F, args, kwargs, call):
+    def check(self, F, args, kwargs):
+        return () if self.guard(F, args, kwargs) else None
+
+    def run(self, F, args, kwargs, call, inputs=None):
         from .resume import call_resumed
         f_locals = {k: v for k, v in kwargs.items() if not k.startswith("___stack")}
         stack = [kwargs[f"___stack{i}"] for i in range(len(self.shape[1]))]

@@ -17,8 +17,17 @@ What is checked, and why:
 - nn.Modules: identity, `.training`, and that no forward hooks appeared (forward was inlined);
 - globals and closure cells read: identity for functions/modules/classes, value for scalars;
 - grad mode.
-Each check is a plain expression, evaluated in order, failing fast; no helper calls, so the
-guard costs a few microseconds.
+Each check is a plain expression, evaluated in order, failing fast. The tensors' checks are
+the one exception: a guard's tensors with static shapes are checked together, by ONE call of
+TorchDynamo's own C++ `TensorGuards` (type, dispatch keys, dtype, device, sizes, strides,
+requires_grad of every tensor: about 140 ns a tensor, where the same checks as Python
+expressions cost about 500), at the end of the guard. It is a private torch API, so where it
+is missing (or `config.cpp_tensor_guards` is off) each tensor is checked by Python expressions
+instead; both are tested. A model's parameters are guard inputs (modules are guarded by type,
+never identity), so a ResNet-50 has 266 of them: this is most of its guard.
+
+The guard has a twin that also hands on the graph's inputs (`check(F, args, kwargs) -> [inputs]
+or None`): it fetched every input to check it, so the hot path runs one function per call.
 
 On a miss (no entry's guard holds) the cache asks each entry *why*: a second generated
 function, `guard.fail_reason(args, kwargs)`, runs the same checks one part at a time and returns
@@ -40,8 +49,16 @@ from typing import Any, Callable, Dict, List, Optional, Tuple
 
 import torch
 
-from .. import autocast
+from .. import autocast, config
 from .sources import AttrSource, ItemSource, RemainingSource, Source
+
+
+try:
+    # TorchDynamo's C++ check of many tensors' metadata at once (a private API: where it is
+    # missing, each tensor is checked by Python expressions, as config.cpp_tensor_guards=False)
+    from torch._C._dynamo.guards import TensorGuards as _TensorGuards
+except ImportError:                      # pragma: no cover
+    _TensorGuards = None
 
 
 def frame_target(fn) -> Tuple[types.FunctionType, tuple, dict]:
@@ -245,6 +262,7 @@ class Check:
     where: Optional[list] = None          # the user's stack when the trace relied on it
     refresh: Optional[Callable] = None    # rewrites parts/slow when the guard is built
     others: List[Source] = field(default_factory=list)   # further sources, {e1}, {e2}...
+    tensor: Optional[torch.Tensor] = None  # a static tensor check: what the C++ check copies
 
 
 class GuardBuilder:
@@ -258,6 +276,7 @@ class GuardBuilder:
                                           "Parameter": torch.nn.Parameter,
                                           "TENSOR_FAILURE": tensor_failure,
                                           "REMAINING": remaining_items}
+        self._cpp_guards = None          # (the checks it covers, their C++ TensorGuards)
 
     def _add(self, key, source: Optional[Source], parts, comment: str = "", slow=None,
              stack: bool = True, others=()):
@@ -343,10 +362,13 @@ class GuardBuilder:
                 f"and {shape_test} and {{e}}.requires_grad is {t.requires_grad}")
         slow = (f"TENSOR_FAILURE({{e}}, {display(e)!r}, {ty}, {t.dtype}, {dev}, {sizes}, "
                 f"{strides}, {t.requires_grad})")
-        if check is not None:
-            check.parts, check.slow, check.comment = [(expr, "")], slow, comment
-            return
-        self._add(("tensor", e), source, expr, comment, slow, stack=False)
+        if check is None:
+            if ("tensor", e) in self._seen:
+                return
+            self._add(("tensor", e), source, expr, comment, slow, stack=False)
+            check = self._by_key[("tensor", e)]
+        check.parts, check.slow, check.comment = [(expr, "")], slow, comment
+        check.tensor = None if dynamic else t
 
     def dynamic_number(self, source: Source, value, dynamic: set):
         """An int or float graph input: any of its type while the graph is generic in it
@@ -536,6 +558,22 @@ class GuardBuilder:
                            f"GLOBAL_STATE changed: autocast ({device})"))
         self._add(("grad",), None, checks, "grad mode, autocast", stack=False)
 
+    def _cpp_tensor_checks(self):
+        """(one TorchDynamo TensorGuards for every static tensor check, those checks), or None
+        where the C++ class is missing, turned off (config.cpp_tensor_guards) or there are no
+        such checks. Made once, from the tensors as the trace saw them: a later build (a
+        re-bound call shape, the backend's shape guards) reuses it."""
+        checks = [c for c in self.checks if c.tensor is not None]
+        if not checks or not config.cpp_tensor_guards or _TensorGuards is None:
+            return None
+        key = tuple(id(c) for c in checks)
+        if self._cpp_guards is None or self._cpp_guards[0] != key:
+            tensors = [c.tensor for c in checks]
+            made = _TensorGuards(*tensors, dynamic_dims_sizes=[list(t.shape) for t in tensors],
+                                 dynamic_dims_strides=[list(t.stride()) for t in tensors])
+            self._cpp_guards = (key, made)
+        return self._cpp_guards[1], checks
+
     # --- code generation ---------------------------------------------------------------
     def build(self, binding: ArgBinding, input_exprs: List[str]) -> "GuardCode":
         """The generated functions of one entry, each taking the call as (F, args, kwargs):
@@ -553,9 +591,6 @@ class GuardBuilder:
         shape_test = (f"len(args) != {binding.nargs} or "
                       + ("kwargs" if not binding.kwnames else f"tuple(sorted(kwargs)) != {kw}"))
         prologue = binding.prologue(self.freevars, "        ")
-        lines = ["def guard(F, args, kwargs):",
-                 f"    # call shape: {binding.nargs} positional, keywords {kw}",
-                 f"    if {shape_test}: return False"]
         slow = ["def guard_failure(F, args, kwargs):",
                 "    # run on a cache miss only: (the first check of `guard` that fails, its index)",
                 f"    if {shape_test}:",
@@ -565,8 +600,6 @@ class GuardBuilder:
         # (L['self']._modules['fc']) are fetched once too: most of a guard's cost is lookups.
         # A lookup that fails (a module lost an attribute, a function with fewer defaults)
         # means the guard fails.
-        lines.append("    try:")
-        lines += prologue
         slow.append("    at = ''")
         slow.append("    try:")
         slow += prologue
@@ -595,10 +628,30 @@ class GuardBuilder:
                 cond = cond.replace(f"{{e{j + 1}}}", local(other, out))
             return cond
 
+        batched = self._cpp_tensor_checks()
+        in_cpp = {id(c) for c in batched[1]} if batched else set()
+        if batched:
+            ns["TENSORS"] = batched[0]
+            ns["TENSOR_NAMES"] = [display(c.source.expr()) for c in batched[1]]
         for i, c in enumerate(self.checks):
+            if id(c) in in_cpp:
+                local(c.source, body)            # checked below, with the others, in C++
+                continue
             check = " and ".join(fill(cond, c, body) for cond, _ in c.parts)
             body.append(f"        # {c.comment}")
-            body.append(f"        if not ({check}): return False")
+            body.append(f"        if not ({check}): {{fail}}")
+        if batched:
+            refs = ", ".join(names[c.source.expr()] for c in batched[1])
+            body.append(f"        # {len(batched[1])} tensors: type, dispatch keys, dtype, device, sizes, "
+                        "strides, requires_grad (one C++ call):")
+            for c in batched[1]:
+                t = c.tensor
+                body.append(f"        #   {names[c.source.expr()]} = {c.source.expr()}: {type(t).__name__} "
+                            f"{t.dtype} {t.device} size {tuple(t.shape)} stride {t.stride()} "
+                            f"requires_grad={t.requires_grad}")
+            body.append(f"        if not TENSORS.check({refs}): {{fail}}")
+        # the graph's inputs, read from the locals the checks fetched them into
+        inputs = ", ".join(names.get(e) or e for e in input_exprs)
         names.clear()
         for i, c in enumerate(self.checks):
             if c.source is not None:
@@ -609,16 +662,29 @@ class GuardBuilder:
             else:
                 for cond, text in c.parts:
                     slow.append(f"        if not ({fill(cond, c, slow)}): return ({text!r}, {i})")
-        lines += body
-        lines += ["    except (AttributeError, KeyError, IndexError, TypeError, ValueError,",
-                  "            ZeroDivisionError):",
-                  "        return False",
-                  "    return True"]
+        if batched:
+            # what only the C++ check sees (its dispatch keys: an inference tensor, a conj view)
+            refs = ", ".join(fill("{e}", c, slow) for c in batched[1])
+            slow.append(f"        if not TENSORS.check({refs}):")
+            slow.append(f"            return (TENSORS.check_verbose({refs}, "
+                        "tensor_check_names=TENSOR_NAMES), -1)")
+        errors = ["    except (AttributeError, KeyError, IndexError, TypeError, ValueError,",
+                  "            ZeroDivisionError):"]
+
+        def function(name: str, fail: str, success: str) -> str:
+            lines = [f"def {name}(F, args, kwargs):",
+                     f"    # call shape: {binding.nargs} positional, keywords {kw}",
+                     f"    if {shape_test}: {fail}",
+                     "    try:"] + prologue
+            lines += [line.replace("{fail}", fail) for line in body]
+            lines += [f"        {success}"] + errors + [f"        {fail}"]
+            return "\n".join(lines) + "\n"
+        guard_src = function("guard", "return False", "return True")
+        check_src = function("check", "return None", f"return [{inputs}]")
         slow += ["    except (AttributeError, KeyError, IndexError, TypeError, ValueError,",
                  "            ZeroDivisionError) as err:",
                  "        return (f'{at}: cannot be read now ({type(err).__name__}: {err})', -1)",
                  "    return None"]
-        guard_src = "\n".join(lines) + "\n"
         failure_src = "\n".join(slow) + "\n"
         outer = binding.prologue(self.freevars)
         inputs_src = "\n".join(["def get_inputs(F, args, kwargs):"] + outer
@@ -626,11 +692,24 @@ class GuardBuilder:
         # the namespace the templates of the live state and the side effects are read in
         env_src = "\n".join(["def make_env(F, args, kwargs):"] + outer
                             + ["    return {'L': L, 'G': G, 'F': F}"]) + "\n"
-        exec(compile(guard_src, "<minicompile guard>", "exec"), ns)
-        exec(compile(failure_src, "<minicompile guard_failure>", "exec"), ns)
-        exec(compile(inputs_src, "<minicompile get_inputs>", "exec"), ns)
+        def on_first_call(src: str, name: str, filename: str) -> Callable:
+            """The generated function `name`, compiled when it is first called: the boolean
+            guard and the slow twin run only on a miss (or when a reader asks), and a large
+            model's take milliseconds to compile, which a first call need not pay."""
+            made = None
+
+            def call(*args):
+                nonlocal made
+                if made is None:
+                    exec(compile(src, filename, "exec"), ns)
+                    made = ns[name]
+                return made(*args)
+            return call
+        exec(compile(check_src, "<minicompile guard>", "exec"), ns)
         exec(compile(env_src, "<minicompile env>", "exec"), ns)
-        guard, get_inputs, raw = ns["guard"], ns["get_inputs"], ns["guard_failure"]
+        guard = on_first_call(guard_src, "guard", "<minicompile guard>")
+        raw = on_first_call(failure_src, "guard_failure", "<minicompile guard_failure>")
+        get_inputs = on_first_call(inputs_src, "get_inputs", "<minicompile get_inputs>")
         checks = list(self.checks)
 
         def failure(F, args, kwargs):
@@ -655,7 +734,7 @@ class GuardBuilder:
         guard.fail_reason = fail_reason
         guard.failure_source = failure_src
         guard.rebind = lambda F, args, kwargs: self.rebind(F, args, kwargs, input_exprs)
-        return GuardCode(guard, guard_src, get_inputs, inputs_src, ns["make_env"])
+        return GuardCode(guard, guard_src, get_inputs, inputs_src, ns["make_env"], ns["check"])
 
     def rebind(self, func, args: tuple, kwargs: dict, input_exprs: List[str]) -> Optional["GuardCode"]:
         """The same checks for another way of passing the same arguments (`f(x)` and then
@@ -678,3 +757,4 @@ class GuardCode:
     get_inputs: Callable              # (F, args, kwargs) -> the graph's inputs
     get_inputs_source: str
     make_env: Callable                # (F, args, kwargs) -> {'L', 'G', 'F'} for templates
+    check: Callable                   # (F, args, kwargs) -> the graph's inputs, or None: guard

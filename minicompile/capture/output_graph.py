@@ -162,6 +162,9 @@ class OutputGraph:
         self.input_examples: List[torch.Tensor] = []
         self._by_source: Dict[str, VariableTracker] = {}
         self._last_placeholder: Optional[torch.fx.Node] = None
+        # the placeholders' sets of dynamic dims that were not empty (emptied in place when
+        # the trace specializes a dim): checked before every op
+        self._dynamic_dims: List[set] = []
         self._roots: Dict[int, RootSource] = {}
         # the memory of the graph's tensor inputs: storage pointer -> the inputs' sources;
         # and the sources of inputs whose memory the trace writes (guard_written_inputs)
@@ -254,6 +257,8 @@ class OutputGraph:
         if dynamic and dense_order(value) is None:
             dynamic = set()          # strides not a function of the sizes: static (see guards)
         node.meta["dynamic_dims"] = dynamic
+        if dynamic:
+            self._dynamic_dims.append(dynamic)
         self._last_placeholder = node
         self.input_sources.append(source)
         self.input_examples.append(value)
@@ -273,6 +278,7 @@ class OutputGraph:
         node.meta["example_value"] = value
         node.meta["source_expr"] = source.expr()
         node.meta["dynamic_dims"] = {0}           # emptied if the trace needs its value
+        self._dynamic_dims.append(node.meta["dynamic_dims"])
         self._last_placeholder = node
         self.input_sources.append(source)
         self.input_examples.append(value)
@@ -305,7 +311,7 @@ class OutputGraph:
 
     # -- sizes read by the traced code, with dynamic shapes ------------------------------
     def has_dynamic_inputs(self) -> bool:
-        return any(n.meta.get("dynamic_dims") for n in self.root_graph.nodes if n.op == "placeholder")
+        return any(self._dynamic_dims)
 
     def size_of(self, t: TensorVariable, d: int) -> VariableTracker:
         """x.size(d) as the traced code sees it: a constant when that size cannot change

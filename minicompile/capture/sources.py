@@ -18,6 +18,14 @@ from dataclasses import dataclass
 
 class Source:
     def expr(self) -> str:
+        # made once per source: a source's expression is read for each value found through
+        # it, and a parameter's is the expressions of all the modules above it
+        e = self.__dict__.get("_expr")
+        if e is None:
+            e = self.__dict__["_expr"] = self._expr()
+        return e
+
+    def _expr(self) -> str:
         raise NotImplementedError
 
     def name(self) -> str:
@@ -32,7 +40,7 @@ class Source:
 class LocalSource(Source):
     local: str
 
-    def expr(self):
+    def _expr(self):
         return f"L[{self.local!r}]"
 
 
@@ -41,7 +49,7 @@ class RootSource(Source):
     """An object the guard holds directly under `label` (globals dicts, closure cells)."""
     label: str
 
-    def expr(self):
+    def _expr(self):
         return self.label
 
 
@@ -50,7 +58,7 @@ class AttrSource(Source):
     base: Source
     attr: str
 
-    def expr(self):
+    def _expr(self):
         return f"{self.base.expr()}.{self.attr}"
 
 
@@ -59,7 +67,7 @@ class ItemSource(Source):
     base: Source
     index: object      # int or str (dict key / module name)
 
-    def expr(self):
+    def _expr(self):
         return f"{self.base.expr()}[{self.index!r}]"
 
 
@@ -68,7 +76,7 @@ class RemainingSource(Source):
     """The items an iterator has not yet given, read without advancing it (a copy of it)."""
     base: Source
 
-    def expr(self):
+    def _expr(self):
         return f"REMAINING({self.base.expr()})"
 
 

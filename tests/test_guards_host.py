@@ -1,0 +1,169 @@
+"""The per-call host path of a compiled module: its guard fails on every change of what it
+checks, with the C++ tensor check (TorchDynamo's TensorGuards) and with the pure-Python one
+(config.cpp_tensor_guards=False); the guard's twin `check` hands on the graph's inputs.
+
+Each case changes ONE property of a module whose parameters are graph inputs (modules are
+guarded by type, never identity): the fast guard must fail, its slow twin must name the check,
+and the compiled module, called again, must give eager's result (a recompile)."""
+import pytest
+import torch
+import torch.nn as nn
+
+import minicompile
+from minicompile import config
+from minicompile.capture import capture
+from helpers import assert_same
+
+
+@pytest.fixture(params=[True, False], ids=["cpp", "python"])
+def tensor_guards(request, monkeypatch):
+    monkeypatch.setattr(config, "cpp_tensor_guards", request.param)
+    return request.param
+
+
+class Block(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Linear(6, 5)
+        self.norm = nn.LayerNorm(5)
+        self.register_buffer("scale", torch.rand(5) + 0.5)
+
+    def forward(self, x):
+        return torch.relu(self.norm(self.fc(x))) * self.scale
+
+
+def _param(m):
+    return m.fc.weight
+
+
+CHANGES = {
+    # what changes: (how, the words the slow twin uses)
+    "dtype": (lambda m: setattr(m.fc, "weight", nn.Parameter(_param(m).detach().double())),
+              "dtype mismatch"),
+    "shape": (lambda m: setattr(m.fc, "weight", nn.Parameter(torch.randn(5, 7))),
+              "mismatch at index"),
+    "strides": (lambda m: setattr(m.fc, "weight", nn.Parameter(torch.randn(6, 5).t())),
+                "stride mismatch"),
+    "requires_grad": (lambda m: _param(m).requires_grad_(False), "requires_grad mismatch"),
+    "type (a tensor in place of a parameter)": (
+        lambda m: (m.fc._parameters.pop("weight"), setattr(m.fc, "weight", torch.randn(5, 6))),
+        "weight"),
+    "buffer replaced by another shape": (
+        lambda m: setattr(m, "scale", torch.rand(1)), "size mismatch"),
+    "device": (lambda m: setattr(m.fc, "weight", nn.Parameter(torch.randn(5, 6, device="meta"))),
+               "device mismatch"),
+    "training flag": (lambda m: m.norm.train(not m.norm.training), "training"),
+    "a forward hook": (lambda m: m.norm.register_forward_hook(lambda *a: None), "hooks"),
+    "a submodule replaced by another class": (
+        lambda m: setattr(m, "norm", nn.Identity()), "norm"),
+}
+
+
+@pytest.mark.parametrize("change", list(CHANGES))
+def test_each_change_fails_the_guard_and_names_it(change, tensor_guards):
+    torch.manual_seed(0)
+    m = Block().train()
+    x = torch.randn(3, 6)
+    cap = capture(m, (x,), {})
+    assert cap.guard((x,), {}) and cap.guard.fail_reason((x,), {}) is None
+    how, words = CHANGES[change]
+    how(m)
+    assert not cap.guard((x,), {})
+    reason = cap.guard.fail_reason((x,), {})
+    assert reason is not None and words in reason, reason
+    seg = cap.segment
+    assert seg.check(*cap_frame_call(m, x)) is None
+
+
+def cap_frame_call(m, x):
+    return type(m).forward, (m, x), {}
+
+
+@pytest.mark.parametrize("change", [c for c in CHANGES if c not in ("device", "shape")])
+def test_each_change_recompiles_to_eager_results(change, tensor_guards):
+    torch.manual_seed(0)
+    minicompile.reset()
+    minicompile.metrics.reset()
+    m = Block().eval()
+    compiled = minicompile.compile(m)
+    x = torch.randn(3, 6)
+    with torch.no_grad():
+        assert_same(compiled(x), m(x))
+        CHANGES[change][0](m)
+        if change == "dtype":
+            x = x.double()
+            m.fc.bias.data = m.fc.bias.data.double()
+            m.norm.double()
+            m.scale = m.scale.double()
+        assert_same(compiled(x), m(x))
+        assert_same(compiled(x), m(x))
+    # a recompile (a hook on an inlined module: two graphs around the hook's call)
+    assert minicompile.metrics.graphs == (3 if change == "a forward hook" else 2)
+
+
+def test_only_the_cpp_check_sees_it(monkeypatch):
+    """A conjugate view has the same dtype, sizes and strides: only its dispatch keys differ.
+    The C++ check fails the guard and the slow twin gives its reason."""
+    monkeypatch.setattr(config, "cpp_tensor_guards", True)
+
+    def f(z):
+        return z * 2
+    z = torch.randn(4, dtype=torch.complex64)
+    cap = capture(f, (z,), {})
+    assert cap.guard((z,), {})
+    assert not cap.guard((z.conj(),), {})
+    assert "dispatch key set mismatch" in cap.guard.fail_reason((z.conj(),), {})
+    minicompile.reset()
+    compiled = minicompile.compile(f)
+    for v in (z, z.conj(), z):
+        assert_same(compiled(v), f(v))
+
+
+def test_inference_mode_recompiles_and_says_why(monkeypatch, capsys):
+    """A tensor made in inference mode has other dispatch keys: like TorchDynamo's tensor
+    check, the C++ check fails, the entry is compiled again, and the log names the check."""
+    monkeypatch.setattr(config, "cpp_tensor_guards", True)
+    torch.manual_seed(0)
+    m = nn.Sequential(nn.Linear(8, 8), nn.GELU(), nn.Linear(8, 4)).eval()
+    minicompile.reset()
+    minicompile.metrics.reset()
+    compiled = minicompile.compile(m)
+    x = torch.randn(3, 8)
+    minicompile.set_logs(recompiles=True)
+    try:
+        with torch.no_grad():
+            assert_same(compiled(x), m(x))
+        with torch.inference_mode():
+            xi = torch.randn(3, 8)
+            assert_same(compiled(xi), m(xi))
+            assert_same(compiled(xi), m(xi))
+    finally:
+        minicompile.set_logs(recompiles=False)
+    assert minicompile.metrics.recompiles == 1
+    assert "dispatch key set mismatch" in capsys.readouterr().out
+
+
+def test_the_check_hands_on_the_graphs_inputs(tensor_guards):
+    torch.manual_seed(0)
+    m = Block()
+    x = torch.randn(3, 6)
+    cap = capture(m, (x,), {})
+    F, args, kwargs = cap_frame_call(m, x)
+    inputs = cap.segment.check(F, args, kwargs)
+    expected = cap.segment.get_inputs(F, args, kwargs)
+    assert len(inputs) == len(expected) == 6
+    assert all(a is b for a, b in zip(inputs, expected))
+    # another instance of the class: its own parameters
+    other = Block()
+    got = cap.segment.check(F, (other, x), {})
+    assert [id(t) for t in got[1:]] == [id(t) for t in (other.fc.weight, other.fc.bias,
+                                                        other.norm.weight, other.norm.bias, other.scale)]
+
+
+def test_the_guard_log_lists_each_tensor(tensor_guards):
+    m = Block()
+    src = capture(m, (torch.randn(3, 6),), {}).guard_source
+    if tensor_guards:
+        assert "TENSORS.check(" in src and "size (5, 6) stride (6, 1) requires_grad=True" in src
+    else:
+        assert "TENSORS" not in src and ".shape == (5, 6)" in src
