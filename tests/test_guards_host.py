@@ -167,3 +167,32 @@ def test_the_guard_log_lists_each_tensor(tensor_guards):
         assert "TENSORS.check(" in src and "size (5, 6) stride (6, 1) requires_grad=True" in src
     else:
         assert "TENSORS" not in src and ".shape == (5, 6)" in src
+
+
+class TiedHead(nn.Module):
+    """A language model's embedding and head share one weight (GPT-2's)."""
+
+    def __init__(self):
+        super().__init__()
+        self.embed = nn.Embedding(11, 6)
+        self.head = nn.Linear(6, 11, bias=False)
+        self.head.weight = self.embed.weight
+
+    def forward(self, ids):
+        return self.head(torch.tanh(self.embed(ids)))
+
+
+def test_a_tied_weight_is_one_tensor_checked_twice(tensor_guards):
+    # the weight is reached by two sources: one compile serves every call; untying it (the
+    # head gets a tensor of its own, other properties) fails the guard, and results stay eager's
+    torch.manual_seed(0)
+    model, ids = TiedHead().eval(), torch.randint(0, 11, (3, 4))
+    minicompile.metrics.reset()
+    compiled = minicompile.compile(model)
+    with torch.no_grad():
+        for _ in range(3):
+            assert_same(compiled(ids), model(ids))
+        assert minicompile.metrics.graphs == 1 and minicompile.metrics.recompiles == 0
+        model.head.weight = nn.Parameter(torch.randn(11, 6, dtype=torch.float64).float().t().contiguous().t())
+        assert_same(compiled(ids), model(ids))
+    assert minicompile.metrics.recompiles == 1

@@ -563,7 +563,14 @@ class GuardBuilder:
         where the C++ class is missing, turned off (config.cpp_tensor_guards) or there are no
         such checks. Made once, from the tensors as the trace saw them: a later build (a
         re-bound call shape, the backend's shape guards) reuses it."""
-        checks = [c for c in self.checks if c.tensor is not None]
+        # a tensor reached by two sources (tied weights: a language model's head and its
+        # embedding) is one C++ check, of its first source: TensorGuards fails on a tensor
+        # passed twice; the other sources keep their Python checks
+        checks, seen = [], set()
+        for c in self.checks:
+            if c.tensor is not None and id(c.tensor) not in seen:
+                seen.add(id(c.tensor))
+                checks.append(c)
         if not checks or not config.cpp_tensor_guards or _TensorGuards is None:
             return None
         key = tuple(id(c) for c in checks)

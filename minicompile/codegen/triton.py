@@ -20,6 +20,7 @@ import os
 import re
 import sys
 import threading
+import warnings
 
 import numpy as np
 import torch
@@ -774,7 +775,11 @@ def precompile(launchers: dict, meta: dict, buffers: dict) -> None:
     import_triton()
     children = []
     for w in range(workers):
-        pid = os.fork()
+        with warnings.catch_warnings():
+            # Python 3.12 warns of fork in a process with threads (PyTorch's, CUDA's): a worker
+            # runs Triton's compiler only, and one that hangs is stopped (_wait_for)
+            warnings.simplefilter("ignore", DeprecationWarning)
+            pid = os.fork()
         if pid == 0:                # a worker: its share of the kernels, then exit at once
             try:
                 for job in todo[w::workers]:
