@@ -739,22 +739,28 @@ class _KernelModule:
 def precompile(launchers: dict, meta: dict, buffers: dict) -> None:
     """Compile every kernel of a graph at once, instead of one by one at first launch. Each
     kernel is compiled for the specialization its first real launch will ask for: 16-byte-
-    aligned pointers. Kernels whose binary is on disk already cost nothing here.
-
-    Triton's front end (Python source to its IR) is Python, so threads would take turns at
-    the interpreter lock: the kernels are shared among forked worker processes instead (where
-    the system can fork), each of which compiles its share, saves the binaries and exits. The
-    launches then load the binaries from disk. A kernel a worker could not compile is compiled
-    again at its first launch, which reports the error."""
+    aligned pointers. Kernels whose binary is on disk already cost nothing here."""
     if os.environ.get("TRITON_INTERPRET") == "1" or not torch.cuda.is_available():
         return
-    todo, seen = [], set()
+    jobs = []
     for name, launcher in launchers.items():
         args, launch, _ = meta[name]
+        jobs.append((launcher, [buffers[a].dtype for a in args], launch))
+    compile_all(jobs)
+
+
+def compile_all(jobs) -> None:
+    """Compile (launcher, argument dtypes, launch settings) jobs not on disk yet, for aligned
+    pointers. Triton's front end (Python source to its IR) is Python, so threads would take
+    turns at the interpreter lock: the jobs are shared among forked worker processes instead
+    (where the system can fork), each of which compiles its share, saves the binaries and
+    exits; launches then load the binaries from disk. A kernel a worker could not compile is
+    compiled again at its first launch, which reports the error."""
+    todo, seen = [], set()
+    for launcher, dtypes, launch in jobs:
         settings = {k: v for k, v in launch.items() if k != "grid"}
         if any(isinstance(v, str) for v in settings.values()):
             continue                # dynamic sizes: compiled at its first launch
-        dtypes = [buffers[a].dtype for a in args]
         key = _spec_key(tuple((dtype, True) for dtype in dtypes), ())
         if (launcher, key) not in seen and launcher.binary_path(key) is None:
             todo.append((launcher, dtypes, settings, key))
@@ -943,6 +949,7 @@ def autotune(source: str, meta: dict, buffers: dict, device: torch.device, log) 
     directory = os.path.join(config.cache_dir, "autotune")
     os.makedirs(directory, exist_ok=True)
     gpu = torch.cuda.get_device_name(device)
+    tuning = {}                  # kernel -> (where its choice is kept, its candidates' launchers)
     for name, (args, launch, function) in list(meta.items()):
         if any(isinstance(v, str) for k, v in launch.items() if k != "grid") or "xnumel" not in launch:
             continue                              # dynamic sizes: one setting for every size
@@ -953,12 +960,15 @@ def autotune(source: str, meta: dict, buffers: dict, device: torch.device, log) 
                 chosen = json.load(f)
             meta[name] = (args, chosen, function)
             continue
+        tuning[name] = (path, [(load(source, {name: (args, c, function)})[name], c) for c in _candidates(launch)])
+    # every candidate of every kernel compiled at once (in worker processes), then timed
+    compile_all([(launcher, [buffers[a].dtype for a in meta[name][0]], c)
+                 for name, (_, candidates) in tuning.items() for launcher, c in candidates])
+    for name, (path, candidates) in tuning.items():
+        args, launch, function = meta[name]
         try:
             tensors = [_stand_in(buffers[a], device) for a in args]
-            timed = []
-            for candidate in _candidates(launch):
-                launcher = load(source, {name: (args, candidate, function)})[name]
-                timed.append((_time_launch(launcher, tensors, candidate, device), candidate))
+            timed = [(_time_launch(launcher, tensors, c, device), c) for launcher, c in candidates]
         except Exception as err:                  # noqa: BLE001 (keep the default settings)
             log(f"{name}: not tuned ({type(err).__name__}: {err})")
             continue
