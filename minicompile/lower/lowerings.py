@@ -1504,22 +1504,41 @@ def _linear(node, values, input, weight, bias):
             or (input.device.type == "cpu" and config.cpu_backend == "cpp"):
         return NotImplemented
     fuse_bias = isinstance(bias, TensorBox) and len(bias.shape) == 1 and _bias_added_apart(node, meta)
-    padded = _padded_rows(weight, meta) if bias is None or fuse_bias else None
-    if not fuse_bias and padded is None:
+    if bias is not None and not fuse_bias:
         return NotImplemented
+    padded = _padded_rows(weight, meta)
     program, shape = input.program, ir.shape_of(meta)
-    if padded is None:
-        # the product is a new tensor, contiguous (the wrapper's as_layout checks it at run time)
-        product = lower_fallback(program, node, values, F.linear, (input, weight), {},
-                                 stride=ir.contiguous_strides(shape))
-    else:
-        wide = [*shape[:-1], padded.shape[0]]
-        product = lower_fallback(program, node, values, F.linear, (input, padded), {},
-                                 stride=ir.contiguous_strides(wide), shape=wide)
+    product = _product(node, values, input, weight if padded is None else padded, meta)
+    if padded is not None:
         product = _view(product, shape, lambda idx: idx, "first columns of a padded product")
     if not fuse_bias:
         return product
     return _pw(program, shape, meta.dtype, meta.device, ops.add, [product, bias], "linear bias")
+
+
+def _product(node, values, input, weight, meta) -> TensorBox:
+    """input @ weight.t() as PyTorch's matrix product, a new contiguous tensor (the wrapper's
+    as_layout checks it at run time). Where the sizes are static, the call is torch.mm on 2-D
+    views of the input's rows and of the weight transposed, as Inductor calls it: F.linear on a
+    3-D input reshapes, multiplies and reshapes back through a dozen dispatcher calls (measured
+    on the H100 for BERT-base's layers, 24 us of host time a call against about 10)."""
+    program = input.program
+    *lead, k = input.shape
+    n = weight.shape[0]
+    shape = [*lead, n]
+    if not lead or any(ir.is_symbolic(s) for s in (*input.shape, n)) or _has_symbolic_sizes(values.get(node)) \
+            or not input.dtype == weight.dtype == meta.dtype:
+        return lower_fallback(program, node, values, F.linear, (input, weight), {},
+                              stride=ir.contiguous_strides(shape), shape=shape)
+    rows = math.prod(lead)
+    flat = input if len(lead) == 1 else _view(input, [rows, k], _reshape_map(input.shape, [rows, k]),
+                                              "rows of a linear layer's input", aliases=False)
+    transposed = _view(weight, [k, n], lambda idx: [idx[1], idx[0]], "transposed weight", aliases=False)
+    product = lower_fallback(program, node, values, torch.mm, (flat, transposed), {},
+                             stride=ir.contiguous_strides([rows, n]), shape=[rows, n])
+    if len(lead) == 1:
+        return product
+    return _view(product, shape, _reshape_map([rows, n], shape), "a linear layer's result")
 
 
 @register([torch.addmm, torch.Tensor.addmm, "addmm"], "input, mat1, mat2, *, beta=1, alpha=1")
