@@ -167,3 +167,37 @@ def test_the_guard_log_lists_each_tensor(tensor_guards):
         assert "TENSORS.check(" in src and "size (5, 6) stride (6, 1) requires_grad=True" in src
     else:
         assert "TENSORS" not in src and ".shape == (5, 6)" in src
+
+
+class Tied(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.emb = nn.Embedding(10, 6)
+        self.head = nn.Linear(6, 10, bias=False)
+        self.head.weight = self.emb.weight              # one tensor, two sources
+
+    def forward(self, ids):
+        return self.head(torch.tanh(self.emb(ids)))
+
+
+def test_tied_weights_compile_once(tensor_guards):
+    torch.manual_seed(0)
+    minicompile.reset()
+    minicompile.metrics.reset()
+    m = Tied().eval()
+    compiled = minicompile.compile(m)
+    with torch.no_grad():
+        for _ in range(3):
+            ids = torch.randint(0, 10, (2, 5))
+            assert_same(compiled(ids), m(ids))
+    assert minicompile.metrics.graphs == 1
+
+
+def test_one_tensor_where_the_trace_saw_two(tensor_guards):
+    def f(a, b):
+        return a * 2 + b
+    minicompile.reset()
+    compiled = minicompile.compile(f)
+    a, b, x = torch.randn(5), torch.randn(5), torch.randn(5)
+    for args in ((a, b), (x, x), (a, b), (x, x)):
+        assert_same(compiled(*args), f(*args))

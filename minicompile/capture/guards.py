@@ -562,8 +562,17 @@ class GuardBuilder:
         """(one TorchDynamo TensorGuards for every static tensor check, those checks), or None
         where the C++ class is missing, turned off (config.cpp_tensor_guards) or there are no
         such checks. Made once, from the tensors as the trace saw them: a later build (a
-        re-bound call shape, the backend's shape guards) reuses it."""
-        checks = [c for c in self.checks if c.tensor is not None]
+        re-bound call shape, the backend's shape guards) reuses it.
+
+        TensorGuards fails when one tensor object is passed twice (TorchDynamo's "duplicate
+        tensor"): a tensor the trace found under two sources (tied weights) is checked there
+        under the first only, and under the others by Python expressions. A call that then
+        passes one tensor where the trace saw two is a miss, as in TorchDynamo."""
+        checks, seen = [], set()
+        for c in self.checks:
+            if c.tensor is not None and id(c.tensor) not in seen:
+                seen.add(id(c.tensor))
+                checks.append(c)
         if not checks or not config.cpp_tensor_guards or _TensorGuards is None:
             return None
         key = tuple(id(c) for c in checks)
