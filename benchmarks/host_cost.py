@@ -7,7 +7,7 @@
    inputs (modules are guarded by type, never identity), so every call checks and fetches each.
    Timed: the entry's `check` (the guard that also hands on the graph's inputs, what a hit
    runs), with the tensors checked by one C++ TensorGuards call and by Python expressions
-   (`config.cpp_tensor_guards`), and the whole compiled call.
+   (`config.cpp_tensor_guards`).
 2. Regional compilation: one block of benchmarks/capture_transformer.py (dim 32), compiled on
    its own, with its compiled graph replaced by a stub that returns the graph's outputs: the
    time from the block's `__call__` to the graph and back (CompiledModule, the frame's cache,
@@ -66,7 +66,6 @@ def resnet(device):
             out["cpp TensorGuards" if cpp else "Python expressions"] = {
                 "graph_inputs": len(inputs),
                 "check_us": per_call_us(lambda: seg.check(func, (model, x), {}), 500),
-                "call_ms": per_call_us(lambda: compiled(x), 20) / 1e3,
             }
     return out
 
@@ -84,15 +83,13 @@ def regional_block(device):
         inputs = seg.check(func, (block, x), {})
         graph = seg.compiled
         outs = graph(*inputs)
-        graph_us = per_call_us(lambda: graph(*seg.check(func, (block, x), {})), 200)
         seg.compiled = lambda *args: outs             # the graph itself stubbed out
         try:
             host_us = per_call_us(lambda: compiled(x), 5000)
         finally:
             seg.compiled = graph
         check_us = per_call_us(lambda: seg.check(func, (block, x), {}), 5000)
-    return {"block_call_host_us": host_us, "of_which_guard_us": check_us,
-            "compiled_graph_us": graph_us}
+    return {"block_call_host_us": host_us, "of_which_guard_us": check_us}
 
 
 def main():
@@ -103,10 +100,10 @@ def main():
     results = {"resnet50": resnet(args.device), "regional_block": regional_block(args.device)}
     for name, r in results["resnet50"].items():
         print(f"ResNet-50, tensors checked by {name:19}: {r['graph_inputs']} graph inputs, "
-              f"check {r['check_us']:7.1f} us, call {r['call_ms']:6.2f} ms")
+              f"check {r['check_us']:7.1f} us")
     r = results["regional_block"]
     print(f"one transformer block: host path {r['block_call_host_us']:.2f} us (guard "
-          f"{r['of_which_guard_us']:.2f} us), compiled graph {r['compiled_graph_us']:.1f} us")
+          f"{r['of_which_guard_us']:.2f} us)")
     tag = "h100" if args.device == "cuda" and "H100" in torch.cuda.get_device_name() else args.device
     print("wrote", save_results(f"host_cost_{tag}", {
         "what": "per-call host cost: a ResNet-50's guard and input fetching; one regional "

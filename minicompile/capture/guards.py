@@ -14,17 +14,17 @@ What is checked, and why:
   requires_grad: the graph was specialized to all of these (static shapes);
 - Python scalars, strings, None, dtypes: by value (they were baked into the graph);
 - tuples/lists/dicts: type and length/keys (their items are guarded one by one);
-- nn.Modules: identity, `.training`, and that no forward hooks appeared (forward was inlined);
+- nn.Modules: type, `.training`, and that no forward hooks appeared (forward was inlined);
 - globals and closure cells read: identity for functions/modules/classes, value for scalars;
 - grad mode.
 Each check is a plain expression, evaluated in order, failing fast. The tensors' checks are
 the one exception: a guard's tensors with static shapes are checked together, by ONE call of
 TorchDynamo's own C++ `TensorGuards` (type, dispatch keys, dtype, device, sizes, strides,
-requires_grad of every tensor: about 140 ns a tensor, where the same checks as Python
-expressions cost about 500), at the end of the guard. It is a private torch API, so where it
-is missing (or `config.cpp_tensor_guards` is off) each tensor is checked by Python expressions
-instead; both are tested. A model's parameters are guard inputs (modules are guarded by type,
-never identity), so a ResNet-50 has 266 of them: this is most of its guard.
+requires_grad of every tensor), at the end of the guard: a model's parameters and buffers are
+graph inputs (modules are guarded by type, never identity), hundreds of tensors for a
+ResNet-50, and the same checks as Python expressions cost about three times as much. It is a
+private torch API, so where it is missing (or `config.cpp_tensor_guards` is off) each tensor
+is checked by Python expressions instead.
 
 The guard has a twin that also hands on the graph's inputs (`check(F, args, kwargs) -> [inputs]
 or None`): it fetched every input to check it, so the hot path runs one function per call.
@@ -562,16 +562,20 @@ class GuardBuilder:
         """(one TorchDynamo TensorGuards for every static tensor check, those checks), or None
         where the C++ class is missing, turned off (config.cpp_tensor_guards) or there are no
         such checks. Made once, from the tensors as the trace saw them: a later build (a
-        re-bound call shape, the backend's shape guards) reuses it."""
-        # a tensor reached by two sources (tied weights: a language model's head and its
-        # embedding) is one C++ check, of its first source: TensorGuards fails on a tensor
-        # passed twice; the other sources keep their Python checks
+        re-bound call shape, the backend's shape guards) reuses it.
+
+        TensorGuards fails when one tensor object is passed twice (TorchDynamo's "duplicate
+        tensor"): a tensor the trace found under two sources (tied weights) is checked there
+        under the first only, and under the others by Python expressions. A call that then
+        passes one tensor where the trace saw two is a miss, as in TorchDynamo."""
+        if not config.cpp_tensor_guards or _TensorGuards is None:
+            return None
         checks, seen = [], set()
         for c in self.checks:
             if c.tensor is not None and id(c.tensor) not in seen:
                 seen.add(id(c.tensor))
                 checks.append(c)
-        if not checks or not config.cpp_tensor_guards or _TensorGuards is None:
+        if not checks:
             return None
         key = tuple(id(c) for c in checks)
         if self._cpp_guards is None or self._cpp_guards[0] != key:
@@ -635,6 +639,9 @@ class GuardBuilder:
                 cond = cond.replace(f"{{e{j + 1}}}", local(other, out))
             return cond
 
+        # where a failed check returns: False in `guard`, None in `check` (the same body); a NUL,
+        # which no repr() in the body can contain
+        FAIL = "\0fail\0"
         batched = self._cpp_tensor_checks()
         in_cpp = {id(c) for c in batched[1]} if batched else set()
         if batched:
@@ -646,7 +653,7 @@ class GuardBuilder:
                 continue
             check = " and ".join(fill(cond, c, body) for cond, _ in c.parts)
             body.append(f"        # {c.comment}")
-            body.append(f"        if not ({check}): {{fail}}")
+            body.append(f"        if not ({check}): {FAIL}")
         if batched:
             refs = ", ".join(names[c.source.expr()] for c in batched[1])
             body.append(f"        # {len(batched[1])} tensors: type, dispatch keys, dtype, device, sizes, "
@@ -656,7 +663,7 @@ class GuardBuilder:
                 body.append(f"        #   {names[c.source.expr()]} = {c.source.expr()}: {type(t).__name__} "
                             f"{t.dtype} {t.device} size {tuple(t.shape)} stride {t.stride()} "
                             f"requires_grad={t.requires_grad}")
-            body.append(f"        if not TENSORS.check({refs}): {{fail}}")
+            body.append(f"        if not TENSORS.check({refs}): {FAIL}")
         # the graph's inputs, read from the locals the checks fetched them into
         inputs = ", ".join(names.get(e) or e for e in input_exprs)
         names.clear()
@@ -683,7 +690,7 @@ class GuardBuilder:
                      f"    # call shape: {binding.nargs} positional, keywords {kw}",
                      f"    if {shape_test}: {fail}",
                      "    try:"] + prologue
-            lines += [line.replace("{fail}", fail) for line in body]
+            lines += [line.replace(FAIL, fail) for line in body]
             lines += [f"        {success}"] + errors + [f"        {fail}"]
             return "\n".join(lines) + "\n"
         guard_src = function("guard", "return False", "return True")
