@@ -4,6 +4,7 @@ Graphs come from torch.fx.symbolic_trace (independent of minicompile's capture);
 compared with eager PyTorch on fresh random inputs. Each test runs once per kernel backend that
 this machine can run (C++; Triton through its interpreter on a CPU, for real on a GPU).
 """
+import os
 import re
 
 import pytest
@@ -672,3 +673,23 @@ def test_wrapper_lets_go_of_each_buffer_after_its_last_reader(kernel_backend):
                for n in line.strip()[4:].split(", ")]
     returned = compiled.wrapper_source.splitlines()[-1]
     assert deleted and not any(re.search(rf"\b{n}\b", returned) for n in deleted), compiled.wrapper_source
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="compile workers are forked processes")
+def test_a_compile_worker_that_hangs_is_stopped():
+    # a graph's Triton kernels are compiled by forked workers; one that never exits is killed
+    # at the deadline (its kernels are then compiled at their first launch)
+    import time
+    from minicompile.codegen.triton import _wait_for
+    done, hung = os.fork(), None
+    if done == 0:
+        os._exit(0)
+    hung = os.fork()
+    if hung == 0:
+        time.sleep(60)
+        os._exit(0)
+    start = time.monotonic()
+    _wait_for([done, hung], deadline=0.3)
+    assert time.monotonic() - start < 10
+    with pytest.raises(ChildProcessError):      # both reaped: no zombie left behind
+        os.waitpid(hung, os.WNOHANG)
