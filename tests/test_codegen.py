@@ -627,3 +627,57 @@ def test_wrapper_lets_go_of_each_buffer_after_its_last_reader(kernel_backend):
                for n in line.strip()[4:].split(", ")]
     returned = compiled.wrapper_source.splitlines()[-1]
     assert deleted and not any(re.search(rf"\b{n}\b", returned) for n in deleted), compiled.wrapper_source
+
+
+def rotary(q, cos, sin):
+    """A Llama-style attention input: heads split off a linear layer's output, transposed, and
+    rotated by halves (rotate_half: a slice and a concatenation of the last dim)."""
+    b, t, _ = q.shape
+    q = q.view(b, t, 4, 12).transpose(1, 2)
+    half = torch.cat((-q[..., 6:], q[..., :6]), dim=-1)
+    return q * cos + half * sin
+
+
+def test_a_split_dim_read_through_a_slice_indexes_linearly(cpp_backend):
+    """A reshape that splits a dim (the heads of (B, T, 48) as (B, T, 4, 12)) is reindexed dim
+    group by dim group: the slice of rotate_half is then a plain offset, with no division or
+    modulo in the kernel's index (its loads vectorize); results eager's."""
+    q, cos, sin = randn(3, 7, 48), randn(7, 12), randn(7, 12)
+    compiled = compile_graph(torch.fx.symbolic_trace(rotary), [q, cos, sin])
+    assert_same(compiled(q, cos, sin), rotary(q, cos, sin))
+    loads = re.findall(r"in_ptr\d+\[([^\]]*)\]", compiled.kernel_source)
+    assert loads and not any("/" in index or "%" in index for index in loads), loads
+
+
+@pytest.mark.parametrize("shapes", [((3, 7, 48), (3, 7, 4, 12)), ((3, 7, 4, 12), (3, 28, 12)),
+                                    ((6, 10), (3, 2, 5, 2)), ((3, 2, 5, 2), (2, 3, 10)),
+                                    ((1, 35, 1, 2), (7, 1, 10)), ((4, 1, 9), (36,)),
+                                    ((2, 3, 4, 5), (6, 20))])
+@pytest.mark.parametrize("layout", ["contiguous", "transposed"])
+def test_reshapes_by_dim_groups_match_eager(kernel_backend, shapes, layout):
+    # splits, merges, both at once (a group of several dims on each side), size-1 dims on
+    # either side; the input computed (relu), or a non-contiguous one viewed after a copy
+    (before, after) = shapes
+    x = randn(*before, layout=layout)
+
+    def f(x):
+        y = torch.relu(x).reshape(after)
+        return y[..., 1:] * 2 + 1, y.reshape(-1)[3:].sum()
+    compiled = compile_graph(torch.fx.symbolic_trace(f), [x])
+    for actual, expected in zip(compiled(x), f(x)):
+        assert_same(actual, expected)
+
+
+def test_a_residual_stream_through_many_layers_matches_eager(kernel_backend):
+    """A transformer's residual stream (h = h + norm(h) @ w, layer after layer): a chain of
+    cheap adds, each read by the next add and by a norm, which InlinePointwise stores once it
+    reads more than max_reads buffers; results eager's, on fresh inputs too."""
+    def f(h, w0, w1, w2, w3, w4, w5):
+        for w in (w0, w1, w2, w3, w4, w5):
+            h = h + F.rms_norm(h, (33,)) @ w
+        return h
+    args = [randn(5, 33)] + [randn(33, 33) * 0.2 for _ in range(6)]
+    compiled = compile_graph(torch.fx.symbolic_trace(f), args)
+    assert_same(compiled(*args), f(*args))
+    args = [randn(5, 33)] + args[1:]
+    assert_same(compiled(*args), f(*args))
