@@ -616,6 +616,7 @@ class RecordingOps:
         self.index_exprs: list[Index] = []      # indices used as values (loop plans must see them)
         self.indirect: list[str] = []           # variables of indirect indices
         self.op_count = 0
+        self.op_names: set[str] = set()         # the ops handler methods called (sin, add...)
 
     def load(self, name: str, index: Index):
         self.loads.append((name, index))
@@ -645,6 +646,7 @@ class RecordingOps:
     def __getattr__(self, name):
         def record(*args, **kwargs):
             self.op_count += 1
+            self.op_names.add(name)
             return "v"
         return record
 

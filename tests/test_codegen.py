@@ -629,11 +629,10 @@ def test_wrapper_lets_go_of_each_buffer_after_its_last_reader(kernel_backend):
     assert deleted and not any(re.search(rf"\b{n}\b", returned) for n in deleted), compiled.wrapper_source
 
 
-def rotary(q, cos, sin):
+def rotary(q, cos, sin, heads=4):
     """A Llama-style attention input: heads split off a linear layer's output, transposed, and
     rotated by halves (rotate_half: a slice and a concatenation of the last dim)."""
-    b, t, _ = q.shape
-    q = q.view(b, t, 4, 12).transpose(1, 2)
+    q = q.view(q.shape[0], q.shape[1], heads, 12).transpose(1, 2)
     half = torch.cat((-q[..., 6:], q[..., :6]), dim=-1)
     return q * cos + half * sin
 
@@ -642,9 +641,11 @@ def test_a_split_dim_read_through_a_slice_indexes_linearly(cpp_backend):
     """A reshape that splits a dim (the heads of (B, T, 48) as (B, T, 4, 12)) is reindexed dim
     group by dim group: the slice of rotate_half is then a plain offset, with no division or
     modulo in the kernel's index (its loads vectorize); results eager's."""
+    def f(q, cos, sin):
+        return rotary(q, cos, sin)
     q, cos, sin = randn(3, 7, 48), randn(7, 12), randn(7, 12)
-    compiled = compile_graph(torch.fx.symbolic_trace(rotary), [q, cos, sin])
-    assert_same(compiled(q, cos, sin), rotary(q, cos, sin))
+    compiled = compile_graph(torch.fx.symbolic_trace(f), [q, cos, sin])
+    assert_same(compiled(q, cos, sin), f(q, cos, sin))
     loads = re.findall(r"in_ptr\d+\[([^\]]*)\]", compiled.kernel_source)
     assert loads and not any("/" in index or "%" in index for index in loads), loads
 
@@ -681,3 +682,19 @@ def test_a_residual_stream_through_many_layers_matches_eager(kernel_backend):
     assert_same(compiled(*args), f(*args))
     args = [randn(5, 33)] + args[1:]
     assert_same(compiled(*args), f(*args))
+
+
+def test_a_transcendental_read_by_several_kernels_is_computed_once(kernel_backend):
+    """Rotary embeddings' cos and sin of a (T, D) table, read by the queries' and the keys'
+    kernels (other shapes: 4 and 2 heads), are stored once (InlinePointwise.CALLS), not
+    computed again for every head and batch row of each; results eager's."""
+    def f(q, k, freqs):
+        cos, sin = freqs.cos(), freqs.sin()
+        return rotary(q, cos, sin), rotary(k, cos, sin, heads=2)
+    args = [randn(3, 7, 48), randn(3, 7, 24), randn(7, 12)]
+    compiled = compile_graph(torch.fx.symbolic_trace(f), args)
+    for actual, expected in zip(compiled(*args), f(*args)):
+        assert_same(actual, expected)
+    if kernel_backend == "cpp":
+        source = compiled.kernel_source
+        assert source.count("std::cos(") == 1 and source.count("std::sin(") == 1, source
