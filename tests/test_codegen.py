@@ -262,7 +262,7 @@ def test_dead_buffers_are_reused(kernel_backend):
 def test_outputs_are_written_over_dead_inputs_read_at_the_same_positions(kernel_backend):
     # an MLP's residual kernels and its closing layer norm write over the product they read
     # (as Inductor's in_out_ptr): the product's memory is the kernel's own, dead after it, and
-    # read only where the kernel writes. Triton only: C++ kernels take __restrict__ pointers
+    # read only where the kernel writes. A C++ kernel's two pointers are then not __restrict__
     def mlp(x, w1, b1, w2, b2, lw, lb):
         h = F.gelu(F.linear(x, w1) + b1) + x
         h = F.gelu(F.linear(h, w2) + b2) + h
@@ -272,7 +272,11 @@ def test_outputs_are_written_over_dead_inputs_read_at_the_same_positions(kernel_
         compiled = compile_graph(torch.fx.symbolic_trace(mlp), args)
         assert_same(compiled(*args), mlp(*args))
         overwritten = re.findall(r"= (\w+)\.as_strided.*# in place", compiled.wrapper_source)
-        assert len(overwritten) == (0 if kernel_backend == "cpp" else 2), compiled.wrapper_source
+        assert len(overwritten) == 2, compiled.wrapper_source
+        if kernel_backend == "cpp":
+            for kernel in compiled.kernel_source.split("// ---- kernel")[1:]:
+                signature = kernel.split(") {")[0]
+                assert signature.count("__restrict__") < signature.count("_ptr"), signature
 
 
 @pytest.mark.parametrize("case", ["two positions", "read later", "an output", "an input", "a cast",
@@ -718,7 +722,8 @@ def test_linear_layers_write_into_planned_memory(cpp_backend):
     compiled = compile_graph(torch.fx.symbolic_trace(f), args)
     source = compiled.wrapper_source
     assert source.count("torch.addmm(") == 2 and source.count("torch.mm(") == 1, source
-    assert "out=" in source and "reuses" in source and "linear(" not in source, source
+    assert "out=" in source and "linear(" not in source, source
+    assert "# reuses" in source or "# in place" in source, source      # no allocation for each
     for _ in range(2):
         for actual, expected in zip(compiled(*args), f(*args)):
             assert_same(actual, expected)

@@ -442,9 +442,21 @@ def kernel_source(kernel, buffers: dict[str, ir.IRNode]) -> tuple[str, list[str]
                          collapse=True)
 
     stored = [m.box for m in kernel.members if m.box.name in kernel.stored]
+    # An output may be written over an input it replaces (the wrapper decides, where the input
+    # is dead): a GELU over its linear layer's result, a norm over the residual it reads. Those
+    # two pointers may then be equal, so neither is declared __restrict__ (a promise that they
+    # never overlap); the loops still vectorize: `omp simd` says that no iteration depends on
+    # another, and each element is read before it is written, at the same index.
+    kernel.in_place = writer.in_place_inputs()
+    overlaps = {name for over in kernel.in_place.values() for name in over}
+
+    def qualifier(overlapping: bool) -> str:
+        return "" if overlapping else " __restrict__"
     symbols = size_symbols_in("\n".join(body))          # dynamic sizes: passed as arguments
-    params = [f"const {ctype(buffers[n].dtype)}* __restrict__ in_ptr{i}" for i, n in enumerate(writer.args)]
-    params += [f"{ctype(b.dtype)}* __restrict__ out_ptr{i}" for i, b in enumerate(stored)]
+    params = [f"const {ctype(buffers[n].dtype)}*{qualifier(n in overlaps)} in_ptr{i}"
+              for i, n in enumerate(writer.args)]
+    params += [f"{ctype(b.dtype)}*{qualifier(bool(kernel.in_place.get(b.name)))} out_ptr{i}"
+               for i, b in enumerate(stored)]
     checked = [ir.INDEX_ERRORS] if writer.checks_indices else []
     params += [f"int32_t* __restrict__ {name}" for name in checked]
     params += [f"int64_t {s}" for s in symbols]
