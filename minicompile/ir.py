@@ -454,6 +454,21 @@ def stride_order(stride: Sequence[int]) -> list[int]:
 
 CHANNELS_LAST = (0, 2, 3, 1)      # dim order of a 4-D (N, C, H, W) tensor stored as N, H, W, C
 
+# Output pixels (N * H_out * W_out) from which a CPU convolution runs channels-last.
+CONV_CHANNELS_LAST_PIXELS = 256
+
+
+def conv_channels_last(out_shape: Sequence[int]) -> bool:
+    """Whether a 2-D convolution on a CPU is given its input channels-last (the layout
+    optimization of Inductor's CPU backend), from its output's shape (N, C_out, H_out, W_out).
+    oneDNN's channels-last kernels split the work over output pixels: with many of them
+    (a 3-channel image, the early layers of a ResNet) they are up to 8x faster than its
+    kernels for contiguous tensors, but with few pixels and many channels (the last layers
+    of a ResNet on 64-pixel images: 32 to 128 pixels, 256 to 512 channels) they are 1.4x to 3x
+    slower, measured on 2 cores. So: channels-last from CONV_CHANNELS_LAST_PIXELS pixels."""
+    n, _, h, w = out_shape
+    return n * h * w >= CONV_CHANNELS_LAST_PIXELS
+
 
 def flat_index(index: Sequence[Index], strides: Sequence[int], offset: int = 0) -> Index:
     out = Index({}, offset)
@@ -601,6 +616,7 @@ class RecordingOps:
         self.index_exprs: list[Index] = []      # indices used as values (loop plans must see them)
         self.indirect: list[str] = []           # variables of indirect indices
         self.op_count = 0
+        self.op_names: set[str] = set()         # the ops handler methods called (sin, add...)
 
     def load(self, name: str, index: Index):
         self.loads.append((name, index))
@@ -630,6 +646,7 @@ class RecordingOps:
     def __getattr__(self, name):
         def record(*args, **kwargs):
             self.op_count += 1
+            self.op_names.add(name)
             return "v"
         return record
 

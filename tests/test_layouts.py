@@ -77,7 +77,7 @@ def test_kernels_after_a_channels_last_conv_keep_its_layout(monkeypatch):
         return out
     memory_as_layout = memory.as_layout
     monkeypatch.setattr(memory, "as_layout", as_layout)
-    args = block_inputs(3, 5, 7, 9, "contiguous")
+    args = block_inputs(3, 5, 19, 21, "contiguous")      # both convolutions have >= 256 output pixels
 
     def f(x, w1, b1, mean, var, gamma, beta, w2):
         y = F.relu(F.batch_norm(F.conv2d(x, w1, b1, padding=1), mean, var, gamma, beta, training=False))
@@ -87,8 +87,8 @@ def test_kernels_after_a_channels_last_conv_keep_its_layout(monkeypatch):
     assert copies and not any(copies), copies
     source = compiled.wrapper_source
     # the input is copied into channels-last once; the pooled batch norm is stored so directly
-    assert "torch_empty_strided((3, 5, 7, 9), (315, 1, 45, 5)" in source
-    assert "torch_empty_strided((3, 6, 3, 4), (72, 1, 24, 6)" in source
+    assert "torch_empty_strided((3, 5, 19, 21), (1995, 1, 105, 5)" in source
+    assert "torch_empty_strided((3, 6, 9, 10), (540, 1, 60, 6)" in source
     assert len(compiled.kernels) == 3           # the copy, batch norm + relu + pool, relu + mean
     # stores of the kernel after the first conv are contiguous in its innermost loop
     kernel1 = compiled.kernel_source.split("kernel kernel1")[1].split("// ---- kernel")[0]
@@ -152,3 +152,46 @@ def test_a_convolution_returned_directly_has_eager_strides(kernel_backend):
     _, actual, expected = compiled_and_expected(f, x, w)
     assert_same_with_strides(actual, expected)
     actual[0].view(2, -1)
+
+
+@pytest.mark.skipif(DEVICE != "cpu", reason="the channels-last layout choice is for CPUs")
+@pytest.mark.parametrize("training", [False, True])
+def test_a_convolution_with_few_output_pixels_reads_its_input_contiguous(monkeypatch, training):
+    # oneDNN's channels-last kernels are slower than its others for few output pixels and many
+    # channels (the last layers of a ResNet on small images): below ir.CONV_CHANNELS_LAST_PIXELS
+    # the input stays contiguous; above it, channels-last. The forward traced for training
+    # (autograd/joint.py) makes the same choice, so no layout is predicted wrong (a copy).
+    from minicompile import ir
+    copies = []
+
+    def as_layout(tensor, stride):
+        out = memory_as_layout(tensor, stride)
+        copies.append(out is not tensor)
+        return out
+    memory_as_layout = memory.as_layout
+    monkeypatch.setattr(memory, "as_layout", as_layout)
+
+    def f(x, w1, w2, w3):
+        y = F.relu(F.conv2d(x, w1, padding=1))                  # 2 x 12 x 11: 264 pixels
+        z = F.relu(F.conv2d(y, w2, stride=2, padding=1))        # 2 x 6 x 6: 72 pixels
+        return F.conv2d(z, w3, padding=1).tanh()                # 72 pixels
+    args = [randn(2, 3, 12, 11), randn(16, 3, 3, 3), randn(40, 16, 3, 3), randn(24, 40, 3, 3)]
+    assert ir.conv_channels_last((2, 16, 12, 11)) and not ir.conv_channels_last((2, 40, 6, 6))
+    if training:
+        params = [a.clone().requires_grad_() for a in args]
+        compiled = minicompile.compile(f)
+        compiled(*params).sum().backward()
+        expected = [a.clone().requires_grad_() for a in args]
+        f(*expected).sum().backward()
+        for p, e in zip(params, expected):      # (oneDNN's channels-last backward sums in another order)
+            torch.testing.assert_close(p.grad, e.grad, rtol=1e-4, atol=1e-4 * e.grad.abs().max().item())
+        return
+    compiled, actual, expected = compiled_and_expected(f, *args)
+    assert_same_with_strides(actual, expected)
+    assert copies and not any(copies), copies
+    source = compiled.wrapper_source
+    assert "torch_empty_strided((2, 3, 12, 11), (396, 1, 33, 3)" in source      # channels-last copy
+    assert "(2, 16, 12, 11), (2112, 132, 11, 1)" in source                       # relu: contiguous
+    for k in range(3):                                     # the same input for other values
+        args[0] = randn(2, 3, 12, 11)
+        assert_same(compiled(*args), f(*args))

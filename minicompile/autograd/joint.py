@@ -25,6 +25,8 @@ import torch.fx
 import torch.nn.functional as F
 import torch.utils._pytree as pytree
 
+from .. import ir
+
 aten = torch.ops.aten
 
 
@@ -125,7 +127,7 @@ def trace_joint(gm: torch.fx.GraphModule, example_inputs) -> Joint:
 
 class _ChannelsLastConvolutions(torch.overrides.TorchFunctionMode):
     """Inductor's layout optimization on a CPU: a 2-D convolution's input is made channels-last
-    (lowering gives oneDNN that layout, its fast one: lower/lowerings.py's convolution), so the
+    where lowering gives oneDNN that layout (ir.conv_channels_last: many output pixels), so the
     traced graph records, as eager would compute them, channels-last results for the
     convolution and everything computed from it (batch norm, ReLU, pooling), in the forward and
     in the backward alike. Lowering stores each value in the layout the graph records: without
@@ -135,10 +137,12 @@ class _ChannelsLastConvolutions(torch.overrides.TorchFunctionMode):
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
         x = args[0] if args else None
+        result = func(*args, **kwargs)
         if func in (torch.conv2d, F.conv2d) and isinstance(x, torch.Tensor) and x.dim() == 4 \
-                and x.device.type == "cpu" and x.dtype == torch.float32 and torch.backends.mkldnn.is_available():
-            args = (x.contiguous(memory_format=torch.channels_last), *args[1:])
-        return func(*args, **kwargs)
+                and x.device.type == "cpu" and x.dtype == torch.float32 and torch.backends.mkldnn.is_available() \
+                and ir.conv_channels_last(result.shape):
+            result = func(x.contiguous(memory_format=torch.channels_last), *args[1:], **kwargs)
+        return result
 
 
 def _as_laid_out(value, eager):

@@ -442,9 +442,21 @@ def kernel_source(kernel, buffers: dict[str, ir.IRNode]) -> tuple[str, list[str]
                          collapse=True)
 
     stored = [m.box for m in kernel.members if m.box.name in kernel.stored]
+    # An output may be written over an input it replaces (the wrapper decides, where the input
+    # is dead): a GELU over its linear layer's result, a norm over the residual it reads. Those
+    # two pointers may then be equal, so neither is declared __restrict__ (a promise that they
+    # never overlap); the loops still vectorize: `omp simd` says that no iteration depends on
+    # another, and each element is read before it is written, at the same index.
+    kernel.in_place = writer.in_place_inputs()
+    overlaps = {name for over in kernel.in_place.values() for name in over}
+
+    def qualifier(overlapping: bool) -> str:
+        return "" if overlapping else " __restrict__"
     symbols = size_symbols_in("\n".join(body))          # dynamic sizes: passed as arguments
-    params = [f"const {ctype(buffers[n].dtype)}* __restrict__ in_ptr{i}" for i, n in enumerate(writer.args)]
-    params += [f"{ctype(b.dtype)}* __restrict__ out_ptr{i}" for i, b in enumerate(stored)]
+    params = [f"const {ctype(buffers[n].dtype)}*{qualifier(n in overlaps)} in_ptr{i}"
+              for i, n in enumerate(writer.args)]
+    params += [f"{ctype(b.dtype)}*{qualifier(bool(kernel.in_place.get(b.name)))} out_ptr{i}"
+               for i, b in enumerate(stored)]
     checked = [ir.INDEX_ERRORS] if writer.checks_indices else []
     params += [f"int32_t* __restrict__ {name}" for name in checked]
     params += [f"int64_t {s}" for s in symbols]
@@ -581,7 +593,7 @@ def _emit_pass(writer, members, rs, store, position, parallel_if) -> None:
                 clauses.append(f"reduction({omp_op}:{acc}) reduction(|:{nan})")
                 result = _finish(comp, acc, nan, writer)
             finals.append((m, result))
-    writer.lines += inits
+    writer.lines += _hoist_invariant(loop_body, [r for r, _ in rs]) + inits
     # the loop is written out at the end of the kernel: a later pass may still add a line to
     # its body (storing a value it carries over, see CppWriter)
     if ordered:
@@ -597,6 +609,33 @@ def _emit_pass(writer, members, rs, store, position, parallel_if) -> None:
         writer.row_values[m.box.name] = var
         if m.box.name in writer.kernel.stored:
             writer.lines.append(store(m, var))
+
+
+_DEFINES = re.compile(r"(?:auto|int64_t) (tmp\d+) = ")
+_CHECKS = re.compile(r"if \((tmp\d+) < 0 \|\| ")
+_LOOP_STATE = re.compile(r"\b(?:acc|nan|idx|row|part|part_nan)\d+\b|\bout_ptr\d+")
+
+
+def _hoist_invariant(body: list, r_vars: list) -> list:
+    """The lines of a row loop's body that do not depend on the row position, taken out of
+    `body` (in place: a later pass may still append to it) and returned, to run once before
+    the loop: per-row loads and, above all, the bounds check of a gathered index (an
+    embedding's row), whose branch would keep the compiler from vectorizing the loop."""
+    varying = set()                     # variables defined in the loop that depend on r
+    position = re.compile(r"\b(?:" + "|".join(r_vars) + r")\b") if r_vars else None
+    hoisted, kept = [], []
+    for line in body:
+        match = _DEFINES.match(line) or _CHECKS.match(line)
+        uses = set(re.findall(r"\btmp\d+\b", line)) - ({match.group(1)} if _DEFINES.match(line) else set())
+        if match and not (position and position.search(line)) and not _LOOP_STATE.search(line) \
+                and not uses & varying:
+            hoisted.append(line)
+            continue
+        kept.append(line)
+        if match:
+            varying.add(match.group(1))
+    body[:] = kept
+    return hoisted
 
 
 def _nest(loops, body, innermost_pragma=None, outer_pragma=None, collapse=False):

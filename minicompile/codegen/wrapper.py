@@ -101,25 +101,44 @@ def _output_names(program: ir.Program) -> set[str]:
     return {o.name for o in program.outputs if isinstance(o, TensorBox)}
 
 
+def _into_planned(ext: ir.Extern) -> bool:
+    """A linear layer with C++ kernels whose result goes into memory the plan gives it
+    (torch.addmm or mm with out=, the product ATen's linear makes of a contiguous input), as
+    Inductor's CPU wrapper does: a dead buffer of its size is reused instead of a new
+    allocation, whose pages the system would map (a page fault each) on every call."""
+    if ext.op is not torch.nn.functional.linear or ext.kind != "function" or ext.kwargs \
+            or choose_backend(ext.device) != "cpp" or ext.dtype != torch.float32 or len(ext.args) not in (2, 3) \
+            or any(ir.is_symbolic(s) for s in ext.shape) or list(ext.stride) != ir.contiguous_strides(ext.shape):
+        return False
+    x, w, *bias = ext.args
+    return isinstance(x, TensorBox) and isinstance(w, TensorBox) and len(w.shape) == 2 and len(x.shape) >= 2 \
+        and (not bias or bias[0] is None or (isinstance(bias[0], TensorBox) and len(bias[0].shape) == 1))
+
+
 def plan_reuse(program: ir.Program, steps: list, kernel_args: dict) -> tuple[dict, set, set]:
     """Memory planning: the step after which each buffer is last read; which buffers' memory
     may be reused once dead: those a kernel wrote or an extern kernel made new
-    (lowerings.NEW_MEMORY_KERNELS), that are not outputs and that no extern op saw (an
-    extern's result may be a view of its input, so its memory is not ours); and the buffers
-    some extern op reads."""
+    (lowerings.NEW_MEMORY_KERNELS), that are not outputs and that no other extern op saw (its
+    result may be a view of its input, so that memory is not ours); and the buffers some
+    extern op reads."""
     last_use: dict[str, int] = {}
     reusable: set[str] = set()
-    seen_by_extern = set()
+    seen_by_extern, seen_by_other = set(), set()
     for i, step in enumerate(steps):
         if isinstance(step, Kernel):
             reusable |= {m.box.name for m in step.members if m.box.name in step.stored}
             for name in kernel_args.get(step.name, ()):
                 last_use[name] = i
         else:
-            seen_by_extern |= {r.name for r in step.box.reads}
+            reads = {r.name for r in step.box.reads}
+            seen_by_extern |= reads
             if _new_memory(step.box.data):
                 reusable.add(step.box.name)
-    return last_use, reusable - seen_by_extern - _output_names(program), seen_by_extern
+                for name in reads:
+                    last_use[name] = i
+            else:
+                seen_by_other |= reads
+    return last_use, reusable - seen_by_other - _output_names(program), seen_by_extern
 
 
 def _dead_after(program: ir.Program, steps: list, kernel_args: dict, kept: set) -> dict[int, list[str]]:
@@ -163,6 +182,16 @@ def plan_memory(program: ir.Program, steps: list, kernel_args: dict, buffers: di
     overwritten: set[str] = set()            # buffers a kernel's output was written over
     plan: dict[str, tuple] = {}
     for i, step in enumerate(steps):
+        if isinstance(step, ExternCall):
+            if _into_planned(step.box.data):
+                key = (nbytes(step.box.data), step.box.dtype)
+                plan[step.box.name] = ("reuse", free[key].pop()) if free.get(key) else \
+                    ("small", None) if key[0] < memory.MIN_BYTES else ("new", None)
+            for name in {r.name for r in step.box.reads}:
+                if last_use.get(name) == i and name in reusable and name not in overwritten:
+                    buf = buffers[name]
+                    free.setdefault((nbytes(buf), buf.dtype), []).append(name)
+            continue
         if not isinstance(step, Kernel):
             continue
         for m in step.members:
@@ -186,6 +215,16 @@ def plan_memory(program: ir.Program, steps: list, kernel_args: dict, buffers: di
                 buf = buffers[name]
                 free.setdefault((nbytes(buf), buf.dtype), []).append(name)
     return plan
+
+
+def _allocation(name, shape, stride, dtype, device, how, source) -> str:
+    """The wrapper's line that gives a buffer new memory, or the memory of a dead one."""
+    if how == "reuse":
+        return f"    {name} = {source}.as_strided({sizes(shape)}, {stride}); del {source}  # reuses {source}'s memory"
+    if how == "small":
+        # too small for huge pages: PyTorch's own allocation, without a Python call
+        return f"    {name} = torch_empty_strided({sizes(shape)}, {stride}, dtype={dtype}, device={device})"
+    return f"    {name} = empty_strided({sizes(shape)}, {stride}, dtype={dtype}, device={device})"
 
 
 def _same_layout(buf, box) -> bool:
@@ -289,6 +328,9 @@ def build(program: ir.Program, steps: list, written: dict | None = None) -> Comp
         return f"const{constants}"
 
     plan = plan_memory(program, steps, kernel_args, buffers, written)
+
+    def ext_planned(step) -> bool:
+        return step.box.name in plan
     # a buffer whose memory a later one takes is let go of by the line that takes it
     taken = {source for how, source in plan.values() if how in ("reuse", "in place")}
     dead_after = _dead_after(program, steps, kernel_args, kept=taken)
@@ -309,16 +351,8 @@ def build(program: ir.Program, steps: list, written: dict | None = None) -> Comp
                 elif how == "in place":
                     lines.append(f"    {m.box.name} = {source}.as_strided({sizes(shape)}, {stride})"
                                  f"  # in place: {step.name} reads {source} only where it writes this")
-                elif how == "reuse":
-                    lines.append(f"    {m.box.name} = {source}.as_strided({sizes(shape)}, {stride}); del {source}"
-                                 f"  # reuses {source}'s memory")
-                elif how == "small":
-                    # too small for huge pages: PyTorch's own allocation, without a Python call
-                    lines.append(f"    {m.box.name} = torch_empty_strided({sizes(shape)}, {stride}, "
-                                 f"dtype={m.box.dtype}, device={device})")
                 else:
-                    lines.append(f"    {m.box.name} = empty_strided({sizes(shape)}, {stride}, "
-                                 f"dtype={m.box.dtype}, device={device})")
+                    lines.append(_allocation(m.box.name, shape, stride, m.box.dtype, device, how, source))
             if step.name not in kernel_args:          # nothing to compute (has_no_elements)
                 continue
             args = kernel_args[step.name]
@@ -335,6 +369,14 @@ def build(program: ir.Program, steps: list, written: dict | None = None) -> Comp
                     lines.append(f"    {m.box.name} = {m.box.name}.view(())")
             metrics.kernels += 1
             metrics.kernel_bytes.append((step.name, step.bytes_read, step.bytes_written))
+        elif isinstance(step, ExternCall) and ext_planned(step):
+            ext = step.box.data
+            x, w, *bias = [render(a) for a in ext.args]
+            bias = bias[0] if bias and bias[0] != "None" else None
+            lines.append(_allocation(ext.name, tuple(ext.shape), sizes(ext.stride), ext.dtype, device, *plan[ext.name]))
+            k, n = ext.args[1].shape[1], ext.shape[-1]
+            product = f"{x}.reshape(-1, {k}), {w}.t(), out={ext.name}.view(-1, {n})"
+            lines.append(f"    torch.addmm({bias}, {product})" if bias else f"    torch.mm({product})")
         elif isinstance(step, ExternCall):
             ext = step.box.data
             target = ext.op

@@ -64,20 +64,35 @@ def _view_of_made_buffer(box: TensorBox):
 class InlinePointwise(FusionPass):
     """Vertical fusion: a pointwise value is recomputed inside each consumer instead of being
     written to memory and read back. Exception: a value read by several consumers whose
-    expression is expensive (more than `max_ops` operations) gets a buffer, so the work is not
-    repeated and expressions cannot grow exponentially."""
+    expression is expensive (more than `max_ops` operations, or a transcendental function of
+    `CALLS`), or reads many buffers (more than `max_reads`, Inductor's realize_reads_threshold)
+    gets a buffer, so the work is not repeated and expressions cannot grow exponentially.
+    Rotary embeddings' cos and sin, a (T, D) table read by every layer's queries and keys,
+    would otherwise be computed again for every head and batch row, with calls into the
+    vector math library that GCC 12 does not vectorize in a loop with masked loads (the
+    rotation's halves). A transformer's residual stream, a chain of adds of cheap
+    expressions, would be summed again from the embedding up in every layer's norm."""
     name = "inline-pointwise"
     max_ops = 8
+    max_reads = 4
+    CALLS = {"sin", "cos", "tanh", "log", "erf", "pow"}
 
     def run(self, state):
         for box in state.boxes:
             if box.is_realized or not isinstance(box.data, ir.Pointwise):
                 continue
             readers = len(box.readers)
-            if readers > 1 and ir.reads_of(box).op_count > self.max_ops:
+            if readers < 2:
+                continue
+            reads = ir.reads_of(box)
+            buffers = len({name for name, _ in reads.loads})
+            calls = reads.op_names & self.CALLS
+            if reads.op_count > self.max_ops or calls or buffers > self.max_reads:
                 box.realize()
+                why = "costly" if reads.op_count > self.max_ops else \
+                    f"computes {', '.join(sorted(calls))}" if calls else f"reads {buffers} buffers"
                 state.log(f"{self.name}: {box.name} ({box.data.data.origin}) read by {readers} "
-                          f"consumers and costly: stored once")
+                          f"consumers and {why}: stored once")
 
 
 # --------------------------------------------------------------------------- kernel passes

@@ -1048,8 +1048,50 @@ def _reshape_map(in_shape, out_shape):
             it = iter(out_pos)
             return [Index() if s == 1 else idx[next(it)] for s in in_shape]
         return f
-    out_strides = ir.contiguous_strides(out_shape)
-    return lambda idx: ir.unflatten(ir.flat_index(idx, out_strides), in_shape)
+    groups = _reshape_groups(in_shape, out_shape)
+    if groups is None:
+        out_strides = ir.contiguous_strides(out_shape)
+        return lambda idx: ir.unflatten(ir.flat_index(idx, out_strides), in_shape)
+
+    def f(idx):
+        src = [Index() for _ in in_shape]         # (size-1 dims of the input: index 0)
+        for ins, outs in groups:
+            flat = ir.flat_index([idx[d] for d in outs], ir.contiguous_strides([out_shape[d] for d in outs]))
+            parts = [flat] if len(ins) == 1 else ir.unflatten(flat, [in_shape[d] for d in ins])
+            for d, part in zip(ins, parts):
+                src[d] = part
+        return src
+    return f
+
+
+def _reshape_groups(in_shape, out_shape):
+    """A reshape as groups of consecutive dims (input dims, output dims) whose sizes have the
+    same product, size-1 dims left out: (8, 64, 256) -> (8, 64, 8, 32) is [0]-[0], [1]-[1],
+    [2]-[2, 3]. Each group is reindexed on its own, so a split dim is read at 32*i + j, with
+    no division: a later slice (x[..., 16:], rotary embeddings) stays a plain offset the
+    kernel loads contiguously, where one flat index over all dims is divided and taken
+    modulo every size and a slice's offset then defeats the simplification. None where sizes
+    are symbolic or zero."""
+    if any(ir.is_symbolic(s) or s == 0 for s in (*in_shape, *out_shape)):
+        return None
+    ins = [d for d, s in enumerate(in_shape) if s != 1]
+    outs = [d for d, s in enumerate(out_shape) if s != 1]
+    groups, i, j = [], 0, 0
+    while i < len(ins) and j < len(outs):
+        gi, gj = [ins[i]], [outs[j]]
+        pi, pj = in_shape[ins[i]], out_shape[outs[j]]
+        while pi != pj:
+            if pi < pj:
+                i += 1
+                gi.append(ins[i])
+                pi *= in_shape[ins[i]]
+            else:
+                j += 1
+                gj.append(outs[j])
+                pj *= out_shape[outs[j]]
+        groups.append((gi, gj))
+        i, j = i + 1, j + 1
+    return groups
 
 
 @register(["view", "reshape", torch.reshape, "flatten", torch.flatten, "unsqueeze", torch.unsqueeze,
@@ -1434,17 +1476,18 @@ def _adaptive_avg_pool2d(node, values, input, output_size):
 def _conv2d(node, values, input, weight, bias, stride, padding, dilation, groups):
     """A 2-D convolution stays PyTorch's kernel (an Extern), given its input channels-last, as
     Inductor's layout optimization does: oneDNN's channels-last kernels on a CPU are much
-    faster (about 8x for a 3-channel input), and so are cuDNN's on a GPU (measured on the H100:
-    eager ResNet-50 at batch 64, TF32, 9.4 ms channels-last against 11.2 ms). PyTorch then
-    returns the result channels-last too, so the kernels after it read and write that layout
-    (their loops follow memory order: codegen/common.py's plan_loops). The copy into
-    channels-last is a generated kernel, or no work at all when the input is computed here (it
-    is stored so directly)."""
+    faster where the convolution has many output pixels (ir.conv_channels_last; about 8x for a
+    3-channel input), and so are cuDNN's on a GPU (measured on the H100: eager ResNet-50 at
+    batch 64, TF32, 9.4 ms channels-last against 11.2 ms). PyTorch then returns the result
+    channels-last too, so the kernels after it read and write that layout (their loops follow
+    memory order: codegen/common.py's plan_loops). The copy into channels-last is a generated
+    kernel, or no work at all when the input is computed here (it is stored so directly)."""
     meta = _meta(node, values)
     if (meta is None or not isinstance(input, TensorBox) or not isinstance(weight, TensorBox)
             or len(input.shape) != 4 or not _channels_last_convolutions(input.device, input.dtype)
             or any(ir.is_symbolic(s) for s in (*input.shape, *meta.shape))
-            or (input.device.type == "cuda" and _has_grouped_convolutions(node.graph))):
+            or (input.device.type == "cuda" and _has_grouped_convolutions(node.graph))
+            or (input.device.type == "cpu" and not ir.conv_channels_last(meta.shape))):
         return NotImplemented
     x = input.laid_out(ir.dense_strides(input.shape, ir.CHANNELS_LAST))
     # meta kernels answer contiguous here; PyTorch's kernels keep a channels-last input's
