@@ -570,3 +570,17 @@ def test_addmm_bias_is_added_by_a_generated_kernel(kernel_backend):
     assert ("torch.mm(" in compiled.wrapper_source) == (kernel_backend == "triton"), compiled.wrapper_source
     check(lambda x, w, b: torch.addmm(b, x.t(), w.t()[:, :29]), randn(48, 37), randn(29, 48), b)
     check(lambda x, w, b: torch.addmm(b[:37, None], x, w, beta=0.5, alpha=2), x, w, randn(48))
+
+
+def test_layers_share_one_additive_attention_mask(kernel_backend):
+    # two attention layers read one boolean mask: where Triton kernels run, the additive mask
+    # is made by one kernel, which both calls read
+    q, k, v = (randn(3, 7, 2, 8).transpose(1, 2) for _ in range(3))
+
+    def f(q, k, v, positions):
+        mask = (positions >= 1)[None, None, None, :].expand(3, 1, 7, 7)
+        h = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+        return F.scaled_dot_product_attention(h, k, v, attn_mask=mask)
+    compiled = check(f, q, k, v, torch.arange(7, device=DEVICE))
+    if kernel_backend == "triton":
+        assert minicompile.metrics.kernels == 1, compiled.wrapper_source

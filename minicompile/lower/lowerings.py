@@ -1658,10 +1658,14 @@ def _attention(node, values, query, key, value, attn_mask, dropout_p, is_causal,
             or any(ir.is_symbolic(s) for s in attn_mask.shape)):
         return NotImplemented
     dt, shape = query.dtype, list(attn_mask.shape)
-    additive = _pw(query.program, shape, dt, query.device,
-                   lambda m: ops.where(m, ops.constant(0.0, dt), ops.constant(-math.inf, dt)),
-                   [attn_mask], "attention mask", common=torch.bool)
-    mask = additive.laid_out(ir.contiguous_strides(shape))
+    # every layer of a model reads the same mask: it is made once (kept on the boolean mask's box)
+    made = attn_mask.__dict__.setdefault("additive_masks", {})
+    mask = made.get(dt)
+    if mask is None:
+        additive = _pw(query.program, shape, dt, query.device,
+                       lambda m: ops.where(m, ops.constant(0.0, dt), ops.constant(-math.inf, dt)),
+                       [attn_mask], "attention mask", common=torch.bool)
+        mask = made[dt] = additive.laid_out(ir.contiguous_strides(shape))
     kwargs = dict(attn_mask=mask, dropout_p=dropout_p, is_causal=is_causal, scale=scale)
     if enable_gqa:
         kwargs["enable_gqa"] = True
