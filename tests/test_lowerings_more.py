@@ -584,3 +584,22 @@ def test_layers_share_one_additive_attention_mask(kernel_backend):
     compiled = check(f, q, k, v, torch.arange(7, device=DEVICE))
     if kernel_backend == "triton":
         assert minicompile.metrics.kernels == 1, compiled.wrapper_source
+
+
+def test_tensors_made_from_nothing_are_lowered(kernel_backend, capsys):
+    # masks and positions as models build them: arange, ones, zeros, full, new_ones, new_full,
+    # & and | of boolean tensors, each a value computed in the kernels that read it
+    def f(x, ids):
+        pos = torch.arange(2, 9, 2, device=x.device) + ids.new_ones(())
+        keep = (ids >= 1) & torch.ones(4, dtype=torch.bool, device=x.device) | (pos > 5)
+        z = torch.zeros(3, 4, device=x.device) + torch.full((4,), 2.5, device=x.device) + x.new_full((4,), -1)
+        return z * keep * x, pos, torch.logical_and(keep, ids.new_zeros(4, dtype=torch.bool))
+    x, ids = randn(3, 4), torch.randint(0, 3, (4,), device=DEVICE)
+    minicompile.set_logs(output_code=True)
+    try:
+        actual = minicompile.compile(f)(x, ids)
+    finally:
+        minicompile.set_logs(output_code=False)
+    for a, e in zip(actual, f(x, ids)):
+        assert a.dtype == e.dtype and torch.equal(a, e), (a, e)
+    assert "no lowering" not in capsys.readouterr().out

@@ -25,7 +25,7 @@ import torch.utils._pytree as pytree
 from .. import ir
 from .boxes import TensorBox
 from .. import aliasing
-from .lowerings import LOWERINGS, constant_tensor, lower_fallback, lookup, size_arithmetic
+from .lowerings import LOWERINGS, constant_tensor, lookup, lookup_factory, lower_fallback, size_arithmetic
 
 
 def _example_values(gm: torch.fx.GraphModule, example_inputs) -> dict[torch.fx.Node, Any]:
@@ -167,6 +167,8 @@ def lower(gm: torch.fx.GraphModule, example_inputs) -> ir.Program:
         result = None
         if lowering is not None:
             result = lowering(node, values, *args, **kwargs)
+        elif lookup_factory(node.op, target) is not None:
+            result = lookup_factory(node.op, target)(program, node, values, *args, **kwargs)
         if result is None or result is NotImplemented:
             result = lower_fallback(program, node, values, target, args, kwargs)
         for box in pytree.tree_leaves(result):

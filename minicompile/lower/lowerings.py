@@ -1470,6 +1470,113 @@ def _adaptive_avg_pool2d(node, values, input, output_size):
     return _reduce(input, [-2, -1], "mean")
 
 
+# --------------------------------------------------------------------------- tensors made from nothing
+
+# ops whose result depends on no tensor (torch.ones, torch.arange): lowered with the program
+# given, since no argument brings it. target -> lowering(program, node, values, *args, **kwargs)
+FACTORIES: dict[Any, Callable] = {}
+_FACTORY_OPTIONS = "*, dtype=None, layout=None, device=None, pin_memory=False, requires_grad=False"
+
+
+def factory(targets, signature: str):
+    sig = Signature(signature)
+
+    def wrap(fn):
+        def lowering(program, node, values, *args, **kwargs):
+            bound = sig.bind(args, kwargs)
+            if bound is None or bound.get("layout") not in (None, torch.strided) or bound.get("pin_memory"):
+                return NotImplemented
+            return fn(program, node, values, **bound)
+        for t in targets:
+            FACTORIES[t] = lowering
+        return fn
+    return wrap
+
+
+def lookup_factory(op: str, target) -> Callable | None:
+    return FACTORIES.get(target) if op == "call_function" and _in(target, FACTORIES) else None
+
+
+def _filled(program, node, values, value):
+    """A tensor of the node's shape, dtype and device, every element `value` as PyTorch stores
+    it in that dtype: a pointwise value that costs no memory until a kernel that reads it."""
+    meta = _meta(node, values)
+    if not _made_here(meta, program) or not isinstance(value, (int, float)):
+        return NotImplemented
+    stored = torch.tensor(value, dtype=meta.dtype).item()
+    cd = compute_dtype(meta.dtype)
+    return TensorBox(ir.Pointwise(ir.shape_of(meta), meta.dtype, meta.device,
+                                  lambda idx: ops.constant(stored, cd), _origin(node)), program)
+
+
+def _made_here(meta, program) -> bool:
+    """A tensor of static sizes on the graph's device (one made on another device, a CPU tensor
+    in a GPU graph, is left to PyTorch), of a real dtype."""
+    return meta is not None and torch.device(meta.device) == torch.device(program.device) \
+        and not meta.dtype.is_complex and not any(ir.is_symbolic(s) for s in ir.shape_of(meta))
+
+
+@factory([torch.ones], "*size, " + _FACTORY_OPTIONS)
+def _ones(program, node, values, size, dtype, layout, device, pin_memory, requires_grad):
+    return _filled(program, node, values, 1)
+
+
+@factory([torch.zeros], "*size, " + _FACTORY_OPTIONS)
+def _zeros(program, node, values, size, dtype, layout, device, pin_memory, requires_grad):
+    return _filled(program, node, values, 0)
+
+
+@factory([torch.full], "size, fill_value, " + _FACTORY_OPTIONS)
+def _full(program, node, values, size, fill_value, dtype, layout, device, pin_memory, requires_grad):
+    return _filled(program, node, values, fill_value)
+
+
+@factory([torch.arange], "*bounds, " + _FACTORY_OPTIONS)
+def _arange(program, node, values, bounds, dtype, layout, device, pin_memory, requires_grad):
+    """start + i * step, for integer results (float ones are left to PyTorch, whose kernels
+    compute them in a wider type)."""
+    meta = _meta(node, values)
+    if not _made_here(meta, program) or meta.dtype.is_floating_point or meta.dtype == torch.bool \
+            or len(bounds) not in (1, 2, 3) or not all(type(b) is int for b in bounds):
+        return NotImplemented
+    start, step = (bounds[0] if len(bounds) > 1 else 0), (bounds[2] if len(bounds) == 3 else 1)
+
+    def inner_fn(idx):
+        c = lambda v: ops.constant(v, torch.int64)
+        return ops.add(ops.mul(ops.index_expr(idx[0], torch.int64), c(step)), c(start))
+    return TensorBox(ir.Pointwise(ir.shape_of(meta), meta.dtype, meta.device, inner_fn, "arange"), program)
+
+
+@register(["new_ones"], "input, *size, " + _FACTORY_OPTIONS)
+def _new_ones(node, values, input, size, dtype, layout, device, pin_memory, requires_grad):
+    return _filled(input.program, node, values, 1) if isinstance(input, TensorBox) else NotImplemented
+
+
+@register(["new_zeros"], "input, *size, " + _FACTORY_OPTIONS)
+def _new_zeros(node, values, input, size, dtype, layout, device, pin_memory, requires_grad):
+    return _filled(input.program, node, values, 0) if isinstance(input, TensorBox) else NotImplemented
+
+
+@register(["new_full"], "input, size, fill_value, " + _FACTORY_OPTIONS)
+def _new_full(node, values, input, size, fill_value, dtype, layout, device, pin_memory, requires_grad):
+    return _filled(input.program, node, values, fill_value) if isinstance(input, TensorBox) else NotImplemented
+
+
+@register([operator.and_, operator.or_, torch.logical_and, torch.logical_or, "logical_and", "logical_or",
+           "__and__", "__or__"], "input, other", pointwise=True)
+def _logical(node, values, input, other):
+    """& and | of boolean tensors (the masks models build)."""
+    meta = _meta(node, values)
+    operands = [x for x in (input, other) if isinstance(x, TensorBox)]
+    if meta is None or meta.dtype != torch.bool or not operands \
+            or any(x.dtype != torch.bool for x in operands) \
+            or any(not isinstance(x, (TensorBox, bool)) for x in (input, other)):
+        return NotImplemented
+    name = getattr(node.target, "__name__", node.target)
+    op = ops.logical_and if "and" in name else ops.logical_or
+    return _pointwise_box(node, values, op, [input, other], common=torch.bool)
+
+
 # --------------------------------------------------------------------------- convolution
 
 @register([torch.conv2d, F.conv2d], "input, weight, bias=None, stride=1, padding=0, dilation=1, groups=1")
