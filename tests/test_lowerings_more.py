@@ -603,3 +603,13 @@ def test_tensors_made_from_nothing_are_lowered(kernel_backend, capsys):
     for a, e in zip(actual, f(x, ids)):
         assert a.dtype == e.dtype and torch.equal(a, e), (a, e)
     assert "no lowering" not in capsys.readouterr().out
+
+
+def test_products_read_a_value_stored_once(kernel_backend):
+    # two linear layers read one layer norm's result of a 3-D input: it is stored once, and
+    # each product reads its rows through a view of that buffer (no copy for each product)
+    x, w1, w2 = randn(2, 5, 12), randn(7, 12), randn(7, 12)
+    def f(x, w1, w2):
+        h = F.layer_norm(x, (12,))
+        return F.linear(h, w1) * F.linear(h, w2)
+    check(f, x, w1, w2, kernels=2)

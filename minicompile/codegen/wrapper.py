@@ -328,9 +328,6 @@ def build(program: ir.Program, steps: list, written: dict | None = None) -> Comp
         return f"const{constants}"
 
     plan = plan_memory(program, steps, kernel_args, buffers, written)
-
-    def ext_planned(step) -> bool:
-        return step.box.name in plan
     # a buffer whose memory a later one takes is let go of by the line that takes it
     taken = {source for how, source in plan.values() if how in ("reuse", "in place")}
     dead_after = _dead_after(program, steps, kernel_args, kept=taken)
@@ -369,7 +366,7 @@ def build(program: ir.Program, steps: list, written: dict | None = None) -> Comp
                     lines.append(f"    {m.box.name} = {m.box.name}.view(())")
             metrics.kernels += 1
             metrics.kernel_bytes.append((step.name, step.bytes_read, step.bytes_written))
-        elif isinstance(step, ExternCall) and ext_planned(step):
+        elif isinstance(step, ExternCall) and step.box.name in plan:        # into planned memory
             ext = step.box.data
             x, w, *bias = [render(a) for a in ext.args]
             bias = bias[0] if bias and bias[0] != "None" else None

@@ -164,11 +164,12 @@ def lower(gm: torch.fx.GraphModule, example_inputs) -> ir.Program:
                 env[node] = size
                 continue
         lowering = lookup(node.op, target) if not _touches_complex(node, values) else None
+        factory = lookup_factory(node.op, target) if lowering is None else None
         result = None
         if lowering is not None:
             result = lowering(node, values, *args, **kwargs)
-        elif lookup_factory(node.op, target) is not None:
-            result = lookup_factory(node.op, target)(program, node, values, *args, **kwargs)
+        elif factory is not None:
+            result = factory(program, node, values, *args, **kwargs)
         if result is None or result is NotImplemented:
             result = lower_fallback(program, node, values, target, args, kwargs)
         for box in pytree.tree_leaves(result):

@@ -1562,19 +1562,23 @@ def _new_full(node, values, input, size, fill_value, dtype, layout, device, pin_
     return _filled(input.program, node, values, fill_value) if isinstance(input, TensorBox) else NotImplemented
 
 
-@register([operator.and_, operator.or_, torch.logical_and, torch.logical_or, "logical_and", "logical_or",
-           "__and__", "__or__"], "input, other", pointwise=True)
-def _logical(node, values, input, other):
-    """& and | of boolean tensors (the masks models build)."""
-    meta = _meta(node, values)
-    operands = [x for x in (input, other) if isinstance(x, TensorBox)]
-    if meta is None or meta.dtype != torch.bool or not operands \
-            or any(x.dtype != torch.bool for x in operands) \
-            or any(not isinstance(x, (TensorBox, bool)) for x in (input, other)):
-        return NotImplemented
-    name = getattr(node.target, "__name__", node.target)
-    op = ops.logical_and if "and" in name else ops.logical_or
-    return _pointwise_box(node, values, op, [input, other], common=torch.bool)
+def _logical(op):
+    """& or | of boolean tensors (the masks models build)."""
+    def lower(node, values, input, other):
+        meta = _meta(node, values)
+        operands = [x for x in (input, other) if isinstance(x, TensorBox)]
+        if meta is None or meta.dtype != torch.bool or not operands \
+                or any(x.dtype != torch.bool for x in operands) \
+                or any(not isinstance(x, (TensorBox, bool)) for x in (input, other)):
+            return NotImplemented
+        return _pointwise_box(node, values, op, [input, other], common=torch.bool)
+    return lower
+
+
+register([operator.and_, torch.logical_and, "logical_and", "__and__"], "input, other",
+         pointwise=True)(_logical(ops.logical_and))
+register([operator.or_, torch.logical_or, "logical_or", "__or__"], "input, other",
+         pointwise=True)(_logical(ops.logical_or))
 
 
 # --------------------------------------------------------------------------- convolution
@@ -1681,9 +1685,12 @@ def _product(node, values, input, weight, meta) -> TensorBox:
         return lower_fallback(program, node, values, F.linear, (input, weight), {},
                               stride=ir.contiguous_strides(shape), shape=shape)
     rows = math.prod(lead)
+    # views of the values as eager's linear takes them (not internal re-indexings): the extern
+    # call stores each value once and reads it through strided views (_realize_viewed), where
+    # a re-indexing would be stored again, for every product that reads it
     flat = input if len(lead) == 1 else _view(input, [rows, k], _reshape_map(input.shape, [rows, k]),
-                                              "rows of a linear layer's input", aliases=False)
-    transposed = _view(weight, [k, n], lambda idx: [idx[1], idx[0]], "transposed weight", aliases=False)
+                                              "rows of a linear layer's input")
+    transposed = _view(weight, [k, n], lambda idx: [idx[1], idx[0]], "transposed weight")
     product = lower_fallback(program, node, values, torch.mm, (flat, transposed), {},
                              stride=ir.contiguous_strides([rows, n]), shape=[rows, n])
     if len(lead) == 1:
