@@ -98,3 +98,21 @@ def test_the_key_names_what_the_code_depends_on():
     gm.graph.call_function(local, (next(iter(gm.graph.nodes)),))
     with pytest.raises(cache.NotCacheable, match="no name"):
         cache.graph_key(gm, [torch.randn(3)])
+
+
+def test_a_graph_with_a_zero_dim_constant_has_a_key():
+    """A graph's constants are hashed by their bytes; a 0-dim one (the scale DeBERTa's training
+    graph holds as a tensor) too."""
+    import torch
+    import torch.fx
+    from minicompile.runtime import cache
+
+    root = torch.nn.Module()
+    root.scale = torch.tensor(2.5)
+    g = torch.fx.Graph()
+    x = g.placeholder("x")
+    g.output(g.call_function(torch.mul, (x, g.get_attr("scale"))))
+    gm = torch.fx.GraphModule(root, g)
+    key = cache.graph_key(gm, [torch.randn(4, 3)])
+    root.scale = torch.tensor(3.5)
+    assert len(key) == 32 and cache.graph_key(torch.fx.GraphModule(root, g), [torch.randn(4, 3)]) != key

@@ -289,3 +289,21 @@ def test_convolutions_train_channels_last_on_a_cpu(kernel_backend):
     expected.square().mean().backward()
     for p, q in zip(net.parameters(), twin.parameters()):
         torch.testing.assert_close(p.grad, q.grad, rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize("fn", [
+    lambda x: torch.stack((-x[..., 1::2], x[..., ::2]), dim=-1).flatten(-2),   # GPT-J's rotate_every_two
+    lambda x: x.unbind(-1)[1] * 3 + x.select(-2, 1)[:, :5] - x[..., 2:-1:2].sum(-1),
+], ids=["stack_of_strided_slices", "select_and_slice_from_the_end"])
+def test_backward_of_selects_and_slices_on_negative_dimensions(kernel_backend, fn):
+    """The backward graph's select and slice name their dimension from the end (stack's
+    backward selects on dim -1): each must read that dimension, not the first."""
+    def leaves():
+        torch.manual_seed(5)
+        return randn(3, 5, 8).requires_grad_()
+    ours, theirs = leaves(), leaves()
+    weight = randn(*fn(theirs).shape)
+    (minicompile.compile(fn)(ours) * weight).sum().backward()
+    (fn(theirs) * weight).sum().backward()
+    assert_same(ours.grad, theirs.grad)
+    assert minicompile.metrics.backward_kernels > 0

@@ -34,14 +34,21 @@ def _method(name, unpack=False):
     return emit
 
 
+def _index_at(dim: int, item) -> tuple:
+    """The subscript that applies `item` to dimension `dim` (negative: counted from the end)."""
+    if dim < 0:
+        return (Ellipsis, item) + (slice(None),) * (-dim - 1)
+    return (slice(None),) * dim + (item,)
+
+
 def _slice(g, args, kwargs):
     x, dim, start, end, step = (list(args) + [0, None, None, 1][len(args) - 1:])[:5]
-    return g.call_function(operator.getitem, (x, (slice(None),) * dim + (slice(start, end, step),)))
+    return g.call_function(operator.getitem, (x, _index_at(dim, slice(start, end, step))))
 
 
 def _select(g, args, kwargs):
     x, dim, index = args
-    return g.call_function(operator.getitem, (x, (slice(None),) * dim + (index,)))
+    return g.call_function(operator.getitem, (x, _index_at(dim, index)))
 
 
 def _to(g, args, kwargs):

@@ -114,7 +114,7 @@ def graph_key(gm: torch.fx.GraphModule, example_inputs) -> str:
             if not isinstance(value, torch.Tensor):
                 raise NotCacheable(f"a constant of type {type(value).__name__}")
             parts.append((node.target, _describe(value),
-                          hashlib.sha256(value.detach().cpu().contiguous().view(torch.uint8).numpy()).hexdigest()))
+                          hashlib.sha256(value.detach().cpu().reshape(-1).contiguous().view(torch.uint8).numpy()).hexdigest()))
         elif node.op == "placeholder":
             parts.append((node.name, sorted(node.meta.get("dynamic_dims", ()))))
     # (the storage's identity, which a backward graph's fake example inputs have too)
