@@ -6,8 +6,9 @@ A step is forward, loss (mean of squares of the model's main output), backward a
 (lr 1e-3, gradients set to None), each compiler on its own copy of the same weights and the
 same batch. On a CPU: the book's MLP, CNN and GPT block (benchmarks/models.py, batches a
 CPU can run). On a GPU (fp32, TF32 matrix products, random weights): the book's three at full
-size, torchvision ResNet-50 (batch 32, when torchvision imports), Hugging Face BERT-base
-(16 x 128 tokens) and GPT-2 with its LM head (8 x 512), from their configs.
+size, torchvision ResNet-50 (batch 32) and ViT-L/16 (batch 8) when torchvision imports, Hugging
+Face BERT-base (16 x 128 tokens), GPT-2 with its LM head (8 x 512) and a Llama-style model
+(real_models.py's: 1024 wide, 8 layers; 8 x 512), from their configs.
 
 For each model: the first step of each (compilation included, with compile caches made empty
 for this run), medians of steady-state steps after warm-up (CUDA events on a GPU), speedups
@@ -45,16 +46,22 @@ def _hf(cls_name, cfg_name, batch, length, **cfg):
     return make
 
 
-def _resnet50(device):
-    import torchvision
-    return torchvision.models.resnet50(weights=None).to(device), torch.randn(32, 3, 224, 224, device=device)
+def _torchvision(name, batch):
+    def make(device):
+        import torchvision
+        model = getattr(torchvision.models, name)(weights=None).to(device)
+        return model, torch.randn(batch, 3, 224, 224, device=device)
+    return make
 
 
 CPU_MODELS = {"mlp": _book("mlp", 1 / 16), "cnn": _book("cnn", 1 / 8), "gpt_block": _book("gpt_block", 1 / 8)}
 GPU_MODELS = {"mlp": _book("mlp", 1), "cnn": _book("cnn", 1), "gpt_block": _book("gpt_block", 1),
-              "resnet50": _resnet50,
+              "resnet50": _torchvision("resnet50", 32), "vit_l_16": _torchvision("vit_l_16", 8),
               "bert_base": _hf("BertModel", "BertConfig", 16, 128),
-              "gpt2": _hf("GPT2LMHeadModel", "GPT2Config", 8, 512)}
+              "gpt2": _hf("GPT2LMHeadModel", "GPT2Config", 8, 512),
+              "llama_style": _hf("LlamaForCausalLM", "LlamaConfig", 8, 512, hidden_size=1024,
+                                 intermediate_size=2816, num_hidden_layers=8, num_attention_heads=16,
+                                 num_key_value_heads=4, vocab_size=32000)}
 
 
 def main_output(out):

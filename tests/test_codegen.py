@@ -288,10 +288,10 @@ def test_var_is_one_kernel(kernel_backend):
 
 def test_dead_buffers_are_reused(kernel_backend):
     def f(x):
-        a = x.sum(0, keepdim=True)        # reductions over dim 0: one kernel each
-        b = (x - a).amax(0, keepdim=True)
+        a = x.sum(0, keepdim=True)        # reductions over one dim, then the other: a kernel each
+        b = (x - a).amax(1, keepdim=True)
         c = (x * b).sum(0, keepdim=True)
-        d = (x + c).amin(0, keepdim=True)
+        d = (x + c).amin(1, keepdim=True)
         return (x - d).mean(0)
     x = randn(64, 32)
     compiled = compile_graph(torch.fx.symbolic_trace(f), [x])
@@ -791,3 +791,21 @@ def test_linear_layers_write_into_planned_memory(cpp_backend):
         for actual, expected in zip(compiled(*args), f(*args)):
             assert_same(actual, expected)
         args[0] = randn(3, 37, 48).transpose(0, 1)
+
+
+def test_reductions_of_the_same_columns_share_a_kernel(kernel_backend):
+    """Batch norm's statistics (over N, H and W for each channel) and its backward's two sums:
+    reductions over the same leading dims of one shape run as one kernel, the second reading
+    the first's result per column; a mean asked for twice (var_mean's own and the one beside
+    it) is computed once."""
+    def backward_sums(x, g, mean):
+        return g.sum((0, 2, 3)), (g * (x - mean)).sum((0, 2, 3))
+
+    def statistics(x):
+        var, mean = torch.var_mean(x, (0, 2, 3), correction=0, keepdim=True)
+        return var, mean, x.mean((0, 2, 3), keepdim=True)
+    x, g = randn(4, 3, 5, 6).double(), randn(4, 3, 5, 6).double()
+    for fn, args in ((backward_sums, [x, g, randn(1, 3, 1, 1).double()]), (statistics, [x])):
+        compiled = compile_graph(torch.fx.symbolic_trace(fn), args)
+        assert_same(compiled(*args), fn(*args))
+        assert len(compiled.kernels) == 1, compiled.wrapper_source

@@ -76,6 +76,14 @@ CASES = {
                                 lambda: (torch.tensor([NAN, -1.0, 2.0], device=DEVICE),)),
     "overflow_to_inf": (lambda x: torch.exp(x * 1000).sum(-1), lambda: (X(3, 4),)),
     "bfloat16": (lambda x: torch.relu(x + 1) * 2, lambda: (X(8, 8).bfloat16(),)),
+    # masks: not, ~, any (over one dim, several, all), a float read as a bool (NaN is True)
+    "mask_logic": (lambda x, m: ((~m & (x > 0)).any(-1, keepdim=True) | m.any(0), torch.logical_not(x),
+                                 (x < 0.3).any(dim=(0, 2)), (x > 5).any(), torch.where(~m, x, 0.0).sum(-1)),
+                   lambda: (torch.tensor([NAN, 0.0, 1.0], device=DEVICE).repeat(70).view(5, 6, 7)
+                            + X(5, 6, 7).abs(), X(5, 6, 7) > 0.5)),
+    # reductions of the same columns share one kernel; a mean asked for twice is computed once
+    "column_statistics": (lambda x: (x.sum(0), (x * x).sum(0), torch.var_mean(x, (0, 2)), x.mean((0, 2))),
+                          lambda: (X(9, 5, 7).double(),)),
     # complex numbers run on PyTorch's kernels (a kernel would read them as reals)
     "complex": (lambda x: ((lambda z: ((z * z).abs(), z.angle(), torch.view_as_real(z * 2)))
                            (torch.complex(x, x * 2))), lambda: (X(6, 7),)),

@@ -95,7 +95,7 @@ def trace_joint(gm: torch.fx.GraphModule, example_inputs) -> Joint:
 
     def joint(primals, tangents):
         leafs = [p.detach().requires_grad_(n) for p, n in zip(primals, needs_grad)]
-        with torch.set_grad_enabled(grad_on), _ChannelsLastConvolutions():
+        with torch.set_grad_enabled(grad_on), _ChannelsLastConvolutions(gm):
             outs, _ = run(leafs)
         # the outputs in eager's layout (a value computed channels-last is made contiguous)
         outs = [_as_laid_out(outs[i], leaves[i]) for i in tensor_outs]
@@ -126,21 +126,24 @@ def trace_joint(gm: torch.fx.GraphModule, example_inputs) -> Joint:
 
 
 class _ChannelsLastConvolutions(torch.overrides.TorchFunctionMode):
-    """Inductor's layout optimization on a CPU: a 2-D convolution's input is made channels-last
-    where lowering gives oneDNN that layout (ir.conv_channels_last: many output pixels), so the
-    traced graph records, as eager would compute them, channels-last results for the
-    convolution and everything computed from it (batch norm, ReLU, pooling), in the forward and
-    in the backward alike. Lowering stores each value in the layout the graph records: without
-    this, the saved values and the backward's, recorded contiguous, are copied out of and back
-    into channels-last around every convolution."""
+    """Inductor's layout optimization: a 2-D convolution's input is made channels-last where
+    lowering gives it that layout (ir.conv_input_channels_last: oneDNN's fast kernels on a CPU,
+    cuDNN's on a GPU), so the traced graph records, as eager would compute them, channels-last
+    results for the convolution and everything computed from it (batch norm, ReLU, pooling), in
+    the forward and in the backward alike. Lowering stores each value in the layout the graph
+    records: without this, the saved values and the backward's, recorded contiguous, are copied
+    out of and back into channels-last around every convolution."""
+
+    def __init__(self, gm: torch.fx.GraphModule):
+        super().__init__()
+        self.grouped = ir.has_grouped_convolutions(gm.graph)
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
         x = args[0] if args else None
         result = func(*args, **kwargs)
         if func in (torch.conv2d, F.conv2d) and isinstance(x, torch.Tensor) and x.dim() == 4 \
-                and x.device.type == "cpu" and x.dtype == torch.float32 and torch.backends.mkldnn.is_available() \
-                and ir.conv_channels_last(result.shape):
+                and ir.conv_input_channels_last(x.device, x.dtype, result.shape, self.grouped):
             result = func(x.contiguous(memory_format=torch.channels_last), *args[1:], **kwargs)
         return result
 

@@ -69,6 +69,43 @@ def _convolution(g, args, kwargs):
     return g.call_function(torch.conv2d, (x, w, b, tuple(stride), tuple(padding), tuple(dilation), groups))
 
 
+def _scalar_tensor(g, args, kwargs):
+    return g.call_function(torch.full, ([], args[0]), kwargs)
+
+
+def _full_like(g, args, kwargs):
+    """A tensor of the node's shape filled with one value (lowering reads the shape, dtype and
+    device from the node's fake value); a layout other than the default is left to PyTorch."""
+    if kwargs.get("memory_format") not in (None, torch.preserve_format, torch.contiguous_format):
+        return None
+    shape = list(args[0].meta["val"].shape) if "val" in args[0].meta else None
+    if shape is None:
+        return None
+    rest = {k: v for k, v in kwargs.items() if k != "memory_format"}
+    return g.call_function(torch.full, (shape, args[1]), rest)
+
+
+def _copy(g, args, kwargs):
+    """copy(self, src): a new tensor holding src in self's place. Where src already has self's
+    shape, dtype and device (a running statistic's new value), that is a clone of src; other
+    copies (casts, broadcasts, across devices) are left to PyTorch."""
+    into, src = args[0].meta.get("val"), args[1].meta.get("val")
+    if not isinstance(into, torch.Tensor) or not isinstance(src, torch.Tensor) \
+            or (into.shape, into.dtype, into.device) != (src.shape, src.dtype, src.device):
+        return None
+    return g.call_method("clone", (args[1],))
+
+
+def _on_bools(fn):
+    """An aten bitwise op on bool tensors (masks) as its logical op; on integers, PyTorch's."""
+    def emit(g, args, kwargs):
+        if any(isinstance(a, torch.fx.Node) and getattr(a.meta.get("val"), "dtype", None) != torch.bool
+               for a in args):
+            return None
+        return g.call_function(fn, args, kwargs)
+    return emit
+
+
 def _addmm(g, args, kwargs):
     return g.call_function(torch.addmm, args, kwargs) if not kwargs else None
 
@@ -95,6 +132,13 @@ _TABLE = {
     aten.split_with_sizes.default: _function(torch.split), aten.split.Tensor: _function(torch.split),
     aten.cat.default: _function(torch.cat),
     aten._to_copy.default: _to, prims.convert_element_type.default: _convert,
+    aten.full.default: _function(torch.full), aten.scalar_tensor.default: _scalar_tensor,
+    aten.full_like.default: _full_like, aten.copy.default: _copy,
+    aten.arange.default: _function(torch.arange), aten.arange.start: _function(torch.arange),
+    aten.arange.start_step: _function(torch.arange),
+    aten.logical_not.default: _function(torch.logical_not), aten.bitwise_not.default: _on_bools(torch.logical_not),
+    aten.bitwise_and.Tensor: _on_bools(torch.logical_and), aten.bitwise_or.Tensor: _on_bools(torch.logical_or),
+    aten.any.dim: _function(torch.any), aten.any.dims: _function(torch.any), aten.any.default: _function(torch.any),
 }
 for _name in ["add", "sub", "mul", "div", "eq", "ne", "lt", "le", "gt", "ge", "maximum", "minimum",
               "logical_and", "logical_or"]:

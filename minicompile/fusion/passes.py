@@ -141,8 +141,11 @@ class FuseRows(FusionPass):
 
     def merge(self, group: Kernel, new: Kernel) -> str | None:
         """Merge `new` into `group`; None when merged, else why not."""
-        if len(new.members) != 1 or not _groupable(group) or not _groupable(new):
+        if len(new.members) != 1:
             return "a reduction that does not reduce trailing dims"
+        if not _groupable(group) or not _groupable(new):
+            if not _sibling_reductions(group, new):
+                return "a reduction that does not reduce trailing dims"
         member = new.members[0]
         comp = member.comp
         gx, gr = group.x_sizes, group.r_sizes
@@ -207,6 +210,17 @@ def renumber(steps: list) -> None:
 
 def _groupable(kernel: Kernel) -> bool:
     return all(not isinstance(m.comp, ir.Reduction) or m.comp.trailing for m in kernel.members)
+
+
+def _sibling_reductions(group: Kernel, new: Kernel) -> bool:
+    """Kernels of reductions over the same dims of same-shaped inputs, other than the last
+    (batch norm's statistics, reduced over N, H and W for each channel, and the two sums of its
+    backward): they walk their rows alike, so one kernel computes them all."""
+    def shape(m):
+        comp = m.comp
+        return isinstance(comp, ir.Reduction) and (list(comp.input_shape), list(comp.reduced_dims), list(comp.shape))
+    shapes = {str(shape(m)) for m in group.members + new.members}
+    return len(shapes) == 1 and shape(new.members[0]) is not False
 
 
 def _per_row_shape(shape, x_sizes) -> bool:

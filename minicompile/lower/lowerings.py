@@ -530,6 +530,17 @@ def _reduction_box(meta, input, dims, keepdim, reduction_type):
     elif isinstance(dims, int):
         dims = [dims]
     dims = sorted({d % ndim for d in dims}) if ndim else []
+    key = (id(input), tuple(dims), bool(keepdim), reduction_type, meta.dtype, tuple(meta.shape))
+    if key not in input.program.reductions:
+        box = _new_reduction_box(meta, input, dims, keepdim, reduction_type)
+        if box is NotImplemented:
+            return box
+        input.program.reductions[key] = (input, box)     # (input: its id stays its own)
+    return input.program.reductions[key][1]
+
+
+def _new_reduction_box(meta, input, dims, keepdim, reduction_type):
+    ndim = len(input.shape)
     kept = [d for d in range(ndim) if d not in dims]
     ranges = [input.shape[d] for d in dims]
     if 0 in ranges:
@@ -1575,6 +1586,43 @@ def _logical(op):
     return lower
 
 
+@register([torch.logical_not, torch.Tensor.logical_not, "logical_not"], "input", pointwise=True)
+def _logical_not(node, values, input):
+    """not x, x read as a bool (nonzero, NaN included, is True), as PyTorch's logical_not."""
+    meta = _meta(node, values)
+    if meta is None or meta.dtype != torch.bool or not isinstance(input, TensorBox):
+        return NotImplemented
+    return _pointwise_box(node, values, ops.logical_not, [input], common=torch.bool)
+
+
+@register([torch.bitwise_not, torch.Tensor.bitwise_not, "bitwise_not", operator.invert, "__invert__"],
+          "input", pointwise=True)
+def _invert(node, values, input):
+    """~ of a bool tensor (a mask): its logical not. Integers' bitwise not is left to PyTorch."""
+    if not isinstance(input, TensorBox) or input.dtype != torch.bool:
+        return NotImplemented
+    return _logical_not(node, values, input)
+
+
+@register([torch.any, torch.Tensor.any, "any"], "input, dim=None, keepdim=False")
+def _any(node, values, input, dim, keepdim):
+    """Whether any element of each row is nonzero: a count of the nonzero ones, compared with 0
+    (so it needs no boolean reduction in the kernels)."""
+    meta = _meta(node, values)
+    if meta is None or meta.dtype != torch.bool or not isinstance(input, TensorBox):
+        return NotImplemented
+    program, device, shape = input.program, input.device, list(input.shape)
+    nonzero = _pw(program, shape, torch.int64, device, lambda x: ops.to_dtype(x, torch.int64, torch.bool),
+                  [input], "ne", common=torch.bool)
+    counted = types.SimpleNamespace(shape=list(meta.shape), dtype=torch.int64, device=device)
+    dims = list(dim) if isinstance(dim, (list, tuple)) else dim
+    count = _reduction_box(counted, nonzero, dims, keepdim, "sum")
+    if count is NotImplemented:
+        return count
+    return _pw(program, ir.shape_of(meta), torch.bool, device,
+               lambda c: ops.gt(c, ops.constant(0, torch.int64)), [count], "any", common=torch.int64)
+
+
 register([operator.and_, torch.logical_and, "logical_and", "__and__"], "input, other",
          pointwise=True)(_logical(ops.logical_and))
 register([operator.or_, torch.logical_or, "logical_or", "__or__"], "input, other",
@@ -1585,20 +1633,18 @@ register([operator.or_, torch.logical_or, "logical_or", "__or__"], "input, other
 
 @register([torch.conv2d, F.conv2d], "input, weight, bias=None, stride=1, padding=0, dilation=1, groups=1")
 def _conv2d(node, values, input, weight, bias, stride, padding, dilation, groups):
-    """A 2-D convolution stays PyTorch's kernel (an Extern), given its input channels-last, as
-    Inductor's layout optimization does: oneDNN's channels-last kernels on a CPU are much
-    faster where the convolution has many output pixels (ir.conv_channels_last; about 8x for a
-    3-channel input), and so are cuDNN's on a GPU (measured on the H100: eager ResNet-50 at
-    batch 64, TF32, 9.4 ms channels-last against 11.2 ms). PyTorch then returns the result
+    """A 2-D convolution stays PyTorch's kernel (an Extern), given its input channels-last
+    where ir.conv_input_channels_last says so, as Inductor's layout optimization does (oneDNN's
+    and cuDNN's channels-last kernels are the fast ones there). PyTorch then returns the result
     channels-last too, so the kernels after it read and write that layout (their loops follow
     memory order: codegen/common.py's plan_loops). The copy into channels-last is a generated
     kernel, or no work at all when the input is computed here (it is stored so directly)."""
     meta = _meta(node, values)
-    if (meta is None or not isinstance(input, TensorBox) or not isinstance(weight, TensorBox)
-            or len(input.shape) != 4 or not _channels_last_convolutions(input.device, input.dtype)
-            or any(ir.is_symbolic(s) for s in (*input.shape, *meta.shape))
-            or (input.device.type == "cuda" and _has_grouped_convolutions(node.graph))
-            or (input.device.type == "cpu" and not ir.conv_channels_last(meta.shape))):
+    if meta is None or not isinstance(input, TensorBox) or not isinstance(weight, TensorBox) \
+            or len(input.shape) != 4 or any(ir.is_symbolic(s) for s in input.shape):
+        return NotImplemented
+    grouped = input.device.type == "cuda" and ir.has_grouped_convolutions(node.graph)
+    if not ir.conv_input_channels_last(input.device, input.dtype, ir.shape_of(meta), grouped):
         return NotImplemented
     x = input.laid_out(ir.dense_strides(input.shape, ir.CHANNELS_LAST))
     # meta kernels answer contiguous here; PyTorch's kernels keep a channels-last input's
@@ -1606,30 +1652,6 @@ def _conv2d(node, values, input, weight, bias, stride, padding, dilation, groups
     out_stride = ir.dense_strides(ir.shape_of(meta), ir.CHANNELS_LAST)
     return lower_fallback(input.program, node, values, node.target,
                           (x, weight, bias, stride, padding, dilation, groups), {}, stride=out_stride)
-
-
-def _has_grouped_convolutions(graph) -> bool:
-    """Whether a graph has a grouped (or depthwise) convolution: on a GPU such a model keeps
-    PyTorch's default layout throughout (measured on the H100, MobileNetV3-Large at batch 64:
-    5.5 ms a call channels-last against 3.7 ms)."""
-    for n in graph.nodes:
-        if n.op == "call_function" and _in(n.target, {torch.conv2d, F.conv2d}):
-            bound = _CONV2D.bind(n.args, n.kwargs)
-            if bound is not None and bound["groups"] != 1:
-                return True
-    return False
-
-
-_CONV2D = Signature("input, weight, bias=None, stride=1, padding=0, dilation=1, groups=1")
-
-
-def _channels_last_convolutions(device, dtype) -> bool:
-    if not config.channels_last_convolutions:
-        return False
-    if device.type == "cpu":
-        return dtype == torch.float32 and torch.backends.mkldnn.is_available()
-    return device.type == "cuda" and dtype in (torch.float32, torch.float16, torch.bfloat16) \
-        and torch.backends.cudnn.is_available() and torch.backends.cudnn.enabled
 
 
 # --------------------------------------------------------------------------- matrix products
@@ -1820,7 +1842,11 @@ def lower_fallback(program: ir.Program, node, values, target, args, kwargs, stri
         value = torch.empty_strided(traced.shape if shape is None else shape, stride, dtype=traced.dtype,
                                     device="meta")
     else:
-        value = traced if _inputs_laid_out_as_traced(node, values, (args, kwargs)) else None
+        value = None
+        if target is F.scaled_dot_product_attention and program.device.type == "cuda":
+            value = _predict_on_meta(target, kind, args, kwargs, device=program.device)
+        if value is None and _inputs_laid_out_as_traced(node, values, (args, kwargs)):
+            value = traced
         if value is None:
             value = _predict_on_meta(target, kind, args, kwargs)
         if value is None:
@@ -1942,9 +1968,12 @@ def _to_meta(value):
     return torch.utils._pytree.tree_map(convert, value)
 
 
-def _predict_on_meta(target, kind, args, kwargs):
+def _predict_on_meta(target, kind, args, kwargs, device="meta"):
     """The op's result on meta tensors with the realized inputs' layouts, or None if the op
-    cannot run on meta tensors (then the traced value is used, and the wrapper checks)."""
+    cannot run on meta tensors (then the traced value is used, and the wrapper checks).
+    device: where to run it instead, on empty tensors, for an op whose meta kernel does not
+    choose the layout its device's kernel does (attention on a GPU: its fused kernels return
+    the heads dimension transposed, the math path on meta tensors does not)."""
     if isinstance(target, torch.nn.Module):
         return None
 
@@ -1953,11 +1982,11 @@ def _predict_on_meta(target, kind, args, kwargs):
             return x
         data = x.data
         if isinstance(data, ir.Extern):
-            return data.meta_value
+            return torch.empty_strided(data.meta_value.shape, data.meta_value.stride(), dtype=x.dtype, device=device)
         if isinstance(data, ir.ViewOfBuffer):
-            return torch.empty_strided(data.shape, data.stride, dtype=x.dtype, device="meta")
+            return torch.empty_strided(data.shape, data.stride, dtype=x.dtype, device=device)
         stride = data.stride if isinstance(data, (ir.InputBuffer, ir.ComputedBuffer)) else ir.contiguous_strides(x.shape)
-        return torch.empty_strided(x.shape, stride, dtype=x.dtype, device="meta")
+        return torch.empty_strided(x.shape, stride, dtype=x.dtype, device=device)
     try:
         margs = torch.fx.node.map_aggregate(args, meta)
         mkwargs = torch.fx.node.map_aggregate(kwargs, meta)
@@ -1966,7 +1995,10 @@ def _predict_on_meta(target, kind, args, kwargs):
     except Exception:       # no meta kernel, or a Python value that is not a tensor op
         return None
     leaves = torch.utils._pytree.tree_leaves(out)
-    return out if leaves and all(isinstance(v, torch.Tensor) and v.device.type == "meta" for v in leaves) else None
+    if not leaves or not all(isinstance(v, torch.Tensor) and v.device.type == torch.device(device).type
+                             for v in leaves):
+        return None
+    return out if device == "meta" else _to_meta(out)
 
 
 # extern kernels whose result is always new memory, never a view of an argument
