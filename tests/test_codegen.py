@@ -809,3 +809,17 @@ def test_reductions_of_the_same_columns_share_a_kernel(kernel_backend):
         compiled = compile_graph(torch.fx.symbolic_trace(fn), args)
         assert_same(compiled(*args), fn(*args))
         assert len(compiled.kernels) == 1, compiled.wrapper_source
+
+
+def test_extern_arguments_are_plain_views_and_products_unchecked(kernel_backend):
+    """An extern call's argument that is a view of a buffer is made by reinterpret_tensor (a
+    C++ call; torch.as_strided costs three times its host time), and the result of a matrix
+    product, which PyTorch always allocates contiguous, is not checked by as_layout."""
+    def f(x, w):
+        h = torch.relu(x * 2)
+        return torch.bmm(h.transpose(1, 2), w).sum(-1)
+    x, w = randn(3, 9, 5), randn(3, 9, 4)
+    compiled = compile_graph(torch.fx.symbolic_trace(f), [x, w])
+    assert_same(compiled(x, w), f(x, w))
+    assert "reinterpret_tensor(" in compiled.wrapper_source and "as_layout" not in compiled.wrapper_source, \
+        compiled.wrapper_source

@@ -298,13 +298,20 @@ def build(program: ir.Program, steps: list, written: dict | None = None) -> Comp
     if checks_indices:
         lines.append(f"    {ir.INDEX_ERRORS} = torch.zeros((1,), dtype=torch.int32, device={device})")
 
-    def render(value) -> str:
+    def render(value, argument: bool = False) -> str:
+        """argument: an extern call's argument, which only that call reads. A view of a buffer
+        passed there is made by reinterpret_tensor (a C++ call, a third of torch.as_strided's
+        host time), a plain view of the memory that autograd does not track; a view the graph
+        returns is a real view (torch.as_strided)."""
         nonlocal constants
         if isinstance(value, TensorBox):
             if isinstance(value.data, ir.ViewOfBuffer):
                 v = value.data
                 if _views_all_of(v):          # the buffer as it is: no view to make per call
                     return v.base.name
+                if argument:
+                    return (f"reinterpret_tensor({v.base.name}, {sizes(v.shape)}, {sizes(v.stride)}, "
+                            f"{ir.render_size(v.offset)})")
                 return (f"torch.as_strided({v.base.name}, {sizes(v.shape)}, {sizes(v.stride)}, "
                         f"{v.base.name}.storage_offset() + {ir.render_size(v.offset)})")
             return value.name
@@ -313,10 +320,10 @@ def build(program: ir.Program, steps: list, written: dict | None = None) -> Comp
         if isinstance(value, ir.ScalarInput):
             return value.name
         if isinstance(value, (list, tuple)):
-            inner = ", ".join(render(v) for v in value)
+            inner = ", ".join(render(v, argument) for v in value)
             return f"[{inner}]" if isinstance(value, list) else f"({inner}{',' if len(value) == 1 else ''})"
         if isinstance(value, dict):
-            return "{" + ", ".join(f"{k!r}: {render(v)}" for k, v in value.items()) + "}"
+            return "{" + ", ".join(f"{k!r}: {render(v, argument)}" for k, v in value.items()) + "}"
         if value is None or isinstance(value, (bool, int, str)) or (
                 isinstance(value, float) and math.isfinite(value)):
             return repr(value)
@@ -368,7 +375,7 @@ def build(program: ir.Program, steps: list, written: dict | None = None) -> Comp
             metrics.kernel_bytes.append((step.name, step.bytes_read, step.bytes_written))
         elif isinstance(step, ExternCall) and step.box.name in plan:        # into planned memory
             ext = step.box.data
-            x, w, *bias = [render(a) for a in ext.args]
+            x, w, *bias = [render(a, argument=True) for a in ext.args]
             bias = bias[0] if bias and bias[0] != "None" else None
             lines.append(_allocation(ext.name, tuple(ext.shape), sizes(ext.stride), ext.dtype, device, *plan[ext.name]))
             k, n = ext.args[1].shape[1], ext.shape[-1]
@@ -377,7 +384,8 @@ def build(program: ir.Program, steps: list, written: dict | None = None) -> Comp
         elif isinstance(step, ExternCall):
             ext = step.box.data
             target = ext.op
-            rendered = [render(a) for a in ext.args] + [f"{k}={render(v)}" for k, v in ext.kwargs.items()]
+            rendered = [render(a, argument=True) for a in ext.args] + \
+                [f"{k}={render(v, argument=True)}" for k, v in ext.kwargs.items()]
             args = ", ".join(rendered)
             if ext.kind == "method":
                 call = f"{rendered[0]}.{target}({', '.join(rendered[1:])})"
@@ -385,7 +393,8 @@ def build(program: ir.Program, steps: list, written: dict | None = None) -> Comp
                 call = f"{render(target)}({args})"
             comment = f"  # {ext.reason}" if ext.reason else ""
             lines.append(f"    {ext.name} = {call}{comment}")
-            if ext.value_is_tensor:
+            if ext.value_is_tensor and not (target in CONTIGUOUS_RESULTS
+                                            and list(ext.stride) == ir.contiguous_strides(ext.shape)):
                 # kernels index this buffer with the strides lowering predicted: make sure
                 lines.append(f"    {ext.name} = as_layout({ext.name}, {sizes(ext.stride)})")
         dead = dead_after.get(i)
@@ -415,12 +424,17 @@ def build(program: ir.Program, steps: list, written: dict | None = None) -> Comp
     return CompiledGraph(namespace["call"], source, kernel_source, backend, kernels, entry=entry)
 
 
+# extern kernels whose result PyTorch always allocates contiguous (no as_layout check needed)
+CONTIGUOUS_RESULTS = {torch.mm, torch.bmm, torch.addmm, torch.baddbmm}
+
+
 def _namespace(backend: str, kernel_source: str, meta: dict, arg_dtypes: dict, output_spec) -> dict:
     """What the wrapper's source runs in: torch, the run-time helpers, and each kernel's
     launcher (C++ libraries compiled and loaded; Triton kernels defined, and on a GPU compiled
     ahead for the dtypes of their arguments)."""
     namespace: dict[str, Any] = {"torch": torch, "operator": operator, "pytree": pytree, "output_spec": output_spec,
                                  "empty_strided": memory.empty_strided, "as_layout": memory.as_layout,
+                                 "reinterpret_tensor": torch._C._dynamo.guards._reinterpret_tensor,
                                  "torch_empty_strided": torch.empty_strided}
     if not meta:
         return namespace

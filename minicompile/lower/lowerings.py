@@ -560,9 +560,10 @@ def _new_reduction_box(meta, input, dims, keepdim, reduction_type):
     # a GPU needs a long row split to keep its many cores busy; C++ runs one long row's loop in
     # parallel itself, and unsplit it can share that loop with the work around it
     cpp = input.device.type == "cpu" and config.cpu_backend == "cpp"
-    split = 0 if cpp else _split_factor(math.prod(input.shape[d] for d in kept), math.prod(ranges))
+    columns = not cpp and bool(kept) and _reads_columns(input, kept, dims)
+    split = 0 if cpp else _split_factor(math.prod(input.shape[d] for d in kept), math.prod(ranges), columns)
     if split and reduction_type in ("sum", "mean", "max", "min"):
-        return _split_reduction(meta, input, dims, kept, ranges, reduction_type, acc, split)
+        return _split_reduction(meta, input, dims, kept, ranges, reduction_type, acc, split, columns)
 
     def inner_fn(idx, ridx):
         full = [None] * ndim
@@ -577,11 +578,24 @@ def _new_reduction_box(meta, input, dims, keepdim, reduction_type):
     return TensorBox(data, input.program, [input])
 
 
-def _split_factor(rows: int, row_length: int) -> int:
+def _split_factor(rows: int, row_length: int, columns: bool = False) -> int:
     """How many pieces to cut each row into, when there are too few rows to keep a machine
     busy and each is long (a full sum of a large tensor would otherwise run in one program):
-    a divisor of the row length, so no piece needs a bound check; 0 for no split."""
-    if ir.is_symbolic(rows) or ir.is_symbolic(row_length) or rows > 64 or row_length < 2**16:
+    a divisor of the row length, so no piece needs a bound check; 0 for no split. Columns (rows
+    next to each other in memory, as a channels-last batch norm's channels) are reduced 8 or
+    more to a program (codegen/triton.py's _column_config), so fewer than about a thousand of
+    them leave most of a GPU idle: they are split into enough pieces for some 256 programs."""
+    if ir.is_symbolic(rows) or ir.is_symbolic(row_length):
+        return 0
+    if columns:
+        programs = max(1, rows // 8)
+        if programs >= 128 or row_length < 2048:
+            return 0
+        for pieces in (2, 4, 8, 16, 32, 64, 128, 256):
+            if pieces * programs >= 256 and row_length % pieces == 0 and row_length // pieces >= 256:
+                return pieces
+        return 0
+    if rows > 64 or row_length < 2**16:
         return 0
     for pieces in (1024, 512, 256, 128, 64):
         if row_length % pieces == 0 and row_length // pieces >= 1024:
@@ -589,9 +603,35 @@ def _split_factor(rows: int, row_length: int) -> int:
     return 0
 
 
-def _split_reduction(meta, input, dims, kept, ranges, reduction_type, acc, pieces):
+def _reads_columns(input: TensorBox, kept: list, dims: list) -> bool:
+    """Whether more of the loads of a reduction's input step through memory along the kept
+    dims than along the reduced ones (a reduction over the leading dims of a channels-last or
+    row-major value: its rows are next to each other)."""
+    rec = ir.RecordingOps()
+    # a value that reads a reduction not stored yet (a variance reads its mean) cannot be
+    # loaded now: the same-shaped values it is computed from are looked at instead
+    boxes, seen = [input], set()
+    while boxes:
+        box = boxes.pop(0)
+        if id(box) in seen or list(box.shape) != list(input.shape):
+            continue
+        seen.add(id(box))
+        try:
+            with ir.use_ops(rec):
+                box.make_loader()([Index.var(f"i{d}") for d in range(len(input.shape))])
+            break
+        except NotImplementedError:
+            rec, boxes = ir.RecordingOps(), boxes + box.reads
+    along_kept = sum(any(index.coeff(f"i{d}") == 1 for d in kept) for _, index in rec.loads)
+    along_reduced = sum(any(index.coeff(f"i{d}") == 1 for d in dims) for _, index in rec.loads)
+    return along_kept > along_reduced
+
+
+def _split_reduction(meta, input, dims, kept, ranges, reduction_type, acc, pieces, columns=False):
     """A reduction in two stages: partial results of `pieces` chunks of each row (many
-    programs in parallel), then a reduction of those (as Inductor's split reductions)."""
+    programs in parallel), then a reduction of those (as Inductor's split reductions). For
+    columns the partial results are stored piece by piece (each piece's columns next to each
+    other), so the programs that compute them read neighbouring columns together."""
     ndim, program, device = len(input.shape), input.program, input.device
     kept_shape = [input.shape[d] for d in kept]
     chunk = math.prod(ranges) // pieces
@@ -610,6 +650,8 @@ def _split_reduction(meta, input, dims, kept, ranges, reduction_type, acc, piece
                                      src_dtype=acc, origin=f"{reduction_type} (split)",
                                      input_shape=kept_shape + [pieces, chunk], reduced_dims=[len(kept) + 1]),
                         program, [input])
+    if columns:
+        partial.wanted_stride = ir.dense_strides(kept_shape + [pieces], [len(kept)] + list(range(len(kept))))
     load_partial = partial.make_loader()
     total = TensorBox(ir.Reduction(kept_shape, acc, device, partial_type, [pieces],
                                    lambda idx, ridx: load_partial(list(idx) + [ridx[0]]),
