@@ -112,7 +112,8 @@ def _column_loads(loads: list, kernel) -> bool:
     xvars = [f"x{d}" for d in range(len(kernel.x_sizes)) if kernel.x_sizes[d] != 1]
     along_r = along_x = 0
     for index in loads:
-        if not any(index.coeff(v) != 0 for v in rvars):
+        walks = index.nonlinear_variables()       # (a row of several dims, unflattened from r)
+        if not any(index.coeff(v) != 0 or v in walks for v in rvars):
             continue                              # a per-row value: read once per row
         if any(index.coeff(v) == 1 for v in rvars):
             along_r += 1

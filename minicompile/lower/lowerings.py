@@ -584,17 +584,17 @@ def _split_factor(rows: int, row_length: int, columns: bool = False) -> int:
     a divisor of the row length, so no piece needs a bound check; 0 for no split. Columns (rows
     next to each other in memory, as a channels-last batch norm's channels) are reduced 8 or
     more to a program (codegen/triton.py's _column_config), so fewer than about a thousand of
-    them leave most of a GPU idle: they are split into enough pieces for some 256 programs."""
+    them leave most of a GPU idle: where there are fewer than 512 columns (64 programs) and
+    long rows, they are split into enough pieces for some 256 programs."""
     if ir.is_symbolic(rows) or ir.is_symbolic(row_length):
         return 0
     if columns:
         programs = max(1, rows // 8)
-        if programs >= 128 or row_length < 2048:
+        if programs >= 64 or row_length < 4096:
             return 0
-        for pieces in (2, 4, 8, 16, 32, 64, 128, 256):
-            if pieces * programs >= 256 and row_length % pieces == 0 and row_length // pieces >= 256:
-                return pieces
-        return 0
+        fits = [p for p in (2, 4, 8, 16, 32, 64, 128, 256) if row_length % p == 0 and row_length // p >= 256]
+        enough = [p for p in fits if p * programs >= 256]
+        return enough[0] if enough else (fits[-1] if fits else 0)
     if rows > 64 or row_length < 2**16:
         return 0
     for pieces in (1024, 512, 256, 128, 64):
