@@ -12,7 +12,8 @@ with a `run` method over the `FusionState` (kernels.py):
 2. make-kernels gives every stored computation a kernel of its own.
 3. fuse-rows merges consecutive kernels that walk the same rows: a reduction with the
    pointwise work that reads its result (softmax: max, sum and the division in one kernel),
-   sibling reductions and pointwise kernels over the same data (horizontal fusion).
+   sibling reductions and pointwise kernels over the same data (horizontal fusion), and
+   reductions over the same leading dims of one shape (batch norm's statistics per channel).
 4. elide-stores drops the store of a buffer that nothing outside its kernel reads.
 5. combo-kernels launches consecutive independent pointwise kernels as one (a `ComboKernel`:
    each part its own sizes and code; an optimizer step's per-parameter updates).

@@ -133,7 +133,8 @@ class FuseRows(FusionPass):
     the earlier one's results only at the element (or row) it is computing, which is what
     lets those reads come from registers. Softmax (max, sum of exp, divide), layer norm
     (mean, variance, normalize) and RMS norm become one kernel; two reductions of the same
-    rows share one pass over them."""
+    rows share one pass over them. Reductions over the same leading dims of one shape (batch
+    norm's mean and variance for each channel, its backward's two sums) share a kernel too."""
     name = "fuse-rows"
 
     def run(self, state):
