@@ -55,11 +55,21 @@ class Epilogue:
 
     def __call__(self, compiled: Callable, inputs):
         outs = compiled(*inputs)
+        into, new = [], []
         for i, k in self.copies:
-            x, new = inputs[i], outs[k]
+            x, value = inputs[i], outs[k]
             # (a kernel may have stored the new value straight into the input: nothing to copy)
-            if new is not x and (new.data_ptr() != x.data_ptr() or new.stride() != x.stride()):
-                x.copy_(new)
+            if value is not x and (value.data_ptr() != x.data_ptr() or value.stride() != x.stride()):
+                into.append(x)
+                new.append(value)
+        if len(into) > 1 and len({t.device for t in into + new}) == 1 \
+                and not any(t.requires_grad for t in into + new):
+            # one call (one launch on a GPU) for them all: a ResNet's 159 running statistics
+            # (a write autograd records, into a tensor that requires grad, is copy_'s own)
+            torch._foreach_copy_(into, new)
+        else:
+            for x, value in zip(into, new):
+                x.copy_(value)
         made: dict = {}
         return pytree.tree_unflatten([self._leaf(leaf, outs, inputs, made) for leaf in self.leaves],
                                      self.spec)

@@ -331,3 +331,25 @@ def test_writing_a_leaf_that_requires_grad_raises_as_eager():
         with pytest.raises(RuntimeError) as compiled:
             minicompile.compile(fn)(x)
         assert str(compiled.value) == str(eager.value)
+
+
+def test_inputs_written_are_written_by_one_foreach_copy(kernel_backend):
+    """In training, the new values of several written inputs (batch norm's running statistics)
+    are copied into them by one torch._foreach_copy_ call (one launch on a GPU), and each is
+    eager's. (In inference its kernels store them straight into the inputs.)"""
+    import copy
+    net = torch.nn.Sequential(torch.nn.Conv2d(3, 4, 3), torch.nn.BatchNorm2d(4), torch.nn.ReLU(),
+                              torch.nn.Conv2d(4, 4, 3), torch.nn.BatchNorm2d(4)).to(DEVICE).train()
+    twin = copy.deepcopy(net)
+    x = torch.randn(2, 3, 9, 11, device=DEVICE)
+    calls = []
+    real = torch._foreach_copy_
+    torch._foreach_copy_ = lambda a, b: (calls.append(len(a)), real(a, b))[1]
+    try:
+        out = minicompile.compile(net)(x)
+    finally:
+        torch._foreach_copy_ = real
+    torch.testing.assert_close(out, twin(x))
+    assert calls == [6]          # two running means, two variances, two counts
+    for (name, a), b in zip(net.state_dict().items(), twin.state_dict().values()):
+        torch.testing.assert_close(a, b, msg=name)
