@@ -307,3 +307,22 @@ def test_backward_of_selects_and_slices_on_negative_dimensions(kernel_backend, f
     (fn(theirs) * weight).sum().backward()
     assert_same(ours.grad, theirs.grad)
     assert minicompile.metrics.backward_kernels > 0
+
+
+def test_an_input_whose_gradient_formula_gives_zeros_gets_zeros_not_none(kernel_backend):
+    """copysign's gradient with respect to its sign source is zeros: eager gives the input that
+    tensor, not None (None is for an input that no output used reaches), and so must we."""
+    def f(x, y, z):
+        return torch.copysign(x, y) * 2, z.exp()
+
+    def leaves():
+        torch.manual_seed(6)
+        return [randn(7, 5).requires_grad_() for _ in range(3)]
+    ours, theirs = leaves(), leaves()
+    minicompile.compile(f)(*ours)[0].sum().backward()
+    f(*theirs)[0].sum().backward()
+    for a, b in zip(ours, theirs):
+        assert (a.grad is None) == (b.grad is None)
+        if b.grad is not None:
+            assert_same(a.grad, b.grad)
+    assert theirs[1].grad is not None and theirs[2].grad is None

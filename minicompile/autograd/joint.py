@@ -37,6 +37,9 @@ class Joint:
     num_outputs: int               # tensor outputs of the forward (the joint's first outputs)
     differentiable: list           # per forward tensor output: does it carry a gradient?
     grad_inputs: list              # per gradient output: which primal it is the gradient of
+    reached_by: list               # per primal: the differentiable outputs whose autograd graph
+                                   # reaches it (none of those the caller used: its gradient is
+                                   # None, as in eager; a formula that gives zeros still reaches)
     inputs: list                   # the user's graph inputs: ("tensor", primal k) or ("const", v)
     outputs: list                  # its output leaves: ("tensor", k) or ("const", v)
     output_spec: Any               # the pytree structure of its output
@@ -88,6 +91,7 @@ def trace_joint(gm: torch.fx.GraphModule, example_inputs) -> Joint:
     outputs = [("tensor", tensor_outs.index(i)) if i in tensor_outs else ("const", v)
                for i, v in enumerate(leaves)]
     differentiable = [leaves[i].requires_grad for i in tensor_outs]
+    reached_by = _reached_by([leaves[i] for i, d in zip(tensor_outs, differentiable) if d], primals)
     with mode:
         tangents = [torch.empty(leaves[i].shape, dtype=leaves[i].dtype, device=leaves[i].device)
                     for i, d in zip(tensor_outs, differentiable) if d]
@@ -121,8 +125,28 @@ def trace_joint(gm: torch.fx.GraphModule, example_inputs) -> Joint:
     graph.graph.eliminate_dead_code()
     graph.recompile()
     modes = [n.args[0] for n in gm.graph.nodes if n.target is torch._C._set_grad_enabled]
-    return Joint(graph, len(primals), len(tensor_outs), differentiable, list(grad_inputs), inputs,
-                 outputs, spec, modes[-1] if modes else None)
+    return Joint(graph, len(primals), len(tensor_outs), differentiable, list(grad_inputs), reached_by,
+                 inputs, outputs, spec, modes[-1] if modes else None)
+
+
+def _reached_by(outputs: list, leaves: list) -> list:
+    """Per leaf: the indices of the outputs from whose autograd node a path leads to it."""
+    at = {id(t): k for k, t in enumerate(leaves)}
+    reached: list = [set() for _ in leaves]
+    for i, out in enumerate(outputs):
+        if id(out) in at:                        # an input handed back as it is
+            reached[at[id(out)]].add(i)
+        seen, todo = set(), [out.grad_fn]
+        while todo:
+            node = todo.pop()
+            if node is None or node in seen:
+                continue
+            seen.add(node)
+            leaf = getattr(node, "variable", None)       # an AccumulateGrad node
+            if leaf is not None and id(leaf) in at:
+                reached[at[id(leaf)]].add(i)
+            todo.extend(fn for fn, _ in node.next_functions)
+    return reached
 
 
 class _ChannelsLastConvolutions(torch.overrides.TorchFunctionMode):
