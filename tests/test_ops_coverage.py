@@ -76,6 +76,11 @@ CASES = {
                                 lambda: (torch.tensor([NAN, -1.0, 2.0], device=DEVICE),)),
     "overflow_to_inf": (lambda x: torch.exp(x * 1000).sum(-1), lambda: (X(3, 4),)),
     "bfloat16": (lambda x: torch.relu(x + 1) * 2, lambda: (X(8, 8).bfloat16(),)),
+    # dims of a 0-dim tensor (0 and -1 name no dimension) and an empty dim list (every dim)
+    "zero_dim_dims": (lambda x: torch.softmax(x, 0) + torch.var(x, -1) + x.sum(0) + x.t() + x.transpose(0, -1)
+                      + torch.log_softmax(x, -1) + x.amax(0), lambda: (torch.randn((), device=DEVICE),)),
+    "var_std_empty_dim_list": (lambda x: torch.var(x, dim=[]) + torch.std(x, dim=(), keepdim=True),
+                               lambda: (X(5, 9),)),
     # complex numbers run on PyTorch's kernels (a kernel would read them as reals)
     "complex": (lambda x: ((lambda z: ((z * z).abs(), z.angle(), torch.view_as_real(z * 2)))
                            (torch.complex(x, x * 2))), lambda: (X(6, 7),)),

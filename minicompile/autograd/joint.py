@@ -196,7 +196,7 @@ def _fold_views(gm: torch.fx.GraphModule) -> None:
                 and len(inner.users) == 1 and not inner.kwargs and len(inner.args) == 3 and inner.args[2]:
             x, dims = inner.args[0], inner.args[1]
             shape = x.meta["val"].shape
-            kept = [d % len(shape) for d in dims]
+            kept = ir.wrap_dims(dims, len(shape))
             if list(node.args[1]) == [s for d, s in enumerate(shape) if d not in kept]:
                 inner.args = (x, dims, False)
                 inner.meta["val"] = node.meta["val"]

@@ -527,9 +527,7 @@ def _reduction_box(meta, input, dims, keepdim, reduction_type):
     ndim = len(input.shape)
     if dims is None or dims == [] or dims == ():
         dims = list(range(ndim))
-    elif isinstance(dims, int):
-        dims = [dims]
-    dims = sorted({d % ndim for d in dims}) if ndim else []
+    dims = ir.wrap_dims(dims, ndim)
     kept = [d for d in range(ndim) if d not in dims]
     ranges = [input.shape[d] for d in dims]
     if 0 in ranges:
@@ -784,8 +782,8 @@ def _var(node, values, input, dim, unbiased, keepdim, correction):
     if correction is None:
         correction = 1 if unbiased is None or unbiased else 0
     ndim = len(input.shape)
-    dims = list(range(ndim)) if dim is None else [dim] if isinstance(dim, int) else list(dim)
-    dims = sorted(d % ndim for d in dims)
+    # dim None or empty: every dimension (as for sum and mean)
+    dims = ir.wrap_dims(dim if dim not in (None, [], ()) else range(ndim), ndim)
     n = math.prod(input.shape[d] for d in dims)
     shape, device, program = list(input.shape), input.device, input.program
     stats = torch.float64 if device.type == "cpu" else compute_dtype(input.dtype)
@@ -997,9 +995,7 @@ def _random_values(program, meta, kind: str, dtype=None) -> TensorBox:
 def _reduce(box, dims, rtype, dtype=None):
     """A keepdim reduction of box over dims (for composite lowerings), of box's dtype unless
     another is given."""
-    ndim = len(box.shape)
-    dims = [dims] if isinstance(dims, int) else list(dims)
-    dims = sorted(d % ndim for d in dims)
+    dims = ir.wrap_dims(dims, len(box.shape))
     out_shape = [1 if d in dims else s for d, s in enumerate(box.shape)]
     meta = types.SimpleNamespace(shape=out_shape, dtype=dtype or box.dtype, device=box.device)
     return _reduction_box(meta, box, dims, True, rtype)
@@ -1108,7 +1104,7 @@ def _permute(node, values, input, dims):
     if len(dims) == 1 and isinstance(dims[0], (list, tuple)):
         dims = dims[0]
     ndim = len(input.shape)
-    dims = [d % ndim for d in dims]
+    dims = [ir.wrap_dim(d, ndim) for d in dims] if ndim else []
 
     def f(idx):
         src = [None] * ndim
@@ -1121,11 +1117,12 @@ def _permute(node, values, input, dims):
 @register(["transpose", torch.transpose, "swapaxes", torch.swapaxes], "input, dim0, dim1")
 def _transpose(node, values, input, dim0, dim1):
     ndim = len(input.shape)
-    a, b = dim0 % ndim, dim1 % ndim
+    a, b = ir.wrap_dim(dim0, ndim), ir.wrap_dim(dim1, ndim)
 
     def f(idx):
         idx = list(idx)
-        idx[a], idx[b] = idx[b], idx[a]
+        if ndim:                          # (a 0-dim tensor's transpose(0, -1) is itself)
+            idx[a], idx[b] = idx[b], idx[a]
         return idx
     return _view_box(node, values, input, f)
 
@@ -1226,7 +1223,7 @@ def _size(node, values, input, dim):
     if not isinstance(input, TensorBox):
         return NotImplemented
     shape = list(input.shape)
-    return tuple(shape) if dim is None else shape[dim % len(shape)]
+    return tuple(shape) if dim is None else shape[ir.wrap_dim(dim, len(shape))]
 
 
 @register(["numel", "nelement", torch.numel], "input")
@@ -1277,7 +1274,7 @@ def _consecutive_views(node, values, input, dim):
     if not isinstance(input, TensorBox) or not isinstance(dim, int) or not input.shape \
             or not isinstance(pieces, (tuple, list)):
         return NotImplemented
-    d = dim % len(input.shape)
+    d = ir.wrap_dim(dim, len(input.shape))
     views, start = [], 0
     for piece in pieces:
         def index_map(idx, start=start):
@@ -1292,7 +1289,7 @@ def _unbind(node, values, input, dim):
     """A tuple of views, one per position along dim, that dim removed."""
     if not isinstance(input, TensorBox) or not isinstance(dim, int) or not input.shape:
         return NotImplemented
-    d = dim % len(input.shape)
+    d = ir.wrap_dim(dim, len(input.shape))
     shape = input.shape[:d] + input.shape[d + 1:]
     return tuple(_view(input, list(shape), lambda idx, k=k: list(idx[:d]) + [Index({}, k)] + list(idx[d:]),
                        _origin(node))
