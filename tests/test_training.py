@@ -326,3 +326,19 @@ def test_an_input_whose_gradient_formula_gives_zeros_gets_zeros_not_none(kernel_
         if b.grad is not None:
             assert_same(a.grad, b.grad)
     assert theirs[1].grad is not None and theirs[2].grad is None
+
+
+def test_a_gradient_that_reads_no_tangent(kernel_backend):
+    """angle's gradient for a real input is zeros like it: it reads the input's shape, no
+    tangent, and still belongs to the backward graph (the partition crashed on it)."""
+    def f(x, y):
+        return torch.angle(x) * 3 + y.square()
+
+    def leaves():
+        torch.manual_seed(7)
+        return randn(7, 5).requires_grad_(), randn(7, 5).requires_grad_()
+    ours, theirs = leaves(), leaves()
+    minicompile.compile(f)(*ours).sum().backward()
+    f(*theirs).sum().backward()
+    for a, b in zip(ours, theirs):
+        assert_same(a.grad, b.grad)

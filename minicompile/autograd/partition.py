@@ -147,6 +147,11 @@ def partition(joint: Joint) -> Partition:
         flow.add_edge(node.name + "_in", node.name + "_out", capacity=save_cost(node))
         for user in node.users:
             flow.add_edge(node.name + "_out", user.name + "_in", capacity=math.inf)
+    for g in grads:
+        if isinstance(g, torch.fx.Node) and g not in reads_tangent:
+            # a gradient that reads no tangent (angle's of a real input: zeros like it) is
+            # still the backward's to hand on: saved, or recomputed from what is saved
+            flow.add_edge(g.name + "_out", "sink", capacity=math.inf)
     if "sink" in flow and "source" in flow:
         _, (reachable, _) = nx.minimum_cut(flow, "source", "sink")
     else:
