@@ -342,3 +342,32 @@ def test_a_gradient_that_reads_no_tangent(kernel_backend):
     f(*theirs).sum().backward()
     for a, b in zip(ours, theirs):
         assert_same(a.grad, b.grad)
+
+
+def _seeds_itself(x):
+    """Dropout under a seed of its own, the generator restored after (as torch.testing's
+    wrapper_set_seed, which the OpInfo database's svd_lowrank runs)."""
+    with torch.random.fork_rng():
+        torch.manual_seed(42)
+        return F.dropout(x, 0.5)
+
+
+_seeds_itself.__module__ = "torch.testing"     # capture records a function of torch's whole
+
+
+def test_a_function_that_sets_the_seed_keeps_eager_numbers(kernel_backend):
+    """The joint graph records aten ops, not torch.manual_seed: traced through, the function
+    above drew from the caller's stream instead. It runs on PyTorch's kernels (and says so)."""
+    def f(x):
+        return _seeds_itself(x * 2) + 1
+
+    def leaves():
+        torch.manual_seed(8)
+        return randn(6, 7).requires_grad_()
+    ours, theirs = leaves(), leaves()
+    with pytest.warns(UserWarning, match="sets a random generator"):
+        out = minicompile.compile(f)(ours)
+    assert_same(out, f(theirs))
+    out.sum().backward()
+    f(theirs).sum().backward()
+    assert_same(ours.grad, theirs.grad)

@@ -17,6 +17,8 @@ outputs then the gradients of the inputs that need them.
 """
 from __future__ import annotations
 
+import contextlib
+import sys
 from dataclasses import dataclass
 from typing import Any
 
@@ -85,8 +87,13 @@ def trace_joint(gm: torch.fx.GraphModule, example_inputs) -> Joint:
     # which outputs carry gradients, and their shapes: one run on fake tensors, from the
     # caller's grad mode (the graph may switch it)
     grad_on = torch.is_grad_enabled()
-    with mode, torch.set_grad_enabled(grad_on):
+    with mode, torch.set_grad_enabled(grad_on), _watch_generators() as touched:
         leaves, spec = run(primals)
+    if touched:
+        # (torch.testing's wrapper_set_seed, which a graph calls whole): the traced graph
+        # records aten ops, not that, and would draw other numbers than eager
+        raise NotImplementedError(f"the graph sets a random generator's {touched[0]} "
+                                  "(torch.manual_seed, set_rng_state)")
     tensor_outs = [i for i, v in enumerate(leaves) if isinstance(v, torch.Tensor)]
     outputs = [("tensor", tensor_outs.index(i)) if i in tensor_outs else ("const", v)
                for i, v in enumerate(leaves)]
@@ -147,6 +154,24 @@ def _reached_by(outputs: list, leaves: list) -> list:
                 reached[at[id(leaf)]].add(i)
             todo.extend(fn for fn, _ in node.next_functions)
     return reached
+
+
+@contextlib.contextmanager
+def _watch_generators():
+    """The names of the calls that set a random generator's seed or state while the block
+    runs (a Python profile hook sees each call of a C function)."""
+    seen: list = []
+
+    def watch(frame, event, arg):
+        if event == "c_call" and isinstance(getattr(arg, "__self__", None), torch.Generator) \
+                and arg.__name__ in ("manual_seed", "seed", "set_state"):
+            seen.append(arg.__name__)
+    previous = sys.getprofile()
+    sys.setprofile(watch)
+    try:
+        yield seen
+    finally:
+        sys.setprofile(previous)
 
 
 class _ChannelsLastConvolutions(torch.overrides.TorchFunctionMode):
