@@ -81,6 +81,9 @@ CASES = {
                       + torch.log_softmax(x, -1) + x.amax(0), lambda: (torch.randn((), device=DEVICE),)),
     "var_std_empty_dim_list": (lambda x: torch.var(x, dim=[]) + torch.std(x, dim=(), keepdim=True),
                                lambda: (X(5, 9),)),
+    # var(x, unbiased): a bool where the other overload takes dim
+    "var_std_unbiased_overload": (lambda x: torch.var(x, False) + torch.std(x, True) + x.var(True)
+                                  + x[0].std(False), lambda: (X(5, 9),)),
     # complex numbers run on PyTorch's kernels (a kernel would read them as reals)
     "complex": (lambda x: ((lambda z: ((z * z).abs(), z.angle(), torch.view_as_real(z * 2)))
                            (torch.complex(x, x * 2))), lambda: (X(6, 7),)),

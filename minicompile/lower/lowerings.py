@@ -779,6 +779,8 @@ def _var(node, values, input, dim, unbiased, keepdim, correction):
     meta = _meta(node, values)
     if meta is None or not isinstance(input, TensorBox) or not input.dtype.is_floating_point:
         return NotImplemented
+    if isinstance(dim, bool):              # var(x, unbiased): the overload without dim
+        dim, unbiased = None, dim
     if correction is None:
         correction = 1 if unbiased is None or unbiased else 0
     ndim = len(input.shape)
