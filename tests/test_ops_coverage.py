@@ -138,3 +138,17 @@ def test_in_place_op_on_a_view_changes_the_base(kernel_backend):
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         torch.testing.assert_close(minicompile.compile(_mutate_a_view)(x), _mutate_a_view(x))
+
+
+def test_float64_activations_compile_at_float64_precision(kernel_backend):
+    """Constants in a float64 computation are float64: a float32 constant made C++'s max
+    (double, float) fail to compile (hardsigmoid, hardswish) and rounded gelu's and layer
+    norm's eps to float32 precision."""
+    def fn(x):
+        return F.hardsigmoid(x) + F.hardswish(x) + F.gelu(x) + F.gelu(x, approximate="tanh") \
+            + F.layer_norm(x, (11,), eps=0.3)
+    x = torch.randn(37, 11, dtype=torch.float64, device=DEVICE) * 4
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")         # (a kernel that did not compile says so)
+        out = minicompile.compile(fn)(x)
+    torch.testing.assert_close(out, fn(x), rtol=1e-12, atol=1e-12)

@@ -373,23 +373,18 @@ def _div(node, values, input, other, rounding_mode):
 
 @register([F.gelu, "gelu"], "input, approximate='none'", pointwise=True)
 def _gelu(node, values, input, approximate):
+    if not isinstance(input, TensorBox) or not input.dtype.is_floating_point:
+        return NotImplemented
+    c = _constants_of(input.dtype)
     if approximate == "tanh":
-        k = math.sqrt(2 / math.pi)
-
         def fn(x):
-            inner = ops.mul(ops.constant(k, torch.float32),
-                            ops.add(x, ops.mul(ops.constant(0.044715, torch.float32), ops.mul(x, ops.mul(x, x)))))
-            return ops.mul(ops.mul(ops.constant(0.5, torch.float32), x),
-                           ops.add(ops.constant(1.0, torch.float32), ops.tanh(inner)))
+            inner = ops.mul(c(math.sqrt(2 / math.pi)), ops.add(x, ops.mul(c(0.044715), ops.mul(x, ops.mul(x, x)))))
+            return ops.mul(ops.mul(c(0.5), x), ops.add(c(1.0), ops.tanh(inner)))
     else:
         erf = _erf_of_eager(input.device, input.dtype, in_gelu=True)
 
         def fn(x):
-            return ops.mul(ops.mul(ops.constant(0.5, torch.float32), x),
-                           ops.add(ops.constant(1.0, torch.float32),
-                                   erf(ops.mul(x, ops.constant(1 / math.sqrt(2), torch.float32)))))
-    if not input.dtype.is_floating_point:
-        return NotImplemented
+            return ops.mul(ops.mul(c(0.5), x), ops.add(c(1.0), erf(ops.mul(x, c(1 / math.sqrt(2))))))
     return _pointwise_box(node, values, fn, [input])
 
 
@@ -436,27 +431,34 @@ def _relu(node, values, input, inplace):
     return _pointwise_box(node, values, ops.relu, [input])
 
 
-def _relu6_of_shifted(x):
+def _constants_of(dtype):
+    """v -> ops.constant(v) in the dtype a value of `dtype` is computed in (float32 for half
+    types, float64 for float64: a float32 constant would round a float64 computation)."""
+    cd = compute_dtype(dtype)
+    return lambda v: ops.constant(v, cd)
+
+
+def _relu6_of_shifted(x, c):
     """min(max(x + 3, 0), 6), NaN-propagating: what hardswish and hardsigmoid share."""
-    c = lambda v: ops.constant(v, torch.float32)
     return ops.minimum(ops.maximum(ops.add(x, c(3.0)), c(0.0)), c(6.0))
 
 
 @register([F.hardswish, "hardswish"], "input, inplace=False", pointwise=True)
 def _hardswish(node, values, input, inplace):
     """x * min(max(x + 3, 0), 6) / 6, divided last as PyTorch's kernels do."""
-    if inplace:
+    if inplace or not isinstance(input, TensorBox):
         return NotImplemented
-    return _pointwise_box(node, values, lambda x: ops.truediv(ops.mul(x, _relu6_of_shifted(x)),
-                                                               ops.constant(6.0, torch.float32)), [input])
+    c = _constants_of(input.dtype)
+    return _pointwise_box(node, values, lambda x: ops.truediv(ops.mul(x, _relu6_of_shifted(x, c)), c(6.0)),
+                          [input])
 
 
 @register([F.hardsigmoid, "hardsigmoid"], "input, inplace=False", pointwise=True)
 def _hardsigmoid(node, values, input, inplace):
-    if inplace:
+    if inplace or not isinstance(input, TensorBox):
         return NotImplemented
-    return _pointwise_box(node, values, lambda x: ops.truediv(_relu6_of_shifted(x), ops.constant(6.0, torch.float32)),
-                          [input])
+    c = _constants_of(input.dtype)
+    return _pointwise_box(node, values, lambda x: ops.truediv(_relu6_of_shifted(x, c), c(6.0)), [input])
 
 
 @register([torch.clamp, torch.clip, torch.Tensor.clamp, "clamp", "clip"], "input, min=None, max=None",
@@ -758,7 +760,7 @@ def _layer_norm(node, values, input, normalized_shape, weight, bias, eps):
     centered = _pw(program, shape, dt, device, ops.sub, [input, mean], "sub")
     var = _reduce(_pw(program, shape, dt, device, lambda c: ops.mul(c, c), [centered], "square"), dims, "mean")
     out = _pw(program, shape, dt, device,
-              lambda c, v: ops.mul(c, ops.rsqrt(ops.add(v, ops.constant(eps, torch.float32)))),
+              lambda c, v: ops.mul(c, ops.rsqrt(ops.add(v, ops.constant(eps, compute_dtype(dt))))),
               [centered, var], "normalize")
     if weight is not None:
         out = _pw(program, shape, dt, device, ops.mul, [out, weight], "mul")
@@ -858,7 +860,7 @@ def _normalized(node, values, input, mean, var, weight, bias, eps):
         return NotImplemented
 
     def fn(x, m, v, w=None, b=None):
-        y = ops.mul(ops.sub(x, m), ops.rsqrt(ops.add(v, ops.constant(eps, torch.float32))))
+        y = ops.mul(ops.sub(x, m), ops.rsqrt(ops.add(v, ops.constant(eps, compute_dtype(meta.dtype)))))
         y = ops.mul(y, w) if w is not None else y
         return ops.add(y, b) if b is not None else y
     return _pw(input.program, ir.shape_of(meta), meta.dtype, meta.device, fn, parts, _origin(node))
