@@ -12,16 +12,18 @@ function of the sample's tensors (its other arguments constants), compiled with
 `minicompile.compile` and compared with eager: the results (per-dtype tolerances, exact for
 integers and bools, NaN equal to NaN), the inputs after the call (an op may write one), and for
 ops with autograd the gradients of the float inputs for a random cotangent (float32, float64).
-Each case ends as one of
+A few of the op's error inputs (on which eager raises) are run too. Each case ends as one of
 
     ok       as eager
-    wrong    a result, an input after the call or a gradient differs from eager's
+    wrong    a result, an input after the call or a gradient differs from eager's, or
+             minicompile gave a result where eager raised
     crash    minicompile raised where eager ran, or raised another exception type than eager, or
              the case ran past --timeout
     break    as eager, but not compiled whole: a graph break, or a graph run on PyTorch's kernels
     raised   eager raised, and minicompile raised the same exception type
 
-Each line of --out is one case as JSON (op, dtype, pass "fwd"/"bwd", sample, outcome, detail);
+Each line of --out is one case as JSON (op, dtype, pass "fwd"/"bwd"/"err", sample, outcome,
+detail);
 at the end the counts per outcome and the ops with wrong results or crashes are printed. Cases
 run in a worker process, each under an alarm of --timeout seconds; a worker that dies (a
 crash in a generated kernel) is restarted after the op it was running. Generated C++ kernels
@@ -69,6 +71,8 @@ def _why_skipped(op) -> str | None:
         return "random"
     if "sparse" in name or op.variant_test_name == "sparse":
         return "sparse"
+    if name.startswith("jiterator"):
+        return "CUDA only"
     if not any(not d.is_complex for d in op.supported_dtypes("cpu")):
         return "no real dtype on a CPU"
     if getattr(op, "has_nondeterministic_output", False):
@@ -140,11 +144,8 @@ def exact_copy(t: torch.Tensor, requires_grad: bool = False) -> torch.Tensor:
     """A new tensor equal to t with t's sizes, strides and storage offset (a transposed, sliced
     or expanded view stays one), a leaf."""
     storage = t.untyped_storage().nbytes() // t.element_size()
-    base = torch.empty(storage, dtype=t.dtype)
-    out = base.as_strided(t.shape, t.stride(), t.storage_offset())
-    with torch.no_grad():
-        out.copy_(t.detach()) if t.numel() else None
-    return out.detach().requires_grad_(requires_grad)
+    base = t.detach().as_strided((storage,), (1,), 0).clone()       # the whole storage, as it is
+    return base.as_strided(t.shape, t.stride(), t.storage_offset()).requires_grad_(requires_grad)
 
 
 def _leaves(out):
@@ -202,7 +203,7 @@ def _differentiable(out) -> list:
             and t.is_floating_point()]
 
 
-def run_case(op, sample, dtype, grad: bool, timeout: int = 120) -> dict:
+def run_case(op, sample, grad: bool, timeout: int = 120) -> dict:
     """One case: {"outcome": ok | wrong | crash | break | raised, "detail": why}."""
     import minicompile
     from minicompile import api
@@ -213,7 +214,10 @@ def run_case(op, sample, dtype, grad: bool, timeout: int = 120) -> dict:
         return [exact_copy(t, grad and t.requires_grad) for t in tensors]
 
     # eager, the reference
-    eager_in = inputs()
+    try:
+        eager_in = inputs()
+    except Exception as err:          # noqa: BLE001: a sample this harness cannot copy
+        return {"outcome": "skip", "detail": f"inputs: {type(err).__name__}: {err}"[:200]}
     torch.manual_seed(0)
     try:
         expected = post(fn(*eager_in))
@@ -256,8 +260,8 @@ def run_case(op, sample, dtype, grad: bool, timeout: int = 120) -> dict:
         return {"outcome": "crash", "detail": what, "where": _where(err)}
     finally:
         api._RECORDERS.remove(reasons)
-    if eager_err is not None:
-        return {"outcome": "crash", "detail": f"eager raised {type(eager_err).__name__}: "
+    if eager_err is not None:         # a result where eager raises: as wrong as a wrong value
+        return {"outcome": "wrong", "detail": f"eager raised {type(eager_err).__name__}: "
                                               f"{str(eager_err)[:200]}, minicompile ran"}
     try:
         _compare(actual, expected, FWD_TOL, "output")
@@ -276,8 +280,19 @@ def run_case(op, sample, dtype, grad: bool, timeout: int = 120) -> dict:
     return {"outcome": "ok", "detail": ""}
 
 
-def cases_of(op, n_float32: int, n_other: int):
-    """(dtype, grad, sample index, sample) of one op, forward cases before backward ones."""
+def cases_of(op, n_float32: int, n_other: int, n_errors: int = 0):
+    """(dtype, grad, sample index, sample) of one op: forward cases, backward ones, then its
+    error inputs (dtype None: samples on which eager raises)."""
+    yield from _sample_cases(op, n_float32, n_other)
+    try:
+        errors = [e.sample_input for e, _ in zip(op.error_inputs("cpu"), range(n_errors))]
+    except Exception:                 # noqa: BLE001: error inputs that need CUDA...
+        errors = []
+    for i, s in enumerate(errors):
+        yield None, False, i, s
+
+
+def _sample_cases(op, n_float32: int, n_other: int):
     for grad in (False, True):
         if grad and not op.supports_autograd:
             continue
@@ -303,13 +318,13 @@ def _worker(args) -> None:
     for name in sys.stdin.read().split():
         op = ops[name]
         print(json.dumps({"op": name, "start": True}), file=out, flush=True)
-        for dtype, grad, i, sample in cases_of(op, args.samples, args.other_samples):
+        for dtype, grad, i, sample in cases_of(op, args.samples, args.other_samples, args.errors):
             row = {"op": name, "dtype": str(dtype).removeprefix("torch."),
-                   "pass": "bwd" if grad else "fwd", "sample": i}
+                   "pass": "err" if dtype is None else "bwd" if grad else "fwd", "sample": i}
             if isinstance(sample, Exception):
                 row.update(outcome="skip", detail=f"samples: {type(sample).__name__}: {sample}"[:200])
             else:
-                row.update(run_case(op, sample, dtype, grad, args.timeout))
+                row.update(run_case(op, sample, grad, args.timeout))
             print(json.dumps(row), file=out, flush=True)
 
 
@@ -322,6 +337,7 @@ def _drive(args) -> None:
     env.setdefault("TRITON_INTERPRET", "1")
     cmd = [sys.executable, os.path.abspath(__file__), "--worker", "--backend", args.backend,
            "--samples", str(args.samples), "--other-samples", str(args.other_samples),
+           "--errors", str(args.errors),
            "--timeout", str(args.timeout)]
     with open(args.out, "a") as sink:
         while names:
@@ -380,6 +396,7 @@ def main() -> None:
     p.add_argument("--backend", default="cpp", choices=["cpp", "triton"])
     p.add_argument("--samples", type=int, default=2, help="samples per op in float32")
     p.add_argument("--other-samples", type=int, default=1, help="samples per op in other dtypes")
+    p.add_argument("--errors", type=int, default=2, help="error inputs per op (eager raises)")
     p.add_argument("--timeout", type=int, default=120, help="seconds per case")
     p.add_argument("--out", default="opinfo_sweep.jsonl")
     p.add_argument("--report", metavar="JSONL", help="print the tables of an earlier run")
