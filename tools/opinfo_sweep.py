@@ -17,14 +17,13 @@ A few of the op's error inputs (on which eager raises) are run too. Each case en
     ok       as eager
     wrong    a result, an input after the call or a gradient differs from eager's, or
              minicompile gave a result where eager raised
-    crash    minicompile raised where eager ran, or raised another exception type than eager, or
-             the case ran past --timeout
+    crash    minicompile raised where eager ran, or raised what eager's exception type does not
+             catch, or the case ran past --timeout
     break    as eager, but not compiled whole: a graph break, or a graph run on PyTorch's kernels
-    raised   eager raised, and minicompile raised the same exception type
+    raised   eager raised, and minicompile raised that exception type too (or a subclass of it)
 
 Each line of --out is one case as JSON (op, dtype, pass "fwd"/"bwd"/"err", sample, outcome,
-detail);
-at the end the counts per outcome and the ops with wrong results or crashes are printed. Cases
+detail); at the end the counts per outcome and the ops with wrong results or crashes are printed. Cases
 run in a worker process, each under an alarm of --timeout seconds; a worker that dies (a
 crash in a generated kernel) is restarted after the op it was running. Generated C++ kernels
 are cached on disk (minicompile.config.cache_dir), so a second run compiles little.
@@ -252,7 +251,7 @@ def run_case(op, sample, grad: bool, timeout: int = 120) -> dict:
     except _Timeout as err:
         return {"outcome": "crash", "detail": f"timeout: {err}"}
     except Exception as err:          # noqa: BLE001
-        if eager_err is not None and type(err) is type(eager_err):
+        if eager_err is not None and isinstance(err, type(eager_err)):     # caught as eager's is
             return {"outcome": "raised", "detail": f"{type(err).__name__}: {str(err)[:200]}"}
         what = f"{type(err).__name__}: {str(err)[:300]}"
         if eager_err is not None:
