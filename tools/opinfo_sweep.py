@@ -21,6 +21,7 @@ A few of the op's error inputs (on which eager raises) are run too. Each case en
              catch, or the case ran past --timeout
     break    as eager, but not compiled whole: a graph break, or a graph run on PyTorch's kernels
     raised   eager raised, and minicompile raised that exception type too (or a subclass of it)
+    layout   as eager, but an output's strides are not eager's
 
 Each line of --out is one case as JSON (op, dtype, pass "fwd"/"bwd"/"err", sample, outcome,
 detail); at the end the counts per outcome and the ops with wrong results or crashes are printed. Cases
@@ -170,6 +171,17 @@ def _compare(actual, expected, tol, what: str):
             raise AssertionError(f"{what}[{i}]: {x!r}, eager has {y!r}")
 
 
+def _layout_differs(actual, expected) -> str | None:
+    """Where an output's strides differ from eager's (over dims longer than 1): code that views
+    the result (`.view`) may then raise where eager's runs."""
+    for i, (x, y) in enumerate(zip(_leaves(actual), _leaves(expected))):
+        if isinstance(x, torch.Tensor) and isinstance(y, torch.Tensor) and x.shape == y.shape:
+            long = [d for d in range(y.dim()) if y.shape[d] > 1]
+            if [x.stride(d) for d in long] != [y.stride(d) for d in long]:
+                return f"output[{i}] {tuple(y.shape)}: strides {x.stride()}, eager's {y.stride()}"
+    return None
+
+
 class _Timeout(Exception):
     pass
 
@@ -276,6 +288,9 @@ def run_case(op, sample, grad: bool, timeout: int = 120) -> dict:
     broke = [str(r.reason if hasattr(r, "reason") else r) for _, r in reasons if r is not None]
     if minicompile.metrics.graph_breaks or broke or fallback:
         return {"outcome": "break", "detail": "; ".join(broke + fallback)[:300]}
+    layout = _layout_differs(actual, expected)
+    if layout is not None:
+        return {"outcome": "layout", "detail": layout}
     return {"outcome": "ok", "detail": ""}
 
 
@@ -369,7 +384,7 @@ def report(path: str) -> None:
     per_op = collections.defaultdict(list)
     for r in rows:
         per_op[(r.get("backend"), r["op"])].append(r)
-    order = ["wrong", "crash", "break", "raised", "ok", "skip"]
+    order = ["wrong", "crash", "layout", "break", "raised", "ok", "skip"]
     cases = collections.Counter(r["outcome"] for r in rows)
     worst = collections.Counter(min((r["outcome"] for r in rs), key=order.index)
                                 for rs in per_op.values())
@@ -377,7 +392,7 @@ def report(path: str) -> None:
     print(f"{len(per_op)} ops, {len(pairs)} op x dtype pairs, {len(rows)} cases")
     print("cases:", ", ".join(f"{k} {cases[k]}" for k in order if cases[k]))
     print("ops by worst case:", ", ".join(f"{k} {worst[k]}" for k in order if worst[k]))
-    for kind in ("wrong", "crash"):
+    for kind in ("wrong", "crash", "layout"):
         print(f"\n--- {kind}")
         for (backend, op), rs in sorted(per_op.items()):
             bad = [r for r in rs if r["outcome"] == kind]
