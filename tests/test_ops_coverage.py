@@ -81,6 +81,8 @@ CASES = {
                       + torch.log_softmax(x, -1) + x.amax(0), lambda: (torch.randn((), device=DEVICE),)),
     "var_std_empty_dim_list": (lambda x: torch.var(x, dim=[]) + torch.std(x, dim=(), keepdim=True),
                                lambda: (X(5, 9),)),
+    # a composite lowering one of whose reductions has no elements (softmax's max)
+    "softmax_of_empty_rows": (lambda x: torch.softmax(x, -1) * 2 + torch.log_softmax(x, 1), lambda: (X(5, 0, 0),)),
     # var(x, unbiased): a bool where the other overload takes dim
     "var_std_unbiased_overload": (lambda x: torch.var(x, False) + torch.std(x, True) + x.var(True)
                                   + x[0].std(False), lambda: (X(5, 9),)),

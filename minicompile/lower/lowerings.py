@@ -78,11 +78,19 @@ def register(targets, signature: str, pointwise: bool = False):
             bound = sig.bind(args, kwargs)
             if bound is None:
                 return NotImplemented
-            return fn(node, values, **bound)
+            try:
+                return fn(node, values, **bound)
+            except _NotLowered:             # a part of a composite lowering: PyTorch's kernel
+                return NotImplemented
         for t in targets:
             LOWERINGS[t] = lowering
         return fn
     return wrap
+
+
+class _NotLowered(Exception):
+    """Raised by a helper of composite lowerings (`_reduce`) for a part it cannot lower (a max
+    over no elements): the whole op is left to PyTorch."""
 
 
 def lookup(op: str, target) -> Callable | None:
@@ -1002,7 +1010,10 @@ def _reduce(box, dims, rtype, dtype=None):
     dims = ir.wrap_dims(dims, len(box.shape))
     out_shape = [1 if d in dims else s for d, s in enumerate(box.shape)]
     meta = types.SimpleNamespace(shape=out_shape, dtype=dtype or box.dtype, device=box.device)
-    return _reduction_box(meta, box, dims, True, rtype)
+    result = _reduction_box(meta, box, dims, True, rtype)
+    if result is NotImplemented:
+        raise _NotLowered(f"{rtype} over {dims} of {box.shape}")
+    return result
 
 
 def _pw(program, shape, dtype, device, fn, inputs, origin, common=None):
