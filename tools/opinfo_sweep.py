@@ -21,7 +21,8 @@ A few of the op's error inputs (on which eager raises) are run too. Each case en
              catch, or the case ran past --timeout
     break    as eager, but not compiled whole: a graph break, or a graph run on PyTorch's kernels
     raised   eager raised, and minicompile raised that exception type too (or a subclass of it)
-    layout   as eager, but an output's strides are not eager's
+    layout   as eager, but an output's strides are not eager's, or it shares memory with other
+             inputs than eager's does
 
 Each line of --out is one case as JSON (op, dtype, pass "fwd"/"bwd"/"err", sample, outcome,
 detail); at the end the counts per outcome and the ops with wrong results or crashes are printed. Cases
@@ -171,14 +172,21 @@ def _compare(actual, expected, tol, what: str):
             raise AssertionError(f"{what}[{i}]: {x!r}, eager has {y!r}")
 
 
-def _layout_differs(actual, expected) -> str | None:
-    """Where an output's strides differ from eager's (over dims longer than 1): code that views
-    the result (`.view`) may then raise where eager's runs."""
+def _layout_differs(actual, expected, actual_in, expected_in) -> str | None:
+    """Where an output's strides differ from eager's (over dims longer than 1: code that views
+    the result may raise where eager's runs), or it shares memory with other inputs than
+    eager's does (a write into it would reach other tensors)."""
+    def shared(t, inputs):
+        ptr = t.untyped_storage().data_ptr()
+        return [k for k, x in enumerate(inputs) if x.numel() and ptr == x.untyped_storage().data_ptr()]
     for i, (x, y) in enumerate(zip(_leaves(actual), _leaves(expected))):
         if isinstance(x, torch.Tensor) and isinstance(y, torch.Tensor) and x.shape == y.shape:
             long = [d for d in range(y.dim()) if y.shape[d] > 1]
             if [x.stride(d) for d in long] != [y.stride(d) for d in long]:
                 return f"output[{i}] {tuple(y.shape)}: strides {x.stride()}, eager's {y.stride()}"
+            if y.numel() and shared(x, actual_in) != shared(y, expected_in):
+                return f"output[{i}] shares memory with inputs {shared(x, actual_in)}, " \
+                       f"eager's with {shared(y, expected_in)}"
     return None
 
 
@@ -288,7 +296,7 @@ def run_case(op, sample, grad: bool, timeout: int = 120) -> dict:
     broke = [str(r.reason if hasattr(r, "reason") else r) for _, r in reasons if r is not None]
     if minicompile.metrics.graph_breaks or broke or fallback:
         return {"outcome": "break", "detail": "; ".join(broke + fallback)[:300]}
-    layout = _layout_differs(actual, expected)
+    layout = _layout_differs(actual, expected, compiled_in, eager_in)
     if layout is not None:
         return {"outcome": "layout", "detail": layout}
     return {"outcome": "ok", "detail": ""}
