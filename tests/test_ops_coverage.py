@@ -81,6 +81,9 @@ CASES = {
                       + torch.log_softmax(x, -1) + x.amax(0), lambda: (torch.randn((), device=DEVICE),)),
     "var_std_empty_dim_list": (lambda x: torch.var(x, dim=[]) + torch.std(x, dim=(), keepdim=True),
                                lambda: (X(5, 9),)),
+    # a pointwise op of two numbers makes a tensor: nothing to read it from
+    "numbers_only": (lambda x: x * 2 + torch.add(2.5, -1.25) * torch.sub(3, 1.5) / torch.div(1.0, 4.0),
+                     lambda: (X(3, 4),)),
     # a composite lowering one of whose reductions has no elements (softmax's max)
     "softmax_of_empty_rows": (lambda x: torch.softmax(x, -1) * 2 + torch.log_softmax(x, 1), lambda: (X(5, 0, 0),)),
     # var(x, unbiased): a bool where the other overload takes dim

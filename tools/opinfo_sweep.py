@@ -95,15 +95,17 @@ def dtypes_of(op, grad: bool) -> list:
     return [d for d in (GRAD_DTYPES if grad else DTYPES) if d in supported]
 
 
-def samples_of(op, dtype, grad: bool, n: int) -> list:
-    """Up to n of the op's samples, spread over its list (the first ones are the plainest)."""
+def samples_of(op, dtype, grad: bool, n: int, reference: bool = False) -> list:
+    """Up to n of the op's samples, spread over its list (the first ones are the plainest).
+    reference: its reference inputs instead (the samples, then larger tensors and extremal
+    values: NaN, infinities, huge and tiny numbers, for some ops)."""
     torch.manual_seed(len(op.name) * 1000 + DTYPES.index(dtype))
-    samples = []
-    for s in op.sample_inputs("cpu", dtype, requires_grad=grad):
+    samples, most = [], 200 if reference else 40
+    for s in (op.reference_inputs if reference else op.sample_inputs)("cpu", dtype, requires_grad=grad):
         if _tensors_in(s, lambda t: t.layout != torch.strided or t.is_complex()):
             continue        # sparse layouts, complex numbers: out of scope
         samples.append(s)
-        if len(samples) >= 40:
+        if len(samples) >= most:
             break
     if len(samples) <= n:
         return list(enumerate(samples))
@@ -302,10 +304,10 @@ def run_case(op, sample, grad: bool, timeout: int = 120) -> dict:
     return {"outcome": "ok", "detail": ""}
 
 
-def cases_of(op, n_float32: int, n_other: int, n_errors: int = 0):
+def cases_of(op, n_float32: int, n_other: int, n_errors: int = 0, reference: bool = False):
     """(dtype, grad, sample index, sample) of one op: forward cases, backward ones, then its
     error inputs (dtype None: samples on which eager raises)."""
-    yield from _sample_cases(op, n_float32, n_other)
+    yield from _sample_cases(op, n_float32, n_other, reference)
     try:
         errors = [e.sample_input for e, _ in zip(op.error_inputs("cpu"), range(n_errors))]
     except Exception:                 # noqa: BLE001: error inputs that need CUDA...
@@ -314,14 +316,14 @@ def cases_of(op, n_float32: int, n_other: int, n_errors: int = 0):
         yield None, False, i, s
 
 
-def _sample_cases(op, n_float32: int, n_other: int):
+def _sample_cases(op, n_float32: int, n_other: int, reference: bool):
     for grad in (False, True):
         if grad and not op.supports_autograd:
             continue
         for dtype in dtypes_of(op, grad):
             n = n_float32 if dtype == torch.float32 else n_other
             try:
-                picked = samples_of(op, dtype, grad, n)
+                picked = samples_of(op, dtype, grad, n, reference)
             except Exception as err:  # noqa: BLE001: samples that need CUDA, a missing package...
                 yield dtype, grad, -1, err
                 continue
@@ -340,7 +342,8 @@ def _worker(args) -> None:
     for name in sys.stdin.read().split():
         op = ops[name]
         print(json.dumps({"op": name, "start": True}), file=out, flush=True)
-        for dtype, grad, i, sample in cases_of(op, args.samples, args.other_samples, args.errors):
+        for dtype, grad, i, sample in cases_of(op, args.samples, args.other_samples, args.errors,
+                                               args.reference):
             row = {"op": name, "dtype": str(dtype).removeprefix("torch."),
                    "pass": "err" if dtype is None else "bwd" if grad else "fwd", "sample": i}
             if isinstance(sample, Exception):
@@ -359,8 +362,8 @@ def _drive(args) -> None:
     env.setdefault("TRITON_INTERPRET", "1")
     cmd = [sys.executable, os.path.abspath(__file__), "--worker", "--backend", args.backend,
            "--samples", str(args.samples), "--other-samples", str(args.other_samples),
-           "--errors", str(args.errors),
-           "--timeout", str(args.timeout)]
+           "--errors", str(args.errors), "--timeout", str(args.timeout)] + \
+        (["--reference"] if args.reference else [])
     with open(args.out, "a") as sink:
         while names:
             proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
@@ -419,6 +422,8 @@ def main() -> None:
     p.add_argument("--samples", type=int, default=2, help="samples per op in float32")
     p.add_argument("--other-samples", type=int, default=1, help="samples per op in other dtypes")
     p.add_argument("--errors", type=int, default=2, help="error inputs per op (eager raises)")
+    p.add_argument("--reference", action="store_true",
+                   help="the ops' reference inputs (larger, extremal values) instead of their samples")
     p.add_argument("--timeout", type=int, default=120, help="seconds per case")
     p.add_argument("--out", default="opinfo_sweep.jsonl")
     p.add_argument("--report", metavar="JSONL", help="print the tables of an earlier run")

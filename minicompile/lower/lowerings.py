@@ -141,7 +141,8 @@ def _pointwise_box(node, values, fn, inputs, common=None, origin=None):
     if meta is None:
         return NotImplemented
     box_inputs = [x for x in inputs if isinstance(x, TensorBox)]
-    if any(b.device != meta.device for b in box_inputs):
+    # (no tensor among the inputs: torch.add(2.0, 3.0) makes one; PyTorch's kernel does)
+    if not box_inputs or any(b.device != meta.device for b in box_inputs):
         return NotImplemented
     return _pw(box_inputs[0].program, ir.shape_of(meta), meta.dtype, meta.device, fn, inputs,
                origin or _origin(node), common)
