@@ -371,3 +371,21 @@ def test_a_function_that_sets_the_seed_keeps_eager_numbers(kernel_backend):
     out.sum().backward()
     f(theirs).sum().backward()
     assert_same(ours.grad, theirs.grad)
+
+
+def test_an_internal_op_gets_the_contiguous_copy_the_traced_graph_made(kernel_backend):
+    """embedding_bag's decomposition copies non-contiguous indices (clone) before
+    aten._embedding_bag, which reads them as contiguous: handing that op a strided view of
+    the indices instead gave every bag other rows."""
+    def f(w, idx):
+        return F.embedding_bag(idx, w, mode="sum") * 2
+
+    def leaves():
+        torch.manual_seed(9)
+        return randn(10, 5).requires_grad_(), torch.randint(0, 10, (5, 10), device=DEVICE)[:, ::2]
+    ours, theirs = leaves(), leaves()
+    out, expected = minicompile.compile(f)(*ours), f(*theirs)
+    assert_same(out, expected)
+    out.sum().backward()
+    expected.sum().backward()
+    assert_same(ours[0].grad, theirs[0].grad)

@@ -19,6 +19,7 @@ from typing import Any, Callable
 import sympy
 import torch
 import torch.nn.functional as F
+import torch.utils._pytree as pytree
 
 from .. import aliasing, config, ir
 from ..ir import Index, compute_dtype, ops
@@ -1808,13 +1809,17 @@ def lower_fallback(program: ir.Program, node, values, target, args, kwargs, stri
     boxes = []
 
     pure = _reads_inputs_only(target)    # a strided view of a buffer will do
+    traced_args = _traced_arguments(node, values, (args, kwargs))
 
     def realize(x):
         if isinstance(x, TensorBox):
             if pure:
                 _realize_viewed(x)
                 view = as_view_of_buffer(x)
-                if view is not None:     # a transpose or slice of a buffer: pass a strided view
+                # a transpose or slice of a buffer: pass a strided view, if laid out as the
+                # traced argument was (an internal op may need the contiguous copy the traced
+                # graph made: _embedding_bag's indices)
+                if view is not None and _strides_agree(view.shape, view.stride, traced_args.get(id(x))):
                     x.data = view
             boxes.append(x.realize())
         return x
@@ -1891,6 +1896,24 @@ def _realize_viewed(box: TensorBox) -> None:
     base.realize()
     if as_view_of_buffer(box) is None:
         base.data = data
+
+
+def _traced_arguments(node, values, mapped) -> dict:
+    """id(box) -> the traced value of the argument node that box stands for."""
+    nodes, boxes = pytree.tree_leaves((node.args, node.kwargs)), pytree.tree_leaves(mapped)
+    if len(nodes) != len(boxes):
+        return {}
+    return {id(b): values.get(n) for n, b in zip(nodes, boxes)
+            if isinstance(b, TensorBox) and isinstance(n, torch.fx.Node)}
+
+
+def _strides_agree(shape, stride, traced) -> bool:
+    """Whether a view of these strides is laid out as the traced value (over its dims longer
+    than 1); True where nothing was traced or the sizes are symbolic."""
+    if not isinstance(traced, torch.Tensor) or list(traced.shape) != list(shape) \
+            or any(ir.is_symbolic(v) for v in (*shape, *stride, *traced.stride())):
+        return True
+    return all(a == b for a, b, n in zip(stride, traced.stride(), shape) if n > 1)
 
 
 def as_view_of_buffer(box: TensorBox):
