@@ -110,19 +110,27 @@ def written(kind: str, target, args, kwargs, is_tensor: Callable[[Any], bool],
     if kind == "call_function" and callable(target) and inplace_flag(target, args, kwargs, constant) \
             and args and is_tensor(args[0]):
         return out + [("arg", 0)]
-    if kind == "call_function" and target in (F.batch_norm, torch.batch_norm):
-        training = constant(kwargs.get("training", args[5] if len(args) > 5 else False))
-        if training is True:
-            running = [kwargs.get(n, args[i] if len(args) > i else None)
-                       for i, n in ((1, "running_mean"), (2, "running_var"))]
-            out += [loc for loc, value in zip(_batch_norm_locators(args, kwargs), running)
-                    if value is not None and is_tensor(value)]
+    if kind == "call_function" and target in RUNNING_STATS:
+        *running, (at, name, default) = RUNNING_STATS[target]
+        if constant(kwargs[name] if name in kwargs else args[at] if len(args) > at else default) is True:
+            for at, name in running:
+                loc = ("arg", at) if len(args) > at else ("kwarg", name)
+                if (len(args) > at or name in kwargs) and is_tensor(locate(loc, args, kwargs)):
+                    out.append(loc)
     return out
 
 
-def _batch_norm_locators(args, kwargs):
-    return [("arg", 1) if len(args) > 1 else ("kwarg", "running_mean"),
-            ("arg", 2) if len(args) > 2 else ("kwarg", "running_var")]
+# Functions that update the running statistics they are handed (aten's schemas of
+# native_batch_norm, batch_norm and instance_norm do not say so): function -> where the
+# running mean and variance are, then the flag that makes them update and its default
+# (each: position, name). torch.batch_norm's arguments are in another order than F.batch_norm's.
+RUNNING_STATS = {
+    F.batch_norm: ((1, "running_mean"), (2, "running_var"), (5, "training", False)),
+    F.instance_norm: ((1, "running_mean"), (2, "running_var"), (5, "use_input_stats", True)),
+    torch.batch_norm: ((3, "running_mean"), (4, "running_var"), (5, "training", None)),
+    torch.native_batch_norm: ((3, "running_mean"), (4, "running_var"), (5, "training", None)),
+    torch.instance_norm: ((3, "running_mean"), (4, "running_var"), (5, "use_input_stats", None)),
+}
 
 
 def returns_written(kind: str, target, args, kwargs, constant: Callable[[Any], Any] = lambda v: v) -> bool:
@@ -174,9 +182,9 @@ def copy_into(dest, src):
 
 
 def on_a_copy(kind: str, target, written_at):
-    """A function that runs an in-place call on copies of what it writes and returns the new
-    values (a tuple, one per locator in `written_at`): the functional form of any write, run
-    by PyTorch (lowering leaves it to PyTorch's kernels)."""
+    """A function that runs an in-place call on copies of what it writes and returns what the
+    call returns, then the new values (one per locator in `written_at`): the functional form of
+    any write, run by PyTorch (lowering leaves it to PyTorch's kernels)."""
     def run(*args, **kwargs):
         args, kwargs = list(args), dict(kwargs)
         copies = []
@@ -195,10 +203,10 @@ def on_a_copy(kind: str, target, written_at):
                 kwargs[loc[1]][loc[2]] = copy
             copies.append(copy)
         if kind == "call_method":
-            getattr(args[0], target)(*args[1:], **kwargs)
+            result = getattr(args[0], target)(*args[1:], **kwargs)
         else:
-            target(*args, **kwargs)
-        return tuple(copies)
+            result = target(*args, **kwargs)
+        return (result, *copies)
     name = target if isinstance(target, str) else getattr(target, "__name__", "op")
     run.__name__ = run.__qualname__ = f"{name}_on_a_copy"
     return run

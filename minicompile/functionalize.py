@@ -329,10 +329,10 @@ class _Functionalizer:
             self._assign(t, v)
         if result == "same":                    # x.add_(y) returns x
             self.same[node] = targets[0]
-        elif isinstance(result, torch.fx.Node):
+        elif isinstance(result, torch.fx.Node) and isinstance(_example(node), torch.Tensor):
             self._fresh(node, result)
-        else:
-            self.env[node] = None
+        else:                                   # nothing, or a tuple (native_batch_norm's)
+            self.env[node] = result
 
     def _functional(self, node, where, targets):
         """-> ([the new value of each written tensor], what the call returns: "same" (what it
@@ -366,17 +366,17 @@ class _Functionalizer:
             if not isinstance(ex, torch.Tensor) or tuple(ex.shape) != tuple(want.shape):
                 raise NotImplementedError(f"`{node.format_node()}` resizes its out= tensor")
             return [self._cast(value, targets[0])], "same"
-        if kind == "call_function" and target in (torch.nn.functional.batch_norm, torch.batch_norm):
+        if kind == "call_function" and target is torch.nn.functional.batch_norm:
             return self._batch_norm(node, where)
         # any other write: run by PyTorch on copies of what it writes
         run = aliasing.on_a_copy(kind, target, where)
         copies = self._new("call_function", run, args, kwargs)
-        values = [self._new("call_function", operator.getitem, [copies, j]) for j in range(len(where))]
+        values = [self._new("call_function", operator.getitem, [copies, j + 1]) for j in range(len(where))]
         if name is not None and name.endswith("_") and not name.startswith("_foreach"):
             return values, "same"
-        if _example(node) is not None:
-            raise NotImplementedError(f"`{node.format_node()}` returns a value beside its write")
-        return values, None
+        if _example(node) is None:
+            return values, None
+        return values, self._new("call_function", operator.getitem, [copies, 0])
 
     def _batch_norm(self, node, where):
         names = ["input", "running_mean", "running_var", "weight", "bias", "training", "momentum", "eps"]

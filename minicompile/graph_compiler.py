@@ -145,8 +145,16 @@ def _graph_cache_key(gm: torch.fx.GraphModule, example_inputs):
 
 def on_pytorch_kernels(gm: torch.fx.GraphModule, reason: str) -> wrapper.CompiledGraph:
     """The graph as a compiled graph that runs it on PyTorch's own kernels."""
-    return wrapper.CompiledGraph(lambda args: gm(*args), f"# runs on PyTorch's kernels: {reason}\n",
+    run = as_traced(gm)
+    return wrapper.CompiledGraph(lambda args: run(*args), f"# runs on PyTorch's kernels: {reason}\n",
                                  "", "pytorch")
+
+
+def as_traced(gm: torch.fx.GraphModule):
+    """gm run node by node, each node calling its target: eager's results. Not gm's own code,
+    which names a function of torch's modules by its qualified name: a lambda or a local
+    function there (an OpInfo's op) has none that imports."""
+    return torch.fx.Interpreter(gm).run
 
 
 def _specialize(gm: torch.fx.GraphModule, example_inputs) -> list[str]:
@@ -217,7 +225,7 @@ def backend(gm: torch.fx.GraphModule, example_inputs):
         # a stage minicompile does not have yet (a dtype, an op): PyTorch's kernels run the
         # graph, which gives eager's results (as minicompile.compile does)
         logs.warn(f"minicompile: the graph runs on PyTorch's kernels, not compiled: {err}")
-        return gm
+        return as_traced(gm)
 
 
 backend.supports_dynamic_shapes = True     # takes graphs whose inputs have dynamic dims

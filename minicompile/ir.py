@@ -420,6 +420,20 @@ class Mod:
     k: "int | sympy.Expr"
 
 
+def wrap_dim(dim: int, ndim: int) -> int:
+    """A dimension argument (negative: counted from the end) as a position, as PyTorch reads
+    it: a 0-dim tensor takes 0 and -1 (both 0 here); out of range raises IndexError."""
+    from torch._prims_common import canonicalize_dim
+    return canonicalize_dim(ndim, dim)
+
+
+def wrap_dims(dims, ndim: int) -> list[int]:
+    """Dimension arguments (an int or a sequence) as sorted distinct positions; none for a
+    0-dim tensor, whose 0 and -1 name no dimension of it."""
+    dims = {wrap_dim(d, ndim) for d in ([dims] if isinstance(dims, int) else dims)}
+    return sorted(dims) if ndim else []
+
+
 def contiguous_strides(shape: Sequence[int]) -> list[int]:
     strides, acc = [], 1
     for size in reversed(shape):

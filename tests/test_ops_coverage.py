@@ -84,6 +84,19 @@ CASES = {
     # reductions of the same columns share one kernel; a mean asked for twice is computed once
     "column_statistics": (lambda x: (x.sum(0), (x * x).sum(0), torch.var_mean(x, (0, 2)), x.mean((0, 2))),
                           lambda: (X(9, 5, 7).double(),)),
+    # dims of a 0-dim tensor (0 and -1 name no dimension) and an empty dim list (every dim)
+    "zero_dim_dims": (lambda x: torch.softmax(x, 0) + torch.var(x, -1) + x.sum(0) + x.t() + x.transpose(0, -1)
+                      + torch.log_softmax(x, -1) + x.amax(0), lambda: (torch.randn((), device=DEVICE),)),
+    "var_std_empty_dim_list": (lambda x: torch.var(x, dim=[]) + torch.std(x, dim=(), keepdim=True),
+                               lambda: (X(5, 9),)),
+    # a pointwise op of two numbers makes a tensor: nothing to read it from
+    "numbers_only": (lambda x: x * 2 + torch.add(2.5, -1.25) * torch.sub(3, 1.5) / torch.div(1.0, 4.0),
+                     lambda: (X(3, 4),)),
+    # a composite lowering one of whose reductions has no elements (softmax's max)
+    "softmax_of_empty_rows": (lambda x: torch.softmax(x, -1) * 2 + torch.log_softmax(x, 1), lambda: (X(5, 0, 0),)),
+    # var(x, unbiased): a bool where the other overload takes dim
+    "var_std_unbiased_overload": (lambda x: torch.var(x, False) + torch.std(x, True) + x.var(True)
+                                  + x[0].std(False), lambda: (X(5, 9),)),
     # complex numbers run on PyTorch's kernels (a kernel would read them as reals)
     "complex": (lambda x: ((lambda z: ((z * z).abs(), z.angle(), torch.view_as_real(z * 2)))
                            (torch.complex(x, x * 2))), lambda: (X(6, 7),)),
@@ -138,3 +151,17 @@ def test_in_place_op_on_a_view_changes_the_base(kernel_backend):
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         torch.testing.assert_close(minicompile.compile(_mutate_a_view)(x), _mutate_a_view(x))
+
+
+def test_float64_activations_compile_at_float64_precision(kernel_backend):
+    """Constants in a float64 computation are float64: a float32 constant made C++'s max
+    (double, float) fail to compile (hardsigmoid, hardswish) and rounded gelu's and layer
+    norm's eps to float32 precision."""
+    def fn(x):
+        return F.hardsigmoid(x) + F.hardswish(x) + F.gelu(x) + F.gelu(x, approximate="tanh") \
+            + F.layer_norm(x, (11,), eps=0.3)
+    x = torch.randn(37, 11, dtype=torch.float64, device=DEVICE) * 4
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")         # (a kernel that did not compile says so)
+        out = minicompile.compile(fn)(x)
+    torch.testing.assert_close(out, fn(x), rtol=1e-12, atol=1e-12)

@@ -308,3 +308,85 @@ def test_backward_of_selects_and_slices_on_negative_dimensions(kernel_backend, f
     (fn(theirs) * weight).sum().backward()
     assert_same(ours.grad, theirs.grad)
     assert minicompile.metrics.backward_kernels > 0
+
+
+def test_an_input_whose_gradient_formula_gives_zeros_gets_zeros_not_none(kernel_backend):
+    """copysign's gradient with respect to its sign source is zeros: eager gives the input that
+    tensor, not None (None is for an input that no output used reaches), and so must we."""
+    def f(x, y, z):
+        return torch.copysign(x, y) * 2, z.exp()
+
+    def leaves():
+        torch.manual_seed(6)
+        return [randn(7, 5).requires_grad_() for _ in range(3)]
+    ours, theirs = leaves(), leaves()
+    minicompile.compile(f)(*ours)[0].sum().backward()
+    f(*theirs)[0].sum().backward()
+    for a, b in zip(ours, theirs):
+        assert (a.grad is None) == (b.grad is None)
+        if b.grad is not None:
+            assert_same(a.grad, b.grad)
+    assert theirs[1].grad is not None and theirs[2].grad is None
+
+
+def test_a_gradient_that_reads_no_tangent(kernel_backend):
+    """angle's gradient for a real input is zeros like it: it reads the input's shape, no
+    tangent, and still belongs to the backward graph (the partition crashed on it)."""
+    def f(x, y):
+        return torch.angle(x) * 3 + y.square()
+
+    def leaves():
+        torch.manual_seed(7)
+        return randn(7, 5).requires_grad_(), randn(7, 5).requires_grad_()
+    ours, theirs = leaves(), leaves()
+    minicompile.compile(f)(*ours).sum().backward()
+    f(*theirs).sum().backward()
+    for a, b in zip(ours, theirs):
+        assert_same(a.grad, b.grad)
+
+
+def _seeds_itself(x):
+    """Dropout under a seed of its own, the generator restored after (as torch.testing's
+    wrapper_set_seed, which the OpInfo database's svd_lowrank runs)."""
+    with torch.random.fork_rng():
+        torch.manual_seed(42)
+        return F.dropout(x, 0.5)
+
+
+_seeds_itself.__module__ = "torch.testing"     # capture records a function of torch's whole
+
+
+def test_a_function_that_sets_the_seed_keeps_eager_numbers(kernel_backend):
+    """The joint graph records aten ops, not torch.manual_seed: traced through, the function
+    above drew from the caller's stream instead. It runs on PyTorch's kernels (and says so)."""
+    def f(x):
+        return _seeds_itself(x * 2) + 1
+
+    def leaves():
+        torch.manual_seed(8)
+        return randn(6, 7).requires_grad_()
+    ours, theirs = leaves(), leaves()
+    with pytest.warns(UserWarning, match="sets a random generator"):
+        out = minicompile.compile(f)(ours)
+    assert_same(out, f(theirs))
+    out.sum().backward()
+    f(theirs).sum().backward()
+    assert_same(ours.grad, theirs.grad)
+
+
+def test_an_internal_op_gets_the_contiguous_copy_the_traced_graph_made(kernel_backend):
+    """embedding_bag's decomposition copies non-contiguous indices (clone) before
+    aten._embedding_bag, which reads them as contiguous: handing that op a strided view of
+    the indices instead gave every bag other rows."""
+    def f(w, idx):
+        return F.embedding_bag(idx, w, mode="sum") * 2
+
+    def leaves():
+        torch.manual_seed(9)
+        return randn(10, 5).requires_grad_(), torch.randint(0, 10, (5, 10), device=DEVICE)[:, ::2]
+    ours, theirs = leaves(), leaves()
+    out, expected = minicompile.compile(f)(*ours), f(*theirs)
+    assert_same(out, expected)
+    out.sum().backward()
+    expected.sum().backward()
+    assert_same(ours[0].grad, theirs[0].grad)

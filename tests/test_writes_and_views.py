@@ -273,6 +273,23 @@ def test_batch_norm_training_updates_running_statistics_in_one_graph(kernel_back
     assert minicompile.metrics.graph_breaks == 0 and minicompile.metrics.graphs == 1
 
 
+# Functions that update the running statistics handed to them, each with its own argument
+# order (torch.batch_norm's weight comes before its running mean, F.batch_norm's after)
+RUNNING_STATS = {
+    "F.batch_norm": lambda x, w, b, rm, rv: F.batch_norm(x, rm, rv, w, b, True, 0.3),
+    "torch.batch_norm": lambda x, w, b, rm, rv: torch.batch_norm(x, w, b, rm, rv, True, 0.3, 1e-5, False),
+    "torch.native_batch_norm": lambda x, w, b, rm, rv: torch.native_batch_norm(x, w, b, rm, rv, True, 0.3, 1e-5),
+    "F.instance_norm": lambda x, w, b, rm, rv: F.instance_norm(x, rm, rv, w, b, momentum=0.3),
+    "torch.instance_norm": lambda x, w, b, rm, rv: torch.instance_norm(x, w, b, rm, rv, True, 0.3, 1e-5, False),
+}
+
+
+@pytest.mark.parametrize("name", list(RUNNING_STATS))
+def test_running_statistics_updated_by_each_batch_and_instance_norm(kernel_backend, name):
+    assert_same_effects(RUNNING_STATS[name], lambda: (randn(4, 5, 6), randn(5), randn(5), randn(5),
+                                                     torch.rand(5, device=DEVICE) + 0.5))
+
+
 def test_a_counter_buffer_written_each_call():
     class Counter(nn.Module):
         def __init__(self):

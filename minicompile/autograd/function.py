@@ -82,8 +82,8 @@ class _Function(torch.autograd.Function):
                     torch.zeros(v.shape, dtype=v.dtype, device=v.device)
                     for g, v in zip(tangents, plan.tangents)]
         grads = plan.backward(*ctx.saved_tensors, *tangents)
-        for k, g, needs in zip(joint.grad_inputs, grads, plan.partition.grad_tangents):
-            result[k] = g if needs & used else None
+        for k, g in zip(joint.grad_inputs, grads):
+            result[k] = g if joint.reached_by[k] & used else None
         return (None, *result)
 
 

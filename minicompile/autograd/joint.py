@@ -17,6 +17,8 @@ outputs then the gradients of the inputs that need them.
 """
 from __future__ import annotations
 
+import contextlib
+import sys
 from dataclasses import dataclass
 from typing import Any
 
@@ -37,6 +39,9 @@ class Joint:
     num_outputs: int               # tensor outputs of the forward (the joint's first outputs)
     differentiable: list           # per forward tensor output: does it carry a gradient?
     grad_inputs: list              # per gradient output: which primal it is the gradient of
+    reached_by: list               # per primal: the differentiable outputs whose autograd graph
+                                   # reaches it (none of those the caller used: its gradient is
+                                   # None, as in eager; a formula that gives zeros still reaches)
     inputs: list                   # the user's graph inputs: ("tensor", primal k) or ("const", v)
     outputs: list                  # its output leaves: ("tensor", k) or ("const", v)
     output_spec: Any               # the pytree structure of its output
@@ -86,12 +91,18 @@ def trace_joint(gm: torch.fx.GraphModule, example_inputs) -> Joint:
     # which outputs carry gradients, and their shapes: one run on fake tensors, from the
     # caller's grad mode (the graph may switch it)
     grad_on = torch.is_grad_enabled()
-    with mode, torch.set_grad_enabled(grad_on):
+    with mode, torch.set_grad_enabled(grad_on), _watch_generators() as touched:
         leaves, spec = run(primals)
+    if touched:
+        # (torch.testing's wrapper_set_seed, which a graph calls whole): the traced graph
+        # records aten ops, not that, and would draw other numbers than eager
+        raise NotImplementedError(f"the graph sets a random generator's {touched[0]} "
+                                  "(torch.manual_seed, set_rng_state)")
     tensor_outs = [i for i, v in enumerate(leaves) if isinstance(v, torch.Tensor)]
     outputs = [("tensor", tensor_outs.index(i)) if i in tensor_outs else ("const", v)
                for i, v in enumerate(leaves)]
     differentiable = [leaves[i].requires_grad for i in tensor_outs]
+    reached_by = _reached_by([leaves[i] for i, d in zip(tensor_outs, differentiable) if d], primals)
     with mode:
         tangents = [torch.empty(leaves[i].shape, dtype=leaves[i].dtype, device=leaves[i].device)
                     for i, d in zip(tensor_outs, differentiable) if d]
@@ -125,8 +136,46 @@ def trace_joint(gm: torch.fx.GraphModule, example_inputs) -> Joint:
     graph.graph.eliminate_dead_code()
     graph.recompile()
     modes = [n.args[0] for n in gm.graph.nodes if n.target is torch._C._set_grad_enabled]
-    return Joint(graph, len(primals), len(tensor_outs), differentiable, list(grad_inputs), inputs,
-                 outputs, spec, modes[-1] if modes else None)
+    return Joint(graph, len(primals), len(tensor_outs), differentiable, list(grad_inputs), reached_by,
+                 inputs, outputs, spec, modes[-1] if modes else None)
+
+
+def _reached_by(outputs: list, leaves: list) -> list:
+    """Per leaf: the indices of the outputs from whose autograd node a path leads to it."""
+    at = {id(t): k for k, t in enumerate(leaves)}
+    reached: list = [set() for _ in leaves]
+    for i, out in enumerate(outputs):
+        if id(out) in at:                        # an input handed back as it is
+            reached[at[id(out)]].add(i)
+        seen, todo = set(), [out.grad_fn]
+        while todo:
+            node = todo.pop()
+            if node is None or node in seen:
+                continue
+            seen.add(node)
+            leaf = getattr(node, "variable", None)       # an AccumulateGrad node
+            if leaf is not None and id(leaf) in at:
+                reached[at[id(leaf)]].add(i)
+            todo.extend(fn for fn, _ in node.next_functions)
+    return reached
+
+
+@contextlib.contextmanager
+def _watch_generators():
+    """The names of the calls that set a random generator's seed or state while the block
+    runs (a Python profile hook sees each call of a C function)."""
+    seen: list = []
+
+    def watch(frame, event, arg):
+        if event == "c_call" and isinstance(getattr(arg, "__self__", None), torch.Generator) \
+                and arg.__name__ in ("manual_seed", "seed", "set_state"):
+            seen.append(arg.__name__)
+    previous = sys.getprofile()
+    sys.setprofile(watch)
+    try:
+        yield seen
+    finally:
+        sys.setprofile(previous)
 
 
 class _ChannelsLastConvolutions(torch.overrides.TorchFunctionMode):
@@ -179,7 +228,7 @@ def _fold_views(gm: torch.fx.GraphModule) -> None:
                 and len(inner.users) == 1 and not inner.kwargs and len(inner.args) == 3 and inner.args[2]:
             x, dims = inner.args[0], inner.args[1]
             shape = x.meta["val"].shape
-            kept = [d % len(shape) for d in dims]
+            kept = ir.wrap_dims(dims, len(shape))
             if list(node.args[1]) == [s for d, s in enumerate(shape) if d not in kept]:
                 inner.args = (x, dims, False)
                 inner.meta["val"] = node.meta["val"]

@@ -58,9 +58,6 @@ class Partition:
     # where each saved value comes from: ("primal", k), the k-th input passed on as it is, or
     # ("computed", j), the forward graph's j-th output after the forward outputs
     saved_from: list = field(default_factory=list)
-    # per gradient: the tangents it depends on (a gradient reached from none of the outputs
-    # the caller used is None, as in eager, not zeros)
-    grad_tangents: list = field(default_factory=list)
 
 
 def nbytes(node: torch.fx.Node) -> int | float:
@@ -150,6 +147,11 @@ def partition(joint: Joint) -> Partition:
         flow.add_edge(node.name + "_in", node.name + "_out", capacity=save_cost(node))
         for user in node.users:
             flow.add_edge(node.name + "_out", user.name + "_in", capacity=math.inf)
+    for g in grads:
+        if isinstance(g, torch.fx.Node) and g not in reads_tangent:
+            # a gradient that reads no tangent (angle's of a real input: zeros like it) is
+            # still the backward's to hand on: saved, or recomputed from what is saved
+            flow.add_edge(g.name + "_out", "sink", capacity=math.inf)
     if "sink" in flow and "source" in flow:
         _, (reachable, _) = nx.minimum_cut(flow, "source", "sink")
     else:
@@ -171,10 +173,8 @@ def partition(joint: Joint) -> Partition:
     only_saved = _ancestors(computed) - _ancestors(fwd_nodes)
     forward = _subgraph(joint.graph, primals, fwd_outs + computed, early=only_saved)
     backward = _subgraph(joint.graph, saved + tangents, grads)
-    grad_tangents = [{tangents.index(t) for t in _ancestors([g]) if t in tangents}
-                     if isinstance(g, torch.fx.Node) else set() for g in grads]
     return Partition(forward, backward, [s.name for s in saved],
-                     sum(int(nbytes(s)) for s in saved), saved_from, grad_tangents)
+                     sum(int(nbytes(s)) for s in saved), saved_from)
 
 
 def _descendants(nodes) -> set:

@@ -419,8 +419,8 @@ class Segment:
             inputs = self.get_inputs(F, args, kwargs)
         if self.compiled is not None:
             outs = self.compiled(*inputs)
-        else:                          # not compiled (no ops, or a frame run eagerly)
-            outs = self.gm(*inputs)
+        else:      # not compiled (no ops, or a frame run eagerly): node by node (see on_pytorch_kernels)
+            outs = torch.fx.Interpreter(self.gm).run(*inputs)
         if self.end == "return" and not self.effects and self.template[0] == "out":
             return ("return", outs[self.template[1]])       # one of the graph's outputs
         env = self.make_env(F, args, kwargs)

@@ -19,6 +19,7 @@ from typing import Any, Callable
 import sympy
 import torch
 import torch.nn.functional as F
+import torch.utils._pytree as pytree
 
 from .. import aliasing, config, ir
 from ..ir import Index, compute_dtype, ops
@@ -78,11 +79,19 @@ def register(targets, signature: str, pointwise: bool = False):
             bound = sig.bind(args, kwargs)
             if bound is None:
                 return NotImplemented
-            return fn(node, values, **bound)
+            try:
+                return fn(node, values, **bound)
+            except _NotLowered:             # a part of a composite lowering: PyTorch's kernel
+                return NotImplemented
         for t in targets:
             LOWERINGS[t] = lowering
         return fn
     return wrap
+
+
+class _NotLowered(Exception):
+    """Raised by a helper of composite lowerings (`_reduce`) for a part it cannot lower (a max
+    over no elements): the whole op is left to PyTorch."""
 
 
 def lookup(op: str, target) -> Callable | None:
@@ -133,7 +142,8 @@ def _pointwise_box(node, values, fn, inputs, common=None, origin=None):
     if meta is None:
         return NotImplemented
     box_inputs = [x for x in inputs if isinstance(x, TensorBox)]
-    if any(b.device != meta.device for b in box_inputs):
+    # (no tensor among the inputs: torch.add(2.0, 3.0) makes one; PyTorch's kernel does)
+    if not box_inputs or any(b.device != meta.device for b in box_inputs):
         return NotImplemented
     return _pw(box_inputs[0].program, ir.shape_of(meta), meta.dtype, meta.device, fn, inputs,
                origin or _origin(node), common)
@@ -373,23 +383,18 @@ def _div(node, values, input, other, rounding_mode):
 
 @register([F.gelu, "gelu"], "input, approximate='none'", pointwise=True)
 def _gelu(node, values, input, approximate):
+    if not isinstance(input, TensorBox) or not input.dtype.is_floating_point:
+        return NotImplemented
+    c = _constants_of(input.dtype)
     if approximate == "tanh":
-        k = math.sqrt(2 / math.pi)
-
         def fn(x):
-            inner = ops.mul(ops.constant(k, torch.float32),
-                            ops.add(x, ops.mul(ops.constant(0.044715, torch.float32), ops.mul(x, ops.mul(x, x)))))
-            return ops.mul(ops.mul(ops.constant(0.5, torch.float32), x),
-                           ops.add(ops.constant(1.0, torch.float32), ops.tanh(inner)))
+            inner = ops.mul(c(math.sqrt(2 / math.pi)), ops.add(x, ops.mul(c(0.044715), ops.mul(x, ops.mul(x, x)))))
+            return ops.mul(ops.mul(c(0.5), x), ops.add(c(1.0), ops.tanh(inner)))
     else:
         erf = _erf_of_eager(input.device, input.dtype, in_gelu=True)
 
         def fn(x):
-            return ops.mul(ops.mul(ops.constant(0.5, torch.float32), x),
-                           ops.add(ops.constant(1.0, torch.float32),
-                                   erf(ops.mul(x, ops.constant(1 / math.sqrt(2), torch.float32)))))
-    if not input.dtype.is_floating_point:
-        return NotImplemented
+            return ops.mul(ops.mul(c(0.5), x), ops.add(c(1.0), erf(ops.mul(x, c(1 / math.sqrt(2))))))
     return _pointwise_box(node, values, fn, [input])
 
 
@@ -436,27 +441,34 @@ def _relu(node, values, input, inplace):
     return _pointwise_box(node, values, ops.relu, [input])
 
 
-def _relu6_of_shifted(x):
+def _constants_of(dtype):
+    """v -> ops.constant(v) in the dtype a value of `dtype` is computed in (float32 for half
+    types, float64 for float64: a float32 constant would round a float64 computation)."""
+    cd = compute_dtype(dtype)
+    return lambda v: ops.constant(v, cd)
+
+
+def _relu6_of_shifted(x, c):
     """min(max(x + 3, 0), 6), NaN-propagating: what hardswish and hardsigmoid share."""
-    c = lambda v: ops.constant(v, torch.float32)
     return ops.minimum(ops.maximum(ops.add(x, c(3.0)), c(0.0)), c(6.0))
 
 
 @register([F.hardswish, "hardswish"], "input, inplace=False", pointwise=True)
 def _hardswish(node, values, input, inplace):
     """x * min(max(x + 3, 0), 6) / 6, divided last as PyTorch's kernels do."""
-    if inplace:
+    if inplace or not isinstance(input, TensorBox):
         return NotImplemented
-    return _pointwise_box(node, values, lambda x: ops.truediv(ops.mul(x, _relu6_of_shifted(x)),
-                                                               ops.constant(6.0, torch.float32)), [input])
+    c = _constants_of(input.dtype)
+    return _pointwise_box(node, values, lambda x: ops.truediv(ops.mul(x, _relu6_of_shifted(x, c)), c(6.0)),
+                          [input])
 
 
 @register([F.hardsigmoid, "hardsigmoid"], "input, inplace=False", pointwise=True)
 def _hardsigmoid(node, values, input, inplace):
-    if inplace:
+    if inplace or not isinstance(input, TensorBox):
         return NotImplemented
-    return _pointwise_box(node, values, lambda x: ops.truediv(_relu6_of_shifted(x), ops.constant(6.0, torch.float32)),
-                          [input])
+    c = _constants_of(input.dtype)
+    return _pointwise_box(node, values, lambda x: ops.truediv(_relu6_of_shifted(x, c), c(6.0)), [input])
 
 
 @register([torch.clamp, torch.clip, torch.Tensor.clamp, "clamp", "clip"], "input, min=None, max=None",
@@ -527,9 +539,7 @@ def _reduction_box(meta, input, dims, keepdim, reduction_type):
     ndim = len(input.shape)
     if dims is None or dims == [] or dims == ():
         dims = list(range(ndim))
-    elif isinstance(dims, int):
-        dims = [dims]
-    dims = sorted({d % ndim for d in dims}) if ndim else []
+    dims = ir.wrap_dims(dims, ndim)
     key = (id(input), tuple(dims), bool(keepdim), reduction_type, meta.dtype, tuple(meta.shape))
     if key not in input.program.reductions:
         box = _new_reduction_box(meta, input, dims, keepdim, reduction_type)
@@ -813,7 +823,7 @@ def _layer_norm(node, values, input, normalized_shape, weight, bias, eps):
     centered = _pw(program, shape, dt, device, ops.sub, [input, mean], "sub")
     var = _reduce(_pw(program, shape, dt, device, lambda c: ops.mul(c, c), [centered], "square"), dims, "mean")
     out = _pw(program, shape, dt, device,
-              lambda c, v: ops.mul(c, ops.rsqrt(ops.add(v, ops.constant(eps, torch.float32)))),
+              lambda c, v: ops.mul(c, ops.rsqrt(ops.add(v, ops.constant(eps, compute_dtype(dt))))),
               [centered, var], "normalize")
     if weight is not None:
         out = _pw(program, shape, dt, device, ops.mul, [out, weight], "mul")
@@ -834,11 +844,13 @@ def _var(node, values, input, dim, unbiased, keepdim, correction):
     meta = _meta(node, values)
     if meta is None or not isinstance(input, TensorBox) or not input.dtype.is_floating_point:
         return NotImplemented
+    if isinstance(dim, bool):              # var(x, unbiased): the overload without dim
+        dim, unbiased = None, dim
     if correction is None:
         correction = 1 if unbiased is None or unbiased else 0
     ndim = len(input.shape)
-    dims = list(range(ndim)) if dim is None else [dim] if isinstance(dim, int) else list(dim)
-    dims = sorted(d % ndim for d in dims)
+    # dim None or empty: every dimension (as for sum and mean)
+    dims = ir.wrap_dims(dim if dim not in (None, [], ()) else range(ndim), ndim)
     n = math.prod(input.shape[d] for d in dims)
     shape, device, program = list(input.shape), input.device, input.program
     stats = torch.float64 if device.type == "cpu" else compute_dtype(input.dtype)
@@ -911,7 +923,7 @@ def _normalized(node, values, input, mean, var, weight, bias, eps):
         return NotImplemented
 
     def fn(x, m, v, w=None, b=None):
-        y = ops.mul(ops.sub(x, m), ops.rsqrt(ops.add(v, ops.constant(eps, torch.float32))))
+        y = ops.mul(ops.sub(x, m), ops.rsqrt(ops.add(v, ops.constant(eps, compute_dtype(meta.dtype)))))
         y = ops.mul(y, w) if w is not None else y
         return ops.add(y, b) if b is not None else y
     return _pw(input.program, ir.shape_of(meta), meta.dtype, meta.device, fn, parts, _origin(node))
@@ -1050,12 +1062,13 @@ def _random_values(program, meta, kind: str, dtype=None) -> TensorBox:
 def _reduce(box, dims, rtype, dtype=None):
     """A keepdim reduction of box over dims (for composite lowerings), of box's dtype unless
     another is given."""
-    ndim = len(box.shape)
-    dims = [dims] if isinstance(dims, int) else list(dims)
-    dims = sorted(d % ndim for d in dims)
+    dims = ir.wrap_dims(dims, len(box.shape))
     out_shape = [1 if d in dims else s for d, s in enumerate(box.shape)]
     meta = types.SimpleNamespace(shape=out_shape, dtype=dtype or box.dtype, device=box.device)
-    return _reduction_box(meta, box, dims, True, rtype)
+    result = _reduction_box(meta, box, dims, True, rtype)
+    if result is NotImplemented:
+        raise _NotLowered(f"{rtype} over {dims} of {box.shape}")
+    return result
 
 
 def _pw(program, shape, dtype, device, fn, inputs, origin, common=None):
@@ -1161,7 +1174,7 @@ def _permute(node, values, input, dims):
     if len(dims) == 1 and isinstance(dims[0], (list, tuple)):
         dims = dims[0]
     ndim = len(input.shape)
-    dims = [d % ndim for d in dims]
+    dims = [ir.wrap_dim(d, ndim) for d in dims] if ndim else []
 
     def f(idx):
         src = [None] * ndim
@@ -1174,11 +1187,12 @@ def _permute(node, values, input, dims):
 @register(["transpose", torch.transpose, "swapaxes", torch.swapaxes], "input, dim0, dim1")
 def _transpose(node, values, input, dim0, dim1):
     ndim = len(input.shape)
-    a, b = dim0 % ndim, dim1 % ndim
+    a, b = ir.wrap_dim(dim0, ndim), ir.wrap_dim(dim1, ndim)
 
     def f(idx):
         idx = list(idx)
-        idx[a], idx[b] = idx[b], idx[a]
+        if ndim:                          # (a 0-dim tensor's transpose(0, -1) is itself)
+            idx[a], idx[b] = idx[b], idx[a]
         return idx
     return _view_box(node, values, input, f)
 
@@ -1279,7 +1293,7 @@ def _size(node, values, input, dim):
     if not isinstance(input, TensorBox):
         return NotImplemented
     shape = list(input.shape)
-    return tuple(shape) if dim is None else shape[dim % len(shape)]
+    return tuple(shape) if dim is None else shape[ir.wrap_dim(dim, len(shape))]
 
 
 @register(["numel", "nelement", torch.numel], "input")
@@ -1330,7 +1344,7 @@ def _consecutive_views(node, values, input, dim):
     if not isinstance(input, TensorBox) or not isinstance(dim, int) or not input.shape \
             or not isinstance(pieces, (tuple, list)):
         return NotImplemented
-    d = dim % len(input.shape)
+    d = ir.wrap_dim(dim, len(input.shape))
     views, start = [], 0
     for piece in pieces:
         def index_map(idx, start=start):
@@ -1345,7 +1359,7 @@ def _unbind(node, values, input, dim):
     """A tuple of views, one per position along dim, that dim removed."""
     if not isinstance(input, TensorBox) or not isinstance(dim, int) or not input.shape:
         return NotImplemented
-    d = dim % len(input.shape)
+    d = ir.wrap_dim(dim, len(input.shape))
     shape = input.shape[:d] + input.shape[d + 1:]
     return tuple(_view(input, list(shape), lambda idx, k=k: list(idx[:d]) + [Index({}, k)] + list(idx[d:]),
                        _origin(node))
@@ -1859,13 +1873,17 @@ def lower_fallback(program: ir.Program, node, values, target, args, kwargs, stri
     boxes = []
 
     pure = _reads_inputs_only(target)    # a strided view of a buffer will do
+    traced_args = _traced_arguments(node, values, (args, kwargs))
 
     def realize(x):
         if isinstance(x, TensorBox):
             if pure:
                 _realize_viewed(x)
                 view = as_view_of_buffer(x)
-                if view is not None:     # a transpose or slice of a buffer: pass a strided view
+                # a transpose or slice of a buffer: pass a strided view, if laid out as the
+                # traced argument was (an internal op may need the contiguous copy the traced
+                # graph made: _embedding_bag's indices)
+                if view is not None and _strides_agree(view.shape, view.stride, traced_args.get(id(x))):
                     x.data = view
             boxes.append(x.realize())
         return x
@@ -1946,6 +1964,24 @@ def _realize_viewed(box: TensorBox) -> None:
     base.realize()
     if as_view_of_buffer(box) is None:
         base.data = data
+
+
+def _traced_arguments(node, values, mapped) -> dict:
+    """id(box) -> the traced value of the argument node that box stands for."""
+    nodes, boxes = pytree.tree_leaves((node.args, node.kwargs)), pytree.tree_leaves(mapped)
+    if len(nodes) != len(boxes):
+        return {}
+    return {id(b): values.get(n) for n, b in zip(nodes, boxes)
+            if isinstance(b, TensorBox) and isinstance(n, torch.fx.Node)}
+
+
+def _strides_agree(shape, stride, traced) -> bool:
+    """Whether a view of these strides is laid out as the traced value (over its dims longer
+    than 1); True where nothing was traced or the sizes are symbolic."""
+    if not isinstance(traced, torch.Tensor) or list(traced.shape) != list(shape) \
+            or any(ir.is_symbolic(v) for v in (*shape, *stride, *traced.stride())):
+        return True
+    return all(a == b for a, b, n in zip(stride, traced.stride(), shape) if n > 1)
 
 
 def as_view_of_buffer(box: TensorBox):
