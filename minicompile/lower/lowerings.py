@@ -479,7 +479,13 @@ def _clamp(node, values, input, min, max):
     return _pointwise_box(node, values, fn, [input] + [b for _, b in bounds])
 
 
-@register([torch.where, "where"], "condition, input, other", pointwise=True)
+@register(["where"], "input, condition, other", pointwise=True)
+def _where_method(node, values, input, condition, other):
+    """x.where(condition, y): torch.where(condition, x, y)."""
+    return _where(node, values, condition, input, other)
+
+
+@register([torch.where], "condition, input, other", pointwise=True)
 def _where(node, values, condition, input, other):
     meta = _meta(node, values)
     if meta is None or not isinstance(condition, TensorBox):
