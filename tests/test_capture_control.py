@@ -336,6 +336,71 @@ def test_break_with_mutation_of_an_object():
     assert cfg.count == 6
 
 
+class TensorCache(nn.Module):
+    """LeViT's attention biases: a tensor computed once and kept in a dict of the module."""
+
+    def __init__(self):
+        super().__init__()
+        self.bias = nn.Parameter(torch.randn(5))
+        self.cache = {}
+
+    def forward(self, x):
+        key = str(x.device)
+        if key not in self.cache:
+            self.cache[key] = self.bias * 2
+        return x + self.cache[key]
+
+
+def test_a_dict_from_outside_changed_in_the_graph():
+    """The change is made on the real dict after the graph, with no break (as Dynamo); the
+    next call sees the new key and compiles once more."""
+    model = TensorCache()
+    compiled = minicompile.compile(model)
+    with torch.no_grad():
+        for _ in range(3):
+            x = r(4, 5)
+            assert_same(compiled(x), x + model.bias * 2)
+    assert list(model.cache) == ["cpu"]
+    assert_same(model.cache["cpu"], model.bias * 2)
+    assert minicompile.metrics.graph_breaks == 0 and minicompile.metrics.graphs == 2
+
+
+def fill_dicts(x, d, holder):
+    d["a"] = x + 1
+    holder["other"].pop("z")
+    d.update(b=2)
+    return holder["same"]["a"] * len(d)     # `d` again, reached through another path
+
+
+def test_dicts_of_the_arguments_changed_in_the_graph():
+    compiled = minicompile.compile(fill_dicts)
+    for _ in range(2):
+        x = r(3)
+        states = []
+        for fn in (fill_dicts, compiled):
+            d, other = {"q": 1}, {"z": 3, "y": 4}
+            states.append((fn(x, d, {"other": other, "same": d}), d, other))
+        (expected, d, other), (got, d2, other2) = states
+        assert_same(got, expected)
+        assert list(d2) == list(d) and d2["b"] == 2 and other2 == other
+        assert_same(d2["a"], d["a"])
+    assert minicompile.metrics.graph_breaks == 0
+
+
+class SetsAnAttribute(nn.Module):
+    """Funnel's attention structure: `self.seq_len = ...` before the module has one."""
+
+    def forward(self, x):
+        self.seq_len = n = x.size(1)
+        return x * n
+
+
+def test_an_attribute_set_on_a_module_for_the_first_time():
+    model = SetsAnAttribute()
+    assert_same(minicompile.compile(model)(torch.ones(2, 3)), torch.full((2, 3), 3.0))
+    assert model.seq_len == 3 and minicompile.metrics.graph_breaks == 0
+
+
 def test_break_inside_module_forward(capsys):
     compare(BreaksInside(), one)
 

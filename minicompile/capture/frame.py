@@ -432,7 +432,7 @@ class Segment:
             obj = obj_fn(env)
             if kind == "list":
                 t = list(rebuild(t, outs, env, memo))
-            elif kind == "attrs":
+            elif kind in ("attrs", "dict"):
                 t = [(name, rebuild(vt, outs, env, memo)) for name, vt in t]
             effects.append((kind, obj, t))
         if self.end == "return":
@@ -447,6 +447,9 @@ class Segment:
                     next(obj)
             elif kind == "list":
                 obj[:] = t
+            elif kind == "dict":
+                obj.clear()
+                obj.update(t)
             else:
                 for name, value in t:
                     setattr(obj, name, value)

@@ -29,8 +29,9 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from .. import aliasing, ir, logs
 from .breaks import Unsupported, never_traced
-from .guards import GuardBuilder, dense_order
-from .sources import AttrSource, ItemSource, LocalSource, RemainingSource, RootSource, Source
+from .guards import GuardBuilder, dense_order, viewed_dict
+from .sources import (AttrSource, ItemSource, LocalSource, RemainingSource, RootSource, Source,
+                      ViewedDictSource)
 from .builtin_calls import _BUILTIN_HANDLERS
 
 if TYPE_CHECKING:
@@ -161,6 +162,9 @@ class OutputGraph:
         self.input_sources: List[Source] = []
         self.input_examples: List[torch.Tensor] = []
         self._by_source: Dict[str, VariableTracker] = {}
+        # id -> (dict or list, its variable): one variable per mutable container however the
+        # trace reaches it, so that a change made through one path is seen through the others
+        self._containers: Dict[int, Tuple[Any, VariableTracker]] = {}
         self._last_placeholder: Optional[torch.fx.Node] = None
         # the placeholders' sets of dynamic dims that were not empty (emptied in place when
         # the trace specializes a dim): checked before every op
@@ -372,7 +376,14 @@ class OutputGraph:
             key = source.expr()
             if key in self._by_source:
                 return self._by_source[key]
-            var = self._wrap(value, source)
+            seen = self._containers.get(id(value)) if type(value) in (dict, list) else None
+            if seen is not None:
+                var = seen[1]
+                self.guards.same_object(var.source, source, True)   # one object in later calls too
+            else:
+                var = self._wrap(value, source)
+                if type(value) in (dict, list):
+                    self._containers[id(value)] = (value, var)
             self._by_source[key] = var
             return var
         return self._wrap(value, None)
@@ -423,11 +434,11 @@ class OutputGraph:
             return GradModeVariable(type(value) is torch.enable_grad)
         if isinstance(value, _DICT_VIEWS) and source is not None:
             # a dict's keys()/values()/items() from outside the frame: a view of its dict
+            # (the dict's own variable where the trace has it already: a change made to it in
+            # the trace shows in the view)
             g.type_check(source, type(value))
-            mapping, map_src = value.mapping, AttrSource(source, "mapping")
-            g.mapping_keys(map_src, mapping)
-            d = DictVariable({k: self.wrap(v, ItemSource(map_src, k)) for k, v in mapping.items()}, map_src)
-            return DictViewVariable(d, type(value).__name__[5:])
+            return DictViewVariable(self.wrap(viewed_dict(value), ViewedDictSource(source)),
+                                    type(value).__name__[5:])
         if type(value) in _READABLE_ITERATORS and source is not None:
             # an iterator from outside the frame (or across a graph break): its remaining items
             # read from a copy of it (it is not advanced); what the trace takes from it is taken

@@ -70,6 +70,9 @@ def _effect_templates(output, builder, source_fn):
             effects.append(("advance", source_fn(var.source), var.index))
         elif isinstance(var, ListVariable):
             effects.append(("list", source_fn(var.source), builder.build(TupleVariable(var.items))))
+        elif type(var) is DictVariable:
+            effects.append(("dict", source_fn(var.source),
+                            [(k, builder.build(v)) for k, v in var.items.items()]))
         else:
             effects.append(("attrs", source_fn(var.source),
                             [(k, builder.build(v)) for k, v in var.items.items()]))

@@ -616,7 +616,11 @@ class InstructionTranslator(CallsMixin):
                 self.output.side_effects.append(obj)
             return
         if isinstance(obj, NNModuleVariable) and obj.source is not None:
-            if value is self.load_module_attr(obj, name):
+            try:
+                current = self.load_module_attr(obj, name)
+            except Unsupported:
+                current = None          # an attribute the module does not have yet
+            if value is current:
                 return                  # `self.count += 1`: the buffer itself, written in place
             # replayed with setattr after the graph (nn.Module's own: a parameter, buffer or
             # plain attribute as it decides); later reads in the trace see the new value
@@ -630,8 +634,10 @@ class InstructionTranslator(CallsMixin):
                                "it runs for real at a graph break")
 
     def check_mutable(self, obj: VariableTracker):
-        if obj.source is not None and isinstance(obj, ListVariable) and obj.source.expr().startswith(("G[", "G_")):
-            # a global list: the change is replayed on the real list after the graph, as Dynamo does
+        if obj.source is not None and (type(obj) is DictVariable or isinstance(obj, ListVariable) and
+                                       obj.source.expr().startswith(("G[", "G_"))):
+            # a global list, or a dict (a module's cache of tensors, a cache object's dict of
+            # states): the change is replayed on the real one after the graph, as Dynamo does
             if obj not in self.output.side_effects:
                 self.output.side_effects.append(obj)
             return
