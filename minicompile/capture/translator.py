@@ -37,7 +37,7 @@ from .values import (DELETED, NULL, BaseListVariable, BoundMethodVariable, Built
                      DictViewVariable, GradModeVariable, IteratorVariable, ListVariable,
                      ModelOutputVariable, NamedTupleVariable, NestedFunctionVariable,
                      NNModuleVariable, NullVariable, OpaqueConstantVariable, PythonModuleVariable,
-                     SuperVariable, SymIntVariable, TensorMethodVariable, TensorVariable,
+                     SetVariable, SuperVariable, SymIntVariable, TensorMethodVariable, TensorVariable,
                      TorchFunctionVariable, TupleVariable, TypeVariable, UserFunctionVariable,
                      UserObjectVariable, VariableTracker, _constant_result, _DictFromKeys,
                      _NoOpCallable, _UnboundTensorMethod, is_constant_value)
@@ -466,6 +466,18 @@ class InstructionTranslator(CallsMixin):
                 and all(type(v.example if isinstance(v, SymIntVariable) else getattr(v, "value", None)) is int
                         for v in (a, b)):
             return self.output.sym_arith(SIZE_ARITHMETIC[sym], a, b)
+        if type(a) is DictVariable and type(b) is DictVariable and sym in ("|", "|="):
+            if sym == "|":
+                return DictVariable({**a.items, **b.items})
+            self.check_mutable(a)                  # dict |= ...: updates that very dict
+            self.output.record_mutation(a)
+            a.items.update(b.items)
+            return a
+        if isinstance(a, SetVariable) and sym in ("|=", "&=", "-=", "^=") and b.is_constant():
+            self.check_mutable(a)                  # set |= ...: changes that very set
+            self.output.record_mutation(a)
+            a.items = SetVariable.of(op(set(a.as_example()), b.as_example())).items
+            return a
         if op in aliasing.AUGMENTED and not isinstance(a, (TensorVariable, ListVariable)):
             op = aliasing.AUGMENTED[op]           # `x op= y` writes in place only a tensor or a list
             sym = sym[:-1]
@@ -474,7 +486,11 @@ class InstructionTranslator(CallsMixin):
             if answer is not None:
                 return ConstantVariable(answer)
         if a.is_constant() and b.is_constant():
-            return ConstantVariable(op(a.as_example(), b.as_example()))
+            result = op(a.as_example(), b.as_example())
+            # a list made so (`[(0, 0)] * n`) is the frame's own to change: not a constant
+            if type(result) is set:
+                return SetVariable.of(result)
+            return self.output.wrap(result, None) if type(result) in (list, dict) else ConstantVariable(result)
         if isinstance(a, TensorVariable) or isinstance(b, TensorVariable):
             return self.output.call("call_function", op, [a, b], {})
         if isinstance(b, ConstantVariable) and isinstance(b.value, (tuple, list)) and \
@@ -495,6 +511,8 @@ class InstructionTranslator(CallsMixin):
             return type(a)(a.items + b.items)
         if isinstance(a, BaseListVariable) and isinstance(b, ConstantVariable) and sym in ("*", "*="):
             return type(a)(a.items * b.value)
+        if sym in ("==", "!=") and (_never_equal(a, b) or _never_equal(b, a)):
+            return ConstantVariable(sym == "!=")
         if sym in ("==", "!=") and isinstance(a, NNModuleVariable):
             same = isinstance(b, NNModuleVariable) and self.output.same_module(a, b)
             return ConstantVariable(same if sym == "==" else not same)
@@ -726,3 +744,15 @@ class InstructionTranslator(CallsMixin):
                           BoundMethodVariable, IteratorVariable, SymIntVariable)):
             return False                  # a value the trace tracks is never None
         raise self.unsupported(f"'is None' on {v.describe()}")
+
+
+def _never_equal(a: VariableTracker, b: VariableTracker) -> bool:
+    """`a == b` of a dict, list, tuple or set of the trace and a value of another kind (a
+    constant, another kind of container) is False, as in Python: neither side's __eq__ knows
+    the other, so identity decides (ESM's `rope_type == "longrope"` with a dict of rope types)."""
+    kinds = {DictVariable: (dict,), SetVariable: (set, frozenset), TupleVariable: (tuple,),
+             NamedTupleVariable: (tuple,), ListVariable: (list,)}
+    kind = kinds.get(type(a))
+    other = type(b.value) if isinstance(b, ConstantVariable) else \
+        kinds[type(b)][0] if type(b) in kinds else None
+    return kind is not None and other is not None and not issubclass(other, kind)
