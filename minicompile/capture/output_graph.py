@@ -17,6 +17,7 @@ import math
 import operator
 import os
 import re
+import sys
 import types
 from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional, Sequence, Tuple
 
@@ -137,8 +138,16 @@ def _is_torch_callable(v) -> bool:
     mod = getattr(v, "__module__", None) or ""
     if isinstance(v, (types.BuiltinFunctionType, types.FunctionType, torch._ops.OpOverloadPacket,
                       torch._ops.OpOverload)):
-        return mod.split(".")[0] in _TORCH_MODULE_PREFIXES
+        return mod.split(".")[0] in _TORCH_MODULE_PREFIXES and not _is_module_method(v)
     return False
+
+
+def _is_module_method(fn) -> bool:
+    """A method of one of torch's nn.Module classes read from the class (SqueezeBERT's
+    `nn.LayerNorm.forward(self, x)`): Python to inline like the module's own call, not an op."""
+    owner = getattr(sys.modules.get(getattr(fn, "__module__", None) or ""), fn.__qualname__.split(".")[0], None) \
+        if isinstance(fn, types.FunctionType) and "." in fn.__qualname__ else None
+    return isinstance(owner, type) and issubclass(owner, torch.nn.Module)
 
 
 def _is_internal_module_name(name: str) -> bool:

@@ -367,7 +367,8 @@ class InstructionTranslator(CallsMixin):
         if isinstance(obj, (TorchFunctionVariable, UserFunctionVariable, TypeVariable)):
             if obj.value in (torch.Tensor,) and callable(getattr(torch.Tensor, name, None)):
                 return _UnboundTensorMethod(name)
-            if isinstance(obj, TypeVariable) and not obj.value.__module__.startswith(("torch", "builtins")):
+            if isinstance(obj, TypeVariable) and (not obj.value.__module__.startswith(("torch", "builtins"))
+                                                  or issubclass(obj.value, torch.nn.Module)):
                 # an attribute of a Python class (`type(self).forward`): through the class's
                 # source where it has one, so the guard sees it change
                 static = inspect.getattr_static(obj.value, name)      # AttributeError as Python
