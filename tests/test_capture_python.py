@@ -178,7 +178,42 @@ def test_python_as_eager_in_no_more_graphs_than_dynamo(fn):
     assert ours.graph_count <= max(theirs.graph_count, 1) + (1 if "break" in fn.__name__ else 0)
 
 
-@pytest.mark.parametrize("fn", [dict_union, sets_changed_in_place, list_made_by_repetition_changed,
+class Interface(collections.abc.MutableMapping):
+    """Hugging Face's GeneralInterface (ALL_ATTENTION_FUNCTIONS): a mapping whose __getitem__
+    raises KeyError for a name it does not hold, and get() with a default on top."""
+    _global = {"double": lambda x: x * 2}
+
+    def __init__(self):
+        self._local = {}
+
+    def __getitem__(self, key):
+        return self._local[key] if key in self._local else self._global[key]
+
+    def __setitem__(self, key, value):
+        self._local[key] = value
+
+    def __delitem__(self, key):
+        del self._local[key]
+
+    def __iter__(self):
+        return iter({**self._global, **self._local})
+
+    def __len__(self):
+        return len(self._global) + len(self._local)
+
+    def get_interface(self, name, default):
+        return super().get(name, default)
+
+
+FUNCTIONS_OF = Interface()
+
+
+def mapping_get_with_a_default(x):
+    eager = FUNCTIONS_OF.get_interface("eager", torch.tanh)       # not held: the default
+    return eager(x) + FUNCTIONS_OF.get_interface("double", None)(x), "eager" in FUNCTIONS_OF
+
+
+@pytest.mark.parametrize("fn", [mapping_get_with_a_default, dict_union, sets_changed_in_place, list_made_by_repetition_changed,
                                 containers_compared_with_other_kinds], ids=lambda f: f.__name__)
 def test_operators_on_containers_as_eager_without_a_break(fn):
     compiled = minicompile.compile(fn)

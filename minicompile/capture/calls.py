@@ -498,7 +498,9 @@ class CallsMixin:
         if not isinstance(obj, UserObjectVariable):
             return None
         attr = inspect.getattr_static(type(obj.value), name, None)
+        read = ContainerReadVariable.of(obj, attr)
+        if read is not None:
+            return read.call(self, args, {})
         if isinstance(attr, types.FunctionType):
             return self.inline_call(attr, [obj] + list(args), {})
-        read = ContainerReadVariable.of(obj, attr)
-        return read.call(self, args, {}) if read is not None else None
+        return None

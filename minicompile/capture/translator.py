@@ -415,6 +415,9 @@ class InstructionTranslator(CallsMixin):
                 break
         else:
             raise AttributeError(name)
+        read = ContainerReadVariable.of(obj, attr)
+        if read is not None:
+            return read
         if isinstance(attr, types.FunctionType):
             if isinstance(obj, TypeVariable):
                 return self.output.wrap(attr, None)
@@ -426,9 +429,6 @@ class InstructionTranslator(CallsMixin):
             return self.output.wrap(attr.__func__, None)
         if attr is object.__init__:
             return _NoOpCallable()
-        read = ContainerReadVariable.of(obj, attr)
-        if read is not None:
-            return read
         if is_constant_value(attr):
             return ConstantVariable(attr)
         raise self.unsupported(f"super().{name} ({type(attr).__name__})")
