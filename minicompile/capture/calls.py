@@ -112,6 +112,9 @@ class CallsMixin:
                 # while it is traced (it answers True inside TorchDynamo too); what runs for
                 # real at a break asks again and hears False, as under Dynamo
                 return ConstantVariable(_COMPILING_QUERIES[fn.value])
+            if fn.value is torch.is_tensor and len(args) == 1 and not kwargs:
+                # answered by what the trace holds: a size stays symbolic (XGLM's max_pos)
+                return ConstantVariable(isinstance(args[0], TensorVariable))
             if fn.value is torch.cond:
                 from .higher_order import call_cond
                 return call_cond(self, args, kwargs)

@@ -486,6 +486,11 @@ class InstructionTranslator(CallsMixin):
             answer = self.output.sym_compare(op, a, b)
             if answer is not None:
                 return ConstantVariable(answer)
+        if sym in ("==", "!=") and isinstance(a, BaseListVariable) and isinstance(b, BaseListVariable) \
+                and any(isinstance(v, SymIntVariable) for v in (*a.items, *b.items)):
+            same = self.same_items(a, b)
+            if same is not None:
+                return ConstantVariable(same == (sym == "=="))
         if a.is_constant() and b.is_constant():
             result = op(a.as_example(), b.as_example())
             # a list made so (`[(0, 0)] * n`) is the frame's own to change: not a constant
@@ -539,6 +544,20 @@ class InstructionTranslator(CallsMixin):
                 return ConstantVariable(not eq.as_example())
             return eq
         raise self.unsupported(f"operator {sym} on {a.describe()} and {b.describe()}")
+
+    def same_items(self, a: BaseListVariable, b: BaseListVariable) -> Optional[bool]:
+        """`a == b` of two tuples or lists holding sizes (`x.size() != (bsz * heads, q, k)`),
+        item by item as Python compares them, each size compared symbolically (and guarded),
+        so that it stays dynamic. None where an item's comparison is not a constant."""
+        if _never_equal(a, b) or len(a.items) != len(b.items):
+            return False
+        for x, y in zip(a.items, b.items):
+            eq = self.binary("==", x, y)
+            if not eq.is_constant():
+                return None
+            if not eq.as_example():
+                return False
+        return True
 
     def make_tuple(self, items):
         return TupleVariable(items)
