@@ -283,6 +283,13 @@ def brk_loop_calls(x):
     return x
 
 
+def brk_nonzero(x):
+    # sizes that depend on values (DBRX's experts: nonzero of the tokens each one takes): the
+    # op runs at a graph break, as in Dynamo, not with the example's size baked into a graph
+    hit = (x > 0).nonzero()
+    return x[hit[:, 0]].sum(0) + x[x < 0].sum()
+
+
 SEEN = []
 
 
@@ -318,7 +325,8 @@ class BreaksInside(nn.Module):
 
 @pytest.mark.parametrize("fn, make", [
     (brk_print, one), (brk_inlined, one), (brk_branch, one), (brk_item, one),
-    (brk_tolist, one), (brk_loop, one), (brk_loop_calls, one), (brk_global_append, one)])
+    (brk_tolist, one), (brk_loop, one), (brk_loop_calls, one), (brk_global_append, one),
+    (brk_nonzero, one)])
 def test_graph_breaks(fn, make, capsys):
     compare(fn, make)
 
@@ -334,6 +342,71 @@ def test_break_with_mutation_of_an_object():
     compare(lambda x: brk_setattr(x, cfg), one)
     # Dynamo's explain once, ours once, eager twice, compiled twice: each call moved it by one
     assert cfg.count == 6
+
+
+class TensorCache(nn.Module):
+    """LeViT's attention biases: a tensor computed once and kept in a dict of the module."""
+
+    def __init__(self):
+        super().__init__()
+        self.bias = nn.Parameter(torch.randn(5))
+        self.cache = {}
+
+    def forward(self, x):
+        key = str(x.device)
+        if key not in self.cache:
+            self.cache[key] = self.bias * 2
+        return x + self.cache[key]
+
+
+def test_a_dict_from_outside_changed_in_the_graph():
+    """The change is made on the real dict after the graph, with no break (as Dynamo); the
+    next call sees the new key and compiles once more."""
+    model = TensorCache()
+    compiled = minicompile.compile(model)
+    with torch.no_grad():
+        for _ in range(3):
+            x = r(4, 5)
+            assert_same(compiled(x), x + model.bias * 2)
+    assert list(model.cache) == ["cpu"]
+    assert_same(model.cache["cpu"], model.bias * 2)
+    assert minicompile.metrics.graph_breaks == 0 and minicompile.metrics.graphs == 2
+
+
+def fill_dicts(x, d, holder):
+    d["a"] = x + 1
+    holder["other"].pop("z")
+    d.update(b=2)
+    return holder["same"]["a"] * len(d)     # `d` again, reached through another path
+
+
+def test_dicts_of_the_arguments_changed_in_the_graph():
+    compiled = minicompile.compile(fill_dicts)
+    for _ in range(2):
+        x = r(3)
+        states = []
+        for fn in (fill_dicts, compiled):
+            d, other = {"q": 1}, {"z": 3, "y": 4}
+            states.append((fn(x, d, {"other": other, "same": d}), d, other))
+        (expected, d, other), (got, d2, other2) = states
+        assert_same(got, expected)
+        assert list(d2) == list(d) and d2["b"] == 2 and other2 == other
+        assert_same(d2["a"], d["a"])
+    assert minicompile.metrics.graph_breaks == 0
+
+
+class SetsAnAttribute(nn.Module):
+    """Funnel's attention structure: `self.seq_len = ...` before the module has one."""
+
+    def forward(self, x):
+        self.seq_len = n = x.size(1)
+        return x * n
+
+
+def test_an_attribute_set_on_a_module_for_the_first_time():
+    model = SetsAnAttribute()
+    assert_same(minicompile.compile(model)(torch.ones(2, 3)), torch.full((2, 3), 3.0))
+    assert model.seq_len == 3 and minicompile.metrics.graph_breaks == 0
 
 
 def test_break_inside_module_forward(capsys):

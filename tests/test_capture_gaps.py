@@ -190,3 +190,14 @@ def test_object_made_inside_is_rebuilt():
 def test_super_forward_in_module_subclass():
     torch.manual_seed(0)
     compare(Stack(), one)
+
+
+class ChannelsFirstNorm(nn.LayerNorm):
+    """SqueezeBERT's layer norm: the parent's forward called through the class."""
+
+    def forward(self, x):
+        return nn.LayerNorm.forward(self, x.transpose(0, 1)).transpose(0, 1)
+
+
+def test_forward_of_a_torch_module_class_called_with_self():
+    compare(ChannelsFirstNorm(4), one)

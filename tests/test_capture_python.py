@@ -125,6 +125,34 @@ FUNCTIONS = [dict_views_are_live, dict_view_across_a_break, iterator_passed_to_a
              namedtuple_made_and_read, class_made_with_type]
 
 
+def dict_union(x):
+    kwargs = {"scale": 2}
+    merged = kwargs | {"limit": (0.0, float("inf"))}      # Mamba2's fused kwargs
+    alias = merged
+    alias |= {"shift": x}
+    return x * merged["scale"] + merged["shift"], sorted(merged)
+
+
+def sets_changed_in_place(x):
+    s = {1, 2, 3}
+    alias = s
+    alias |= {7}
+    alias -= {1}
+    alias ^= {2, 9}
+    return x + sum(s), sorted(s)
+
+
+def list_made_by_repetition_changed(x):
+    pad = [(0, 0)] * x.dim()                              # LongT5's padding of one dim
+    pad[0] = (1, 2)
+    return torch.nn.functional.pad(x, sum(pad[::-1], ())), pad
+
+
+def containers_compared_with_other_kinds(x):
+    rope = {"full": 1}
+    return x * 2, (rope == "longrope", rope != None, [x] == (x,), (1, 2) == [1, 2])  # noqa: E711
+
+
 def same(a, b) -> bool:
     if isinstance(a, torch.Tensor):
         return isinstance(b, torch.Tensor) and torch.allclose(a, b)
@@ -148,6 +176,53 @@ def test_python_as_eager_in_no_more_graphs_than_dynamo(fn):
     theirs = torch._dynamo.explain(fn)(x.clone())
     torch._dynamo.reset()
     assert ours.graph_count <= max(theirs.graph_count, 1) + (1 if "break" in fn.__name__ else 0)
+
+
+class Interface(collections.abc.MutableMapping):
+    """Hugging Face's GeneralInterface (ALL_ATTENTION_FUNCTIONS): a mapping whose __getitem__
+    raises KeyError for a name it does not hold, and get() with a default on top."""
+    _global = {"double": lambda x: x * 2}
+
+    def __init__(self):
+        self._local = {}
+
+    def __getitem__(self, key):
+        return self._local[key] if key in self._local else self._global[key]
+
+    def __setitem__(self, key, value):
+        self._local[key] = value
+
+    def __delitem__(self, key):
+        del self._local[key]
+
+    def __iter__(self):
+        return iter({**self._global, **self._local})
+
+    def __len__(self):
+        return len(self._global) + len(self._local)
+
+    def get_interface(self, name, default):
+        return super().get(name, default)
+
+
+FUNCTIONS_OF = Interface()
+
+
+def mapping_get_with_a_default(x):
+    eager = FUNCTIONS_OF.get_interface("eager", torch.tanh)       # not held: the default
+    return eager(x) + FUNCTIONS_OF.get_interface("double", None)(x), "eager" in FUNCTIONS_OF
+
+
+@pytest.mark.parametrize("fn", [mapping_get_with_a_default, dict_union, sets_changed_in_place, list_made_by_repetition_changed,
+                                containers_compared_with_other_kinds], ids=lambda f: f.__name__)
+def test_operators_on_containers_as_eager_without_a_break(fn):
+    compiled = minicompile.compile(fn)
+    for _ in range(2):
+        x = torch.randn(3, 2)
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            assert same(compiled(x.clone()), fn(x.clone()))
+    assert minicompile.metrics.graph_breaks == 0 and minicompile.metrics.graphs == 1
 
 
 def test_an_iterator_from_the_caller_is_advanced_as_in_eager():

@@ -188,6 +188,17 @@ def test_a_size_compared_in_python_is_guarded_not_specialized():
     assert our_compiles(f, calls) == torch_compiles(f, calls) == 3
 
 
+def test_sizes_compared_as_a_tuple_and_asked_is_tensor_stay_symbolic():
+    # XGLM's checks: a size tuple compared with a tuple of sizes, torch.is_tensor of a size
+    def f(x):
+        n = x.size(0) + 2
+        if torch.is_tensor(n) or x.size() != (x.shape[0], 3):
+            return x - 1
+        return x * n
+    calls = [(torch.randn(n, 3),) for n in (2, 3, 4, 5, 7)]
+    assert our_compiles(f, calls) == torch_compiles(f, calls) == 2
+
+
 def test_a_size_used_as_a_python_int_specializes(capsys):
     # any other use of a dynamic size needs its value (range(), a Python function): that dim
     # becomes static again (guarded by value), so each size compiles; the results stay right

@@ -32,6 +32,8 @@ CASES = {
     "int_floor_div": (lambda i: i // 3 + torch.div(i, 2, rounding_mode="floor"), lambda: (I(6, 7),)),
     "bool_mask_mean": (lambda x: (x > 0).float().mean(-1), lambda: (X(6, 7),)),
     "where_scalar": (lambda x: torch.where(x > 0, x, 0.0) + torch.where(x < 0, 1.0, x), lambda: (X(6, 7),)),
+    # the method's first argument is the value taken where the condition holds (Longformer)
+    "where_method": (lambda x, y: x.where(x > 0, y) + y.where(x < 0, 2.0), lambda: (X(6, 7), X(7))),
     "clamp_tensor": (lambda x, lo: torch.clamp(x, min=lo), lambda: (X(6, 7), X(7))),
     "inplace_on_intermediate": (lambda x: x.clone().mul_(2).add_(1), lambda: (X(6, 7),)),
     "reshape_minus_one": (lambda x: x.reshape(-1, 3).sum(0), lambda: (X(4, 6),)),

@@ -7,6 +7,7 @@ results share memory with which input or with each other, and which result *is* 
 inputs' values after the call. Writes stay in one graph (no graph break), as in TorchDynamo.
 """
 import re
+import warnings
 
 import pytest
 import torch
@@ -247,6 +248,52 @@ def only_views_of_an_intermediate(x):
 @pytest.mark.parametrize("fn", [views_of_one_intermediate, only_views_of_an_intermediate])
 def test_views_of_an_intermediate(kernel_backend, fn):
     assert_same_effects(fn, one(6, 4))
+
+
+def overlapping_chunks(x):
+    """Longformer's _chunk: as_strided over the memory of a view of a computed value (the
+    reshape of a transposed projection is a view in eager, with its strides), read by a
+    product and returned."""
+    y = (x * 2).view(4, 2, 12).transpose(0, 1).reshape(2, 4, 3, 4)
+    stride = list(y.stride())
+    stride[1] //= 2
+    chunks = y.as_strided(size=[2, 7, 3, 4], stride=stride)
+    return torch.einsum("bcxd,bcyd->bcxy", chunks, chunks), chunks
+
+
+def strided_windows(x):
+    """as_strided of a computed value itself, and with an explicit storage offset."""
+    y = torch.tanh(x)
+    return y.as_strided((5, 3), (2, 1)) + 1, y.as_strided((2, 2), (1, 3), 4)
+
+
+@pytest.mark.parametrize("fn", [overlapping_chunks, strided_windows])
+def test_as_strided_reads_eager_memory(kernel_backend, fn):
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")      # compiled, not run on PyTorch's kernels
+        assert_same_effects(fn, one(8, 12))
+    assert minicompile.metrics.kernels > 0
+
+
+def test_as_strided_of_memory_laid_out_otherwise_runs_on_pytorch_kernels():
+    """A view of an input as_strided: the input's storage is the caller's, beyond the view;
+    eager's result, not a compiled one (a warning says so)."""
+    with pytest.warns(UserWarning, match="PyTorch's kernels"):
+        assert_same_effects(lambda x: x.t().as_strided((3, 3), (1, 2), 1) * 2, one(6, 4))
+
+
+def add_at_indices(x, idx):
+    """x[idx] with a tensor index is a copy, not a view: a write into it changes the copy
+    only, and `out[idx] += 1` writes the changed copy back (DBRX's loop over its experts)."""
+    out = torch.zeros_like(x)
+    out[idx] += 1
+    picked = x[idx]
+    picked.mul_(2)
+    return out, picked
+
+
+def test_a_write_into_an_indexed_copy(kernel_backend):
+    assert_same_effects(add_at_indices, lambda: (randn(6, 4), torch.tensor([1, 3, 3], device=DEVICE)))
 
 
 def test_a_returned_view_can_be_written_by_the_caller():

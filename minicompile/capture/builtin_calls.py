@@ -350,17 +350,22 @@ class ContainerReadVariable(VariableTracker):
         return None
 
     def call(self, tx, args, kwargs) -> VariableTracker:
+        real, source, out = self.obj.value, self.obj.source, tx.output
+        if self.method in (collections.abc.Mapping.get, collections.abc.Mapping.__contains__) and \
+                not kwargs and 1 <= len(args) <= 2 and args[0].is_constant():
+            # the default of get() is handed back as it is, whatever it is (Hugging Face's
+            # ALL_ATTENTION_FUNCTIONS.get_interface("eager", eager_attention_forward))
+            key = args[0].as_example()
+            present = key in real
+            out.guards.has_key(source, key, present)
+            if self.method is collections.abc.Mapping.__contains__:
+                return ConstantVariable(present)
+            if present:
+                return out.wrap(real[key], ItemSource(source, key))
+            return args[1] if len(args) == 2 else ConstantVariable(None)
         if kwargs or not all(a.is_constant() for a in args):
             raise tx.unsupported(f"{self.describe()} with arguments that are not constants")
-        real, source, out = self.obj.value, self.obj.source, tx.output
         values = [a.as_example() for a in args]
-        if self.method in (collections.abc.Mapping.get, collections.abc.Mapping.__contains__):
-            result = self.method(real, *values)
-            present = values[0] in real
-            out.guards.has_key(source, values[0], present)
-            if present and self.method is collections.abc.Mapping.get:
-                return out.wrap(result, ItemSource(source, values[0]))
-            return ConstantVariable(result) if is_constant_value(result) else out.wrap(result, None)
         if isinstance(real, dict):
             out.guards.mapping_keys(source, real)
         else:

@@ -112,6 +112,9 @@ class CallsMixin:
                 # while it is traced (it answers True inside TorchDynamo too); what runs for
                 # real at a break asks again and hears False, as under Dynamo
                 return ConstantVariable(_COMPILING_QUERIES[fn.value])
+            if fn.value is torch.is_tensor and len(args) == 1 and not kwargs:
+                # answered by what the trace holds: a size stays symbolic (XGLM's max_pos)
+                return ConstantVariable(isinstance(args[0], TensorVariable))
             if fn.value is torch.cond:
                 from .higher_order import call_cond
                 return call_cond(self, args, kwargs)
@@ -498,7 +501,9 @@ class CallsMixin:
         if not isinstance(obj, UserObjectVariable):
             return None
         attr = inspect.getattr_static(type(obj.value), name, None)
+        read = ContainerReadVariable.of(obj, attr)
+        if read is not None:
+            return read.call(self, args, {})
         if isinstance(attr, types.FunctionType):
             return self.inline_call(attr, [obj] + list(args), {})
-        read = ContainerReadVariable.of(obj, attr)
-        return read.call(self, args, {}) if read is not None else None
+        return None

@@ -50,7 +50,7 @@ from typing import Any, Callable, Dict, List, Optional, Tuple
 import torch
 
 from .. import autocast, config
-from .sources import AttrSource, ItemSource, RemainingSource, Source
+from .sources import AttrSource, ItemSource, RemainingSource, Source, ViewedDictSource
 
 
 try:
@@ -152,6 +152,13 @@ def remaining_items(iterator) -> list:
     """What an iterator has left, read from a copy of it (sources.RemainingSource)."""
     import copy
     return list(copy.copy(iterator))
+
+
+def viewed_dict(view) -> dict:
+    """The dict a keys(), values() or items() view shows (sources.ViewedDictSource): the one
+    object the view's read-only `mapping` proxy refers to."""
+    import gc
+    return gc.get_referents(view.mapping)[0]
 
 
 def storage_pattern(*tensors) -> tuple:
@@ -275,7 +282,7 @@ class GuardBuilder:
         self.namespace: Dict[str, Any] = {"torch": torch, "Tensor": torch.Tensor,
                                           "Parameter": torch.nn.Parameter,
                                           "TENSOR_FAILURE": tensor_failure,
-                                          "REMAINING": remaining_items}
+                                          "REMAINING": remaining_items, "VIEWED": viewed_dict}
         self._cpp_guards = None          # (the checks it covers, their C++ TensorGuards)
 
     def _add(self, key, source: Optional[Source], parts, comment: str = "", slow=None,
@@ -625,8 +632,8 @@ class GuardBuilder:
                 rhs = f"{local(src.base, out)}.{src.attr}"
             elif isinstance(src, ItemSource):
                 rhs = f"{local(src.base, out)}[{src.index!r}]"
-            elif isinstance(src, RemainingSource):
-                rhs = f"REMAINING({local(src.base, out)})"
+            elif isinstance(src, (RemainingSource, ViewedDictSource)):
+                rhs = f"{src.FUNCTION}({local(src.base, out)})"
             else:
                 rhs = key                        # L['x'], G, a root label
             names[key] = f"v{len(names)}"

@@ -17,6 +17,7 @@ import math
 import operator
 import os
 import re
+import sys
 import types
 from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional, Sequence, Tuple
 
@@ -29,8 +30,9 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from .. import aliasing, ir, logs
 from .breaks import Unsupported, never_traced
-from .guards import GuardBuilder, dense_order
-from .sources import AttrSource, ItemSource, LocalSource, RemainingSource, RootSource, Source
+from .guards import GuardBuilder, dense_order, viewed_dict
+from .sources import (AttrSource, ItemSource, LocalSource, RemainingSource, RootSource, Source,
+                      ViewedDictSource)
 from .builtin_calls import _BUILTIN_HANDLERS
 
 if TYPE_CHECKING:
@@ -98,12 +100,14 @@ class _ExampleOps(TorchDispatchMode):
     An op that would write an input's memory in a way capture did not recognise as a write
     (aliasing.written) is stopped before it writes, by its schema (the arguments it marks as
     written): a trace never changes the caller's tensors. An op that draws random numbers
-    (tagged nondeterministic_seeded) is noted: its node must run, once, in program order."""
+    (tagged nondeterministic_seeded) is noted: its node must run, once, in program order. So is
+    an op whose result's sizes depend on the values it reads (_sizes_from_values)."""
 
     def __init__(self, storages):
         super().__init__()
         self.storages = storages          # the inputs' storage pointers (a dict's keys)
         self.draws_random = False
+        self.sizes_from_values = None     # the first such op
 
     @classmethod
     def _should_skip_dynamo(cls) -> bool:
@@ -116,6 +120,8 @@ class _ExampleOps(TorchDispatchMode):
         schema = func._schema
         if torch.Tag.nondeterministic_seeded in func.tags:
             self.draws_random = True
+        if self.sizes_from_values is None and _sizes_from_values(func, args, kwargs):
+            self.sizes_from_values = str(func)
         if schema.is_mutable:
             for i, arg in enumerate(schema.arguments):
                 if arg.alias_info is None or not arg.alias_info.is_write:
@@ -127,6 +133,23 @@ class _ExampleOps(TorchDispatchMode):
         return func(*args, **kwargs)
 
 
+def _sizes_from_values(func, args, kwargs) -> bool:
+    """Whether the op's result has sizes that depend on the values it reads (nonzero, a
+    boolean mask as an index, unique, masked_select): the ops torch tags so, but for the cases
+    whose sizes the arguments give (integer indices, one_hot's num_classes, repeat_interleave's
+    output_size). Traced on the examples, such a size would be baked into the graph."""
+    if torch.Tag.dynamic_output_shape not in func.tags:
+        return False
+    packet = func.overloadpacket
+    if packet is torch.ops.aten.index:
+        return any(isinstance(i, torch.Tensor) and i.dtype in (torch.bool, torch.uint8) for i in args[1])
+    if packet is torch.ops.aten.one_hot:
+        return (args[1] if len(args) > 1 else kwargs.get("num_classes", -1)) == -1
+    if packet is torch.ops.aten.repeat_interleave:
+        return kwargs.get("output_size") is None
+    return True
+
+
 _TORCH_MODULE_PREFIXES = ("torch", "_operator", "operator", "math")
 
 
@@ -136,8 +159,16 @@ def _is_torch_callable(v) -> bool:
     mod = getattr(v, "__module__", None) or ""
     if isinstance(v, (types.BuiltinFunctionType, types.FunctionType, torch._ops.OpOverloadPacket,
                       torch._ops.OpOverload)):
-        return mod.split(".")[0] in _TORCH_MODULE_PREFIXES
+        return mod.split(".")[0] in _TORCH_MODULE_PREFIXES and not _is_module_method(v)
     return False
+
+
+def _is_module_method(fn) -> bool:
+    """A method of one of torch's nn.Module classes read from the class (SqueezeBERT's
+    `nn.LayerNorm.forward(self, x)`): Python to inline like the module's own call, not an op."""
+    owner = getattr(sys.modules.get(getattr(fn, "__module__", None) or ""), fn.__qualname__.split(".")[0], None) \
+        if isinstance(fn, types.FunctionType) and "." in fn.__qualname__ else None
+    return isinstance(owner, type) and issubclass(owner, torch.nn.Module)
 
 
 def _is_internal_module_name(name: str) -> bool:
@@ -161,6 +192,9 @@ class OutputGraph:
         self.input_sources: List[Source] = []
         self.input_examples: List[torch.Tensor] = []
         self._by_source: Dict[str, VariableTracker] = {}
+        # id -> (dict or list, its variable): one variable per mutable container however the
+        # trace reaches it, so that a change made through one path is seen through the others
+        self._containers: Dict[int, Tuple[Any, VariableTracker]] = {}
         self._last_placeholder: Optional[torch.fx.Node] = None
         # the placeholders' sets of dynamic dims that were not empty (emptied in place when
         # the trace specializes a dim): checked before every op
@@ -372,7 +406,14 @@ class OutputGraph:
             key = source.expr()
             if key in self._by_source:
                 return self._by_source[key]
-            var = self._wrap(value, source)
+            seen = self._containers.get(id(value)) if type(value) in (dict, list) else None
+            if seen is not None:
+                var = seen[1]
+                self.guards.same_object(var.source, source, True)   # one object in later calls too
+            else:
+                var = self._wrap(value, source)
+                if type(value) in (dict, list):
+                    self._containers[id(value)] = (value, var)
             self._by_source[key] = var
             return var
         return self._wrap(value, None)
@@ -423,11 +464,11 @@ class OutputGraph:
             return GradModeVariable(type(value) is torch.enable_grad)
         if isinstance(value, _DICT_VIEWS) and source is not None:
             # a dict's keys()/values()/items() from outside the frame: a view of its dict
+            # (the dict's own variable where the trace has it already: a change made to it in
+            # the trace shows in the view)
             g.type_check(source, type(value))
-            mapping, map_src = value.mapping, AttrSource(source, "mapping")
-            g.mapping_keys(map_src, mapping)
-            d = DictVariable({k: self.wrap(v, ItemSource(map_src, k)) for k, v in mapping.items()}, map_src)
-            return DictViewVariable(d, type(value).__name__[5:])
+            return DictViewVariable(self.wrap(viewed_dict(value), ViewedDictSource(source)),
+                                    type(value).__name__[5:])
         if type(value) in _READABLE_ITERATORS and source is not None:
             # an iterator from outside the frame (or across a graph break): its remaining items
             # read from a copy of it (it is not advanced); what the trace takes from it is taken
@@ -512,6 +553,12 @@ class OutputGraph:
             raise self.unsupported(f"{name}() raised {type(e).__name__}: {e}",
                                    "running the operation on the example inputs failed; "
                                    "eager execution will raise the same error") from e
+        if watch.sizes_from_values is not None:
+            # as TorchDynamo (without capture_dynamic_output_shape_ops): the op runs at a graph
+            # break and its result is an input of the graph that follows
+            raise self.unsupported(f"{name}(): the sizes of its result depend on tensor values "
+                                   f"({watch.sizes_from_values})",
+                                   "a graph has one size for each value it computes")
         if out_given is not None:
             if _shape_of(out_given) != _shape_of(ex_kwargs["out"]):
                 raise self.unsupported(f"{name}(out=...) resizes its out tensor",
@@ -526,6 +573,9 @@ class OutputGraph:
             # nothing (x[i] = v)
             node = self.tracer.create_proxy(kind, target, self.lift(tuple(a.as_proxy() for a in args)),
                                             self.lift({k: v.as_proxy() for k, v in kwargs.items()})).node
+            # (every node has its example: a graph without one for each is run again on fake
+            # tensors, where an op whose size depends on values, such as nonzero, cannot run)
+            self._set_meta(node, result)
             if watch.draws_random:
                 node.meta["draws_random"] = True
             if result is None:

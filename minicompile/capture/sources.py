@@ -75,9 +75,20 @@ class ItemSource(Source):
 class RemainingSource(Source):
     """The items an iterator has not yet given, read without advancing it (a copy of it)."""
     base: Source
+    FUNCTION = "REMAINING"          # guards.remaining_items, in the guard's namespace
 
     def _expr(self):
-        return f"REMAINING({self.base.expr()})"
+        return f"{self.FUNCTION}({self.base.expr()})"
+
+
+@dataclass(frozen=True, eq=True)
+class ViewedDictSource(Source):
+    """The dict a keys(), values() or items() view shows."""
+    base: Source
+    FUNCTION = "VIEWED"             # guards.viewed_dict
+
+    def _expr(self):
+        return f"{self.FUNCTION}({self.base.expr()})"
 
 
 def module_member_source(module_source: Source, kind: str, key: str) -> Source:

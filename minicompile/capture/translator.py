@@ -37,7 +37,7 @@ from .values import (DELETED, NULL, BaseListVariable, BoundMethodVariable, Built
                      DictViewVariable, GradModeVariable, IteratorVariable, ListVariable,
                      ModelOutputVariable, NamedTupleVariable, NestedFunctionVariable,
                      NNModuleVariable, NullVariable, OpaqueConstantVariable, PythonModuleVariable,
-                     SuperVariable, SymIntVariable, TensorMethodVariable, TensorVariable,
+                     SetVariable, SuperVariable, SymIntVariable, TensorMethodVariable, TensorVariable,
                      TorchFunctionVariable, TupleVariable, TypeVariable, UserFunctionVariable,
                      UserObjectVariable, VariableTracker, _constant_result, _DictFromKeys,
                      _NoOpCallable, _UnboundTensorMethod, is_constant_value)
@@ -367,7 +367,8 @@ class InstructionTranslator(CallsMixin):
         if isinstance(obj, (TorchFunctionVariable, UserFunctionVariable, TypeVariable)):
             if obj.value in (torch.Tensor,) and callable(getattr(torch.Tensor, name, None)):
                 return _UnboundTensorMethod(name)
-            if isinstance(obj, TypeVariable) and not obj.value.__module__.startswith(("torch", "builtins")):
+            if isinstance(obj, TypeVariable) and (not obj.value.__module__.startswith(("torch", "builtins"))
+                                                  or issubclass(obj.value, torch.nn.Module)):
                 # an attribute of a Python class (`type(self).forward`): through the class's
                 # source where it has one, so the guard sees it change
                 static = inspect.getattr_static(obj.value, name)      # AttributeError as Python
@@ -414,6 +415,9 @@ class InstructionTranslator(CallsMixin):
                 break
         else:
             raise AttributeError(name)
+        read = ContainerReadVariable.of(obj, attr)
+        if read is not None:
+            return read
         if isinstance(attr, types.FunctionType):
             if isinstance(obj, TypeVariable):
                 return self.output.wrap(attr, None)
@@ -425,9 +429,6 @@ class InstructionTranslator(CallsMixin):
             return self.output.wrap(attr.__func__, None)
         if attr is object.__init__:
             return _NoOpCallable()
-        read = ContainerReadVariable.of(obj, attr)
-        if read is not None:
-            return read
         if is_constant_value(attr):
             return ConstantVariable(attr)
         raise self.unsupported(f"super().{name} ({type(attr).__name__})")
@@ -466,6 +467,18 @@ class InstructionTranslator(CallsMixin):
                 and all(type(v.example if isinstance(v, SymIntVariable) else getattr(v, "value", None)) is int
                         for v in (a, b)):
             return self.output.sym_arith(SIZE_ARITHMETIC[sym], a, b)
+        if type(a) is DictVariable and type(b) is DictVariable and sym in ("|", "|="):
+            if sym == "|":
+                return DictVariable({**a.items, **b.items})
+            self.check_mutable(a)                  # dict |= ...: updates that very dict
+            self.output.record_mutation(a)
+            a.items.update(b.items)
+            return a
+        if isinstance(a, SetVariable) and sym in ("|=", "&=", "-=", "^=") and b.is_constant():
+            self.check_mutable(a)                  # set |= ...: changes that very set
+            self.output.record_mutation(a)
+            a.items = SetVariable.of(op(set(a.as_example()), b.as_example())).items
+            return a
         if op in aliasing.AUGMENTED and not isinstance(a, (TensorVariable, ListVariable)):
             op = aliasing.AUGMENTED[op]           # `x op= y` writes in place only a tensor or a list
             sym = sym[:-1]
@@ -473,8 +486,17 @@ class InstructionTranslator(CallsMixin):
             answer = self.output.sym_compare(op, a, b)
             if answer is not None:
                 return ConstantVariable(answer)
+        if sym in ("==", "!=") and isinstance(a, BaseListVariable) and isinstance(b, BaseListVariable) \
+                and any(isinstance(v, SymIntVariable) for v in (*a.items, *b.items)):
+            same = self.same_items(a, b)
+            if same is not None:
+                return ConstantVariable(same == (sym == "=="))
         if a.is_constant() and b.is_constant():
-            return ConstantVariable(op(a.as_example(), b.as_example()))
+            result = op(a.as_example(), b.as_example())
+            # a list made so (`[(0, 0)] * n`) is the frame's own to change: not a constant
+            if type(result) is set:
+                return SetVariable.of(result)
+            return self.output.wrap(result, None) if type(result) in (list, dict) else ConstantVariable(result)
         if isinstance(a, TensorVariable) or isinstance(b, TensorVariable):
             return self.output.call("call_function", op, [a, b], {})
         if isinstance(b, ConstantVariable) and isinstance(b.value, (tuple, list)) and \
@@ -495,6 +517,8 @@ class InstructionTranslator(CallsMixin):
             return type(a)(a.items + b.items)
         if isinstance(a, BaseListVariable) and isinstance(b, ConstantVariable) and sym in ("*", "*="):
             return type(a)(a.items * b.value)
+        if sym in ("==", "!=") and (_never_equal(a, b) or _never_equal(b, a)):
+            return ConstantVariable(sym == "!=")
         if sym in ("==", "!=") and isinstance(a, NNModuleVariable):
             same = isinstance(b, NNModuleVariable) and self.output.same_module(a, b)
             return ConstantVariable(same if sym == "==" else not same)
@@ -520,6 +544,20 @@ class InstructionTranslator(CallsMixin):
                 return ConstantVariable(not eq.as_example())
             return eq
         raise self.unsupported(f"operator {sym} on {a.describe()} and {b.describe()}")
+
+    def same_items(self, a: BaseListVariable, b: BaseListVariable) -> Optional[bool]:
+        """`a == b` of two tuples or lists holding sizes (`x.size() != (bsz * heads, q, k)`),
+        item by item as Python compares them, each size compared symbolically (and guarded),
+        so that it stays dynamic. None where an item's comparison is not a constant."""
+        if _never_equal(a, b) or len(a.items) != len(b.items):
+            return False
+        for x, y in zip(a.items, b.items):
+            eq = self.binary("==", x, y)
+            if not eq.is_constant():
+                return None
+            if not eq.as_example():
+                return False
+        return True
 
     def make_tuple(self, items):
         return TupleVariable(items)
@@ -616,7 +654,11 @@ class InstructionTranslator(CallsMixin):
                 self.output.side_effects.append(obj)
             return
         if isinstance(obj, NNModuleVariable) and obj.source is not None:
-            if value is self.load_module_attr(obj, name):
+            try:
+                current = self.load_module_attr(obj, name)
+            except Unsupported:
+                current = None          # an attribute the module does not have yet
+            if value is current:
                 return                  # `self.count += 1`: the buffer itself, written in place
             # replayed with setattr after the graph (nn.Module's own: a parameter, buffer or
             # plain attribute as it decides); later reads in the trace see the new value
@@ -630,8 +672,10 @@ class InstructionTranslator(CallsMixin):
                                "it runs for real at a graph break")
 
     def check_mutable(self, obj: VariableTracker):
-        if obj.source is not None and isinstance(obj, ListVariable) and obj.source.expr().startswith(("G[", "G_")):
-            # a global list: the change is replayed on the real list after the graph, as Dynamo does
+        if obj.source is not None and (type(obj) is DictVariable or isinstance(obj, ListVariable) and
+                                       obj.source.expr().startswith(("G[", "G_"))):
+            # a global list, or a dict (a module's cache of tensors, a cache object's dict of
+            # states): the change is replayed on the real one after the graph, as Dynamo does
             if obj not in self.output.side_effects:
                 self.output.side_effects.append(obj)
             return
@@ -720,3 +764,15 @@ class InstructionTranslator(CallsMixin):
                           BoundMethodVariable, IteratorVariable, SymIntVariable)):
             return False                  # a value the trace tracks is never None
         raise self.unsupported(f"'is None' on {v.describe()}")
+
+
+def _never_equal(a: VariableTracker, b: VariableTracker) -> bool:
+    """`a == b` of a dict, list, tuple or set of the trace and a value of another kind (a
+    constant, another kind of container) is False, as in Python: neither side's __eq__ knows
+    the other, so identity decides (ESM's `rope_type == "longrope"` with a dict of rope types)."""
+    kinds = {DictVariable: (dict,), SetVariable: (set, frozenset), TupleVariable: (tuple,),
+             NamedTupleVariable: (tuple,), ListVariable: (list,)}
+    kind = kinds.get(type(a))
+    other = type(b.value) if isinstance(b, ConstantVariable) else \
+        kinds[type(b)][0] if type(b) in kinds else None
+    return kind is not None and other is not None and not issubclass(other, kind)

@@ -491,7 +491,13 @@ def _clamp(node, values, input, min, max):
     return _pointwise_box(node, values, fn, [input] + [b for _, b in bounds])
 
 
-@register([torch.where, "where"], "condition, input, other", pointwise=True)
+@register(["where"], "input, condition, other", pointwise=True)
+def _where_method(node, values, input, condition, other):
+    """x.where(condition, y): torch.where(condition, x, y)."""
+    return _where(node, values, condition, input, other)
+
+
+@register([torch.where], "condition, input, other", pointwise=True)
 def _where(node, values, condition, input, other):
     meta = _meta(node, values)
     if meta is None or not isinstance(condition, TensorBox):
@@ -1212,6 +1218,61 @@ def _expand(node, values, input, sizes):
     off = len(shape) - len(src)
     return _view_box(node, values, input,
                      lambda idx: [Index() if src[d] == 1 else idx[d + off] for d in range(len(src))])
+
+
+@register(["as_strided", torch.as_strided], "input, size, stride, storage_offset=None")
+def _as_strided(node, values, input, size, stride, storage_offset):
+    """A view of the memory under `input`, not of its elements: eager reads the storage of
+    the tensor the input's views were taken of (Longformer's overlapping chunks of a reshaped
+    projection). So it is a view of the buffer of the value the input's views read, stored in
+    the layout eager's storage has. Where that cannot be shown, the graph runs on PyTorch's
+    kernels (NotImplementedError): an argument realized as minicompile lays it out is other
+    memory, and as_strided of it other values."""
+    arg = node.args[0] if node.args else node.kwargs.get("input")
+    traced, result = values.get(arg), values.get(node)
+    if not isinstance(input, TensorBox) or not isinstance(traced, torch.Tensor):
+        return NotImplemented
+    if isinstance(input.data, ir.InputBuffer):
+        return NotImplemented        # the caller's own tensor, passed as it is: eager's memory
+
+    def refuse(why):
+        raise NotImplementedError(f"{_origin(node)}: as_strided {why}")
+    base = viewed_value(input)
+    storage = traced._base if traced._base is not None else traced
+    if _has_symbolic_sizes(result) or not _owns_its_storage(storage) or \
+            isinstance(base.data, (ir.InputBuffer, ir.ViewOfBuffer)):
+        refuse("of memory minicompile may lay out otherwise than eager")
+    if not all(isinstance(v, int) or isinstance(v, TensorBox) and _computed_from_constants(v)
+               for v in (*size, *stride, storage_offset or 0)):
+        refuse("with sizes computed from the inputs")
+    # the sizes as eager used them (Longformer's are 0-dim tensors of constants)
+    size, stride, offset = list(result.shape), list(result.stride()), result.storage_offset()
+    base.realize(list(storage.stride()))
+    if list(base.shape) != list(storage.shape) or not base.has_strides(list(storage.stride())):
+        refuse("of a value laid out otherwise than eager's storage")
+    if base is not input:
+        view = as_view_of_buffer(input)       # where the input's elements are in that buffer
+        if view is None or view.base.name != base.name or view.offset != traced.storage_offset() or \
+                any(a != b and n > 1 for a, b, n in zip(view.stride, traced.stride(), traced.shape)):
+            refuse("of views minicompile cannot follow to eager's storage")
+    last = offset + sum((n - 1) * s for n, s in zip(size, stride))
+    if min(stride, default=0) < 0 or 0 in size or last >= storage.numel():
+        refuse("beyond the value's memory")
+    return TensorBox(ir.ViewOfBuffer(base, size, stride, offset), input.program, [base])
+
+
+def _computed_from_constants(box: TensorBox) -> bool:
+    """The value reads no graph input (a size worked out with torch.div of Python ints)."""
+    return not isinstance(box.data, (ir.InputBuffer, ir.ViewOfBuffer)) and \
+        getattr(box.data, "reason", "") != RANDOM_REASON and \
+        all(_computed_from_constants(r) for r in box.reads)
+
+
+def _owns_its_storage(t: torch.Tensor) -> bool:
+    """The tensor is all of its storage, densely (so its layout is the storage's)."""
+    return not _has_symbolic_sizes(t) and t.storage_offset() == 0 and t.numel() > 0 and \
+        ir.is_dense(list(t.shape), list(t.stride())) and \
+        t.untyped_storage().nbytes() == t.numel() * t.element_size()
 
 
 @register([operator.getitem], "input, item")
