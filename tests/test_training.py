@@ -390,3 +390,20 @@ def test_an_internal_op_gets_the_contiguous_copy_the_traced_graph_made(kernel_ba
     out.sum().backward()
     expected.sum().backward()
     assert_same(ours[0].grad, theirs[0].grad)
+
+
+def test_a_compiled_block_given_an_activation_passes_its_gradient_back(kernel_backend):
+    """A compiled block whose input is computed with autograd (an activation, not a leaf: the
+    blocks of a model compiled one by one, the later ones reading the earlier ones' outputs)
+    returns that input's gradient, so everything before it gets its gradients too."""
+    torch.manual_seed(7)
+    model = nn.Sequential(models.Block(dim=16, heads=2), models.Block(dim=16, heads=2)).to(DEVICE)
+    twin = copy.deepcopy(model)
+    for block in model:
+        block.forward = minicompile.compile(block.forward)
+    x, target = randn(3, 5, 16), randn(3, 5, 16)
+    (model(x) - target).square().mean().backward()
+    (twin(x) - target).square().mean().backward()
+    for (name, p), q in zip(model.named_parameters(), twin.parameters()):
+        assert p.grad is not None, name
+        torch.testing.assert_close(p.grad, q.grad, rtol=1e-4, atol=1e-5, msg=name)

@@ -141,8 +141,11 @@ def trace_joint(gm: torch.fx.GraphModule, example_inputs) -> Joint:
 
 
 def _reached_by(outputs: list, leaves: list) -> list:
-    """Per leaf: the indices of the outputs from whose autograd node a path leads to it."""
+    """Per input: the indices of the outputs from whose autograd node a path leads to it (to
+    its AccumulateGrad node; or, for an input that is itself computed with autograd, as an
+    activation handed to a compiled block is, and as a fake copy of it is, to its grad_fn)."""
     at = {id(t): k for k, t in enumerate(leaves)}
+    made_by = {t.grad_fn: k for k, t in enumerate(leaves) if getattr(t, "grad_fn", None) is not None}
     reached: list = [set() for _ in leaves]
     for i, out in enumerate(outputs):
         if id(out) in at:                        # an input handed back as it is
@@ -153,6 +156,8 @@ def _reached_by(outputs: list, leaves: list) -> list:
             if node is None or node in seen:
                 continue
             seen.add(node)
+            if node in made_by:
+                reached[made_by[node]].add(i)
             leaf = getattr(node, "variable", None)       # an AccumulateGrad node
             if leaf is not None and id(leaf) in at:
                 reached[at[id(leaf)]].add(i)
