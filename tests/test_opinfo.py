@@ -31,6 +31,8 @@ CASES = [
     ("linalg.det", F32, "bwd", 0, "ok"),
     ("softmax", F32, "fwd", 6, "ok"),               # a 0-dim input's dim 0
     ("log_softmax", F32, "fwd", 6, "ok"),
+    ("softmax", F32, "fwd", 5, "ok"),               # a dim of size 0: PyTorch's kernel
+    ("nn.functional.embedding_bag", F32, "bwd", 9, "ok"),  # strided indices: the traced copy
     ("var.unbiased", F32, "fwd", 1, "ok"),          # var(x, unbiased)
     ("std.unbiased", F32, "fwd", 3, "ok"),
     ("svd_lowrank", F32, "bwd", 15, "break"),       # it sets the seed: PyTorch's kernels run it
