@@ -407,3 +407,23 @@ def test_a_compiled_block_given_an_activation_passes_its_gradient_back(kernel_ba
     for (name, p), q in zip(model.named_parameters(), twin.parameters()):
         assert p.grad is not None, name
         torch.testing.assert_close(p.grad, q.grad, rtol=1e-4, atol=1e-5, msg=name)
+
+
+def test_tied_weights_get_the_gradients_of_both_uses(kernel_backend):
+    """One parameter read twice (GPT-2's embedding and LM head: the trace sees two inputs that
+    are one tensor): its gradient is the sum of both uses', as eager's."""
+    class Tied(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.embed, self.head = nn.Embedding(11, 8), nn.Linear(8, 11, bias=False)
+            self.head.weight = self.embed.weight
+
+        def forward(self, ids):
+            return self.head(torch.tanh(self.embed(ids)))
+    torch.manual_seed(8)
+    model = Tied().to(DEVICE)
+    twin = copy.deepcopy(model)
+    ids = torch.randint(0, 11, (2, 5), device=DEVICE)
+    minicompile.compile(model)(ids).square().mean().backward()
+    twin(ids).square().mean().backward()
+    assert_same(model.embed.weight.grad, twin.embed.weight.grad)

@@ -143,25 +143,31 @@ def trace_joint(gm: torch.fx.GraphModule, example_inputs) -> Joint:
 def _reached_by(outputs: list, leaves: list) -> list:
     """Per input: the indices of the outputs from whose autograd node a path leads to it (to
     its AccumulateGrad node; or, for an input that is itself computed with autograd, as an
-    activation handed to a compiled block is, and as a fake copy of it is, to its grad_fn)."""
-    at = {id(t): k for k, t in enumerate(leaves)}
-    made_by = {t.grad_fn: k for k, t in enumerate(leaves) if getattr(t, "grad_fn", None) is not None}
+    activation handed to a compiled block is, and as a fake copy of it is, to its grad_fn). One
+    tensor passed as several inputs (tied weights: GPT-2's embedding and LM head) is one fake
+    tensor, so what reaches it reaches each of them."""
+    at: dict = {}
+    made_by: dict = {}
+    for k, t in enumerate(leaves):
+        at.setdefault(id(t), []).append(k)
+        if getattr(t, "grad_fn", None) is not None:
+            made_by.setdefault(t.grad_fn, []).append(k)
     reached: list = [set() for _ in leaves]
     for i, out in enumerate(outputs):
-        if id(out) in at:                        # an input handed back as it is
-            reached[at[id(out)]].add(i)
+        hits = list(at.get(id(out), ()))        # an input handed back as it is
         seen, todo = set(), [out.grad_fn]
         while todo:
             node = todo.pop()
             if node is None or node in seen:
                 continue
             seen.add(node)
-            if node in made_by:
-                reached[made_by[node]].add(i)
+            hits += made_by.get(node, [])
             leaf = getattr(node, "variable", None)       # an AccumulateGrad node
-            if leaf is not None and id(leaf) in at:
-                reached[at[id(leaf)]].add(i)
+            if leaf is not None:
+                hits += at.get(id(leaf), [])
             todo.extend(fn for fn, _ in node.next_functions)
+        for k in hits:
+            reached[k].add(i)
     return reached
 
 

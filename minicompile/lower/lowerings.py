@@ -546,7 +546,7 @@ def _reduction_box(meta, input, dims, keepdim, reduction_type):
     if dims is None or dims == [] or dims == ():
         dims = list(range(ndim))
     dims = ir.wrap_dims(dims, ndim)
-    key = (id(input), tuple(dims), bool(keepdim), reduction_type, meta.dtype, tuple(meta.shape))
+    key = (id(input), tuple(dims), bool(keepdim), reduction_type, meta.dtype, tuple(map(str, meta.shape)))
     if key not in input.program.reductions:
         box = _new_reduction_box(meta, input, dims, keepdim, reduction_type)
         if box is NotImplemented:
