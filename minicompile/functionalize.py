@@ -291,8 +291,9 @@ class _Functionalizer:
     def _view_base(self, node):
         """The tensor node is a view of: the argument whose memory its result shares in the
         example (a tuple of views, from split or unbind, is a view; an item of it, too)."""
-        if node.op == "call_function" and node.target is operator.getitem:
-            container = self.resolve(node.args[0]) if isinstance(node.args[0], torch.fx.Node) else None
+        if node.op == "call_function" and node.target is operator.getitem and \
+                isinstance(_example(node.args[0]), (tuple, list)):
+            container = self.resolve(node.args[0])
             if container in self.root:
                 return container
         ex = _example(node)

@@ -282,6 +282,20 @@ def test_as_strided_of_memory_laid_out_otherwise_runs_on_pytorch_kernels():
         assert_same_effects(lambda x: x.t().as_strided((3, 3), (1, 2), 1) * 2, one(6, 4))
 
 
+def add_at_indices(x, idx):
+    """x[idx] with a tensor index is a copy, not a view: a write into it changes the copy
+    only, and `out[idx] += 1` writes the changed copy back (DBRX's loop over its experts)."""
+    out = torch.zeros_like(x)
+    out[idx] += 1
+    picked = x[idx]
+    picked.mul_(2)
+    return out, picked
+
+
+def test_a_write_into_an_indexed_copy(kernel_backend):
+    assert_same_effects(add_at_indices, lambda: (randn(6, 4), torch.tensor([1, 3, 3], device=DEVICE)))
+
+
 def test_a_returned_view_can_be_written_by_the_caller():
     compiled = minicompile.compile(lambda x: x[1:3])
     x = randn(5, 3)
