@@ -283,6 +283,13 @@ def brk_loop_calls(x):
     return x
 
 
+def brk_nonzero(x):
+    # sizes that depend on values (DBRX's experts: nonzero of the tokens each one takes): the
+    # op runs at a graph break, as in Dynamo, not with the example's size baked into a graph
+    hit = (x > 0).nonzero()
+    return x[hit[:, 0]].sum(0) + x[x < 0].sum()
+
+
 SEEN = []
 
 
@@ -318,7 +325,8 @@ class BreaksInside(nn.Module):
 
 @pytest.mark.parametrize("fn, make", [
     (brk_print, one), (brk_inlined, one), (brk_branch, one), (brk_item, one),
-    (brk_tolist, one), (brk_loop, one), (brk_loop_calls, one), (brk_global_append, one)])
+    (brk_tolist, one), (brk_loop, one), (brk_loop_calls, one), (brk_global_append, one),
+    (brk_nonzero, one)])
 def test_graph_breaks(fn, make, capsys):
     compare(fn, make)
 

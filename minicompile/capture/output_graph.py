@@ -100,12 +100,14 @@ class _ExampleOps(TorchDispatchMode):
     An op that would write an input's memory in a way capture did not recognise as a write
     (aliasing.written) is stopped before it writes, by its schema (the arguments it marks as
     written): a trace never changes the caller's tensors. An op that draws random numbers
-    (tagged nondeterministic_seeded) is noted: its node must run, once, in program order."""
+    (tagged nondeterministic_seeded) is noted: its node must run, once, in program order. So is
+    an op whose result's sizes depend on the values it reads (_sizes_from_values)."""
 
     def __init__(self, storages):
         super().__init__()
         self.storages = storages          # the inputs' storage pointers (a dict's keys)
         self.draws_random = False
+        self.sizes_from_values = None     # the first such op
 
     @classmethod
     def _should_skip_dynamo(cls) -> bool:
@@ -118,6 +120,8 @@ class _ExampleOps(TorchDispatchMode):
         schema = func._schema
         if torch.Tag.nondeterministic_seeded in func.tags:
             self.draws_random = True
+        if self.sizes_from_values is None and _sizes_from_values(func, args, kwargs):
+            self.sizes_from_values = str(func)
         if schema.is_mutable:
             for i, arg in enumerate(schema.arguments):
                 if arg.alias_info is None or not arg.alias_info.is_write:
@@ -127,6 +131,23 @@ class _ExampleOps(TorchDispatchMode):
                     if isinstance(t, torch.Tensor) and _storage_ptr(t) in self.storages:
                         raise _InputWritten(str(func))
         return func(*args, **kwargs)
+
+
+def _sizes_from_values(func, args, kwargs) -> bool:
+    """Whether the op's result has sizes that depend on the values it reads (nonzero, a
+    boolean mask as an index, unique, masked_select): the ops torch tags so, but for the cases
+    whose sizes the arguments give (integer indices, one_hot's num_classes, repeat_interleave's
+    output_size). Traced on the examples, such a size would be baked into the graph."""
+    if torch.Tag.dynamic_output_shape not in func.tags:
+        return False
+    packet = func.overloadpacket
+    if packet is torch.ops.aten.index:
+        return any(isinstance(i, torch.Tensor) and i.dtype in (torch.bool, torch.uint8) for i in args[1])
+    if packet is torch.ops.aten.one_hot:
+        return (args[1] if len(args) > 1 else kwargs.get("num_classes", -1)) == -1
+    if packet is torch.ops.aten.repeat_interleave:
+        return kwargs.get("output_size") is None
+    return True
 
 
 _TORCH_MODULE_PREFIXES = ("torch", "_operator", "operator", "math")
@@ -532,6 +553,12 @@ class OutputGraph:
             raise self.unsupported(f"{name}() raised {type(e).__name__}: {e}",
                                    "running the operation on the example inputs failed; "
                                    "eager execution will raise the same error") from e
+        if watch.sizes_from_values is not None:
+            # as TorchDynamo (without capture_dynamic_output_shape_ops): the op runs at a graph
+            # break and its result is an input of the graph that follows
+            raise self.unsupported(f"{name}(): the sizes of its result depend on tensor values "
+                                   f"({watch.sizes_from_values})",
+                                   "a graph has one size for each value it computes")
         if out_given is not None:
             if _shape_of(out_given) != _shape_of(ex_kwargs["out"]):
                 raise self.unsupported(f"{name}(out=...) resizes its out tensor",
@@ -546,6 +573,9 @@ class OutputGraph:
             # nothing (x[i] = v)
             node = self.tracer.create_proxy(kind, target, self.lift(tuple(a.as_proxy() for a in args)),
                                             self.lift({k: v.as_proxy() for k, v in kwargs.items()})).node
+            # (every node has its example: a graph without one for each is run again on fake
+            # tensors, where an op whose size depends on values, such as nonzero, cannot run)
+            self._set_meta(node, result)
             if watch.draws_random:
                 node.meta["draws_random"] = True
             if result is None:

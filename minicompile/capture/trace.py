@@ -182,7 +182,7 @@ def trace_segment(fn, args: tuple, kwargs: dict, offset: int = 0, *, breaks: boo
                 elif tx.with_depth:
                     why = "a graph break inside a `with` block is not resumed"
                 elif not ok:
-                    why = f"a graph break at {inst.opname} (not a call or a jump) is not resumed"
+                    why = f"a graph break at {inst.opname} (not a call, a jump or an index) is not resumed"
                 elif not eager and F.maybe_has_backedge(tx):
                     why = "graph break in a for/while loop: the frame is skipped, as Dynamo does"
                 if why is not None:
