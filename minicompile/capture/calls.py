@@ -153,6 +153,9 @@ class CallsMixin:
         if isinstance(fn, BoundMethodVariable) and isinstance(fn.self_var, NNModuleVariable) and \
                 fn.func in _MODULE_WALKS.values():
             return self.walk_module(fn, args, kwargs)
+        if isinstance(fn, BoundMethodVariable) and isinstance(fn.self_var, NNModuleVariable) and \
+                fn.func is torch.nn.Module.to:
+            return self.module_to(fn.self_var, args, kwargs)
         if isinstance(fn, BoundMethodVariable):
             return self.inline_call(fn.func, [fn.self_var] + list(args), kwargs)
         if isinstance(fn, NNModuleVariable):
@@ -220,6 +223,24 @@ class CallsMixin:
             var = self.output.wrap(value, src)
             items.append(TupleVariable([ConstantVariable(full_name), var]) if name.startswith("named_") else var)
         return IteratorVariable(items)
+
+    def module_to(self, mv: NNModuleVariable, args, kwargs) -> VariableTracker:
+        """module.to(dtype or device) that changes none of the module's tensors (Switch
+        Transformers' router casts its classifier to its own dtype on every call): the module
+        itself. Its tensors are read (and guarded) to know; a cast that changes one breaks."""
+        if not all(a.is_constant() for a in [*args, *kwargs.values()]):
+            raise self.unsupported("module.to() with arguments that vary")
+        device, dtype, _, memory_format = torch._C._nn._parse_to(
+            *[a.as_example() for a in args], **{k: v.as_example() for k, v in kwargs.items()})
+        tensors = [t for walk in (torch.nn.Module.parameters, torch.nn.Module.buffers)
+                   for t in self.walk_module(BoundMethodVariable(walk, mv), [], {}).items]
+        for t in tensors:
+            ex = t.as_example()
+            if memory_format is not None or \
+                    device is not None and (ex.device.type, ex.device.index) != (device.type, device.index) or \
+                    dtype is not None and (ex.is_floating_point() or ex.is_complex()) and ex.dtype != dtype:
+                raise self.unsupported("module.to() that changes the module's tensors")
+        return mv
 
     def call_on_private_copy(self, fn: "BoundMethodVariable", args, kwargs) -> VariableTracker:
         """A method of the frame's own copy (private_copy), on constants: run as it is (nothing
