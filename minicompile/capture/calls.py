@@ -13,6 +13,7 @@ import sys
 import types
 from typing import Dict, List, Optional, Tuple
 
+import numpy as np
 import torch
 import torch.fx
 
@@ -178,7 +179,13 @@ class CallsMixin:
                 return self.make_super(args)
             if _is_plain_user_class(fn.value):
                 return self.new_object(fn.value, args, kwargs)
-        name = getattr(getattr(fn, "value", None), "__qualname__", None) or fn.describe()
+        value = getattr(fn, "value", None)
+        if (isinstance(value, np.ufunc) or isinstance(value, type) and issubclass(value, np.generic)) \
+                and not kwargs and all(a.is_constant() and isinstance(a.as_example(), (int, float, np.generic))
+                                       for a in args):
+            # NumPy's math on numbers (CTRL's np.sqrt(d_model)): a number of the code
+            return ConstantVariable(value(*[a.as_example() for a in args]))
+        name = getattr(value, "__qualname__", None) or fn.describe()
         raise self.unsupported(f"call to {name}", "the capture cannot model this callable yet")
 
     def private_copy(self, v: VariableTracker, how) -> VariableTracker:
