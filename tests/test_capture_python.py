@@ -214,7 +214,9 @@ def mapping_get_with_a_default(x):
 
 
 def numpy_math_on_numbers(x):
-    return x * np.sqrt(32) + np.log(2.0) * np.float32(1.5)      # CTRL's np.sqrt(d_model)
+    y = x * 2
+    y *= np.sqrt(32)                                           # CTRL's np.sqrt(d_model)
+    return y + np.log(2.0) * np.float32(1.5)
 
 
 @pytest.mark.parametrize("fn", [numpy_math_on_numbers, mapping_get_with_a_default, dict_union, sets_changed_in_place, list_made_by_repetition_changed,
