@@ -199,6 +199,14 @@ def test_sizes_compared_as_a_tuple_and_asked_is_tensor_stay_symbolic():
     assert our_compiles(f, calls) == torch_compiles(f, calls) == 2
 
 
+def test_a_size_tuple_extended_with_a_tuple_stays_symbolic():
+    # DeBERTa-v2's heads: x.view(x.size()[:-1] + (heads, -1))
+    def f(x):
+        return x.view(x.size()[:-1] + (2, -1)).transpose(1, 2) * 2
+    calls = [(torch.randn(2, n, 8),) for n in (5, 6, 7)]
+    assert our_compiles(f, calls) == torch_compiles(f, calls) == 2
+
+
 def test_a_broadcast_written_into_a_new_buffer_with_a_dynamic_length():
     # DeepSeek-V3's keys: one rotary part for every head, written into each head's slice; the
     # copy's traced value is a broadcast (stride 0), which no memory can be laid out as
