@@ -90,6 +90,16 @@ ZOO = {
                      depths=[1, 1, 1, 1]), _pixels()),
     "mobilenet_v2": (_make("MobileNetV2Model", "MobileNetV2Config", image_size=32, depth_multiplier=0.35),
                      _pixels()),
+    # sliding-window attention: overlapping chunks by as_strided, x.where(mask, y), writes into
+    # views of a new tensor; padded to a multiple of the window
+    "longformer": (_make("LongformerModel", "LongformerConfig", hidden_size=WIDTH, num_hidden_layers=1,
+                         num_attention_heads=HEADS, intermediate_size=FFN, vocab_size=VOCAB,
+                         attention_window=4), _text()),
+}
+
+# models that break where TorchDynamo breaks too, and why
+BREAKS_AS_DYNAMO = {
+    "longformer": "is_global_attn = ....any().item(): a Python bool from tensor values",
 }
 
 

@@ -201,3 +201,25 @@ class ChannelsFirstNorm(nn.LayerNorm):
 
 def test_forward_of_a_torch_module_class_called_with_self():
     compare(ChannelsFirstNorm(4), one)
+
+
+class CastsItsClassifier(nn.Module):
+    """Switch Transformers' router: its classifier cast to the router's dtype on every call."""
+
+    def __init__(self):
+        super().__init__()
+        self.classifier = nn.Linear(5, 3)
+        self.dtype = torch.float32
+
+    def forward(self, x):
+        self.classifier = self.classifier.to(self.dtype)
+        return self.classifier(x.to(self.dtype)).softmax(-1)
+
+
+def test_module_cast_to_the_dtype_it_has():
+    # the graph and break counts of Dynamo, whose graph also holds the ops of Module.to's walk
+    import minicompile
+    compare(CastsItsClassifier(), one, check_ops=False)
+    minicompile.metrics.reset()
+    minicompile.compile(CastsItsClassifier())(*one())
+    assert minicompile.metrics.graph_breaks == 0

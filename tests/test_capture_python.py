@@ -213,7 +213,13 @@ def mapping_get_with_a_default(x):
     return eager(x) + FUNCTIONS_OF.get_interface("double", None)(x), "eager" in FUNCTIONS_OF
 
 
-@pytest.mark.parametrize("fn", [mapping_get_with_a_default, dict_union, sets_changed_in_place, list_made_by_repetition_changed,
+def numpy_math_on_numbers(x):
+    y = x * 2
+    y *= np.sqrt(32)                                           # CTRL's np.sqrt(d_model)
+    return y + np.log(2.0) * np.float32(1.5)
+
+
+@pytest.mark.parametrize("fn", [numpy_math_on_numbers, mapping_get_with_a_default, dict_union, sets_changed_in_place, list_made_by_repetition_changed,
                                 containers_compared_with_other_kinds], ids=lambda f: f.__name__)
 def test_operators_on_containers_as_eager_without_a_break(fn):
     compiled = minicompile.compile(fn)

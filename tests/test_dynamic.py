@@ -199,6 +199,26 @@ def test_sizes_compared_as_a_tuple_and_asked_is_tensor_stay_symbolic():
     assert our_compiles(f, calls) == torch_compiles(f, calls) == 2
 
 
+def test_a_size_tuple_extended_with_a_tuple_stays_symbolic():
+    # DeBERTa-v2's heads: x.view(x.size()[:-1] + (heads, -1))
+    def f(x):
+        return x.view(x.size()[:-1] + (2, -1)).transpose(1, 2) * 2
+    calls = [(torch.randn(2, n, 8),) for n in (5, 6, 7)]
+    assert our_compiles(f, calls) == torch_compiles(f, calls) == 2
+
+
+def test_a_broadcast_written_into_a_new_buffer_with_a_dynamic_length():
+    # DeepSeek-V3's keys: one rotary part for every head, written into each head's slice; the
+    # copy's traced value is a broadcast (stride 0), which no memory can be laid out as
+    def f(x, r):
+        out = x.new_empty(x.shape[0], 3, x.shape[1], 8)
+        out[..., :4].copy_(x.unsqueeze(1))
+        out[..., 4:].copy_((r * 2).unsqueeze(1).expand(-1, 3, -1, -1))
+        return out
+    calls = [(torch.randn(2, n, 4), torch.randn(2, n, 4)) for n in (5, 6, 7)]
+    assert our_compiles(f, calls) == 2
+
+
 def test_a_size_used_as_a_python_int_specializes(capsys):
     # any other use of a dynamic size needs its value (range(), a Python function): that dim
     # becomes static again (guarded by value), so each size compiles; the results stay right

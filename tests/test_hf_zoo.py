@@ -16,7 +16,7 @@ import torch
 import minicompile
 
 transformers = pytest.importorskip("transformers")
-from hf_zoo import ZOO  # noqa: E402
+from hf_zoo import BREAKS_AS_DYNAMO, ZOO  # noqa: E402
 
 logging.getLogger("transformers").setLevel(logging.ERROR)
 
@@ -64,7 +64,8 @@ def test_inference_as_eager_in_no_more_graphs_than_dynamo(name):
             torch.manual_seed(100 + call)
             args, kwargs = make_inputs()
             assert_same_output(compiled(*args, **kwargs), model(*args, **kwargs))
-    assert minicompile.metrics.graphs == 1 and minicompile.metrics.graph_breaks == 0
+    if name not in BREAKS_AS_DYNAMO:
+        assert minicompile.metrics.graphs == 1 and minicompile.metrics.graph_breaks == 0
     with torch.no_grad():
         ours = minicompile.explain(model)(*args, **kwargs)
         torch._dynamo.reset()

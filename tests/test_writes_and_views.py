@@ -284,7 +284,7 @@ def test_as_strided_of_memory_laid_out_otherwise_runs_on_pytorch_kernels():
 
 def add_at_indices(x, idx):
     """x[idx] with a tensor index is a copy, not a view: a write into it changes the copy
-    only, and `out[idx] += 1` writes the changed copy back (DBRX's loop over its experts)."""
+    only, and `out[idx] += 1` writes the changed copy back."""
     out = torch.zeros_like(x)
     out[idx] += 1
     picked = x[idx]

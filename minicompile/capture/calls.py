@@ -13,6 +13,7 @@ import sys
 import types
 from typing import Dict, List, Optional, Tuple
 
+import numpy as np
 import torch
 import torch.fx
 
@@ -153,6 +154,9 @@ class CallsMixin:
         if isinstance(fn, BoundMethodVariable) and isinstance(fn.self_var, NNModuleVariable) and \
                 fn.func in _MODULE_WALKS.values():
             return self.walk_module(fn, args, kwargs)
+        if isinstance(fn, BoundMethodVariable) and isinstance(fn.self_var, NNModuleVariable) and \
+                fn.func is torch.nn.Module.to:
+            return self.module_to(fn.self_var, args, kwargs)
         if isinstance(fn, BoundMethodVariable):
             return self.inline_call(fn.func, [fn.self_var] + list(args), kwargs)
         if isinstance(fn, NNModuleVariable):
@@ -175,7 +179,13 @@ class CallsMixin:
                 return self.make_super(args)
             if _is_plain_user_class(fn.value):
                 return self.new_object(fn.value, args, kwargs)
-        name = getattr(getattr(fn, "value", None), "__qualname__", None) or fn.describe()
+        value = getattr(fn, "value", None)
+        if (isinstance(value, np.ufunc) or isinstance(value, type) and issubclass(value, np.generic)) \
+                and not kwargs and all(a.is_constant() and isinstance(a.as_example(), (int, float, np.generic))
+                                       for a in args):
+            # NumPy's math on numbers (CTRL's np.sqrt(d_model)): a number of the code
+            return ConstantVariable(value(*[a.as_example() for a in args]))
+        name = getattr(value, "__qualname__", None) or fn.describe()
         raise self.unsupported(f"call to {name}", "the capture cannot model this callable yet")
 
     def private_copy(self, v: VariableTracker, how) -> VariableTracker:
@@ -220,6 +230,24 @@ class CallsMixin:
             var = self.output.wrap(value, src)
             items.append(TupleVariable([ConstantVariable(full_name), var]) if name.startswith("named_") else var)
         return IteratorVariable(items)
+
+    def module_to(self, mv: NNModuleVariable, args, kwargs) -> VariableTracker:
+        """module.to(dtype or device) that changes none of the module's tensors (Switch
+        Transformers' router casts its classifier to its own dtype on every call): the module
+        itself. Its tensors are read (and guarded) to know; a cast that changes one breaks."""
+        if not all(a.is_constant() for a in [*args, *kwargs.values()]):
+            raise self.unsupported("module.to() with arguments that vary")
+        device, dtype, _, memory_format = torch._C._nn._parse_to(
+            *[a.as_example() for a in args], **{k: v.as_example() for k, v in kwargs.items()})
+        tensors = [t for walk in (torch.nn.Module.parameters, torch.nn.Module.buffers)
+                   for t in self.walk_module(BoundMethodVariable(walk, mv), [], {}).items]
+        for t in tensors:
+            ex = t.as_example()
+            if memory_format is not None or \
+                    device is not None and (ex.device.type, ex.device.index) != (device.type, device.index) or \
+                    dtype is not None and (ex.is_floating_point() or ex.is_complex()) and ex.dtype != dtype:
+                raise self.unsupported("module.to() that changes the module's tensors")
+        return mv
 
     def call_on_private_copy(self, fn: "BoundMethodVariable", args, kwargs) -> VariableTracker:
         """A method of the frame's own copy (private_copy), on constants: run as it is (nothing

@@ -571,8 +571,8 @@ class OutputGraph:
             # kept in the graph for its write; what it returns is what it wrote (`x.add_(1)`
             # is x: the same variable, so `y is x` and `self.buf += 1` hold as in eager), or
             # nothing (x[i] = v)
-            node = self.tracer.create_proxy(kind, target, self.lift(tuple(a.as_proxy() for a in args)),
-                                            self.lift({k: v.as_proxy() for k, v in kwargs.items()})).node
+            node = self.tracer.create_proxy(kind, target, self.lift(tuple(_graph_arg(a) for a in args)),
+                                            self.lift({k: _graph_arg(v) for k, v in kwargs.items()})).node
             # (every node has its example: a graph without one for each is run again on fake
             # tensors, where an op whose size depends on values, such as nonzero, cannot run)
             self._set_meta(node, result)

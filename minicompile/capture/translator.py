@@ -491,12 +491,10 @@ class InstructionTranslator(CallsMixin):
             same = self.same_items(a, b)
             if same is not None:
                 return ConstantVariable(same == (sym == "=="))
-        if a.is_constant() and b.is_constant():
-            result = op(a.as_example(), b.as_example())
-            # a list made so (`[(0, 0)] * n`) is the frame's own to change: not a constant
-            if type(result) is set:
-                return SetVariable.of(result)
-            return self.output.wrap(result, None) if type(result) in (list, dict) else ConstantVariable(result)
+        # sizes inside tuples (`x.size()[:-1] + (heads, -1)`) are kept as they are below: folding
+        # them here would read them as Python ints
+        if a.is_constant() and b.is_constant() and not (_holds_sizes(a) or _holds_sizes(b)):
+            return self.constant_result(op, a, b)
         if isinstance(a, TensorVariable) or isinstance(b, TensorVariable):
             return self.output.call("call_function", op, [a, b], {})
         if isinstance(b, ConstantVariable) and isinstance(b.value, (tuple, list)) and \
@@ -543,7 +541,16 @@ class InstructionTranslator(CallsMixin):
                     raise self.unsupported(f"operator != on {a.describe()}")
                 return ConstantVariable(not eq.as_example())
             return eq
+        if a.is_constant() and b.is_constant():
+            return self.constant_result(op, a, b)      # (the sizes become static)
         raise self.unsupported(f"operator {sym} on {a.describe()} and {b.describe()}")
+
+    def constant_result(self, op, a: VariableTracker, b: VariableTracker) -> VariableTracker:
+        result = op(a.as_example(), b.as_example())
+        # a list made so (`[(0, 0)] * n`) is the frame's own to change: not a constant
+        if type(result) is set:
+            return SetVariable.of(result)
+        return self.output.wrap(result, None) if type(result) in (list, dict) else ConstantVariable(result)
 
     def same_items(self, a: BaseListVariable, b: BaseListVariable) -> Optional[bool]:
         """`a == b` of two tuples or lists holding sizes (`x.size() != (bsz * heads, q, k)`),
@@ -776,3 +783,8 @@ def _never_equal(a: VariableTracker, b: VariableTracker) -> bool:
     other = type(b.value) if isinstance(b, ConstantVariable) else \
         kinds[type(b)][0] if type(b) in kinds else None
     return kind is not None and other is not None and not issubclass(other, kind)
+
+
+def _holds_sizes(v: VariableTracker) -> bool:
+    """A tuple or list with a symbolic size among its items."""
+    return isinstance(v, BaseListVariable) and any(isinstance(i, SymIntVariable) for i in v.items)
