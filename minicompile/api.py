@@ -89,11 +89,12 @@ def _dynamic_policy(frame: "_FrameCache", offset: int, dynamic, backend):
 
     def policy(source: str, t) -> set:
         if not isinstance(t, torch.Tensor):            # an int argument: {0} makes it symbolic
-            seen = frame.seen_sizes.get((offset, source))
-            frame.seen_sizes[(offset, source)] = t
+            key = (offset, source, "number")          # (a tensor there another time: its own)
+            seen = frame.seen_sizes.get(key)
+            frame.seen_sizes[key] = t
             if dynamic is None and seen is not None and seen != t:
-                frame.auto_dynamic[(offset, source)] = {0}
-            return {0} if dynamic in (True, "numbers") or frame.auto_dynamic.get((offset, source)) else set()
+                frame.auto_dynamic[key] = {0}
+            return {0} if dynamic in (True, "numbers") or frame.auto_dynamic.get(key) else set()
         dims = set(getattr(t, "_dynamo_dynamic_indices", ()))
         if dynamic == "numbers":
             return dims

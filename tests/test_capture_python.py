@@ -12,6 +12,7 @@ import pytest
 import torch
 
 import minicompile
+from test_capture_control import assert_same
 
 
 def quiet_break():
@@ -224,3 +225,196 @@ def test_loops_over_a_modules_tree_unroll_and_follow_changes_to_it():
         got, want = compiled(x), model(x)
         torch.testing.assert_close(got[0], want[0])
         assert got[1:] == want[1:]
+
+
+# ------------------------------------------------------------------------------------------
+# Python state around the graph: each case runs eagerly and compiled on two copies of the
+# same state (fresh arguments, globals, closures), call by call, and everything eager leaves
+# behind (results, the arguments after the call, what was printed) must be the same.
+# ------------------------------------------------------------------------------------------
+def agree(make, steps, backend="eager"):
+    """make() -> (fn, state): a fresh function and what it acts on. steps: callables
+    step(fn, state) -> what to compare (a call, or a change to the state between calls).
+    Both copies run every step; each step's value, with what it printed, must be eager's."""
+    import contextlib
+    import io
+    eager_fn, eager_state = make()
+    fn, state = make()
+    compiled = minicompile.compile(fn, backend=backend)
+    for step in steps:
+        got, want = io.StringIO(), io.StringIO()
+        with contextlib.redirect_stdout(want):
+            expected = step(eager_fn, eager_state)
+        with contextlib.redirect_stdout(got):
+            actual = step(compiled, state)
+        assert_same(actual, expected)
+        assert got.getvalue() == want.getvalue()
+
+
+def test_a_loop_over_kwargs_sees_their_names_in_the_callers_order():
+    def f(x, **kw):
+        for k, v in kw.items():
+            x = x * v if k.startswith("m") else x + v
+        return x, list(kw)
+    x = torch.randn(3)
+    agree(lambda: (f, None), [lambda fn, s: fn(x, m=2), lambda fn, s: fn(x, m=2, a=1),
+                              lambda fn, s: fn(x, a=1, m=2), lambda fn, s: fn(x, m=2)])
+
+
+def test_an_attribute_of_a_function_is_guarded():
+    def make():
+        def g(x):
+            return x + 1
+        g.scale = 3
+
+        def f(x):
+            return g(x) * g.scale
+        return f, g
+    x = torch.randn(3)
+    agree(make, [lambda fn, g: fn(x), lambda fn, g: setattr(g, "scale", 5), lambda fn, g: fn(x)])
+
+
+class Temperature:
+    def __init__(self):
+        self._c = 0
+
+    @property
+    def c(self):
+        return self._c
+
+    @c.setter
+    def c(self, v):
+        self._c = v * 2
+
+
+class Frozen:
+    def __init__(self, k):
+        object.__setattr__(self, "k", k)
+
+    def __setattr__(self, name, value):
+        raise AttributeError(f"{name} is read-only")
+
+
+def property_setters_and_setattr(x):
+    t = Temperature()
+    t.c = 3
+    return x * t.c + Frozen(2).k
+
+
+def test_a_property_setter_runs_on_objects_made_in_the_frame_and_passed_in():
+    def f(x, t):
+        t.c = 3
+        return x * t.c
+    x = torch.randn(3)
+    agree(lambda: (f, Temperature()), [lambda fn, t: (fn(x, t), t._c)] * 2)
+    agree(lambda: (property_setters_and_setattr, None), [lambda fn, s: fn(x)])
+    assert minicompile.explain(property_setters_and_setattr)(x).graph_count == 1
+
+
+class Flag:
+    def __init__(self, on):
+        self.on = on
+
+    def __bool__(self):
+        return self.on
+
+
+class Bag:
+    def __init__(self, n):
+        self.n = n
+
+    def __len__(self):
+        return self.n
+
+
+def test_the_truth_of_an_object_is_its_bool_or_its_len():
+    def f(x, obj):
+        return x + 1 if obj else x - 1
+    x = torch.randn(3)
+    agree(lambda: (f, None), [lambda fn, s, o=o: fn(x, o) for o in
+                              (Flag(True), Flag(False), Bag(2), Bag(0), torch.nn.ModuleList(),
+                               torch.nn.ModuleList([torch.nn.ReLU()]))])
+
+
+def test_a_symbolic_shape_is_a_torch_size_after_a_break():
+    def f(x):
+        print("shape", x.shape)
+        return x.shape + (1,), x + 1
+    agree(lambda: (f, None), [lambda fn, s, x=torch.randn(n, 2): fn(x) for n in (3, 4, 5)])
+
+
+def test_views_of_an_ordered_dict_are_its_keys_values_and_items():
+    def f(x, d):
+        return list(d.keys()), list(d.values()), list(d.items()), x + 1
+    d, x = collections.OrderedDict(b=1, a=2), torch.randn(2)
+    agree(lambda: (f, None), [lambda fn, s: fn(x, d)] * 2)
+
+
+def test_containers_from_outside_the_frame_are_changed_as_in_eager():
+    # changes to lists and dicts read from outside the frame are made on the real ones after
+    # the graph (no break); one object passed twice is one object in the trace, and a trace
+    # made for two objects is not reused for one
+    def f(x, a, b, d):
+        a.append(x.sum())
+        a += [1]
+        a[0] = a[0] * 2
+        d["n"] = d.get("n", 0) + len(b)
+        d.setdefault("seen", []).append(len(a))
+        return x * len(b)
+    x = torch.randn(3)
+    shared = []
+    steps = [lambda fn, s: (fn(x, [], [], {}),),
+             lambda fn, s: (fn(x, s[0], s[0], s[1]), s),
+             lambda fn, s: (fn(x, [1], [2, 3], {"n": 1}),),
+             lambda fn, s: (fn(x, s[0], s[0], s[1]), s)]
+    agree(lambda: (f, ([], {})), steps)
+    out = minicompile.explain(f)(x, shared, [], {})
+    assert out.graph_count == 1 and not out.break_reasons, out
+
+
+def test_an_augmented_assignment_changes_the_list_itself():
+    def f(x, l):
+        m = [1]
+        n = m
+        m += [2]
+        l += [3]
+        l *= 2
+        return x * len(n), l
+    x = torch.randn(2)
+    agree(lambda: (f, None), [lambda fn, s: fn(x, [0])] * 2)
+
+
+def test_a_comprehension_that_breaks_keeps_its_items():
+    def f(x):
+        vals = [print(i) or i for i in range(3)]
+        d = {i: print(i) or x * i for i in range(2)}
+        return x * sum(vals), d
+    x = torch.randn(2)
+    agree(lambda: (f, None), [lambda fn, s: fn(x)] * 2)
+
+
+def test_the_code_after_a_with_block_that_swallows_an_exception_sees_the_locals():
+    import contextlib
+
+    @contextlib.contextmanager
+    def swallow():
+        try:
+            yield
+        except ValueError:
+            pass
+
+    def f(x):
+        with swallow():
+            raise ValueError("x")
+        return x + 1
+    x = torch.randn(2)
+    agree(lambda: (f, None), [lambda fn, s: fn(x)] * 2)
+
+
+def test_an_argument_that_is_a_number_then_a_tensor():
+    def f(x, v):
+        return x * v
+    minicompile.metrics.reset()
+    agree(lambda: (f, None), [lambda fn, s, v=v: fn(torch.ones(2), v) for v in
+                              (2, 2.5, torch.tensor(3.0), 4)], backend="minicompile")
+    assert minicompile.metrics.graph_breaks == 0

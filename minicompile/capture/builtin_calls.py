@@ -432,14 +432,22 @@ def _is_none(v) -> bool:
 
 
 def _custom_getattr(cls) -> bool:
-    """The class (not object) decides attribute reads: a __getattribute__ or __getattr__."""
-    return inspect.getattr_static(cls, "__getattribute__") is not object.__getattribute__ or \
-        inspect.getattr_static(cls, "__getattr__", None) is not None
+    """The class (not object) decides attribute reads: a __getattribute__ or __getattr__ of
+    its own (a builtin base's generic one, dict's say, does not count)."""
+    getattribute = inspect.getattr_static(cls, "__getattribute__")
+    generic = getattribute is object.__getattribute__ or \
+        isinstance(getattribute, types.WrapperDescriptorType) and getattribute.__objclass__ in _BUILTIN_BASES
+    return not generic or inspect.getattr_static(cls, "__getattr__", None) is not None
+
+
+# builtin types whose __getattribute__ is Python's generic one (they define it only as a slot)
+_BUILTIN_BASES = (object, dict, list, tuple, set, frozenset, str, int, float, type)
 
 
 def _is_plain_user_class(cls) -> bool:
     """A class written in Python whose instances are ordinary objects (no custom __new__, no
-    metaclass, not a torch or builtin type): safe to create inside the trace."""
+    metaclass, not a torch or builtin type; __slots__ are fine): safe to create inside the
+    trace."""
     if not isinstance(cls, type) or type(cls) not in (type, abc.ABCMeta):
         return False
     top = cls.__module__.split(".")[0]
@@ -447,6 +455,4 @@ def _is_plain_user_class(cls) -> bool:
         return False
     if issubclass(cls, (BaseException, torch.nn.Module, torch.Tensor, tuple, list, dict, set)):
         return False
-    if inspect.getattr_static(cls, "__new__") is not object.__new__:
-        return False
-    return all(k.__dict__.get("__slots__") in (None, ()) for k in cls.__mro__[:-1])
+    return inspect.getattr_static(cls, "__new__") is object.__new__

@@ -28,7 +28,8 @@ from .values import (BaseListVariable, BoundMethodVariable, BuiltinVariable, Con
                      AutocastVariable, ConstantVariable, DictVariable, DictViewVariable,
                      GradModeVariable, NullContextVariable,
                      IteratorVariable, ListVariable, ModelOutputVariable, NamedTupleVariable,
-                     NestedFunctionVariable, NNModuleVariable, NullVariable, OpaqueConstantVariable,
+                     NestedFunctionVariable, NNModuleVariable, NullVariable, ObjectSetattrVariable,
+                     OpaqueConstantVariable,
                      SetVariable, SuperVariable, TensorMethodVariable, TensorVariable,
                      TorchFunctionVariable, TupleVariable, TypeVariable, UserFunctionVariable,
                      UserObjectVariable, VariableTracker, WithExitVariable, _constant_result,
@@ -70,6 +71,12 @@ class CallsMixin:
         if isinstance(fn, NestedFunctionVariable):
             return self.inline_nested(fn, args, kwargs)
         if isinstance(fn, _NoOpCallable):
+            return ConstantVariable(None)
+        if isinstance(fn, ObjectSetattrVariable):
+            obj, name, value = ([fn.self_var] if fn.self_var is not None else []) + list(args)
+            if not isinstance(name, ConstantVariable) or not isinstance(name.value, str):
+                raise self.unsupported("object.__setattr__ with a name that is not a constant")
+            self.store_attr(obj, name.value, value, generic=True)
             return ConstantVariable(None)
         if isinstance(fn, ContainerReadVariable):
             return fn.call(self, args, kwargs)
@@ -280,8 +287,7 @@ class CallsMixin:
             return DictViewVariable(obj, fn.name)
         if isinstance(obj, ListVariable) and fn.name in ("append", "extend", "insert", "pop",
                                                           "clear", "reverse", "remove", "sort"):
-            self.check_mutable(obj)
-            self.output.record_mutation(obj)
+            self.mutate(obj)
             if fn.name == "append":
                 obj.items.append(args[0])
             elif fn.name == "extend":
@@ -305,8 +311,7 @@ class CallsMixin:
             return ConstantVariable(None)
         if isinstance(obj, SetVariable) and fn.name in ("add", "update", "discard") and \
                 all(a.is_constant() for a in args):
-            self.check_mutable(obj)
-            self.output.record_mutation(obj)
+            self.mutate(obj)
             real = set(obj.as_example())
             getattr(real, fn.name)(*[a.as_example() for a in args])
             obj.items = SetVariable.of(real).items
@@ -319,8 +324,7 @@ class CallsMixin:
                 fn.name in ("update", "pop", "setdefault", "clear", "copy", "popitem"):
             if fn.name == "copy":
                 return DictVariable(dict(obj.items))
-            self.check_mutable(obj)
-            self.output.record_mutation(obj)
+            self.mutate(obj)
             if fn.name == "update":
                 new = _builtin_dict(self, args, kwargs)
                 obj.items.update(new.items)

@@ -75,11 +75,16 @@ def maybe_has_backedge(tx) -> bool:
 def live_locals(tx, start_index: int) -> set:
     """Names any instruction reachable from `start_index` may read (a safe over-estimate)."""
     insts, seen, todo, names = tx.instructions, set(), [start_index], set()
+    # an exception raised in a try or with block goes on at its handler (a with block's
+    # __exit__ may swallow it and the code after the block runs)
+    handlers = [(e.start, e.end, e.target) for e in dis._parse_exception_table(tx.code)]
     while todo:
         i = todo.pop()
         while i < len(insts) and i not in seen:
             seen.add(i)
             ins = insts[i]
+            todo += [tx.offset_to_index[target] for start, end, target in handlers
+                     if start <= ins.offset < end and target in tx.offset_to_index]
             op = ins.opname
             if op.startswith("LOAD_FAST") or op in ("LOAD_DEREF", "LOAD_CLOSURE", "DELETE_FAST",
                                                      "STORE_FAST_LOAD_FAST"):
@@ -334,6 +339,8 @@ def rebuild(t, outs, env, memo=None):
         r = tuple(rebuild(x, outs, env, memo) for x in t[1])
     elif kind == "list":
         r = [rebuild(x, outs, env, memo) for x in t[1]]
+    elif kind == "Size":
+        r = torch.Size([rebuild(x, outs, env, memo) for x in t[1]])
     elif kind == "set":
         r = {rebuild(x, outs, env, memo) for x in t[1]}
     elif kind == "obj":
@@ -432,7 +439,7 @@ class Segment:
             obj = obj_fn(env)
             if kind == "list":
                 t = list(rebuild(t, outs, env, memo))
-            elif kind == "attrs":
+            elif kind in ("attrs", "dict"):
                 t = [(name, rebuild(vt, outs, env, memo)) for name, vt in t]
             effects.append((kind, obj, t))
         if self.end == "return":
@@ -447,6 +454,9 @@ class Segment:
                     next(obj)
             elif kind == "list":
                 obj[:] = t
+            elif kind == "dict":
+                obj.clear()
+                obj.update(t)
             else:
                 for name, value in t:
                     setattr(obj, name, value)

@@ -50,7 +50,7 @@ from typing import Any, Callable, Dict, List, Optional, Tuple
 import torch
 
 from .. import autocast, config
-from .sources import AttrSource, ItemSource, RemainingSource, Source
+from .sources import AttrSource, HelperSource, ItemSource, Source
 
 
 try:
@@ -143,15 +143,25 @@ def bind_arguments(func: types.FunctionType, args: tuple, kwargs: dict
     for name in kwonly:
         exprs[name] = f"kwargs[{name!r}]" if name in kwargs else f"F.__kwdefaults__[{name!r}]"
     if varkw:
-        extra = [k for k in kwargs if k not in pos_names and k not in kwonly]
-        exprs[varkw] = "{" + ", ".join(f"{k!r}: kwargs[{k!r}]" for k in extra) + "}"
+        # in the order the caller passed them (a loop over **kwargs sees that order); which
+        # names and in what order is guarded where the trace reads the dict
+        named = set(pos_names[code.co_posonlyargcount:]) | set(kwonly)
+        exprs[varkw] = (f"{{k: v for k, v in kwargs.items() if k not in {sorted(named)!r}}}"
+                        if named else "dict(kwargs)")
     return ArgBinding(len(args), tuple(sorted(kwargs)), exprs), values
 
 
 def remaining_items(iterator) -> list:
-    """What an iterator has left, read from a copy of it (sources.RemainingSource)."""
+    """What an iterator has left, read from a copy of it (sources.HelperSource)."""
     import copy
     return list(copy.copy(iterator))
+
+
+def viewed_dict(view) -> dict:
+    """The dict a keys(), values() or items() view shows (its `.mapping` is a read-only proxy
+    of it, whose one reference is the dict)."""
+    import gc
+    return gc.get_referents(view.mapping)[0]
 
 
 def storage_pattern(*tensors) -> tuple:
@@ -275,7 +285,8 @@ class GuardBuilder:
         self.namespace: Dict[str, Any] = {"torch": torch, "Tensor": torch.Tensor,
                                           "Parameter": torch.nn.Parameter,
                                           "TENSOR_FAILURE": tensor_failure,
-                                          "REMAINING": remaining_items}
+                                          "REMAINING": remaining_items,
+                                          "VIEWED_DICT": viewed_dict}
         self._cpp_guards = None          # (the checks it covers, their C++ TensorGuards)
 
     def _add(self, key, source: Optional[Source], parts, comment: str = "", slow=None,
@@ -625,8 +636,8 @@ class GuardBuilder:
                 rhs = f"{local(src.base, out)}.{src.attr}"
             elif isinstance(src, ItemSource):
                 rhs = f"{local(src.base, out)}[{src.index!r}]"
-            elif isinstance(src, RemainingSource):
-                rhs = f"REMAINING({local(src.base, out)})"
+            elif isinstance(src, HelperSource):
+                rhs = f"{src.helper}({local(src.base, out)})"
             else:
                 rhs = key                        # L['x'], G, a root label
             names[key] = f"v{len(names)}"

@@ -224,8 +224,7 @@ def _store_subscr(tx, inst):
     if isinstance(obj, TensorVariable):
         tx.output.call("call_function", operator.setitem, [obj, idx, value], {})
     elif isinstance(obj, (ListVariable, DictVariable)) and idx.is_constant():
-        tx.check_mutable(obj)
-        tx.output.record_mutation(obj)
+        tx.mutate(obj)
         obj.items[idx.as_example()] = value
     else:
         raise tx.unsupported(f"item assignment on {obj.describe()}")
@@ -236,8 +235,7 @@ def _delete_subscr(tx, inst):
     idx = tx.pop()
     obj = tx.pop()
     if isinstance(obj, (ListVariable, DictVariable)) and idx.is_constant():
-        tx.check_mutable(obj)
-        tx.output.record_mutation(obj)
+        tx.mutate(obj)
         del obj.items[idx.as_example()]
     else:
         raise tx.unsupported(f"del on {obj.describe()}")
@@ -602,7 +600,7 @@ def _list_extend(tx, inst):
     lst = tx.stack[-inst.arg]
     if not isinstance(lst, ListVariable):
         raise tx.unsupported("LIST_EXTEND on a non-list")
-    tx.output.record_mutation(lst)
+    tx.mutate(lst)
     lst.items.extend(tx.iterate(v))
 
 
@@ -610,7 +608,7 @@ def _list_extend(tx, inst):
 def _list_append(tx, inst):
     v = tx.pop()
     lst = tx.stack[-inst.arg]
-    tx.output.record_mutation(lst)
+    tx.mutate(lst)
     lst.items.append(v)
 
 
@@ -621,7 +619,7 @@ def _map_add(tx, inst):
     d = tx.stack[-inst.arg]
     if not key.is_constant():
         raise tx.unsupported("dict comprehension with a non-constant key")
-    tx.output.record_mutation(d)
+    tx.mutate(d)
     d.items[key.as_example()] = value
 
 
@@ -632,7 +630,7 @@ def _set_add(tx, inst):
     if not isinstance(s, SetVariable) or not item.is_constant():
         raise tx.unsupported(f"adding {item.describe()} to a set",
                                "sets of Python constants are modelled, not sets of tensors")
-    tx.output.record_mutation(s)
+    tx.mutate(s)
     s.items = SetVariable.of(set(s.as_example()) | {item.as_example()}).items
 
 
@@ -651,7 +649,7 @@ def _set_update(tx, inst):
     items = tx.iterate(v)
     if not isinstance(s, SetVariable) or not all(i.is_constant() for i in items):
         raise tx.unsupported("a set of non-constant values")
-    tx.output.record_mutation(s)
+    tx.mutate(s)
     s.items = SetVariable.of(set(s.as_example()) | {i.as_example() for i in items}).items
 
 
@@ -677,7 +675,7 @@ def _dict_merge(tx, inst):
     d = tx.stack[-inst.arg]
     if not isinstance(v, DictVariable) or not isinstance(d, DictVariable):
         raise tx.unsupported(f"{inst.opname} with {v.describe()}")
-    tx.output.record_mutation(d)
+    tx.mutate(d)
     d.items.update(v.items)
 
 

@@ -29,8 +29,8 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from .. import aliasing, ir, logs
 from .breaks import Unsupported, never_traced
-from .guards import GuardBuilder, dense_order
-from .sources import AttrSource, ItemSource, LocalSource, RemainingSource, RootSource, Source
+from .guards import GuardBuilder, dense_order, viewed_dict
+from .sources import AttrSource, HelperSource, ItemSource, LocalSource, RootSource, Source
 from .builtin_calls import _BUILTIN_HANDLERS
 
 if TYPE_CHECKING:
@@ -38,7 +38,8 @@ if TYPE_CHECKING:
 from .values import (NULL, BoundMethodVariable, BuiltinVariable, ConstantVariable, DictVariable,
                      DictViewVariable, GradModeVariable, IteratorVariable, ListVariable,
                      ModelOutputVariable, NamedTupleVariable, NNModuleVariable,
-                     PythonModuleVariable, SymIntVariable, TensorVariable, TorchFunctionVariable,
+                     PythonModuleVariable, SizeVariable, SymIntVariable, TensorVariable,
+                     TorchFunctionVariable,
                      TupleVariable, TypeVariable, UserFunctionVariable, UserObjectVariable,
                      VariableTracker, example_of, _contains_tensor, _contains_tensor_value,
                      _hashable, is_constant_value, is_model_output_class, sym_leaves)
@@ -180,6 +181,9 @@ class OutputGraph:
         # objects from outside the frame changed by the trace (global lists, attributes):
         # the changes are made on the real objects after the graph runs
         self.side_effects: List[VariableTracker] = []
+        # the lists, dicts and other objects read from outside the frame: id -> (the object,
+        # its variable)
+        self._containers: Dict[int, Tuple[Any, VariableTracker]] = {}
         # inline user functions and modules (False in a frame run eagerly: every user call
         # is then made for real, and the callee compiled on its own, as Dynamo does)
         self.inline_user_calls = True
@@ -218,8 +222,25 @@ class OutputGraph:
     def advanced(self, it: IteratorVariable) -> None:
         """An iterator from outside the frame gives items: the real one gives as many after the
         graph (a side effect)."""
-        if it.source is not None and it not in self.side_effects:
-            self.side_effects.append(it)
+        if it.source is not None:
+            self.add_side_effect(it)
+
+    def add_side_effect(self, var: VariableTracker) -> None:
+        """`var` came from outside the frame and the trace changes it: the change is made on the
+        real object after the graph runs."""
+        if var not in self.side_effects:
+            self.side_effects.append(var)
+
+    def guard_container_aliasing(self) -> None:
+        """An object the trace changed (a list, a dict, an object's attributes) is no other
+        object of its type the trace read: a later call that passes one list twice (where the
+        trace saw two) must not reuse a trace that changed only one of them. (One object read
+        under two sources is one variable, and that is guarded where it is found: wrap.)"""
+        for var in self.side_effects:
+            mine = next((value for value, v in self._containers.values() if v is var), None)
+            for value, other in self._containers.values():
+                if mine is not None and other is not var and type(value) is type(mine):
+                    self.guards.same_object(var.source, other.source, False)
 
     # -- facts about modules the trace relied on (modules are not guarded by identity) ---
     def members(self, mv: NNModuleVariable, kind: str = "_modules") -> dict:
@@ -324,7 +345,7 @@ class OutputGraph:
         return SymIntVariable(proxy, t.example.size(d), [t], self.specialize_sizes)
 
     def shape_of(self, t: TensorVariable) -> VariableTracker:
-        return TupleVariable([self.size_of(t, d) for d in range(t.example.dim())])
+        return SizeVariable([self.size_of(t, d) for d in range(t.example.dim())])
 
     def _is_dynamic_dim(self, t: TensorVariable, d: int) -> bool:
         """Whether dim d of t's size depends on a dynamic input dim: for an input, its own
@@ -372,7 +393,15 @@ class OutputGraph:
             key = source.expr()
             if key in self._by_source:
                 return self._by_source[key]
-            var = self._wrap(value, source)
+            if id(value) in self._containers:
+                # one object read under two sources: one variable, so that a change through
+                # either is seen through both (and the guard checks they are one)
+                var = self._containers[id(value)][1]
+                self.guards.same_object(source, var.source, True)
+            else:
+                var = self._wrap(value, source)
+                if type(value) in (list, dict) or isinstance(var, UserObjectVariable):
+                    self._containers[id(value)] = (value, var)
             self._by_source[key] = var
             return var
         return self._wrap(value, None)
@@ -424,16 +453,20 @@ class OutputGraph:
         if isinstance(value, _DICT_VIEWS) and source is not None:
             # a dict's keys()/values()/items() from outside the frame: a view of its dict
             g.type_check(source, type(value))
+            kind = next(k for t, k in zip(_DICT_VIEWS, ("keys", "values", "items")) if isinstance(value, t))
+            if type(viewed_dict(value)) is dict:
+                # the dict itself: one variable with the dict where the trace reads that too
+                return DictViewVariable(self.wrap(viewed_dict(value), HelperSource("VIEWED_DICT", source)), kind)
             mapping, map_src = value.mapping, AttrSource(source, "mapping")
             g.mapping_keys(map_src, mapping)
             d = DictVariable({k: self.wrap(v, ItemSource(map_src, k)) for k, v in mapping.items()}, map_src)
-            return DictViewVariable(d, type(value).__name__[5:])
+            return DictViewVariable(d, kind)
         if type(value) in _READABLE_ITERATORS and source is not None:
             # an iterator from outside the frame (or across a graph break): its remaining items
             # read from a copy of it (it is not advanced); what the trace takes from it is taken
             # from the real one after the graph (an effect)
             g.type_check(source, type(value))
-            items_src = RemainingSource(source)
+            items_src = HelperSource("REMAINING", source)
             remaining = list(copy.copy(value))
             g.sequence(items_src, remaining)
             return IteratorVariable([self.wrap(v, ItemSource(items_src, i)) for i, v in enumerate(remaining)],

@@ -72,12 +72,15 @@ class ItemSource(Source):
 
 
 @dataclass(frozen=True, eq=True)
-class RemainingSource(Source):
-    """The items an iterator has not yet given, read without advancing it (a copy of it)."""
+class HelperSource(Source):
+    """What a function of the guard's namespace reads from `base` without changing it:
+    REMAINING, the items an iterator has not yet given (from a copy of it); VIEWED_DICT, the
+    dict that a keys(), values() or items() view shows."""
+    helper: str
     base: Source
 
     def _expr(self):
-        return f"REMAINING({self.base.expr()})"
+        return f"{self.helper}({self.base.expr()})"
 
 
 def module_member_source(module_source: Source, kind: str, key: str) -> Source:

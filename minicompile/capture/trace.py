@@ -21,7 +21,7 @@ from .breaks import GraphBreak, Unsupported
 from .bytecode import check_python_version
 from .guards import ArgBinding, bind_arguments, frame_target
 from .sources import ItemSource, LocalSource, RootSource
-from .values import NULL, DictVariable, IteratorVariable, ListVariable, TupleVariable
+from .values import NULL, DictVariable, IteratorVariable, ListVariable
 from .output_graph import OutputGraph, _is_internal_module_name
 from .translator import InstructionTranslator
 
@@ -69,10 +69,14 @@ def _effect_templates(output, builder, source_fn):
         if isinstance(var, IteratorVariable):
             effects.append(("advance", source_fn(var.source), var.index))
         elif isinstance(var, ListVariable):
-            effects.append(("list", source_fn(var.source), builder.build(TupleVariable(var.items))))
+            effects.append(("list", source_fn(var.source), ["tuple", [builder.build(v) for v in var.items]]))
+        elif isinstance(var, DictVariable):
+            effects.append(("dict", source_fn(var.source),
+                            [(k, builder.build(v)) for k, v in var.items.items()]))
         else:
             effects.append(("attrs", source_fn(var.source),
                             [(k, builder.build(v)) for k, v in var.items.items()]))
+    output.guard_container_aliasing()
     return effects
 
 
@@ -132,6 +136,7 @@ def trace_segment(fn, args: tuple, kwargs: dict, offset: int = 0, *, breaks: boo
                                 bool(code.co_flags & inspect.CO_VARARGS)]
         value, src = lazy.pop(name)
         fresh[name] = (value, src)
+        output.guards.dict_keys(src, value)     # which names, in the caller's order
     tx = InstructionTranslator(output, func, {}, lazy, parent=None, globals_source=gsrc)
     for name, (value, src) in fresh.items():
         tx.locals[name] = DictVariable({k: output.wrap(v, ItemSource(src, k)) for k, v in value.items()})

@@ -28,16 +28,17 @@ from .. import aliasing, autocast
 from .breaks import GraphBreak, Return, Unsupported, source_line
 from .bytecode import BINARY_OPS, COMPARE_OPS, Instruction, current_version, decode, dispatch_table
 from .sources import AttrSource, ItemSource, Source, module_member_source
-from .builtin_calls import (ContainerReadVariable, _builtin_type, _constant_state, _custom_getattr,
-                            _is_none)
+from .builtin_calls import (_BUILTIN_HANDLERS, ContainerReadVariable, _builtin_type, _constant_state,
+                            _custom_getattr, _is_none)
 from .output_graph import (SIZE_ARITHMETIC, TENSOR_CONSTANT_ATTRS, TENSOR_TENSOR_ATTRS, _MISSING,
                            OutputGraph, _is_internal_module_name)
 from .values import (DELETED, NULL, BaseListVariable, BoundMethodVariable, BuiltinVariable,
                      CallableVariable, ConstantMethodVariable, ConstantVariable, DictVariable,
                      DictViewVariable, GradModeVariable, IteratorVariable, ListVariable,
                      ModelOutputVariable, NamedTupleVariable, NestedFunctionVariable,
-                     NNModuleVariable, NullVariable, OpaqueConstantVariable, PythonModuleVariable,
-                     SuperVariable, SymIntVariable, TensorMethodVariable, TensorVariable,
+                     NNModuleVariable, NullVariable, ObjectSetattrVariable, OpaqueConstantVariable,
+                     PythonModuleVariable,
+                     SizeVariable, SuperVariable, SymIntVariable, TensorMethodVariable, TensorVariable,
                      TorchFunctionVariable, TupleVariable, TypeVariable, UserFunctionVariable,
                      UserObjectVariable, VariableTracker, _constant_result, _DictFromKeys,
                      _NoOpCallable, _UnboundTensorMethod, is_constant_value)
@@ -272,9 +273,20 @@ class InstructionTranslator(CallsMixin):
                 "tracing: the graph so far is compiled, the branch runs in Python, and the code "
                 "after it is compiled on its own (a graph break)",
                 "use torch.where or torch.cond to keep one graph")
-        if isinstance(v, (NNModuleVariable, UserFunctionVariable, TorchFunctionVariable,
-                          UserObjectVariable, NestedFunctionVariable, IteratorVariable,
-                          PythonModuleVariable, TypeVariable, BuiltinVariable)):
+        if isinstance(v, (NNModuleVariable, UserObjectVariable)):
+            # bool(obj): its class's __bool__, else its __len__ (an empty ModuleList is false)
+            cls = type(v.as_example())
+            for special in ("__bool__", "__len__"):
+                if inspect.getattr_static(cls, special, None) is None:
+                    continue
+                r = _BUILTIN_HANDLERS[len](self, [v], {}) if special == "__len__" else \
+                    self.call_special(v, special, [])
+                if r is None or not r.is_constant():
+                    raise self.unsupported(f"truth value of {v.describe()} ({special})")
+                return bool(r.as_example())
+            return True
+        if isinstance(v, (UserFunctionVariable, TorchFunctionVariable, NestedFunctionVariable,
+                          IteratorVariable, PythonModuleVariable, TypeVariable, BuiltinVariable)):
             return True
         raise self.unsupported(f"truth value of {v.describe()}")
 
@@ -364,6 +376,8 @@ class InstructionTranslator(CallsMixin):
             return ConstantMethodVariable(obj, name)
         if isinstance(obj, (TypeVariable, BuiltinVariable)) and obj.value is dict and name == "fromkeys":
             return _DictFromKeys()
+        if isinstance(obj, TypeVariable) and obj.value is object and name == "__setattr__":
+            return ObjectSetattrVariable()
         if isinstance(obj, (TorchFunctionVariable, UserFunctionVariable, TypeVariable)):
             if obj.value in (torch.Tensor,) and callable(getattr(torch.Tensor, name, None)):
                 return _UnboundTensorMethod(name)
@@ -375,8 +389,10 @@ class InstructionTranslator(CallsMixin):
                     return BoundMethodVariable(static.__func__, obj)
                 attr = static.__func__ if isinstance(static, staticmethod) else getattr(obj.value, name)
                 return out.wrap(attr, AttrSource(obj.source, name) if obj.source is not None else None)
-
             attr = getattr(obj.value, name)
+            if isinstance(obj, UserFunctionVariable) and obj.source is not None:
+                # a function's attributes can be set (`fn.scale = 3`): read through its source
+                return out.wrap(attr, AttrSource(obj.source, name))
             if is_constant_value(attr):
                 return ConstantVariable(attr)
         if isinstance(obj, BuiltinVariable) and name in ("__name__", "__qualname__", "__module__", "__doc__"):
@@ -397,6 +413,9 @@ class InstructionTranslator(CallsMixin):
             return self.output.wrap(attr.__func__, None)
         if isinstance(attr, classmethod):
             return BoundMethodVariable(attr.__func__, TypeVariable(type(obj.as_example())))
+        if isinstance(attr, types.MemberDescriptorType) and source is not None:
+            # a __slots__ member: the instance's value (AttributeError where it is unset)
+            return self.output.wrap(getattr(obj.as_example(), name), AttrSource(source, name))
         if is_constant_value(attr) or source is not None and not hasattr(type(attr), "__get__"):
             return self.output.wrap(attr, AttrSource(source, name) if source is not None else None)
         return None
@@ -425,6 +444,8 @@ class InstructionTranslator(CallsMixin):
             return self.output.wrap(attr.__func__, None)
         if attr is object.__init__:
             return _NoOpCallable()
+        if attr is object.__setattr__:
+            return ObjectSetattrVariable(obj)
         read = ContainerReadVariable.of(obj, attr)
         if read is not None:
             return read
@@ -466,6 +487,14 @@ class InstructionTranslator(CallsMixin):
                 and all(type(v.example if isinstance(v, SymIntVariable) else getattr(v, "value", None)) is int
                         for v in (a, b)):
             return self.output.sym_arith(SIZE_ARITHMETIC[sym], a, b)
+        if sym in ("+=", "*=") and isinstance(a, ListVariable):
+            # list += iterable, list *= n: that very list changes (another name for it sees it)
+            if sym == "*=" and not (b.is_constant() and type(b.as_example()) is int):
+                raise self.unsupported(f"list *= {b.describe()}")
+            items = a.items + self.iterate(b) if sym == "+=" else a.items * b.as_example()
+            self.mutate(a)
+            a.items = items
+            return a
         if op in aliasing.AUGMENTED and not isinstance(a, (TensorVariable, ListVariable)):
             op = aliasing.AUGMENTED[op]           # `x op= y` writes in place only a tensor or a list
             sym = sym[:-1]
@@ -485,14 +514,11 @@ class InstructionTranslator(CallsMixin):
                 isinstance(b, BaseListVariable):
             a = (TupleVariable if isinstance(a.value, tuple) else ListVariable)(
                 [ConstantVariable(v) for v in a.value])
-        if sym == "+=" and isinstance(a, ListVariable) and isinstance(b, BaseListVariable):
-            self.check_mutable(a)                  # list += ...: extends that very list
-            self.output.record_mutation(a)
-            a.items.extend(b.items)
-            return a
-        if isinstance(a, BaseListVariable) and isinstance(b, BaseListVariable) and sym in ("+", "+=") \
-                and type(a) is type(b):
-            return type(a)(a.items + b.items)
+        if isinstance(a, BaseListVariable) and isinstance(b, BaseListVariable) and sym in ("+", "+="):
+            if type(a) is type(b):
+                return type(a)(a.items + b.items)
+            if {type(a), type(b)} == {TupleVariable, SizeVariable}:
+                return SizeVariable(a.items + b.items)       # torch.Size + tuple, either way round
         if isinstance(a, BaseListVariable) and isinstance(b, ConstantVariable) and sym in ("*", "*="):
             return type(a)(a.items * b.value)
         if sym in ("==", "!=") and isinstance(a, NNModuleVariable):
@@ -580,8 +606,29 @@ class InstructionTranslator(CallsMixin):
             autocast.set_state(before)
         return leave
 
-    def store_attr(self, obj: VariableTracker, name: str, value: VariableTracker) -> None:
-        """`obj.name = value` (STORE_ATTR, setattr())."""
+    def store_attr(self, obj: VariableTracker, name: str, value: VariableTracker,
+                   generic: bool = False) -> None:
+        """`obj.name = value` (STORE_ATTR, setattr()). generic: object.__setattr__'s store,
+        which a class's own __setattr__ calls (its __setattr__ is not called again)."""
+        if isinstance(obj, UserObjectVariable) and obj.snapshot is None and value is not DELETED:
+            cls = type(obj.value)
+            custom = inspect.getattr_static(cls, "__setattr__")
+            if custom is not object.__setattr__ and not generic:
+                if not isinstance(custom, types.FunctionType):
+                    raise self.unsupported(f"setting .{name} of {obj.describe()}: its class's "
+                                           f"__setattr__ is not Python")
+                self.inline_call(custom, [obj, ConstantVariable(name), value], {})
+                return
+            # a data descriptor on the class takes the write: a property's setter runs
+            attr = inspect.getattr_static(cls, name, _MISSING)
+            if isinstance(attr, property):
+                if attr.fset is None:
+                    raise AttributeError(f"property {name!r} of {cls.__name__!r} object has no setter")
+                self.inline_call(attr.fset, [obj, value], {})
+                return
+            if hasattr(type(attr), "__set__") and not isinstance(attr, types.MemberDescriptorType):
+                raise self.unsupported(f"setting .{name} of {obj.describe()} through a "
+                                       f"{type(attr).__name__}")
         if value is DELETED:
             if not (isinstance(obj, UserObjectVariable) and obj.snapshot is not None):
                 raise self.unsupported(f"deleting attribute .{name} of {obj.describe()}")
@@ -612,8 +659,7 @@ class InstructionTranslator(CallsMixin):
             # replayed with setattr after the graph; later reads in the trace see the new value
             self.output.record_mutation(obj)
             obj.overrides[name] = value
-            if obj not in self.output.side_effects:
-                self.output.side_effects.append(obj)
+            self.output.add_side_effect(obj)
             return
         if isinstance(obj, NNModuleVariable) and obj.source is not None:
             if value is self.load_module_attr(obj, name):
@@ -622,23 +668,23 @@ class InstructionTranslator(CallsMixin):
             # plain attribute as it decides); later reads in the trace see the new value
             self.output.record_mutation(obj)
             obj.items[name] = value
-            if obj not in self.output.side_effects:
-                self.output.side_effects.append(obj)
+            self.output.add_side_effect(obj)
             return
         raise self.unsupported(f"setting attribute .{name} of {obj.describe()}",
                                "a side effect on an object outside the graph",
                                "it runs for real at a graph break")
 
-    def check_mutable(self, obj: VariableTracker):
-        if obj.source is not None and isinstance(obj, ListVariable) and obj.source.expr().startswith(("G[", "G_")):
-            # a global list: the change is replayed on the real list after the graph, as Dynamo does
-            if obj not in self.output.side_effects:
-                self.output.side_effects.append(obj)
-            return
+    def mutate(self, obj: VariableTracker):
+        """`obj` is about to change in place: the change can be rolled back (a break inside an
+        inlined call), and a list or dict from outside the frame gets the change made on the
+        real one after the graph, as Dynamo replays its side effects."""
         if obj.source is not None:
-            raise self.unsupported(f"mutation of {obj.describe()} that came from outside the frame",
-                                   "changing Python state outside the frame is done for real "
-                                   "at a graph break")
+            if not isinstance(obj, (ListVariable, DictVariable)) or isinstance(obj, ModelOutputVariable):
+                raise self.unsupported(f"mutation of {obj.describe()} that came from outside the frame",
+                                       "changing Python state outside the frame is done for real "
+                                       "at a graph break")
+            self.output.add_side_effect(obj)
+        self.output.record_mutation(obj)
 
     def _two_locals(self, inst) -> Tuple[str, str]:
         """3.13's superinstructions pack two local indices: (oparg >> 4, oparg & 15).

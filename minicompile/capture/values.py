@@ -129,6 +129,15 @@ class ListVariable(BaseListVariable):
     python_type = list
 
 
+class SizeVariable(TupleVariable):
+    """A torch.Size with symbolic sizes in it (`x.shape` with dynamic shapes); in the graph
+    it is a tuple of sizes."""
+    python_type = torch.Size
+
+    def as_proxy(self):
+        return tuple(i.as_proxy() for i in self.items)
+
+
 class NamedTupleVariable(TupleVariable):
     """A structseq / namedtuple result such as torch.return_types.max (fields by name)."""
 
@@ -527,6 +536,14 @@ class _DictFromKeys(VariableTracker):
 
 class _NoOpCallable(VariableTracker):
     """object.__init__ reached through super(): calling it does nothing."""
+
+
+class ObjectSetattrVariable(VariableTracker):
+    """object.__setattr__ (`self_var` None: called with the object first) or
+    super().__setattr__ (bound to `self_var`), which a class's own __setattr__ calls to store."""
+
+    def __init__(self, self_var: Optional[VariableTracker] = None):
+        self.self_var = self_var
 
 
 class OpaqueConstantVariable(ConstantVariable):
