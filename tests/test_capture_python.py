@@ -418,3 +418,130 @@ def test_an_argument_that_is_a_number_then_a_tensor():
     agree(lambda: (f, None), [lambda fn, s, v=v: fn(torch.ones(2), v) for v in
                               (2, 2.5, torch.tensor(3.0), 4)], backend="minicompile")
     assert minicompile.metrics.graph_breaks == 0
+
+
+def no_break(fn, *args):
+    out = minicompile.explain(fn)(*args)
+    assert not out.break_reasons, out
+    return out
+
+
+COUNTER = 0
+
+
+def assigns_globals(x):
+    global COUNTER, SCRATCH
+    COUNTER += 1
+    SCRATCH = x * COUNTER
+    y = SCRATCH + 1
+    del SCRATCH
+    return y
+
+
+def test_assignments_to_globals_are_made_after_the_graph():
+    global COUNTER
+    COUNTER = 0
+    x = torch.randn(3)
+    compiled = minicompile.compile(assigns_globals, backend="eager")
+    for n in (1, 2, 3):
+        torch.testing.assert_close(compiled(x), x * n + 1)
+        assert COUNTER == n and "SCRATCH" not in globals()
+    no_break(assigns_globals, x)
+
+
+def test_nonlocal_assignments_to_the_frames_and_its_callees_cells():
+    def make():
+        count, total = 0, 0
+
+        def add(v):
+            nonlocal total
+            total += v
+
+        def f(x):
+            nonlocal count
+            count += 1
+            add(2)
+            return x * count + total
+
+        def g(x):
+            def h():
+                return x * count           # a function made in the frame reads f's cell
+            return h()
+        return f, g, lambda: (count, total)
+    x = torch.randn(3)
+    agree(lambda: make()[::2], [lambda fn, state: (fn(x), state())] * 3)
+    agree(lambda: make()[1:], [lambda fn, state: fn(x), lambda fn, state: fn(x)])
+    f, g, state = make()
+    no_break(f, x)
+    # a nested function's read of the frame's cell is guarded (it was read once and kept)
+    compiled_g = minicompile.compile(g, backend="eager")
+    torch.testing.assert_close(compiled_g(x), x * 1)
+    f(x)
+    torch.testing.assert_close(compiled_g(x), x * 2)
+
+
+def act(x, alpha, beta=0.0):
+    return x * alpha + beta
+
+
+SLOPE = functools.partial(act, alpha=0.5)
+
+
+def calls_partials(x):
+    made = functools.partial(act, beta=1.0)
+    twice = functools.partial(made, alpha=2.0)
+    gelu = functools.partial(torch.nn.functional.gelu, approximate="tanh")
+    return SLOPE(x) + twice(x) + gelu(x) + functools.reduce(operator.add, [x, x, x]), \
+        twice.func is act, sorted(twice.keywords)
+
+
+def test_partial_objects_are_called_in_the_graph_and_their_parts_guarded():
+    global SLOPE
+    x = torch.randn(3)
+    compiled = minicompile.compile(calls_partials, backend="eager")
+    for alpha in (0.5, 3.0):
+        SLOPE = functools.partial(act, alpha=alpha)
+        assert_same(compiled(x), calls_partials(x))
+    no_break(calls_partials, x)
+
+
+@functools.lru_cache
+def is_available():
+    return True
+
+
+@functools.cache
+def table(n):
+    CACHE_CALLS.append(n)
+    return tuple(range(n))
+
+
+CACHE_CALLS = []
+
+
+def calls_cached(x):
+    if is_available():
+        return x * len(table(4)) + table(3)[2]
+    return x
+
+
+def test_functions_with_a_cache_are_called_once_as_in_eager():
+    x = torch.randn(3)
+    compiled = minicompile.compile(calls_cached, backend="eager")
+    for _ in range(2):
+        assert_same(compiled(x), calls_cached(x))
+    assert CACHE_CALLS == [4, 3]
+    no_break(calls_cached, x)
+
+
+@pytest.mark.filterwarnings("ignore:minicompile")       # (the frame runs eagerly, and says so)
+def test_a_call_that_reads_its_callers_frame_runs_in_the_users_frame():
+    import inspect
+    import sys
+
+    def f(x):
+        y = x + 1
+        frame = inspect.currentframe()
+        return y, sys._getframe(0).f_code.co_name, frame.f_code.co_name, sorted(frame.f_locals)
+    x = torch.randn(3)
+    agree(lambda: (f, None), [lambda fn, s: fn(x)] * 2)

@@ -11,6 +11,7 @@ from __future__ import annotations
 import abc
 import collections.abc
 import dataclasses
+import functools
 import inspect
 import itertools
 import operator
@@ -178,6 +179,22 @@ def _itertools(fn):
     return impl
 
 
+def _functools_reduce(tx, args, kwargs):
+    """functools.reduce(fn, iterable[, initial]): fn called item by item (loops are unrolled)."""
+    if kwargs or len(args) not in (2, 3):
+        raise tx.unsupported("functools.reduce() with keyword arguments")
+    items = tx.iterate(args[1])
+    if len(args) == 3:
+        acc = args[2]
+    elif items:
+        acc, items = items[0], items[1:]
+    else:
+        raise tx.unsupported("functools.reduce() of an empty iterable without an initial value")
+    for item in items:
+        acc = tx.call_function(args[0], [acc, item], {})
+    return acc
+
+
 def _builtin_next(tx, args, kwargs):
     it = args[0]
     if not isinstance(it, IteratorVariable):
@@ -309,7 +326,7 @@ _BUILTIN_HANDLERS: Dict[Any, Callable] = {
     max: _builtin_reduce("max"), any: _builtin_reduce("any"), all: _builtin_reduce("all"),
     sorted: _builtin_reduce("sorted"), hasattr: _builtin_hasattr, dict: _builtin_dict,
     callable: _builtin_callable, type: _builtin_type, id: _builtin_id,
-    setattr: _builtin_setattr, delattr: _builtin_setattr,
+    setattr: _builtin_setattr, delattr: _builtin_setattr, functools.reduce: _functools_reduce,
 }
 for _f in (itertools.product, itertools.chain, itertools.chain.from_iterable, itertools.combinations,
            itertools.combinations_with_replacement, itertools.permutations, itertools.islice,

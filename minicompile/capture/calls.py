@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import functools
 import inspect
 import sys
 import types
@@ -29,10 +30,10 @@ from .values import (BaseListVariable, BoundMethodVariable, BuiltinVariable, Con
                      GradModeVariable, NullContextVariable,
                      IteratorVariable, ListVariable, ModelOutputVariable, NamedTupleVariable,
                      NestedFunctionVariable, NNModuleVariable, NullVariable, ObjectSetattrVariable,
-                     OpaqueConstantVariable,
+                     OpaqueConstantVariable, PartialVariable,
                      SetVariable, SuperVariable, TensorMethodVariable, TensorVariable,
                      TorchFunctionVariable, TupleVariable, TypeVariable, UserFunctionVariable,
-                     UserObjectVariable, VariableTracker, WithExitVariable, _constant_result,
+                     UserObjectVariable, VariableTracker, WithExitVariable, _constant_result, _hashable,
                      _DictFromKeys, _NoOpCallable, _UnboundTensorMethod, is_constant_value,
                      is_model_output_class)
 
@@ -44,6 +45,12 @@ MAX_INLINE_DEPTH = 32
 _MODULE_WALKS = {name: getattr(torch.nn.Module, name) for name in (
     "modules", "named_modules", "children", "named_children", "parameters", "named_parameters",
     "buffers", "named_buffers")}
+
+
+# callables that read the frame they are called from: called at a graph break they would read
+# minicompile's, so the frame that calls one runs as Python (its break is never resumed)
+_READ_THE_CALLER = {globals, locals, vars, dir, eval, exec, breakpoint, sys._getframe,
+                    inspect.currentframe, inspect.stack}
 
 
 class CallsMixin:
@@ -62,6 +69,13 @@ class CallsMixin:
     def call_function(self, fn: VariableTracker, args: List[VariableTracker],
                       kwargs: Dict[str, VariableTracker]) -> VariableTracker:
         out = self.output
+        real = getattr(fn, "value", None)
+        if self.parent is None and _hashable(real) and real in _READ_THE_CALLER and \
+                (real not in (vars, dir) or not args):
+            err = self.unsupported(f"call to {real.__name__}(), which reads the frame that calls it",
+                                   "made at a graph break it would read minicompile's frame")
+            err.own_frame = True
+            raise err
         if not out.inline_user_calls and self.parent is None and isinstance(
                 fn, (UserFunctionVariable, BoundMethodVariable, NestedFunctionVariable)) \
                 or not out.inline_user_calls and self.parent is None and isinstance(fn, NNModuleVariable) \
@@ -70,6 +84,17 @@ class CallsMixin:
                                    "the callee is compiled on its own")
         if isinstance(fn, NestedFunctionVariable):
             return self.inline_nested(fn, args, kwargs)
+        if isinstance(fn, PartialVariable):
+            return self.call_function(fn.func, fn.args + list(args), {**fn.keywords, **kwargs})
+        if isinstance(fn, TypeVariable) and fn.value is functools.partial:
+            if not args:
+                raise self.unsupported("functools.partial() without a function")
+            func, rest = args[0], list(args[1:])
+            if isinstance(func, PartialVariable):        # partial of a partial: one, as Python makes it
+                return PartialVariable(func.func, func.args + rest, {**func.keywords, **kwargs})
+            return PartialVariable(func, rest, kwargs)
+        if isinstance(fn, UserFunctionVariable) and isinstance(fn.value, functools._lru_cache_wrapper):
+            return self.call_cached(fn, args, kwargs)
         if isinstance(fn, _NoOpCallable):
             return ConstantVariable(None)
         if isinstance(fn, ObjectSetattrVariable):
@@ -181,6 +206,22 @@ class CallsMixin:
                 return self.new_object(fn.value, args, kwargs)
         name = getattr(getattr(fn, "value", None), "__qualname__", None) or fn.describe()
         raise self.unsupported(f"call to {name}", "the capture cannot model this callable yet")
+
+    def call_cached(self, fn: UserFunctionVariable, args, kwargs) -> VariableTracker:
+        """A call of a functools.lru_cache (or cache) function with constant arguments: made
+        for real now, as eager's first call makes it (its effects happen then, once, and its
+        result is cached as eager caches it); what it returns is a constant of the trace."""
+        values = list(args) + list(kwargs.values())
+        if not all(v.is_constant() for v in values):
+            raise self.unsupported(f"call to cached function {fn.value.__qualname__} with arguments "
+                                   "that are not constants")
+        result = fn.value(*[a.as_example() for a in args], **{k: v.as_example() for k, v in kwargs.items()})
+        if is_constant_value(result):
+            return ConstantVariable(result)
+        if isinstance(result, (types.FunctionType, type, types.ModuleType)):
+            return self.output.wrap(result, None)
+        raise self.unsupported(f"cached function {fn.value.__qualname__} returned a {type(result).__name__}",
+                               "a cached object may be changed by whoever else holds it")
 
     def private_copy(self, v: VariableTracker, how) -> VariableTracker:
         """copy.deepcopy / copy.copy of an object read from outside the frame whose state is

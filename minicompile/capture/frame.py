@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import copy
 import dis
+import functools
 import types
 from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, List, Optional
@@ -315,10 +316,19 @@ class TemplateBuilder:
         if isinstance(v, V.GradModeVariable):
             return ["grad", v.enabled]
         if isinstance(v, V.NestedFunctionVariable):
-            return ["nested", v, self.build(v.defaults) if v.defaults is not None else None,
-                    [self.build(c.tx.load_local(c.name)) if isinstance(c, V.CellVariable) else ["const", c]
-                     for c in (v.closure.items if v.closure is not None else [])],
+            # its cells: a new one holding the value of a local of the frame, or a real cell
+            cells = [["newcell", self.build(c.tx.load_local(c.name))] if isinstance(c, V.CellVariable)
+                     else self.build(c) for c in (v.closure.items if v.closure is not None else [])]
+            return ["nested", v, self.build(v.defaults) if v.defaults is not None else None, cells,
                     v.f_globals is self.tx.output.root_globals]
+        if isinstance(v, V.ClosureCellVariable):
+            src = self._source_fn(v.source) if v.source is not None else None
+            return ["src", src] if src is not None else ["const", v.cell]
+        if isinstance(v, V.PartialVariable):
+            if v.source is not None and self._source_fn(v.source) is not None:
+                return ["src", self._source_fn(v.source)]
+            return ["partial", self.build(v.func), [self.build(a) for a in v.args],
+                    [(k, self.build(a)) for k, a in v.keywords.items()]]
         raise self.tx.unsupported(f"{v.describe()} live across a graph break",
                                   "minicompile cannot rebuild it as a Python value")
 
@@ -370,12 +380,16 @@ def rebuild(t, outs, env, memo=None):
         r = getattr(rebuild(t[1], outs, env, memo), t[2])
     elif kind == "bound":
         r = types.MethodType(t[1], rebuild(t[2], outs, env, memo))
+    elif kind == "partial":
+        r = functools.partial(rebuild(t[1], outs, env, memo), *[rebuild(a, outs, env, memo) for a in t[2]],
+                              **{k: rebuild(a, outs, env, memo) for k, a in t[3]})
     elif kind == "grad":
         r = torch.enable_grad() if t[1] else torch.no_grad()
     elif kind == "nested":
         v = t[1]
         defaults = rebuild(t[2], outs, env, memo) if t[2] is not None else None
-        cells = tuple(types.CellType(rebuild(c, outs, env, memo)) for c in t[3]) or None
+        cells = tuple(types.CellType(rebuild(c[1], outs, env, memo)) if c[0] == "newcell"
+                      else rebuild(c, outs, env, memo) for c in t[3]) or None
         # made in the captured frame: it takes the called function's globals
         f_globals = env.get("G", v.f_globals) if t[4] else v.f_globals
         r = types.FunctionType(v.code, f_globals, v.code.co_name, defaults, cells)
@@ -439,8 +453,8 @@ class Segment:
             obj = obj_fn(env)
             if kind == "list":
                 t = list(rebuild(t, outs, env, memo))
-            elif kind in ("attrs", "dict"):
-                t = [(name, rebuild(vt, outs, env, memo)) for name, vt in t]
+            elif kind in ("attrs", "dict", "setitems"):
+                t = [(name, vt if vt[0] == "deleted" else rebuild(vt, outs, env, memo)) for name, vt in t]
             effects.append((kind, obj, t))
         if self.end == "return":
             result = rebuild(self.template, outs, env, memo)
@@ -457,6 +471,12 @@ class Segment:
             elif kind == "dict":
                 obj.clear()
                 obj.update(t)
+            elif kind == "setitems":
+                for name, value in t:
+                    if value == ["deleted"]:
+                        obj.pop(name, None)        # (made by the trace, or there: read, so guarded)
+                    else:
+                        obj[name] = value
             else:
                 for name, value in t:
                     setattr(obj, name, value)

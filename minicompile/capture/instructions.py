@@ -17,11 +17,9 @@ import torch.fx
 
 from .breaks import Return
 from .bytecode import BINARY_OP_SYMBOLS, COMPARE_OPS, _cmp_symbol, handles
-from .sources import AttrSource, LocalSource
 from .builtin_calls import _is_singleton
-from .output_graph import _is_internal_module_name
-from .values import (NULL, CellVariable, ConstantVariable, DictVariable, DictViewVariable,
-                     GradModeVariable, IteratorVariable, ListVariable, ModelOutputVariable,
+from .values import (DELETED, NULL, CellVariable, ClosureCellVariable, ConstantVariable, DictVariable,
+                     DictViewVariable, GradModeVariable, IteratorVariable, ListVariable, ModelOutputVariable,
                      NestedFunctionVariable, NNModuleVariable, PythonModuleVariable, SetVariable,
                      SliceVariable, SuperVariable, SymIntVariable, TensorVariable, TupleVariable,
                      TypeVariable, UserObjectVariable, WithExitVariable,
@@ -74,9 +72,9 @@ def _load_super_attr(tx, inst):
 @handles("LOAD_FAST")
 @handles("LOAD_FAST_CHECK", versions=[(3, 12), (3, 13)])
 def _load_fast(tx, inst):
-    if tx.version >= (3, 13) and inst.argval in tx.code.co_cellvars \
+    if tx.version >= (3, 13) and (inst.argval in tx.code.co_cellvars or inst.argval in tx.code.co_freevars) \
             and tx._next_builds_closure():
-        tx.push(CellVariable(tx, inst.argval))      # 3.13: LOAD_CLOSURE became LOAD_FAST
+        _load_closure(tx, inst)                      # 3.13: LOAD_CLOSURE became LOAD_FAST
         return
     tx.push(tx.load_local(inst.argval))
 
@@ -87,7 +85,7 @@ def _load_closure(tx, inst):
     if name in tx.closure_cells:                    # passing our own free variable on
         tx.push(tx.closure_cells[name])
     elif name in tx.freevars:
-        tx.push(tx.freevars[name])
+        tx.push(tx.closure_cell(name))
     else:
         tx.push(CellVariable(tx, name))
 
@@ -352,48 +350,43 @@ def _load_global(tx, inst):
 @handles("LOAD_DEREF")
 def _load_deref(tx, inst):
     name = inst.argval
-    if name in tx.closure_cells:
-        cell = tx.closure_cells[name]
-        if isinstance(cell, CellVariable):
-            tx.push(cell.tx.load_local(cell.name))
-            return
-        tx.push(tx.output.wrap(cell.cell_contents, None))
-        return
-    if name in tx.freevars:
-        cell = tx.freevars[name]
-        src = None
-        if tx.parent is None:
-            # the captured frame's own closure: read from the called function's cells
-            # (F.__closure__), as `L[name]` (Dynamo's spelling), so that two closures of
-            # one function are told apart
-            src = LocalSource(name)
-            tx.output.guards.freevars[name] = tx.code.co_freevars.index(name)
-        elif not _is_internal_module_name(tx.f_globals.get("__name__", "")):
-            # an inlined function's: it was guarded by identity, so its cells are its own
-            src = AttrSource(tx.output.root_source(cell, f"CELL_{name}"), "cell_contents")
-        try:
-            value = cell.cell_contents
-        except ValueError:
-            raise tx.unsupported(f"free variable {name!r} referenced before assignment")
-        tx.push(tx.output.wrap(value, src))
+    cell = tx.closure_cells.get(name)
+    if isinstance(cell, CellVariable):                  # a local of a frame in the trace
+        tx.push(cell.tx.load_local(cell.name))
+    elif isinstance(cell, ClosureCellVariable):
+        tx.push(tx.read_cell(cell, name))
+    elif name in tx.freevars:
+        tx.push(tx.read_cell(tx.closure_cell(name), name))
     else:
         tx.push(tx.load_local(name))        # a cell variable of this frame
 
 
 @handles("STORE_DEREF")
 def _store_deref(tx, inst):
-    cell = tx.closure_cells.get(inst.argval)
+    name = inst.argval
+    cell = tx.closure_cells.get(name)
     if isinstance(cell, CellVariable):
         if cell.tx.parent is None and cell.tx is not tx and cell.tx.output is not tx.output:
             raise tx.unsupported("nonlocal assignment to another frame")
         cell.tx.lazy_locals.pop(cell.name, None)
         cell.tx.locals[cell.name] = tx.pop()
-        return
-    if inst.argval in tx.freevars:
-        raise tx.unsupported(f"assignment to free variable {inst.argval!r} (nonlocal)",
-                               "side effects on enclosing scopes are not modelled yet")
-    tx.lazy_locals.pop(inst.argval, None)      # a cell variable of this frame, rebound
-    tx.locals[inst.argval] = tx.pop()
+    elif isinstance(cell, ClosureCellVariable):
+        tx.write_cell(cell, name, tx.pop())
+    elif name in tx.freevars:
+        tx.write_cell(tx.closure_cell(name), name, tx.pop())
+    else:
+        tx.lazy_locals.pop(name, None)      # a cell variable of this frame, rebound
+        tx.locals[name] = tx.pop()
+
+
+@handles("STORE_GLOBAL")
+def _store_global(tx, inst):
+    tx.store_global(inst.argval, tx.pop())
+
+
+@handles("DELETE_GLOBAL")
+def _delete_global(tx, inst):
+    tx.store_global(inst.argval, DELETED)
 
 
 @handles("LOAD_ATTR", versions=[(3, 11)])

@@ -13,6 +13,7 @@ are worked out here on fake tensors, and comparisons of them answered on the sym
 from __future__ import annotations
 
 import copy
+import functools
 import math
 import operator
 import os
@@ -35,7 +36,8 @@ from .builtin_calls import _BUILTIN_HANDLERS
 
 if TYPE_CHECKING:
     from .translator import InstructionTranslator
-from .values import (NULL, BoundMethodVariable, BuiltinVariable, ConstantVariable, DictVariable,
+from .values import (NULL, BoundMethodVariable, BuiltinVariable, ClosureCellVariable, ConstantVariable,
+                     DictVariable, GlobalWritesVariable, PartialVariable,
                      DictViewVariable, GradModeVariable, IteratorVariable, ListVariable,
                      ModelOutputVariable, NamedTupleVariable, NNModuleVariable,
                      PythonModuleVariable, SizeVariable, SymIntVariable, TensorVariable,
@@ -184,6 +186,9 @@ class OutputGraph:
         # the lists, dicts and other objects read from outside the frame: id -> (the object,
         # its variable)
         self._containers: Dict[int, Tuple[Any, VariableTracker]] = {}
+        # closure cells and globals dicts the trace reads or writes: id -> their variable
+        self.cells: Dict[int, ClosureCellVariable] = {}
+        self._global_writes: Dict[int, GlobalWritesVariable] = {}
         # inline user functions and modules (False in a frame run eagerly: every user call
         # is then made for real, and the callee compiled on its own, as Dynamo does)
         self.inline_user_calls = True
@@ -194,7 +199,8 @@ class OutputGraph:
         self.instruction_budget = 200_000     # unrolled loops: a bound, not a hang
 
     def record_mutation(self, var: VariableTracker):
-        if isinstance(var, (DictVariable, UserObjectVariable, NNModuleVariable)):
+        if isinstance(var, (DictVariable, UserObjectVariable, NNModuleVariable, ClosureCellVariable,
+                            GlobalWritesVariable)):
             self.undo_log.append((var, dict(var.items)))
         elif isinstance(var, IteratorVariable):
             self.undo_log.append((var, var.index))
@@ -224,6 +230,13 @@ class OutputGraph:
         graph (a side effect)."""
         if it.source is not None:
             self.add_side_effect(it)
+
+    def global_writes(self, f_globals: dict, source: Source) -> GlobalWritesVariable:
+        """The assignments the trace made to this globals dict (STORE_GLOBAL)."""
+        var = self._global_writes.get(id(f_globals))
+        if var is None:
+            var = self._global_writes[id(f_globals)] = GlobalWritesVariable(source)
+        return var
 
     def add_side_effect(self, var: VariableTracker) -> None:
         """`var` came from outside the frame and the trace changes it: the change is made on the
@@ -471,8 +484,23 @@ class OutputGraph:
             g.sequence(items_src, remaining)
             return IteratorVariable([self.wrap(v, ItemSource(items_src, i)) for i, v in enumerate(remaining)],
                                     source=source)
-        known = (isinstance(value, (types.ModuleType, types.FunctionType, types.MethodType, type))
+        if type(value) is functools.partial:
+            # its function and arguments, each read (and guarded) through the partial's source
+            if source is not None:
+                g.type_check(source, functools.partial)
+            part = lambda name: AttrSource(source, name) if source is not None else None  # noqa: E731
+            args = self.wrap(value.args, part("args"))
+            args = [ConstantVariable(a) for a in args.value] if args.is_constant() else args.items
+            keywords = self.wrap(value.keywords, part("keywords"))
+            return PartialVariable(self.wrap(value.func, part("func")), args, keywords.items, source)
+        known = (isinstance(value, (types.ModuleType, types.FunctionType, types.MethodType, type,
+                                    functools._lru_cache_wrapper))
                  or _is_torch_callable(value) or (_hashable(value) and value in _BUILTIN_HANDLERS))
+        if source is None and not known and not isinstance(value, _BUILTIN_CALLABLES):
+            # an object the trace reached by no path a guard can follow again (a global of a
+            # Python helper of torch's, a default argument): the guard holds the object itself,
+            # and checks what the trace reads of it as for any other object
+            source = self.root_source(value, f"OBJ_{type(value).__name__}")
         if source is not None and not known:
             g.type_check(source, type(value))     # its attributes are guarded one by one
             return UserObjectVariable(value, source)
@@ -485,7 +513,7 @@ class OutputGraph:
             return PythonModuleVariable(value, source)
         if _is_torch_callable(value) and never_traced(value) is None:
             return TorchFunctionVariable(value, source)
-        if isinstance(value, types.FunctionType):
+        if isinstance(value, (types.FunctionType, functools._lru_cache_wrapper)):
             return UserFunctionVariable(value, source)
         if isinstance(value, types.MethodType):
             self_var = self.wrap(value.__self__, AttrSource(source, "__self__") if source else None)
@@ -818,6 +846,11 @@ def _storage_ptr(t: torch.Tensor):
 
 
 _DICT_VIEWS = (type({}.keys()), type({}.values()), type({}.items()))
+
+
+# callables written in C: one capture does not model stays a break where it is read
+_BUILTIN_CALLABLES = (types.BuiltinFunctionType, types.WrapperDescriptorType, types.MethodWrapperType,
+                      types.MethodDescriptorType, types.ClassMethodDescriptorType)
 
 
 # iterators whose copy (copy.copy) is independent of them: their remaining items can be read

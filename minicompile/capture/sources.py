@@ -54,6 +54,15 @@ class RootSource(Source):
 
 
 @dataclass(frozen=True, eq=True)
+class ClosureCellSource(Source):
+    """Closure cell `index` of the function the call runs (its free variable's cell)."""
+    index: int
+
+    def _expr(self):
+        return f"F.__closure__[{self.index}]"
+
+
+@dataclass(frozen=True, eq=True)
 class AttrSource(Source):
     base: Source
     attr: str

@@ -21,7 +21,7 @@ from .breaks import GraphBreak, Unsupported
 from .bytecode import check_python_version
 from .guards import ArgBinding, bind_arguments, frame_target
 from .sources import ItemSource, LocalSource, RootSource
-from .values import NULL, DictVariable, IteratorVariable, ListVariable
+from .values import DELETED, NULL, DictVariable, GlobalWritesVariable, IteratorVariable, ListVariable
 from .output_graph import OutputGraph, _is_internal_module_name
 from .translator import InstructionTranslator
 
@@ -73,6 +73,9 @@ def _effect_templates(output, builder, source_fn):
         elif isinstance(var, DictVariable):
             effects.append(("dict", source_fn(var.source),
                             [(k, builder.build(v)) for k, v in var.items.items()]))
+        elif isinstance(var, GlobalWritesVariable):
+            effects.append(("setitems", source_fn(var.source),
+                            [(k, ["deleted"] if v is DELETED else builder.build(v)) for k, v in var.items.items()]))
         else:
             effects.append(("attrs", source_fn(var.source),
                             [(k, builder.build(v)) for k, v in var.items.items()]))
@@ -177,6 +180,8 @@ def trace_segment(fn, args: tuple, kwargs: dict, offset: int = 0, *, breaks: boo
                 why = None
                 if getattr(reason, "internal", False):
                     why = "minicompile's interpreter failed here: the rest runs as Python"
+                elif getattr(reason, "own_frame", False):
+                    why = "a call that reads its caller's frame: the rest runs as Python"
                 elif _in_exception_block(code, inst.offset):
                     # the chain of segments cannot route an exception to the frame's handler (a
                     # try block, or the __exit__ of a `with` block): the frame runs for real

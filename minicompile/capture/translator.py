@@ -27,17 +27,18 @@ import torch.fx
 from .. import aliasing, autocast
 from .breaks import GraphBreak, Return, Unsupported, source_line
 from .bytecode import BINARY_OPS, COMPARE_OPS, Instruction, current_version, decode, dispatch_table
-from .sources import AttrSource, ItemSource, Source, module_member_source
+from .sources import (AttrSource, ClosureCellSource, ItemSource, LocalSource, Source,
+                      module_member_source)
 from .builtin_calls import (_BUILTIN_HANDLERS, ContainerReadVariable, _builtin_type, _constant_state,
                             _custom_getattr, _is_none)
 from .output_graph import (SIZE_ARITHMETIC, TENSOR_CONSTANT_ATTRS, TENSOR_TENSOR_ATTRS, _MISSING,
                            OutputGraph, _is_internal_module_name)
 from .values import (DELETED, NULL, BaseListVariable, BoundMethodVariable, BuiltinVariable,
-                     CallableVariable, ConstantMethodVariable, ConstantVariable, DictVariable,
-                     DictViewVariable, GradModeVariable, IteratorVariable, ListVariable,
+                     CallableVariable, ClosureCellVariable, ConstantMethodVariable, ConstantVariable,
+                     DictVariable, DictViewVariable, GradModeVariable, IteratorVariable, ListVariable,
                      ModelOutputVariable, NamedTupleVariable, NestedFunctionVariable,
                      NNModuleVariable, NullVariable, ObjectSetattrVariable, OpaqueConstantVariable,
-                     PythonModuleVariable,
+                     PartialVariable, PythonModuleVariable,
                      SizeVariable, SuperVariable, SymIntVariable, TensorMethodVariable, TensorVariable,
                      TorchFunctionVariable, TupleVariable, TypeVariable, UserFunctionVariable,
                      UserObjectVariable, VariableTracker, _constant_result, _DictFromKeys,
@@ -194,6 +195,11 @@ class InstructionTranslator(CallsMixin):
         raise self.unsupported(f"read of unbound local {name!r}")
 
     def load_global(self, name: str) -> VariableTracker:
+        written = self.output._global_writes.get(id(self.f_globals))
+        if written is not None and name in written.items:         # assigned earlier in the trace
+            if written.items[name] is DELETED:
+                raise self.unsupported(f"global name {name!r} is not defined (deleted in the trace)")
+            return written.items[name]
         if name in self.f_globals:
             src = ItemSource(self.globals_source, name) if self.globals_source is not None else None
             return self.output.wrap(self.f_globals[name], src)
@@ -202,6 +208,56 @@ class InstructionTranslator(CallsMixin):
         if name in b:
             return self.output.wrap(b[name], None)
         raise self.unsupported(f"global name {name!r} is not defined")
+
+    def store_global(self, name: str, value: VariableTracker) -> None:
+        """`global name; name = value` (DELETED: `del name`): made on the real globals after
+        the graph, as Dynamo replays it; later reads in the trace see it."""
+        if self.globals_source is None:
+            raise self.unsupported(f"assignment to global {name!r} of torch's own code")
+        if value is DELETED:
+            self.load_global(name)          # NameError where it is not there (guarded where it is)
+        var = self.output.global_writes(self.f_globals, self.globals_source)
+        self.output.record_mutation(var)
+        var.items[name] = value
+        self.output.add_side_effect(var)
+
+    def closure_cell(self, name: str) -> ClosureCellVariable:
+        """The real cell of free variable `name` of this frame's function (one variable per
+        cell, however many functions the trace reaches it through)."""
+        cell = self.freevars[name]
+        var = self.output.cells.get(id(cell))
+        if var is None:
+            source = contents = None
+            if self.parent is None:
+                # the captured frame's own closure: the called function's cells (F.__closure__),
+                # its value as `L[name]` (Dynamo's spelling), so two closures of one function
+                # are told apart
+                index = self.code.co_freevars.index(name)
+                source, contents = ClosureCellSource(index), LocalSource(name)
+                self.output.guards.freevars[name] = index
+            elif not _is_internal_module_name(self.f_globals.get("__name__", "")):
+                # an inlined function's: it was guarded by identity, so its cells are its own
+                source = self.output.root_source(cell, f"CELL_{name}")
+                contents = AttrSource(source, "cell_contents")
+            var = self.output.cells[id(cell)] = ClosureCellVariable(cell, source, contents)
+        return var
+
+    def read_cell(self, var: ClosureCellVariable, name: str) -> VariableTracker:
+        if "cell_contents" in var.items:               # written earlier in the trace
+            return var.items["cell_contents"]
+        try:
+            value = var.cell.cell_contents
+        except ValueError:
+            raise self.unsupported(f"free variable {name!r} referenced before assignment")
+        return self.output.wrap(value, var.contents_source)
+
+    def write_cell(self, var: ClosureCellVariable, name: str, value: VariableTracker) -> None:
+        """`nonlocal name; name = value` on a real cell: made on it after the graph."""
+        if var.source is None:
+            raise self.unsupported(f"assignment to free variable {name!r} of torch's own code")
+        self.output.record_mutation(var)
+        var.items["cell_contents"] = value
+        self.output.add_side_effect(var)
 
     def unpack_tensor(self, t: TensorVariable, n: int) -> List[VariableTracker]:
         self.output.specialize_sizes([t], "the trace unpacked a tensor")
@@ -286,7 +342,8 @@ class InstructionTranslator(CallsMixin):
                 return bool(r.as_example())
             return True
         if isinstance(v, (UserFunctionVariable, TorchFunctionVariable, NestedFunctionVariable,
-                          IteratorVariable, PythonModuleVariable, TypeVariable, BuiltinVariable)):
+                          IteratorVariable, PythonModuleVariable, TypeVariable, BuiltinVariable,
+                          PartialVariable, BoundMethodVariable)):
             return True
         raise self.unsupported(f"truth value of {v.describe()}")
 
@@ -318,6 +375,9 @@ class InstructionTranslator(CallsMixin):
             raise self.unsupported(f"attribute .{name} of {obj.describe()}")
         if isinstance(obj, SuperVariable):
             return self.load_super_attr(obj, name)
+        if isinstance(obj, PartialVariable) and name in ("func", "args", "keywords"):
+            return {"func": obj.func, "args": TupleVariable(obj.args),
+                    "keywords": DictVariable(obj.keywords)}[name]
         if isinstance(obj, UserObjectVariable):
             if obj.overrides.get(name) is DELETED:
                 raise AttributeError(f"'{type(obj.value).__name__}' object has no attribute '{name}'")
@@ -762,7 +822,7 @@ class InstructionTranslator(CallsMixin):
         if isinstance(v, NullVariable):
             return True
         if isinstance(v, (TensorVariable, NNModuleVariable, BaseListVariable, DictVariable,
-                          UserObjectVariable, CallableVariable, NestedFunctionVariable,
+                          UserObjectVariable, CallableVariable, NestedFunctionVariable, PartialVariable,
                           BoundMethodVariable, IteratorVariable, SymIntVariable)):
             return False                  # a value the trace tracks is never None
         raise self.unsupported(f"'is None' on {v.describe()}")

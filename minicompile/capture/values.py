@@ -416,6 +416,44 @@ class CellVariable(VariableTracker):
         return f"cell({self.name})"
 
 
+class ClosureCellVariable(VariableTracker):
+    """A real closure cell (of the captured function, or of a function it calls) that the
+    trace reads or writes (`nonlocal`): a write is what later reads see, and is made on the
+    cell after the graph. `source`: the cell; `contents_source`: its value (the captured
+    function's own free variables read as `L[name]`, as Dynamo spells them)."""
+
+    def __init__(self, cell, source: Optional[Source], contents_source: Optional[Source]):
+        self.cell, self.source, self.contents_source = cell, source, contents_source
+        self.items: Dict[str, VariableTracker] = {}     # "cell_contents" once written
+
+    def describe(self):
+        return "closure cell"
+
+
+class GlobalWritesVariable(VariableTracker):
+    """What the trace assigns to a module's globals (`global x; x = ...`, DELETED for `del`):
+    later loads read it, and it is assigned for real after the graph. `source`: the dict."""
+
+    def __init__(self, source: Source):
+        self.source = source
+        self.items: Dict[str, VariableTracker] = {}
+
+    def describe(self):
+        return "globals"
+
+
+class PartialVariable(VariableTracker):
+    """functools.partial(func, *args, **keywords): a call calls func with those first. Read
+    from outside the frame, its parts are read (and guarded) through its source."""
+
+    def __init__(self, func: VariableTracker, args: List[VariableTracker],
+                 keywords: Dict[str, VariableTracker], source: Optional[Source] = None):
+        self.func, self.args, self.keywords, self.source = func, list(args), dict(keywords), source
+
+    def describe(self):
+        return f"partial({self.func.describe()})"
+
+
 class NestedFunctionVariable(VariableTracker):
     """A function made by MAKE_FUNCTION inside the trace (lambda, closure, 3.11 comprehension):
     code + globals + defaults and closure cells as variables. Calls are inlined."""
