@@ -545,3 +545,112 @@ def test_a_call_that_reads_its_callers_frame_runs_in_the_users_frame():
         return y, sys._getframe(0).f_code.co_name, frame.f_code.co_name, sorted(frame.f_locals)
     x = torch.randn(3)
     agree(lambda: (f, None), [lambda fn, s: fn(x)] * 2)
+
+
+class SiLUActivation(torch.nn.Module):
+    def forward(self, x):
+        return x * torch.sigmoid(x)
+
+
+class Scaled(torch.nn.Module):
+    def __init__(self, k, act="relu"):
+        super().__init__()
+        self.k, self.act = k, act
+
+    def forward(self, x):
+        return torch.relu(x * self.k) if self.act == "relu" else x * self.k
+
+
+class ClassInstantier(collections.OrderedDict):
+    """transformers' ACT2FN: an item is a module class (and its arguments), made when read."""
+
+    def __getitem__(self, key):
+        content = super().__getitem__(key)
+        cls, kwargs = content if isinstance(content, tuple) else (content, {})
+        return cls(**kwargs)
+
+
+ACT2FN = ClassInstantier({"silu": SiLUActivation, "scaled": (Scaled, {"k": 2, "act": "none"}),
+                          "gelu": (torch.nn.GELU, {"approximate": "tanh"})})
+
+
+def makes_modules(x):
+    act = SiLUActivation()
+    return act(x) + Scaled(3)(x) + ACT2FN["scaled"](x) + ACT2FN["gelu"](x) + torch.nn.Softmax(-1)(x), act
+
+
+MADE = []
+
+
+class Registered(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        MADE.append(1)
+
+    def forward(self, x):
+        return x + 1
+
+
+def makes_modules_that_need_python(x):
+    return Registered()(x) + torch.nn.Linear(3, 3)(x)
+
+
+def test_modules_made_in_the_frame():
+    x = torch.randn(2, 3)
+    compiled = minicompile.compile(makes_modules, backend="eager")
+    first, second = compiled(x), compiled(x)
+    assert_same(first[0], makes_modules(x)[0])
+    assert type(first[1]) is SiLUActivation and first[1] is not second[1]   # each call makes its own
+    no_break(makes_modules, x)
+    # an __init__ with an effect outside the module, one that makes parameters: as Python
+    del MADE[:]
+    torch.manual_seed(0)
+    expected = makes_modules_that_need_python(x)
+    torch.manual_seed(0)
+    assert_same(minicompile.compile(makes_modules_that_need_python, backend="eager")(x), expected)
+    assert len(MADE) == 2
+
+
+class Accumulate:
+    def __init__(self):
+        self.total = 0
+
+    def __call__(self, v):
+        self.total = self.total + v
+        return self.total
+
+
+def nested_functions_and_callable_objects(x):
+    def g(t, *, k=3):
+        return t * k
+    g.tag = 2
+    h = g
+    acc = Accumulate()
+    acc(x)
+    acc(g(x))
+    return acc.total * g.tag, g.__name__, g is h, g == h, h.__kwdefaults__
+
+
+def test_functions_made_in_the_frame_and_objects_with_a_call_method():
+    x = torch.randn(3)
+    agree(lambda: (nested_functions_and_callable_objects, None), [lambda fn, s: fn(x)] * 2)
+    no_break(nested_functions_and_callable_objects, x)
+
+    def across_a_break(x):
+        def g(t, *, k=3):
+            return t * k
+        g.tag = "a"
+        print("break")
+        return g(x), g.tag, g.__qualname__, g.__kwdefaults__
+    agree(lambda: (across_a_break, None), [lambda fn, s: fn(x)] * 2)
+
+
+def test_a_torch_function_that_takes_a_python_function_is_a_break_not_a_failure():
+    def f(x):
+        def combine(a, b):
+            print("combine")
+            return a + b
+        return torch.utils.checkpoint.checkpoint(combine, x, x, use_reentrant=False) * 2
+    x = torch.randn(3)
+    agree(lambda: (f, None), [lambda fn, s: fn(x)] * 2)
+    assert minicompile.explain(f)(x).graph_count == 1      # the frame resumes after the call

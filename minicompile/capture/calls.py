@@ -182,10 +182,17 @@ class CallsMixin:
         if isinstance(fn, BoundMethodVariable) and isinstance(fn.self_var, NNModuleVariable) and \
                 fn.func in _MODULE_WALKS.values():
             return self.walk_module(fn, args, kwargs)
+        if isinstance(fn, BoundMethodVariable) and fn.func is torch.nn.Module.__init__ and \
+                isinstance(fn.self_var, UserObjectVariable):
+            return ConstantVariable(None)         # the stand-in of check_init_is_pure
         if isinstance(fn, BoundMethodVariable):
             return self.inline_call(fn.func, [fn.self_var] + list(args), kwargs)
         if isinstance(fn, NNModuleVariable):
             return self.call_module(fn, args, kwargs)
+        if isinstance(fn, UserObjectVariable):
+            call = inspect.getattr_static(type(fn.value), "__call__", None)
+            if isinstance(call, types.FunctionType):          # an object with a Python __call__
+                return self.inline_call(call, [fn] + list(args), kwargs)
         if isinstance(fn, BuiltinVariable):
             return _BUILTIN_HANDLERS[fn.value](self, args, kwargs)
         if isinstance(fn, ConstantMethodVariable):
@@ -204,6 +211,9 @@ class CallsMixin:
                 return self.make_super(args)
             if _is_plain_user_class(fn.value):
                 return self.new_object(fn.value, args, kwargs)
+            if isinstance(fn.value, type) and issubclass(fn.value, torch.nn.Module) and \
+                    type(fn.value) is type:
+                return self.new_module(fn.value, args, kwargs)
         name = getattr(getattr(fn, "value", None), "__qualname__", None) or fn.describe()
         raise self.unsupported(f"call to {name}", "the capture cannot model this callable yet")
 
@@ -312,6 +322,48 @@ class CallsMixin:
         elif init is not object.__init__ or args or kwargs:
             raise self.unsupported(f"creating a {cls.__qualname__} (its __init__ is not Python)")
         return obj
+
+    def new_module(self, cls: type, args, kwargs) -> NNModuleVariable:
+        """`cls(...)` for an nn.Module class, with constant arguments (an activation made in
+        forward, `ACT2FN[name]`): made for real now, and again after the graph wherever it
+        outlives the trace (each eager call makes its own). Its __init__ must change nothing
+        outside the new module: torch's own classes are trusted; a user's __init__ is traced
+        first (nn.Module's own __init__ and __setattr__ taken as doing nothing else), and an
+        effect outside the module, or what that trace cannot model, leaves the call a break.
+        The module may hold no parameters or buffers and draw no random numbers (each eager
+        call would make new ones)."""
+        values = list(args) + list(kwargs.values())
+        if not all(v.is_constant() for v in values):
+            raise self.unsupported(f"creating a {cls.__qualname__} from values that are not constants")
+        if not cls.__module__.startswith("torch.") and cls.__init__ is not torch.nn.Module.__init__:
+            self.check_init_is_pure(cls, args, kwargs)
+        rng = torch.random.get_rng_state()
+        module = cls(*[a.as_example() for a in args], **{k: v.as_example() for k, v in kwargs.items()})
+        if not torch.equal(rng, torch.random.get_rng_state()):
+            torch.random.set_rng_state(rng)
+            raise self.unsupported(f"creating a {cls.__qualname__} draws random numbers")
+        if any(True for _ in module.parameters()) or any(True for _ in module.buffers()):
+            raise self.unsupported(f"creating a {cls.__qualname__}, which holds parameters or buffers",
+                                   "each eager call makes new ones")
+        return NNModuleVariable(module, None, made=(cls, list(args), dict(kwargs)))
+
+    def check_init_is_pure(self, cls: type, args, kwargs) -> None:
+        """Trace cls.__init__ on a stand-in for the new module and undo it: Unsupported where
+        it cannot be traced or changes anything but the stand-in."""
+        out = self.output
+        mark, n_effects, nodes = len(out.undo_log), len(out.side_effects), set(out.graph.nodes)
+        stand_in = UserObjectVariable(object.__new__(cls), None)
+        try:
+            self.inline_call(cls.__init__, [stand_in] + list(args), kwargs)
+            touched = [var for var, _old in out.undo_log[mark:] if var is not stand_in]
+            if touched or len(out.side_effects) != n_effects:
+                raise self.unsupported(f"{cls.__qualname__}.__init__ changes state outside the module")
+        finally:
+            out.rollback(mark)
+            del out.side_effects[n_effects:]
+            for node in reversed(list(out.graph.nodes)):
+                if node not in nodes:
+                    out.graph.erase_node(node)
 
     def call_constant_method(self, fn: ConstantMethodVariable, args, kwargs):
         obj = fn.obj

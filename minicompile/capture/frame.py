@@ -291,6 +291,9 @@ class TemplateBuilder:
             return ["iter", [self.build(i) for i in v.remaining()]]
         if isinstance(v, V.DictViewVariable):
             return ["dictview", self.build(v.dict_var), v.kind]
+        if isinstance(v, V.NNModuleVariable) and v.made is not None:
+            cls, args, kwargs = v.made          # made in the frame: made again for each call
+            return ["new", cls, [self.build(a) for a in args], [(k, self.build(a)) for k, a in kwargs.items()]]
         if isinstance(v, V.NNModuleVariable):
             # the call's own module (modules are not guarded by identity)
             src = self._source_fn(v.source) if v.source is not None else None
@@ -320,7 +323,9 @@ class TemplateBuilder:
             cells = [["newcell", self.build(c.tx.load_local(c.name))] if isinstance(c, V.CellVariable)
                      else self.build(c) for c in (v.closure.items if v.closure is not None else [])]
             return ["nested", v, self.build(v.defaults) if v.defaults is not None else None, cells,
-                    v.f_globals is self.tx.output.root_globals]
+                    v.f_globals is self.tx.output.root_globals,
+                    [(k, self.build(a)) for k, a in v.items.items()],
+                    [(k, self.build(a)) for k, a in v.kwdefaults.items.items()] if v.kwdefaults is not None else []]
         if isinstance(v, V.ClosureCellVariable):
             src = self._source_fn(v.source) if v.source is not None else None
             return ["src", src] if src is not None else ["const", v.cell]
@@ -380,6 +385,8 @@ def rebuild(t, outs, env, memo=None):
         r = getattr(rebuild(t[1], outs, env, memo), t[2])
     elif kind == "bound":
         r = types.MethodType(t[1], rebuild(t[2], outs, env, memo))
+    elif kind == "new":
+        r = t[1](*[rebuild(a, outs, env, memo) for a in t[2]], **{k: rebuild(a, outs, env, memo) for k, a in t[3]})
     elif kind == "partial":
         r = functools.partial(rebuild(t[1], outs, env, memo), *[rebuild(a, outs, env, memo) for a in t[2]],
                               **{k: rebuild(a, outs, env, memo) for k, a in t[3]})
@@ -393,6 +400,11 @@ def rebuild(t, outs, env, memo=None):
         # made in the captured frame: it takes the called function's globals
         f_globals = env.get("G", v.f_globals) if t[4] else v.f_globals
         r = types.FunctionType(v.code, f_globals, v.code.co_name, defaults, cells)
+        r.__qualname__ = v.name
+        if v.kwdefaults is not None:
+            r.__kwdefaults__ = {k: rebuild(a, outs, env, memo) for k, a in t[6]}
+        for name, a in t[5]:
+            setattr(r, name, rebuild(a, outs, env, memo))
     else:
         raise AssertionError(kind)
     memo[key] = r

@@ -503,13 +503,16 @@ def _is_op(tx, inst):
             a.source is not None and b.source is not None:
         r = a.example is b.example             # two of the call's tensors (attention's `query is key`)
         tx.output.guards.same_object(a.source, b.source, r)
-    elif isinstance(a, (UserObjectVariable, ModelOutputVariable, DictVariable, ListVariable)) and \
-            isinstance(b, (UserObjectVariable, ModelOutputVariable, DictVariable, ListVariable)) and \
-            (a.source is None or b.source is None):
+    elif isinstance(a, _OBJECTS) and isinstance(b, _OBJECTS) and \
+            (getattr(a, "source", None) is None or getattr(b, "source", None) is None):
         r = False                  # one made in the frame: only itself (a is b, above) is it
     else:
         raise tx.unsupported(f"'is' between {a.describe()} and {b.describe()}")
     tx.push(ConstantVariable(r != bool(inst.arg)))
+
+
+# values whose identity the trace knows: one made in the frame is only itself
+_OBJECTS = (UserObjectVariable, ModelOutputVariable, DictVariable, ListVariable, NestedFunctionVariable)
 
 
 @handles("CONTAINS_OP")

@@ -36,9 +36,9 @@ from .builtin_calls import _BUILTIN_HANDLERS
 
 if TYPE_CHECKING:
     from .translator import InstructionTranslator
-from .values import (NULL, BoundMethodVariable, BuiltinVariable, ClosureCellVariable, ConstantVariable,
-                     DictVariable, GlobalWritesVariable, PartialVariable,
-                     DictViewVariable, GradModeVariable, IteratorVariable, ListVariable,
+from .values import (NULL, BaseListVariable, BoundMethodVariable, BuiltinVariable, ClosureCellVariable,
+                     ConstantVariable, DictVariable, GlobalWritesVariable, NestedFunctionVariable,
+                     PartialVariable, DictViewVariable, GradModeVariable, IteratorVariable, ListVariable,
                      ModelOutputVariable, NamedTupleVariable, NNModuleVariable,
                      PythonModuleVariable, SizeVariable, SymIntVariable, TensorVariable,
                      TorchFunctionVariable,
@@ -200,7 +200,7 @@ class OutputGraph:
 
     def record_mutation(self, var: VariableTracker):
         if isinstance(var, (DictVariable, UserObjectVariable, NNModuleVariable, ClosureCellVariable,
-                            GlobalWritesVariable)):
+                            GlobalWritesVariable, NestedFunctionVariable)):
             self.undo_log.append((var, dict(var.items)))
         elif isinstance(var, IteratorVariable):
             self.undo_log.append((var, var.index))
@@ -538,6 +538,16 @@ class OutputGraph:
             # x.__setitem__(i, v), x.__iadd__(y): the operator they stand for (the same write)
             kind, target = "call_function", getattr(operator, target)
         name = target if kind == "call_method" else getattr(target, "__name__", str(target))
+        python_fn = next((v for v in _leaves(list(args) + list(kwargs.values())) if isinstance(
+            v, (UserFunctionVariable, NestedFunctionVariable, BoundMethodVariable, PartialVariable,
+                NNModuleVariable))), None)
+        if python_fn is not None:
+            # (torch.utils.checkpoint, associative_scan...): running it on the examples would
+            # run the Python function once more than eager does, and a graph cannot hold it
+            err = self.unsupported(f"{name}() takes a Python function ({python_fn.describe()})",
+                                   "the call runs as Python, at a graph break")
+            err.python_result = True          # (a Python helper of torch's is traced instead)
+            raise err
         if args and isinstance(args[0], TensorVariable) and self.has_dynamic_inputs():
             sized = self._dynamic_size_call(kind, target, args, kwargs)
             if sized is not None:
@@ -806,6 +816,19 @@ class OutputGraph:
         first: dict = {}
         pattern = tuple(first.setdefault(_storage_ptr(v), i) for i, (_, v) in enumerate(tensors))
         self.guards.storage_pattern([s for s, _ in tensors], pattern)
+
+
+def _leaves(vars_) -> list:
+    """The variables in vars_, with the items of lists, tuples and dicts among them."""
+    out = []
+    for v in vars_:
+        if isinstance(v, BaseListVariable):
+            out += _leaves(v.items)
+        elif isinstance(v, DictVariable):
+            out += _leaves(list(v.items.values()))
+        else:
+            out.append(v)
+    return out
 
 
 def _graph_arg(v: VariableTracker):

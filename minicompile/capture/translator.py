@@ -375,6 +375,8 @@ class InstructionTranslator(CallsMixin):
             raise self.unsupported(f"attribute .{name} of {obj.describe()}")
         if isinstance(obj, SuperVariable):
             return self.load_super_attr(obj, name)
+        if isinstance(obj, NestedFunctionVariable):
+            return self.nested_function_attr(obj, name)
         if isinstance(obj, PartialVariable) and name in ("func", "args", "keywords"):
             return {"func": obj.func, "args": TupleVariable(obj.args),
                     "keywords": DictVariable(obj.keywords)}[name]
@@ -458,6 +460,25 @@ class InstructionTranslator(CallsMixin):
         if isinstance(obj, BuiltinVariable) and name in ("__name__", "__qualname__", "__module__", "__doc__"):
             return ConstantVariable(getattr(obj.value, name))       # a builtin's, fixed
         raise self.unsupported(f"attribute .{name} of {obj.describe()}")
+
+    def nested_function_attr(self, fn: NestedFunctionVariable, name: str) -> VariableTracker:
+        """An attribute of a function made in the frame: one set in the trace, or what
+        CPython's function object holds."""
+        if name in fn.items:
+            return fn.items[name]
+        code = fn.code
+        doc = code.co_consts[0] if code.co_consts and isinstance(code.co_consts[0], str) else None
+        known = {"__name__": code.co_name, "__qualname__": fn.name, "__code__": code, "__doc__": doc,
+                 "__module__": fn.f_globals.get("__name__")}
+        if name in known:
+            return ConstantVariable(known[name])
+        if name == "__defaults__":
+            return fn.defaults if fn.defaults is not None else ConstantVariable(None)
+        if name == "__kwdefaults__":
+            return fn.kwdefaults if fn.kwdefaults is not None else ConstantVariable(None)
+        if hasattr(types.FunctionType, name):
+            raise self.unsupported(f"attribute .{name} of {fn.describe()}")
+        raise AttributeError(f"'function' object has no attribute '{name}'")
 
     def class_attribute(self, obj: VariableTracker, name: str, attr) -> Optional[VariableTracker]:
         """What reading `name` gives when it is found on obj's class (`attr`, as getattr_static
@@ -581,6 +602,8 @@ class InstructionTranslator(CallsMixin):
                 return SizeVariable(a.items + b.items)       # torch.Size + tuple, either way round
         if isinstance(a, BaseListVariable) and isinstance(b, ConstantVariable) and sym in ("*", "*="):
             return type(a)(a.items * b.value)
+        if sym in ("==", "!=") and isinstance(a, NestedFunctionVariable):
+            return ConstantVariable((a is b) == (sym == "=="))    # functions compare by identity
         if sym in ("==", "!=") and isinstance(a, NNModuleVariable):
             same = isinstance(b, NNModuleVariable) and self.output.same_module(a, b)
             return ConstantVariable(same if sym == "==" else not same)
@@ -670,7 +693,8 @@ class InstructionTranslator(CallsMixin):
                    generic: bool = False) -> None:
         """`obj.name = value` (STORE_ATTR, setattr()). generic: object.__setattr__'s store,
         which a class's own __setattr__ calls (its __setattr__ is not called again)."""
-        if isinstance(obj, UserObjectVariable) and obj.snapshot is None and value is not DELETED:
+        if isinstance(obj, UserObjectVariable) and obj.snapshot is None and value is not DELETED \
+                and not isinstance(obj.value, torch.nn.Module):   # (a module's: calls.check_init_is_pure)
             cls = type(obj.value)
             custom = inspect.getattr_static(cls, "__setattr__")
             if custom is not object.__setattr__ and not generic:
@@ -695,6 +719,10 @@ class InstructionTranslator(CallsMixin):
             self.output.record_mutation(obj)
             delattr(obj.value, name)                      # AttributeError as Python
             obj.overrides[name] = DELETED
+            return
+        if isinstance(obj, NestedFunctionVariable) and not name.startswith("__"):
+            self.output.record_mutation(obj)          # a function made in the frame: its own
+            obj.items[name] = value
             return
         if isinstance(obj, ModelOutputVariable) and obj.source is None and \
                 name in ModelOutputVariable.field_names(obj.cls) and not _is_none(value):
@@ -722,7 +750,7 @@ class InstructionTranslator(CallsMixin):
             self.output.add_side_effect(obj)
             return
         if isinstance(obj, NNModuleVariable) and obj.source is not None:
-            if value is self.load_module_attr(obj, name):
+            if (name in obj.items or hasattr(obj.module, name)) and value is self.load_module_attr(obj, name):
                 return                  # `self.count += 1`: the buffer itself, written in place
             # replayed with setattr after the graph (nn.Module's own: a parameter, buffer or
             # plain attribute as it decides); later reads in the trace see the new value

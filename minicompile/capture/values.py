@@ -249,11 +249,13 @@ class PythonModuleVariable(CallableVariable):
 
 
 class NNModuleVariable(VariableTracker):
-    """An nn.Module instance; calling it inlines its forward (parameters become placeholders)."""
+    """An nn.Module instance; calling it inlines its forward (parameters become placeholders).
+    `made`: (class, args, kwargs) of one made in the frame (each call makes its own)."""
 
-    def __init__(self, module: torch.nn.Module, source: Optional[Source]):
+    def __init__(self, module: torch.nn.Module, source: Optional[Source], made=None):
         self.module = module
         self.source = source
+        self.made = made
         self.items: Dict[str, VariableTracker] = {}    # attributes set in the trace (side effects)
 
     def as_example(self):
@@ -465,7 +467,8 @@ class NestedFunctionVariable(VariableTracker):
         self.name = name
         self.defaults = defaults           # TupleVariable or None
         self.kwdefaults = kwdefaults       # DictVariable or None
-        self.closure = closure             # TupleVariable of CellVariable (or cells) or None
+        self.closure = closure             # TupleVariable of CellVariable / ClosureCellVariable
+        self.items: Dict[str, VariableTracker] = {}     # attributes set in the trace (fn.tag = 1)
 
     def describe(self):
         return f"NestedFunction({self.name})"
