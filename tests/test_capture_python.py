@@ -654,3 +654,56 @@ def test_a_torch_function_that_takes_a_python_function_is_a_break_not_a_failure(
     x = torch.randn(3)
     agree(lambda: (f, None), [lambda fn, s: fn(x)] * 2)
     assert minicompile.explain(f)(x).graph_count == 1      # the frame resumes after the call
+
+
+class Square(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, k):
+        ctx.save_for_backward(x)
+        ctx.k = k
+        return x * x * k
+
+    @staticmethod
+    def backward(ctx, grad):
+        (x,) = ctx.saved_tensors
+        return 3 * x * grad * ctx.k, None          # not the derivative: it must be this one
+
+
+class SquareFn(Square):
+    @classmethod
+    def apply(cls, x):                             # bloom's GeLUFunction style
+        return super().apply(x, 2.0)
+
+
+class Noisy(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x):
+        return x + 1
+
+    @staticmethod
+    def backward(ctx, grad):
+        print("backward")
+        return grad
+
+
+def applies_functions(x):
+    return Square.apply(x, 0.5) + SquareFn.apply(x).sin()
+
+
+@pytest.mark.parametrize("backend", ["eager", "minicompile"])
+def test_autograd_functions_are_called_in_the_graph_with_their_own_backward(backend):
+    compiled = minicompile.compile(applies_functions, backend=backend)
+    for requires_grad in (True, False):
+        x = torch.randn(5, requires_grad=requires_grad)
+        x2 = x.detach().clone().requires_grad_(requires_grad)
+        got, want = compiled(x), applies_functions(x2)
+        assert_same(got, want)
+        if requires_grad:
+            got.sum().backward()
+            want.sum().backward()
+            assert_same(x.grad, x2.grad)
+    for requires_grad in (True, False):
+        no_break(applies_functions, torch.randn(5, requires_grad=requires_grad))
+    # a backward that prints: the call runs as Python, and prints once per backward
+    x = torch.randn(3, requires_grad=True)
+    agree(lambda: (lambda x: Noisy.apply(x) * 2, None), [lambda fn, s: fn(x).sum().backward()] * 2)

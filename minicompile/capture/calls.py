@@ -19,6 +19,7 @@ import torch.fx
 
 
 from .. import optim
+from .autograd_function import call_apply, is_apply
 from .breaks import Unsupported, never_traced
 from .sources import RootSource, module_member_source
 from .builtin_calls import (_BUILTIN_HANDLERS, _COMPILING_QUERIES, ContainerReadVariable,
@@ -182,6 +183,8 @@ class CallsMixin:
         if isinstance(fn, BoundMethodVariable) and isinstance(fn.self_var, NNModuleVariable) and \
                 fn.func in _MODULE_WALKS.values():
             return self.walk_module(fn, args, kwargs)
+        if isinstance(fn, BoundMethodVariable) and is_apply(fn):
+            return call_apply(self, fn.self_var.value, args, kwargs)
         if isinstance(fn, BoundMethodVariable) and fn.func is torch.nn.Module.__init__ and \
                 isinstance(fn.self_var, UserObjectVariable):
             return ConstantVariable(None)         # the stand-in of check_init_is_pure
@@ -350,20 +353,11 @@ class CallsMixin:
     def check_init_is_pure(self, cls: type, args, kwargs) -> None:
         """Trace cls.__init__ on a stand-in for the new module and undo it: Unsupported where
         it cannot be traced or changes anything but the stand-in."""
-        out = self.output
-        mark, n_effects, nodes = len(out.undo_log), len(out.side_effects), set(out.graph.nodes)
-        stand_in = UserObjectVariable(object.__new__(cls), None)
-        try:
-            self.inline_call(cls.__init__, [stand_in] + list(args), kwargs)
-            touched = [var for var, _old in out.undo_log[mark:] if var is not stand_in]
-            if touched or len(out.side_effects) != n_effects:
+        from .higher_order import trial
+        with trial(self) as changed_outside:
+            self.inline_call(cls.__init__, [UserObjectVariable(object.__new__(cls), None)] + list(args), kwargs)
+            if changed_outside():
                 raise self.unsupported(f"{cls.__qualname__}.__init__ changes state outside the module")
-        finally:
-            out.rollback(mark)
-            del out.side_effects[n_effects:]
-            for node in reversed(list(out.graph.nodes)):
-                if node not in nodes:
-                    out.graph.erase_node(node)
 
     def call_constant_method(self, fn: ConstantMethodVariable, args, kwargs):
         obj = fn.obj
