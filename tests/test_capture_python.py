@@ -2,6 +2,7 @@
 is an iterator or a dict view, eager's type and liveness), in no more graphs than Dynamo's
 explain finds for it."""
 import collections
+import enum
 import functools
 import itertools
 import operator
@@ -707,3 +708,142 @@ def test_autograd_functions_are_called_in_the_graph_with_their_own_backward(back
     # a backward that prints: the call runs as Python, and prints once per backward
     x = torch.randn(3, requires_grad=True)
     agree(lambda: (lambda x: Noisy.apply(x) * 2, None), [lambda fn, s: fn(x).sum().backward()] * 2)
+
+
+LOG = []
+
+
+def note(v):
+    LOG.append(v)
+    return v
+
+
+def counting(n):
+    for i in range(n):
+        LOG.append(("gen", i))
+        yield i
+
+
+def generators_run_as_far_as_they_are_read(x):
+    found = any(note(i) > 1 for i in range(5))                      # stops at 2
+    first = next((i for i in range(9) if note(i) == 3), None)      # stops at 3
+    for v in map(note, [10, 20, 30]):                              # stops after 20
+        if v == 20:
+            break
+    g = counting(5)
+    pairs = list(zip([1, 2], g))                                   # g read twice
+    for i in g:                                                    # the rest, interleaved
+        LOG.append(("use", i))
+    return x * found + first + len(pairs), list(enumerate(counting(2), start=1))
+
+
+def inner():
+    got = yield 1
+    return (yield got * 10) + 100
+
+
+def outer():
+    result = yield from inner()
+    yield result
+
+
+def sends(x):
+    g = outer()
+    return x * next(g) + g.send(2) + g.send(3)
+
+
+def naturals():
+    n = 0
+    while True:
+        yield n
+        n += 1
+
+
+def endless(x):
+    g = naturals()
+    return x * sum(itertools.islice(g, 1, 6, 2)), next(g), list(filter(None, [0, 3, 0, 5]))
+
+
+class Bag:
+    def __init__(self, items):
+        self.items = items
+
+    def __iter__(self):
+        for it in self.items:
+            yield it * 2
+
+
+def test_generators_and_lazy_iterators_do_what_eager_does_in_eagers_order():
+    x = torch.randn(3)
+    for fn in (generators_run_as_far_as_they_are_read, sends, endless,
+               lambda x: (sum(x * v for v in Bag([1, 2])), list(Bag([4])))):
+        del LOG[:]
+        expected, eager_log = fn(x), list(LOG)
+        del LOG[:]
+        assert_same(minicompile.compile(fn, backend="eager")(x), expected)
+        assert LOG == eager_log
+        no_break(fn, x)
+
+
+def test_a_generator_that_outlives_the_trace():
+    def not_started(x):
+        g = counting(2)
+        print("break")
+        return sum(g)
+
+    def started(x):
+        g = counting(3)
+        first = next(g)
+        print("break")
+        return x + first + next(g)
+    x = torch.randn(3)
+    for fn in (not_started, started):
+        agree(lambda: (fn, None), [lambda fn, s: (LOG.clear(), fn(x), list(LOG))[1:]] * 2)
+
+
+class Vec:
+    def __init__(self, t):
+        self.t = t
+
+    def __add__(self, other):
+        return Vec(self.t + (other.t if isinstance(other, Vec) else other))
+
+    def __radd__(self, other):
+        return Vec(self.t + other)
+
+    def __iadd__(self, other):
+        self.t = self.t + other.t * 10
+        return self
+
+
+Pair = collections.namedtuple("Pair", ["t", "k"])
+
+
+class Color(enum.Enum):
+    RED = "r"
+    GREEN = "g"
+
+
+def python_values(x, name, pair):
+    a = Vec(x)
+    b = a + Vec(x)
+    c = 1 + b
+    a += b
+    d, e = {"a": 1, "b": 2}, {"b": 3}
+    merged = d | e
+    d |= {"z": 9}
+    l = [1, 2, 3, 4]
+    l[1:3] = [x, x]
+    q = pair._replace(k=pair.k + 1)
+    return (a.t, c.t, merged, d, sorted(d.keys() & e.keys()), len(l),
+            sorted([x[:2], x, x[:1]], key=lambda t: t.shape[0], reverse=True), min(["bb", "a"], key=len),
+            "/".join(p.upper() for p in name.split(".")), name.rsplit(".", 1),
+            q.t * q.k, q._asdict()["k"], [c.name for c in Color], Color("g").name, Color.RED in list(Color),
+            issubclass(type(pair), tuple))
+
+
+def test_python_values_without_breaks():
+    x = torch.randn(3)
+    args = [(x, "a.b.c", Pair(x, 2)), (x, "layer.0", Pair(x, 3))]
+    agree(lambda: (python_values, None), [lambda fn, s, a=a: fn(*a) for a in args])
+    no_break(python_values, *args[0])

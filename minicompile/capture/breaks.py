@@ -92,3 +92,11 @@ class GraphBreak(Exception):
 
 class Return(Exception):
     """A traced frame returned (its value is the translator's return_value)."""
+
+
+class Yield(Exception):
+    """A traced generator's frame yielded `value` (it is paused after its YIELD_VALUE)."""
+
+    def __init__(self, value):
+        super().__init__()
+        self.value = value

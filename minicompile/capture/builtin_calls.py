@@ -27,7 +27,8 @@ import torch.fx
 from .breaks import Unsupported
 from .sources import AttrSource, ItemSource
 from .values import (DELETED, BaseListVariable, BuiltinVariable, ConstantVariable, DictVariable,
-                     DictViewVariable, IteratorVariable, ListVariable, ModelOutputVariable,
+                     DictViewVariable, IteratorVariable, LazyIteratorVariable, ListVariable,
+                     ModelOutputVariable,
                      NNModuleVariable, PythonModuleVariable, SymIntVariable, TensorVariable,
                      TupleVariable, TypeVariable, UserObjectVariable, VariableTracker, example_of,
                      _contains_tensor, is_constant_value)
@@ -66,6 +67,20 @@ def _builtin_isinstance(tx, args, kwargs):
         raise tx.unsupported(f"isinstance() with {cls.describe()}")
     # (example_of: a symbolic size is an int without making it static)
     return ConstantVariable(isinstance(example_of(obj), cls.as_example()))
+
+
+def _builtin_issubclass(tx, args, kwargs):
+    cls, classinfo = args
+    if not all(isinstance(a, (TypeVariable, TupleVariable, ConstantVariable, BuiltinVariable)) for a in args):
+        raise tx.unsupported(f"issubclass() of {cls.describe()}")
+    return ConstantVariable(issubclass(cls.as_example(), classinfo.as_example()))
+
+
+def _builtin_vars(tx, args, kwargs):
+    """vars(obj) of an object read from outside the frame: its very __dict__."""
+    if len(args) != 1 or not isinstance(args[0], UserObjectVariable) or args[0].source is None:
+        raise tx.unsupported("vars() of a value that is not an object from outside the frame")
+    return tx.output.wrap(vars(args[0].value), AttrSource(args[0].source, "__dict__"))
 
 
 def _builtin_getattr(tx, args, kwargs):
@@ -133,35 +148,35 @@ def _builtin_print(tx, args, kwargs):
 
 
 def _builtin_iter(kind):
+    """iter, enumerate, zip, map, filter (lazy, as Python's: iterators.py), reversed."""
     def impl(tx, args, kwargs):
-        if kind == "enumerate":
-            start = args[1].as_example() if len(args) > 1 else kwargs.get("start", ConstantVariable(0)).as_example()
-            return IteratorVariable([TupleVariable([ConstantVariable(start + i), v])
-                                     for i, v in enumerate(tx.iterate(args[0]))])
-        if kind == "zip":
-            if kwargs.get("strict", ConstantVariable(False)).as_example():
-                lists = [tx.iterate(a) for a in args]
-                if len({len(l) for l in lists}) > 1:
-                    raise tx.unsupported("zip(strict=True) of unequal lengths")
-            lists = [tx.iterate(a) for a in args]
-            return IteratorVariable([TupleVariable(list(t)) for t in zip(*lists)])
-        if kind == "map":
-            fn, seqs = args[0], [tx.iterate(a) for a in args[1:]]
-            return IteratorVariable([tx.call_function(fn, list(t), {}) for t in zip(*seqs)])
-        if kind == "filter":
-            fn, items = args[0], tx.iterate(args[1])
-            keep = []
-            for it in items:
-                r = it if isinstance(fn, ConstantVariable) and fn.value is None else tx.call_function(fn, [it], {})
-                if tx.truth(r, "filter"):
-                    keep.append(it)
-            return IteratorVariable(keep)
-        if kind == "reversed":
-            return IteratorVariable(list(reversed(tx.iterate(args[0]))))
+        from .iterators import ITERATORS, iter_of
         if kind == "iter":
-            return IteratorVariable(tx.iterate(args[0]))
-        raise AssertionError(kind)
+            return iter_of(tx, args[0])
+        if kind == "reversed":
+            if isinstance(args[0], ITERATORS):
+                raise tx.unsupported(f"reversed() of {args[0].describe()}", "it is not reversible")
+            return IteratorVariable(list(reversed(tx.iterate(args[0]))))
+        if kind == "enumerate":
+            start = args[1] if len(args) > 1 else kwargs.get("start", ConstantVariable(0))
+            return LazyIteratorVariable("enumerate", [iter_of(tx, args[0])], count=start.as_example())
+        if kind == "zip":
+            strict = kwargs.get("strict", ConstantVariable(False)).as_example()
+            return LazyIteratorVariable("zip", [iter_of(tx, a) for a in args], strict=strict)
+        fn, rest = args[0], args[1:]
+        return LazyIteratorVariable(kind, [iter_of(tx, a) for a in rest], fn=fn)      # map, filter
     return impl
+
+
+def _islice(tx, args, kwargs):
+    """itertools.islice(it, [start,] stop[, step]): lazy, so a generator (an endless one too)
+    is run only as far as the items taken."""
+    from .iterators import iter_of
+    if kwargs or not all(a.is_constant() for a in args[1:]):
+        raise tx.unsupported("itertools.islice with bounds that are not constants")
+    bounds = slice(*[a.as_example() for a in args[1:]])
+    return LazyIteratorVariable("islice", [iter_of(tx, args[0])], count=(0, 0),
+                                bounds=(bounds.start or 0, bounds.stop, bounds.step or 1))
 
 
 def _itertools(fn):
@@ -196,21 +211,27 @@ def _functools_reduce(tx, args, kwargs):
 
 
 def _builtin_next(tx, args, kwargs):
-    it = args[0]
-    if not isinstance(it, IteratorVariable):
-        raise tx.unsupported(f"next() of {it.describe()}")
-    if it.index >= len(it.items):
-        if len(args) > 1:
-            return args[1]
-        raise tx.unsupported("next() of an exhausted iterator (StopIteration)")
-    tx.output.record_mutation(it)
-    tx.output.advanced(it)
-    it.index += 1
-    return it.items[it.index - 1]
+    from .iterators import ITERATORS, next_item
+    if not isinstance(args[0], ITERATORS):
+        raise tx.unsupported(f"next() of {args[0].describe()}")
+    item = next_item(tx, args[0])
+    if item is not None:
+        return item
+    if len(args) > 1:
+        return args[1]
+    raise tx.unsupported("next() of an exhausted iterator (StopIteration)")
 
 
 def _builtin_reduce(kind):
     def impl(tx, args, kwargs):
+        if kind in ("any", "all") and len(args) == 1:
+            # item by item, stopping where the answer is known (a generator is left there)
+            from .iterators import iter_of, next_item
+            it = iter_of(tx, args[0])
+            while (item := next_item(tx, it)) is not None:
+                if tx.truth(item, kind) == (kind == "any"):
+                    return ConstantVariable(kind == "any")
+            return ConstantVariable(kind == "all")
         items = tx.iterate(args[0]) if len(args) == 1 else list(args)
         if kind == "sum":
             start = args[1] if len(args) > 1 else kwargs.get("start", ConstantVariable(0))
@@ -230,6 +251,16 @@ def _builtin_reduce(kind):
                 best = other if better else best
             else:
                 return best
+        if kind in ("min", "max", "sorted") and (not all(i.is_constant() for i in items) or
+                                                 not all(v.is_constant() for v in kwargs.values())):
+            order = sort_order(tx, items, kwargs, kind)
+            if kind == "sorted":
+                return ListVariable([items[j] for j in order])
+            if order:
+                return items[order[0]]
+            if "default" in kwargs:
+                return kwargs["default"]
+            raise tx.unsupported(f"{kind}() of an empty sequence")
         if all(i.is_constant() for i in items) and all(v.is_constant() for v in kwargs.values()):
             fn = {"min": min, "max": max, "any": any, "all": all, "sorted": sorted}[kind]
             r = fn([i.as_example() for i in items], **{k: v.as_example() for k, v in kwargs.items()})
@@ -244,6 +275,23 @@ def _builtin_reduce(kind):
                                  "which is smaller depends on the tensors' values")
         raise tx.unsupported(f"builtin {kind}() on non-constant values")
     return impl
+
+
+def sort_order(tx, items, kwargs, kind: str = "sorted") -> list:
+    """The positions of `items` in the order sorted() (min/max: the first, the best) puts
+    them, their keys computed in the trace (`key=`, called item by item) and Python constants."""
+    key, reverse = kwargs.get("key"), kwargs.get("reverse", ConstantVariable(False))
+    if not reverse.is_constant() or set(kwargs) - {"key", "reverse", "default"}:
+        raise tx.unsupported(f"{kind}() with arguments that are not constants")
+    keys = [item if key is None or _is_none(key) else tx.call_function(key, [item], {}) for item in items]
+    if not all(k.is_constant() for k in keys):
+        raise tx.unsupported(f"{kind}() of values whose keys are not constants",
+                             "which comes first would depend on tensors' values")
+    values = [k.as_example() for k in keys]
+    if kind == "sorted":
+        return sorted(range(len(items)), key=values.__getitem__, reverse=reverse.as_example())
+    pick = min if kind == "min" else max
+    return [pick(range(len(items)), key=values.__getitem__)] if items else []
 
 
 def _builtin_setattr(tx, args, kwargs):
@@ -327,11 +375,13 @@ _BUILTIN_HANDLERS: Dict[Any, Callable] = {
     sorted: _builtin_reduce("sorted"), hasattr: _builtin_hasattr, dict: _builtin_dict,
     callable: _builtin_callable, type: _builtin_type, id: _builtin_id,
     setattr: _builtin_setattr, delattr: _builtin_setattr, functools.reduce: _functools_reduce,
+    issubclass: _builtin_issubclass, vars: _builtin_vars,
 }
 for _f in (itertools.product, itertools.chain, itertools.chain.from_iterable, itertools.combinations,
-           itertools.combinations_with_replacement, itertools.permutations, itertools.islice,
+           itertools.combinations_with_replacement, itertools.permutations,
            itertools.zip_longest, itertools.pairwise, itertools.repeat):
     _BUILTIN_HANDLERS[_f] = _itertools(_f)
+_BUILTIN_HANDLERS[itertools.islice] = _islice
 for _f in (int, float, bool, str, abs, pow, round, range, slice, divmod, hash, repr, chr, ord,
            set, frozenset, complex, format, ascii, bin, hex, oct):
     _BUILTIN_HANDLERS[_f] = _builtin_const(_f)

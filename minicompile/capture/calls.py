@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import dataclasses
+import enum
 import functools
 import inspect
 import sys
@@ -22,13 +24,13 @@ from .. import optim
 from .autograd_function import call_apply, is_apply
 from .breaks import Unsupported, never_traced
 from .sources import RootSource, module_member_source
-from .builtin_calls import (_BUILTIN_HANDLERS, _COMPILING_QUERIES, ContainerReadVariable,
+from .builtin_calls import (_BUILTIN_HANDLERS, _COMPILING_QUERIES, ContainerReadVariable, sort_order,
                             _builtin_dict, _constant_state, _is_none, _is_plain_user_class,
                             _runs_for_real)
 from .output_graph import _is_internal_module_name
 from .values import (BaseListVariable, BoundMethodVariable, BuiltinVariable, ConstantMethodVariable,
                      AutocastVariable, ConstantVariable, DictVariable, DictViewVariable,
-                     GradModeVariable, NullContextVariable,
+                     GeneratorVariable, GradModeVariable, NullContextVariable,
                      IteratorVariable, ListVariable, ModelOutputVariable, NamedTupleVariable,
                      NestedFunctionVariable, NNModuleVariable, NullVariable, ObjectSetattrVariable,
                      OpaqueConstantVariable, PartialVariable,
@@ -52,6 +54,14 @@ _MODULE_WALKS = {name: getattr(torch.nn.Module, name) for name in (
 # minicompile's, so the frame that calls one runs as Python (its break is never resumed)
 _READ_THE_CALLER = {globals, locals, vars, dir, eval, exec, breakpoint, sys._getframe,
                     inspect.currentframe, inspect.stack}
+
+
+def _made_by(result: VariableTracker, fn, args, kwargs) -> VariableTracker:
+    """A generator a call made remembers the call: where it outlives the trace before it
+    started, the call is made again for a real one."""
+    if isinstance(result, GeneratorVariable) and result.made_by is None:
+        result.made_by = (fn, list(args), dict(kwargs))
+    return result
 
 
 class CallsMixin:
@@ -84,7 +94,7 @@ class CallsMixin:
             raise self.unsupported(f"call to {fn.describe()} from a frame that runs eagerly",
                                    "the callee is compiled on its own")
         if isinstance(fn, NestedFunctionVariable):
-            return self.inline_nested(fn, args, kwargs)
+            return _made_by(self.inline_nested(fn, args, kwargs), fn, args, kwargs)
         if isinstance(fn, PartialVariable):
             return self.call_function(fn.func, fn.args + list(args), {**fn.keywords, **kwargs})
         if isinstance(fn, TypeVariable) and fn.value is functools.partial:
@@ -168,6 +178,9 @@ class CallsMixin:
             def real(a):
                 if a.is_constant():
                     return a.as_example()
+                if fn.value in (dataclasses.fields, dataclasses.is_dataclass) and \
+                        isinstance(a, UserObjectVariable):
+                    return type(a.value)          # an instance's fields are its class's (guarded)
                 if isinstance(a, BoundMethodVariable) and isinstance(a.self_var, (NNModuleVariable, UserObjectVariable)):
                     return types.MethodType(a.func, a.self_var.as_example())   # its function is fixed
                 raise self.unsupported(f"{fn.describe()} on {a.describe()}, not a constant")
@@ -176,7 +189,7 @@ class CallsMixin:
         if isinstance(fn, (UserFunctionVariable, BoundMethodVariable)):
             self.break_at_optimizer_step(fn)
         if isinstance(fn, UserFunctionVariable):
-            return self.inline_call(fn.value, args, kwargs)
+            return _made_by(self.inline_call(fn.value, args, kwargs), fn, args, kwargs)
         if isinstance(fn, BoundMethodVariable) and isinstance(fn.self_var, UserObjectVariable) and \
                 fn.self_var.snapshot is not None and all(a.is_constant() for a in list(args) + list(kwargs.values())):
             return self.call_on_private_copy(fn, args, kwargs)
@@ -189,7 +202,7 @@ class CallsMixin:
                 isinstance(fn.self_var, UserObjectVariable):
             return ConstantVariable(None)         # the stand-in of check_init_is_pure
         if isinstance(fn, BoundMethodVariable):
-            return self.inline_call(fn.func, [fn.self_var] + list(args), kwargs)
+            return _made_by(self.inline_call(fn.func, [fn.self_var] + list(args), kwargs), fn, args, kwargs)
         if isinstance(fn, NNModuleVariable):
             return self.call_module(fn, args, kwargs)
         if isinstance(fn, UserObjectVariable):
@@ -212,6 +225,8 @@ class CallsMixin:
                 return ConstantVariable(torch.Size(*[a.as_example() for a in args]))
             if fn.value is super:
                 return self.make_super(args)
+            if isinstance(fn.value, enum.EnumMeta) and all(a.is_constant() for a in args) and not kwargs:
+                return self.output.wrap(fn.value(*[a.as_example() for a in args]), None)   # Color("r")
             if _is_plain_user_class(fn.value):
                 return self.new_object(fn.value, args, kwargs)
             if isinstance(fn.value, type) and issubclass(fn.value, torch.nn.Module) and \
@@ -361,12 +376,31 @@ class CallsMixin:
 
     def call_constant_method(self, fn: ConstantMethodVariable, args, kwargs):
         obj = fn.obj
+        if isinstance(obj, ConstantVariable) and isinstance(obj.value, (str, bytes)) and \
+                fn.name == "join" and len(args) == 1 and not args[0].is_constant():
+            args = [ListVariable(self.iterate(args[0]))]      # "-".join(str(d) for d in x.shape)
         if isinstance(obj, ConstantVariable) and all(a.is_constant() for a in args) \
                 and all(v.is_constant() for v in kwargs.values()):
             r = getattr(obj.value, fn.name)(*[a.as_example() for a in args],
                                             **{k: v.as_example() for k, v in kwargs.items()})
             if is_constant_value(r) or isinstance(obj, OpaqueConstantVariable):
                 return _constant_result(obj, r)
+            if type(r) in (list, dict) and _constant_state(r):
+                return self.output.wrap(r, None)          # a new list of them (str.split)
+        if isinstance(obj, GeneratorVariable) and fn.name in ("send", "__next__") and not kwargs:
+            from .iterators import next_item
+            item = next_item(self, obj, args[0] if fn.name == "send" else None)
+            if item is None:
+                raise self.unsupported(f"{fn.name}() of an exhausted generator (StopIteration)")
+            return item
+        if isinstance(obj, NamedTupleVariable) and hasattr(obj.tuple_cls, "_fields") and \
+                fn.name in ("_replace", "_asdict"):
+            fields = obj.tuple_cls._fields
+            if fn.name == "_asdict":
+                return DictVariable(dict(zip(fields, obj.items)))
+            if args or set(kwargs) - set(fields):
+                raise self.unsupported(f"{obj.tuple_cls.__name__}._replace() with unknown fields")
+            return NamedTupleVariable([kwargs.get(f, item) for f, item in zip(fields, obj.items)], obj.tuple_cls)
         if isinstance(obj, ModelOutputVariable) and fn.name == "to_tuple" and not args and not kwargs:
             return TupleVariable(list(obj.items.values()))
         if isinstance(obj, DictVariable) and not args and not kwargs and \
@@ -391,8 +425,8 @@ class CallsMixin:
                 obj.items = [ConstantVariable(v) for v in obj.as_example()]
                 obj.items.remove(ConstantVariable(args[0].as_example())) if False else \
                     obj.items.pop([i.as_example() for i in obj.items].index(args[0].as_example()))
-            elif fn.name == "sort" and obj.is_constant() and not kwargs:
-                obj.items = [ConstantVariable(v) for v in sorted(obj.as_example())]
+            elif fn.name == "sort" and not args:
+                obj.items = [obj.items[j] for j in sort_order(self, obj.items, kwargs)]
             else:
                 raise self.unsupported(f"list.{fn.name}() on {obj.describe()}")
             return ConstantVariable(None)
@@ -489,11 +523,8 @@ class CallsMixin:
             raise self.unsupported(f"call to {name}: {disabled}",
                                    "a function marked as never traced runs as Python")
         if code.co_flags & (inspect.CO_COROUTINE | inspect.CO_ASYNC_GENERATOR |
-                            inspect.CO_ITERABLE_COROUTINE) or \
-                code.co_flags & inspect.CO_GENERATOR and code.co_name != "<genexpr>":
-            # a generator function's object may be kept and resumed later (a contextmanager);
-            # only generator expressions, consumed where they are made, are run to the end
-            raise self.unsupported(f"call to generator/coroutine function {name}")
+                            inspect.CO_ITERABLE_COROUTINE):
+            raise self.unsupported(f"call to coroutine function {name}")
         if self.depth + 1 > MAX_INLINE_DEPTH:
             raise self.unsupported(f"call to {name}: inlining depth limit {MAX_INLINE_DEPTH}")
         # the function's own parameters, not those of a function it wraps (functools.wraps)
@@ -528,11 +559,9 @@ class CallsMixin:
         child = type(self)(self.output, func, locals_, {}, parent=self, globals_source=gsrc,
                                       closure_cells=closure_cells)
         if code.co_flags & inspect.CO_GENERATOR:
-            # a generator expression is run to the end at once and its values kept:
-            # `sum(f(t) for t in ts)`, `tuple(...)`, `any(...)` consume it whole
-            child.generator_items = []
-            child.run()
-            return IteratorVariable(child.generator_items)
+            # a generator: its frame runs when items are asked for (iterators.py)
+            child.generator = True
+            return GeneratorVariable(child)
         return child.run()
 
     def inline_nested(self, fn: NestedFunctionVariable, args, kwargs) -> VariableTracker:

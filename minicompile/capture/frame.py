@@ -24,9 +24,11 @@ compiled on its own), and every unsupported instruction runs for real.
 """
 from __future__ import annotations
 
+import builtins
 import copy
 import dis
 import functools
+import itertools
 import types
 from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, List, Optional
@@ -289,6 +291,13 @@ class TemplateBuilder:
             if v.source is not None and self._source_fn(v.source) is not None:
                 return ["src", self._source_fn(v.source)]     # the real one, advanced (an effect)
             return ["iter", [self.build(i) for i in v.remaining()]]
+        if isinstance(v, V.GeneratorVariable) and not v.started and v.made_by is not None:
+            fn, args, kwargs = v.made_by        # not started: the call makes a fresh one
+            return ["call", self.build(fn), [self.build(a) for a in args],
+                    [(k, self.build(a)) for k, a in kwargs.items()]]
+        if isinstance(v, V.LazyIteratorVariable):
+            return ["lazy", v.kind, self.build(v.fn) if v.fn is not None else None,
+                    [self.build(i) for i in v.iterators], v.count, v.strict, v.bounds]
         if isinstance(v, V.DictViewVariable):
             return ["dictview", self.build(v.dict_var), v.kind]
         if isinstance(v, V.NNModuleVariable) and v.made is not None:
@@ -385,6 +394,12 @@ def rebuild(t, outs, env, memo=None):
         r = getattr(rebuild(t[1], outs, env, memo), t[2])
     elif kind == "bound":
         r = types.MethodType(t[1], rebuild(t[2], outs, env, memo))
+    elif kind == "call":
+        r = rebuild(t[1], outs, env, memo)(*[rebuild(a, outs, env, memo) for a in t[2]],
+                                           **{k: rebuild(a, outs, env, memo) for k, a in t[3]})
+    elif kind == "lazy":
+        r = _lazy_iterator(t[1], rebuild(t[2], outs, env, memo) if t[2] is not None else None,
+                           [rebuild(i, outs, env, memo) for i in t[3]], *t[4:])
     elif kind == "new":
         r = t[1](*[rebuild(a, outs, env, memo) for a in t[2]], **{k: rebuild(a, outs, env, memo) for k, a in t[3]})
     elif kind == "partial":
@@ -409,6 +424,20 @@ def rebuild(t, outs, env, memo=None):
         raise AssertionError(kind)
     memo[key] = r
     return r
+
+
+def _lazy_iterator(kind, fn, iterators, count, strict, bounds):
+    """The real map/filter/zip/enumerate/islice a LazyIteratorVariable stands for."""
+    if kind in ("map", "filter"):
+        return getattr(builtins, kind)(fn, *iterators)
+    if kind == "zip":
+        return zip(*iterators, strict=strict)
+    if kind == "enumerate":
+        return enumerate(iterators[0], count)
+    start, stop, step = bounds
+    read, given = count                 # what is left: from the next wanted item on
+    wanted = start + given * step
+    return itertools.islice(iterators[0], wanted - read, None if stop is None else max(stop - read, 0), step)
 
 
 @dataclass

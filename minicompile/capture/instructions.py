@@ -15,11 +15,12 @@ import torch
 import torch.fx
 
 
-from .breaks import Return
+from .breaks import Return, Yield
 from .bytecode import BINARY_OP_SYMBOLS, COMPARE_OPS, _cmp_symbol, handles
 from .builtin_calls import _is_singleton
+from .iterators import iter_of, next_item
 from .values import (DELETED, NULL, CellVariable, ClosureCellVariable, ConstantVariable, DictVariable,
-                     DictViewVariable, GradModeVariable, IteratorVariable, ListVariable, ModelOutputVariable,
+                     DictViewVariable, GeneratorVariable, GradModeVariable, ListVariable, ModelOutputVariable,
                      NestedFunctionVariable, NNModuleVariable, PythonModuleVariable, SetVariable,
                      SliceVariable, SuperVariable, SymIntVariable, TensorVariable, TupleVariable,
                      TypeVariable, UserObjectVariable, WithExitVariable,
@@ -42,20 +43,48 @@ def _precall(tx, inst):
     pass
 
 
-# generators (see inline_call): run to the end, each yielded value collected
+# generators (iterators.py): their frame runs to each yield when an item is asked for
 @handles("RETURN_GENERATOR")
 def _return_generator(tx, inst):
-    if tx.generator_items is None:
+    if not tx.generator:
         raise tx.unsupported("RETURN_GENERATOR outside an inlined generator")
     tx.push(ConstantVariable(None))         # popped by the POP_TOP that follows
 
 
 @handles("YIELD_VALUE")
 def _yield_value(tx, inst):
-    if tx.generator_items is None:
+    if not tx.generator:
         raise tx.unsupported("yield outside an inlined generator")
-    tx.generator_items.append(tx.pop())
-    tx.push(ConstantVariable(None))         # what `yield` evaluates to: nothing was sent
+    raise Yield(tx.pop())                   # resumed with what the yield evaluates to pushed
+
+
+@handles("GET_YIELD_FROM_ITER")
+def _get_yield_from_iter(tx, inst):
+    tx.push(iter_of(tx, tx.pop()))
+
+
+@handles("SEND")
+def _send(tx, inst):
+    # `yield from`: the next item of the iterator below, sent what our yield was given; where
+    # it is exhausted, its return value replaces it (3.11) or joins it for END_SEND (3.12+)
+    value = tx.pop()
+    receiver = tx.stack[-1]
+    item = next_item(tx, receiver, value)
+    if item is not None:
+        tx.push(item)
+        return
+    result = receiver.return_value if isinstance(receiver, GeneratorVariable) else ConstantVariable(None)
+    if tx.version == (3, 11):
+        tx.pop()
+    tx.push(result)
+    tx.jump_to(inst)
+
+
+@handles("END_SEND", versions=[(3, 12), (3, 13)])
+def _end_send(tx, inst):
+    value = tx.pop()
+    tx.pop()
+    tx.push(value)
 
 
 @handles("LOAD_SUPER_ATTR", versions=[(3, 12), (3, 13)])
@@ -156,23 +185,14 @@ def _build_string(tx, inst):
 # iteration (loops are unrolled) -----------------------------------------------------
 @handles("GET_ITER")
 def _get_iter(tx, inst):
-    v = tx.pop()
-    if isinstance(v, IteratorVariable):
-        tx.push(v)
-    else:
-        tx.push(IteratorVariable(tx.iterate(v)))
+    tx.push(iter_of(tx, tx.pop()))
 
 
 @handles("FOR_ITER")
 def _for_iter(tx, inst):
-    it = tx.stack[-1]
-    if not isinstance(it, IteratorVariable):
-        raise tx.unsupported(f"for loop over {it.describe()}")
-    if it.index < len(it.items):
-        tx.output.record_mutation(it)
-        tx.output.advanced(it)
-        it.index += 1
-        tx.push(it.items[it.index - 1])
+    item = next_item(tx, tx.stack[-1])
+    if item is not None:
+        tx.push(item)
         return
     # exhausted: the iterator is popped and the loop's END_FOR (3.12: END_FOR,
     # 3.13: END_FOR + POP_TOP, which would pop it) skipped
@@ -222,8 +242,11 @@ def _store_subscr(tx, inst):
     if isinstance(obj, TensorVariable):
         tx.output.call("call_function", operator.setitem, [obj, idx, value], {})
     elif isinstance(obj, (ListVariable, DictVariable)) and idx.is_constant():
+        key = idx.as_example()
+        if isinstance(obj, ListVariable) and isinstance(key, slice):
+            value = tx.iterate(value)                # l[1:3] = iterable
         tx.mutate(obj)
-        obj.items[idx.as_example()] = value
+        obj.items[key] = value
     else:
         raise tx.unsupported(f"item assignment on {obj.describe()}")
 
@@ -528,6 +551,9 @@ def _contains_op(tx, inst):
     elif item.is_constant() and isinstance(container, NNModuleVariable) and \
             isinstance(container.module, torch.nn.ModuleDict):
         r = item.as_example() in tx.output.members(container)
+    elif isinstance(container, (ListVariable, TupleVariable)):
+        # as Python: an item that is it, or == it (objects by their __eq__ or identity)
+        r = any(e is item or tx.truth(tx.binary("==", e, item), "in") for e in container.items)
     else:
         special = tx.call_special(container, "__contains__", [item])
         if special is None or not special.is_constant():

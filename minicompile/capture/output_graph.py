@@ -199,19 +199,18 @@ class OutputGraph:
         self.instruction_budget = 200_000     # unrolled loops: a bound, not a hang
 
     def record_mutation(self, var: VariableTracker):
-        if isinstance(var, (DictVariable, UserObjectVariable, NNModuleVariable, ClosureCellVariable,
-                            GlobalWritesVariable, NestedFunctionVariable)):
+        if hasattr(var, "state"):                 # an iterator: its position
+            self.undo_log.append((var, var.state()))
+        elif isinstance(var.items, dict):
             self.undo_log.append((var, dict(var.items)))
-        elif isinstance(var, IteratorVariable):
-            self.undo_log.append((var, var.index))
         else:
             self.undo_log.append((var, list(var.items)))
 
     def rollback(self, mark: int):
         while len(self.undo_log) > mark:
             var, old = self.undo_log.pop()
-            if isinstance(var, IteratorVariable):
-                var.index = old
+            if hasattr(var, "state"):
+                var.restore(old)
             else:
                 var.items = old
 
@@ -445,6 +444,12 @@ class OutputGraph:
             items = [self.wrap(v, ItemSource(source, i) if source else None)
                      for i, v in enumerate(value)]
             return (TupleVariable if isinstance(value, tuple) else ListVariable)(items, source)
+        if isinstance(value, tuple) and isinstance(getattr(type(value), "_fields", None), tuple):
+            # a namedtuple with values that are not all constants (else it is one)
+            if source is not None:
+                g.type_check(source, type(value))
+            return NamedTupleVariable([self.wrap(v, ItemSource(source, i) if source else None)
+                                       for i, v in enumerate(value)], type(value), source)
         if source is not None and is_model_output_class(type(value)):
             g.type_check(source, type(value))
             g.mapping_keys(source, value)

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import builtins
 import collections.abc
+import enum
 import inspect
 import operator
 import types
@@ -25,7 +26,7 @@ import torch
 import torch.fx
 
 from .. import aliasing, autocast
-from .breaks import GraphBreak, Return, Unsupported, source_line
+from .breaks import GraphBreak, Return, Unsupported, Yield, source_line
 from .bytecode import BINARY_OPS, COMPARE_OPS, Instruction, current_version, decode, dispatch_table
 from .sources import (AttrSource, ClosureCellSource, ItemSource, LocalSource, Source,
                       module_member_source)
@@ -35,15 +36,17 @@ from .output_graph import (SIZE_ARITHMETIC, TENSOR_CONSTANT_ATTRS, TENSOR_TENSOR
                            OutputGraph, _is_internal_module_name)
 from .values import (DELETED, NULL, BaseListVariable, BoundMethodVariable, BuiltinVariable,
                      CallableVariable, ClosureCellVariable, ConstantMethodVariable, ConstantVariable,
-                     DictVariable, DictViewVariable, GradModeVariable, IteratorVariable, ListVariable,
+                     DictVariable, DictViewVariable, GeneratorVariable, GradModeVariable, IteratorVariable,
+                     LazyIteratorVariable, ListVariable,
                      ModelOutputVariable, NamedTupleVariable, NestedFunctionVariable,
                      NNModuleVariable, NullVariable, ObjectSetattrVariable, OpaqueConstantVariable,
                      PartialVariable, PythonModuleVariable,
-                     SizeVariable, SuperVariable, SymIntVariable, TensorMethodVariable, TensorVariable,
+                     SetVariable, SizeVariable, SuperVariable, SymIntVariable, TensorMethodVariable, TensorVariable,
                      TorchFunctionVariable, TupleVariable, TypeVariable, UserFunctionVariable,
                      UserObjectVariable, VariableTracker, _constant_result, _DictFromKeys,
                      _NoOpCallable, _UnboundTensorMethod, is_constant_value)
 from .calls import CallsMixin
+from .iterators import ITERATORS, drain, user_iter
 from . import instructions  # noqa: F401  (registers the opcode handlers)
 
 
@@ -81,7 +84,7 @@ class InstructionTranslator(CallsMixin):
         # free variables of a function made inside the trace: CellVariables
         self.closure_cells: Dict[str, VariableTracker] = dict(closure_cells or {})
         self.with_depth = 0                   # open `with` blocks (a break inside: no resume)
-        self.generator_items: Optional[List[VariableTracker]] = None   # a generator's yields
+        self.generator = False                # a generator's frame: it yields (iterators.py)
 
     # -- where we are (for error messages and node meta) ---------------------------------
     def location(self):
@@ -137,7 +140,7 @@ class InstructionTranslator(CallsMixin):
                             f"{self.version[0]}.{self.version[1]}")
                     try:
                         handler(self, inst)
-                    except (Return, Unsupported, GraphBreak):
+                    except (Return, Yield, Unsupported, GraphBreak):
                         raise
                     except Exception as e:
                         err = self.unsupported(
@@ -267,13 +270,10 @@ class InstructionTranslator(CallsMixin):
                 for i in range(n)]
 
     def iterate(self, v: VariableTracker) -> List[VariableTracker]:
-        """The items a for loop over `v` sees (all known: loops are unrolled)."""
-        if isinstance(v, IteratorVariable):
-            self.output.record_mutation(v)
-            self.output.advanced(v)
-            items = v.remaining()
-            v.index = len(v.items)
-            return items
+        """The items a for loop over `v` sees (all known: loops are unrolled); an iterator's
+        remaining ones, taken from it."""
+        if isinstance(v, ITERATORS):
+            return drain(self, v)
         if isinstance(v, DictViewVariable):
             return v.items_now()
         if isinstance(v, NNModuleVariable):
@@ -285,6 +285,8 @@ class InstructionTranslator(CallsMixin):
             if isinstance(mod, (torch.nn.ParameterList,)):
                 return [self.load_module_attr(v, k) for k in self.output.members(v, "_parameters")]
             raise self.unsupported(f"iterating over {type(mod).__name__}")
+        if isinstance(v, TypeVariable) and isinstance(v.value, enum.EnumMeta):
+            return [self.output.wrap(member, None) for member in v.value]
         if isinstance(v, ConstantVariable) and isinstance(v.value, (str, dict, frozenset, set)) or \
                 isinstance(v, OpaqueConstantVariable):
             return [_constant_result(v, x) for x in v.value]
@@ -295,10 +297,19 @@ class InstructionTranslator(CallsMixin):
             if n is None or not n.is_constant():
                 raise self.unsupported(f"iterating over {v.describe()}: no constant length")
             return [self.call_special(v, "__getitem__", [ConstantVariable(i)]) for i in range(n.as_example())]
+        if isinstance(v, UserObjectVariable):
+            it = user_iter(self, v)                   # its class's __iter__
+            if it is not None:
+                return drain(self, it)
+            if v.source is not None and isinstance(v.value, (list, tuple)) and \
+                    inspect.getattr_static(type(v.value), "__iter__") in (list.__iter__, tuple.__iter__):
+                # a list or tuple subclass read from outside the frame: its items
+                self.output.guards.sequence(v.source, v.value)
+                return [self.output.wrap(x, ItemSource(v.source, i)) for i, x in enumerate(v.value)]
         return self.unpack(v)
 
     def unpack(self, v: VariableTracker, n: Optional[int] = None) -> List[VariableTracker]:
-        if isinstance(v, (IteratorVariable, NNModuleVariable)):
+        if isinstance(v, ITERATORS + (NNModuleVariable,)):
             items = self.iterate(v)
             if n is not None and len(items) != n:
                 raise self.unsupported(f"unpacking {len(items)} values into {n}")
@@ -343,7 +354,7 @@ class InstructionTranslator(CallsMixin):
             return True
         if isinstance(v, (UserFunctionVariable, TorchFunctionVariable, NestedFunctionVariable,
                           IteratorVariable, PythonModuleVariable, TypeVariable, BuiltinVariable,
-                          PartialVariable, BoundMethodVariable)):
+                          PartialVariable, BoundMethodVariable, GeneratorVariable, LazyIteratorVariable)):
             return True
         raise self.unsupported(f"truth value of {v.describe()}")
 
@@ -429,12 +440,15 @@ class InstructionTranslator(CallsMixin):
             idx = obj.field_index(name)
             if idx is not None:
                 return obj.items[idx]
+            if name == "_fields" and hasattr(obj.tuple_cls, "_fields"):
+                return ConstantVariable(obj.tuple_cls._fields)
         if isinstance(obj, ConstantVariable):
             attr = getattr(obj.value, name)
             if callable(attr):
                 return ConstantMethodVariable(obj, name)
             return _constant_result(obj, attr)
-        if isinstance(obj, (BaseListVariable, DictVariable)):
+        if isinstance(obj, (BaseListVariable, DictVariable)) or \
+                isinstance(obj, GeneratorVariable) and name in ("send", "__next__"):
             return ConstantMethodVariable(obj, name)
         if isinstance(obj, (TypeVariable, BuiltinVariable)) and obj.value is dict and name == "fromkeys":
             return _DictFromKeys()
@@ -576,6 +590,8 @@ class InstructionTranslator(CallsMixin):
             self.mutate(a)
             a.items = items
             return a
+        if sym not in ("==", "!=") and (isinstance(a, UserObjectVariable) or isinstance(b, UserObjectVariable)):
+            return self.user_operator(sym, a, b)
         if op in aliasing.AUGMENTED and not isinstance(a, (TensorVariable, ListVariable)):
             op = aliasing.AUGMENTED[op]           # `x op= y` writes in place only a tensor or a list
             sym = sym[:-1]
@@ -595,6 +611,17 @@ class InstructionTranslator(CallsMixin):
                 isinstance(b, BaseListVariable):
             a = (TupleVariable if isinstance(a.value, tuple) else ListVariable)(
                 [ConstantVariable(v) for v in a.value])
+        if isinstance(a, DictVariable) and isinstance(b, DictVariable) and sym in ("|", "|="):
+            if sym == "|=":                          # that very dict changes
+                self.mutate(a)
+                a.items.update(b.items)
+                return a
+            return DictVariable({**a.items, **b.items})
+        if isinstance(a, DictViewVariable) and a.kind == "keys" and sym in ("&", "|", "-", "^"):
+            other = b.dict_var.items if isinstance(b, DictViewVariable) and b.kind == "keys" else \
+                (b.as_example() if b.is_constant() else None)
+            if other is not None:                   # keys are constants: a set of them
+                return SetVariable.of(op(a.dict_var.items.keys(), set(other)))
         if isinstance(a, BaseListVariable) and isinstance(b, BaseListVariable) and sym in ("+", "+="):
             if type(a) is type(b):
                 return type(a)(a.items + b.items)
@@ -628,6 +655,21 @@ class InstructionTranslator(CallsMixin):
                     raise self.unsupported(f"operator != on {a.describe()}")
                 return ConstantVariable(not eq.as_example())
             return eq
+        raise self.unsupported(f"operator {sym} on {a.describe()} and {b.describe()}")
+
+    def user_operator(self, sym: str, a: VariableTracker, b: VariableTracker) -> VariableTracker:
+        """`a sym b` where an operand is an object of a Python class: its operator method
+        (`__iadd__` first for +=), else the other's reflected one, as Python tries them."""
+        base = sym[:-1] if sym.endswith("=") and sym not in COMPARE_OPS else sym
+        forward, reflected = _OPERATOR_METHODS[base]
+        tries = [(a, f"__i{forward[2:]}", b)] if base != sym else []
+        tries += [(a, forward, b), (b, reflected, a)]
+        for obj, name, other in tries:
+            if isinstance(obj, UserObjectVariable) and \
+                    isinstance(inspect.getattr_static(type(obj.value), name, None), types.FunctionType):
+                result = self.call_special(obj, name, [other])
+                if not (isinstance(result, ConstantVariable) and result.value is NotImplemented):
+                    return result
         raise self.unsupported(f"operator {sym} on {a.describe()} and {b.describe()}")
 
     def make_tuple(self, items):
@@ -821,6 +863,8 @@ class InstructionTranslator(CallsMixin):
             return obj.items[idx.as_example()]
         if isinstance(obj, ConstantVariable) and idx.is_constant():
             return ConstantVariable(obj.value[idx.as_example()])
+        if isinstance(obj, TypeVariable) and isinstance(obj.value, enum.EnumMeta) and idx.is_constant():
+            return self.output.wrap(obj.value[idx.as_example()], None)          # Color["RED"]
         if isinstance(obj, NNModuleVariable) and idx.is_constant() and isinstance(idx.as_example(), slice) \
                 and isinstance(obj.module, (torch.nn.ModuleList, torch.nn.Sequential)):
             # a slice of a ModuleList (`self.layers[:n]`): its modules, each through its source
@@ -851,6 +895,19 @@ class InstructionTranslator(CallsMixin):
             return True
         if isinstance(v, (TensorVariable, NNModuleVariable, BaseListVariable, DictVariable,
                           UserObjectVariable, CallableVariable, NestedFunctionVariable, PartialVariable,
-                          BoundMethodVariable, IteratorVariable, SymIntVariable)):
+                          BoundMethodVariable, IteratorVariable, SymIntVariable, GeneratorVariable,
+                          LazyIteratorVariable)):
             return False                  # a value the trace tracks is never None
         raise self.unsupported(f"'is None' on {v.describe()}")
+
+
+# the methods Python tries for a binary operator: the left operand's, the right one's reflected
+_OPERATOR_METHODS = {
+    "+": ("__add__", "__radd__"), "-": ("__sub__", "__rsub__"), "*": ("__mul__", "__rmul__"),
+    "/": ("__truediv__", "__rtruediv__"), "//": ("__floordiv__", "__rfloordiv__"),
+    "%": ("__mod__", "__rmod__"), "**": ("__pow__", "__rpow__"), "@": ("__matmul__", "__rmatmul__"),
+    "&": ("__and__", "__rand__"), "|": ("__or__", "__ror__"), "^": ("__xor__", "__rxor__"),
+    "<<": ("__lshift__", "__rlshift__"), ">>": ("__rshift__", "__rrshift__"),
+    "<": ("__lt__", "__gt__"), "<=": ("__le__", "__ge__"), ">": ("__gt__", "__lt__"),
+    ">=": ("__ge__", "__le__"),
+}

@@ -384,8 +384,60 @@ class IteratorVariable(VariableTracker):
     def remaining(self) -> List[VariableTracker]:
         return self.items[self.index:]
 
+    def state(self):                          # (what OutputGraph.record_mutation saves)
+        return self.index
+
+    def restore(self, state):
+        self.index = state
+
     def describe(self):
         return f"iterator({len(self.items) - self.index} left)"
+
+
+class GeneratorVariable(VariableTracker):
+    """A generator made in the trace (a generator function called, a generator expression):
+    its frame `tx` runs to its next yield each time an item is asked for (iterators.py).
+    `made_by`: (the function, its arguments), to make it again where it outlives the trace
+    before it started."""
+
+    def __init__(self, tx, made_by=None):
+        self.tx, self.made_by = tx, made_by
+        self.started = self.done = False
+        self.return_value: VariableTracker = ConstantVariable(None)
+
+    def state(self):
+        t = self.tx
+        return (t.pc, list(t.stack), dict(t.locals), dict(t.lazy_locals), t.with_depth,
+                self.started, self.done, self.return_value)
+
+    def restore(self, state):
+        t = self.tx
+        t.pc, t.stack, t.locals, t.lazy_locals, t.with_depth, self.started, self.done, \
+            self.return_value = state
+
+    def describe(self):
+        return f"generator({self.tx.code.co_name})"
+
+
+class LazyIteratorVariable(VariableTracker):
+    """map(fn, *its), filter(fn, it), zip(*its), enumerate(it, start) or itertools.islice of
+    the trace: each item made when it is asked for, from the next items of `iterators` (fn
+    called then), as Python's own are lazy. `count`: enumerate's next index."""
+
+    def __init__(self, kind: str, iterators: List[VariableTracker], fn=None, count=0,
+                 strict: bool = False, bounds=None):
+        self.kind, self.iterators, self.fn = kind, list(iterators), fn
+        self.count, self.strict = count, strict
+        self.bounds = bounds           # islice's (start, stop, step); count: (read, given)
+
+    def state(self):
+        return self.count
+
+    def restore(self, state):
+        self.count = state
+
+    def describe(self):
+        return f"{self.kind} object"
 
 
 class DictViewVariable(VariableTracker):
