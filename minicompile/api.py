@@ -553,6 +553,8 @@ def describe_segment(seg, name: str) -> str:
         lines.append("    # no ops here: no graph")
     if seg.end == "return":
         lines.append("    return <rebuilt from outs>")
+    elif seg.end == "raise":
+        lines.append("    raise <rebuilt from outs>")
     else:
         inst = seg.break_inst
         stack_t, locals_t = seg.template

@@ -847,3 +847,67 @@ def test_python_values_without_breaks():
     args = [(x, "a.b.c", Pair(x, 2)), (x, "layer.0", Pair(x, 3))]
     agree(lambda: (python_values, None), [lambda fn, s, a=a: fn(*a) for a in args])
     no_break(python_values, *args[0])
+
+
+class CodeError(Exception):
+    def __init__(self, code):
+        super().__init__(f"code {code}")
+        self.code = code
+
+
+def helper_that_raises(d, key):
+    LOG.append(key)
+    return d[key]
+
+
+def catches(x, n):
+    try:                                          # raised in a callee, caught here
+        v = helper_that_raises({"a": 1}, "b")
+    except KeyError as e:
+        v = len(e.args[0])
+    try:
+        try:
+            raise CodeError(n) from KeyError("k")
+        except CodeError:
+            raise
+    except Exception as e:                        # re-raised, matched by a base class
+        v = v + e.code + len(str(e)) + (type(e.__cause__) is KeyError)
+    try:
+        k = 10 // (n - n)
+    except ZeroDivisionError:
+        k = -1
+    try:
+        with torch.no_grad():
+            raise ValueError("inside")
+    except ValueError:
+        pass
+    try:
+        a, b = [1, 2, 3]
+    except ValueError as e:
+        msg = str(e)
+    return x * v * k, msg, torch.is_grad_enabled(), getattr(Flag(True), "missing", 5)
+
+
+def raises_out(x, items):
+    items.append(1)
+    try:
+        if len(items) > 1:
+            raise CodeError(len(items))
+        return x + 1
+    finally:
+        LOG.append("finally")
+
+
+def test_exceptions_raised_and_caught_in_the_graph():
+    x = torch.randn(3)
+    agree(lambda: (catches, None), [lambda fn, s: (LOG.clear(), fn(x, 2), list(LOG))[1:]] * 2)
+    no_break(catches, x, 2)
+
+    def step(fn, items):
+        LOG.clear()
+        try:
+            return fn(x, items), list(items), list(LOG)
+        except CodeError as e:                    # raised out of the frame, after its effects
+            return type(e), e.args, e.code, list(items), list(LOG)
+    agree(lambda: (raises_out, []), [step] * 3)
+    no_break(raises_out, x, [])

@@ -24,7 +24,7 @@ import torch
 import torch.fx
 
 
-from .breaks import Unsupported
+from .breaks import ObservedException, Unsupported
 from .sources import AttrSource, ItemSource
 from .values import (DELETED, BaseListVariable, BuiltinVariable, ConstantVariable, DictVariable,
                      DictViewVariable, IteratorVariable, LazyIteratorVariable, ListVariable,
@@ -107,8 +107,10 @@ def _attribute_present(tx, obj: VariableTracker, name: str) -> bool:
     try:
         tx.load_attr(obj, name)
         return True
-    except AttributeError:
-        return False
+    except ObservedException as e:
+        if issubclass(e.exc.cls, AttributeError):
+            return False
+        raise
     except Unsupported:
         return hasattr(obj.as_example(), name)
 
@@ -133,8 +135,8 @@ def _builtin_container(kind):
 def _builtin_const(fn):
     def impl(tx, args, kwargs):
         if all(a.is_constant() for a in args) and all(v.is_constant() for v in kwargs.values()):
-            return ConstantVariable(fn(*[a.as_example() for a in args],
-                                       **{k: v.as_example() for k, v in kwargs.items()}))
+            return ConstantVariable(tx.on_constants(fn, *[a.as_example() for a in args],
+                                                    **{k: v.as_example() for k, v in kwargs.items()}))
         if fn in (abs, pow) and _contains_tensor(list(args)):
             return tx.output.call("call_function", fn, args, kwargs)
         raise tx.unsupported(f"builtin {fn.__name__}() on non-constant arguments",
@@ -219,7 +221,7 @@ def _builtin_next(tx, args, kwargs):
         return item
     if len(args) > 1:
         return args[1]
-    raise tx.unsupported("next() of an exhausted iterator (StopIteration)")
+    raise tx.observed(StopIteration())
 
 
 def _builtin_reduce(kind):

@@ -29,7 +29,8 @@ from .builtin_calls import (_BUILTIN_HANDLERS, _COMPILING_QUERIES, ContainerRead
                             _runs_for_real)
 from .output_graph import _is_internal_module_name
 from .values import (BaseListVariable, BoundMethodVariable, BuiltinVariable, ConstantMethodVariable,
-                     AutocastVariable, ConstantVariable, DictVariable, DictViewVariable,
+                     AutocastVariable, ConstantVariable, DictVariable, DictViewVariable, ExceptionInitVariable,
+                     ExceptionVariable,
                      GeneratorVariable, GradModeVariable, NullContextVariable,
                      IteratorVariable, ListVariable, ModelOutputVariable, NamedTupleVariable,
                      NestedFunctionVariable, NNModuleVariable, NullVariable, ObjectSetattrVariable,
@@ -108,6 +109,14 @@ class CallsMixin:
             return self.call_cached(fn, args, kwargs)
         if isinstance(fn, _NoOpCallable):
             return ConstantVariable(None)
+        if isinstance(fn, ExceptionInitVariable):
+            if kwargs:
+                raise self.unsupported("BaseException.__init__ with keyword arguments")
+            self.output.record_mutation(fn.exc)
+            fn.exc.args = list(args)
+            return ConstantVariable(None)
+        if isinstance(fn, TypeVariable) and isinstance(fn.value, type) and issubclass(fn.value, BaseException):
+            return self.new_exception(fn.value, args, kwargs)
         if isinstance(fn, ObjectSetattrVariable):
             obj, name, value = ([fn.self_var] if fn.self_var is not None else []) + list(args)
             if not isinstance(name, ConstantVariable) or not isinstance(name.value, str):
@@ -326,6 +335,20 @@ class CallsMixin:
                                    "a ModelOutput whose only field is not a tensor reads it as "
                                    "key/value pairs")
         return ModelOutputVariable(cls, {n: bound[n] for n in names if n in bound and not _is_none(bound[n])})
+
+    def new_exception(self, cls: type, args, kwargs) -> ExceptionVariable:
+        """`cls(*args)` for an exception class: its args; a subclass's Python __init__ is
+        traced (its super().__init__(...) sets them, its attributes are the exception's)."""
+        exc = ExceptionVariable(cls, [])
+        init = next((k.__dict__["__init__"] for k in cls.__mro__
+                     if isinstance(k.__dict__.get("__init__"), types.FunctionType)), None)
+        if init is not None:
+            self.inline_call(init, [exc] + list(args), kwargs)
+        elif kwargs:
+            raise self.unsupported(f"{cls.__name__}() with keyword arguments")
+        else:
+            exc.args = list(args)
+        return exc
 
     def new_object(self, cls: type, args, kwargs) -> VariableTracker:
         """`cls(*args)` for a plain Python class: a real instance with no attributes yet (its

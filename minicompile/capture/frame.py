@@ -291,6 +291,9 @@ class TemplateBuilder:
             if v.source is not None and self._source_fn(v.source) is not None:
                 return ["src", self._source_fn(v.source)]     # the real one, advanced (an effect)
             return ["iter", [self.build(i) for i in v.remaining()]]
+        if isinstance(v, V.ExceptionVariable):
+            return ["exception", v.cls, [self.build(a) for a in v.args],
+                    [(k, self.build(a)) for k, a in v.items.items()]]
         if isinstance(v, V.GeneratorVariable) and not v.started and v.made_by is not None:
             fn, args, kwargs = v.made_by        # not started: the call makes a fresh one
             return ["call", self.build(fn), [self.build(a) for a in args],
@@ -394,6 +397,9 @@ def rebuild(t, outs, env, memo=None):
         r = getattr(rebuild(t[1], outs, env, memo), t[2])
     elif kind == "bound":
         r = types.MethodType(t[1], rebuild(t[2], outs, env, memo))
+    elif kind == "exception":
+        r = V.make_exception(t[1], [rebuild(a, outs, env, memo) for a in t[2]],
+                             {k: rebuild(a, outs, env, memo) for k, a in t[3]})
     elif kind == "call":
         r = rebuild(t[1], outs, env, memo)(*[rebuild(a, outs, env, memo) for a in t[2]],
                                            **{k: rebuild(a, outs, env, memo) for k, a in t[3]})
@@ -449,7 +455,7 @@ class Segment:
     offset: int                       # where it starts (0: the frame's entry)
     gm: torch.fx.GraphModule
     example_inputs: List[torch.Tensor]
-    end: str                          # "return" or "break"
+    end: str                          # "return", "raise" or "break"
     template: Any                     # return value / [stack templates, {local: template}]
     reason: Optional[Unsupported] = None
     break_inst: Any = None
@@ -475,8 +481,8 @@ class Segment:
         self.make_env, self.check = code.make_env, code.check
 
     def run(self, F, args, kwargs, call, inputs=None):
-        """-> ("return", value) or ("resume", offset, state). `inputs`: the graph's inputs,
-        where the caller has them (from `check`)."""
+        """-> ("return", value) or ("resume", offset, state); raises what the frame raised.
+        `inputs`: the graph's inputs, where the caller has them (from `check`)."""
         if inputs is None:
             inputs = self.get_inputs(F, args, kwargs)
         if self.compiled is not None:
@@ -497,7 +503,7 @@ class Segment:
             elif kind in ("attrs", "dict", "setitems"):
                 t = [(name, vt if vt[0] == "deleted" else rebuild(vt, outs, env, memo)) for name, vt in t]
             effects.append((kind, obj, t))
-        if self.end == "return":
+        if self.end in ("return", "raise"):
             result = rebuild(self.template, outs, env, memo)
         else:
             stack_t, locals_t = self.template
@@ -523,6 +529,8 @@ class Segment:
                     setattr(obj, name, value)
         if self.end == "return":
             return ("return", result)
+        if self.end == "raise":            # the frame raised it (its effects are made)
+            raise result
         nxt = execute(self.break_inst, stack, f_locals, env["G"], self.kw_names, call,
                       self.offset_to_index)
         state = dict(f_locals)

@@ -15,12 +15,12 @@ import torch
 import torch.fx
 
 
-from .breaks import Return, Yield
+from .breaks import ObservedException, Return, Yield
 from .bytecode import BINARY_OP_SYMBOLS, COMPARE_OPS, _cmp_symbol, handles
 from .builtin_calls import _is_singleton
 from .iterators import iter_of, next_item
 from .values import (DELETED, NULL, CellVariable, ClosureCellVariable, ConstantVariable, DictVariable,
-                     DictViewVariable, GeneratorVariable, GradModeVariable, ListVariable, ModelOutputVariable,
+                     DictViewVariable, ExceptionVariable, GeneratorVariable, GradModeVariable, ListVariable, ModelOutputVariable,
                      NestedFunctionVariable, NNModuleVariable, PythonModuleVariable, SetVariable,
                      SliceVariable, SuperVariable, SymIntVariable, TensorVariable, TupleVariable,
                      TypeVariable, UserObjectVariable, WithExitVariable,
@@ -183,6 +183,64 @@ def _build_string(tx, inst):
 
 
 # iteration (loops are unrolled) -----------------------------------------------------
+# exceptions: raised ones go to the frame's handler (InstructionTranslator.handle_exception) -----
+@handles("RAISE_VARARGS")
+def _raise_varargs(tx, inst):
+    if inst.arg == 0:                                      # a bare `raise` in a handler
+        if tx.exc_info is None:
+            raise tx.observed(RuntimeError("No active exception to reraise"))
+        raise ObservedException(tx.exc_info)
+    cause = tx.pop() if inst.arg == 2 else None
+    exc = tx.make_exception(tx.pop())
+    tx.output.record_mutation(exc)
+    if cause is not None:                                  # raise ... from cause
+        exc.items["__cause__"] = cause if _is_singleton(cause) else tx.make_exception(cause)
+        exc.items["__suppress_context__"] = ConstantVariable(True)
+    if tx.exc_info is not None and "__context__" not in exc.items:
+        exc.items["__context__"] = tx.exc_info             # raised while handling another
+    raise ObservedException(exc)
+
+
+@handles("RERAISE")
+def _reraise(tx, inst):
+    raise ObservedException(tx.pop())
+
+
+@handles("PUSH_EXC_INFO")
+def _push_exc_info(tx, inst):
+    exc = tx.pop()
+    tx.push(tx.exc_info if tx.exc_info is not None else ConstantVariable(None))
+    tx.exc_info = exc
+    tx.push(exc)
+
+
+@handles("POP_EXCEPT")
+def _pop_except(tx, inst):
+    before = tx.pop()
+    tx.exc_info = None if isinstance(before, ConstantVariable) and before.value is None else before
+
+
+@handles("CHECK_EXC_MATCH")
+def _check_exc_match(tx, inst):
+    classes = tx.pop()
+    exc = tx.stack[-1]
+    if not classes.is_constant() or not isinstance(exc, ExceptionVariable):
+        raise tx.unsupported(f"except {classes.describe()} for {exc.describe()}")
+    tx.push(ConstantVariable(issubclass(exc.cls, classes.as_example())))
+
+
+@handles("LOAD_ASSERTION_ERROR")
+def _load_assertion_error(tx, inst):
+    tx.push(tx.output.wrap(AssertionError, None))
+
+
+@handles("WITH_EXCEPT_START")
+def _with_except_start(tx, inst):
+    # an exception leaves a with block: its __exit__(type, value, traceback) is called
+    exc = tx.stack[-1]
+    tx.push(tx.call_function(tx.stack[-4], [tx.output.wrap(exc.cls, None), exc, ConstantVariable(None)], {}))
+
+
 @handles("GET_ITER")
 def _get_iter(tx, inst):
     tx.push(iter_of(tx, tx.pop()))

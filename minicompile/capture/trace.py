@@ -17,7 +17,7 @@ import torch
 import torch.fx
 
 from .. import aliasing, autocast, ir
-from .breaks import GraphBreak, Unsupported
+from .breaks import GraphBreak, ObservedException, Unsupported
 from .bytecode import check_python_version
 from .guards import ArgBinding, bind_arguments, frame_target
 from .sources import ItemSource, LocalSource, RootSource
@@ -163,11 +163,14 @@ def trace_segment(fn, args: tuple, kwargs: dict, offset: int = 0, *, breaks: boo
             if offset:
                 tx.pc = tx.offset_to_index[offset]
             try:
-                ret = tx.run()
+                try:
+                    ret, end = tx.run(), "return"
+                except ObservedException as raised:       # out of the frame: raised after the graph
+                    ret, end = raised.exc, "raise"
                 builder = F.TemplateBuilder(tx, source_fn)
                 output.tx = tx
                 template = builder.build(ret)
-                end, reason, inst, kw = "return", None, None, ()
+                reason, inst, kw = None, None, ()
                 effects = _effect_templates(output, builder, source_fn)
             except GraphBreak as gb:
                 reason, inst = gb.unsupported, gb.inst

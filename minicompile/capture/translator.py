@@ -16,7 +16,9 @@ from __future__ import annotations
 
 import builtins
 import collections.abc
+import dis
 import enum
+import functools
 import inspect
 import operator
 import types
@@ -26,7 +28,7 @@ import torch
 import torch.fx
 
 from .. import aliasing, autocast
-from .breaks import GraphBreak, Return, Unsupported, Yield, source_line
+from .breaks import GraphBreak, ObservedException, Return, Unsupported, Yield, source_line
 from .bytecode import BINARY_OPS, COMPARE_OPS, Instruction, current_version, decode, dispatch_table
 from .sources import (AttrSource, ClosureCellSource, ItemSource, LocalSource, Source,
                       module_member_source)
@@ -36,7 +38,9 @@ from .output_graph import (SIZE_ARITHMETIC, TENSOR_CONSTANT_ATTRS, TENSOR_TENSOR
                            OutputGraph, _is_internal_module_name)
 from .values import (DELETED, NULL, BaseListVariable, BoundMethodVariable, BuiltinVariable,
                      CallableVariable, ClosureCellVariable, ConstantMethodVariable, ConstantVariable,
-                     DictVariable, DictViewVariable, GeneratorVariable, GradModeVariable, IteratorVariable,
+                     DictVariable, DictViewVariable, ExceptionInitVariable, ExceptionVariable,
+                     GeneratorVariable, GradModeVariable,
+                     IteratorVariable,
                      LazyIteratorVariable, ListVariable,
                      ModelOutputVariable, NamedTupleVariable, NestedFunctionVariable,
                      NNModuleVariable, NullVariable, ObjectSetattrVariable, OpaqueConstantVariable,
@@ -85,6 +89,7 @@ class InstructionTranslator(CallsMixin):
         self.closure_cells: Dict[str, VariableTracker] = dict(closure_cells or {})
         self.with_depth = 0                   # open `with` blocks (a break inside: no resume)
         self.generator = False                # a generator's frame: it yields (iterators.py)
+        self.exc_info: Optional[VariableTracker] = None   # the exception being handled
 
     # -- where we are (for error messages and node meta) ---------------------------------
     def location(self):
@@ -140,6 +145,8 @@ class InstructionTranslator(CallsMixin):
                             f"{self.version[0]}.{self.version[1]}")
                     try:
                         handler(self, inst)
+                    except ObservedException as e:
+                        self.handle_exception(e.exc)      # this frame's handler, or out of it
                     except (Return, Yield, Unsupported, GraphBreak):
                         raise
                     except Exception as e:
@@ -168,6 +175,35 @@ class InstructionTranslator(CallsMixin):
         finally:
             self.output.tx = prev_tx
 
+    # -- exceptions the traced code raises and catches ------------------------------------
+    def handle_exception(self, exc: VariableTracker) -> None:
+        """The instruction running raised `exc`: go to this frame's handler for it (the code
+        object's exception table, as CPython unwinds: the stack cut to the handler's depth,
+        the instruction's offset pushed where it asks, then the exception), or raise it out of
+        the frame, to the frame that called this one."""
+        entry = next((e for e in _exception_table(self.code)
+                      if e.start <= self.current.offset < e.end), None)
+        if entry is None:
+            raise ObservedException(exc)
+        del self.stack[entry.depth:]
+        if entry.lasti:
+            self.push(ConstantVariable(self.current.offset))
+        self.push(exc)
+        self.pc = self.offset_to_index[entry.target]
+
+    def make_exception(self, v: VariableTracker) -> ExceptionVariable:
+        """What `raise v` raises: v, or v() of an exception class."""
+        if isinstance(v, TypeVariable) and isinstance(v.value, type) and issubclass(v.value, BaseException):
+            v = self.call_function(v, [], {})
+        if not isinstance(v, ExceptionVariable):
+            raise self.unsupported(f"raise {v.describe()}")
+        return v
+
+    def observed(self, error: BaseException) -> ObservedException:
+        """`error`, which Python raises for what the traced code does (a missing key or
+        attribute, 1 // 0), as an exception of the traced code: its handlers see it."""
+        return ObservedException(ExceptionVariable.of(error))
+
     # -- stack helpers ------------------------------------------------------------------
     def push(self, v: VariableTracker):
         self.stack.append(v)
@@ -195,7 +231,8 @@ class InstructionTranslator(CallsMixin):
             var = self.output.wrap(value, source)
             self.locals[name] = var
             return var
-        raise self.unsupported(f"read of unbound local {name!r}")
+        raise self.observed(UnboundLocalError(
+            f"cannot access local variable '{name}' where it is not associated with a value"))
 
     def load_global(self, name: str) -> VariableTracker:
         written = self.output._global_writes.get(id(self.f_globals))
@@ -210,7 +247,7 @@ class InstructionTranslator(CallsMixin):
         b = b.__dict__ if isinstance(b, types.ModuleType) else b
         if name in b:
             return self.output.wrap(b[name], None)
-        raise self.unsupported(f"global name {name!r} is not defined")
+        raise self.observed(NameError(f"name '{name}' is not defined"))
 
     def store_global(self, name: str, value: VariableTracker) -> None:
         """`global name; name = value` (DELETED: `del name`): made on the real globals after
@@ -311,8 +348,7 @@ class InstructionTranslator(CallsMixin):
     def unpack(self, v: VariableTracker, n: Optional[int] = None) -> List[VariableTracker]:
         if isinstance(v, ITERATORS + (NNModuleVariable,)):
             items = self.iterate(v)
-            if n is not None and len(items) != n:
-                raise self.unsupported(f"unpacking {len(items)} values into {n}")
+            self.check_unpacked(items, n)
             return items
         if isinstance(v, BaseListVariable):
             items = list(v.items)
@@ -324,9 +360,30 @@ class InstructionTranslator(CallsMixin):
             items = [ConstantVariable(k) for k in v.items]
         else:
             raise self.unsupported(f"unpacking {v.describe()}")
-        if n is not None and len(items) != n:
-            raise self.unsupported(f"unpacking {len(items)} values into {n}")
+        self.check_unpacked(items, n)
         return items
+
+    def check_unpacked(self, items, n: Optional[int]) -> None:
+        if n is not None and len(items) > n:
+            raise self.observed(ValueError(f"too many values to unpack (expected {n})"))
+        if n is not None and len(items) < n:
+            raise self.observed(ValueError(f"not enough values to unpack (expected {n}, got {len(items)})"))
+
+    def on_constants(self, fn, *args, **kwargs):
+        """fn (an operator, a method of a constant) run on Python values, as the traced code
+        runs it: what it raises is the traced code's exception (1 // 0, int("x"))."""
+        try:
+            return fn(*args, **kwargs)
+        except Exception as e:           # noqa: BLE001 (Python's own exception of that code)
+            raise self.observed(e) from None
+
+    def read_attribute(self, value, name: str):
+        """getattr(value, name) of a real object, as the traced code does it: an AttributeError
+        is the traced code's (its handlers see it)."""
+        try:
+            return getattr(value, name)
+        except AttributeError as e:
+            raise self.observed(e) from None
 
     def truth(self, v: VariableTracker, opname: str) -> bool:
         if isinstance(v, ConstantVariable):
@@ -354,7 +411,8 @@ class InstructionTranslator(CallsMixin):
             return True
         if isinstance(v, (UserFunctionVariable, TorchFunctionVariable, NestedFunctionVariable,
                           IteratorVariable, PythonModuleVariable, TypeVariable, BuiltinVariable,
-                          PartialVariable, BoundMethodVariable, GeneratorVariable, LazyIteratorVariable)):
+                          PartialVariable, BoundMethodVariable, GeneratorVariable, LazyIteratorVariable,
+                          ExceptionVariable)):
             return True
         raise self.unsupported(f"truth value of {v.describe()}")
 
@@ -388,12 +446,29 @@ class InstructionTranslator(CallsMixin):
             return self.load_super_attr(obj, name)
         if isinstance(obj, NestedFunctionVariable):
             return self.nested_function_attr(obj, name)
+        if isinstance(obj, ExceptionVariable):
+            if name in obj.items:
+                return obj.items[name]
+            if name == "args":
+                return TupleVariable(list(obj.args))
+            if name in ("__cause__", "__context__", "__traceback__"):
+                return ConstantVariable(None)
+            if name == "__class__":
+                return self.output.wrap(obj.cls, None)
+            attr = inspect.getattr_static(obj.cls, name, _MISSING)
+            found = self.class_attribute(obj, name, attr) if attr is not _MISSING and \
+                not isinstance(attr, types.MemberDescriptorType) else None
+            if found is not None:
+                return found
+            if obj.is_constant():             # what the class makes of its args (KeyError's, OSError's)
+                return _constant_result(ConstantVariable(None), self.read_attribute(obj.as_example(), name))
+            raise self.unsupported(f"attribute .{name} of {obj.describe()}")
         if isinstance(obj, PartialVariable) and name in ("func", "args", "keywords"):
             return {"func": obj.func, "args": TupleVariable(obj.args),
                     "keywords": DictVariable(obj.keywords)}[name]
         if isinstance(obj, UserObjectVariable):
             if obj.overrides.get(name) is DELETED:
-                raise AttributeError(f"'{type(obj.value).__name__}' object has no attribute '{name}'")
+                raise self.observed(AttributeError(f"'{type(obj.value).__name__}' object has no attribute '{name}'"))
             if name in obj.overrides:
                 return obj.overrides[name]
             value = obj.value
@@ -403,7 +478,7 @@ class InstructionTranslator(CallsMixin):
                     return BoundMethodVariable(static, obj)
                 if isinstance(static, property) and static.fget is not None:
                     return self.inline_call(static.fget, [obj], {})
-                attr = getattr(value, name)           # AttributeError as Python
+                attr = self.read_attribute(value, name)
                 if is_constant_value(attr):
                     return ConstantVariable(attr)
                 if isinstance(attr, (dict, list, tuple)) and _constant_state(attr):
@@ -418,9 +493,12 @@ class InstructionTranslator(CallsMixin):
                     attr, (types.FunctionType, property, classmethod, staticmethod)):
                 # its class decides what an attribute read returns (a config's attribute_map):
                 # read it as Python does; the guard reads it the same way
-                return out.wrap(getattr(value, name), AttrSource(obj.source, name))
+                return out.wrap(self.read_attribute(value, name), AttrSource(obj.source, name))
             if attr is _MISSING:
-                raise AttributeError(f"'{type(value).__name__}' object has no attribute '{name}'")
+                fallback = inspect.getattr_static(type(value), "__getattr__", None)
+                if isinstance(fallback, types.FunctionType):      # its class's __getattr__
+                    return self.inline_call(fallback, [obj, ConstantVariable(name)], {})
+                raise self.observed(AttributeError(f"'{type(value).__name__}' object has no attribute '{name}'"))
             read = ContainerReadVariable.of(obj, attr)
             if read is not None:
                 return read
@@ -431,7 +509,7 @@ class InstructionTranslator(CallsMixin):
         if isinstance(obj, PythonModuleVariable):
             mod = obj.value
             if not hasattr(mod, name):
-                raise AttributeError(name)
+                raise self.observed(AttributeError(f"module '{mod.__name__}' has no attribute '{name}'"))
             src = None
             if obj.source is not None and not _is_internal_module_name(mod.__name__):
                 src = AttrSource(obj.source, name)
@@ -460,12 +538,15 @@ class InstructionTranslator(CallsMixin):
             if isinstance(obj, TypeVariable) and not obj.value.__module__.startswith(("torch", "builtins")):
                 # an attribute of a Python class (`type(self).forward`): through the class's
                 # source where it has one, so the guard sees it change
-                static = inspect.getattr_static(obj.value, name)      # AttributeError as Python
+                static = inspect.getattr_static(obj.value, name, _MISSING)
+                if static is _MISSING:
+                    raise self.observed(AttributeError(
+                        f"type object '{obj.value.__name__}' has no attribute '{name}'"))
                 if isinstance(static, classmethod):
                     return BoundMethodVariable(static.__func__, obj)
-                attr = static.__func__ if isinstance(static, staticmethod) else getattr(obj.value, name)
+                attr = static.__func__ if isinstance(static, staticmethod) else self.read_attribute(obj.value, name)
                 return out.wrap(attr, AttrSource(obj.source, name) if obj.source is not None else None)
-            attr = getattr(obj.value, name)
+            attr = self.read_attribute(obj.value, name)
             if isinstance(obj, UserFunctionVariable) and obj.source is not None:
                 # a function's attributes can be set (`fn.scale = 3`): read through its source
                 return out.wrap(attr, AttrSource(obj.source, name))
@@ -492,7 +573,7 @@ class InstructionTranslator(CallsMixin):
             return fn.kwdefaults if fn.kwdefaults is not None else ConstantVariable(None)
         if hasattr(types.FunctionType, name):
             raise self.unsupported(f"attribute .{name} of {fn.describe()}")
-        raise AttributeError(f"'function' object has no attribute '{name}'")
+        raise self.observed(AttributeError(f"'function' object has no attribute '{name}'"))
 
     def class_attribute(self, obj: VariableTracker, name: str, attr) -> Optional[VariableTracker]:
         """What reading `name` gives when it is found on obj's class (`attr`, as getattr_static
@@ -510,7 +591,7 @@ class InstructionTranslator(CallsMixin):
             return BoundMethodVariable(attr.__func__, TypeVariable(type(obj.as_example())))
         if isinstance(attr, types.MemberDescriptorType) and source is not None:
             # a __slots__ member: the instance's value (AttributeError where it is unset)
-            return self.output.wrap(getattr(obj.as_example(), name), AttrSource(source, name))
+            return self.output.wrap(self.read_attribute(obj.as_example(), name), AttrSource(source, name))
         if is_constant_value(attr) or source is not None and not hasattr(type(attr), "__get__"):
             return self.output.wrap(attr, AttrSource(source, name) if source is not None else None)
         return None
@@ -527,7 +608,7 @@ class InstructionTranslator(CallsMixin):
                 attr = klass.__dict__[name]
                 break
         else:
-            raise AttributeError(name)
+            raise self.observed(AttributeError(f"'super' object has no attribute '{name}'"))
         if isinstance(attr, types.FunctionType):
             if isinstance(obj, TypeVariable):
                 return self.output.wrap(attr, None)
@@ -541,6 +622,9 @@ class InstructionTranslator(CallsMixin):
             return _NoOpCallable()
         if attr is object.__setattr__:
             return ObjectSetattrVariable(obj)
+        if isinstance(obj, ExceptionVariable) and name == "__init__" and \
+                isinstance(attr, types.WrapperDescriptorType):
+            return ExceptionInitVariable(obj)          # BaseException's: it sets args
         read = ContainerReadVariable.of(obj, attr)
         if read is not None:
             return read
@@ -566,10 +650,9 @@ class InstructionTranslator(CallsMixin):
         if name in d:
             return out.wrap(d[name], AttrSource(src, name) if src is not None else None)
         # class attribute: methods are inlined with self bound; properties are inlined
-        try:
-            attr = inspect.getattr_static(type(mod), name)
-        except AttributeError:
-            raise self.unsupported(f"{type(mod).__name__} has no attribute {name!r}")
+        attr = inspect.getattr_static(type(mod), name, _MISSING)
+        if attr is _MISSING:
+            raise self.observed(AttributeError(f"'{type(mod).__name__}' object has no attribute '{name}'"))
         found = self.class_attribute(obj, name, attr)
         if found is not None:
             return found
@@ -600,7 +683,7 @@ class InstructionTranslator(CallsMixin):
             if answer is not None:
                 return ConstantVariable(answer)
         if a.is_constant() and b.is_constant():
-            return ConstantVariable(op(a.as_example(), b.as_example()))
+            return ConstantVariable(self.on_constants(op, a.as_example(), b.as_example()))
         if isinstance(a, TensorVariable) or isinstance(b, TensorVariable):
             return self.output.call("call_function", op, [a, b], {})
         if isinstance(b, ConstantVariable) and isinstance(b.value, (tuple, list)) and \
@@ -749,7 +832,7 @@ class InstructionTranslator(CallsMixin):
             attr = inspect.getattr_static(cls, name, _MISSING)
             if isinstance(attr, property):
                 if attr.fset is None:
-                    raise AttributeError(f"property {name!r} of {cls.__name__!r} object has no setter")
+                    raise self.observed(AttributeError(f"property {name!r} of {cls.__name__!r} object has no setter"))
                 self.inline_call(attr.fset, [obj, value], {})
                 return
             if hasattr(type(attr), "__set__") and not isinstance(attr, types.MemberDescriptorType):
@@ -759,8 +842,12 @@ class InstructionTranslator(CallsMixin):
             if not (isinstance(obj, UserObjectVariable) and obj.snapshot is not None):
                 raise self.unsupported(f"deleting attribute .{name} of {obj.describe()}")
             self.output.record_mutation(obj)
-            delattr(obj.value, name)                      # AttributeError as Python
+            self.on_constants(delattr, obj.value, name)          # (the frame's own copy)
             obj.overrides[name] = DELETED
+            return
+        if isinstance(obj, ExceptionVariable):
+            self.output.record_mutation(obj)          # an exception of the trace: its own
+            obj.items[name] = value
             return
         if isinstance(obj, NestedFunctionVariable) and not name.startswith("__"):
             self.output.record_mutation(obj)          # a function made in the frame: its own
@@ -853,16 +940,18 @@ class InstructionTranslator(CallsMixin):
             if isinstance(i, slice):
                 return type(obj)(obj.items[i]) if not isinstance(obj, NamedTupleVariable) \
                     else TupleVariable(obj.items[i])
+            if isinstance(i, int) and not -len(obj.items) <= i < len(obj.items):
+                raise self.observed(IndexError(f"{obj.python_type.__name__} index out of range"))
             return obj.items[i]
         if isinstance(obj, ModelOutputVariable) and idx.is_constant() and not isinstance(idx.as_example(), str):
             items = list(obj.items.values())[idx.as_example()]         # an int or a slice: as a tuple
             return TupleVariable(items) if isinstance(items, list) else items
         if isinstance(obj, DictVariable) and idx.is_constant():
             if idx.as_example() not in obj.items:
-                raise self.unsupported(f"key {idx.as_example()!r} not in {obj.describe()}")
+                raise self.observed(KeyError(idx.as_example()))
             return obj.items[idx.as_example()]
         if isinstance(obj, ConstantVariable) and idx.is_constant():
-            return ConstantVariable(obj.value[idx.as_example()])
+            return ConstantVariable(self.on_constants(operator.getitem, obj.value, idx.as_example()))
         if isinstance(obj, TypeVariable) and isinstance(obj.value, enum.EnumMeta) and idx.is_constant():
             return self.output.wrap(obj.value[idx.as_example()], None)          # Color["RED"]
         if isinstance(obj, NNModuleVariable) and idx.is_constant() and isinstance(idx.as_example(), slice) \
@@ -896,7 +985,7 @@ class InstructionTranslator(CallsMixin):
         if isinstance(v, (TensorVariable, NNModuleVariable, BaseListVariable, DictVariable,
                           UserObjectVariable, CallableVariable, NestedFunctionVariable, PartialVariable,
                           BoundMethodVariable, IteratorVariable, SymIntVariable, GeneratorVariable,
-                          LazyIteratorVariable)):
+                          LazyIteratorVariable, ExceptionVariable)):
             return False                  # a value the trace tracks is never None
         raise self.unsupported(f"'is None' on {v.describe()}")
 
@@ -911,3 +1000,8 @@ _OPERATOR_METHODS = {
     "<": ("__lt__", "__gt__"), "<=": ("__le__", "__ge__"), ">": ("__gt__", "__lt__"),
     ">=": ("__ge__", "__le__"),
 }
+
+
+@functools.lru_cache(maxsize=4096)
+def _exception_table(code) -> tuple:
+    return tuple(dis._parse_exception_table(code))

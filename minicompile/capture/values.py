@@ -496,6 +496,48 @@ class GlobalWritesVariable(VariableTracker):
         return "globals"
 
 
+class ExceptionVariable(VariableTracker):
+    """An exception object of the trace (`ValueError("bad")` called, or one an operation
+    raised): its class, args and the attributes set on it (`__cause__`, a subclass's own);
+    made for real where it leaves the trace."""
+
+    def __init__(self, cls: type, args: List[VariableTracker], attrs=None):
+        self.cls, self.args = cls, list(args)
+        self.items: Dict[str, VariableTracker] = dict(attrs or {})
+
+    @staticmethod
+    def of(exc: BaseException) -> "ExceptionVariable":
+        """A real exception (one Python raised on constants: KeyError('b')) as a variable."""
+        return ExceptionVariable(type(exc), [ConstantVariable(a) for a in exc.args])
+
+    def as_example(self):
+        return make_exception(self.cls, [a.as_example() for a in self.args],
+                              {k: v.as_example() for k, v in self.items.items()})
+
+    def is_constant(self):
+        return all(a.is_constant() for a in self.args) and all(v.is_constant() for v in self.items.values())
+
+    def state(self):                          # (what OutputGraph.record_mutation saves)
+        return list(self.args), dict(self.items)
+
+    def restore(self, state):
+        self.args, self.items = state
+
+    def describe(self):
+        return f"{self.cls.__name__}({', '.join(a.describe() for a in self.args)})"
+
+
+def make_exception(cls: type, args: list, attrs: dict) -> BaseException:
+    """An exception of class cls with these args and attributes, made without running a
+    Python __init__ of the class (its effect is in args and attrs already)."""
+    python_init = any(isinstance(k.__dict__.get("__init__"), types.FunctionType) for k in cls.__mro__)
+    exc = cls.__new__(cls) if python_init else cls(*args)
+    exc.args = tuple(args)
+    for name, value in attrs.items():
+        setattr(exc, name, value)
+    return exc
+
+
 class PartialVariable(VariableTracker):
     """functools.partial(func, *args, **keywords): a call calls func with those first. Read
     from outside the frame, its parts are read (and guarded) through its source."""
@@ -629,6 +671,14 @@ class _DictFromKeys(VariableTracker):
 
 class _NoOpCallable(VariableTracker):
     """object.__init__ reached through super(): calling it does nothing."""
+
+
+class ExceptionInitVariable(VariableTracker):
+    """BaseException.__init__ of an exception of the trace (a subclass's __init__ calls
+    super().__init__(message)): calling it sets the exception's args."""
+
+    def __init__(self, exc: "ExceptionVariable"):
+        self.exc = exc
 
 
 class ObjectSetattrVariable(VariableTracker):
