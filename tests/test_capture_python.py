@@ -2,6 +2,7 @@
 is an iterator or a dict view, eager's type and liveness), in no more graphs than Dynamo's
 explain finds for it."""
 import collections
+import contextlib
 import enum
 import functools
 import itertools
@@ -911,3 +912,47 @@ def test_exceptions_raised_and_caught_in_the_graph():
             return type(e), e.args, e.code, list(items), list(LOG)
     agree(lambda: (raises_out, []), [step] * 3)
     no_break(raises_out, x, [])
+
+
+class Swallow:
+    def __enter__(self):
+        LOG.append("enter")
+        return self
+
+    def __exit__(self, typ, value, traceback):
+        LOG.append(("exit", typ.__name__ if typ else None))
+        return typ is KeyError
+
+
+@contextlib.contextmanager
+def scope(name):
+    LOG.append("enter " + name)
+    try:
+        with torch.no_grad():
+            yield name.upper()
+    except ValueError as e:
+        LOG.append("caught " + str(e))
+    finally:
+        LOG.append("exit " + name)
+
+
+def uses_context_managers(x, bad):
+    with Swallow():
+        if bad:
+            raise KeyError("k")
+        x = x * 2
+    y = x
+    with scope("a") as s:
+        if bad:
+            raise ValueError("oops")
+        y = x * len(s)
+    with contextlib.suppress(IndexError):
+        [][1]
+    return x, y.requires_grad, torch.is_grad_enabled()
+
+
+def test_context_managers_of_python_classes_and_contextmanager():
+    x = torch.randn(3, requires_grad=True)
+    agree(lambda: (uses_context_managers, None),
+          [lambda fn, s, bad=bad: (LOG.clear(), fn(x, bad), list(LOG))[1:] for bad in (False, True)])
+    no_break(uses_context_managers, x, True)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import abc
 import collections.abc
+import contextlib
 import dataclasses
 import functools
 import inspect
@@ -513,6 +514,10 @@ def _custom_getattr(cls) -> bool:
 _BUILTIN_BASES = (object, dict, list, tuple, set, frozenset, str, int, float, type)
 
 
+# classes of the standard library written in Python, whose methods the capture can trace
+_PYTHON_STDLIB_CLASSES = {contextlib._GeneratorContextManager, contextlib.suppress}
+
+
 def _is_plain_user_class(cls) -> bool:
     """A class written in Python whose instances are ordinary objects (no custom __new__, no
     metaclass, not a torch or builtin type; __slots__ are fine): safe to create inside the
@@ -520,7 +525,8 @@ def _is_plain_user_class(cls) -> bool:
     if not isinstance(cls, type) or type(cls) not in (type, abc.ABCMeta):
         return False
     top = cls.__module__.split(".")[0]
-    if top in sys.stdlib_module_names or top in ("torch", "builtins", "numpy"):
+    if (top in sys.stdlib_module_names or top in ("torch", "builtins", "numpy")) and \
+            cls not in _PYTHON_STDLIB_CLASSES:
         return False
     if issubclass(cls, (BaseException, torch.nn.Module, torch.Tensor, tuple, list, dict, set)):
         return False

@@ -22,7 +22,7 @@ import torch.fx
 
 from .. import optim
 from .autograd_function import call_apply, is_apply
-from .breaks import Unsupported, never_traced
+from .breaks import ObservedException, Unsupported, never_traced
 from .sources import RootSource, module_member_source
 from .builtin_calls import (_BUILTIN_HANDLERS, _COMPILING_QUERIES, ContainerReadVariable, sort_order,
                             _builtin_dict, _constant_state, _is_none, _is_plain_user_class,
@@ -130,8 +130,10 @@ class CallsMixin:
             keys = [k.as_example() for k in self.iterate(args[0])]
             return DictVariable({k: value for k in keys})
         if isinstance(fn, WithExitVariable):
-            fn.undo(self)
             self.with_depth -= 1
+            if fn.exit is not None:
+                return self.call_function(fn.exit, args, kwargs)
+            fn.undo(self)
             return ConstantVariable(None)
         if isinstance(fn, TypeVariable) and fn.value is contextlib.nullcontext:
             bound = inspect.signature(contextlib.nullcontext).bind(*args, **kwargs).arguments
@@ -354,7 +356,7 @@ class CallsMixin:
         """`cls(*args)` for a plain Python class: a real instance with no attributes yet (its
         attributes live in the trace) and `__init__` inlined, as Dynamo does for user objects
         made inside the frame. After the graph the object is rebuilt (frame.rebuild)."""
-        obj = UserObjectVariable(object.__new__(cls), None)
+        obj = UserObjectVariable(self.on_constants(object.__new__, cls), None)   # (an abstract class: TypeError)
         init = inspect.getattr_static(cls, "__init__")
         if isinstance(init, types.FunctionType):
             ret = self.inline_call(init, [obj] + list(args), kwargs)
@@ -410,11 +412,18 @@ class CallsMixin:
                 return _constant_result(obj, r)
             if type(r) in (list, dict) and _constant_state(r):
                 return self.output.wrap(r, None)          # a new list of them (str.split)
-        if isinstance(obj, GeneratorVariable) and fn.name in ("send", "__next__") and not kwargs:
-            from .iterators import next_item
-            item = next_item(self, obj, args[0] if fn.name == "send" else None)
+        if isinstance(obj, GeneratorVariable) and not kwargs:
+            from .iterators import close, next_item, throw
+            if fn.name == "close":
+                close(self, obj)
+                return ConstantVariable(None)
+            if fn.name == "throw":           # throw(exc) or throw(type[, value[, traceback]])
+                exc = args[1] if len(args) > 1 and not _is_none(args[1]) else args[0]
+                item = throw(self, obj, self.make_exception(exc))
+            else:
+                item = next_item(self, obj, args[0] if fn.name == "send" else None)
             if item is None:
-                raise self.unsupported(f"{fn.name}() of an exhausted generator (StopIteration)")
+                raise ObservedException(ExceptionVariable(StopIteration, [obj.return_value]))
             return item
         if isinstance(obj, NamedTupleVariable) and hasattr(obj.tuple_cls, "_fields") and \
                 fn.name in ("_replace", "_asdict"):

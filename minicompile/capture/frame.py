@@ -317,7 +317,8 @@ class TemplateBuilder:
                                              for k, i in v.items.items()]]
             if v.source is None:
                 # an object made in the frame: a new one per call, its attributes from the trace
-                return ["obj", type(v.value), [(k, self.build(i)) for k, i in v.items.items()]]
+                return ["obj", type(v.value), [(k, self.build(i)) for k, i in v.items.items()
+                                               if i is not V.DELETED]]
             src = self._source_fn(v.source)
             return ["src", src] if src is not None else ["const", v.value]
         if isinstance(v, (V.CallableVariable,)):

@@ -8,8 +8,10 @@ attributes and items, operators, calls and functions, control flow, with-blocks,
 """
 from __future__ import annotations
 
+import inspect
 import operator
 import sys
+import types
 
 import torch
 import torch.fx
@@ -19,8 +21,8 @@ from .breaks import ObservedException, Return, Yield
 from .bytecode import BINARY_OP_SYMBOLS, COMPARE_OPS, _cmp_symbol, handles
 from .builtin_calls import _is_singleton
 from .iterators import iter_of, next_item
-from .values import (DELETED, NULL, CellVariable, ClosureCellVariable, ConstantVariable, DictVariable,
-                     DictViewVariable, ExceptionVariable, GeneratorVariable, GradModeVariable, ListVariable, ModelOutputVariable,
+from .values import (DELETED, NULL, BoundMethodVariable, CellVariable, ClosureCellVariable, ConstantVariable,
+                     DictVariable, DictViewVariable, ExceptionVariable, GeneratorVariable, GradModeVariable, ListVariable, ModelOutputVariable,
                      NestedFunctionVariable, NNModuleVariable, PythonModuleVariable, SetVariable,
                      SliceVariable, SuperVariable, SymIntVariable, TensorVariable, TupleVariable,
                      TypeVariable, UserObjectVariable, WithExitVariable,
@@ -283,10 +285,19 @@ def _before_with(tx, inst):
         undo, entered = tx.enter_autocast(ctx), ctx
     elif isinstance(ctx, NullContextVariable):
         undo, entered = (lambda tx: None), ctx.enter_result
+    elif isinstance(ctx, UserObjectVariable) and tx.output.inline_user_calls and all(isinstance(
+            inspect.getattr_static(type(ctx.value), m, None), types.FunctionType) for m in ("__enter__", "__exit__")):
+        # a context manager of a Python class (contextlib.contextmanager's too): its methods traced
+        exit_ = BoundMethodVariable(inspect.getattr_static(type(ctx.value), "__exit__"), ctx)
+        entered = tx.call_function(tx.load_attr(ctx, "__enter__"), [], {})
+        tx.with_depth += 1
+        tx.push(WithExitVariable(exit=exit_))
+        tx.push(entered)
+        return
     else:
         raise tx.unsupported(f"with-block on {ctx.describe()}",
-                             "only torch.no_grad/enable_grad/set_grad_enabled, torch.autocast "
-                             "and contextlib.nullcontext are modelled")
+                             "only torch.no_grad/enable_grad/set_grad_enabled, torch.autocast, "
+                             "contextlib.nullcontext and Python classes' context managers are modelled")
     tx.with_depth += 1
     tx.push(WithExitVariable(undo))
     tx.push(entered)
@@ -325,6 +336,11 @@ def _store_attr(tx, inst):
     obj = tx.pop()
     value = tx.pop()
     tx.store_attr(obj, inst.argval, value)
+
+
+@handles("DELETE_ATTR")
+def _delete_attr(tx, inst):
+    tx.store_attr(tx.pop(), inst.argval, DELETED)
 
 
 @handles("LOAD_FAST_AND_CLEAR", versions=[(3, 12), (3, 13)])
@@ -593,7 +609,8 @@ def _is_op(tx, inst):
 
 
 # values whose identity the trace knows: one made in the frame is only itself
-_OBJECTS = (UserObjectVariable, ModelOutputVariable, DictVariable, ListVariable, NestedFunctionVariable)
+_OBJECTS = (UserObjectVariable, ModelOutputVariable, DictVariable, ListVariable, NestedFunctionVariable,
+            ExceptionVariable)
 
 
 @handles("CONTAINS_OP")

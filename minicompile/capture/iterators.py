@@ -23,9 +23,9 @@ import inspect
 import types
 from typing import List, Optional
 
-from .breaks import Yield
-from .values import (ConstantVariable, GeneratorVariable, IteratorVariable, LazyIteratorVariable,
-                     TupleVariable, UserObjectVariable, VariableTracker)
+from .breaks import ObservedException, Yield
+from .values import (ConstantVariable, ExceptionVariable, GeneratorVariable, IteratorVariable,
+                     LazyIteratorVariable, TupleVariable, UserObjectVariable, VariableTracker)
 
 ITERATORS = (IteratorVariable, GeneratorVariable, LazyIteratorVariable)
 
@@ -117,6 +117,37 @@ def drain(tx, it: VariableTracker) -> List[VariableTracker]:
         items.append(item)
 
 
+def throw(tx, gen: GeneratorVariable, exc) -> Optional[VariableTracker]:
+    """gen.throw(exc): raised where the generator is paused (its handlers see it) -> what it
+    yields next, None where it returns; what it does not catch is raised to the caller."""
+    tx.output.record_mutation(gen)
+    if not gen.started or gen.done:
+        gen.done = True
+        raise ObservedException(exc)
+    try:
+        gen.tx.handle_exception(exc)
+    except ObservedException:
+        gen.done = True
+        raise
+    return _run(gen)
+
+
+def close(tx, gen: GeneratorVariable) -> None:
+    """gen.close(): GeneratorExit thrown where it is paused, so its finally blocks run."""
+    if not gen.started or gen.done:
+        tx.output.record_mutation(gen)
+        gen.done = True
+        return
+    try:
+        item = throw(tx, gen, ExceptionVariable(GeneratorExit, []))
+    except ObservedException as e:
+        if not issubclass(e.exc.cls, (GeneratorExit, StopIteration)):
+            raise
+        return
+    if item is not None:
+        raise tx.observed(RuntimeError("generator ignored GeneratorExit"))
+
+
 def _resume(tx, gen: GeneratorVariable, sent: Optional[VariableTracker]) -> Optional[VariableTracker]:
     if gen.done:
         return None
@@ -126,10 +157,18 @@ def _resume(tx, gen: GeneratorVariable, sent: Optional[VariableTracker]) -> Opti
     if gen.started:
         gen.tx.push(sent if sent is not None else ConstantVariable(None))   # what its yield gives
     gen.started = True
+    return _run(gen)
+
+
+def _run(gen: GeneratorVariable) -> Optional[VariableTracker]:
+    """Run the generator's frame to its next yield (-> the value) or its end (-> None)."""
     try:
         gen.return_value = gen.tx.run()
     except Yield as y:
         return y.value
+    except ObservedException:
+        gen.done = True                  # an exception ends a generator (and goes to its reader)
+        raise
     gen.done = True
     return None
 

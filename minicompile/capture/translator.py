@@ -526,7 +526,7 @@ class InstructionTranslator(CallsMixin):
                 return ConstantMethodVariable(obj, name)
             return _constant_result(obj, attr)
         if isinstance(obj, (BaseListVariable, DictVariable)) or \
-                isinstance(obj, GeneratorVariable) and name in ("send", "__next__"):
+                isinstance(obj, GeneratorVariable) and name in ("send", "__next__", "throw", "close"):
             return ConstantMethodVariable(obj, name)
         if isinstance(obj, (TypeVariable, BuiltinVariable)) and obj.value is dict and name == "fromkeys":
             return _DictFromKeys()
@@ -838,6 +838,13 @@ class InstructionTranslator(CallsMixin):
             if hasattr(type(attr), "__set__") and not isinstance(attr, types.MemberDescriptorType):
                 raise self.unsupported(f"setting .{name} of {obj.describe()} through a "
                                        f"{type(attr).__name__}")
+        if value is DELETED and isinstance(obj, UserObjectVariable) and obj.source is None and \
+                obj.snapshot is None:                     # an object made in the frame: its own
+            if obj.items.get(name, DELETED) is DELETED:
+                raise self.observed(AttributeError(name))
+            self.output.record_mutation(obj)
+            obj.items[name] = DELETED
+            return
         if value is DELETED:
             if not (isinstance(obj, UserObjectVariable) and obj.snapshot is not None):
                 raise self.unsupported(f"deleting attribute .{name} of {obj.describe()}")

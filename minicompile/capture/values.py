@@ -606,10 +606,11 @@ class AutocastVariable(VariableTracker):
 
 class WithExitVariable(VariableTracker):
     """The __exit__ that BEFORE_WITH pushes: calling it undoes what entering did (`undo`, a
-    function of the translator: restore the grad mode, leave autocast)."""
+    function of the translator: restore the grad mode, leave autocast), or, for a context
+    manager of a Python class (`exit`: its bound __exit__), calls that."""
 
-    def __init__(self, undo):
-        self.undo = undo
+    def __init__(self, undo=None, exit=None):
+        self.undo, self.exit = undo, exit
 
 
 class UserObjectVariable(VariableTracker):
