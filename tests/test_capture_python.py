@@ -3,6 +3,7 @@ is an iterator or a dict view, eager's type and liveness), in no more graphs tha
 explain finds for it."""
 import collections
 import contextlib
+import dataclasses
 import enum
 import functools
 import itertools
@@ -956,3 +957,67 @@ def test_context_managers_of_python_classes_and_contextmanager():
     agree(lambda: (uses_context_managers, None),
           [lambda fn, s, bad=bad: (LOG.clear(), fn(x, bad), list(LOG))[1:] for bad in (False, True)])
     no_break(uses_context_managers, x, True)
+
+
+class Registry:
+    count = 0
+
+    def bump(self):
+        type(self).count += 1
+        return self.count
+
+    def __repr__(self):
+        return f"Registry({self.count})"
+
+
+@dataclasses.dataclass
+class Op:
+    kind: str
+    k: int
+
+
+def matches(x, spec):
+    match spec:
+        case [a, b]:
+            return x * a + b
+        case (1, *others):
+            return x + len(others)
+        case {"scale": s, **rest}:
+            return x * s + len(rest)
+        case int(n) if n > 2:
+            return x + n
+        case Op(kind="mul", k=k):
+            return x * k
+        case Op("add", k):
+            return x + k
+        case str() as name:
+            return x * len(name)
+        case _:
+            return -x
+
+
+def more_python(x):
+    r = Registry()
+    a = r.bump()
+    d = collections.OrderedDict(b=x)
+    d["a"] = x + 1
+    d.move_to_end("b")
+    counts = collections.defaultdict(int)
+    for w in "abca":
+        counts[w] += 1
+    pairs = sorted([(3, "c"), (1, "a")], key=operator.itemgetter(0))
+    return (x * a + Registry.count, repr(r), f"{r}", list(d), dict(counts), pairs,
+            operator.attrgetter("shape")(x), list(itertools.zip_longest([1, 2], [3], fillvalue=0)))
+
+
+def test_match_statements_class_attributes_and_collections():
+    x = torch.randn(3)
+    specs = ([2, 1], (1, 5, 6), {"scale": 3, "z": 1}, 5, Op("mul", 2), Op("add", 4), "abc", 2.5)
+    agree(lambda: (matches, None), [lambda fn, s, spec=spec: fn(x, spec) for spec in specs])
+    for spec in specs:
+        no_break(matches, x, spec)
+    def step(fn, s):                           # (both runs share the class)
+        Registry.count = 0
+        return fn(x), Registry.count
+    agree(lambda: (more_python, None), [step] * 2)
+    no_break(more_python, x)

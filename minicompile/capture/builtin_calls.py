@@ -135,6 +135,10 @@ def _builtin_container(kind):
 
 def _builtin_const(fn):
     def impl(tx, args, kwargs):
+        if fn in (str, repr) and len(args) == 1 and not kwargs:
+            text = tx.object_text(args[0], fn.__name__)      # a Python class's __str__/__repr__
+            if text is not None:
+                return text
         if all(a.is_constant() for a in args) and all(v.is_constant() for v in kwargs.values()):
             return ConstantVariable(tx.on_constants(fn, *[a.as_example() for a in args],
                                                     **{k: v.as_example() for k, v in kwargs.items()}))
@@ -192,8 +196,12 @@ def _itertools(fn):
         real = [a.as_example() if isinstance(a, ConstantVariable) and not isinstance(a.value, (tuple, list, str, range))
                 else tx.iterate(a) for a in args]
         out = fn(*real, **{k: v.as_example() for k, v in kwargs.items()})
-        return IteratorVariable([TupleVariable(list(t)) if isinstance(t, tuple) else t
-                                 for t in itertools.islice(out, 100_000)])
+
+        def variable(v):                     # the traced items, and constants (a fillvalue)
+            if isinstance(v, tuple):
+                return TupleVariable([variable(x) for x in v])
+            return v if isinstance(v, VariableTracker) else ConstantVariable(v)
+        return IteratorVariable([variable(t) for t in itertools.islice(out, 100_000)])
     return impl
 
 
@@ -348,7 +356,7 @@ def _builtin_type(tx, args, kwargs):
     if isinstance(v, ModelOutputVariable):
         return TypeVariable(v.cls, source)
     if isinstance(v, DictVariable):
-        return tx.output.wrap(dict, None)
+        return tx.output.wrap(v.cls, None)
     if isinstance(v, NNModuleVariable):
         return TypeVariable(type(v.module), source)
     if isinstance(v, UserObjectVariable):

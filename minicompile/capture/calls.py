@@ -6,12 +6,14 @@ frame), copies of constant objects, special methods.
 """
 from __future__ import annotations
 
+import collections
 import contextlib
 import copy
 import dataclasses
 import enum
 import functools
 import inspect
+import operator
 import sys
 import types
 from typing import Dict, List, Optional, Tuple
@@ -34,7 +36,7 @@ from .values import (BaseListVariable, BoundMethodVariable, BuiltinVariable, Con
                      GeneratorVariable, GradModeVariable, NullContextVariable,
                      IteratorVariable, ListVariable, ModelOutputVariable, NamedTupleVariable,
                      NestedFunctionVariable, NNModuleVariable, NullVariable, ObjectSetattrVariable,
-                     OpaqueConstantVariable, PartialVariable,
+                     OpaqueConstantVariable, OperatorGetterVariable, PartialVariable,
                      SetVariable, SuperVariable, TensorMethodVariable, TensorVariable,
                      TorchFunctionVariable, TupleVariable, TypeVariable, UserFunctionVariable,
                      UserObjectVariable, VariableTracker, WithExitVariable, _constant_result, _hashable,
@@ -98,6 +100,17 @@ class CallsMixin:
             return _made_by(self.inline_nested(fn, args, kwargs), fn, args, kwargs)
         if isinstance(fn, PartialVariable):
             return self.call_function(fn.func, fn.args + list(args), {**fn.keywords, **kwargs})
+        if isinstance(fn, TypeVariable) and fn.value in (collections.OrderedDict, collections.defaultdict):
+            factory = None
+            if fn.value is collections.defaultdict:
+                factory, args = (args[0], args[1:]) if args else (ConstantVariable(None), args)
+            made = _builtin_dict(self, args, kwargs)
+            return DictVariable(made.items, cls=fn.value, factory=None if _is_none(factory) else factory)
+        if isinstance(fn, TypeVariable) and fn.value in (operator.itemgetter, operator.attrgetter,
+                                                         operator.methodcaller):
+            return OperatorGetterVariable(fn.value, args, kwargs)
+        if isinstance(fn, OperatorGetterVariable):
+            return self.call_getter(fn, args, kwargs)
         if isinstance(fn, TypeVariable) and fn.value is functools.partial:
             if not args:
                 raise self.unsupported("functools.partial() without a function")
@@ -245,6 +258,23 @@ class CallsMixin:
                 return self.new_module(fn.value, args, kwargs)
         name = getattr(getattr(fn, "value", None), "__qualname__", None) or fn.describe()
         raise self.unsupported(f"call to {name}", "the capture cannot model this callable yet")
+
+    def call_getter(self, fn, args, kwargs) -> VariableTracker:
+        """operator.itemgetter/attrgetter/methodcaller applied to its one argument."""
+        (obj,) = args
+        if fn.cls is operator.methodcaller:
+            name = fn.args[0].as_example()
+            return self.call_function(self.load_attr(obj, name), fn.args[1:], fn.kwargs)
+
+        def get(key):
+            if fn.cls is operator.itemgetter:
+                return self.subscript(obj, key)
+            value = obj
+            for part in key.as_example().split("."):     # attrgetter("a.b")
+                value = self.load_attr(value, part)
+            return value
+        values = [get(k) for k in fn.args]
+        return values[0] if len(values) == 1 else TupleVariable(values)
 
     def call_cached(self, fn: UserFunctionVariable, args, kwargs) -> VariableTracker:
         """A call of a functools.lru_cache (or cache) function with constant arguments: made
@@ -474,9 +504,23 @@ class CallsMixin:
         if isinstance(obj, BaseListVariable) and fn.name == "copy":
             return ListVariable(list(obj.items))
         if isinstance(obj, DictVariable) and not isinstance(obj, ModelOutputVariable) and \
-                fn.name in ("update", "pop", "setdefault", "clear", "copy", "popitem"):
+                fn.name in ("update", "pop", "setdefault", "clear", "copy", "popitem", "move_to_end"):
             if fn.name == "copy":
-                return DictVariable(dict(obj.items))
+                return DictVariable(dict(obj.items), cls=obj.cls, factory=obj.factory)
+            if fn.name in ("move_to_end", "popitem") and (args or kwargs):
+                # OrderedDict's, with `last`: done on a real one of the same keys
+                if obj.cls is not collections.OrderedDict:
+                    raise self.unsupported(f"dict.{fn.name}() with arguments")
+                real = collections.OrderedDict((k, k) for k in obj.items)
+                result = self.on_constants(getattr(real, fn.name), *[a.as_example() for a in args],
+                                           **{k: v.as_example() for k, v in kwargs.items()})
+                self.mutate(obj)
+                popped = {k: obj.items[k] for k in obj.items if k not in real}
+                obj.items = {k: obj.items[k] for k in real}
+                if fn.name == "popitem":
+                    (k, v), = popped.items()
+                    return TupleVariable([ConstantVariable(k), v])
+                return ConstantVariable(result)
             self.mutate(obj)
             if fn.name == "update":
                 new = _builtin_dict(self, args, kwargs)

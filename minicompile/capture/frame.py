@@ -286,7 +286,13 @@ class TemplateBuilder:
         if isinstance(v, V.ModelOutputVariable):
             return ["modeloutput", v.cls, [(k, self.build(i)) for k, i in v.items.items()]]
         if isinstance(v, V.DictVariable):
+            if v.cls is not dict:                  # an OrderedDict, a defaultdict
+                return ["call", ["const", v.cls], ([self.build(v.factory)] if v.factory is not None else [])
+                        + [["dict", [(k, self.build(i)) for k, i in v.items.items()]]], []]
             return ["dict", [(k, self.build(i)) for k, i in v.items.items()]]
+        if isinstance(v, V.OperatorGetterVariable):
+            return ["call", ["const", v.cls], [self.build(a) for a in v.args],
+                    [(k, self.build(a)) for k, a in v.kwargs.items()]]
         if isinstance(v, V.IteratorVariable):
             if v.source is not None and self._source_fn(v.source) is not None:
                 return ["src", self._source_fn(v.source)]     # the real one, advanced (an effect)

@@ -8,6 +8,7 @@ attributes and items, operators, calls and functions, control flow, with-blocks,
 """
 from __future__ import annotations
 
+import collections.abc
 import inspect
 import operator
 import sys
@@ -21,7 +22,7 @@ from .breaks import ObservedException, Return, Yield
 from .bytecode import BINARY_OP_SYMBOLS, COMPARE_OPS, _cmp_symbol, handles
 from .builtin_calls import _is_singleton
 from .iterators import iter_of, next_item
-from .values import (DELETED, NULL, BoundMethodVariable, CellVariable, ClosureCellVariable, ConstantVariable,
+from .values import (DELETED, NULL, BaseListVariable, BoundMethodVariable, BuiltinVariable, CellVariable, ClosureCellVariable, ConstantVariable,
                      DictVariable, DictViewVariable, ExceptionVariable, GeneratorVariable, GradModeVariable, ListVariable, ModelOutputVariable,
                      NestedFunctionVariable, NNModuleVariable, PythonModuleVariable, SetVariable,
                      SliceVariable, SuperVariable, SymIntVariable, TensorVariable, TupleVariable,
@@ -241,6 +242,82 @@ def _with_except_start(tx, inst):
     # an exception leaves a with block: its __exit__(type, value, traceback) is called
     exc = tx.stack[-1]
     tx.push(tx.call_function(tx.stack[-4], [tx.output.wrap(exc.cls, None), exc, ConstantVariable(None)], {}))
+
+
+# match statements ------------------------------------------------------------------------
+@handles("MATCH_SEQUENCE")
+def _match_sequence(tx, inst):
+    v = tx.stack[-1]
+    tx.push(ConstantVariable(isinstance(v, (TupleVariable, ListVariable)) or
+                             not isinstance(v, (DictVariable, BaseListVariable)) and
+                             _matches(tx, v, collections.abc.Sequence) and
+                             not _matches(tx, v, (str, bytes, bytearray))))
+
+
+@handles("MATCH_MAPPING")
+def _match_mapping(tx, inst):
+    v = tx.stack[-1]
+    tx.push(ConstantVariable(isinstance(v, DictVariable) or _matches(tx, v, collections.abc.Mapping)))
+
+
+@handles("GET_LEN")
+def _get_len(tx, inst):
+    tx.push(tx.call_function(tx.output.wrap(len, None), [tx.stack[-1]], {}))
+
+
+@handles("MATCH_KEYS")
+def _match_keys(tx, inst):
+    keys, subject = tx.stack[-1], tx.stack[-2]
+    values = []
+    for key in keys.as_example():
+        if isinstance(subject, DictVariable) and key not in subject.items:
+            tx.push(ConstantVariable(None))
+            return
+        values.append(tx.subscript(subject, ConstantVariable(key)))
+    tx.push(TupleVariable(values))
+
+
+@handles("MATCH_CLASS")
+def _match_class(tx, inst):
+    # case Cls(a, b, k=v): the subject's attributes (positional ones by __match_args__), or None
+    names, cls, subject = tx.pop(), tx.pop(), tx.pop()
+    if not isinstance(cls, (TypeVariable, BuiltinVariable)) or not isinstance(cls.value, type) or \
+            not names.is_constant():
+        raise tx.unsupported(f"case {cls.describe()}(...)")
+    klass = cls.value
+    if not _matches(tx, subject, klass):
+        tx.push(ConstantVariable(None))
+        return
+    if inst.arg and klass in _SELF_MATCHING:
+        positional, values = list(names.as_example()), [subject]    # case int(n): n is the subject
+        names_left = positional
+    else:
+        match_args = getattr(klass, "__match_args__", ())
+        if inst.arg > len(match_args):
+            raise tx.observed(TypeError(f"{klass.__name__}() accepts {len(match_args)} positional "
+                                        f"sub-patterns ({inst.arg} given)"))
+        values, names_left = [], list(match_args[:inst.arg]) + list(names.as_example())
+    for name in names_left:
+        try:
+            values.append(tx.load_attr(subject, name))
+        except ObservedException as e:
+            if not issubclass(e.exc.cls, AttributeError):
+                raise
+            tx.push(ConstantVariable(None))           # no such attribute: the pattern fails
+            return
+    tx.push(TupleVariable(values))
+
+
+# classes whose instances a single positional sub-pattern matches whole (case int(n))
+_SELF_MATCHING = (bool, bytearray, bytes, dict, float, frozenset, int, list, set, str, tuple)
+
+
+def _matches(tx, v, klass) -> bool:
+    """isinstance(v, klass) of a traced value, without specializing a size."""
+    from .values import example_of
+    if isinstance(v, TensorVariable):
+        return issubclass(type(v.example), klass)
+    return isinstance(example_of(v), klass)
 
 
 @handles("GET_ITER")

@@ -230,12 +230,25 @@ class OutputGraph:
         if it.source is not None:
             self.add_side_effect(it)
 
-    def global_writes(self, f_globals: dict, source: Source) -> GlobalWritesVariable:
-        """The assignments the trace made to this globals dict (STORE_GLOBAL)."""
+    def global_writes(self, f_globals, source: Source) -> GlobalWritesVariable:
+        """The assignments the trace made to this globals dict (STORE_GLOBAL), or to this
+        class's attributes."""
         var = self._global_writes.get(id(f_globals))
         if var is None:
             var = self._global_writes[id(f_globals)] = GlobalWritesVariable(source)
+            var.owner = f_globals
         return var
+
+    def class_write(self, cls: type, name: str) -> Optional[VariableTracker]:
+        """What the trace assigned to `name` on cls or a base it inherits it from, or None
+        (where a class before it in the MRO has its own)."""
+        for klass in cls.__mro__:
+            var = self._global_writes.get(id(klass))
+            if var is not None and name in var.items:
+                return var.items[name]
+            if name in klass.__dict__:
+                return None
+        return None
 
     def add_side_effect(self, var: VariableTracker) -> None:
         """`var` came from outside the frame and the trace changes it: the change is made on the
@@ -727,7 +740,13 @@ class OutputGraph:
 
     def sym_arith(self, op, a: VariableTracker, b: VariableTracker) -> VariableTracker:
         """Integer arithmetic on sizes, at least one of them symbolic: a graph node."""
-        example = op(example_of(a), example_of(b))
+        try:
+            example = op(example_of(a), example_of(b))
+        except ArithmeticError as e:        # (n // 0): the trace now depends on the values
+            for v in (a, b):
+                if isinstance(v, SymIntVariable):
+                    v.as_example()           # static, guarded by value
+            raise self.tx.observed(e) from None
         proxy = self.tracer.create_proxy("call_function", op, (a.as_proxy(), b.as_proxy()), {})
         self._set_meta(proxy.node, example)
         deps = [t for v in (a, b) if isinstance(v, SymIntVariable) for t in v.deps]

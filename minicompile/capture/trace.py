@@ -73,6 +73,8 @@ def _effect_templates(output, builder, source_fn):
         elif isinstance(var, DictVariable):
             effects.append(("dict", source_fn(var.source),
                             [(k, builder.build(v)) for k, v in var.items.items()]))
+        elif isinstance(var, GlobalWritesVariable) and isinstance(var.owner, type):
+            effects.append(("attrs", source_fn(var.source), [(k, builder.build(v)) for k, v in var.items.items()]))
         elif isinstance(var, GlobalWritesVariable):
             effects.append(("setitems", source_fn(var.source),
                             [(k, ["deleted"] if v is DELETED else builder.build(v)) for k, v in var.items.items()]))

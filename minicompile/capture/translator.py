@@ -14,6 +14,7 @@ Python values and sizes is followed (loops unrolled, the instruction budget boun
 """
 from __future__ import annotations
 
+import abc
 import builtins
 import collections.abc
 import dis
@@ -488,6 +489,9 @@ class InstructionTranslator(CallsMixin):
             d = getattr(value, "__dict__", None)
             if d is not None and name in d and obj.source is not None:
                 return out.wrap(d[name], AttrSource(obj.source, name))
+            written = out.class_write(type(value), name)
+            if written is not None:
+                return written
             attr = inspect.getattr_static(type(value), name, _MISSING)
             if obj.source is not None and _custom_getattr(type(value)) and not isinstance(
                     attr, (types.FunctionType, property, classmethod, staticmethod)):
@@ -538,6 +542,9 @@ class InstructionTranslator(CallsMixin):
             if isinstance(obj, TypeVariable) and not obj.value.__module__.startswith(("torch", "builtins")):
                 # an attribute of a Python class (`type(self).forward`): through the class's
                 # source where it has one, so the guard sees it change
+                written = out.class_write(obj.value, name)
+                if written is not None:
+                    return written
                 static = inspect.getattr_static(obj.value, name, _MISSING)
                 if static is _MISSING:
                     raise self.observed(AttributeError(
@@ -650,6 +657,9 @@ class InstructionTranslator(CallsMixin):
         if name in d:
             return out.wrap(d[name], AttrSource(src, name) if src is not None else None)
         # class attribute: methods are inlined with self bound; properties are inlined
+        written = out.class_write(type(mod), name)
+        if written is not None:
+            return written
         attr = inspect.getattr_static(type(mod), name, _MISSING)
         if attr is _MISSING:
             raise self.observed(AttributeError(f"'{type(mod).__name__}' object has no attribute '{name}'"))
@@ -768,7 +778,27 @@ class InstructionTranslator(CallsMixin):
         return False
 
     # f-strings --------------------------------------------------------------------------
+    def object_text(self, obj: VariableTracker, kind: str) -> Optional[ConstantVariable]:
+        """str(obj) or repr(obj) (kind) of an object whose class writes it in Python (__str__
+        falls back to __repr__, as object's does); None where it does not."""
+        if not isinstance(obj, UserObjectVariable):
+            return None
+        for name in (("__str__", "__repr__") if kind == "str" else ("__repr__",)):
+            method = inspect.getattr_static(type(obj.value), name, None)
+            if isinstance(method, types.FunctionType):
+                text = self.call_special(obj, name, [])
+                if not (text.is_constant() and isinstance(text.as_example(), str)):
+                    raise self.unsupported(f"{type(obj.value).__name__}.{name} gave {text.describe()}")
+                return text
+            if method is not object.__str__:
+                return None
+        return None
+
     def _format(self, value: VariableTracker, conversion: Optional[str], spec: str = ""):
+        text = self.object_text(value, "repr" if conversion == "r" else "str") \
+            if conversion in (None, "s", "r") and not spec else None
+        if text is not None:
+            return text
         if not value.is_constant():
             if isinstance(value, (NNModuleVariable, TypeVariable, UserFunctionVariable)) and not spec:
                 v = value.as_example()
@@ -894,6 +924,15 @@ class InstructionTranslator(CallsMixin):
             obj.items[name] = value
             self.output.add_side_effect(obj)
             return
+        if isinstance(obj, TypeVariable) and _is_python_class(obj.value) and value is not DELETED and \
+                not isinstance(inspect.getattr_static(type(obj.value), name, None), property):
+            # a class attribute (`Counter.n += 1`): later reads see it, made after the graph
+            source = obj.source or self.output.root_source(obj.value, f"CLASS_{obj.value.__name__}")
+            var = self.output.global_writes(obj.value, source)
+            self.output.record_mutation(var)
+            var.items[name] = value
+            self.output.add_side_effect(var)
+            return
         raise self.unsupported(f"setting attribute .{name} of {obj.describe()}",
                                "a side effect on an object outside the graph",
                                "it runs for real at a graph break")
@@ -954,9 +993,14 @@ class InstructionTranslator(CallsMixin):
             items = list(obj.items.values())[idx.as_example()]         # an int or a slice: as a tuple
             return TupleVariable(items) if isinstance(items, list) else items
         if isinstance(obj, DictVariable) and idx.is_constant():
-            if idx.as_example() not in obj.items:
-                raise self.observed(KeyError(idx.as_example()))
-            return obj.items[idx.as_example()]
+            key = idx.as_example()
+            if key not in obj.items and obj.factory is not None:     # a defaultdict's new key
+                value = self.call_function(obj.factory, [], {})
+                self.mutate(obj)
+                obj.items[key] = value
+            if key not in obj.items:
+                raise self.observed(KeyError(key))
+            return obj.items[key]
         if isinstance(obj, ConstantVariable) and idx.is_constant():
             return ConstantVariable(self.on_constants(operator.getitem, obj.value, idx.as_example()))
         if isinstance(obj, TypeVariable) and isinstance(obj.value, enum.EnumMeta) and idx.is_constant():
@@ -1012,3 +1056,9 @@ _OPERATOR_METHODS = {
 @functools.lru_cache(maxsize=4096)
 def _exception_table(code) -> tuple:
     return tuple(dis._parse_exception_table(code))
+
+
+def _is_python_class(cls) -> bool:
+    """A class of the user's (not torch's, not a builtin), whose attributes may be set."""
+    return isinstance(cls, type) and type(cls) in (type, abc.ABCMeta) and \
+        not cls.__module__.startswith(("torch", "builtins"))

@@ -158,15 +158,24 @@ def make_named_tuple(tuple_cls, items):
 
 
 class DictVariable(VariableTracker):
-    def __init__(self, items: Dict[Any, VariableTracker], source: Optional[Source] = None):
-        self.items = dict(items)      # keys are Python constants
+    """A dict (keys Python constants). Made in the frame it may be a collections.OrderedDict
+    or a defaultdict (`cls`; `factory`: a defaultdict's default_factory, called for a key it
+    does not have)."""
+
+    def __init__(self, items: Dict[Any, VariableTracker], source: Optional[Source] = None,
+                 cls: type = dict, factory: Optional[VariableTracker] = None):
+        self.items = dict(items)
         self.source = source
+        self.cls, self.factory = cls, factory
 
     def as_proxy(self):
         return {k: v.as_proxy() for k, v in self.items.items()}
 
     def as_example(self):
-        return {k: v.as_example() for k, v in self.items.items()}
+        items = {k: v.as_example() for k, v in self.items.items()}
+        if self.factory is not None:
+            return self.cls(self.factory.as_example(), items)
+        return items if self.cls is dict else self.cls(items)
 
     def describe(self):
         return "dict{" + ", ".join(f"{k!r}: {v.describe()}" for k, v in self.items.items()) + "}"
@@ -486,7 +495,8 @@ class ClosureCellVariable(VariableTracker):
 
 class GlobalWritesVariable(VariableTracker):
     """What the trace assigns to a module's globals (`global x; x = ...`, DELETED for `del`):
-    later loads read it, and it is assigned for real after the graph. `source`: the dict."""
+    later loads read it, and it is assigned for real after the graph. `source`: the dict.
+    (Also what it assigns to a class's attributes, `Counter.n += 1`: `source` the class.)"""
 
     def __init__(self, source: Source):
         self.source = source
@@ -672,6 +682,17 @@ class _DictFromKeys(VariableTracker):
 
 class _NoOpCallable(VariableTracker):
     """object.__init__ reached through super(): calling it does nothing."""
+
+
+class OperatorGetterVariable(VariableTracker):
+    """operator.itemgetter(*keys), attrgetter(*names) or methodcaller(name, *args, **kwargs):
+    calling it reads those items or attributes, or calls that method, of its argument."""
+
+    def __init__(self, cls: type, args: List[VariableTracker], kwargs: Dict[str, VariableTracker]):
+        self.cls, self.args, self.kwargs = cls, list(args), dict(kwargs)
+
+    def describe(self):
+        return f"operator.{self.cls.__name__}"
 
 
 class ExceptionInitVariable(VariableTracker):
