@@ -569,6 +569,11 @@ def describe_segment(seg, name: str) -> str:
     return "\n".join(lines)
 
 
+def _function_of(method):
+    """The function a bound method runs (what a module's forward is, whichever object)."""
+    return getattr(method, "__func__", method)
+
+
 class CompiledModule(torch.nn.Module):
     """What compile(module) returns: it behaves like the original module (its parameters,
     state_dict keys and attributes are the original's), and its forward is compiled."""
@@ -583,8 +588,16 @@ class CompiledModule(torch.nn.Module):
         # read on every call, so kept as plain attributes (a submodule is found through
         # nn.Module.__getattr__); whether `mod` is a wrapper is a matter of its class
         self.__dict__["_mod"], self.__dict__["_wrapper"] = mod, inner is not mod
+        self.__dict__["_inner"], self.__dict__["_options"] = inner, options
+        self.__dict__["_forward_fn"] = _function_of(inner.forward)
 
     def forward(self, *args, **kwargs):
+        forward = self._inner.forward
+        if _function_of(forward) is not self._forward_fn:
+            # forward was rebound (on the module's class or on it) since: the one it is now,
+            # as eager's call would run it
+            self.__dict__["_forward_fn"] = _function_of(forward)
+            self._compiled_forward = CompiledFunction(forward, **self._options)
         mod = self._mod
         if self._wrapper or distributed.has_hooks(mod):
             # hooks and wrappers (DDP, FSDP) run as PyTorch's, around the compiled forward

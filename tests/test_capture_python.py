@@ -1021,3 +1021,31 @@ def test_match_statements_class_attributes_and_collections():
         return fn(x), Registry.count
     agree(lambda: (more_python, None), [step] * 2)
     no_break(more_python, x)
+
+
+class Scaler(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.k = 2
+
+    def forward(self, x):
+        return self.apply_k(x)
+
+    def apply_k(self, x):
+        return x * self.k
+
+
+def test_a_method_rebound_on_its_class_is_guarded():
+    # the instances' type checks pass, but the code the trace inlined is no longer the class's
+    model = Scaler()
+    compiled = minicompile.compile(model, backend="eager")
+    x = torch.randn(3)
+    originals = {name: Scaler.__dict__[name] for name in ("forward", "apply_k")}
+    try:
+        for name, other in (("apply_k", lambda self, x: x - self.k), ("forward", lambda self, x: x * 10)):
+            assert_same(compiled(x), model(x))
+            setattr(Scaler, name, other)
+            assert_same(compiled(x), model(x))
+    finally:
+        for name, fn in originals.items():
+            setattr(Scaler, name, fn)

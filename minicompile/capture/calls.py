@@ -387,7 +387,7 @@ class CallsMixin:
         attributes live in the trace) and `__init__` inlined, as Dynamo does for user objects
         made inside the frame. After the graph the object is rebuilt (frame.rebuild)."""
         obj = UserObjectVariable(self.on_constants(object.__new__, cls), None)   # (an abstract class: TypeError)
-        init = inspect.getattr_static(cls, "__init__")
+        init = self.class_member(cls, "__init__")
         if isinstance(init, types.FunctionType):
             ret = self.inline_call(init, [obj] + list(args), kwargs)
             if not (isinstance(ret, ConstantVariable) and ret.value is None):
@@ -574,7 +574,7 @@ class CallsMixin:
             for name in self.output.members(mv):
                 x = self.call_function(self.load_module_attr(mv, name), [x], {})
             return x
-        forward = inspect.getattr_static(type(mod), "forward")
+        forward = self.class_member(type(mod), "forward")
         if not isinstance(forward, types.FunctionType):
             raise self.unsupported(f"{type(mod).__name__}.forward is not a Python function")
         return self.inline_call(forward, [mv] + list(args), kwargs)
@@ -693,7 +693,7 @@ class CallsMixin:
         None where there is neither."""
         if not isinstance(obj, UserObjectVariable):
             return None
-        attr = inspect.getattr_static(type(obj.value), name, None)
+        attr = self.class_member(type(obj.value), name)
         if isinstance(attr, types.FunctionType):
             return self.inline_call(attr, [obj] + list(args), {})
         read = ContainerReadVariable.of(obj, attr)

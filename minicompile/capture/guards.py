@@ -497,6 +497,19 @@ class GuardBuilder:
                   [(f"{{e}} is {self._ref(obj, 'OBJ_')}", f"{display(e)} is {label} (identity)")],
                   f"{e}: {what}, identity")
 
+    def class_member(self, cls: type, name: str, value):
+        """The code the trace ran for cls's `name` (a method, a property, __init__) is still
+        what the class has: found on the same class of its MRO (no class before it has one
+        now), and the same object there. Rebinding a method of a class changes every instance,
+        which their type checks do not see."""
+        mro = cls.__mro__
+        owner = next(k for k in mro if name in k.__dict__)
+        parts = [(f"{name!r} not in {self._ref(k, 'CLS_')}.__dict__", f"{k.__qualname__}.{name} was added")
+                 for k in mro[:mro.index(owner)]]
+        parts.append((f"{self._ref(owner, 'CLS_')}.__dict__.get({name!r}) is {self._ref(value, 'OBJ_')}",
+                      f"{owner.__qualname__}.{name} was rebound"))
+        self._add(("member", id(cls), name), None, parts, f"{cls.__qualname__}.{name}: as traced")
+
     def module(self, source: Source, mod: torch.nn.Module):
         """A module the trace read: its type and `training`, never its identity.
         What the trace read from it (parameters, buffers, attributes, submodules) is guarded

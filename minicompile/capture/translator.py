@@ -563,6 +563,15 @@ class InstructionTranslator(CallsMixin):
             return ConstantVariable(getattr(obj.value, name))       # a builtin's, fixed
         raise self.unsupported(f"attribute .{name} of {obj.describe()}")
 
+    def class_member(self, cls: type, name: str):
+        """cls's `name` as getattr_static finds it (None where it has none); for a class of
+        the user's (torch's are trusted), guarded to stay what it is (GuardBuilder.class_member)."""
+        attr = inspect.getattr_static(cls, name, None)
+        if attr is not None and not cls.__module__.startswith(("torch.", "builtins")) and \
+                isinstance(cls, type) and any(name in k.__dict__ for k in cls.__mro__):
+            self.output.guards.class_member(cls, name, inspect.getattr_static(cls, name))
+        return attr
+
     def nested_function_attr(self, fn: NestedFunctionVariable, name: str) -> VariableTracker:
         """An attribute of a function made in the frame: one set in the trace, or what
         CPython's function object holds."""
@@ -588,6 +597,8 @@ class InstructionTranslator(CallsMixin):
         read through the instance, so that the guard sees the class change or an instance
         attribute hide it. None for anything else (another descriptor)."""
         source = obj.source
+        if isinstance(attr, (types.FunctionType, property, staticmethod, classmethod)):
+            self.class_member(type(obj.as_example()), name)
         if isinstance(attr, types.FunctionType):
             return BoundMethodVariable(attr, obj)
         if isinstance(attr, property) and attr.fget is not None:
@@ -613,6 +624,8 @@ class InstructionTranslator(CallsMixin):
         for klass in mro[mro.index(sup.cls) + 1:]:
             if name in klass.__dict__:
                 attr = klass.__dict__[name]
+                if not klass.__module__.startswith(("torch.", "builtins")):
+                    self.output.guards.class_member(klass, name, attr)
                 break
         else:
             raise self.observed(AttributeError(f"'super' object has no attribute '{name}'"))
