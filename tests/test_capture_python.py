@@ -1049,3 +1049,14 @@ def test_a_method_rebound_on_its_class_is_guarded():
     finally:
         for name, fn in originals.items():
             setattr(Scaler, name, fn)
+
+
+def test_a_module_made_with_wrong_arguments_raises_in_the_trace():
+    def f(x):
+        try:
+            torch.nn.Softmax(1, 2, 3)
+        except TypeError as e:
+            return x + len(str(e))
+    x = torch.randn(3)
+    agree(lambda: (f, None), [lambda fn, s: fn(x)] * 2)
+    no_break(f, x)

@@ -3,12 +3,16 @@
 Takes: from the translator, each value read from outside the frame (with its source) and each
 operation on traced values. Hands on: a `torch.fx.Graph` whose placeholders are the values read
 (named after their sources, as TorchDynamo names them), the `GuardBuilder` that checks what the
-trace relied on, and the example value of every node (the op run on the real inputs as the
-trace goes; writes run on copies, so tracing never changes the caller's tensors).
+trace relied on, the example value of every node (the op run on the real inputs as the
+trace goes; writes run on copies, so tracing never changes the caller's tensors), and the
+side effects: the variables of objects from outside the frame the trace changed (lists, dicts,
+attributes, globals, closure cells), which frame.Segment makes on the real objects after the
+graph, as Dynamo replays its side effects.
 
 `wrap` is TorchDynamo's VariableBuilder: a real value -> the VariableTracker that stands for it,
-recording the guard it needs. `call` records one operation. Symbolic sizes (dynamic shapes)
-are worked out here on fake tensors, and comparisons of them answered on the symbols.
+recording the guard it needs (one object read under two sources is one variable). `call`
+records one operation. Symbolic sizes (dynamic shapes) are worked out here on fake tensors,
+and comparisons of them answered on the symbols.
 """
 from __future__ import annotations
 

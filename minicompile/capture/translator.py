@@ -783,7 +783,8 @@ class InstructionTranslator(CallsMixin):
 
     def _next_builds_closure(self) -> bool:
         for ins in self.instructions[self.pc:self.pc + 64]:
-            if ins.opname in ("LOAD_FAST", "LOAD_FAST_CHECK") and ins.argval in self.code.co_cellvars:
+            if ins.opname in ("LOAD_FAST", "LOAD_FAST_CHECK") and \
+                    (ins.argval in self.code.co_cellvars or ins.argval in self.code.co_freevars):
                 continue
             if ins.opname == "BUILD_TUPLE":
                 continue

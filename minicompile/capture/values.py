@@ -11,7 +11,11 @@ Hands on: `VariableTracker`s the opcode handlers combine. Each knows
 A tensor is always a TensorVariable holding an fx.Proxy plus its example value; any other
 Python value the graph cannot hold must be a constant (specialized and guarded by value) or a
 container of variables. Anything else is a callable the interpreter knows how to call
-(user functions are inlined, torch functions become graph nodes, nn.Modules inline forward).
+(user functions are inlined, torch functions become graph nodes, nn.Modules inline forward),
+an object whose attributes the trace reads and writes (one from outside the frame, or one made
+in it: objects, exceptions, generators), or what the trace changes outside the frame
+(`items`: its state, which OutputGraph.record_mutation saves and restores; iterators,
+generators and exceptions save theirs with `state()`).
 """
 from __future__ import annotations
 
