@@ -1060,3 +1060,12 @@ def test_a_module_made_with_wrong_arguments_raises_in_the_trace():
     x = torch.randn(3)
     agree(lambda: (f, None), [lambda fn, s: fn(x)] * 2)
     no_break(f, x)
+
+
+def test_a_lambda_of_torchs_own_is_traced_not_made_a_graph_node():
+    # (a graph can only call a function it can name: this one, a lambda in a module of torch's,
+    # failed when the graph ran)
+    from torch.testing._internal.autograd_function_db import autograd_function_db
+    info = next(i for i in autograd_function_db if i.name == "NumpyCubeNotComposableAutogradFunction")
+    x = torch.randn(4, dtype=torch.float64)
+    assert_same(minicompile.compile(lambda x: info.op(x) * 2, backend="eager")(x), info.op(x) * 2)
