@@ -111,7 +111,7 @@ def _dynamic_policy(frame: "_FrameCache", offset: int, dynamic, backend):
                     logs.log("dynamic", f"{source}: size of dims {sorted(changed - auto)} changed "
                                         f"({seen} -> {tuple(t.shape)}): compiled as dynamic")
                 auto |= changed
-            dims |= auto
+            dims |= {d for d in auto if d < t.dim()}      # (dims seen to change at another rank: not these)
         return dims
     return policy
 

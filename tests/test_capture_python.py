@@ -1069,3 +1069,22 @@ def test_a_lambda_of_torchs_own_is_traced_not_made_a_graph_node():
     info = next(i for i in autograd_function_db if i.name == "NumpyCubeNotComposableAutogradFunction")
     x = torch.randn(4, dtype=torch.float64)
     assert_same(minicompile.compile(lambda x: info.op(x) * 2, backend="eager")(x), info.op(x) * 2)
+
+
+def test_torchs_own_modules_python_weakrefs_and_tensor_identity():
+    # nn.RNN reads its weights through weak references; MultiheadAttention asks `query is key`
+    # of tensors it computed; an op that gives its input back gives that very tensor
+    torch.manual_seed(0)
+    x = torch.randn(2, 3, 4)
+    for module in (torch.nn.GRU(4, 5, batch_first=True).eval(),
+                   torch.nn.TransformerDecoderLayer(4, 2, dim_feedforward=8, norm_first=True).eval()):
+        args = (x,) if isinstance(module, torch.nn.GRU) else (x, x)
+        with torch.no_grad():
+            assert_same(minicompile.compile(module, backend="eager")(*args), module(*args))
+            no_break(module, *args)
+
+    def identities(x, y):
+        return x.contiguous() is x, x.to(x.dtype) is x, x.float() is x, x.t().contiguous() is x, x is y
+    t = torch.randn(3, 4)
+    agree(lambda: (identities, None), [lambda fn, s, a=a: fn(*a) for a in
+                                       ((t, t), (t, torch.randn(3, 4)), (t.double(), t))])

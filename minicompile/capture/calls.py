@@ -16,6 +16,7 @@ import inspect
 import operator
 import sys
 import types
+import weakref
 from typing import Dict, List, Optional, Tuple
 
 import torch
@@ -25,7 +26,7 @@ import torch.fx
 from .. import optim
 from .autograd_function import call_apply, is_apply
 from .breaks import ObservedException, Unsupported, never_traced
-from .sources import RootSource, module_member_source
+from .sources import HelperSource, RootSource, module_member_source
 from .builtin_calls import (_BUILTIN_HANDLERS, _COMPILING_QUERIES, ContainerReadVariable, sort_order,
                             _builtin_dict, _constant_state, _is_none, _is_plain_user_class,
                             _runs_for_real)
@@ -229,6 +230,10 @@ class CallsMixin:
             return _made_by(self.inline_call(fn.func, [fn.self_var] + list(args), kwargs), fn, args, kwargs)
         if isinstance(fn, NNModuleVariable):
             return self.call_module(fn, args, kwargs)
+        if isinstance(fn, UserObjectVariable) and isinstance(fn.value, weakref.ReferenceType) and \
+                not args and not kwargs:
+            # ref(): what it refers to now (or None), read through it by the guard too
+            return self.output.wrap(fn.value(), HelperSource("DEREF", fn.source) if fn.source else None)
         if isinstance(fn, UserObjectVariable):
             call = inspect.getattr_static(type(fn.value), "__call__", None)
             if isinstance(call, types.FunctionType):          # an object with a Python __call__

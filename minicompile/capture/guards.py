@@ -286,7 +286,8 @@ class GuardBuilder:
                                           "Parameter": torch.nn.Parameter,
                                           "TENSOR_FAILURE": tensor_failure,
                                           "REMAINING": remaining_items,
-                                          "VIEWED_DICT": viewed_dict}
+                                          "VIEWED_DICT": viewed_dict,
+                                          "DEREF": lambda ref: ref()}
         self._cpp_guards = None          # (the checks it covers, their C++ TensorGuards)
 
     def _add(self, key, source: Optional[Source], parts, comment: str = "", slow=None,

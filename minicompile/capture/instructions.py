@@ -673,10 +673,17 @@ def _is_op(tx, inst):
             a.source is not None and b.source is not None:
         r = a.value is b.value                 # a relation between the call's own objects
         tx.output.guards.same_object(a.source, b.source, r)
-    elif isinstance(a, TensorVariable) and isinstance(b, TensorVariable) and \
-            a.source is not None and b.source is not None:
-        r = a.example is b.example             # two of the call's tensors (attention's `query is key`)
-        tx.output.guards.same_object(a.source, b.source, r)
+    elif isinstance(a, TensorVariable) and isinstance(b, TensorVariable):
+        a, b = a.identity(), b.identity()
+        if a is b:
+            r = True
+        elif a.source is not None and b.source is not None:
+            r = a.example is b.example         # two of the call's tensors (attention's `query is key`)
+            tx.output.guards.same_object(a.source, b.source, r)
+        else:
+            # one the graph computed: each op's new tensor is a new variable (one that gives
+            # its input back is marked so: OutputGraph.call)
+            r = False
     elif isinstance(a, _OBJECTS) and isinstance(b, _OBJECTS) and \
             (getattr(a, "source", None) is None or getattr(b, "source", None) is None):
         r = False                  # one made in the frame: only itself (a is b, above) is it

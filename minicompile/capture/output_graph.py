@@ -651,7 +651,13 @@ class OutputGraph:
         self._set_meta(proxy.node, result)
         if watch.draws_random:
             proxy.node.meta["draws_random"] = True
-        return self._wrap_result(proxy, result)
+        var = self._wrap_result(proxy, result)
+        for a, example in zip(args, ex_args):
+            if isinstance(var, TensorVariable) and isinstance(a, TensorVariable) and result is example:
+                # the op gave its input back (x.contiguous() of a contiguous x, x.to(x.dtype)):
+                # `y is x` holds, as in eager
+                var.same_as = a
+        return var
 
     def _dynamic_size_call(self, kind, target, args, kwargs):
         """x.size(), x.size(d), len(x), x.numel() with dynamic shapes: symbolic where the size

@@ -84,7 +84,7 @@ class ItemSource(Source):
 class HelperSource(Source):
     """What a function of the guard's namespace reads from `base` without changing it:
     REMAINING, the items an iterator has not yet given (from a copy of it); VIEWED_DICT, the
-    dict that a keys(), values() or items() view shows."""
+    dict that a keys(), values() or items() view shows; DEREF, what a weak reference refers to."""
     helper: str
     base: Source
 

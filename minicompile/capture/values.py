@@ -56,10 +56,21 @@ NULL = NullVariable()
 
 
 class TensorVariable(VariableTracker):
+    """A tensor: an fx.Proxy plus its example value. `same_as`: the variable of the tensor an op
+    gave back as its result (x.contiguous() of a contiguous x is x)."""
+
     def __init__(self, proxy: torch.fx.Proxy, example: torch.Tensor, source: Optional[Source] = None):
         self.proxy = proxy
         self.example = example
         self.source = source
+        self.same_as: Optional["TensorVariable"] = None
+
+    def identity(self) -> "TensorVariable":
+        """The variable of the tensor object this one is (`is` compares these)."""
+        v = self
+        while v.same_as is not None:
+            v = v.same_as
+        return v
 
     @property
     def node(self) -> torch.fx.Node:
