@@ -1088,3 +1088,41 @@ def test_torchs_own_modules_python_weakrefs_and_tensor_identity():
     t = torch.randn(3, 4)
     agree(lambda: (identities, None), [lambda fn, s, a=a: fn(*a) for a in
                                        ((t, t), (t, torch.randn(3, 4)), (t.double(), t))])
+
+
+class Upper:
+    """A class with its own __getattribute__ that changes what it reads and counts the reads."""
+
+    def __init__(self):
+        self.name = "ab"
+        self.reads = 0
+
+    def __getattribute__(self, key):
+        if key == "name":
+            object.__setattr__(self, "reads", object.__getattribute__(self, "reads") + 1)
+        value = object.__getattribute__(self, key)
+        return value.upper() if isinstance(value, str) else value
+
+
+class Lazy:
+    def __init__(self):
+        self.made = 0
+
+    def __getattr__(self, name):
+        self.made += 1
+        object.__setattr__(self, name, len(name))
+        return len(name)
+
+
+def reads_through_the_class(x, upper, lazy):
+    return x * len(upper.name) + lazy.abc, upper.name, Upper().name, lazy.made
+
+
+def test_a_class_s_own_getattribute_and_getattr_run_once_per_read_as_in_eager():
+    x = torch.randn(3)
+    agree(lambda: (reads_through_the_class, (Upper(), Lazy())),
+          [lambda fn, s: (fn(x, *s), s[0].reads, s[1].made),
+           lambda fn, s: setattr(s[0], "name", "cd"),
+           lambda fn, s: (fn(x, *s), s[0].reads, s[1].made),
+           lambda fn, s: (fn(x, Upper(), Lazy()), s[0].reads)])
+    no_break(reads_through_the_class, x, Upper(), Lazy())

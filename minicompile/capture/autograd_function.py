@@ -16,12 +16,12 @@ TorchDynamo keeps it:
 """
 from __future__ import annotations
 
-import inspect
 import weakref
 
 import torch
 from torch.autograd.function import _is_setup_context_defined
 
+from .builtin_calls import class_attr
 from .values import (BaseListVariable, ConstantVariable, TensorVariable, TupleVariable,
                      UserObjectVariable)
 
@@ -49,7 +49,7 @@ def is_apply(fn) -> bool:
 
 
 def _static(cls, name):
-    attr = inspect.getattr_static(cls, name)
+    attr = class_attr(cls, name)
     return attr.__func__ if isinstance(attr, staticmethod) else attr
 
 

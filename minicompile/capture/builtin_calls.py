@@ -26,7 +26,7 @@ import torch.fx
 
 
 from .breaks import ObservedException, Unsupported
-from .sources import AttrSource, ItemSource
+from .sources import AttrSource, GenericAttrSource, ItemSource, Source
 from .values import (DELETED, BaseListVariable, BuiltinVariable, ConstantVariable, DictVariable,
                      DictViewVariable, IteratorVariable, LazyIteratorVariable, ListVariable,
                      ModelOutputVariable,
@@ -100,8 +100,10 @@ def _attribute_present(tx, obj: VariableTracker, name: str) -> bool:
     source = getattr(obj, "source", None)
     if name in getattr(obj, "overrides", ()):       # set in the trace
         return True
+    traced = isinstance(obj, UserObjectVariable) and (python_method(type(obj.value), "__getattribute__") or
+                                                      python_method(type(obj.value), "__getattr__"))
     if isinstance(obj, (NNModuleVariable, UserObjectVariable, PythonModuleVariable)) \
-            and source is not None:
+            and source is not None and not traced:
         present = hasattr(obj.as_example(), name)
         tx.output.guards.has_attr(source, name, present)
         return present
@@ -352,7 +354,7 @@ def _builtin_type(tx, args, kwargs):
     if isinstance(v, BaseListVariable):
         return tx.output.wrap(v.python_type, None)
     # an object's type is guarded; read from a source, so are the class attributes read from it
-    source = AttrSource(v.source, "__class__") if getattr(v, "source", None) is not None else None
+    source = attr_source(v, "__class__") if getattr(v, "source", None) is not None else None
     if isinstance(v, ModelOutputVariable):
         return TypeVariable(v.cls, source)
     if isinstance(v, DictVariable):
@@ -509,13 +511,39 @@ def _is_none(v) -> bool:
     return v is None or isinstance(v, ConstantVariable) and v.value is None
 
 
+def class_attr(cls, name: str, default=None):
+    """What an instance of cls finds for `name` on its class: the first class of its MRO that
+    has it (inspect.getattr_static(cls, name) would look at cls's metaclass too: an Enum
+    member has no __len__ of EnumType's)."""
+    for klass in cls.__mro__:
+        if name in klass.__dict__:
+            return klass.__dict__[name]
+    return default
+
+
+def python_method(cls, name: str):
+    """cls's `name` where it is a Python function (a class's own __getattribute__), else None."""
+    attr = class_attr(cls, name)
+    return attr if isinstance(attr, types.FunctionType) else None
+
+
+def attr_source(obj, name: str) -> Optional[Source]:
+    """Where `obj.name` is read from, for the guard: past the class's own __getattribute__
+    where it has one in Python (the trace runs that itself)."""
+    if obj.source is None:
+        return None
+    if isinstance(obj, UserObjectVariable) and python_method(type(obj.value), "__getattribute__"):
+        return GenericAttrSource(obj.source, name)
+    return AttrSource(obj.source, name)
+
+
 def _custom_getattr(cls) -> bool:
     """The class (not object) decides attribute reads: a __getattribute__ or __getattr__ of
     its own (a builtin base's generic one, dict's say, does not count)."""
-    getattribute = inspect.getattr_static(cls, "__getattribute__")
+    getattribute = class_attr(cls, "__getattribute__")
     generic = getattribute is object.__getattribute__ or \
         isinstance(getattribute, types.WrapperDescriptorType) and getattribute.__objclass__ in _BUILTIN_BASES
-    return not generic or inspect.getattr_static(cls, "__getattr__", None) is not None
+    return not generic or class_attr(cls, "__getattr__") is not None
 
 
 # builtin types whose __getattribute__ is Python's generic one (they define it only as a slot)
@@ -538,4 +566,4 @@ def _is_plain_user_class(cls) -> bool:
         return False
     if issubclass(cls, (BaseException, torch.nn.Module, torch.Tensor, tuple, list, dict, set)):
         return False
-    return inspect.getattr_static(cls, "__new__") is object.__new__
+    return class_attr(cls, "__new__") is object.__new__

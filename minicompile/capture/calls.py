@@ -27,7 +27,7 @@ from .. import optim
 from .autograd_function import call_apply, is_apply
 from .breaks import ObservedException, Unsupported, never_traced
 from .sources import HelperSource, RootSource, module_member_source
-from .builtin_calls import (_BUILTIN_HANDLERS, _COMPILING_QUERIES, ContainerReadVariable, sort_order,
+from .builtin_calls import (_BUILTIN_HANDLERS, _COMPILING_QUERIES, ContainerReadVariable, class_attr, sort_order,
                             _builtin_dict, _constant_state, _is_none, _is_plain_user_class,
                             _runs_for_real)
 from .output_graph import _is_internal_module_name
@@ -36,7 +36,7 @@ from .values import (BaseListVariable, BoundMethodVariable, BuiltinVariable, Con
                      ExceptionVariable,
                      GeneratorVariable, GradModeVariable, NullContextVariable,
                      IteratorVariable, ListVariable, ModelOutputVariable, NamedTupleVariable,
-                     NestedFunctionVariable, NNModuleVariable, NullVariable, ObjectSetattrVariable,
+                     NestedFunctionVariable, NNModuleVariable, NullVariable, ObjectMethodVariable,
                      OpaqueConstantVariable, OperatorGetterVariable, PartialVariable,
                      SetVariable, SuperVariable, TensorMethodVariable, TensorVariable,
                      TorchFunctionVariable, TupleVariable, TypeVariable, UserFunctionVariable,
@@ -131,11 +131,13 @@ class CallsMixin:
             return ConstantVariable(None)
         if isinstance(fn, TypeVariable) and isinstance(fn.value, type) and issubclass(fn.value, BaseException):
             return self.new_exception(fn.value, args, kwargs)
-        if isinstance(fn, ObjectSetattrVariable):
-            obj, name, value = ([fn.self_var] if fn.self_var is not None else []) + list(args)
+        if isinstance(fn, ObjectMethodVariable):
+            obj, name, *value = ([fn.self_var] if fn.self_var is not None else []) + list(args)
             if not isinstance(name, ConstantVariable) or not isinstance(name.value, str):
-                raise self.unsupported("object.__setattr__ with a name that is not a constant")
-            self.store_attr(obj, name.value, value, generic=True)
+                raise self.unsupported(f"object.{fn.name} with a name that is not a constant")
+            if fn.name == "__getattribute__":
+                return self.load_attr(obj, name.value, generic=True)
+            self.store_attr(obj, name.value, value[0], generic=True)
             return ConstantVariable(None)
         if isinstance(fn, ContainerReadVariable):
             return fn.call(self, args, kwargs)
@@ -235,7 +237,7 @@ class CallsMixin:
             # ref(): what it refers to now (or None), read through it by the guard too
             return self.output.wrap(fn.value(), HelperSource("DEREF", fn.source) if fn.source else None)
         if isinstance(fn, UserObjectVariable):
-            call = inspect.getattr_static(type(fn.value), "__call__", None)
+            call = class_attr(type(fn.value), "__call__")
             if isinstance(call, types.FunctionType):          # an object with a Python __call__
                 return self.inline_call(call, [fn] + list(args), kwargs)
         if isinstance(fn, BuiltinVariable):

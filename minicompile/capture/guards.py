@@ -50,7 +50,7 @@ from typing import Any, Callable, Dict, List, Optional, Tuple
 import torch
 
 from .. import autocast, config
-from .sources import AttrSource, HelperSource, ItemSource, Source
+from .sources import AttrSource, GenericAttrSource, HelperSource, ItemSource, Source
 
 
 try:
@@ -554,6 +554,15 @@ class GuardBuilder:
                     f"({display(ea)} is {display(eb)}) == {same}")],
                   f"{ea} is {'' if same else 'not '}{eb}", others=[b])
 
+    def lacks_attr(self, source: Source, name: str):
+        """The object has no attribute `name`, in its own dict or on its class (read without
+        running its class's __getattr__, which the trace ran for the missing name)."""
+        e = source.expr()
+        self._add(("lacks", e, name), source,
+                  [(f"{name!r} not in object.__getattribute__({{e}}, '__dict__') and "
+                    f"not hasattr(type({{e}}), {name!r})", f"{display(e)} has an attribute {name!r} now")],
+                  f"{e}: no attribute {name!r} of its own")
+
     def has_attr(self, source: Source, name: str, present: bool):
         """The trace relied on whether an attribute exists (`hasattr`, `getattr` with a default)."""
         e = source.expr()
@@ -652,6 +661,8 @@ class GuardBuilder:
                 rhs = f"{local(src.base, out)}[{src.index!r}]"
             elif isinstance(src, HelperSource):
                 rhs = f"{src.helper}({local(src.base, out)})"
+            elif isinstance(src, GenericAttrSource):
+                rhs = f"object.__getattribute__({local(src.base, out)}, {src.attr!r})"
             else:
                 rhs = key                        # L['x'], G, a root label
             names[key] = f"v{len(names)}"

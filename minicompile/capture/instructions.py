@@ -9,7 +9,6 @@ attributes and items, operators, calls and functions, control flow, with-blocks,
 from __future__ import annotations
 
 import collections.abc
-import inspect
 import operator
 import sys
 import types
@@ -20,7 +19,7 @@ import torch.fx
 
 from .breaks import ObservedException, Return, Yield
 from .bytecode import BINARY_OP_SYMBOLS, COMPARE_OPS, _cmp_symbol, handles
-from .builtin_calls import _is_singleton
+from .builtin_calls import _is_singleton, class_attr
 from .iterators import iter_of, next_item
 from .values import (DELETED, NULL, BaseListVariable, BoundMethodVariable, BuiltinVariable, CellVariable, ClosureCellVariable, ConstantVariable,
                      DictVariable, DictViewVariable, ExceptionVariable, GeneratorVariable, GradModeVariable, ListVariable, ModelOutputVariable,
@@ -363,9 +362,9 @@ def _before_with(tx, inst):
     elif isinstance(ctx, NullContextVariable):
         undo, entered = (lambda tx: None), ctx.enter_result
     elif isinstance(ctx, UserObjectVariable) and tx.output.inline_user_calls and all(isinstance(
-            inspect.getattr_static(type(ctx.value), m, None), types.FunctionType) for m in ("__enter__", "__exit__")):
+            class_attr(type(ctx.value), m), types.FunctionType) for m in ("__enter__", "__exit__")):
         # a context manager of a Python class (contextlib.contextmanager's too): its methods traced
-        exit_ = BoundMethodVariable(inspect.getattr_static(type(ctx.value), "__exit__"), ctx)
+        exit_ = BoundMethodVariable(class_attr(type(ctx.value), "__exit__"), ctx)
         entered = tx.call_function(tx.load_attr(ctx, "__enter__"), [], {})
         tx.with_depth += 1
         tx.push(WithExitVariable(exit=exit_))

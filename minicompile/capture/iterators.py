@@ -19,11 +19,11 @@ inside an inlined call rolls iterators back with everything else.
 from __future__ import annotations
 
 import collections.abc
-import inspect
 import types
 from typing import List, Optional
 
 from .breaks import ObservedException, Yield
+from .builtin_calls import class_attr
 from .values import (ConstantVariable, ExceptionVariable, GeneratorVariable, IteratorVariable,
                      LazyIteratorVariable, TupleVariable, UserObjectVariable, VariableTracker)
 
@@ -45,7 +45,7 @@ def iter_of(tx, v: VariableTracker) -> VariableTracker:
 def user_iter(tx, v: UserObjectVariable) -> Optional[VariableTracker]:
     """The iterator the Python __iter__ of v's class gives (a generator, often); None where it
     has none (collections.abc.Sequence's is left to iterate(), which reads the items by len)."""
-    method = inspect.getattr_static(type(v.value), "__iter__", None)
+    method = class_attr(type(v.value), "__iter__")
     if not isinstance(method, types.FunctionType) or method is collections.abc.Sequence.__iter__:
         return None
     return iter_of(tx, tx.inline_call(method, [v], {}))

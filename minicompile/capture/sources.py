@@ -72,6 +72,17 @@ class AttrSource(Source):
 
 
 @dataclass(frozen=True, eq=True)
+class GenericAttrSource(Source):
+    """`base.attr` as object.__getattribute__ reads it, past a class's own __getattribute__
+    (which the trace runs itself: the guard must not run it again)."""
+    base: Source
+    attr: str
+
+    def _expr(self):
+        return f"object.__getattribute__({self.base.expr()}, {self.attr!r})"
+
+
+@dataclass(frozen=True, eq=True)
 class ItemSource(Source):
     base: Source
     index: object      # int or str (dict key / module name)

@@ -34,7 +34,7 @@ from .bytecode import BINARY_OPS, COMPARE_OPS, Instruction, current_version, dec
 from .sources import (AttrSource, ClosureCellSource, ItemSource, LocalSource, Source,
                       module_member_source)
 from .builtin_calls import (_BUILTIN_HANDLERS, ContainerReadVariable, _builtin_type, _constant_state,
-                            _custom_getattr, _is_none)
+                            _custom_getattr, _is_none, attr_source, class_attr, python_method)
 from .output_graph import (SIZE_ARITHMETIC, TENSOR_CONSTANT_ATTRS, TENSOR_TENSOR_ATTRS, _MISSING,
                            OutputGraph, _is_internal_module_name)
 from .values import (DELETED, NULL, BaseListVariable, BoundMethodVariable, BuiltinVariable,
@@ -44,7 +44,7 @@ from .values import (DELETED, NULL, BaseListVariable, BoundMethodVariable, Built
                      IteratorVariable,
                      LazyIteratorVariable, ListVariable,
                      ModelOutputVariable, NamedTupleVariable, NestedFunctionVariable,
-                     NNModuleVariable, NullVariable, ObjectSetattrVariable, OpaqueConstantVariable,
+                     NNModuleVariable, NullVariable, ObjectMethodVariable, OpaqueConstantVariable,
                      PartialVariable, PythonModuleVariable,
                      SetVariable, SizeVariable, SuperVariable, SymIntVariable, TensorMethodVariable, TensorVariable,
                      TorchFunctionVariable, TupleVariable, TypeVariable, UserFunctionVariable,
@@ -329,7 +329,7 @@ class InstructionTranslator(CallsMixin):
                 isinstance(v, OpaqueConstantVariable):
             return [_constant_result(v, x) for x in v.value]
         if isinstance(v, UserObjectVariable) and \
-                inspect.getattr_static(type(v.value), "__iter__", None) is collections.abc.Sequence.__iter__:
+                class_attr(type(v.value), "__iter__") is collections.abc.Sequence.__iter__:
             # Sequence's own iteration: self[0], self[1]... up to its len()
             n = self.call_special(v, "__len__", [])
             if n is None or not n.is_constant():
@@ -340,7 +340,7 @@ class InstructionTranslator(CallsMixin):
             if it is not None:
                 return drain(self, it)
             if v.source is not None and isinstance(v.value, (list, tuple)) and \
-                    inspect.getattr_static(type(v.value), "__iter__") in (list.__iter__, tuple.__iter__):
+                    class_attr(type(v.value), "__iter__") in (list.__iter__, tuple.__iter__):
                 # a list or tuple subclass read from outside the frame: its items
                 self.output.guards.sequence(v.source, v.value)
                 return [self.output.wrap(x, ItemSource(v.source, i)) for i, x in enumerate(v.value)]
@@ -402,7 +402,7 @@ class InstructionTranslator(CallsMixin):
             # bool(obj): its class's __bool__, else its __len__ (an empty ModuleList is false)
             cls = type(v.as_example())
             for special in ("__bool__", "__len__"):
-                if inspect.getattr_static(cls, special, None) is None:
+                if class_attr(cls, special) is None:
                     continue
                 r = _BUILTIN_HANDLERS[len](self, [v], {}) if special == "__len__" else \
                     self.call_special(v, special, [])
@@ -418,7 +418,9 @@ class InstructionTranslator(CallsMixin):
         raise self.unsupported(f"truth value of {v.describe()}")
 
     # attribute access ------------------------------------------------------------------
-    def load_attr(self, obj: VariableTracker, name: str) -> VariableTracker:
+    def load_attr(self, obj: VariableTracker, name: str, generic: bool = False) -> VariableTracker:
+        """obj.name, as Python reads it. generic: as object.__getattribute__ reads it (what a
+        class's own __getattribute__ calls), past that class's own."""
         out = self.output
         if isinstance(obj, TensorVariable):
             if name in TENSOR_CONSTANT_ATTRS:
@@ -456,7 +458,7 @@ class InstructionTranslator(CallsMixin):
                 return ConstantVariable(None)
             if name == "__class__":
                 return self.output.wrap(obj.cls, None)
-            attr = inspect.getattr_static(obj.cls, name, _MISSING)
+            attr = class_attr(obj.cls, name, _MISSING)
             found = self.class_attribute(obj, name, attr) if attr is not _MISSING and \
                 not isinstance(attr, types.MemberDescriptorType) else None
             if found is not None:
@@ -467,6 +469,10 @@ class InstructionTranslator(CallsMixin):
         if isinstance(obj, PartialVariable) and name in ("func", "args", "keywords"):
             return {"func": obj.func, "args": TupleVariable(obj.args),
                     "keywords": DictVariable(obj.keywords)}[name]
+        if isinstance(obj, UserObjectVariable) and not generic and obj.snapshot is None and \
+                python_method(type(obj.value), "__getattribute__") is not None:
+            # (a private copy's own attribute logic runs on it for real, below)
+            return self.user_getattribute(obj, name)
         if isinstance(obj, UserObjectVariable):
             if obj.overrides.get(name) is DELETED:
                 raise self.observed(AttributeError(f"'{type(obj.value).__name__}' object has no attribute '{name}'"))
@@ -474,7 +480,7 @@ class InstructionTranslator(CallsMixin):
                 return obj.overrides[name]
             value = obj.value
             if obj.snapshot is not None:
-                static = inspect.getattr_static(type(value), name, _MISSING)
+                static = class_attr(type(value), name, _MISSING)
                 if isinstance(static, types.FunctionType):
                     return BoundMethodVariable(static, obj)
                 if isinstance(static, property) and static.fget is not None:
@@ -486,21 +492,24 @@ class InstructionTranslator(CallsMixin):
                     return out.wrap(attr, None)          # read only: a trace value of constants
                 raise self.unsupported(f"attribute .{name} of a copied {type(value).__name__}: "
                                        f"a {type(attr).__name__}")
-            d = getattr(value, "__dict__", None)
+            d = _instance_dict(value)
             if d is not None and name in d and obj.source is not None:
-                return out.wrap(d[name], AttrSource(obj.source, name))
+                return out.wrap(d[name], attr_source(obj, name))
             written = out.class_write(type(value), name)
             if written is not None:
                 return written
-            attr = inspect.getattr_static(type(value), name, _MISSING)
-            if obj.source is not None and _custom_getattr(type(value)) and not isinstance(
+            attr = class_attr(type(value), name, _MISSING)
+            if obj.source is not None and not generic and _custom_getattr(type(value)) and \
+                    python_method(type(value), "__getattr__") is None and not isinstance(
                     attr, (types.FunctionType, property, classmethod, staticmethod)):
-                # its class decides what an attribute read returns (a config's attribute_map):
-                # read it as Python does; the guard reads it the same way
+                # its class decides what an attribute read returns, in C: read it as Python
+                # does; the guard reads it the same way
                 return out.wrap(self.read_attribute(value, name), AttrSource(obj.source, name))
             if attr is _MISSING:
-                fallback = inspect.getattr_static(type(value), "__getattr__", None)
-                if isinstance(fallback, types.FunctionType):      # its class's __getattr__
+                if obj.source is not None:                # the trace relies on it being absent
+                    out.guards.lacks_attr(obj.source, name)
+                fallback = python_method(type(value), "__getattr__")
+                if fallback is not None and not generic:          # its class's __getattr__
                     return self.inline_call(fallback, [obj, ConstantVariable(name)], {})
                 raise self.observed(AttributeError(f"'{type(value).__name__}' object has no attribute '{name}'"))
             read = ContainerReadVariable.of(obj, attr)
@@ -534,8 +543,8 @@ class InstructionTranslator(CallsMixin):
             return ConstantMethodVariable(obj, name)
         if isinstance(obj, (TypeVariable, BuiltinVariable)) and obj.value is dict and name == "fromkeys":
             return _DictFromKeys()
-        if isinstance(obj, TypeVariable) and obj.value is object and name == "__setattr__":
-            return ObjectSetattrVariable()
+        if isinstance(obj, TypeVariable) and obj.value is object and name in ("__setattr__", "__getattribute__"):
+            return ObjectMethodVariable(name)
         if isinstance(obj, (TorchFunctionVariable, UserFunctionVariable, TypeVariable)):
             if obj.value in (torch.Tensor,) and callable(getattr(torch.Tensor, name, None)):
                 return _UnboundTensorMethod(name)
@@ -563,13 +572,27 @@ class InstructionTranslator(CallsMixin):
             return ConstantVariable(getattr(obj.value, name))       # a builtin's, fixed
         raise self.unsupported(f"attribute .{name} of {obj.describe()}")
 
+    def user_getattribute(self, obj: UserObjectVariable, name: str) -> VariableTracker:
+        """obj.name where obj's class has its own __getattribute__ in Python: traced (what it
+        does and reads is the trace's, and the guard reads past it), its __getattr__ traced
+        where it raises AttributeError, as Python's slot does."""
+        cls = type(obj.value)
+        self.class_member(cls, "__getattribute__")
+        try:
+            return self.inline_call(python_method(cls, "__getattribute__"), [obj, ConstantVariable(name)], {})
+        except ObservedException as e:
+            fallback = python_method(cls, "__getattr__")
+            if fallback is None or not issubclass(e.exc.cls, AttributeError):
+                raise
+            return self.inline_call(fallback, [obj, ConstantVariable(name)], {})
+
     def class_member(self, cls: type, name: str):
-        """cls's `name` as getattr_static finds it (None where it has none); for a class of
-        the user's (torch's are trusted), guarded to stay what it is (GuardBuilder.class_member)."""
-        attr = inspect.getattr_static(cls, name, None)
-        if attr is not None and not cls.__module__.startswith(("torch.", "builtins")) and \
-                isinstance(cls, type) and any(name in k.__dict__ for k in cls.__mro__):
-            self.output.guards.class_member(cls, name, inspect.getattr_static(cls, name))
+        """What an instance of cls finds for `name` on its class (None where it has none); for
+        a class of the user's (torch's are trusted), guarded to stay what it is
+        (GuardBuilder.class_member)."""
+        attr = class_attr(cls, name)
+        if attr is not None and not cls.__module__.startswith(("torch.", "builtins")):
+            self.output.guards.class_member(cls, name, attr)
         return attr
 
     def nested_function_attr(self, fn: NestedFunctionVariable, name: str) -> VariableTracker:
@@ -607,11 +630,12 @@ class InstructionTranslator(CallsMixin):
             return self.output.wrap(attr.__func__, None)
         if isinstance(attr, classmethod):
             return BoundMethodVariable(attr.__func__, TypeVariable(type(obj.as_example())))
-        if isinstance(attr, types.MemberDescriptorType) and source is not None:
-            # a __slots__ member: the instance's value (AttributeError where it is unset)
-            return self.output.wrap(self.read_attribute(obj.as_example(), name), AttrSource(source, name))
         if is_constant_value(attr) or source is not None and not hasattr(type(attr), "__get__"):
-            return self.output.wrap(attr, AttrSource(source, name) if source is not None else None)
+            return self.output.wrap(attr, attr_source(obj, name))
+        if source is not None and not isinstance(obj, TypeVariable):
+            # another descriptor (a __slots__ member, an Enum member's name and value): what it
+            # gives the instance, read as Python reads it, and by the guard the same way
+            return self.output.wrap(self.read_attribute(obj.as_example(), name), attr_source(obj, name))
         return None
 
     def load_super_attr(self, sup: "SuperVariable", name: str) -> VariableTracker:
@@ -640,8 +664,8 @@ class InstructionTranslator(CallsMixin):
             return self.output.wrap(attr.__func__, None)
         if attr is object.__init__:
             return _NoOpCallable()
-        if attr is object.__setattr__:
-            return ObjectSetattrVariable(obj)
+        if attr in (object.__setattr__, object.__getattribute__):
+            return ObjectMethodVariable(name, obj)
         if isinstance(obj, ExceptionVariable) and name == "__init__" and \
                 isinstance(attr, types.WrapperDescriptorType):
             return ExceptionInitVariable(obj)          # BaseException's: it sets args
@@ -673,7 +697,7 @@ class InstructionTranslator(CallsMixin):
         written = out.class_write(type(mod), name)
         if written is not None:
             return written
-        attr = inspect.getattr_static(type(mod), name, _MISSING)
+        attr = class_attr(type(mod), name, _MISSING)
         if attr is _MISSING:
             raise self.observed(AttributeError(f"'{type(mod).__name__}' object has no attribute '{name}'"))
         found = self.class_attribute(obj, name, attr)
@@ -743,7 +767,7 @@ class InstructionTranslator(CallsMixin):
         if sym in ("==", "!=") and isinstance(a, UserObjectVariable):
             eq = self.call_special(a, "__eq__", [b])
             if eq is None:
-                if inspect.getattr_static(type(a.value), "__eq__") is not object.__eq__:
+                if class_attr(type(a.value), "__eq__") is not object.__eq__:
                     raise self.unsupported(f"operator {sym} on {a.describe()}: a builtin __eq__")
                 # object's own ==: identity
                 if a is b:
@@ -772,7 +796,7 @@ class InstructionTranslator(CallsMixin):
         tries += [(a, forward, b), (b, reflected, a)]
         for obj, name, other in tries:
             if isinstance(obj, UserObjectVariable) and \
-                    isinstance(inspect.getattr_static(type(obj.value), name, None), types.FunctionType):
+                    isinstance(class_attr(type(obj.value), name), types.FunctionType):
                 result = self.call_special(obj, name, [other])
                 if not (isinstance(result, ConstantVariable) and result.value is NotImplemented):
                     return result
@@ -798,7 +822,7 @@ class InstructionTranslator(CallsMixin):
         if not isinstance(obj, UserObjectVariable):
             return None
         for name in (("__str__", "__repr__") if kind == "str" else ("__repr__",)):
-            method = inspect.getattr_static(type(obj.value), name, None)
+            method = class_attr(type(obj.value), name)
             if isinstance(method, types.FunctionType):
                 text = self.call_special(obj, name, [])
                 if not (text.is_constant() and isinstance(text.as_example(), str)):
@@ -865,7 +889,7 @@ class InstructionTranslator(CallsMixin):
         if isinstance(obj, UserObjectVariable) and obj.snapshot is None and value is not DELETED \
                 and not isinstance(obj.value, torch.nn.Module):   # (a module's: calls.check_init_is_pure)
             cls = type(obj.value)
-            custom = inspect.getattr_static(cls, "__setattr__")
+            custom = class_attr(cls, "__setattr__")
             if custom is not object.__setattr__ and not generic:
                 if not isinstance(custom, types.FunctionType):
                     raise self.unsupported(f"setting .{name} of {obj.describe()}: its class's "
@@ -873,7 +897,7 @@ class InstructionTranslator(CallsMixin):
                 self.inline_call(custom, [obj, ConstantVariable(name), value], {})
                 return
             # a data descriptor on the class takes the write: a property's setter runs
-            attr = inspect.getattr_static(cls, name, _MISSING)
+            attr = class_attr(cls, name, _MISSING)
             if isinstance(attr, property):
                 if attr.fset is None:
                     raise self.observed(AttributeError(f"property {name!r} of {cls.__name__!r} object has no setter"))
@@ -939,7 +963,7 @@ class InstructionTranslator(CallsMixin):
             self.output.add_side_effect(obj)
             return
         if isinstance(obj, TypeVariable) and _is_python_class(obj.value) and value is not DELETED and \
-                not isinstance(inspect.getattr_static(type(obj.value), name, None), property):
+                not isinstance(class_attr(type(obj.value), name), property):
             # a class attribute (`Counter.n += 1`): later reads see it, made after the graph
             source = obj.source or self.output.root_source(obj.value, f"CLASS_{obj.value.__name__}")
             var = self.output.global_writes(obj.value, source)
@@ -1076,3 +1100,11 @@ def _is_python_class(cls) -> bool:
     """A class of the user's (not torch's, not a builtin), whose attributes may be set."""
     return isinstance(cls, type) and type(cls) in (type, abc.ABCMeta) and \
         not cls.__module__.startswith(("torch", "builtins"))
+
+
+def _instance_dict(value) -> Optional[dict]:
+    """value's __dict__, read past its class's own __getattribute__ (None: it has none)."""
+    try:
+        return object.__getattribute__(value, "__dict__")
+    except AttributeError:
+        return None

@@ -718,12 +718,13 @@ class ExceptionInitVariable(VariableTracker):
         self.exc = exc
 
 
-class ObjectSetattrVariable(VariableTracker):
-    """object.__setattr__ (`self_var` None: called with the object first) or
-    super().__setattr__ (bound to `self_var`), which a class's own __setattr__ calls to store."""
+class ObjectMethodVariable(VariableTracker):
+    """object.__setattr__ or object.__getattribute__ (`name`): with `self_var` None called
+    with the object first, else bound to it (super().__setattr__): the generic store or read,
+    which a class's own __setattr__ or __getattribute__ calls (its own is not called again)."""
 
-    def __init__(self, self_var: Optional[VariableTracker] = None):
-        self.self_var = self_var
+    def __init__(self, name: str, self_var: Optional[VariableTracker] = None):
+        self.name, self.self_var = name, self_var
 
 
 class OpaqueConstantVariable(ConstantVariable):
