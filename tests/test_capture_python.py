@@ -1063,12 +1063,11 @@ def test_a_module_made_with_wrong_arguments_raises_in_the_trace():
 
 
 def test_a_lambda_of_torchs_own_is_traced_not_made_a_graph_node():
-    # (a graph can only call a function it can name: this one, a lambda in a module of torch's,
-    # failed when the graph ran)
-    from torch.testing._internal.autograd_function_db import autograd_function_db
-    info = next(i for i in autograd_function_db if i.name == "NumpyCubeNotComposableAutogradFunction")
-    x = torch.randn(4, dtype=torch.float64)
-    assert_same(minicompile.compile(lambda x: info.op(x) * 2, backend="eager")(x), info.op(x) * 2)
+    # (a graph calls a function by its name: a lambda in a module of torch's, such as an op of
+    # autograd_function_db, has none, and the graph failed when it ran)
+    torch_lambda = eval("lambda t: t.sin() * 2", {"__name__": "torch.testing._internal.helpers"})
+    x = torch.randn(4)
+    assert_same(minicompile.compile(lambda x: torch_lambda(x) + 1, backend="eager")(x), torch_lambda(x) + 1)
 
 
 def test_torchs_own_modules_python_weakrefs_and_tensor_identity():
