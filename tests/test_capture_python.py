@@ -1125,3 +1125,26 @@ def test_a_class_s_own_getattribute_and_getattr_run_once_per_read_as_in_eager():
            lambda fn, s: (fn(x, *s), s[0].reads, s[1].made),
            lambda fn, s: (fn(x, Upper(), Lazy()), s[0].reads)])
     no_break(reads_through_the_class, x, Upper(), Lazy())
+
+
+class Tracked:
+    def __setattr__(self, key, value):
+        object.__setattr__(self, "writes", self.__dict__.get("writes", 0) + 1)
+        object.__setattr__(self, key, value)
+
+
+def test_a_class_s_own_setattr_runs_once_per_store():
+    # the trace runs it; after the graph the stores it made are made as they are
+    def f(x, t):
+        t.k = 5
+        made = Tracked()
+        made.j = 6
+        return x * t.k, made
+    x = torch.randn(3)
+    agree(lambda: (f, Tracked()), [lambda fn, t: (fn(x, t)[0], vars(fn(x, t)[1]), vars(t))] * 2)
+
+    def g(x, t):
+        t.k = 5
+        return x * t.k
+    agree(lambda: (g, Tracked()), [lambda fn, t: (fn(x, t), vars(t))] * 2)
+    no_break(g, x, Tracked())

@@ -380,8 +380,8 @@ def rebuild(t, outs, env, memo=None):
     elif kind == "obj":
         r = object.__new__(t[1])
         memo[key] = r                          # before the attributes: they may refer back
-        for name, x in t[2]:
-            setattr(r, name, rebuild(x, outs, env, memo))
+        for name, x in t[2]:                   # (its class's __setattr__ ran in the trace)
+            object.__setattr__(r, name, rebuild(x, outs, env, memo))
     elif kind == "copy":
         r = copy.deepcopy(t[1])
         memo[key] = r
@@ -507,7 +507,7 @@ class Segment:
             obj = obj_fn(env)
             if kind == "list":
                 t = list(rebuild(t, outs, env, memo))
-            elif kind in ("attrs", "dict", "setitems"):
+            elif kind in ("attrs", "objattrs", "dict", "setitems"):
                 t = [(name, vt if vt[0] == "deleted" else rebuild(vt, outs, env, memo)) for name, vt in t]
             effects.append((kind, obj, t))
         if self.end in ("return", "raise"):
@@ -532,8 +532,9 @@ class Segment:
                     else:
                         obj[name] = value
             else:
+                store = object.__setattr__ if kind == "objattrs" else setattr
                 for name, value in t:
-                    setattr(obj, name, value)
+                    store(obj, name, value)
         if self.end == "return":
             return ("return", result)
         if self.end == "raise":            # the frame raised it (its effects are made)

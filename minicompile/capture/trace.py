@@ -21,7 +21,8 @@ from .breaks import GraphBreak, ObservedException, Unsupported
 from .bytecode import check_python_version
 from .guards import ArgBinding, bind_arguments, frame_target
 from .sources import ItemSource, LocalSource, RootSource
-from .values import DELETED, NULL, DictVariable, GlobalWritesVariable, IteratorVariable, ListVariable
+from .values import (DELETED, NULL, DictVariable, GlobalWritesVariable, IteratorVariable, ListVariable,
+                     UserObjectVariable)
 from .output_graph import OutputGraph, _is_internal_module_name
 from .translator import InstructionTranslator
 
@@ -79,8 +80,11 @@ def _effect_templates(output, builder, source_fn):
             effects.append(("setitems", source_fn(var.source),
                             [(k, ["deleted"] if v is DELETED else builder.build(v)) for k, v in var.items.items()]))
         else:
-            effects.append(("attrs", source_fn(var.source),
-                            [(k, builder.build(v)) for k, v in var.items.items()]))
+            # an object's attributes: stored as object.__setattr__ stores them, since the trace
+            # ran its class's own __setattr__ or property setter already (a module's as
+            # nn.Module.__setattr__ decides: a parameter, a buffer or a plain attribute)
+            kind = "objattrs" if isinstance(var, UserObjectVariable) else "attrs"
+            effects.append((kind, source_fn(var.source), [(k, builder.build(v)) for k, v in var.items.items()]))
     output.guard_container_aliasing()
     return effects
 
