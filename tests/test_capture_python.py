@@ -1148,3 +1148,13 @@ def test_a_class_s_own_setattr_runs_once_per_store():
         return x * t.k
     agree(lambda: (g, Tracked()), [lambda fn, t: (fn(x, t), vars(t))] * 2)
     no_break(g, x, Tracked())
+
+
+def test_a_split_into_as_many_tensors_as_a_dynamic_size_says():
+    def f(x):
+        chunks = x.split(2)
+        return len(chunks), [t.shape[0] for t in chunks], sum(t.sum() for t in x.unbind(0))
+    compiled = minicompile.compile(f, backend="eager", dynamic=True)
+    for n in (4, 6, 5, 3):
+        x = torch.randn(n, 3)
+        assert_same(compiled(x), f(x))

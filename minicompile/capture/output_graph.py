@@ -77,6 +77,12 @@ SIZE_ARITHMETIC = {"+": operator.add, "+=": operator.add, "-": operator.sub, "-=
                    "//=": operator.floordiv}
 
 
+# Ops that give a list of tensors as long as a size says (x.split(2)): with dynamic shapes they
+# specialize the sizes of what they split
+SIZED_OUTPUTS = {"split": 2, "chunk": 2, "tensor_split": 2, "unsafe_split": 2, "unsafe_chunk": 2,
+                 "unbind": 1, "hsplit": None, "vsplit": None, "dsplit": None}    # -> where dim is passed
+
+
 # Metadata reads that reveal a size: with dynamic shapes they specialize it (see specialize_sizes)
 SIZE_READS = {"size", "numel", "nelement", "stride", "__len__", "storage_offset"}
 
@@ -646,6 +652,17 @@ class OutputGraph:
             if not is_constant_value(result):
                 raise self.unsupported(f"{name}() returned a {type(result).__name__}")
             return ConstantVariable(result)
+        if isinstance(result, (tuple, list)) and name in SIZED_OUTPUTS and args and \
+                isinstance(args[0], TensorVariable) and self.has_dynamic_inputs():
+            # as many tensors as the size of the dim it splits says: where that size is dynamic,
+            # the Python the trace runs on them depends on it
+            t, at = args[0], SIZED_OUTPUTS[name]
+            if at is None:                      # hsplit, vsplit, dsplit: a dim of their own
+                d = {"vsplit": 0, "hsplit": 1 if t.example.dim() > 1 else 0, "dsplit": 2}[name]
+            else:
+                d = kwargs["dim"].as_example() if "dim" in kwargs else args[at].as_example() if len(args) > at else 0
+            if self._is_dynamic_dim(t, d % t.example.dim()):
+                self.specialize_sizes([t], f"{name}() gives as many tensors as dim {d}'s size says")
         proxy = self.tracer.create_proxy(kind, target, self.lift(tuple(_graph_arg(a) for a in args)),
                                          self.lift({k: _graph_arg(v) for k, v in kwargs.items()}))
         self._set_meta(proxy.node, result)
