@@ -418,7 +418,8 @@ class CallsMixin:
         if not cls.__module__.startswith("torch.") and cls.__init__ is not torch.nn.Module.__init__:
             self.check_init_is_pure(cls, args, kwargs)
         rng = torch.random.get_rng_state()
-        module = self.on_constants(cls, *[a.as_example() for a in args], **{k: v.as_example() for k, v in kwargs.items()})
+        module = self.on_constants(cls, *[a.as_example() for a in args],
+                                   **{k: v.as_example() for k, v in kwargs.items()})
         if not torch.equal(rng, torch.random.get_rng_state()):
             torch.random.set_rng_state(rng)
             raise self.unsupported(f"creating a {cls.__qualname__} draws random numbers")

@@ -341,10 +341,11 @@ class TemplateBuilder:
             # its cells: a new one holding the value of a local of the frame, or a real cell
             cells = [["newcell", self.build(c.tx.load_local(c.name))] if isinstance(c, V.CellVariable)
                      else self.build(c) for c in (v.closure.items if v.closure is not None else [])]
+            kwdefaults = v.kwdefaults.items.items() if v.kwdefaults is not None else ()
             return ["nested", v, self.build(v.defaults) if v.defaults is not None else None, cells,
                     v.f_globals is self.tx.output.root_globals,
                     [(k, self.build(a)) for k, a in v.items.items()],
-                    [(k, self.build(a)) for k, a in v.kwdefaults.items.items()] if v.kwdefaults is not None else []]
+                    [(k, self.build(a)) for k, a in kwdefaults]]
         if isinstance(v, V.ClosureCellVariable):
             src = self._source_fn(v.source) if v.source is not None else None
             return ["src", src] if src is not None else ["const", v.cell]

@@ -21,8 +21,9 @@ from .breaks import ObservedException, Return, Yield
 from .bytecode import BINARY_OP_SYMBOLS, COMPARE_OPS, _cmp_symbol, handles
 from .builtin_calls import _is_singleton, class_attr
 from .iterators import iter_of, next_item
-from .values import (DELETED, NULL, BaseListVariable, BoundMethodVariable, BuiltinVariable, CellVariable, ClosureCellVariable, ConstantVariable,
-                     DictVariable, DictViewVariable, ExceptionVariable, GeneratorVariable, GradModeVariable, ListVariable, ModelOutputVariable,
+from .values import (DELETED, NULL, BaseListVariable, BoundMethodVariable, BuiltinVariable, CellVariable,
+                     ClosureCellVariable, ConstantVariable, DictVariable, DictViewVariable, ExceptionVariable,
+                     GeneratorVariable, GradModeVariable, ListVariable, ModelOutputVariable,
                      NestedFunctionVariable, NNModuleVariable, PythonModuleVariable, SetVariable,
                      SliceVariable, SuperVariable, SymIntVariable, TensorVariable, TupleVariable,
                      TypeVariable, UserObjectVariable, WithExitVariable,

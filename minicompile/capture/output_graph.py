@@ -660,7 +660,8 @@ class OutputGraph:
             if at is None:                      # hsplit, vsplit, dsplit: a dim of their own
                 d = {"vsplit": 0, "hsplit": 1 if t.example.dim() > 1 else 0, "dsplit": 2}[name]
             else:
-                d = kwargs["dim"].as_example() if "dim" in kwargs else args[at].as_example() if len(args) > at else 0
+                dim = kwargs.get("dim", args[at] if len(args) > at else ConstantVariable(0))
+                d = dim.as_example()
             if self._is_dynamic_dim(t, d % t.example.dim()):
                 self.specialize_sizes([t], f"{name}() gives as many tensors as dim {d}'s size says")
         proxy = self.tracer.create_proxy(kind, target, self.lift(tuple(_graph_arg(a) for a in args)),

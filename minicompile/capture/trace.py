@@ -77,8 +77,8 @@ def _effect_templates(output, builder, source_fn):
         elif isinstance(var, GlobalWritesVariable) and isinstance(var.owner, type):
             effects.append(("attrs", source_fn(var.source), [(k, builder.build(v)) for k, v in var.items.items()]))
         elif isinstance(var, GlobalWritesVariable):
-            effects.append(("setitems", source_fn(var.source),
-                            [(k, ["deleted"] if v is DELETED else builder.build(v)) for k, v in var.items.items()]))
+            writes = [(k, ["deleted"] if v is DELETED else builder.build(v)) for k, v in var.items.items()]
+            effects.append(("setitems", source_fn(var.source), writes))
         else:
             # an object's attributes: stored as object.__setattr__ stores them, since the trace
             # ran its class's own __setattr__ or property setter already (a module's as

@@ -46,7 +46,8 @@ from .values import (DELETED, NULL, BaseListVariable, BoundMethodVariable, Built
                      ModelOutputVariable, NamedTupleVariable, NestedFunctionVariable,
                      NNModuleVariable, NullVariable, ObjectMethodVariable, OpaqueConstantVariable,
                      PartialVariable, PythonModuleVariable,
-                     SetVariable, SizeVariable, SuperVariable, SymIntVariable, TensorMethodVariable, TensorVariable,
+                     SetVariable, SizeVariable, SuperVariable, SymIntVariable, TensorMethodVariable,
+                     TensorVariable,
                      TorchFunctionVariable, TupleVariable, TypeVariable, UserFunctionVariable,
                      UserObjectVariable, VariableTracker, _constant_result, _DictFromKeys,
                      _NoOpCallable, _UnboundTensorMethod, is_constant_value)
@@ -475,7 +476,8 @@ class InstructionTranslator(CallsMixin):
             return self.user_getattribute(obj, name)
         if isinstance(obj, UserObjectVariable):
             if obj.overrides.get(name) is DELETED:
-                raise self.observed(AttributeError(f"'{type(obj.value).__name__}' object has no attribute '{name}'"))
+                raise self.observed(AttributeError(
+                    f"'{type(obj.value).__name__}' object has no attribute '{name}'"))
             if name in obj.overrides:
                 return obj.overrides[name]
             value = obj.value
@@ -511,7 +513,8 @@ class InstructionTranslator(CallsMixin):
                 fallback = python_method(type(value), "__getattr__")
                 if fallback is not None and not generic:          # its class's __getattr__
                     return self.inline_call(fallback, [obj, ConstantVariable(name)], {})
-                raise self.observed(AttributeError(f"'{type(value).__name__}' object has no attribute '{name}'"))
+                raise self.observed(AttributeError(
+                    f"'{type(value).__name__}' object has no attribute '{name}'"))
             read = ContainerReadVariable.of(obj, attr)
             if read is not None:
                 return read
@@ -560,7 +563,8 @@ class InstructionTranslator(CallsMixin):
                         f"type object '{obj.value.__name__}' has no attribute '{name}'"))
                 if isinstance(static, classmethod):
                     return BoundMethodVariable(static.__func__, obj)
-                attr = static.__func__ if isinstance(static, staticmethod) else self.read_attribute(obj.value, name)
+                attr = static.__func__ if isinstance(static, staticmethod) else \
+                    self.read_attribute(obj.value, name)
                 return out.wrap(attr, AttrSource(obj.source, name) if obj.source is not None else None)
             attr = self.read_attribute(obj.value, name)
             if isinstance(obj, UserFunctionVariable) and obj.source is not None:
@@ -900,7 +904,8 @@ class InstructionTranslator(CallsMixin):
             attr = class_attr(cls, name, _MISSING)
             if isinstance(attr, property):
                 if attr.fset is None:
-                    raise self.observed(AttributeError(f"property {name!r} of {cls.__name__!r} object has no setter"))
+                    raise self.observed(AttributeError(
+                        f"property {name!r} of {cls.__name__!r} object has no setter"))
                 self.inline_call(attr.fset, [obj, value], {})
                 return
             if hasattr(type(attr), "__set__") and not isinstance(attr, types.MemberDescriptorType):
