@@ -1158,3 +1158,39 @@ def test_a_split_into_as_many_tensors_as_a_dynamic_size_says():
     for n in (4, 6, 5, 3):
         x = torch.randn(n, 3)
         assert_same(compiled(x), f(x))
+
+
+class Tenfold(torch.Tensor):
+    """A tensor subclass whose own __torch_function__ changes what add gives."""
+
+    @classmethod
+    def __torch_function__(cls, func, types, args=(), kwargs=None):
+        out = super().__torch_function__(func, types, args, kwargs or {})
+        return out * 10 if func in (torch.Tensor.add, torch.add, torch.Tensor.__add__) else out
+
+
+def helper_with_defaults(x, scale=2, acc=[], *, shift=0):     # noqa: B006 (the point)
+    acc.append(1)
+    return x * scale + shift + len(acc)
+
+
+@pytest.mark.filterwarnings("ignore:minicompile")       # (the subclass's frame runs eagerly)
+def test_inlined_functions_code_and_defaults_and_tensor_subclasses():
+    x = torch.randn(3)
+    f = minicompile.compile(lambda x: helper_with_defaults(x), backend="eager")
+    before = (helper_with_defaults.__defaults__, dict(helper_with_defaults.__kwdefaults__))
+    try:
+        for change in (None, lambda: setattr(helper_with_defaults, "__defaults__", (5, [])),
+                       lambda: helper_with_defaults.__kwdefaults__.__setitem__("shift", 7)):
+            if change:
+                change()
+            acc = helper_with_defaults.__defaults__[1]
+            n = len(acc)
+            got = f(x)
+            assert len(acc) == n + 1                   # the default list itself changed, once
+            assert_same(got, helper_with_defaults(x) - 1)
+    finally:
+        helper_with_defaults.__defaults__, helper_with_defaults.__kwdefaults__ = before
+    t = torch.randn(3).as_subclass(Tenfold)
+    compiled = minicompile.compile(lambda t: t + 1, backend="minicompile")
+    torch.testing.assert_close(compiled(t).as_subclass(torch.Tensor), (t + 1).as_subclass(torch.Tensor))

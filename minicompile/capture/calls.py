@@ -26,7 +26,7 @@ import torch.fx
 from .. import optim
 from .autograd_function import call_apply, is_apply
 from .breaks import ObservedException, Unsupported, never_traced
-from .sources import HelperSource, RootSource, module_member_source
+from .sources import AttrSource, HelperSource, ItemSource, RootSource, module_member_source
 from .builtin_calls import (_BUILTIN_HANDLERS, _COMPILING_QUERIES, ContainerReadVariable, class_attr, sort_order,
                             _builtin_dict, _constant_state, _is_none, _is_plain_user_class,
                             _runs_for_real)
@@ -58,6 +58,23 @@ _MODULE_WALKS = {name: getattr(torch.nn.Module, name) for name in (
 # minicompile's, so the frame that calls one runs as Python (its break is never resumed)
 _READ_THE_CALLER = {globals, locals, vars, dir, eval, exec, breakpoint, sys._getframe,
                     inspect.currentframe, inspect.stack}
+
+
+def _default_source(func, fn_source, name: str, value):
+    """Where the default value of parameter `name` is read from: a keyword-only one from
+    __kwdefaults__ (a dict, changed in place), another that is not a constant from its place in
+    __defaults__ (a list may be changed); a constant in __defaults__ is covered by the guard
+    that the tuple is the same."""
+    if fn_source is None:
+        return None
+    code = func.__code__
+    names = code.co_varnames[:code.co_argcount]
+    if name not in names:
+        return ItemSource(AttrSource(fn_source, "__kwdefaults__"), name)
+    if is_constant_value(value):
+        return None
+    return ItemSource(AttrSource(fn_source, "__defaults__"),
+                      names.index(name) - (code.co_argcount - len(func.__defaults__)))
 
 
 def _made_by(result: VariableTracker, fn, args, kwargs) -> VariableTracker:
@@ -618,6 +635,7 @@ class CallsMixin:
         except TypeError as e:
             raise self.unsupported(f"call to {name}: {e}")
         bound.apply_defaults()
+        fn_source = self.function_source(func) if markers is None else None
         locals_: Dict[str, VariableTracker] = {}
         for pname, value in bound.arguments.items():
             kind = sig.parameters[pname].kind
@@ -628,7 +646,7 @@ class CallsMixin:
             elif markers and id(value) in markers:             # a default made in the trace
                 value = markers[id(value)]
             elif not isinstance(value, VariableTracker):      # a default value
-                value = self.output.wrap(value, None)
+                value = self.output.wrap(value, _default_source(func, fn_source, pname, value))
             if pname.startswith("implicit") and "." + pname[8:] in code.co_varnames:
                 pname = "." + pname[8:]           # inspect renames a comprehension's .0
             locals_[pname] = value
@@ -647,6 +665,18 @@ class CallsMixin:
             child.generator = True
             return GeneratorVariable(child)
         return child.run()
+
+    def function_source(self, func: types.FunctionType):
+        """The user's function the trace inlines, held by the guard, whose code and defaults are
+        guarded: they can be replaced on the function itself, which its identity does not show.
+        None for torch's own (trusted, as their globals)."""
+        if _is_internal_module_name(func.__globals__.get("__name__", "")):
+            return None
+        source = self.output.root_source(func, f"FN_{func.__name__}")
+        self.output.guards.identity(AttrSource(source, "__code__"), func.__code__, "code")
+        if func.__defaults__ is not None:
+            self.output.guards.identity(AttrSource(source, "__defaults__"), func.__defaults__, "defaults")
+        return source
 
     def inline_nested(self, fn: NestedFunctionVariable, args, kwargs) -> VariableTracker:
         code = fn.code

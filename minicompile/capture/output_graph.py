@@ -158,6 +158,14 @@ def _is_torch_callable(v) -> bool:
     return False
 
 
+def _plain_tensor_type(cls) -> bool:
+    """A tensor class whose operations are torch.Tensor's (Parameter, Buffer...), not its own
+    __torch_function__ or __torch_dispatch__ (a tensor subclass's)."""
+    function = getattr(cls.__torch_function__, "__func__", cls.__torch_function__)
+    return function in (torch.Tensor.__torch_function__.__func__, torch._C._disabled_torch_function_impl) and \
+        cls.__torch_dispatch__ is torch._C._disabled_torch_dispatch_impl
+
+
 def _is_internal_module_name(name: str) -> bool:
     """Globals of torch's own modules are not guarded (as TorchDynamo trusts torch itself)."""
     return name.split(".")[0] in ("torch", "math", "operator", "_operator", "builtins")
@@ -449,6 +457,11 @@ class OutputGraph:
     def _wrap(self, value, source: Optional[Source]) -> VariableTracker:
         g = self.guards
         if isinstance(value, torch.Tensor):
+            if not _plain_tensor_type(type(value)):
+                raise self.unsupported(f"a tensor of class {type(value).__qualname__}, which overrides "
+                                       "__torch_function__ or __torch_dispatch__",
+                                       "its operations do what its class says, which the graph does not "
+                                       "model: they run as Python")
             if source is None:
                 raise self.unsupported(f"a tensor constant of unknown origin ({type(value).__name__})",
                                        "only tensors reachable from the arguments, globals or "
@@ -804,6 +817,9 @@ class OutputGraph:
                 f'  File "{f}", line {l}, in {n}\n    {t}\n' for f, l, t, n in self.tx.full_stack())
 
     def _wrap_result(self, proxy: torch.fx.Proxy, result) -> VariableTracker:
+        if isinstance(result, torch.Tensor) and not _plain_tensor_type(type(result)):
+            raise self.unsupported(f"an operation gave a tensor of class {type(result).__qualname__}, "
+                                   "which overrides __torch_function__ or __torch_dispatch__")
         if isinstance(result, torch.Tensor):
             return TensorVariable(proxy, result)
         if isinstance(result, (tuple, list)):
