@@ -89,11 +89,12 @@ def _dynamic_policy(frame: "_FrameCache", offset: int, dynamic, backend):
 
     def policy(source: str, t) -> set:
         if not isinstance(t, torch.Tensor):            # an int argument: {0} makes it symbolic
-            seen = frame.seen_sizes.get((offset, source))
-            frame.seen_sizes[(offset, source)] = t
+            key = (offset, source, "number")          # (a tensor there another time: its own)
+            seen = frame.seen_sizes.get(key)
+            frame.seen_sizes[key] = t
             if dynamic is None and seen is not None and seen != t:
-                frame.auto_dynamic[(offset, source)] = {0}
-            return {0} if dynamic in (True, "numbers") or frame.auto_dynamic.get((offset, source)) else set()
+                frame.auto_dynamic[key] = {0}
+            return {0} if dynamic in (True, "numbers") or frame.auto_dynamic.get(key) else set()
         dims = set(getattr(t, "_dynamo_dynamic_indices", ()))
         if dynamic == "numbers":
             return dims
@@ -110,7 +111,7 @@ def _dynamic_policy(frame: "_FrameCache", offset: int, dynamic, backend):
                     logs.log("dynamic", f"{source}: size of dims {sorted(changed - auto)} changed "
                                         f"({seen} -> {tuple(t.shape)}): compiled as dynamic")
                 auto |= changed
-            dims |= auto
+            dims |= {d for d in auto if d < t.dim()}      # (dims seen to change at another rank: not these)
         return dims
     return policy
 
@@ -552,6 +553,8 @@ def describe_segment(seg, name: str) -> str:
         lines.append("    # no ops here: no graph")
     if seg.end == "return":
         lines.append("    return <rebuilt from outs>")
+    elif seg.end == "raise":
+        lines.append("    raise <rebuilt from outs>")
     else:
         inst = seg.break_inst
         stack_t, locals_t = seg.template
@@ -564,6 +567,11 @@ def describe_segment(seg, name: str) -> str:
         lines.append(f"    return __resume_{seg.code.co_name}_at_{nxt}(*stack, **locals)"
                      + ("   # or the jump target" if inst.opname.startswith(("POP_JUMP", "JUMP_IF")) else ""))
     return "\n".join(lines)
+
+
+def _function_of(method):
+    """The function a bound method runs (what a module's forward is, whichever object)."""
+    return getattr(method, "__func__", method)
 
 
 class CompiledModule(torch.nn.Module):
@@ -580,8 +588,16 @@ class CompiledModule(torch.nn.Module):
         # read on every call, so kept as plain attributes (a submodule is found through
         # nn.Module.__getattr__); whether `mod` is a wrapper is a matter of its class
         self.__dict__["_mod"], self.__dict__["_wrapper"] = mod, inner is not mod
+        self.__dict__["_inner"], self.__dict__["_options"] = inner, options
+        self.__dict__["_forward_fn"] = _function_of(inner.forward)
 
     def forward(self, *args, **kwargs):
+        forward = self._inner.forward
+        if _function_of(forward) is not self._forward_fn:
+            # forward was rebound (on the module's class or on it) since: the one it is now,
+            # as eager's call would run it
+            self.__dict__["_forward_fn"] = _function_of(forward)
+            self._compiled_forward = CompiledFunction(forward, **self._options)
         mod = self._mod
         if self._wrapper or distributed.has_hooks(mod):
             # hooks and wrappers (DDP, FSDP) run as PyTorch's, around the compiled forward

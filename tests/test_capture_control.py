@@ -32,7 +32,7 @@ def assert_same(a, b):
         for k in a:
             assert_same(a[k], b[k])
     else:
-        assert a == b, (a, b)
+        assert type(a) is type(b) and a == b, (a, b)
 
 
 def compare(fn, make_args, backend="eager", check_ops=True):

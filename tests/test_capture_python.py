@@ -2,6 +2,9 @@
 is an iterator or a dict view, eager's type and liveness), in no more graphs than Dynamo's
 explain finds for it."""
 import collections
+import contextlib
+import dataclasses
+import enum
 import functools
 import itertools
 import operator
@@ -12,6 +15,7 @@ import pytest
 import torch
 
 import minicompile
+from test_capture_control import assert_same
 
 
 def quiet_break():
@@ -305,3 +309,969 @@ def test_loops_over_a_modules_tree_unroll_and_follow_changes_to_it():
         got, want = compiled(x), model(x)
         torch.testing.assert_close(got[0], want[0])
         assert got[1:] == want[1:]
+
+
+# ------------------------------------------------------------------------------------------
+# Python state around the graph: each case runs eagerly and compiled on two copies of the
+# same state (fresh arguments, globals, closures), call by call, and everything eager leaves
+# behind (results, the arguments after the call, what was printed) must be the same.
+# ------------------------------------------------------------------------------------------
+def agree(make, steps, backend="eager"):
+    """make() -> (fn, state): a fresh function and what it acts on. steps: callables
+    step(fn, state) -> what to compare (a call, or a change to the state between calls).
+    Both copies run every step; each step's value, with what it printed, must be eager's."""
+    import contextlib
+    import io
+    eager_fn, eager_state = make()
+    fn, state = make()
+    compiled = minicompile.compile(fn, backend=backend)
+    for step in steps:
+        got, want = io.StringIO(), io.StringIO()
+        with contextlib.redirect_stdout(want):
+            expected = step(eager_fn, eager_state)
+        with contextlib.redirect_stdout(got):
+            actual = step(compiled, state)
+        assert_same(actual, expected)
+        assert got.getvalue() == want.getvalue()
+
+
+def test_a_loop_over_kwargs_sees_their_names_in_the_callers_order():
+    def f(x, **kw):
+        for k, v in kw.items():
+            x = x * v if k.startswith("m") else x + v
+        return x, list(kw)
+    x = torch.randn(3)
+    agree(lambda: (f, None), [lambda fn, s: fn(x, m=2), lambda fn, s: fn(x, m=2, a=1),
+                              lambda fn, s: fn(x, a=1, m=2), lambda fn, s: fn(x, m=2)])
+
+
+def test_an_attribute_of_a_function_is_guarded():
+    def make():
+        def g(x):
+            return x + 1
+        g.scale = 3
+
+        def f(x):
+            return g(x) * g.scale
+        return f, g
+    x = torch.randn(3)
+    agree(make, [lambda fn, g: fn(x), lambda fn, g: setattr(g, "scale", 5), lambda fn, g: fn(x)])
+
+
+class Temperature:
+    def __init__(self):
+        self._c = 0
+
+    @property
+    def c(self):
+        return self._c
+
+    @c.setter
+    def c(self, v):
+        self._c = v * 2
+
+
+class Frozen:
+    def __init__(self, k):
+        object.__setattr__(self, "k", k)
+
+    def __setattr__(self, name, value):
+        raise AttributeError(f"{name} is read-only")
+
+
+def property_setters_and_setattr(x):
+    t = Temperature()
+    t.c = 3
+    return x * t.c + Frozen(2).k
+
+
+def test_a_property_setter_runs_on_objects_made_in_the_frame_and_passed_in():
+    def f(x, t):
+        t.c = 3
+        return x * t.c
+    x = torch.randn(3)
+    agree(lambda: (f, Temperature()), [lambda fn, t: (fn(x, t), t._c)] * 2)
+    agree(lambda: (property_setters_and_setattr, None), [lambda fn, s: fn(x)])
+    assert minicompile.explain(property_setters_and_setattr)(x).graph_count == 1
+
+
+class Flag:
+    def __init__(self, on):
+        self.on = on
+
+    def __bool__(self):
+        return self.on
+
+
+class Bag:
+    def __init__(self, n):
+        self.n = n
+
+    def __len__(self):
+        return self.n
+
+
+def test_the_truth_of_an_object_is_its_bool_or_its_len():
+    def f(x, obj):
+        return x + 1 if obj else x - 1
+    x = torch.randn(3)
+    agree(lambda: (f, None), [lambda fn, s, o=o: fn(x, o) for o in
+                              (Flag(True), Flag(False), Bag(2), Bag(0), torch.nn.ModuleList(),
+                               torch.nn.ModuleList([torch.nn.ReLU()]))])
+
+
+def test_a_symbolic_shape_is_a_torch_size_after_a_break():
+    def f(x):
+        print("shape", x.shape)
+        return x.shape + (1,), x + 1
+    agree(lambda: (f, None), [lambda fn, s, x=torch.randn(n, 2): fn(x) for n in (3, 4, 5)])
+
+
+def test_views_of_an_ordered_dict_are_its_keys_values_and_items():
+    def f(x, d):
+        return list(d.keys()), list(d.values()), list(d.items()), x + 1
+    d, x = collections.OrderedDict(b=1, a=2), torch.randn(2)
+    agree(lambda: (f, None), [lambda fn, s: fn(x, d)] * 2)
+
+
+def test_containers_from_outside_the_frame_are_changed_as_in_eager():
+    # changes to lists and dicts read from outside the frame are made on the real ones after
+    # the graph (no break); one object passed twice is one object in the trace, and a trace
+    # made for two objects is not reused for one
+    def f(x, a, b, d):
+        a.append(x.sum())
+        a += [1]
+        a[0] = a[0] * 2
+        d["n"] = d.get("n", 0) + len(b)
+        d.setdefault("seen", []).append(len(a))
+        return x * len(b)
+    x = torch.randn(3)
+    shared = []
+    steps = [lambda fn, s: (fn(x, [], [], {}),),
+             lambda fn, s: (fn(x, s[0], s[0], s[1]), s),
+             lambda fn, s: (fn(x, [1], [2, 3], {"n": 1}),),
+             lambda fn, s: (fn(x, s[0], s[0], s[1]), s)]
+    agree(lambda: (f, ([], {})), steps)
+    out = minicompile.explain(f)(x, shared, [], {})
+    assert out.graph_count == 1 and not out.break_reasons, out
+
+
+def test_an_augmented_assignment_changes_the_list_itself():
+    def f(x, l):
+        m = [1]
+        n = m
+        m += [2]
+        l += [3]
+        l *= 2
+        return x * len(n), l
+    x = torch.randn(2)
+    agree(lambda: (f, None), [lambda fn, s: fn(x, [0])] * 2)
+
+
+def test_a_comprehension_that_breaks_keeps_its_items():
+    def f(x):
+        vals = [print(i) or i for i in range(3)]
+        d = {i: print(i) or x * i for i in range(2)}
+        return x * sum(vals), d
+    x = torch.randn(2)
+    agree(lambda: (f, None), [lambda fn, s: fn(x)] * 2)
+
+
+def test_the_code_after_a_with_block_that_swallows_an_exception_sees_the_locals():
+    import contextlib
+
+    @contextlib.contextmanager
+    def swallow():
+        try:
+            yield
+        except ValueError:
+            pass
+
+    def f(x):
+        with swallow():
+            raise ValueError("x")
+        return x + 1
+    x = torch.randn(2)
+    agree(lambda: (f, None), [lambda fn, s: fn(x)] * 2)
+
+
+def test_an_argument_that_is_a_number_then_a_tensor():
+    def f(x, v):
+        return x * v
+    minicompile.metrics.reset()
+    agree(lambda: (f, None), [lambda fn, s, v=v: fn(torch.ones(2), v) for v in
+                              (2, 2.5, torch.tensor(3.0), 4)], backend="minicompile")
+    assert minicompile.metrics.graph_breaks == 0
+
+
+def no_break(fn, *args):
+    out = minicompile.explain(fn)(*args)
+    assert not out.break_reasons, out
+    return out
+
+
+COUNTER = 0
+
+
+def assigns_globals(x):
+    global COUNTER, SCRATCH
+    COUNTER += 1
+    SCRATCH = x * COUNTER
+    y = SCRATCH + 1
+    del SCRATCH
+    return y
+
+
+def test_assignments_to_globals_are_made_after_the_graph():
+    global COUNTER
+    COUNTER = 0
+    x = torch.randn(3)
+    compiled = minicompile.compile(assigns_globals, backend="eager")
+    for n in (1, 2, 3):
+        torch.testing.assert_close(compiled(x), x * n + 1)
+        assert COUNTER == n and "SCRATCH" not in globals()
+    no_break(assigns_globals, x)
+
+
+def test_nonlocal_assignments_to_the_frames_and_its_callees_cells():
+    def make():
+        count, total = 0, 0
+
+        def add(v):
+            nonlocal total
+            total += v
+
+        def f(x):
+            nonlocal count
+            count += 1
+            add(2)
+            return x * count + total
+
+        def g(x):
+            def h():
+                return x * count           # a function made in the frame reads f's cell
+            return h()
+        return f, g, lambda: (count, total)
+    x = torch.randn(3)
+    agree(lambda: make()[::2], [lambda fn, state: (fn(x), state())] * 3)
+    agree(lambda: make()[1:], [lambda fn, state: fn(x), lambda fn, state: fn(x)])
+    f, g, state = make()
+    no_break(f, x)
+    # a nested function's read of the frame's cell is guarded (it was read once and kept)
+    compiled_g = minicompile.compile(g, backend="eager")
+    torch.testing.assert_close(compiled_g(x), x * 1)
+    f(x)
+    torch.testing.assert_close(compiled_g(x), x * 2)
+
+
+def act(x, alpha, beta=0.0):
+    return x * alpha + beta
+
+
+SLOPE = functools.partial(act, alpha=0.5)
+
+
+def calls_partials(x):
+    made = functools.partial(act, beta=1.0)
+    twice = functools.partial(made, alpha=2.0)
+    gelu = functools.partial(torch.nn.functional.gelu, approximate="tanh")
+    return SLOPE(x) + twice(x) + gelu(x) + functools.reduce(operator.add, [x, x, x]), \
+        twice.func is act, sorted(twice.keywords)
+
+
+def test_partial_objects_are_called_in_the_graph_and_their_parts_guarded():
+    global SLOPE
+    x = torch.randn(3)
+    compiled = minicompile.compile(calls_partials, backend="eager")
+    for alpha in (0.5, 3.0):
+        SLOPE = functools.partial(act, alpha=alpha)
+        assert_same(compiled(x), calls_partials(x))
+    no_break(calls_partials, x)
+
+
+@functools.lru_cache
+def is_available():
+    return True
+
+
+@functools.cache
+def table(n):
+    CACHE_CALLS.append(n)
+    return tuple(range(n))
+
+
+CACHE_CALLS = []
+
+
+def calls_cached(x):
+    if is_available():
+        return x * len(table(4)) + table(3)[2]
+    return x
+
+
+def test_functions_with_a_cache_are_called_once_as_in_eager():
+    x = torch.randn(3)
+    compiled = minicompile.compile(calls_cached, backend="eager")
+    for _ in range(2):
+        assert_same(compiled(x), calls_cached(x))
+    assert CACHE_CALLS == [4, 3]
+    no_break(calls_cached, x)
+
+
+@pytest.mark.filterwarnings("ignore:minicompile")       # (the frame runs eagerly, and says so)
+def test_a_call_that_reads_its_callers_frame_runs_in_the_users_frame():
+    import inspect
+    import sys
+
+    def f(x):
+        y = x + 1
+        frame = inspect.currentframe()
+        return y, sys._getframe(0).f_code.co_name, frame.f_code.co_name, sorted(frame.f_locals)
+    x = torch.randn(3)
+    agree(lambda: (f, None), [lambda fn, s: fn(x)] * 2)
+
+
+class SiLUActivation(torch.nn.Module):
+    def forward(self, x):
+        return x * torch.sigmoid(x)
+
+
+class Scaled(torch.nn.Module):
+    def __init__(self, k, act="relu"):
+        super().__init__()
+        self.k, self.act = k, act
+
+    def forward(self, x):
+        return torch.relu(x * self.k) if self.act == "relu" else x * self.k
+
+
+class ClassInstantier(collections.OrderedDict):
+    """transformers' ACT2FN: an item is a module class (and its arguments), made when read."""
+
+    def __getitem__(self, key):
+        content = super().__getitem__(key)
+        cls, kwargs = content if isinstance(content, tuple) else (content, {})
+        return cls(**kwargs)
+
+
+ACT2FN = ClassInstantier({"silu": SiLUActivation, "scaled": (Scaled, {"k": 2, "act": "none"}),
+                          "gelu": (torch.nn.GELU, {"approximate": "tanh"})})
+
+
+def makes_modules(x):
+    act = SiLUActivation()
+    return act(x) + Scaled(3)(x) + ACT2FN["scaled"](x) + ACT2FN["gelu"](x) + torch.nn.Softmax(-1)(x), act
+
+
+MADE = []
+
+
+class Registered(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        MADE.append(1)
+
+    def forward(self, x):
+        return x + 1
+
+
+def makes_modules_that_need_python(x):
+    return Registered()(x) + torch.nn.Linear(3, 3)(x)
+
+
+def test_modules_made_in_the_frame():
+    x = torch.randn(2, 3)
+    compiled = minicompile.compile(makes_modules, backend="eager")
+    first, second = compiled(x), compiled(x)
+    assert_same(first[0], makes_modules(x)[0])
+    assert type(first[1]) is SiLUActivation and first[1] is not second[1]   # each call makes its own
+    no_break(makes_modules, x)
+    # an __init__ with an effect outside the module, one that makes parameters: as Python
+    del MADE[:]
+    torch.manual_seed(0)
+    expected = makes_modules_that_need_python(x)
+    torch.manual_seed(0)
+    assert_same(minicompile.compile(makes_modules_that_need_python, backend="eager")(x), expected)
+    assert len(MADE) == 2
+
+
+class Accumulate:
+    def __init__(self):
+        self.total = 0
+
+    def __call__(self, v):
+        self.total = self.total + v
+        return self.total
+
+
+def nested_functions_and_callable_objects(x):
+    def g(t, *, k=3):
+        return t * k
+    g.tag = 2
+    h = g
+    acc = Accumulate()
+    acc(x)
+    acc(g(x))
+    return acc.total * g.tag, g.__name__, g is h, g == h, h.__kwdefaults__
+
+
+def test_functions_made_in_the_frame_and_objects_with_a_call_method():
+    x = torch.randn(3)
+    agree(lambda: (nested_functions_and_callable_objects, None), [lambda fn, s: fn(x)] * 2)
+    no_break(nested_functions_and_callable_objects, x)
+
+    def across_a_break(x):
+        def g(t, *, k=3):
+            return t * k
+        g.tag = "a"
+        print("break")
+        return g(x), g.tag, g.__qualname__, g.__kwdefaults__
+    agree(lambda: (across_a_break, None), [lambda fn, s: fn(x)] * 2)
+
+
+def test_a_torch_function_that_takes_a_python_function_is_a_break_not_a_failure():
+    def f(x):
+        def combine(a, b):
+            print("combine")
+            return a + b
+        return torch.utils.checkpoint.checkpoint(combine, x, x, use_reentrant=False) * 2
+    x = torch.randn(3)
+    agree(lambda: (f, None), [lambda fn, s: fn(x)] * 2)
+    assert minicompile.explain(f)(x).graph_count == 1      # the frame resumes after the call
+
+
+class Square(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, k):
+        ctx.save_for_backward(x)
+        ctx.k = k
+        return x * x * k
+
+    @staticmethod
+    def backward(ctx, grad):
+        (x,) = ctx.saved_tensors
+        return 3 * x * grad * ctx.k, None          # not the derivative: it must be this one
+
+
+class SquareFn(Square):
+    @classmethod
+    def apply(cls, x):                             # bloom's GeLUFunction style
+        return super().apply(x, 2.0)
+
+
+class Noisy(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x):
+        return x + 1
+
+    @staticmethod
+    def backward(ctx, grad):
+        print("backward")
+        return grad
+
+
+def applies_functions(x):
+    return Square.apply(x, 0.5) + SquareFn.apply(x).sin()
+
+
+@pytest.mark.parametrize("backend", ["eager", "minicompile"])
+def test_autograd_functions_are_called_in_the_graph_with_their_own_backward(backend):
+    compiled = minicompile.compile(applies_functions, backend=backend)
+    for requires_grad in (True, False):
+        x = torch.randn(5, requires_grad=requires_grad)
+        x2 = x.detach().clone().requires_grad_(requires_grad)
+        got, want = compiled(x), applies_functions(x2)
+        assert_same(got, want)
+        if requires_grad:
+            got.sum().backward()
+            want.sum().backward()
+            assert_same(x.grad, x2.grad)
+    for requires_grad in (True, False):
+        no_break(applies_functions, torch.randn(5, requires_grad=requires_grad))
+    # a backward that prints: the call runs as Python, and prints once per backward
+    x = torch.randn(3, requires_grad=True)
+    agree(lambda: (lambda x: Noisy.apply(x) * 2, None), [lambda fn, s: fn(x).sum().backward()] * 2)
+
+
+LOG = []
+
+
+def note(v):
+    LOG.append(v)
+    return v
+
+
+def counting(n):
+    for i in range(n):
+        LOG.append(("gen", i))
+        yield i
+
+
+def generators_run_as_far_as_they_are_read(x):
+    found = any(note(i) > 1 for i in range(5))                      # stops at 2
+    first = next((i for i in range(9) if note(i) == 3), None)      # stops at 3
+    for v in map(note, [10, 20, 30]):                              # stops after 20
+        if v == 20:
+            break
+    g = counting(5)
+    pairs = list(zip([1, 2], g))                                   # g read twice
+    for i in g:                                                    # the rest, interleaved
+        LOG.append(("use", i))
+    return x * found + first + len(pairs), list(enumerate(counting(2), start=1))
+
+
+def inner():
+    got = yield 1
+    return (yield got * 10) + 100
+
+
+def outer():
+    result = yield from inner()
+    yield result
+
+
+def sends(x):
+    g = outer()
+    return x * next(g) + g.send(2) + g.send(3)
+
+
+def naturals():
+    n = 0
+    while True:
+        yield n
+        n += 1
+
+
+def endless(x):
+    g = naturals()
+    return x * sum(itertools.islice(g, 1, 6, 2)), next(g), list(filter(None, [0, 3, 0, 5]))
+
+
+class Bag:
+    def __init__(self, items):
+        self.items = items
+
+    def __iter__(self):
+        for it in self.items:
+            yield it * 2
+
+
+def test_generators_and_lazy_iterators_do_what_eager_does_in_eagers_order():
+    x = torch.randn(3)
+    for fn in (generators_run_as_far_as_they_are_read, sends, endless,
+               lambda x: (sum(x * v for v in Bag([1, 2])), list(Bag([4])))):
+        del LOG[:]
+        expected, eager_log = fn(x), list(LOG)
+        del LOG[:]
+        assert_same(minicompile.compile(fn, backend="eager")(x), expected)
+        assert LOG == eager_log
+        no_break(fn, x)
+
+
+def test_a_generator_that_outlives_the_trace():
+    def not_started(x):
+        g = counting(2)
+        print("break")
+        return sum(g)
+
+    def started(x):
+        g = counting(3)
+        first = next(g)
+        print("break")
+        return x + first + next(g)
+    x = torch.randn(3)
+    for fn in (not_started, started):
+        agree(lambda: (fn, None), [lambda fn, s: (LOG.clear(), fn(x), list(LOG))[1:]] * 2)
+
+
+class Vec:
+    def __init__(self, t):
+        self.t = t
+
+    def __add__(self, other):
+        return Vec(self.t + (other.t if isinstance(other, Vec) else other))
+
+    def __radd__(self, other):
+        return Vec(self.t + other)
+
+    def __iadd__(self, other):
+        self.t = self.t + other.t * 10
+        return self
+
+
+Pair = collections.namedtuple("Pair", ["t", "k"])
+
+
+class Color(enum.Enum):
+    RED = "r"
+    GREEN = "g"
+
+
+def python_values(x, name, pair):
+    a = Vec(x)
+    b = a + Vec(x)
+    c = 1 + b
+    a += b
+    d, e = {"a": 1, "b": 2}, {"b": 3}
+    merged = d | e
+    d |= {"z": 9}
+    l = [1, 2, 3, 4]
+    l[1:3] = [x, x]
+    q = pair._replace(k=pair.k + 1)
+    return (a.t, c.t, merged, d, sorted(d.keys() & e.keys()), len(l),
+            sorted([x[:2], x, x[:1]], key=lambda t: t.shape[0], reverse=True), min(["bb", "a"], key=len),
+            "/".join(p.upper() for p in name.split(".")), name.rsplit(".", 1),
+            q.t * q.k, q._asdict()["k"], [c.name for c in Color], Color("g").name, Color.RED in list(Color),
+            issubclass(type(pair), tuple))
+
+
+def test_python_values_without_breaks():
+    x = torch.randn(3)
+    args = [(x, "a.b.c", Pair(x, 2)), (x, "layer.0", Pair(x, 3))]
+    agree(lambda: (python_values, None), [lambda fn, s, a=a: fn(*a) for a in args])
+    no_break(python_values, *args[0])
+
+
+class CodeError(Exception):
+    def __init__(self, code):
+        super().__init__(f"code {code}")
+        self.code = code
+
+
+def helper_that_raises(d, key):
+    LOG.append(key)
+    return d[key]
+
+
+def catches(x, n):
+    try:                                          # raised in a callee, caught here
+        v = helper_that_raises({"a": 1}, "b")
+    except KeyError as e:
+        v = len(e.args[0])
+    try:
+        try:
+            raise CodeError(n) from KeyError("k")
+        except CodeError:
+            raise
+    except Exception as e:                        # re-raised, matched by a base class
+        v = v + e.code + len(str(e)) + (type(e.__cause__) is KeyError)
+    try:
+        k = 10 // (n - n)
+    except ZeroDivisionError:
+        k = -1
+    try:
+        with torch.no_grad():
+            raise ValueError("inside")
+    except ValueError:
+        pass
+    try:
+        a, b = [1, 2, 3]
+    except ValueError as e:
+        msg = str(e)
+    return x * v * k, msg, torch.is_grad_enabled(), getattr(Flag(True), "missing", 5)
+
+
+def raises_out(x, items):
+    items.append(1)
+    try:
+        if len(items) > 1:
+            raise CodeError(len(items))
+        return x + 1
+    finally:
+        LOG.append("finally")
+
+
+def test_exceptions_raised_and_caught_in_the_graph():
+    x = torch.randn(3)
+    agree(lambda: (catches, None), [lambda fn, s: (LOG.clear(), fn(x, 2), list(LOG))[1:]] * 2)
+    no_break(catches, x, 2)
+
+    def step(fn, items):
+        LOG.clear()
+        try:
+            return fn(x, items), list(items), list(LOG)
+        except CodeError as e:                    # raised out of the frame, after its effects
+            return type(e), e.args, e.code, list(items), list(LOG)
+    agree(lambda: (raises_out, []), [step] * 3)
+    no_break(raises_out, x, [])
+
+
+class Swallow:
+    def __enter__(self):
+        LOG.append("enter")
+        return self
+
+    def __exit__(self, typ, value, traceback):
+        LOG.append(("exit", typ.__name__ if typ else None))
+        return typ is KeyError
+
+
+@contextlib.contextmanager
+def scope(name):
+    LOG.append("enter " + name)
+    try:
+        with torch.no_grad():
+            yield name.upper()
+    except ValueError as e:
+        LOG.append("caught " + str(e))
+    finally:
+        LOG.append("exit " + name)
+
+
+def uses_context_managers(x, bad):
+    with Swallow():
+        if bad:
+            raise KeyError("k")
+        x = x * 2
+    y = x
+    with scope("a") as s:
+        if bad:
+            raise ValueError("oops")
+        y = x * len(s)
+    with contextlib.suppress(IndexError):
+        [][1]
+    return x, y.requires_grad, torch.is_grad_enabled()
+
+
+def test_context_managers_of_python_classes_and_contextmanager():
+    x = torch.randn(3, requires_grad=True)
+    agree(lambda: (uses_context_managers, None),
+          [lambda fn, s, bad=bad: (LOG.clear(), fn(x, bad), list(LOG))[1:] for bad in (False, True)])
+    no_break(uses_context_managers, x, True)
+
+
+class Registry:
+    count = 0
+
+    def bump(self):
+        type(self).count += 1
+        return self.count
+
+    def __repr__(self):
+        return f"Registry({self.count})"
+
+
+@dataclasses.dataclass
+class Op:
+    kind: str
+    k: int
+
+
+def matches(x, spec):
+    match spec:
+        case [a, b]:
+            return x * a + b
+        case (1, *others):
+            return x + len(others)
+        case {"scale": s, **rest}:
+            return x * s + len(rest)
+        case int(n) if n > 2:
+            return x + n
+        case Op(kind="mul", k=k):
+            return x * k
+        case Op("add", k):
+            return x + k
+        case str() as name:
+            return x * len(name)
+        case _:
+            return -x
+
+
+def more_python(x):
+    r = Registry()
+    a = r.bump()
+    d = collections.OrderedDict(b=x)
+    d["a"] = x + 1
+    d.move_to_end("b")
+    counts = collections.defaultdict(int)
+    for w in "abca":
+        counts[w] += 1
+    pairs = sorted([(3, "c"), (1, "a")], key=operator.itemgetter(0))
+    return (x * a + Registry.count, repr(r), f"{r}", list(d), dict(counts), pairs,
+            operator.attrgetter("shape")(x), list(itertools.zip_longest([1, 2], [3], fillvalue=0)))
+
+
+def test_match_statements_class_attributes_and_collections():
+    x = torch.randn(3)
+    specs = ([2, 1], (1, 5, 6), {"scale": 3, "z": 1}, 5, Op("mul", 2), Op("add", 4), "abc", 2.5)
+    agree(lambda: (matches, None), [lambda fn, s, spec=spec: fn(x, spec) for spec in specs])
+    for spec in specs:
+        no_break(matches, x, spec)
+    def step(fn, s):                           # (both runs share the class)
+        Registry.count = 0
+        return fn(x), Registry.count
+    agree(lambda: (more_python, None), [step] * 2)
+    no_break(more_python, x)
+
+
+class Scaler(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.k = 2
+
+    def forward(self, x):
+        return self.apply_k(x)
+
+    def apply_k(self, x):
+        return x * self.k
+
+
+def test_a_method_rebound_on_its_class_is_guarded():
+    # the instances' type checks pass, but the code the trace inlined is no longer the class's
+    model = Scaler()
+    compiled = minicompile.compile(model, backend="eager")
+    x = torch.randn(3)
+    originals = {name: Scaler.__dict__[name] for name in ("forward", "apply_k")}
+    try:
+        for name, other in (("apply_k", lambda self, x: x - self.k), ("forward", lambda self, x: x * 10)):
+            assert_same(compiled(x), model(x))
+            setattr(Scaler, name, other)
+            assert_same(compiled(x), model(x))
+    finally:
+        for name, fn in originals.items():
+            setattr(Scaler, name, fn)
+
+
+def test_a_module_made_with_wrong_arguments_raises_in_the_trace():
+    def f(x):
+        try:
+            torch.nn.Softmax(1, 2, 3)
+        except TypeError as e:
+            return x + len(str(e))
+    x = torch.randn(3)
+    agree(lambda: (f, None), [lambda fn, s: fn(x)] * 2)
+    no_break(f, x)
+
+
+def test_a_lambda_of_torchs_own_is_traced_not_made_a_graph_node():
+    # (a graph calls a function by its name: a lambda in a module of torch's, such as an op of
+    # autograd_function_db, has none, and the graph failed when it ran)
+    torch_lambda = eval("lambda t: t.sin() * 2", {"__name__": "torch.testing._internal.helpers"})
+    x = torch.randn(4)
+    assert_same(minicompile.compile(lambda x: torch_lambda(x) + 1, backend="eager")(x), torch_lambda(x) + 1)
+
+
+def test_torchs_own_modules_python_weakrefs_and_tensor_identity():
+    # nn.RNN reads its weights through weak references; MultiheadAttention asks `query is key`
+    # of tensors it computed; an op that gives its input back gives that very tensor
+    torch.manual_seed(0)
+    x = torch.randn(2, 3, 4)
+    for module in (torch.nn.GRU(4, 5, batch_first=True).eval(),
+                   torch.nn.TransformerDecoderLayer(4, 2, dim_feedforward=8, norm_first=True).eval()):
+        args = (x,) if isinstance(module, torch.nn.GRU) else (x, x)
+        with torch.no_grad():
+            assert_same(minicompile.compile(module, backend="eager")(*args), module(*args))
+            no_break(module, *args)
+
+    def identities(x, y):
+        return x.contiguous() is x, x.to(x.dtype) is x, x.float() is x, x.t().contiguous() is x, x is y
+    t = torch.randn(3, 4)
+    agree(lambda: (identities, None), [lambda fn, s, a=a: fn(*a) for a in
+                                       ((t, t), (t, torch.randn(3, 4)), (t.double(), t))])
+
+
+class Upper:
+    """A class with its own __getattribute__ that changes what it reads and counts the reads."""
+
+    def __init__(self):
+        self.name = "ab"
+        self.reads = 0
+
+    def __getattribute__(self, key):
+        if key == "name":
+            object.__setattr__(self, "reads", object.__getattribute__(self, "reads") + 1)
+        value = object.__getattribute__(self, key)
+        return value.upper() if isinstance(value, str) else value
+
+
+class Lazy:
+    def __init__(self):
+        self.made = 0
+
+    def __getattr__(self, name):
+        self.made += 1
+        object.__setattr__(self, name, len(name))
+        return len(name)
+
+
+def reads_through_the_class(x, upper, lazy):
+    return x * len(upper.name) + lazy.abc, upper.name, Upper().name, lazy.made
+
+
+def test_a_class_s_own_getattribute_and_getattr_run_once_per_read_as_in_eager():
+    x = torch.randn(3)
+    agree(lambda: (reads_through_the_class, (Upper(), Lazy())),
+          [lambda fn, s: (fn(x, *s), s[0].reads, s[1].made),
+           lambda fn, s: setattr(s[0], "name", "cd"),
+           lambda fn, s: (fn(x, *s), s[0].reads, s[1].made),
+           lambda fn, s: (fn(x, Upper(), Lazy()), s[0].reads)])
+    no_break(reads_through_the_class, x, Upper(), Lazy())
+
+
+class Tracked:
+    def __setattr__(self, key, value):
+        object.__setattr__(self, "writes", self.__dict__.get("writes", 0) + 1)
+        object.__setattr__(self, key, value)
+
+
+def test_a_class_s_own_setattr_runs_once_per_store():
+    # the trace runs it; after the graph the stores it made are made as they are
+    def f(x, t):
+        t.k = 5
+        made = Tracked()
+        made.j = 6
+        return x * t.k, made
+    x = torch.randn(3)
+    agree(lambda: (f, Tracked()), [lambda fn, t: (fn(x, t)[0], vars(fn(x, t)[1]), vars(t))] * 2)
+
+    def g(x, t):
+        t.k = 5
+        return x * t.k
+    agree(lambda: (g, Tracked()), [lambda fn, t: (fn(x, t), vars(t))] * 2)
+    no_break(g, x, Tracked())
+
+
+def test_a_split_into_as_many_tensors_as_a_dynamic_size_says():
+    def f(x):
+        chunks = x.split(2)
+        return len(chunks), [t.shape[0] for t in chunks], sum(t.sum() for t in x.unbind(0))
+    compiled = minicompile.compile(f, backend="eager", dynamic=True)
+    for n in (4, 6, 5, 3):
+        x = torch.randn(n, 3)
+        assert_same(compiled(x), f(x))
+
+
+class Tenfold(torch.Tensor):
+    """A tensor subclass whose own __torch_function__ changes what add gives."""
+
+    @classmethod
+    def __torch_function__(cls, func, types, args=(), kwargs=None):
+        out = super().__torch_function__(func, types, args, kwargs or {})
+        return out * 10 if func in (torch.Tensor.add, torch.add, torch.Tensor.__add__) else out
+
+
+def helper_with_defaults(x, scale=2, acc=[], *, shift=0):     # noqa: B006 (the point)
+    acc.append(1)
+    return x * scale + shift + len(acc)
+
+
+@pytest.mark.filterwarnings("ignore:minicompile")       # (the subclass's frame runs eagerly)
+def test_inlined_functions_code_and_defaults_and_tensor_subclasses():
+    x = torch.randn(3)
+    f = minicompile.compile(lambda x: helper_with_defaults(x), backend="eager")
+    before = (helper_with_defaults.__defaults__, dict(helper_with_defaults.__kwdefaults__))
+    try:
+        for change in (None, lambda: setattr(helper_with_defaults, "__defaults__", (5, [])),
+                       lambda: helper_with_defaults.__kwdefaults__.__setitem__("shift", 7)):
+            if change:
+                change()
+            acc = helper_with_defaults.__defaults__[1]
+            n = len(acc)
+            got = f(x)
+            assert len(acc) == n + 1                   # the default list itself changed, once
+            assert_same(got, helper_with_defaults(x) - 1)
+    finally:
+        helper_with_defaults.__defaults__, helper_with_defaults.__kwdefaults__ = before
+    t = torch.randn(3).as_subclass(Tenfold)
+    compiled = minicompile.compile(lambda t: t + 1, backend="minicompile")
+    torch.testing.assert_close(compiled(t).as_subclass(torch.Tensor), (t + 1).as_subclass(torch.Tensor))

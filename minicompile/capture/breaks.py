@@ -92,3 +92,20 @@ class GraphBreak(Exception):
 
 class Return(Exception):
     """A traced frame returned (its value is the translator's return_value)."""
+
+
+class ObservedException(Exception):
+    """The traced code raised `exc` (an ExceptionVariable) and the frame being traced has no
+    handler for it: it goes on to the frame that called it, or out of the captured frame."""
+
+    def __init__(self, exc):
+        super().__init__()
+        self.exc = exc
+
+
+class Yield(Exception):
+    """A traced generator's frame yielded `value` (it is paused after its YIELD_VALUE)."""
+
+    def __init__(self, value):
+        super().__init__()
+        self.value = value

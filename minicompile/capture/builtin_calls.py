@@ -10,7 +10,9 @@ from __future__ import annotations
 
 import abc
 import collections.abc
+import contextlib
 import dataclasses
+import functools
 import inspect
 import itertools
 import operator
@@ -23,10 +25,11 @@ import torch
 import torch.fx
 
 
-from .breaks import Unsupported
-from .sources import AttrSource, ItemSource
+from .breaks import ObservedException, Unsupported
+from .sources import AttrSource, GenericAttrSource, ItemSource, Source
 from .values import (DELETED, BaseListVariable, BuiltinVariable, ConstantVariable, DictVariable,
-                     DictViewVariable, IteratorVariable, ListVariable, ModelOutputVariable,
+                     DictViewVariable, IteratorVariable, LazyIteratorVariable, ListVariable,
+                     ModelOutputVariable,
                      NNModuleVariable, PythonModuleVariable, SymIntVariable, TensorVariable,
                      TupleVariable, TypeVariable, UserObjectVariable, VariableTracker, example_of,
                      _contains_tensor, is_constant_value)
@@ -67,6 +70,20 @@ def _builtin_isinstance(tx, args, kwargs):
     return ConstantVariable(isinstance(example_of(obj), cls.as_example()))
 
 
+def _builtin_issubclass(tx, args, kwargs):
+    cls, classinfo = args
+    if not all(isinstance(a, (TypeVariable, TupleVariable, ConstantVariable, BuiltinVariable)) for a in args):
+        raise tx.unsupported(f"issubclass() of {cls.describe()}")
+    return ConstantVariable(issubclass(cls.as_example(), classinfo.as_example()))
+
+
+def _builtin_vars(tx, args, kwargs):
+    """vars(obj) of an object read from outside the frame: its very __dict__."""
+    if len(args) != 1 or not isinstance(args[0], UserObjectVariable) or args[0].source is None:
+        raise tx.unsupported("vars() of a value that is not an object from outside the frame")
+    return tx.output.wrap(vars(args[0].value), AttrSource(args[0].source, "__dict__"))
+
+
 def _builtin_getattr(tx, args, kwargs):
     if len(args) == 2 and isinstance(args[1], ConstantVariable):
         return tx.load_attr(args[0], args[1].value)
@@ -83,16 +100,20 @@ def _attribute_present(tx, obj: VariableTracker, name: str) -> bool:
     source = getattr(obj, "source", None)
     if name in getattr(obj, "overrides", ()):       # set in the trace
         return True
+    traced = isinstance(obj, UserObjectVariable) and (python_method(type(obj.value), "__getattribute__") or
+                                                      python_method(type(obj.value), "__getattr__"))
     if isinstance(obj, (NNModuleVariable, UserObjectVariable, PythonModuleVariable)) \
-            and source is not None:
+            and source is not None and not traced:
         present = hasattr(obj.as_example(), name)
         tx.output.guards.has_attr(source, name, present)
         return present
     try:
         tx.load_attr(obj, name)
         return True
-    except AttributeError:
-        return False
+    except ObservedException as e:
+        if issubclass(e.exc.cls, AttributeError):
+            return False
+        raise
     except Unsupported:
         return hasattr(obj.as_example(), name)
 
@@ -116,9 +137,13 @@ def _builtin_container(kind):
 
 def _builtin_const(fn):
     def impl(tx, args, kwargs):
+        if fn in (str, repr) and len(args) == 1 and not kwargs:
+            text = tx.object_text(args[0], fn.__name__)      # a Python class's __str__/__repr__
+            if text is not None:
+                return text
         if all(a.is_constant() for a in args) and all(v.is_constant() for v in kwargs.values()):
-            return ConstantVariable(fn(*[a.as_example() for a in args],
-                                       **{k: v.as_example() for k, v in kwargs.items()}))
+            return ConstantVariable(tx.on_constants(fn, *[a.as_example() for a in args],
+                                                    **{k: v.as_example() for k, v in kwargs.items()}))
         if fn in (abs, pow) and _contains_tensor(list(args)):
             return tx.output.call("call_function", fn, args, kwargs)
         raise tx.unsupported(f"builtin {fn.__name__}() on non-constant arguments",
@@ -132,35 +157,35 @@ def _builtin_print(tx, args, kwargs):
 
 
 def _builtin_iter(kind):
+    """iter, enumerate, zip, map, filter (lazy, as Python's: iterators.py), reversed."""
     def impl(tx, args, kwargs):
-        if kind == "enumerate":
-            start = args[1].as_example() if len(args) > 1 else kwargs.get("start", ConstantVariable(0)).as_example()
-            return IteratorVariable([TupleVariable([ConstantVariable(start + i), v])
-                                     for i, v in enumerate(tx.iterate(args[0]))])
-        if kind == "zip":
-            if kwargs.get("strict", ConstantVariable(False)).as_example():
-                lists = [tx.iterate(a) for a in args]
-                if len({len(l) for l in lists}) > 1:
-                    raise tx.unsupported("zip(strict=True) of unequal lengths")
-            lists = [tx.iterate(a) for a in args]
-            return IteratorVariable([TupleVariable(list(t)) for t in zip(*lists)])
-        if kind == "map":
-            fn, seqs = args[0], [tx.iterate(a) for a in args[1:]]
-            return IteratorVariable([tx.call_function(fn, list(t), {}) for t in zip(*seqs)])
-        if kind == "filter":
-            fn, items = args[0], tx.iterate(args[1])
-            keep = []
-            for it in items:
-                r = it if isinstance(fn, ConstantVariable) and fn.value is None else tx.call_function(fn, [it], {})
-                if tx.truth(r, "filter"):
-                    keep.append(it)
-            return IteratorVariable(keep)
-        if kind == "reversed":
-            return IteratorVariable(list(reversed(tx.iterate(args[0]))))
+        from .iterators import ITERATORS, iter_of
         if kind == "iter":
-            return IteratorVariable(tx.iterate(args[0]))
-        raise AssertionError(kind)
+            return iter_of(tx, args[0])
+        if kind == "reversed":
+            if isinstance(args[0], ITERATORS):
+                raise tx.unsupported(f"reversed() of {args[0].describe()}", "it is not reversible")
+            return IteratorVariable(list(reversed(tx.iterate(args[0]))))
+        if kind == "enumerate":
+            start = args[1] if len(args) > 1 else kwargs.get("start", ConstantVariable(0))
+            return LazyIteratorVariable("enumerate", [iter_of(tx, args[0])], count=start.as_example())
+        if kind == "zip":
+            strict = kwargs.get("strict", ConstantVariable(False)).as_example()
+            return LazyIteratorVariable("zip", [iter_of(tx, a) for a in args], strict=strict)
+        fn, rest = args[0], args[1:]
+        return LazyIteratorVariable(kind, [iter_of(tx, a) for a in rest], fn=fn)      # map, filter
     return impl
+
+
+def _islice(tx, args, kwargs):
+    """itertools.islice(it, [start,] stop[, step]): lazy, so a generator (an endless one too)
+    is run only as far as the items taken."""
+    from .iterators import iter_of
+    if kwargs or not all(a.is_constant() for a in args[1:]):
+        raise tx.unsupported("itertools.islice with bounds that are not constants")
+    bounds = slice(*[a.as_example() for a in args[1:]])
+    return LazyIteratorVariable("islice", [iter_of(tx, args[0])], count=(0, 0),
+                                bounds=(bounds.start or 0, bounds.stop, bounds.step or 1))
 
 
 def _itertools(fn):
@@ -173,27 +198,53 @@ def _itertools(fn):
         real = [a.as_example() if isinstance(a, ConstantVariable) and not isinstance(a.value, (tuple, list, str, range))
                 else tx.iterate(a) for a in args]
         out = fn(*real, **{k: v.as_example() for k, v in kwargs.items()})
-        return IteratorVariable([TupleVariable(list(t)) if isinstance(t, tuple) else t
-                                 for t in itertools.islice(out, 100_000)])
+
+        def variable(v):                     # the traced items, and constants (a fillvalue)
+            if isinstance(v, tuple):
+                return TupleVariable([variable(x) for x in v])
+            return v if isinstance(v, VariableTracker) else ConstantVariable(v)
+        return IteratorVariable([variable(t) for t in itertools.islice(out, 100_000)])
     return impl
 
 
+def _functools_reduce(tx, args, kwargs):
+    """functools.reduce(fn, iterable[, initial]): fn called item by item (loops are unrolled)."""
+    if kwargs or len(args) not in (2, 3):
+        raise tx.unsupported("functools.reduce() with keyword arguments")
+    items = tx.iterate(args[1])
+    if len(args) == 3:
+        acc = args[2]
+    elif items:
+        acc, items = items[0], items[1:]
+    else:
+        raise tx.unsupported("functools.reduce() of an empty iterable without an initial value")
+    for item in items:
+        acc = tx.call_function(args[0], [acc, item], {})
+    return acc
+
+
 def _builtin_next(tx, args, kwargs):
-    it = args[0]
-    if not isinstance(it, IteratorVariable):
-        raise tx.unsupported(f"next() of {it.describe()}")
-    if it.index >= len(it.items):
-        if len(args) > 1:
-            return args[1]
-        raise tx.unsupported("next() of an exhausted iterator (StopIteration)")
-    tx.output.record_mutation(it)
-    tx.output.advanced(it)
-    it.index += 1
-    return it.items[it.index - 1]
+    from .iterators import ITERATORS, next_item
+    if not isinstance(args[0], ITERATORS):
+        raise tx.unsupported(f"next() of {args[0].describe()}")
+    item = next_item(tx, args[0])
+    if item is not None:
+        return item
+    if len(args) > 1:
+        return args[1]
+    raise tx.observed(StopIteration())
 
 
 def _builtin_reduce(kind):
     def impl(tx, args, kwargs):
+        if kind in ("any", "all") and len(args) == 1:
+            # item by item, stopping where the answer is known (a generator is left there)
+            from .iterators import iter_of, next_item
+            it = iter_of(tx, args[0])
+            while (item := next_item(tx, it)) is not None:
+                if tx.truth(item, kind) == (kind == "any"):
+                    return ConstantVariable(kind == "any")
+            return ConstantVariable(kind == "all")
         items = tx.iterate(args[0]) if len(args) == 1 else list(args)
         if kind == "sum":
             start = args[1] if len(args) > 1 else kwargs.get("start", ConstantVariable(0))
@@ -213,6 +264,16 @@ def _builtin_reduce(kind):
                 best = other if better else best
             else:
                 return best
+        if kind in ("min", "max", "sorted") and (not all(i.is_constant() for i in items) or
+                                                 not all(v.is_constant() for v in kwargs.values())):
+            order = sort_order(tx, items, kwargs, kind)
+            if kind == "sorted":
+                return ListVariable([items[j] for j in order])
+            if order:
+                return items[order[0]]
+            if "default" in kwargs:
+                return kwargs["default"]
+            raise tx.unsupported(f"{kind}() of an empty sequence")
         if all(i.is_constant() for i in items) and all(v.is_constant() for v in kwargs.values()):
             fn = {"min": min, "max": max, "any": any, "all": all, "sorted": sorted}[kind]
             r = fn([i.as_example() for i in items], **{k: v.as_example() for k, v in kwargs.items()})
@@ -227,6 +288,23 @@ def _builtin_reduce(kind):
                                  "which is smaller depends on the tensors' values")
         raise tx.unsupported(f"builtin {kind}() on non-constant values")
     return impl
+
+
+def sort_order(tx, items, kwargs, kind: str = "sorted") -> list:
+    """The positions of `items` in the order sorted() (min/max: the first, the best) puts
+    them, their keys computed in the trace (`key=`, called item by item) and Python constants."""
+    key, reverse = kwargs.get("key"), kwargs.get("reverse", ConstantVariable(False))
+    if not reverse.is_constant() or set(kwargs) - {"key", "reverse", "default"}:
+        raise tx.unsupported(f"{kind}() with arguments that are not constants")
+    keys = [item if key is None or _is_none(key) else tx.call_function(key, [item], {}) for item in items]
+    if not all(k.is_constant() for k in keys):
+        raise tx.unsupported(f"{kind}() of values whose keys are not constants",
+                             "which comes first would depend on tensors' values")
+    values = [k.as_example() for k in keys]
+    if kind == "sorted":
+        return sorted(range(len(items)), key=values.__getitem__, reverse=reverse.as_example())
+    pick = min if kind == "min" else max
+    return [pick(range(len(items)), key=values.__getitem__)] if items else []
 
 
 def _builtin_setattr(tx, args, kwargs):
@@ -276,11 +354,11 @@ def _builtin_type(tx, args, kwargs):
     if isinstance(v, BaseListVariable):
         return tx.output.wrap(v.python_type, None)
     # an object's type is guarded; read from a source, so are the class attributes read from it
-    source = AttrSource(v.source, "__class__") if getattr(v, "source", None) is not None else None
+    source = attr_source(v, "__class__") if getattr(v, "source", None) is not None else None
     if isinstance(v, ModelOutputVariable):
         return TypeVariable(v.cls, source)
     if isinstance(v, DictVariable):
-        return tx.output.wrap(dict, None)
+        return tx.output.wrap(v.cls, None)
     if isinstance(v, NNModuleVariable):
         return TypeVariable(type(v.module), source)
     if isinstance(v, UserObjectVariable):
@@ -309,12 +387,14 @@ _BUILTIN_HANDLERS: Dict[Any, Callable] = {
     max: _builtin_reduce("max"), any: _builtin_reduce("any"), all: _builtin_reduce("all"),
     sorted: _builtin_reduce("sorted"), hasattr: _builtin_hasattr, dict: _builtin_dict,
     callable: _builtin_callable, type: _builtin_type, id: _builtin_id,
-    setattr: _builtin_setattr, delattr: _builtin_setattr,
+    setattr: _builtin_setattr, delattr: _builtin_setattr, functools.reduce: _functools_reduce,
+    issubclass: _builtin_issubclass, vars: _builtin_vars,
 }
 for _f in (itertools.product, itertools.chain, itertools.chain.from_iterable, itertools.combinations,
-           itertools.combinations_with_replacement, itertools.permutations, itertools.islice,
+           itertools.combinations_with_replacement, itertools.permutations,
            itertools.zip_longest, itertools.pairwise, itertools.repeat):
     _BUILTIN_HANDLERS[_f] = _itertools(_f)
+_BUILTIN_HANDLERS[itertools.islice] = _islice
 for _f in (int, float, bool, str, abs, pow, round, range, slice, divmod, hash, repr, chr, ord,
            set, frozenset, complex, format, ascii, bin, hex, oct):
     _BUILTIN_HANDLERS[_f] = _builtin_const(_f)
@@ -436,22 +516,59 @@ def _is_none(v) -> bool:
     return v is None or isinstance(v, ConstantVariable) and v.value is None
 
 
+def class_attr(cls, name: str, default=None):
+    """What an instance of cls finds for `name` on its class: the first class of its MRO that
+    has it (inspect.getattr_static(cls, name) would look at cls's metaclass too: an Enum
+    member has no __len__ of EnumType's)."""
+    for klass in cls.__mro__:
+        if name in klass.__dict__:
+            return klass.__dict__[name]
+    return default
+
+
+def python_method(cls, name: str):
+    """cls's `name` where it is a Python function (a class's own __getattribute__), else None."""
+    attr = class_attr(cls, name)
+    return attr if isinstance(attr, types.FunctionType) else None
+
+
+def attr_source(obj, name: str) -> Optional[Source]:
+    """Where `obj.name` is read from, for the guard: past the class's own __getattribute__
+    where it has one in Python (the trace runs that itself)."""
+    if obj.source is None:
+        return None
+    if isinstance(obj, UserObjectVariable) and python_method(type(obj.value), "__getattribute__"):
+        return GenericAttrSource(obj.source, name)
+    return AttrSource(obj.source, name)
+
+
 def _custom_getattr(cls) -> bool:
-    """The class (not object) decides attribute reads: a __getattribute__ or __getattr__."""
-    return inspect.getattr_static(cls, "__getattribute__") is not object.__getattribute__ or \
-        inspect.getattr_static(cls, "__getattr__", None) is not None
+    """The class (not object) decides attribute reads: a __getattribute__ or __getattr__ of
+    its own (a builtin base's generic one, dict's say, does not count)."""
+    getattribute = class_attr(cls, "__getattribute__")
+    generic = getattribute is object.__getattribute__ or \
+        isinstance(getattribute, types.WrapperDescriptorType) and getattribute.__objclass__ in _BUILTIN_BASES
+    return not generic or class_attr(cls, "__getattr__") is not None
+
+
+# builtin types whose __getattribute__ is Python's generic one (they define it only as a slot)
+_BUILTIN_BASES = (object, dict, list, tuple, set, frozenset, str, int, float, type)
+
+
+# classes of the standard library written in Python, whose methods the capture can trace
+_PYTHON_STDLIB_CLASSES = {contextlib._GeneratorContextManager, contextlib.suppress}
 
 
 def _is_plain_user_class(cls) -> bool:
     """A class written in Python whose instances are ordinary objects (no custom __new__, no
-    metaclass, not a torch or builtin type): safe to create inside the trace."""
+    metaclass, not a torch or builtin type; __slots__ are fine): safe to create inside the
+    trace."""
     if not isinstance(cls, type) or type(cls) not in (type, abc.ABCMeta):
         return False
     top = cls.__module__.split(".")[0]
-    if top in sys.stdlib_module_names or top in ("torch", "builtins", "numpy"):
+    if (top in sys.stdlib_module_names or top in ("torch", "builtins", "numpy")) and \
+            cls not in _PYTHON_STDLIB_CLASSES:
         return False
     if issubclass(cls, (BaseException, torch.nn.Module, torch.Tensor, tuple, list, dict, set)):
         return False
-    if inspect.getattr_static(cls, "__new__") is not object.__new__:
-        return False
-    return all(k.__dict__.get("__slots__") in (None, ()) for k in cls.__mro__[:-1])
+    return class_attr(cls, "__new__") is object.__new__

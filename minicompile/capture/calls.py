@@ -6,11 +6,17 @@ frame), copies of constant objects, special methods.
 """
 from __future__ import annotations
 
+import collections
 import contextlib
 import copy
+import dataclasses
+import enum
+import functools
 import inspect
+import operator
 import sys
 import types
+import weakref
 from typing import Dict, List, Optional, Tuple
 
 import numpy as np
@@ -19,20 +25,23 @@ import torch.fx
 
 
 from .. import optim
-from .breaks import Unsupported, never_traced
-from .sources import RootSource, module_member_source
-from .builtin_calls import (_BUILTIN_HANDLERS, _COMPILING_QUERIES, ContainerReadVariable,
+from .autograd_function import call_apply, is_apply
+from .breaks import ObservedException, Unsupported, never_traced
+from .sources import AttrSource, HelperSource, ItemSource, RootSource, module_member_source
+from .builtin_calls import (_BUILTIN_HANDLERS, _COMPILING_QUERIES, ContainerReadVariable, class_attr, sort_order,
                             _builtin_dict, _constant_state, _is_none, _is_plain_user_class,
                             _runs_for_real)
 from .output_graph import _is_internal_module_name
 from .values import (BaseListVariable, BoundMethodVariable, BuiltinVariable, ConstantMethodVariable,
-                     AutocastVariable, ConstantVariable, DictVariable, DictViewVariable,
-                     GradModeVariable, NullContextVariable,
+                     AutocastVariable, ConstantVariable, DictVariable, DictViewVariable, ExceptionInitVariable,
+                     ExceptionVariable,
+                     GeneratorVariable, GradModeVariable, NullContextVariable,
                      IteratorVariable, ListVariable, ModelOutputVariable, NamedTupleVariable,
-                     NestedFunctionVariable, NNModuleVariable, NullVariable, OpaqueConstantVariable,
+                     NestedFunctionVariable, NNModuleVariable, NullVariable, ObjectMethodVariable,
+                     OpaqueConstantVariable, OperatorGetterVariable, PartialVariable,
                      SetVariable, SuperVariable, TensorMethodVariable, TensorVariable,
                      TorchFunctionVariable, TupleVariable, TypeVariable, UserFunctionVariable,
-                     UserObjectVariable, VariableTracker, WithExitVariable, _constant_result,
+                     UserObjectVariable, VariableTracker, WithExitVariable, _constant_result, _hashable,
                      _DictFromKeys, _NoOpCallable, _UnboundTensorMethod, is_constant_value,
                      is_model_output_class)
 
@@ -44,6 +53,37 @@ MAX_INLINE_DEPTH = 32
 _MODULE_WALKS = {name: getattr(torch.nn.Module, name) for name in (
     "modules", "named_modules", "children", "named_children", "parameters", "named_parameters",
     "buffers", "named_buffers")}
+
+
+# callables that read the frame they are called from: called at a graph break they would read
+# minicompile's, so the frame that calls one runs as Python (its break is never resumed)
+_READ_THE_CALLER = {globals, locals, vars, dir, eval, exec, breakpoint, sys._getframe,
+                    inspect.currentframe, inspect.stack}
+
+
+def _default_source(func, fn_source, name: str, value):
+    """Where the default value of parameter `name` is read from: a keyword-only one from
+    __kwdefaults__ (a dict, changed in place), another that is not a constant from its place in
+    __defaults__ (a list may be changed); a constant in __defaults__ is covered by the guard
+    that the tuple is the same."""
+    if fn_source is None:
+        return None
+    code = func.__code__
+    names = code.co_varnames[:code.co_argcount]
+    if name not in names:
+        return ItemSource(AttrSource(fn_source, "__kwdefaults__"), name)
+    if is_constant_value(value):
+        return None
+    return ItemSource(AttrSource(fn_source, "__defaults__"),
+                      names.index(name) - (code.co_argcount - len(func.__defaults__)))
+
+
+def _made_by(result: VariableTracker, fn, args, kwargs) -> VariableTracker:
+    """A generator a call made remembers the call: where it outlives the trace before it
+    started, the call is made again for a real one."""
+    if isinstance(result, GeneratorVariable) and result.made_by is None:
+        result.made_by = (fn, list(args), dict(kwargs))
+    return result
 
 
 class CallsMixin:
@@ -62,6 +102,13 @@ class CallsMixin:
     def call_function(self, fn: VariableTracker, args: List[VariableTracker],
                       kwargs: Dict[str, VariableTracker]) -> VariableTracker:
         out = self.output
+        real = getattr(fn, "value", None)
+        if self.parent is None and _hashable(real) and real in _READ_THE_CALLER and \
+                (real not in (vars, dir) or not args):
+            err = self.unsupported(f"call to {real.__name__}(), which reads the frame that calls it",
+                                   "made at a graph break it would read minicompile's frame")
+            err.own_frame = True
+            raise err
         if not out.inline_user_calls and self.parent is None and isinstance(
                 fn, (UserFunctionVariable, BoundMethodVariable, NestedFunctionVariable)) \
                 or not out.inline_user_calls and self.parent is None and isinstance(fn, NNModuleVariable) \
@@ -69,8 +116,46 @@ class CallsMixin:
             raise self.unsupported(f"call to {fn.describe()} from a frame that runs eagerly",
                                    "the callee is compiled on its own")
         if isinstance(fn, NestedFunctionVariable):
-            return self.inline_nested(fn, args, kwargs)
+            return _made_by(self.inline_nested(fn, args, kwargs), fn, args, kwargs)
+        if isinstance(fn, PartialVariable):
+            return self.call_function(fn.func, fn.args + list(args), {**fn.keywords, **kwargs})
+        if isinstance(fn, TypeVariable) and fn.value in (collections.OrderedDict, collections.defaultdict):
+            factory = None
+            if fn.value is collections.defaultdict:
+                factory, args = (args[0], args[1:]) if args else (ConstantVariable(None), args)
+            made = _builtin_dict(self, args, kwargs)
+            return DictVariable(made.items, cls=fn.value, factory=None if _is_none(factory) else factory)
+        if isinstance(fn, TypeVariable) and fn.value in (operator.itemgetter, operator.attrgetter,
+                                                         operator.methodcaller):
+            return OperatorGetterVariable(fn.value, args, kwargs)
+        if isinstance(fn, OperatorGetterVariable):
+            return self.call_getter(fn, args, kwargs)
+        if isinstance(fn, TypeVariable) and fn.value is functools.partial:
+            if not args:
+                raise self.unsupported("functools.partial() without a function")
+            func, rest = args[0], list(args[1:])
+            if isinstance(func, PartialVariable):        # partial of a partial: one, as Python makes it
+                return PartialVariable(func.func, func.args + rest, {**func.keywords, **kwargs})
+            return PartialVariable(func, rest, kwargs)
+        if isinstance(fn, UserFunctionVariable) and isinstance(fn.value, functools._lru_cache_wrapper):
+            return self.call_cached(fn, args, kwargs)
         if isinstance(fn, _NoOpCallable):
+            return ConstantVariable(None)
+        if isinstance(fn, ExceptionInitVariable):
+            if kwargs:
+                raise self.unsupported("BaseException.__init__ with keyword arguments")
+            self.output.record_mutation(fn.exc)
+            fn.exc.args = list(args)
+            return ConstantVariable(None)
+        if isinstance(fn, TypeVariable) and isinstance(fn.value, type) and issubclass(fn.value, BaseException):
+            return self.new_exception(fn.value, args, kwargs)
+        if isinstance(fn, ObjectMethodVariable):
+            obj, name, *value = ([fn.self_var] if fn.self_var is not None else []) + list(args)
+            if not isinstance(name, ConstantVariable) or not isinstance(name.value, str):
+                raise self.unsupported(f"object.{fn.name} with a name that is not a constant")
+            if fn.name == "__getattribute__":
+                return self.load_attr(obj, name.value, generic=True)
+            self.store_attr(obj, name.value, value[0], generic=True)
             return ConstantVariable(None)
         if isinstance(fn, ContainerReadVariable):
             return fn.call(self, args, kwargs)
@@ -79,8 +164,10 @@ class CallsMixin:
             keys = [k.as_example() for k in self.iterate(args[0])]
             return DictVariable({k: value for k in keys})
         if isinstance(fn, WithExitVariable):
-            fn.undo(self)
             self.with_depth -= 1
+            if fn.exit is not None:
+                return self.call_function(fn.exit, args, kwargs)
+            fn.undo(self)
             return ConstantVariable(None)
         if isinstance(fn, TypeVariable) and fn.value is contextlib.nullcontext:
             bound = inspect.signature(contextlib.nullcontext).bind(*args, **kwargs).arguments
@@ -139,6 +226,9 @@ class CallsMixin:
             def real(a):
                 if a.is_constant():
                     return a.as_example()
+                if fn.value in (dataclasses.fields, dataclasses.is_dataclass) and \
+                        isinstance(a, UserObjectVariable):
+                    return type(a.value)          # an instance's fields are its class's (guarded)
                 if isinstance(a, BoundMethodVariable) and isinstance(a.self_var, (NNModuleVariable, UserObjectVariable)):
                     return types.MethodType(a.func, a.self_var.as_example())   # its function is fixed
                 raise self.unsupported(f"{fn.describe()} on {a.describe()}, not a constant")
@@ -147,7 +237,7 @@ class CallsMixin:
         if isinstance(fn, (UserFunctionVariable, BoundMethodVariable)):
             self.break_at_optimizer_step(fn)
         if isinstance(fn, UserFunctionVariable):
-            return self.inline_call(fn.value, args, kwargs)
+            return _made_by(self.inline_call(fn.value, args, kwargs), fn, args, kwargs)
         if isinstance(fn, BoundMethodVariable) and isinstance(fn.self_var, UserObjectVariable) and \
                 fn.self_var.snapshot is not None and all(a.is_constant() for a in list(args) + list(kwargs.values())):
             return self.call_on_private_copy(fn, args, kwargs)
@@ -157,10 +247,23 @@ class CallsMixin:
         if isinstance(fn, BoundMethodVariable) and isinstance(fn.self_var, NNModuleVariable) and \
                 fn.func is torch.nn.Module.to:
             return self.module_to(fn.self_var, args, kwargs)
+        if isinstance(fn, BoundMethodVariable) and is_apply(fn):
+            return call_apply(self, fn.self_var.value, args, kwargs)
+        if isinstance(fn, BoundMethodVariable) and fn.func is torch.nn.Module.__init__ and \
+                isinstance(fn.self_var, UserObjectVariable):
+            return ConstantVariable(None)         # the stand-in of check_init_is_pure
         if isinstance(fn, BoundMethodVariable):
-            return self.inline_call(fn.func, [fn.self_var] + list(args), kwargs)
+            return _made_by(self.inline_call(fn.func, [fn.self_var] + list(args), kwargs), fn, args, kwargs)
         if isinstance(fn, NNModuleVariable):
             return self.call_module(fn, args, kwargs)
+        if isinstance(fn, UserObjectVariable) and isinstance(fn.value, weakref.ReferenceType) and \
+                not args and not kwargs:
+            # ref(): what it refers to now (or None), read through it by the guard too
+            return self.output.wrap(fn.value(), HelperSource("DEREF", fn.source) if fn.source else None)
+        if isinstance(fn, UserObjectVariable):
+            call = class_attr(type(fn.value), "__call__")
+            if isinstance(call, types.FunctionType):          # an object with a Python __call__
+                return self.inline_call(call, [fn] + list(args), kwargs)
         if isinstance(fn, BuiltinVariable):
             return _BUILTIN_HANDLERS[fn.value](self, args, kwargs)
         if isinstance(fn, ConstantMethodVariable):
@@ -177,8 +280,13 @@ class CallsMixin:
                 return ConstantVariable(torch.Size(*[a.as_example() for a in args]))
             if fn.value is super:
                 return self.make_super(args)
+            if isinstance(fn.value, enum.EnumMeta) and all(a.is_constant() for a in args) and not kwargs:
+                return self.output.wrap(fn.value(*[a.as_example() for a in args]), None)   # Color("r")
             if _is_plain_user_class(fn.value):
                 return self.new_object(fn.value, args, kwargs)
+            if isinstance(fn.value, type) and issubclass(fn.value, torch.nn.Module) and \
+                    type(fn.value) is type:
+                return self.new_module(fn.value, args, kwargs)
         value = getattr(fn, "value", None)
         if (isinstance(value, np.ufunc) or isinstance(value, type) and issubclass(value, np.generic)) \
                 and not kwargs and all(a.is_constant() and isinstance(a.as_example(), (int, float, np.generic))
@@ -187,6 +295,39 @@ class CallsMixin:
             return ConstantVariable(value(*[a.as_example() for a in args]))
         name = getattr(value, "__qualname__", None) or fn.describe()
         raise self.unsupported(f"call to {name}", "the capture cannot model this callable yet")
+
+    def call_getter(self, fn, args, kwargs) -> VariableTracker:
+        """operator.itemgetter/attrgetter/methodcaller applied to its one argument."""
+        (obj,) = args
+        if fn.cls is operator.methodcaller:
+            name = fn.args[0].as_example()
+            return self.call_function(self.load_attr(obj, name), fn.args[1:], fn.kwargs)
+
+        def get(key):
+            if fn.cls is operator.itemgetter:
+                return self.subscript(obj, key)
+            value = obj
+            for part in key.as_example().split("."):     # attrgetter("a.b")
+                value = self.load_attr(value, part)
+            return value
+        values = [get(k) for k in fn.args]
+        return values[0] if len(values) == 1 else TupleVariable(values)
+
+    def call_cached(self, fn: UserFunctionVariable, args, kwargs) -> VariableTracker:
+        """A call of a functools.lru_cache (or cache) function with constant arguments: made
+        for real now, as eager's first call makes it (its effects happen then, once, and its
+        result is cached as eager caches it); what it returns is a constant of the trace."""
+        values = list(args) + list(kwargs.values())
+        if not all(v.is_constant() for v in values):
+            raise self.unsupported(f"call to cached function {fn.value.__qualname__} with arguments "
+                                   "that are not constants")
+        result = fn.value(*[a.as_example() for a in args], **{k: v.as_example() for k, v in kwargs.items()})
+        if is_constant_value(result):
+            return ConstantVariable(result)
+        if isinstance(result, (types.FunctionType, type, types.ModuleType)):
+            return self.output.wrap(result, None)
+        raise self.unsupported(f"cached function {fn.value.__qualname__} returned a {type(result).__name__}",
+                               "a cached object may be changed by whoever else holds it")
 
     def private_copy(self, v: VariableTracker, how) -> VariableTracker:
         """copy.deepcopy / copy.copy of an object read from outside the frame whose state is
@@ -282,12 +423,26 @@ class CallsMixin:
                                    "key/value pairs")
         return ModelOutputVariable(cls, {n: bound[n] for n in names if n in bound and not _is_none(bound[n])})
 
+    def new_exception(self, cls: type, args, kwargs) -> ExceptionVariable:
+        """`cls(*args)` for an exception class: its args; a subclass's Python __init__ is
+        traced (its super().__init__(...) sets them, its attributes are the exception's)."""
+        exc = ExceptionVariable(cls, [])
+        init = next((k.__dict__["__init__"] for k in cls.__mro__
+                     if isinstance(k.__dict__.get("__init__"), types.FunctionType)), None)
+        if init is not None:
+            self.inline_call(init, [exc] + list(args), kwargs)
+        elif kwargs:
+            raise self.unsupported(f"{cls.__name__}() with keyword arguments")
+        else:
+            exc.args = list(args)
+        return exc
+
     def new_object(self, cls: type, args, kwargs) -> VariableTracker:
         """`cls(*args)` for a plain Python class: a real instance with no attributes yet (its
         attributes live in the trace) and `__init__` inlined, as Dynamo does for user objects
         made inside the frame. After the graph the object is rebuilt (frame.rebuild)."""
-        obj = UserObjectVariable(object.__new__(cls), None)
-        init = inspect.getattr_static(cls, "__init__")
+        obj = UserObjectVariable(self.on_constants(object.__new__, cls), None)   # (an abstract class: TypeError)
+        init = self.class_member(cls, "__init__")
         if isinstance(init, types.FunctionType):
             ret = self.inline_call(init, [obj] + list(args), kwargs)
             if not (isinstance(ret, ConstantVariable) and ret.value is None):
@@ -296,14 +451,74 @@ class CallsMixin:
             raise self.unsupported(f"creating a {cls.__qualname__} (its __init__ is not Python)")
         return obj
 
+    def new_module(self, cls: type, args, kwargs) -> NNModuleVariable:
+        """`cls(...)` for an nn.Module class, with constant arguments (an activation made in
+        forward, `ACT2FN[name]`): made for real now, and again after the graph wherever it
+        outlives the trace (each eager call makes its own). Its __init__ must change nothing
+        outside the new module: torch's own classes are trusted; a user's __init__ is traced
+        first (nn.Module's own __init__ and __setattr__ taken as doing nothing else), and an
+        effect outside the module, or what that trace cannot model, leaves the call a break.
+        The module may hold no parameters or buffers and draw no random numbers (each eager
+        call would make new ones)."""
+        values = list(args) + list(kwargs.values())
+        if not all(v.is_constant() for v in values):
+            raise self.unsupported(f"creating a {cls.__qualname__} from values that are not constants")
+        if not cls.__module__.startswith("torch.") and cls.__init__ is not torch.nn.Module.__init__:
+            self.check_init_is_pure(cls, args, kwargs)
+        rng = torch.random.get_rng_state()
+        module = self.on_constants(cls, *[a.as_example() for a in args],
+                                   **{k: v.as_example() for k, v in kwargs.items()})
+        if not torch.equal(rng, torch.random.get_rng_state()):
+            torch.random.set_rng_state(rng)
+            raise self.unsupported(f"creating a {cls.__qualname__} draws random numbers")
+        if any(True for _ in module.parameters()) or any(True for _ in module.buffers()):
+            raise self.unsupported(f"creating a {cls.__qualname__}, which holds parameters or buffers",
+                                   "each eager call makes new ones")
+        return NNModuleVariable(module, None, made=(cls, list(args), dict(kwargs)))
+
+    def check_init_is_pure(self, cls: type, args, kwargs) -> None:
+        """Trace cls.__init__ on a stand-in for the new module and undo it: Unsupported where
+        it cannot be traced or changes anything but the stand-in."""
+        from .higher_order import trial
+        with trial(self) as changed_outside:
+            self.inline_call(cls.__init__, [UserObjectVariable(object.__new__(cls), None)] + list(args), kwargs)
+            if changed_outside():
+                raise self.unsupported(f"{cls.__qualname__}.__init__ changes state outside the module")
+
     def call_constant_method(self, fn: ConstantMethodVariable, args, kwargs):
         obj = fn.obj
+        if isinstance(obj, ConstantVariable) and isinstance(obj.value, (str, bytes)) and \
+                fn.name == "join" and len(args) == 1 and not args[0].is_constant():
+            args = [ListVariable(self.iterate(args[0]))]      # "-".join(str(d) for d in x.shape)
         if isinstance(obj, ConstantVariable) and all(a.is_constant() for a in args) \
                 and all(v.is_constant() for v in kwargs.values()):
             r = getattr(obj.value, fn.name)(*[a.as_example() for a in args],
                                             **{k: v.as_example() for k, v in kwargs.items()})
             if is_constant_value(r) or isinstance(obj, OpaqueConstantVariable):
                 return _constant_result(obj, r)
+            if type(r) in (list, dict) and _constant_state(r):
+                return self.output.wrap(r, None)          # a new list of them (str.split)
+        if isinstance(obj, GeneratorVariable) and not kwargs:
+            from .iterators import close, next_item, throw
+            if fn.name == "close":
+                close(self, obj)
+                return ConstantVariable(None)
+            if fn.name == "throw":           # throw(exc) or throw(type[, value[, traceback]])
+                exc = args[1] if len(args) > 1 and not _is_none(args[1]) else args[0]
+                item = throw(self, obj, self.make_exception(exc))
+            else:
+                item = next_item(self, obj, args[0] if fn.name == "send" else None)
+            if item is None:
+                raise ObservedException(ExceptionVariable(StopIteration, [obj.return_value]))
+            return item
+        if isinstance(obj, NamedTupleVariable) and hasattr(obj.tuple_cls, "_fields") and \
+                fn.name in ("_replace", "_asdict"):
+            fields = obj.tuple_cls._fields
+            if fn.name == "_asdict":
+                return DictVariable(dict(zip(fields, obj.items)))
+            if args or set(kwargs) - set(fields):
+                raise self.unsupported(f"{obj.tuple_cls.__name__}._replace() with unknown fields")
+            return NamedTupleVariable([kwargs.get(f, item) for f, item in zip(fields, obj.items)], obj.tuple_cls)
         if isinstance(obj, ModelOutputVariable) and fn.name == "to_tuple" and not args and not kwargs:
             return TupleVariable(list(obj.items.values()))
         if isinstance(obj, DictVariable) and not args and not kwargs and \
@@ -311,8 +526,7 @@ class CallsMixin:
             return DictViewVariable(obj, fn.name)
         if isinstance(obj, ListVariable) and fn.name in ("append", "extend", "insert", "pop",
                                                           "clear", "reverse", "remove", "sort"):
-            self.check_mutable(obj)
-            self.output.record_mutation(obj)
+            self.mutate(obj)
             if fn.name == "append":
                 obj.items.append(args[0])
             elif fn.name == "extend":
@@ -329,15 +543,14 @@ class CallsMixin:
                 obj.items = [ConstantVariable(v) for v in obj.as_example()]
                 obj.items.remove(ConstantVariable(args[0].as_example())) if False else \
                     obj.items.pop([i.as_example() for i in obj.items].index(args[0].as_example()))
-            elif fn.name == "sort" and obj.is_constant() and not kwargs:
-                obj.items = [ConstantVariable(v) for v in sorted(obj.as_example())]
+            elif fn.name == "sort" and not args:
+                obj.items = [obj.items[j] for j in sort_order(self, obj.items, kwargs)]
             else:
                 raise self.unsupported(f"list.{fn.name}() on {obj.describe()}")
             return ConstantVariable(None)
         if isinstance(obj, SetVariable) and fn.name in ("add", "update", "discard") and \
                 all(a.is_constant() for a in args):
-            self.check_mutable(obj)
-            self.output.record_mutation(obj)
+            self.mutate(obj)
             real = set(obj.as_example())
             getattr(real, fn.name)(*[a.as_example() for a in args])
             obj.items = SetVariable.of(real).items
@@ -347,11 +560,24 @@ class CallsMixin:
         if isinstance(obj, BaseListVariable) and fn.name == "copy":
             return ListVariable(list(obj.items))
         if isinstance(obj, DictVariable) and not isinstance(obj, ModelOutputVariable) and \
-                fn.name in ("update", "pop", "setdefault", "clear", "copy", "popitem"):
+                fn.name in ("update", "pop", "setdefault", "clear", "copy", "popitem", "move_to_end"):
             if fn.name == "copy":
-                return DictVariable(dict(obj.items))
-            self.check_mutable(obj)
-            self.output.record_mutation(obj)
+                return DictVariable(dict(obj.items), cls=obj.cls, factory=obj.factory)
+            if fn.name in ("move_to_end", "popitem") and (args or kwargs):
+                # OrderedDict's, with `last`: done on a real one of the same keys
+                if obj.cls is not collections.OrderedDict:
+                    raise self.unsupported(f"dict.{fn.name}() with arguments")
+                real = collections.OrderedDict((k, k) for k in obj.items)
+                result = self.on_constants(getattr(real, fn.name), *[a.as_example() for a in args],
+                                           **{k: v.as_example() for k, v in kwargs.items()})
+                self.mutate(obj)
+                popped = {k: obj.items[k] for k in obj.items if k not in real}
+                obj.items = {k: obj.items[k] for k in real}
+                if fn.name == "popitem":
+                    (k, v), = popped.items()
+                    return TupleVariable([ConstantVariable(k), v])
+                return ConstantVariable(result)
+            self.mutate(obj)
             if fn.name == "update":
                 new = _builtin_dict(self, args, kwargs)
                 obj.items.update(new.items)
@@ -404,7 +630,7 @@ class CallsMixin:
             for name in self.output.members(mv):
                 x = self.call_function(self.load_module_attr(mv, name), [x], {})
             return x
-        forward = inspect.getattr_static(type(mod), "forward")
+        forward = self.class_member(type(mod), "forward")
         if not isinstance(forward, types.FunctionType):
             raise self.unsupported(f"{type(mod).__name__}.forward is not a Python function")
         return self.inline_call(forward, [mv] + list(args), kwargs)
@@ -429,11 +655,8 @@ class CallsMixin:
             raise self.unsupported(f"call to {name}: {disabled}",
                                    "a function marked as never traced runs as Python")
         if code.co_flags & (inspect.CO_COROUTINE | inspect.CO_ASYNC_GENERATOR |
-                            inspect.CO_ITERABLE_COROUTINE) or \
-                code.co_flags & inspect.CO_GENERATOR and code.co_name != "<genexpr>":
-            # a generator function's object may be kept and resumed later (a contextmanager);
-            # only generator expressions, consumed where they are made, are run to the end
-            raise self.unsupported(f"call to generator/coroutine function {name}")
+                            inspect.CO_ITERABLE_COROUTINE):
+            raise self.unsupported(f"call to coroutine function {name}")
         if self.depth + 1 > MAX_INLINE_DEPTH:
             raise self.unsupported(f"call to {name}: inlining depth limit {MAX_INLINE_DEPTH}")
         # the function's own parameters, not those of a function it wraps (functools.wraps)
@@ -443,6 +666,7 @@ class CallsMixin:
         except TypeError as e:
             raise self.unsupported(f"call to {name}: {e}")
         bound.apply_defaults()
+        fn_source = self.function_source(func) if markers is None else None
         locals_: Dict[str, VariableTracker] = {}
         for pname, value in bound.arguments.items():
             kind = sig.parameters[pname].kind
@@ -453,7 +677,7 @@ class CallsMixin:
             elif markers and id(value) in markers:             # a default made in the trace
                 value = markers[id(value)]
             elif not isinstance(value, VariableTracker):      # a default value
-                value = self.output.wrap(value, None)
+                value = self.output.wrap(value, _default_source(func, fn_source, pname, value))
             if pname.startswith("implicit") and "." + pname[8:] in code.co_varnames:
                 pname = "." + pname[8:]           # inspect renames a comprehension's .0
             locals_[pname] = value
@@ -468,12 +692,22 @@ class CallsMixin:
         child = type(self)(self.output, func, locals_, {}, parent=self, globals_source=gsrc,
                                       closure_cells=closure_cells)
         if code.co_flags & inspect.CO_GENERATOR:
-            # a generator expression is run to the end at once and its values kept:
-            # `sum(f(t) for t in ts)`, `tuple(...)`, `any(...)` consume it whole
-            child.generator_items = []
-            child.run()
-            return IteratorVariable(child.generator_items)
+            # a generator: its frame runs when items are asked for (iterators.py)
+            child.generator = True
+            return GeneratorVariable(child)
         return child.run()
+
+    def function_source(self, func: types.FunctionType):
+        """The user's function the trace inlines, held by the guard, whose code and defaults are
+        guarded: they can be replaced on the function itself, which its identity does not show.
+        None for torch's own (trusted, as their globals)."""
+        if _is_internal_module_name(func.__globals__.get("__name__", "")):
+            return None
+        source = self.output.root_source(func, f"FN_{func.__name__}")
+        self.output.guards.identity(AttrSource(source, "__code__"), func.__code__, "code")
+        if func.__defaults__ is not None:
+            self.output.guards.identity(AttrSource(source, "__defaults__"), func.__defaults__, "defaults")
+        return source
 
     def inline_nested(self, fn: NestedFunctionVariable, args, kwargs) -> VariableTracker:
         code = fn.code
@@ -528,7 +762,7 @@ class CallsMixin:
         None where there is neither."""
         if not isinstance(obj, UserObjectVariable):
             return None
-        attr = inspect.getattr_static(type(obj.value), name, None)
+        attr = self.class_member(type(obj.value), name)
         read = ContainerReadVariable.of(obj, attr)
         if read is not None:
             return read.call(self, args, {})

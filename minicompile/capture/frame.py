@@ -24,8 +24,11 @@ compiled on its own), and every unsupported instruction runs for real.
 """
 from __future__ import annotations
 
+import builtins
 import copy
 import dis
+import functools
+import itertools
 import types
 from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, List, Optional
@@ -76,11 +79,16 @@ def maybe_has_backedge(tx) -> bool:
 def live_locals(tx, start_index: int) -> set:
     """Names any instruction reachable from `start_index` may read (a safe over-estimate)."""
     insts, seen, todo, names = tx.instructions, set(), [start_index], set()
+    # an exception raised in a try or with block goes on at its handler (a with block's
+    # __exit__ may swallow it and the code after the block runs)
+    handlers = [(e.start, e.end, e.target) for e in dis._parse_exception_table(tx.code)]
     while todo:
         i = todo.pop()
         while i < len(insts) and i not in seen:
             seen.add(i)
             ins = insts[i]
+            todo += [tx.offset_to_index[target] for start, end, target in handlers
+                     if start <= ins.offset < end and target in tx.offset_to_index]
             op = ins.opname
             if op.startswith("LOAD_FAST") or op in ("LOAD_DEREF", "LOAD_CLOSURE", "DELETE_FAST",
                                                      "STORE_FAST_LOAD_FAST"):
@@ -279,13 +287,32 @@ class TemplateBuilder:
         if isinstance(v, V.ModelOutputVariable):
             return ["modeloutput", v.cls, [(k, self.build(i)) for k, i in v.items.items()]]
         if isinstance(v, V.DictVariable):
+            if v.cls is not dict:                  # an OrderedDict, a defaultdict
+                return ["call", ["const", v.cls], ([self.build(v.factory)] if v.factory is not None else [])
+                        + [["dict", [(k, self.build(i)) for k, i in v.items.items()]]], []]
             return ["dict", [(k, self.build(i)) for k, i in v.items.items()]]
+        if isinstance(v, V.OperatorGetterVariable):
+            return ["call", ["const", v.cls], [self.build(a) for a in v.args],
+                    [(k, self.build(a)) for k, a in v.kwargs.items()]]
         if isinstance(v, V.IteratorVariable):
             if v.source is not None and self._source_fn(v.source) is not None:
                 return ["src", self._source_fn(v.source)]     # the real one, advanced (an effect)
             return ["iter", [self.build(i) for i in v.remaining()]]
+        if isinstance(v, V.ExceptionVariable):
+            return ["exception", v.cls, [self.build(a) for a in v.args],
+                    [(k, self.build(a)) for k, a in v.items.items()]]
+        if isinstance(v, V.GeneratorVariable) and not v.started and v.made_by is not None:
+            fn, args, kwargs = v.made_by        # not started: the call makes a fresh one
+            return ["call", self.build(fn), [self.build(a) for a in args],
+                    [(k, self.build(a)) for k, a in kwargs.items()]]
+        if isinstance(v, V.LazyIteratorVariable):
+            return ["lazy", v.kind, self.build(v.fn) if v.fn is not None else None,
+                    [self.build(i) for i in v.iterators], v.count, v.strict, v.bounds]
         if isinstance(v, V.DictViewVariable):
             return ["dictview", self.build(v.dict_var), v.kind]
+        if isinstance(v, V.NNModuleVariable) and v.made is not None:
+            cls, args, kwargs = v.made          # made in the frame: made again for each call
+            return ["new", cls, [self.build(a) for a in args], [(k, self.build(a)) for k, a in kwargs.items()]]
         if isinstance(v, V.NNModuleVariable):
             # the call's own module (modules are not guarded by identity)
             src = self._source_fn(v.source) if v.source is not None else None
@@ -297,7 +324,8 @@ class TemplateBuilder:
                                              for k, i in v.items.items()]]
             if v.source is None:
                 # an object made in the frame: a new one per call, its attributes from the trace
-                return ["obj", type(v.value), [(k, self.build(i)) for k, i in v.items.items()]]
+                return ["obj", type(v.value), [(k, self.build(i)) for k, i in v.items.items()
+                                               if i is not V.DELETED]]
             src = self._source_fn(v.source)
             return ["src", src] if src is not None else ["const", v.value]
         if isinstance(v, (V.CallableVariable,)):
@@ -311,10 +339,22 @@ class TemplateBuilder:
         if isinstance(v, V.GradModeVariable):
             return ["grad", v.enabled]
         if isinstance(v, V.NestedFunctionVariable):
-            return ["nested", v, self.build(v.defaults) if v.defaults is not None else None,
-                    [self.build(c.tx.load_local(c.name)) if isinstance(c, V.CellVariable) else ["const", c]
-                     for c in (v.closure.items if v.closure is not None else [])],
-                    v.f_globals is self.tx.output.root_globals]
+            # its cells: a new one holding the value of a local of the frame, or a real cell
+            cells = [["newcell", self.build(c.tx.load_local(c.name))] if isinstance(c, V.CellVariable)
+                     else self.build(c) for c in (v.closure.items if v.closure is not None else [])]
+            kwdefaults = v.kwdefaults.items.items() if v.kwdefaults is not None else ()
+            return ["nested", v, self.build(v.defaults) if v.defaults is not None else None, cells,
+                    v.f_globals is self.tx.output.root_globals,
+                    [(k, self.build(a)) for k, a in v.items.items()],
+                    [(k, self.build(a)) for k, a in kwdefaults]]
+        if isinstance(v, V.ClosureCellVariable):
+            src = self._source_fn(v.source) if v.source is not None else None
+            return ["src", src] if src is not None else ["const", v.cell]
+        if isinstance(v, V.PartialVariable):
+            if v.source is not None and self._source_fn(v.source) is not None:
+                return ["src", self._source_fn(v.source)]
+            return ["partial", self.build(v.func), [self.build(a) for a in v.args],
+                    [(k, self.build(a)) for k, a in v.keywords.items()]]
         raise self.tx.unsupported(f"{v.describe()} live across a graph break",
                                   "minicompile cannot rebuild it as a Python value")
 
@@ -335,13 +375,15 @@ def rebuild(t, outs, env, memo=None):
         r = tuple(rebuild(x, outs, env, memo) for x in t[1])
     elif kind == "list":
         r = [rebuild(x, outs, env, memo) for x in t[1]]
+    elif kind == "Size":
+        r = torch.Size([rebuild(x, outs, env, memo) for x in t[1]])
     elif kind == "set":
         r = {rebuild(x, outs, env, memo) for x in t[1]}
     elif kind == "obj":
         r = object.__new__(t[1])
         memo[key] = r                          # before the attributes: they may refer back
-        for name, x in t[2]:
-            setattr(r, name, rebuild(x, outs, env, memo))
+        for name, x in t[2]:                   # (its class's __setattr__ ran in the trace)
+            object.__setattr__(r, name, rebuild(x, outs, env, memo))
     elif kind == "copy":
         r = copy.deepcopy(t[1])
         memo[key] = r
@@ -364,19 +406,53 @@ def rebuild(t, outs, env, memo=None):
         r = getattr(rebuild(t[1], outs, env, memo), t[2])
     elif kind == "bound":
         r = types.MethodType(t[1], rebuild(t[2], outs, env, memo))
+    elif kind == "exception":
+        r = V.make_exception(t[1], [rebuild(a, outs, env, memo) for a in t[2]],
+                             {k: rebuild(a, outs, env, memo) for k, a in t[3]})
+    elif kind == "call":
+        r = rebuild(t[1], outs, env, memo)(*[rebuild(a, outs, env, memo) for a in t[2]],
+                                           **{k: rebuild(a, outs, env, memo) for k, a in t[3]})
+    elif kind == "lazy":
+        r = _lazy_iterator(t[1], rebuild(t[2], outs, env, memo) if t[2] is not None else None,
+                           [rebuild(i, outs, env, memo) for i in t[3]], *t[4:])
+    elif kind == "new":
+        r = t[1](*[rebuild(a, outs, env, memo) for a in t[2]], **{k: rebuild(a, outs, env, memo) for k, a in t[3]})
+    elif kind == "partial":
+        r = functools.partial(rebuild(t[1], outs, env, memo), *[rebuild(a, outs, env, memo) for a in t[2]],
+                              **{k: rebuild(a, outs, env, memo) for k, a in t[3]})
     elif kind == "grad":
         r = torch.enable_grad() if t[1] else torch.no_grad()
     elif kind == "nested":
         v = t[1]
         defaults = rebuild(t[2], outs, env, memo) if t[2] is not None else None
-        cells = tuple(types.CellType(rebuild(c, outs, env, memo)) for c in t[3]) or None
+        cells = tuple(types.CellType(rebuild(c[1], outs, env, memo)) if c[0] == "newcell"
+                      else rebuild(c, outs, env, memo) for c in t[3]) or None
         # made in the captured frame: it takes the called function's globals
         f_globals = env.get("G", v.f_globals) if t[4] else v.f_globals
         r = types.FunctionType(v.code, f_globals, v.code.co_name, defaults, cells)
+        r.__qualname__ = v.name
+        if v.kwdefaults is not None:
+            r.__kwdefaults__ = {k: rebuild(a, outs, env, memo) for k, a in t[6]}
+        for name, a in t[5]:
+            setattr(r, name, rebuild(a, outs, env, memo))
     else:
         raise AssertionError(kind)
     memo[key] = r
     return r
+
+
+def _lazy_iterator(kind, fn, iterators, count, strict, bounds):
+    """The real map/filter/zip/enumerate/islice a LazyIteratorVariable stands for."""
+    if kind in ("map", "filter"):
+        return getattr(builtins, kind)(fn, *iterators)
+    if kind == "zip":
+        return zip(*iterators, strict=strict)
+    if kind == "enumerate":
+        return enumerate(iterators[0], count)
+    start, stop, step = bounds
+    read, given = count                 # what is left: from the next wanted item on
+    wanted = start + given * step
+    return itertools.islice(iterators[0], wanted - read, None if stop is None else max(stop - read, 0), step)
 
 
 @dataclass
@@ -388,7 +464,7 @@ class Segment:
     offset: int                       # where it starts (0: the frame's entry)
     gm: torch.fx.GraphModule
     example_inputs: List[torch.Tensor]
-    end: str                          # "return" or "break"
+    end: str                          # "return", "raise" or "break"
     template: Any                     # return value / [stack templates, {local: template}]
     reason: Optional[Unsupported] = None
     break_inst: Any = None
@@ -414,8 +490,8 @@ class Segment:
         self.make_env, self.check = code.make_env, code.check
 
     def run(self, F, args, kwargs, call, inputs=None):
-        """-> ("return", value) or ("resume", offset, state). `inputs`: the graph's inputs,
-        where the caller has them (from `check`)."""
+        """-> ("return", value) or ("resume", offset, state); raises what the frame raised.
+        `inputs`: the graph's inputs, where the caller has them (from `check`)."""
         if inputs is None:
             inputs = self.get_inputs(F, args, kwargs)
         if self.compiled is not None:
@@ -433,10 +509,10 @@ class Segment:
             obj = obj_fn(env)
             if kind == "list":
                 t = list(rebuild(t, outs, env, memo))
-            elif kind in ("attrs", "dict"):
-                t = [(name, rebuild(vt, outs, env, memo)) for name, vt in t]
+            elif kind in ("attrs", "objattrs", "dict", "setitems"):
+                t = [(name, vt if vt[0] == "deleted" else rebuild(vt, outs, env, memo)) for name, vt in t]
             effects.append((kind, obj, t))
-        if self.end == "return":
+        if self.end in ("return", "raise"):
             result = rebuild(self.template, outs, env, memo)
         else:
             stack_t, locals_t = self.template
@@ -451,11 +527,20 @@ class Segment:
             elif kind == "dict":
                 obj.clear()
                 obj.update(t)
-            else:
+            elif kind == "setitems":
                 for name, value in t:
-                    setattr(obj, name, value)
+                    if value == ["deleted"]:
+                        obj.pop(name, None)        # (made by the trace, or there: read, so guarded)
+                    else:
+                        obj[name] = value
+            else:
+                store = object.__setattr__ if kind == "objattrs" else setattr
+                for name, value in t:
+                    store(obj, name, value)
         if self.end == "return":
             return ("return", result)
+        if self.end == "raise":            # the frame raised it (its effects are made)
+            raise result
         nxt = execute(self.break_inst, stack, f_locals, env["G"], self.kw_names, call,
                       self.offset_to_index)
         state = dict(f_locals)

@@ -50,7 +50,7 @@ from typing import Any, Callable, Dict, List, Optional, Tuple
 import torch
 
 from .. import autocast, config
-from .sources import AttrSource, ItemSource, RemainingSource, Source, ViewedDictSource
+from .sources import AttrSource, GenericAttrSource, HelperSource, ItemSource, Source
 
 
 try:
@@ -143,20 +143,23 @@ def bind_arguments(func: types.FunctionType, args: tuple, kwargs: dict
     for name in kwonly:
         exprs[name] = f"kwargs[{name!r}]" if name in kwargs else f"F.__kwdefaults__[{name!r}]"
     if varkw:
-        extra = [k for k in kwargs if k not in pos_names and k not in kwonly]
-        exprs[varkw] = "{" + ", ".join(f"{k!r}: kwargs[{k!r}]" for k in extra) + "}"
+        # in the order the caller passed them (a loop over **kwargs sees that order); which
+        # names and in what order is guarded where the trace reads the dict
+        named = set(pos_names[code.co_posonlyargcount:]) | set(kwonly)
+        exprs[varkw] = (f"{{k: v for k, v in kwargs.items() if k not in {sorted(named)!r}}}"
+                        if named else "dict(kwargs)")
     return ArgBinding(len(args), tuple(sorted(kwargs)), exprs), values
 
 
 def remaining_items(iterator) -> list:
-    """What an iterator has left, read from a copy of it (sources.RemainingSource)."""
+    """What an iterator has left, read from a copy of it (sources.HelperSource)."""
     import copy
     return list(copy.copy(iterator))
 
 
 def viewed_dict(view) -> dict:
-    """The dict a keys(), values() or items() view shows (sources.ViewedDictSource): the one
-    object the view's read-only `mapping` proxy refers to."""
+    """The dict a keys(), values() or items() view shows (its `.mapping` is a read-only proxy
+    of it, whose one reference is the dict)."""
     import gc
     return gc.get_referents(view.mapping)[0]
 
@@ -282,7 +285,9 @@ class GuardBuilder:
         self.namespace: Dict[str, Any] = {"torch": torch, "Tensor": torch.Tensor,
                                           "Parameter": torch.nn.Parameter,
                                           "TENSOR_FAILURE": tensor_failure,
-                                          "REMAINING": remaining_items, "VIEWED": viewed_dict}
+                                          "REMAINING": remaining_items,
+                                          "VIEWED_DICT": viewed_dict,
+                                          "DEREF": lambda ref: ref()}
         self._cpp_guards = None          # (the checks it covers, their C++ TensorGuards)
 
     def _add(self, key, source: Optional[Source], parts, comment: str = "", slow=None,
@@ -493,6 +498,19 @@ class GuardBuilder:
                   [(f"{{e}} is {self._ref(obj, 'OBJ_')}", f"{display(e)} is {label} (identity)")],
                   f"{e}: {what}, identity")
 
+    def class_member(self, cls: type, name: str, value):
+        """The code the trace ran for cls's `name` (a method, a property, __init__) is still
+        what the class has: found on the same class of its MRO (no class before it has one
+        now), and the same object there. Rebinding a method of a class changes every instance,
+        which their type checks do not see."""
+        mro = cls.__mro__
+        owner = next(k for k in mro if name in k.__dict__)
+        parts = [(f"{name!r} not in {self._ref(k, 'CLS_')}.__dict__", f"{k.__qualname__}.{name} was added")
+                 for k in mro[:mro.index(owner)]]
+        parts.append((f"{self._ref(owner, 'CLS_')}.__dict__.get({name!r}) is {self._ref(value, 'OBJ_')}",
+                      f"{owner.__qualname__}.{name} was rebound"))
+        self._add(("member", id(cls), name), None, parts, f"{cls.__qualname__}.{name}: as traced")
+
     def module(self, source: Source, mod: torch.nn.Module):
         """A module the trace read: its type and `training`, never its identity.
         What the trace read from it (parameters, buffers, attributes, submodules) is guarded
@@ -535,6 +553,15 @@ class GuardBuilder:
                   [(f"({{e}} is {{e1}}) is {same}",
                     f"({display(ea)} is {display(eb)}) == {same}")],
                   f"{ea} is {'' if same else 'not '}{eb}", others=[b])
+
+    def lacks_attr(self, source: Source, name: str):
+        """The object has no attribute `name`, in its own dict or on its class (read without
+        running its class's __getattr__, which the trace ran for the missing name)."""
+        e = source.expr()
+        self._add(("lacks", e, name), source,
+                  [(f"{name!r} not in object.__getattribute__({{e}}, '__dict__') and "
+                    f"not hasattr(type({{e}}), {name!r})", f"{display(e)} has an attribute {name!r} now")],
+                  f"{e}: no attribute {name!r} of its own")
 
     def has_attr(self, source: Source, name: str, present: bool):
         """The trace relied on whether an attribute exists (`hasattr`, `getattr` with a default)."""
@@ -632,8 +659,10 @@ class GuardBuilder:
                 rhs = f"{local(src.base, out)}.{src.attr}"
             elif isinstance(src, ItemSource):
                 rhs = f"{local(src.base, out)}[{src.index!r}]"
-            elif isinstance(src, (RemainingSource, ViewedDictSource)):
-                rhs = f"{src.FUNCTION}({local(src.base, out)})"
+            elif isinstance(src, HelperSource):
+                rhs = f"{src.helper}({local(src.base, out)})"
+            elif isinstance(src, GenericAttrSource):
+                rhs = f"object.__getattribute__({local(src.base, out)}, {src.attr!r})"
             else:
                 rhs = key                        # L['x'], G, a root label
             names[key] = f"v{len(names)}"

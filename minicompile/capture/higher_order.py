@@ -22,9 +22,13 @@ the branch and one more operand of the cond node, as Dynamo lifts free variables
 get the same inputs (operands + the union of what either lifted) and must return the same
 structure of tensors with the same shapes and dtypes. A constant predicate picks its branch at
 trace time, as Dynamo specializes it.
+
+`trial` traces code aside and undoes it, to learn whether it can be traced without effects
+outside it (an autograd.Function's forward and backward, an nn.Module's __init__).
 """
 from __future__ import annotations
 
+import contextlib
 from typing import Dict, List
 
 import torch
@@ -130,6 +134,32 @@ def _reachable(tx) -> set:
         elif isinstance(v, (DictVariable, UserObjectVariable)):
             todo += list(v.items.values())
     return seen
+
+
+@contextlib.contextmanager
+def trial(tx):
+    """Trace something only to learn whether it can be traced, and does nothing outside what
+    it makes (an nn.Module's __init__, an autograd.Function's backward), then undo it: its
+    changes to containers, its side effects, its graph nodes and the grad mode are put back
+    (graph inputs it read stay, unused). Yields `changed_outside()`: whether it changed a
+    value the frames around it can see, or state outside the frame."""
+    out = tx.output
+    visible = _reachable(tx)
+    mark, n_effects = len(out.undo_log), len(out.side_effects)
+    nodes, grad = set(out.graph.nodes), torch.is_grad_enabled()
+
+    def changed_outside(*own) -> bool:
+        return len(out.side_effects) != n_effects or any(
+            id(var) in visible and not any(var is v for v in own) for var, _old in out.undo_log[mark:])
+    try:
+        yield changed_outside
+    finally:
+        out.rollback(mark)
+        del out.side_effects[n_effects:]
+        for node in reversed(list(out.graph.nodes)):
+            if node not in nodes and node.op != "placeholder":
+                out.graph.erase_node(node)
+        torch._C._set_grad_enabled(grad)
 
 
 def trace_branch(tx, fn, operands: List[TensorVariable], what: str):

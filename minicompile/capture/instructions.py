@@ -8,20 +8,22 @@ attributes and items, operators, calls and functions, control flow, with-blocks,
 """
 from __future__ import annotations
 
+import collections.abc
 import operator
 import sys
+import types
 
 import torch
 import torch.fx
 
 
-from .breaks import Return
+from .breaks import ObservedException, Return, Yield
 from .bytecode import BINARY_OP_SYMBOLS, COMPARE_OPS, _cmp_symbol, handles
-from .sources import AttrSource, LocalSource
-from .builtin_calls import _is_singleton
-from .output_graph import _is_internal_module_name
-from .values import (NULL, CellVariable, ConstantVariable, DictVariable, DictViewVariable,
-                     GradModeVariable, IteratorVariable, ListVariable, ModelOutputVariable,
+from .builtin_calls import _is_singleton, class_attr
+from .iterators import iter_of, next_item
+from .values import (DELETED, NULL, BaseListVariable, BoundMethodVariable, BuiltinVariable, CellVariable,
+                     ClosureCellVariable, ConstantVariable, DictVariable, DictViewVariable, ExceptionVariable,
+                     GeneratorVariable, GradModeVariable, ListVariable, ModelOutputVariable,
                      NestedFunctionVariable, NNModuleVariable, PythonModuleVariable, SetVariable,
                      SliceVariable, SuperVariable, SymIntVariable, TensorVariable, TupleVariable,
                      TypeVariable, UserObjectVariable, WithExitVariable,
@@ -44,20 +46,48 @@ def _precall(tx, inst):
     pass
 
 
-# generators (see inline_call): run to the end, each yielded value collected
+# generators (iterators.py): their frame runs to each yield when an item is asked for
 @handles("RETURN_GENERATOR")
 def _return_generator(tx, inst):
-    if tx.generator_items is None:
+    if not tx.generator:
         raise tx.unsupported("RETURN_GENERATOR outside an inlined generator")
     tx.push(ConstantVariable(None))         # popped by the POP_TOP that follows
 
 
 @handles("YIELD_VALUE")
 def _yield_value(tx, inst):
-    if tx.generator_items is None:
+    if not tx.generator:
         raise tx.unsupported("yield outside an inlined generator")
-    tx.generator_items.append(tx.pop())
-    tx.push(ConstantVariable(None))         # what `yield` evaluates to: nothing was sent
+    raise Yield(tx.pop())                   # resumed with what the yield evaluates to pushed
+
+
+@handles("GET_YIELD_FROM_ITER")
+def _get_yield_from_iter(tx, inst):
+    tx.push(iter_of(tx, tx.pop()))
+
+
+@handles("SEND")
+def _send(tx, inst):
+    # `yield from`: the next item of the iterator below, sent what our yield was given; where
+    # it is exhausted, its return value replaces it (3.11) or joins it for END_SEND (3.12+)
+    value = tx.pop()
+    receiver = tx.stack[-1]
+    item = next_item(tx, receiver, value)
+    if item is not None:
+        tx.push(item)
+        return
+    result = receiver.return_value if isinstance(receiver, GeneratorVariable) else ConstantVariable(None)
+    if tx.version == (3, 11):
+        tx.pop()
+    tx.push(result)
+    tx.jump_to(inst)
+
+
+@handles("END_SEND", versions=[(3, 12), (3, 13)])
+def _end_send(tx, inst):
+    value = tx.pop()
+    tx.pop()
+    tx.push(value)
 
 
 @handles("LOAD_SUPER_ATTR", versions=[(3, 12), (3, 13)])
@@ -74,9 +104,9 @@ def _load_super_attr(tx, inst):
 @handles("LOAD_FAST")
 @handles("LOAD_FAST_CHECK", versions=[(3, 12), (3, 13)])
 def _load_fast(tx, inst):
-    if tx.version >= (3, 13) and inst.argval in tx.code.co_cellvars \
+    if tx.version >= (3, 13) and (inst.argval in tx.code.co_cellvars or inst.argval in tx.code.co_freevars) \
             and tx._next_builds_closure():
-        tx.push(CellVariable(tx, inst.argval))      # 3.13: LOAD_CLOSURE became LOAD_FAST
+        _load_closure(tx, inst)                      # 3.13: LOAD_CLOSURE became LOAD_FAST
         return
     tx.push(tx.load_local(inst.argval))
 
@@ -87,7 +117,7 @@ def _load_closure(tx, inst):
     if name in tx.closure_cells:                    # passing our own free variable on
         tx.push(tx.closure_cells[name])
     elif name in tx.freevars:
-        tx.push(tx.freevars[name])
+        tx.push(tx.closure_cell(name))
     else:
         tx.push(CellVariable(tx, name))
 
@@ -156,25 +186,150 @@ def _build_string(tx, inst):
 
 
 # iteration (loops are unrolled) -----------------------------------------------------
+# exceptions: raised ones go to the frame's handler (InstructionTranslator.handle_exception) -----
+@handles("RAISE_VARARGS")
+def _raise_varargs(tx, inst):
+    if inst.arg == 0:                                      # a bare `raise` in a handler
+        if tx.exc_info is None:
+            raise tx.observed(RuntimeError("No active exception to reraise"))
+        raise ObservedException(tx.exc_info)
+    cause = tx.pop() if inst.arg == 2 else None
+    exc = tx.make_exception(tx.pop())
+    tx.output.record_mutation(exc)
+    if cause is not None:                                  # raise ... from cause
+        exc.items["__cause__"] = cause if _is_singleton(cause) else tx.make_exception(cause)
+        exc.items["__suppress_context__"] = ConstantVariable(True)
+    if tx.exc_info is not None and "__context__" not in exc.items:
+        exc.items["__context__"] = tx.exc_info             # raised while handling another
+    raise ObservedException(exc)
+
+
+@handles("RERAISE")
+def _reraise(tx, inst):
+    raise ObservedException(tx.pop())
+
+
+@handles("PUSH_EXC_INFO")
+def _push_exc_info(tx, inst):
+    exc = tx.pop()
+    tx.push(tx.exc_info if tx.exc_info is not None else ConstantVariable(None))
+    tx.exc_info = exc
+    tx.push(exc)
+
+
+@handles("POP_EXCEPT")
+def _pop_except(tx, inst):
+    before = tx.pop()
+    tx.exc_info = None if isinstance(before, ConstantVariable) and before.value is None else before
+
+
+@handles("CHECK_EXC_MATCH")
+def _check_exc_match(tx, inst):
+    classes = tx.pop()
+    exc = tx.stack[-1]
+    if not classes.is_constant() or not isinstance(exc, ExceptionVariable):
+        raise tx.unsupported(f"except {classes.describe()} for {exc.describe()}")
+    tx.push(ConstantVariable(issubclass(exc.cls, classes.as_example())))
+
+
+@handles("LOAD_ASSERTION_ERROR")
+def _load_assertion_error(tx, inst):
+    tx.push(tx.output.wrap(AssertionError, None))
+
+
+@handles("WITH_EXCEPT_START")
+def _with_except_start(tx, inst):
+    # an exception leaves a with block: its __exit__(type, value, traceback) is called
+    exc = tx.stack[-1]
+    tx.push(tx.call_function(tx.stack[-4], [tx.output.wrap(exc.cls, None), exc, ConstantVariable(None)], {}))
+
+
+# match statements ------------------------------------------------------------------------
+@handles("MATCH_SEQUENCE")
+def _match_sequence(tx, inst):
+    v = tx.stack[-1]
+    tx.push(ConstantVariable(isinstance(v, (TupleVariable, ListVariable)) or
+                             not isinstance(v, (DictVariable, BaseListVariable)) and
+                             _matches(tx, v, collections.abc.Sequence) and
+                             not _matches(tx, v, (str, bytes, bytearray))))
+
+
+@handles("MATCH_MAPPING")
+def _match_mapping(tx, inst):
+    v = tx.stack[-1]
+    tx.push(ConstantVariable(isinstance(v, DictVariable) or _matches(tx, v, collections.abc.Mapping)))
+
+
+@handles("GET_LEN")
+def _get_len(tx, inst):
+    tx.push(tx.call_function(tx.output.wrap(len, None), [tx.stack[-1]], {}))
+
+
+@handles("MATCH_KEYS")
+def _match_keys(tx, inst):
+    keys, subject = tx.stack[-1], tx.stack[-2]
+    values = []
+    for key in keys.as_example():
+        if isinstance(subject, DictVariable) and key not in subject.items:
+            tx.push(ConstantVariable(None))
+            return
+        values.append(tx.subscript(subject, ConstantVariable(key)))
+    tx.push(TupleVariable(values))
+
+
+@handles("MATCH_CLASS")
+def _match_class(tx, inst):
+    # case Cls(a, b, k=v): the subject's attributes (positional ones by __match_args__), or None
+    names, cls, subject = tx.pop(), tx.pop(), tx.pop()
+    if not isinstance(cls, (TypeVariable, BuiltinVariable)) or not isinstance(cls.value, type) or \
+            not names.is_constant():
+        raise tx.unsupported(f"case {cls.describe()}(...)")
+    klass = cls.value
+    if not _matches(tx, subject, klass):
+        tx.push(ConstantVariable(None))
+        return
+    if inst.arg and klass in _SELF_MATCHING:
+        positional, values = list(names.as_example()), [subject]    # case int(n): n is the subject
+        names_left = positional
+    else:
+        match_args = getattr(klass, "__match_args__", ())
+        if inst.arg > len(match_args):
+            raise tx.observed(TypeError(f"{klass.__name__}() accepts {len(match_args)} positional "
+                                        f"sub-patterns ({inst.arg} given)"))
+        values, names_left = [], list(match_args[:inst.arg]) + list(names.as_example())
+    for name in names_left:
+        try:
+            values.append(tx.load_attr(subject, name))
+        except ObservedException as e:
+            if not issubclass(e.exc.cls, AttributeError):
+                raise
+            tx.push(ConstantVariable(None))           # no such attribute: the pattern fails
+            return
+    tx.push(TupleVariable(values))
+
+
+# classes whose instances a single positional sub-pattern matches whole (case int(n))
+_SELF_MATCHING = (bool, bytearray, bytes, dict, float, frozenset, int, list, set, str, tuple)
+
+
+def _matches(tx, v, klass) -> bool:
+    """isinstance(v, klass) of a traced value, without specializing a size."""
+    from .values import example_of
+    if isinstance(v, TensorVariable):
+        return issubclass(type(v.example), klass)
+    return isinstance(example_of(v), klass)
+
+
 @handles("GET_ITER")
 def _get_iter(tx, inst):
-    v = tx.pop()
-    if isinstance(v, IteratorVariable):
-        tx.push(v)
-    else:
-        tx.push(IteratorVariable(tx.iterate(v)))
+    tx.push(iter_of(tx, tx.pop()))
 
 
 @handles("FOR_ITER")
 def _for_iter(tx, inst):
-    it = tx.stack[-1]
-    if not isinstance(it, IteratorVariable):
-        raise tx.unsupported(f"for loop over {it.describe()}")
-    if it.index < len(it.items):
-        tx.output.record_mutation(it)
-        tx.output.advanced(it)
-        it.index += 1
-        tx.push(it.items[it.index - 1])
+    item = next_item(tx, tx.stack[-1])
+    if item is not None:
+        tx.push(item)
         return
     # exhausted: the iterator is popped and the loop's END_FOR (3.12: END_FOR,
     # 3.13: END_FOR + POP_TOP, which would pop it) skipped
@@ -207,10 +362,19 @@ def _before_with(tx, inst):
         undo, entered = tx.enter_autocast(ctx), ctx
     elif isinstance(ctx, NullContextVariable):
         undo, entered = (lambda tx: None), ctx.enter_result
+    elif isinstance(ctx, UserObjectVariable) and tx.output.inline_user_calls and all(isinstance(
+            class_attr(type(ctx.value), m), types.FunctionType) for m in ("__enter__", "__exit__")):
+        # a context manager of a Python class (contextlib.contextmanager's too): its methods traced
+        exit_ = BoundMethodVariable(class_attr(type(ctx.value), "__exit__"), ctx)
+        entered = tx.call_function(tx.load_attr(ctx, "__enter__"), [], {})
+        tx.with_depth += 1
+        tx.push(WithExitVariable(exit=exit_))
+        tx.push(entered)
+        return
     else:
         raise tx.unsupported(f"with-block on {ctx.describe()}",
-                             "only torch.no_grad/enable_grad/set_grad_enabled, torch.autocast "
-                             "and contextlib.nullcontext are modelled")
+                             "only torch.no_grad/enable_grad/set_grad_enabled, torch.autocast, "
+                             "contextlib.nullcontext and Python classes' context managers are modelled")
     tx.with_depth += 1
     tx.push(WithExitVariable(undo))
     tx.push(entered)
@@ -224,9 +388,11 @@ def _store_subscr(tx, inst):
     if isinstance(obj, TensorVariable):
         tx.output.call("call_function", operator.setitem, [obj, idx, value], {})
     elif isinstance(obj, (ListVariable, DictVariable)) and idx.is_constant():
-        tx.check_mutable(obj)
-        tx.output.record_mutation(obj)
-        obj.items[idx.as_example()] = value
+        key = idx.as_example()
+        if isinstance(obj, ListVariable) and isinstance(key, slice):
+            value = tx.iterate(value)                # l[1:3] = iterable
+        tx.mutate(obj)
+        obj.items[key] = value
     else:
         raise tx.unsupported(f"item assignment on {obj.describe()}")
 
@@ -236,8 +402,7 @@ def _delete_subscr(tx, inst):
     idx = tx.pop()
     obj = tx.pop()
     if isinstance(obj, (ListVariable, DictVariable)) and idx.is_constant():
-        tx.check_mutable(obj)
-        tx.output.record_mutation(obj)
+        tx.mutate(obj)
         del obj.items[idx.as_example()]
     else:
         raise tx.unsupported(f"del on {obj.describe()}")
@@ -248,6 +413,11 @@ def _store_attr(tx, inst):
     obj = tx.pop()
     value = tx.pop()
     tx.store_attr(obj, inst.argval, value)
+
+
+@handles("DELETE_ATTR")
+def _delete_attr(tx, inst):
+    tx.store_attr(tx.pop(), inst.argval, DELETED)
 
 
 @handles("LOAD_FAST_AND_CLEAR", versions=[(3, 12), (3, 13)])
@@ -354,48 +524,43 @@ def _load_global(tx, inst):
 @handles("LOAD_DEREF")
 def _load_deref(tx, inst):
     name = inst.argval
-    if name in tx.closure_cells:
-        cell = tx.closure_cells[name]
-        if isinstance(cell, CellVariable):
-            tx.push(cell.tx.load_local(cell.name))
-            return
-        tx.push(tx.output.wrap(cell.cell_contents, None))
-        return
-    if name in tx.freevars:
-        cell = tx.freevars[name]
-        src = None
-        if tx.parent is None:
-            # the captured frame's own closure: read from the called function's cells
-            # (F.__closure__), as `L[name]` (Dynamo's spelling), so that two closures of
-            # one function are told apart
-            src = LocalSource(name)
-            tx.output.guards.freevars[name] = tx.code.co_freevars.index(name)
-        elif not _is_internal_module_name(tx.f_globals.get("__name__", "")):
-            # an inlined function's: it was guarded by identity, so its cells are its own
-            src = AttrSource(tx.output.root_source(cell, f"CELL_{name}"), "cell_contents")
-        try:
-            value = cell.cell_contents
-        except ValueError:
-            raise tx.unsupported(f"free variable {name!r} referenced before assignment")
-        tx.push(tx.output.wrap(value, src))
+    cell = tx.closure_cells.get(name)
+    if isinstance(cell, CellVariable):                  # a local of a frame in the trace
+        tx.push(cell.tx.load_local(cell.name))
+    elif isinstance(cell, ClosureCellVariable):
+        tx.push(tx.read_cell(cell, name))
+    elif name in tx.freevars:
+        tx.push(tx.read_cell(tx.closure_cell(name), name))
     else:
         tx.push(tx.load_local(name))        # a cell variable of this frame
 
 
 @handles("STORE_DEREF")
 def _store_deref(tx, inst):
-    cell = tx.closure_cells.get(inst.argval)
+    name = inst.argval
+    cell = tx.closure_cells.get(name)
     if isinstance(cell, CellVariable):
         if cell.tx.parent is None and cell.tx is not tx and cell.tx.output is not tx.output:
             raise tx.unsupported("nonlocal assignment to another frame")
         cell.tx.lazy_locals.pop(cell.name, None)
         cell.tx.locals[cell.name] = tx.pop()
-        return
-    if inst.argval in tx.freevars:
-        raise tx.unsupported(f"assignment to free variable {inst.argval!r} (nonlocal)",
-                               "side effects on enclosing scopes are not modelled yet")
-    tx.lazy_locals.pop(inst.argval, None)      # a cell variable of this frame, rebound
-    tx.locals[inst.argval] = tx.pop()
+    elif isinstance(cell, ClosureCellVariable):
+        tx.write_cell(cell, name, tx.pop())
+    elif name in tx.freevars:
+        tx.write_cell(tx.closure_cell(name), name, tx.pop())
+    else:
+        tx.lazy_locals.pop(name, None)      # a cell variable of this frame, rebound
+        tx.locals[name] = tx.pop()
+
+
+@handles("STORE_GLOBAL")
+def _store_global(tx, inst):
+    tx.store_global(inst.argval, tx.pop())
+
+
+@handles("DELETE_GLOBAL")
+def _delete_global(tx, inst):
+    tx.store_global(inst.argval, DELETED)
 
 
 @handles("LOAD_ATTR", versions=[(3, 11)])
@@ -508,17 +673,28 @@ def _is_op(tx, inst):
             a.source is not None and b.source is not None:
         r = a.value is b.value                 # a relation between the call's own objects
         tx.output.guards.same_object(a.source, b.source, r)
-    elif isinstance(a, TensorVariable) and isinstance(b, TensorVariable) and \
-            a.source is not None and b.source is not None:
-        r = a.example is b.example             # two of the call's tensors (attention's `query is key`)
-        tx.output.guards.same_object(a.source, b.source, r)
-    elif isinstance(a, (UserObjectVariable, ModelOutputVariable, DictVariable, ListVariable)) and \
-            isinstance(b, (UserObjectVariable, ModelOutputVariable, DictVariable, ListVariable)) and \
-            (a.source is None or b.source is None):
+    elif isinstance(a, TensorVariable) and isinstance(b, TensorVariable):
+        a, b = a.identity(), b.identity()
+        if a is b:
+            r = True
+        elif a.source is not None and b.source is not None:
+            r = a.example is b.example         # two of the call's tensors (attention's `query is key`)
+            tx.output.guards.same_object(a.source, b.source, r)
+        else:
+            # one the graph computed: each op's new tensor is a new variable (one that gives
+            # its input back is marked so: OutputGraph.call)
+            r = False
+    elif isinstance(a, _OBJECTS) and isinstance(b, _OBJECTS) and \
+            (getattr(a, "source", None) is None or getattr(b, "source", None) is None):
         r = False                  # one made in the frame: only itself (a is b, above) is it
     else:
         raise tx.unsupported(f"'is' between {a.describe()} and {b.describe()}")
     tx.push(ConstantVariable(r != bool(inst.arg)))
+
+
+# values whose identity the trace knows: one made in the frame is only itself
+_OBJECTS = (UserObjectVariable, ModelOutputVariable, DictVariable, ListVariable, NestedFunctionVariable,
+            ExceptionVariable)
 
 
 @handles("CONTAINS_OP")
@@ -534,6 +710,9 @@ def _contains_op(tx, inst):
     elif item.is_constant() and isinstance(container, NNModuleVariable) and \
             isinstance(container.module, torch.nn.ModuleDict):
         r = item.as_example() in tx.output.members(container)
+    elif isinstance(container, (ListVariable, TupleVariable)):
+        # as Python: an item that is it, or == it (objects by their __eq__ or identity)
+        r = any(e is item or tx.truth(tx.binary("==", e, item), "in") for e in container.items)
     else:
         special = tx.call_special(container, "__contains__", [item])
         if special is None or not special.is_constant():
@@ -602,7 +781,7 @@ def _list_extend(tx, inst):
     lst = tx.stack[-inst.arg]
     if not isinstance(lst, ListVariable):
         raise tx.unsupported("LIST_EXTEND on a non-list")
-    tx.output.record_mutation(lst)
+    tx.mutate(lst)
     lst.items.extend(tx.iterate(v))
 
 
@@ -610,7 +789,7 @@ def _list_extend(tx, inst):
 def _list_append(tx, inst):
     v = tx.pop()
     lst = tx.stack[-inst.arg]
-    tx.output.record_mutation(lst)
+    tx.mutate(lst)
     lst.items.append(v)
 
 
@@ -621,7 +800,7 @@ def _map_add(tx, inst):
     d = tx.stack[-inst.arg]
     if not key.is_constant():
         raise tx.unsupported("dict comprehension with a non-constant key")
-    tx.output.record_mutation(d)
+    tx.mutate(d)
     d.items[key.as_example()] = value
 
 
@@ -632,7 +811,7 @@ def _set_add(tx, inst):
     if not isinstance(s, SetVariable) or not item.is_constant():
         raise tx.unsupported(f"adding {item.describe()} to a set",
                                "sets of Python constants are modelled, not sets of tensors")
-    tx.output.record_mutation(s)
+    tx.mutate(s)
     s.items = SetVariable.of(set(s.as_example()) | {item.as_example()}).items
 
 
@@ -651,7 +830,7 @@ def _set_update(tx, inst):
     items = tx.iterate(v)
     if not isinstance(s, SetVariable) or not all(i.is_constant() for i in items):
         raise tx.unsupported("a set of non-constant values")
-    tx.output.record_mutation(s)
+    tx.mutate(s)
     s.items = SetVariable.of(set(s.as_example()) | {i.as_example() for i in items}).items
 
 
@@ -677,7 +856,7 @@ def _dict_merge(tx, inst):
     d = tx.stack[-inst.arg]
     if not isinstance(v, DictVariable) or not isinstance(d, DictVariable):
         raise tx.unsupported(f"{inst.opname} with {v.describe()}")
-    tx.output.record_mutation(d)
+    tx.mutate(d)
     d.items.update(v.items)
 
 

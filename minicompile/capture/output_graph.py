@@ -3,16 +3,21 @@
 Takes: from the translator, each value read from outside the frame (with its source) and each
 operation on traced values. Hands on: a `torch.fx.Graph` whose placeholders are the values read
 (named after their sources, as TorchDynamo names them), the `GuardBuilder` that checks what the
-trace relied on, and the example value of every node (the op run on the real inputs as the
-trace goes; writes run on copies, so tracing never changes the caller's tensors).
+trace relied on, the example value of every node (the op run on the real inputs as the
+trace goes; writes run on copies, so tracing never changes the caller's tensors), and the
+side effects: the variables of objects from outside the frame the trace changed (lists, dicts,
+attributes, globals, closure cells), which frame.Segment makes on the real objects after the
+graph, as Dynamo replays its side effects.
 
 `wrap` is TorchDynamo's VariableBuilder: a real value -> the VariableTracker that stands for it,
-recording the guard it needs. `call` records one operation. Symbolic sizes (dynamic shapes)
-are worked out here on fake tensors, and comparisons of them answered on the symbols.
+recording the guard it needs (one object read under two sources is one variable). `call`
+records one operation. Symbolic sizes (dynamic shapes) are worked out here on fake tensors,
+and comparisons of them answered on the symbols.
 """
 from __future__ import annotations
 
 import copy
+import functools
 import math
 import operator
 import os
@@ -31,16 +36,17 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from .. import aliasing, ir, logs
 from .breaks import Unsupported, never_traced
 from .guards import GuardBuilder, dense_order, viewed_dict
-from .sources import (AttrSource, ItemSource, LocalSource, RemainingSource, RootSource, Source,
-                      ViewedDictSource)
+from .sources import AttrSource, HelperSource, ItemSource, LocalSource, RootSource, Source
 from .builtin_calls import _BUILTIN_HANDLERS
 
 if TYPE_CHECKING:
     from .translator import InstructionTranslator
-from .values import (NULL, BoundMethodVariable, BuiltinVariable, ConstantVariable, DictVariable,
-                     DictViewVariable, GradModeVariable, IteratorVariable, ListVariable,
+from .values import (NULL, BaseListVariable, BoundMethodVariable, BuiltinVariable, ClosureCellVariable,
+                     ConstantVariable, DictVariable, GlobalWritesVariable, NestedFunctionVariable,
+                     PartialVariable, DictViewVariable, GradModeVariable, IteratorVariable, ListVariable,
                      ModelOutputVariable, NamedTupleVariable, NNModuleVariable,
-                     PythonModuleVariable, SymIntVariable, TensorVariable, TorchFunctionVariable,
+                     PythonModuleVariable, SizeVariable, SymIntVariable, TensorVariable,
+                     TorchFunctionVariable,
                      TupleVariable, TypeVariable, UserFunctionVariable, UserObjectVariable,
                      VariableTracker, example_of, _contains_tensor, _contains_tensor_value,
                      _hashable, is_constant_value, is_model_output_class, sym_leaves)
@@ -70,6 +76,12 @@ COMPARE_SYMBOLS = {operator.eq: "==", operator.ne: "!=", operator.lt: "<", opera
 SIZE_ARITHMETIC = {"+": operator.add, "+=": operator.add, "-": operator.sub, "-=": operator.sub,
                    "*": operator.mul, "*=": operator.mul, "//": operator.floordiv,
                    "//=": operator.floordiv}
+
+
+# Ops that give a list of tensors as long as a size says (x.split(2)): with dynamic shapes they
+# specialize the sizes of what they split
+SIZED_OUTPUTS = {"split": 2, "chunk": 2, "tensor_split": 2, "unsafe_split": 2, "unsafe_chunk": 2,
+                 "unbind": 1, "hsplit": None, "vsplit": None, "dsplit": None}    # -> where dim is passed
 
 
 # Metadata reads that reveal a size: with dynamic shapes they specialize it (see specialize_sizes)
@@ -154,9 +166,14 @@ _TORCH_MODULE_PREFIXES = ("torch", "_operator", "operator", "math")
 
 
 def _is_torch_callable(v) -> bool:
+    """A function of torch's (or operator's, math's) that a call of becomes one graph node. A
+    lambda or a function made inside another has no name a graph can call it by: it is traced
+    like the user's."""
     if isinstance(v, type):
         return False
     mod = getattr(v, "__module__", None) or ""
+    if isinstance(v, types.FunctionType) and ("<lambda>" in v.__qualname__ or "<locals>" in v.__qualname__):
+        return False
     if isinstance(v, (types.BuiltinFunctionType, types.FunctionType, torch._ops.OpOverloadPacket,
                       torch._ops.OpOverload)):
         return mod.split(".")[0] in _TORCH_MODULE_PREFIXES and not _is_module_method(v)
@@ -169,6 +186,14 @@ def _is_module_method(fn) -> bool:
     owner = getattr(sys.modules.get(getattr(fn, "__module__", None) or ""), fn.__qualname__.split(".")[0], None) \
         if isinstance(fn, types.FunctionType) and "." in fn.__qualname__ else None
     return isinstance(owner, type) and issubclass(owner, torch.nn.Module)
+
+
+def _plain_tensor_type(cls) -> bool:
+    """A tensor class whose operations are torch.Tensor's (Parameter, Buffer...), not its own
+    __torch_function__ or __torch_dispatch__ (a tensor subclass's)."""
+    function = getattr(cls.__torch_function__, "__func__", cls.__torch_function__)
+    return function in (torch.Tensor.__torch_function__.__func__, torch._C._disabled_torch_function_impl) and \
+        cls.__torch_dispatch__ is torch._C._disabled_torch_dispatch_impl
 
 
 def _is_internal_module_name(name: str) -> bool:
@@ -214,6 +239,12 @@ class OutputGraph:
         # objects from outside the frame changed by the trace (global lists, attributes):
         # the changes are made on the real objects after the graph runs
         self.side_effects: List[VariableTracker] = []
+        # the lists, dicts and other objects read from outside the frame: id -> (the object,
+        # its variable)
+        self._containers: Dict[int, Tuple[Any, VariableTracker]] = {}
+        # closure cells and globals dicts the trace reads or writes: id -> their variable
+        self.cells: Dict[int, ClosureCellVariable] = {}
+        self._global_writes: Dict[int, GlobalWritesVariable] = {}
         # inline user functions and modules (False in a frame run eagerly: every user call
         # is then made for real, and the callee compiled on its own, as Dynamo does)
         self.inline_user_calls = True
@@ -224,18 +255,18 @@ class OutputGraph:
         self.instruction_budget = 200_000     # unrolled loops: a bound, not a hang
 
     def record_mutation(self, var: VariableTracker):
-        if isinstance(var, (DictVariable, UserObjectVariable, NNModuleVariable)):
+        if hasattr(var, "state"):                 # an iterator: its position
+            self.undo_log.append((var, var.state()))
+        elif isinstance(var.items, dict):
             self.undo_log.append((var, dict(var.items)))
-        elif isinstance(var, IteratorVariable):
-            self.undo_log.append((var, var.index))
         else:
             self.undo_log.append((var, list(var.items)))
 
     def rollback(self, mark: int):
         while len(self.undo_log) > mark:
             var, old = self.undo_log.pop()
-            if isinstance(var, IteratorVariable):
-                var.index = old
+            if hasattr(var, "state"):
+                var.restore(old)
             else:
                 var.items = old
 
@@ -252,8 +283,45 @@ class OutputGraph:
     def advanced(self, it: IteratorVariable) -> None:
         """An iterator from outside the frame gives items: the real one gives as many after the
         graph (a side effect)."""
-        if it.source is not None and it not in self.side_effects:
-            self.side_effects.append(it)
+        if it.source is not None:
+            self.add_side_effect(it)
+
+    def global_writes(self, f_globals, source: Source) -> GlobalWritesVariable:
+        """The assignments the trace made to this globals dict (STORE_GLOBAL), or to this
+        class's attributes."""
+        var = self._global_writes.get(id(f_globals))
+        if var is None:
+            var = self._global_writes[id(f_globals)] = GlobalWritesVariable(source)
+            var.owner = f_globals
+        return var
+
+    def class_write(self, cls: type, name: str) -> Optional[VariableTracker]:
+        """What the trace assigned to `name` on cls or a base it inherits it from, or None
+        (where a class before it in the MRO has its own)."""
+        for klass in cls.__mro__:
+            var = self._global_writes.get(id(klass))
+            if var is not None and name in var.items:
+                return var.items[name]
+            if name in klass.__dict__:
+                return None
+        return None
+
+    def add_side_effect(self, var: VariableTracker) -> None:
+        """`var` came from outside the frame and the trace changes it: the change is made on the
+        real object after the graph runs."""
+        if var not in self.side_effects:
+            self.side_effects.append(var)
+
+    def guard_container_aliasing(self) -> None:
+        """An object the trace changed (a list, a dict, an object's attributes) is no other
+        object of its type the trace read: a later call that passes one list twice (where the
+        trace saw two) must not reuse a trace that changed only one of them. (One object read
+        under two sources is one variable, and that is guarded where it is found: wrap.)"""
+        for var in self.side_effects:
+            mine = next((value for value, v in self._containers.values() if v is var), None)
+            for value, other in self._containers.values():
+                if mine is not None and other is not var and type(value) is type(mine):
+                    self.guards.same_object(var.source, other.source, False)
 
     # -- facts about modules the trace relied on (modules are not guarded by identity) ---
     def members(self, mv: NNModuleVariable, kind: str = "_modules") -> dict:
@@ -358,7 +426,7 @@ class OutputGraph:
         return SymIntVariable(proxy, t.example.size(d), [t], self.specialize_sizes)
 
     def shape_of(self, t: TensorVariable) -> VariableTracker:
-        return TupleVariable([self.size_of(t, d) for d in range(t.example.dim())])
+        return SizeVariable([self.size_of(t, d) for d in range(t.example.dim())])
 
     def _is_dynamic_dim(self, t: TensorVariable, d: int) -> bool:
         """Whether dim d of t's size depends on a dynamic input dim: for an input, its own
@@ -406,13 +474,14 @@ class OutputGraph:
             key = source.expr()
             if key in self._by_source:
                 return self._by_source[key]
-            seen = self._containers.get(id(value)) if type(value) in (dict, list) else None
-            if seen is not None:
-                var = seen[1]
-                self.guards.same_object(var.source, source, True)   # one object in later calls too
+            if id(value) in self._containers:
+                # one object read under two sources: one variable, so that a change through
+                # either is seen through both (and the guard checks they are one)
+                var = self._containers[id(value)][1]
+                self.guards.same_object(source, var.source, True)
             else:
                 var = self._wrap(value, source)
-                if type(value) in (dict, list):
+                if type(value) in (list, dict) or isinstance(var, UserObjectVariable):
                     self._containers[id(value)] = (value, var)
             self._by_source[key] = var
             return var
@@ -421,6 +490,11 @@ class OutputGraph:
     def _wrap(self, value, source: Optional[Source]) -> VariableTracker:
         g = self.guards
         if isinstance(value, torch.Tensor):
+            if not _plain_tensor_type(type(value)):
+                raise self.unsupported(f"a tensor of class {type(value).__qualname__}, which overrides "
+                                       "__torch_function__ or __torch_dispatch__",
+                                       "its operations do what its class says, which the graph does not "
+                                       "model: they run as Python")
             if source is None:
                 raise self.unsupported(f"a tensor constant of unknown origin ({type(value).__name__})",
                                        "only tensors reachable from the arguments, globals or "
@@ -444,6 +518,12 @@ class OutputGraph:
             items = [self.wrap(v, ItemSource(source, i) if source else None)
                      for i, v in enumerate(value)]
             return (TupleVariable if isinstance(value, tuple) else ListVariable)(items, source)
+        if isinstance(value, tuple) and isinstance(getattr(type(value), "_fields", None), tuple):
+            # a namedtuple with values that are not all constants (else it is one)
+            if source is not None:
+                g.type_check(source, type(value))
+            return NamedTupleVariable([self.wrap(v, ItemSource(source, i) if source else None)
+                                       for i, v in enumerate(value)], type(value), source)
         if source is not None and is_model_output_class(type(value)):
             g.type_check(source, type(value))
             g.mapping_keys(source, value)
@@ -467,20 +547,41 @@ class OutputGraph:
             # (the dict's own variable where the trace has it already: a change made to it in
             # the trace shows in the view)
             g.type_check(source, type(value))
-            return DictViewVariable(self.wrap(viewed_dict(value), ViewedDictSource(source)),
-                                    type(value).__name__[5:])
+            kind = next(k for t, k in zip(_DICT_VIEWS, ("keys", "values", "items")) if isinstance(value, t))
+            if type(viewed_dict(value)) is dict:
+                # the dict itself: one variable with the dict where the trace reads that too
+                return DictViewVariable(self.wrap(viewed_dict(value), HelperSource("VIEWED_DICT", source)), kind)
+            mapping, map_src = value.mapping, AttrSource(source, "mapping")
+            g.mapping_keys(map_src, mapping)
+            d = DictVariable({k: self.wrap(v, ItemSource(map_src, k)) for k, v in mapping.items()}, map_src)
+            return DictViewVariable(d, kind)
         if type(value) in _READABLE_ITERATORS and source is not None:
             # an iterator from outside the frame (or across a graph break): its remaining items
             # read from a copy of it (it is not advanced); what the trace takes from it is taken
             # from the real one after the graph (an effect)
             g.type_check(source, type(value))
-            items_src = RemainingSource(source)
+            items_src = HelperSource("REMAINING", source)
             remaining = list(copy.copy(value))
             g.sequence(items_src, remaining)
             return IteratorVariable([self.wrap(v, ItemSource(items_src, i)) for i, v in enumerate(remaining)],
                                     source=source)
-        known = (isinstance(value, (types.ModuleType, types.FunctionType, types.MethodType, type))
+        if type(value) is functools.partial:
+            # its function and arguments, each read (and guarded) through the partial's source
+            if source is not None:
+                g.type_check(source, functools.partial)
+            part = lambda name: AttrSource(source, name) if source is not None else None  # noqa: E731
+            args = self.wrap(value.args, part("args"))
+            args = [ConstantVariable(a) for a in args.value] if args.is_constant() else args.items
+            keywords = self.wrap(value.keywords, part("keywords"))
+            return PartialVariable(self.wrap(value.func, part("func")), args, keywords.items, source)
+        known = (isinstance(value, (types.ModuleType, types.FunctionType, types.MethodType, type,
+                                    functools._lru_cache_wrapper))
                  or _is_torch_callable(value) or (_hashable(value) and value in _BUILTIN_HANDLERS))
+        if source is None and not known and not isinstance(value, _BUILTIN_CALLABLES):
+            # an object the trace reached by no path a guard can follow again (a global of a
+            # Python helper of torch's, a default argument): the guard holds the object itself,
+            # and checks what the trace reads of it as for any other object
+            source = self.root_source(value, f"OBJ_{type(value).__name__}")
         if source is not None and not known:
             g.type_check(source, type(value))     # its attributes are guarded one by one
             return UserObjectVariable(value, source)
@@ -493,7 +594,7 @@ class OutputGraph:
             return PythonModuleVariable(value, source)
         if _is_torch_callable(value) and never_traced(value) is None:
             return TorchFunctionVariable(value, source)
-        if isinstance(value, types.FunctionType):
+        if isinstance(value, (types.FunctionType, functools._lru_cache_wrapper)):
             return UserFunctionVariable(value, source)
         if isinstance(value, types.MethodType):
             self_var = self.wrap(value.__self__, AttrSource(source, "__self__") if source else None)
@@ -518,6 +619,16 @@ class OutputGraph:
             # x.__setitem__(i, v), x.__iadd__(y): the operator they stand for (the same write)
             kind, target = "call_function", getattr(operator, target)
         name = target if kind == "call_method" else getattr(target, "__name__", str(target))
+        python_fn = next((v for v in _leaves(list(args) + list(kwargs.values())) if isinstance(
+            v, (UserFunctionVariable, NestedFunctionVariable, BoundMethodVariable, PartialVariable,
+                NNModuleVariable))), None)
+        if python_fn is not None:
+            # (torch.utils.checkpoint, associative_scan...): running it on the examples would
+            # run the Python function once more than eager does, and a graph cannot hold it
+            err = self.unsupported(f"{name}() takes a Python function ({python_fn.describe()})",
+                                   "the call runs as Python, at a graph break")
+            err.python_result = True          # (a Python helper of torch's is traced instead)
+            raise err
         if args and isinstance(args[0], TensorVariable) and self.has_dynamic_inputs():
             sized = self._dynamic_size_call(kind, target, args, kwargs)
             if sized is not None:
@@ -598,12 +709,30 @@ class OutputGraph:
             if not is_constant_value(result):
                 raise self.unsupported(f"{name}() returned a {type(result).__name__}")
             return ConstantVariable(result)
+        if isinstance(result, (tuple, list)) and name in SIZED_OUTPUTS and args and \
+                isinstance(args[0], TensorVariable) and self.has_dynamic_inputs():
+            # as many tensors as the size of the dim it splits says: where that size is dynamic,
+            # the Python the trace runs on them depends on it
+            t, at = args[0], SIZED_OUTPUTS[name]
+            if at is None:                      # hsplit, vsplit, dsplit: a dim of their own
+                d = {"vsplit": 0, "hsplit": 1 if t.example.dim() > 1 else 0, "dsplit": 2}[name]
+            else:
+                dim = kwargs.get("dim", args[at] if len(args) > at else ConstantVariable(0))
+                d = dim.as_example()
+            if self._is_dynamic_dim(t, d % t.example.dim()):
+                self.specialize_sizes([t], f"{name}() gives as many tensors as dim {d}'s size says")
         proxy = self.tracer.create_proxy(kind, target, self.lift(tuple(_graph_arg(a) for a in args)),
                                          self.lift({k: _graph_arg(v) for k, v in kwargs.items()}))
         self._set_meta(proxy.node, result)
         if watch.draws_random:
             proxy.node.meta["draws_random"] = True
-        return self._wrap_result(proxy, result)
+        var = self._wrap_result(proxy, result)
+        for a, example in zip(args, ex_args):
+            if isinstance(var, TensorVariable) and isinstance(a, TensorVariable) and result is example:
+                # the op gave its input back (x.contiguous() of a contiguous x, x.to(x.dtype)):
+                # `y is x` holds, as in eager
+                var.same_as = a
+        return var
 
     def _dynamic_size_call(self, kind, target, args, kwargs):
         """x.size(), x.size(d), len(x), x.numel() with dynamic shapes: symbolic where the size
@@ -701,7 +830,13 @@ class OutputGraph:
 
     def sym_arith(self, op, a: VariableTracker, b: VariableTracker) -> VariableTracker:
         """Integer arithmetic on sizes, at least one of them symbolic: a graph node."""
-        example = op(example_of(a), example_of(b))
+        try:
+            example = op(example_of(a), example_of(b))
+        except ArithmeticError as e:        # (n // 0): the trace now depends on the values
+            for v in (a, b):
+                if isinstance(v, SymIntVariable):
+                    v.as_example()           # static, guarded by value
+            raise self.tx.observed(e) from None
         proxy = self.tracer.create_proxy("call_function", op, (a.as_proxy(), b.as_proxy()), {})
         self._set_meta(proxy.node, example)
         deps = [t for v in (a, b) if isinstance(v, SymIntVariable) for t in v.deps]
@@ -726,6 +861,9 @@ class OutputGraph:
                 f'  File "{f}", line {l}, in {n}\n    {t}\n' for f, l, t, n in self.tx.full_stack())
 
     def _wrap_result(self, proxy: torch.fx.Proxy, result) -> VariableTracker:
+        if isinstance(result, torch.Tensor) and not _plain_tensor_type(type(result)):
+            raise self.unsupported(f"an operation gave a tensor of class {type(result).__qualname__}, "
+                                   "which overrides __torch_function__ or __torch_dispatch__")
         if isinstance(result, torch.Tensor):
             return TensorVariable(proxy, result)
         if isinstance(result, (tuple, list)):
@@ -797,6 +935,19 @@ class OutputGraph:
         self.guards.storage_pattern([s for s, _ in tensors], pattern)
 
 
+def _leaves(vars_) -> list:
+    """The variables in vars_, with the items of lists, tuples and dicts among them."""
+    out = []
+    for v in vars_:
+        if isinstance(v, BaseListVariable):
+            out += _leaves(v.items)
+        elif isinstance(v, DictVariable):
+            out += _leaves(list(v.items.values()))
+        else:
+            out.append(v)
+    return out
+
+
 def _graph_arg(v: VariableTracker):
     """An argument as the graph holds it: NumPy's scalars as Python's (the same to torch)."""
     p = v.as_proxy()
@@ -835,6 +986,11 @@ def _storage_ptr(t: torch.Tensor):
 
 
 _DICT_VIEWS = (type({}.keys()), type({}.values()), type({}.items()))
+
+
+# callables written in C: one capture does not model stays a break where it is read
+_BUILTIN_CALLABLES = (types.BuiltinFunctionType, types.WrapperDescriptorType, types.MethodWrapperType,
+                      types.MethodDescriptorType, types.ClassMethodDescriptorType)
 
 
 # iterators whose copy (copy.copy) is independent of them: their remaining items can be read

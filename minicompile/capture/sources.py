@@ -54,12 +54,32 @@ class RootSource(Source):
 
 
 @dataclass(frozen=True, eq=True)
+class ClosureCellSource(Source):
+    """Closure cell `index` of the function the call runs (its free variable's cell)."""
+    index: int
+
+    def _expr(self):
+        return f"F.__closure__[{self.index}]"
+
+
+@dataclass(frozen=True, eq=True)
 class AttrSource(Source):
     base: Source
     attr: str
 
     def _expr(self):
         return f"{self.base.expr()}.{self.attr}"
+
+
+@dataclass(frozen=True, eq=True)
+class GenericAttrSource(Source):
+    """`base.attr` as object.__getattribute__ reads it, past a class's own __getattribute__
+    (which the trace runs itself: the guard must not run it again)."""
+    base: Source
+    attr: str
+
+    def _expr(self):
+        return f"object.__getattribute__({self.base.expr()}, {self.attr!r})"
 
 
 @dataclass(frozen=True, eq=True)
@@ -72,23 +92,15 @@ class ItemSource(Source):
 
 
 @dataclass(frozen=True, eq=True)
-class RemainingSource(Source):
-    """The items an iterator has not yet given, read without advancing it (a copy of it)."""
+class HelperSource(Source):
+    """What a function of the guard's namespace reads from `base` without changing it:
+    REMAINING, the items an iterator has not yet given (from a copy of it); VIEWED_DICT, the
+    dict that a keys(), values() or items() view shows; DEREF, what a weak reference refers to."""
+    helper: str
     base: Source
-    FUNCTION = "REMAINING"          # guards.remaining_items, in the guard's namespace
 
     def _expr(self):
-        return f"{self.FUNCTION}({self.base.expr()})"
-
-
-@dataclass(frozen=True, eq=True)
-class ViewedDictSource(Source):
-    """The dict a keys(), values() or items() view shows."""
-    base: Source
-    FUNCTION = "VIEWED"             # guards.viewed_dict
-
-    def _expr(self):
-        return f"{self.FUNCTION}({self.base.expr()})"
+        return f"{self.helper}({self.base.expr()})"
 
 
 def module_member_source(module_source: Source, kind: str, key: str) -> Source:

@@ -17,11 +17,12 @@ import torch
 import torch.fx
 
 from .. import aliasing, autocast, ir
-from .breaks import GraphBreak, Unsupported
+from .breaks import GraphBreak, ObservedException, Unsupported
 from .bytecode import check_python_version
 from .guards import ArgBinding, bind_arguments, frame_target
 from .sources import ItemSource, LocalSource, RootSource
-from .values import NULL, DictVariable, IteratorVariable, ListVariable, TupleVariable
+from .values import (DELETED, NULL, DictVariable, GlobalWritesVariable, IteratorVariable, ListVariable,
+                     UserObjectVariable)
 from .output_graph import OutputGraph, _is_internal_module_name
 from .translator import InstructionTranslator
 
@@ -69,13 +70,22 @@ def _effect_templates(output, builder, source_fn):
         if isinstance(var, IteratorVariable):
             effects.append(("advance", source_fn(var.source), var.index))
         elif isinstance(var, ListVariable):
-            effects.append(("list", source_fn(var.source), builder.build(TupleVariable(var.items))))
-        elif type(var) is DictVariable:
+            effects.append(("list", source_fn(var.source), ["tuple", [builder.build(v) for v in var.items]]))
+        elif type(var) is DictVariable:          # (a ModelOutput's are its attributes)
             effects.append(("dict", source_fn(var.source),
                             [(k, builder.build(v)) for k, v in var.items.items()]))
+        elif isinstance(var, GlobalWritesVariable) and isinstance(var.owner, type):
+            effects.append(("attrs", source_fn(var.source), [(k, builder.build(v)) for k, v in var.items.items()]))
+        elif isinstance(var, GlobalWritesVariable):
+            writes = [(k, ["deleted"] if v is DELETED else builder.build(v)) for k, v in var.items.items()]
+            effects.append(("setitems", source_fn(var.source), writes))
         else:
-            effects.append(("attrs", source_fn(var.source),
-                            [(k, builder.build(v)) for k, v in var.items.items()]))
+            # an object's attributes: stored as object.__setattr__ stores them, since the trace
+            # ran its class's own __setattr__ or property setter already (a module's as
+            # nn.Module.__setattr__ decides: a parameter, a buffer or a plain attribute)
+            kind = "objattrs" if isinstance(var, UserObjectVariable) else "attrs"
+            effects.append((kind, source_fn(var.source), [(k, builder.build(v)) for k, v in var.items.items()]))
+    output.guard_container_aliasing()
     return effects
 
 
@@ -135,6 +145,7 @@ def trace_segment(fn, args: tuple, kwargs: dict, offset: int = 0, *, breaks: boo
                                 bool(code.co_flags & inspect.CO_VARARGS)]
         value, src = lazy.pop(name)
         fresh[name] = (value, src)
+        output.guards.dict_keys(src, value)     # which names, in the caller's order
     tx = InstructionTranslator(output, func, {}, lazy, parent=None, globals_source=gsrc)
     for name, (value, src) in fresh.items():
         tx.locals[name] = DictVariable({k: output.wrap(v, ItemSource(src, k)) for k, v in value.items()})
@@ -158,11 +169,14 @@ def trace_segment(fn, args: tuple, kwargs: dict, offset: int = 0, *, breaks: boo
             if offset:
                 tx.pc = tx.offset_to_index[offset]
             try:
-                ret = tx.run()
+                try:
+                    ret, end = tx.run(), "return"
+                except ObservedException as raised:       # out of the frame: raised after the graph
+                    ret, end = raised.exc, "raise"
                 builder = F.TemplateBuilder(tx, source_fn)
                 output.tx = tx
                 template = builder.build(ret)
-                end, reason, inst, kw = "return", None, None, ()
+                reason, inst, kw = None, None, ()
                 effects = _effect_templates(output, builder, source_fn)
             except GraphBreak as gb:
                 reason, inst = gb.unsupported, gb.inst
@@ -175,6 +189,8 @@ def trace_segment(fn, args: tuple, kwargs: dict, offset: int = 0, *, breaks: boo
                 why = None
                 if getattr(reason, "internal", False):
                     why = "minicompile's interpreter failed here: the rest runs as Python"
+                elif getattr(reason, "own_frame", False):
+                    why = "a call that reads its caller's frame: the rest runs as Python"
                 elif _in_exception_block(code, inst.offset):
                     # the chain of segments cannot route an exception to the frame's handler (a
                     # try block, or the __exit__ of a `with` block): the frame runs for real

@@ -14,8 +14,12 @@ Python values and sizes is followed (loops unrolled, the instruction budget boun
 """
 from __future__ import annotations
 
+import abc
 import builtins
 import collections.abc
+import dis
+import enum
+import functools
 import inspect
 import operator
 import types
@@ -25,23 +29,30 @@ import torch
 import torch.fx
 
 from .. import aliasing, autocast
-from .breaks import GraphBreak, Return, Unsupported, source_line
+from .breaks import GraphBreak, ObservedException, Return, Unsupported, Yield, source_line
 from .bytecode import BINARY_OPS, COMPARE_OPS, Instruction, current_version, decode, dispatch_table
-from .sources import AttrSource, ItemSource, Source, module_member_source
-from .builtin_calls import (ContainerReadVariable, _builtin_type, _constant_state, _custom_getattr,
-                            _is_none)
+from .sources import (AttrSource, ClosureCellSource, ItemSource, LocalSource, Source,
+                      module_member_source)
+from .builtin_calls import (_BUILTIN_HANDLERS, ContainerReadVariable, _builtin_type, _constant_state,
+                            _custom_getattr, _is_none, attr_source, class_attr, python_method)
 from .output_graph import (SIZE_ARITHMETIC, TENSOR_CONSTANT_ATTRS, TENSOR_TENSOR_ATTRS, _MISSING,
                            OutputGraph, _is_internal_module_name)
 from .values import (DELETED, NULL, BaseListVariable, BoundMethodVariable, BuiltinVariable,
-                     CallableVariable, ConstantMethodVariable, ConstantVariable, DictVariable,
-                     DictViewVariable, GradModeVariable, IteratorVariable, ListVariable,
+                     CallableVariable, ClosureCellVariable, ConstantMethodVariable, ConstantVariable,
+                     DictVariable, DictViewVariable, ExceptionInitVariable, ExceptionVariable,
+                     GeneratorVariable, GradModeVariable,
+                     IteratorVariable,
+                     LazyIteratorVariable, ListVariable,
                      ModelOutputVariable, NamedTupleVariable, NestedFunctionVariable,
-                     NNModuleVariable, NullVariable, OpaqueConstantVariable, PythonModuleVariable,
-                     SetVariable, SuperVariable, SymIntVariable, TensorMethodVariable, TensorVariable,
+                     NNModuleVariable, NullVariable, ObjectMethodVariable, OpaqueConstantVariable,
+                     PartialVariable, PythonModuleVariable,
+                     SetVariable, SizeVariable, SuperVariable, SymIntVariable, TensorMethodVariable,
+                     TensorVariable,
                      TorchFunctionVariable, TupleVariable, TypeVariable, UserFunctionVariable,
                      UserObjectVariable, VariableTracker, _constant_result, _DictFromKeys,
                      _NoOpCallable, _UnboundTensorMethod, is_constant_value)
 from .calls import CallsMixin
+from .iterators import ITERATORS, drain, user_iter
 from . import instructions  # noqa: F401  (registers the opcode handlers)
 
 
@@ -79,7 +90,8 @@ class InstructionTranslator(CallsMixin):
         # free variables of a function made inside the trace: CellVariables
         self.closure_cells: Dict[str, VariableTracker] = dict(closure_cells or {})
         self.with_depth = 0                   # open `with` blocks (a break inside: no resume)
-        self.generator_items: Optional[List[VariableTracker]] = None   # a generator's yields
+        self.generator = False                # a generator's frame: it yields (iterators.py)
+        self.exc_info: Optional[VariableTracker] = None   # the exception being handled
 
     # -- where we are (for error messages and node meta) ---------------------------------
     def location(self):
@@ -135,7 +147,9 @@ class InstructionTranslator(CallsMixin):
                             f"{self.version[0]}.{self.version[1]}")
                     try:
                         handler(self, inst)
-                    except (Return, Unsupported, GraphBreak):
+                    except ObservedException as e:
+                        self.handle_exception(e.exc)      # this frame's handler, or out of it
+                    except (Return, Yield, Unsupported, GraphBreak):
                         raise
                     except Exception as e:
                         err = self.unsupported(
@@ -162,6 +176,35 @@ class InstructionTranslator(CallsMixin):
             return self.return_value
         finally:
             self.output.tx = prev_tx
+
+    # -- exceptions the traced code raises and catches ------------------------------------
+    def handle_exception(self, exc: VariableTracker) -> None:
+        """The instruction running raised `exc`: go to this frame's handler for it (the code
+        object's exception table, as CPython unwinds: the stack cut to the handler's depth,
+        the instruction's offset pushed where it asks, then the exception), or raise it out of
+        the frame, to the frame that called this one."""
+        entry = next((e for e in _exception_table(self.code)
+                      if e.start <= self.current.offset < e.end), None)
+        if entry is None:
+            raise ObservedException(exc)
+        del self.stack[entry.depth:]
+        if entry.lasti:
+            self.push(ConstantVariable(self.current.offset))
+        self.push(exc)
+        self.pc = self.offset_to_index[entry.target]
+
+    def make_exception(self, v: VariableTracker) -> ExceptionVariable:
+        """What `raise v` raises: v, or v() of an exception class."""
+        if isinstance(v, TypeVariable) and isinstance(v.value, type) and issubclass(v.value, BaseException):
+            v = self.call_function(v, [], {})
+        if not isinstance(v, ExceptionVariable):
+            raise self.unsupported(f"raise {v.describe()}")
+        return v
+
+    def observed(self, error: BaseException) -> ObservedException:
+        """`error`, which Python raises for what the traced code does (a missing key or
+        attribute, 1 // 0), as an exception of the traced code: its handlers see it."""
+        return ObservedException(ExceptionVariable.of(error))
 
     # -- stack helpers ------------------------------------------------------------------
     def push(self, v: VariableTracker):
@@ -190,9 +233,15 @@ class InstructionTranslator(CallsMixin):
             var = self.output.wrap(value, source)
             self.locals[name] = var
             return var
-        raise self.unsupported(f"read of unbound local {name!r}")
+        raise self.observed(UnboundLocalError(
+            f"cannot access local variable '{name}' where it is not associated with a value"))
 
     def load_global(self, name: str) -> VariableTracker:
+        written = self.output._global_writes.get(id(self.f_globals))
+        if written is not None and name in written.items:         # assigned earlier in the trace
+            if written.items[name] is DELETED:
+                raise self.unsupported(f"global name {name!r} is not defined (deleted in the trace)")
+            return written.items[name]
         if name in self.f_globals:
             src = ItemSource(self.globals_source, name) if self.globals_source is not None else None
             return self.output.wrap(self.f_globals[name], src)
@@ -200,7 +249,57 @@ class InstructionTranslator(CallsMixin):
         b = b.__dict__ if isinstance(b, types.ModuleType) else b
         if name in b:
             return self.output.wrap(b[name], None)
-        raise self.unsupported(f"global name {name!r} is not defined")
+        raise self.observed(NameError(f"name '{name}' is not defined"))
+
+    def store_global(self, name: str, value: VariableTracker) -> None:
+        """`global name; name = value` (DELETED: `del name`): made on the real globals after
+        the graph, as Dynamo replays it; later reads in the trace see it."""
+        if self.globals_source is None:
+            raise self.unsupported(f"assignment to global {name!r} of torch's own code")
+        if value is DELETED:
+            self.load_global(name)          # NameError where it is not there (guarded where it is)
+        var = self.output.global_writes(self.f_globals, self.globals_source)
+        self.output.record_mutation(var)
+        var.items[name] = value
+        self.output.add_side_effect(var)
+
+    def closure_cell(self, name: str) -> ClosureCellVariable:
+        """The real cell of free variable `name` of this frame's function (one variable per
+        cell, however many functions the trace reaches it through)."""
+        cell = self.freevars[name]
+        var = self.output.cells.get(id(cell))
+        if var is None:
+            source = contents = None
+            if self.parent is None:
+                # the captured frame's own closure: the called function's cells (F.__closure__),
+                # its value as `L[name]` (Dynamo's spelling), so two closures of one function
+                # are told apart
+                index = self.code.co_freevars.index(name)
+                source, contents = ClosureCellSource(index), LocalSource(name)
+                self.output.guards.freevars[name] = index
+            elif not _is_internal_module_name(self.f_globals.get("__name__", "")):
+                # an inlined function's: it was guarded by identity, so its cells are its own
+                source = self.output.root_source(cell, f"CELL_{name}")
+                contents = AttrSource(source, "cell_contents")
+            var = self.output.cells[id(cell)] = ClosureCellVariable(cell, source, contents)
+        return var
+
+    def read_cell(self, var: ClosureCellVariable, name: str) -> VariableTracker:
+        if "cell_contents" in var.items:               # written earlier in the trace
+            return var.items["cell_contents"]
+        try:
+            value = var.cell.cell_contents
+        except ValueError:
+            raise self.unsupported(f"free variable {name!r} referenced before assignment")
+        return self.output.wrap(value, var.contents_source)
+
+    def write_cell(self, var: ClosureCellVariable, name: str, value: VariableTracker) -> None:
+        """`nonlocal name; name = value` on a real cell: made on it after the graph."""
+        if var.source is None:
+            raise self.unsupported(f"assignment to free variable {name!r} of torch's own code")
+        self.output.record_mutation(var)
+        var.items["cell_contents"] = value
+        self.output.add_side_effect(var)
 
     def unpack_tensor(self, t: TensorVariable, n: int) -> List[VariableTracker]:
         self.output.specialize_sizes([t], "the trace unpacked a tensor")
@@ -210,13 +309,10 @@ class InstructionTranslator(CallsMixin):
                 for i in range(n)]
 
     def iterate(self, v: VariableTracker) -> List[VariableTracker]:
-        """The items a for loop over `v` sees (all known: loops are unrolled)."""
-        if isinstance(v, IteratorVariable):
-            self.output.record_mutation(v)
-            self.output.advanced(v)
-            items = v.remaining()
-            v.index = len(v.items)
-            return items
+        """The items a for loop over `v` sees (all known: loops are unrolled); an iterator's
+        remaining ones, taken from it."""
+        if isinstance(v, ITERATORS):
+            return drain(self, v)
         if isinstance(v, DictViewVariable):
             return v.items_now()
         if isinstance(v, NNModuleVariable):
@@ -228,23 +324,33 @@ class InstructionTranslator(CallsMixin):
             if isinstance(mod, (torch.nn.ParameterList,)):
                 return [self.load_module_attr(v, k) for k in self.output.members(v, "_parameters")]
             raise self.unsupported(f"iterating over {type(mod).__name__}")
+        if isinstance(v, TypeVariable) and isinstance(v.value, enum.EnumMeta):
+            return [self.output.wrap(member, None) for member in v.value]
         if isinstance(v, ConstantVariable) and isinstance(v.value, (str, dict, frozenset, set)) or \
                 isinstance(v, OpaqueConstantVariable):
             return [_constant_result(v, x) for x in v.value]
         if isinstance(v, UserObjectVariable) and \
-                inspect.getattr_static(type(v.value), "__iter__", None) is collections.abc.Sequence.__iter__:
+                class_attr(type(v.value), "__iter__") is collections.abc.Sequence.__iter__:
             # Sequence's own iteration: self[0], self[1]... up to its len()
             n = self.call_special(v, "__len__", [])
             if n is None or not n.is_constant():
                 raise self.unsupported(f"iterating over {v.describe()}: no constant length")
             return [self.call_special(v, "__getitem__", [ConstantVariable(i)]) for i in range(n.as_example())]
+        if isinstance(v, UserObjectVariable):
+            it = user_iter(self, v)                   # its class's __iter__
+            if it is not None:
+                return drain(self, it)
+            if v.source is not None and isinstance(v.value, (list, tuple)) and \
+                    class_attr(type(v.value), "__iter__") in (list.__iter__, tuple.__iter__):
+                # a list or tuple subclass read from outside the frame: its items
+                self.output.guards.sequence(v.source, v.value)
+                return [self.output.wrap(x, ItemSource(v.source, i)) for i, x in enumerate(v.value)]
         return self.unpack(v)
 
     def unpack(self, v: VariableTracker, n: Optional[int] = None) -> List[VariableTracker]:
-        if isinstance(v, (IteratorVariable, NNModuleVariable)):
+        if isinstance(v, ITERATORS + (NNModuleVariable,)):
             items = self.iterate(v)
-            if n is not None and len(items) != n:
-                raise self.unsupported(f"unpacking {len(items)} values into {n}")
+            self.check_unpacked(items, n)
             return items
         if isinstance(v, BaseListVariable):
             items = list(v.items)
@@ -256,9 +362,30 @@ class InstructionTranslator(CallsMixin):
             items = [ConstantVariable(k) for k in v.items]
         else:
             raise self.unsupported(f"unpacking {v.describe()}")
-        if n is not None and len(items) != n:
-            raise self.unsupported(f"unpacking {len(items)} values into {n}")
+        self.check_unpacked(items, n)
         return items
+
+    def check_unpacked(self, items, n: Optional[int]) -> None:
+        if n is not None and len(items) > n:
+            raise self.observed(ValueError(f"too many values to unpack (expected {n})"))
+        if n is not None and len(items) < n:
+            raise self.observed(ValueError(f"not enough values to unpack (expected {n}, got {len(items)})"))
+
+    def on_constants(self, fn, *args, **kwargs):
+        """fn (an operator, a method of a constant) run on Python values, as the traced code
+        runs it: what it raises is the traced code's exception (1 // 0, int("x"))."""
+        try:
+            return fn(*args, **kwargs)
+        except Exception as e:           # noqa: BLE001 (Python's own exception of that code)
+            raise self.observed(e) from None
+
+    def read_attribute(self, value, name: str):
+        """getattr(value, name) of a real object, as the traced code does it: an AttributeError
+        is the traced code's (its handlers see it)."""
+        try:
+            return getattr(value, name)
+        except AttributeError as e:
+            raise self.observed(e) from None
 
     def truth(self, v: VariableTracker, opname: str) -> bool:
         if isinstance(v, ConstantVariable):
@@ -272,14 +399,29 @@ class InstructionTranslator(CallsMixin):
                 "tracing: the graph so far is compiled, the branch runs in Python, and the code "
                 "after it is compiled on its own (a graph break)",
                 "use torch.where or torch.cond to keep one graph")
-        if isinstance(v, (NNModuleVariable, UserFunctionVariable, TorchFunctionVariable,
-                          UserObjectVariable, NestedFunctionVariable, IteratorVariable,
-                          PythonModuleVariable, TypeVariable, BuiltinVariable)):
+        if isinstance(v, (NNModuleVariable, UserObjectVariable)):
+            # bool(obj): its class's __bool__, else its __len__ (an empty ModuleList is false)
+            cls = type(v.as_example())
+            for special in ("__bool__", "__len__"):
+                if class_attr(cls, special) is None:
+                    continue
+                r = _BUILTIN_HANDLERS[len](self, [v], {}) if special == "__len__" else \
+                    self.call_special(v, special, [])
+                if r is None or not r.is_constant():
+                    raise self.unsupported(f"truth value of {v.describe()} ({special})")
+                return bool(r.as_example())
+            return True
+        if isinstance(v, (UserFunctionVariable, TorchFunctionVariable, NestedFunctionVariable,
+                          IteratorVariable, PythonModuleVariable, TypeVariable, BuiltinVariable,
+                          PartialVariable, BoundMethodVariable, GeneratorVariable, LazyIteratorVariable,
+                          ExceptionVariable)):
             return True
         raise self.unsupported(f"truth value of {v.describe()}")
 
     # attribute access ------------------------------------------------------------------
-    def load_attr(self, obj: VariableTracker, name: str) -> VariableTracker:
+    def load_attr(self, obj: VariableTracker, name: str, generic: bool = False) -> VariableTracker:
+        """obj.name, as Python reads it. generic: as object.__getattribute__ reads it (what a
+        class's own __getattribute__ calls), past that class's own."""
         out = self.output
         if isinstance(obj, TensorVariable):
             if name in TENSOR_CONSTANT_ATTRS:
@@ -306,36 +448,73 @@ class InstructionTranslator(CallsMixin):
             raise self.unsupported(f"attribute .{name} of {obj.describe()}")
         if isinstance(obj, SuperVariable):
             return self.load_super_attr(obj, name)
+        if isinstance(obj, NestedFunctionVariable):
+            return self.nested_function_attr(obj, name)
+        if isinstance(obj, ExceptionVariable):
+            if name in obj.items:
+                return obj.items[name]
+            if name == "args":
+                return TupleVariable(list(obj.args))
+            if name in ("__cause__", "__context__", "__traceback__"):
+                return ConstantVariable(None)
+            if name == "__class__":
+                return self.output.wrap(obj.cls, None)
+            attr = class_attr(obj.cls, name, _MISSING)
+            found = self.class_attribute(obj, name, attr) if attr is not _MISSING and \
+                not isinstance(attr, types.MemberDescriptorType) else None
+            if found is not None:
+                return found
+            if obj.is_constant():             # what the class makes of its args (KeyError's, OSError's)
+                return _constant_result(ConstantVariable(None), self.read_attribute(obj.as_example(), name))
+            raise self.unsupported(f"attribute .{name} of {obj.describe()}")
+        if isinstance(obj, PartialVariable) and name in ("func", "args", "keywords"):
+            return {"func": obj.func, "args": TupleVariable(obj.args),
+                    "keywords": DictVariable(obj.keywords)}[name]
+        if isinstance(obj, UserObjectVariable) and not generic and obj.snapshot is None and \
+                python_method(type(obj.value), "__getattribute__") is not None:
+            # (a private copy's own attribute logic runs on it for real, below)
+            return self.user_getattribute(obj, name)
         if isinstance(obj, UserObjectVariable):
             if obj.overrides.get(name) is DELETED:
-                raise AttributeError(f"'{type(obj.value).__name__}' object has no attribute '{name}'")
+                raise self.observed(AttributeError(
+                    f"'{type(obj.value).__name__}' object has no attribute '{name}'"))
             if name in obj.overrides:
                 return obj.overrides[name]
             value = obj.value
             if obj.snapshot is not None:
-                static = inspect.getattr_static(type(value), name, _MISSING)
+                static = class_attr(type(value), name, _MISSING)
                 if isinstance(static, types.FunctionType):
                     return BoundMethodVariable(static, obj)
                 if isinstance(static, property) and static.fget is not None:
                     return self.inline_call(static.fget, [obj], {})
-                attr = getattr(value, name)           # AttributeError as Python
+                attr = self.read_attribute(value, name)
                 if is_constant_value(attr):
                     return ConstantVariable(attr)
                 if isinstance(attr, (dict, list, tuple)) and _constant_state(attr):
                     return out.wrap(attr, None)          # read only: a trace value of constants
                 raise self.unsupported(f"attribute .{name} of a copied {type(value).__name__}: "
                                        f"a {type(attr).__name__}")
-            d = getattr(value, "__dict__", None)
+            d = _instance_dict(value)
             if d is not None and name in d and obj.source is not None:
-                return out.wrap(d[name], AttrSource(obj.source, name))
-            attr = inspect.getattr_static(type(value), name, _MISSING)
-            if obj.source is not None and _custom_getattr(type(value)) and not isinstance(
+                return out.wrap(d[name], attr_source(obj, name))
+            written = out.class_write(type(value), name)
+            if written is not None:
+                return written
+            attr = class_attr(type(value), name, _MISSING)
+            if obj.source is not None and not generic and _custom_getattr(type(value)) and \
+                    python_method(type(value), "__getattr__") is None and not isinstance(
                     attr, (types.FunctionType, property, classmethod, staticmethod)):
-                # its class decides what an attribute read returns (a config's attribute_map):
-                # read it as Python does; the guard reads it the same way
-                return out.wrap(getattr(value, name), AttrSource(obj.source, name))
+                # its class decides what an attribute read returns, in C: read it as Python
+                # does; the guard reads it the same way
+                return out.wrap(self.read_attribute(value, name), AttrSource(obj.source, name))
             if attr is _MISSING:
-                raise AttributeError(f"'{type(value).__name__}' object has no attribute '{name}'")
+                if obj.source is not None:                # the trace relies on it being absent
+                    out.guards.lacks_attr(obj.source, name)
+                fallback = python_method(type(value), "__getattr__")
+                if fallback is not None and not generic:          # its class's __getattr__
+                    return self.inline_call(fallback, [obj, ConstantVariable(name)], {})
+                raise self.observed(AttributeError(
+                    f"'{type(value).__name__}' object has no attribute '{name}'"))
             read = ContainerReadVariable.of(obj, attr)
             if read is not None:
                 return read
@@ -346,7 +525,7 @@ class InstructionTranslator(CallsMixin):
         if isinstance(obj, PythonModuleVariable):
             mod = obj.value
             if not hasattr(mod, name):
-                raise AttributeError(name)
+                raise self.observed(AttributeError(f"module '{mod.__name__}' has no attribute '{name}'"))
             src = None
             if obj.source is not None and not _is_internal_module_name(mod.__name__):
                 src = AttrSource(obj.source, name)
@@ -355,15 +534,20 @@ class InstructionTranslator(CallsMixin):
             idx = obj.field_index(name)
             if idx is not None:
                 return obj.items[idx]
+            if name == "_fields" and hasattr(obj.tuple_cls, "_fields"):
+                return ConstantVariable(obj.tuple_cls._fields)
         if isinstance(obj, ConstantVariable):
             attr = getattr(obj.value, name)
             if callable(attr):
                 return ConstantMethodVariable(obj, name)
             return _constant_result(obj, attr)
-        if isinstance(obj, (BaseListVariable, DictVariable)):
+        if isinstance(obj, (BaseListVariable, DictVariable)) or \
+                isinstance(obj, GeneratorVariable) and name in ("send", "__next__", "throw", "close"):
             return ConstantMethodVariable(obj, name)
         if isinstance(obj, (TypeVariable, BuiltinVariable)) and obj.value is dict and name == "fromkeys":
             return _DictFromKeys()
+        if isinstance(obj, TypeVariable) and obj.value is object and name in ("__setattr__", "__getattribute__"):
+            return ObjectMethodVariable(name)
         if isinstance(obj, (TorchFunctionVariable, UserFunctionVariable, TypeVariable)):
             if obj.value in (torch.Tensor,) and callable(getattr(torch.Tensor, name, None)):
                 return _UnboundTensorMethod(name)
@@ -371,18 +555,69 @@ class InstructionTranslator(CallsMixin):
                                                   or issubclass(obj.value, torch.nn.Module)):
                 # an attribute of a Python class (`type(self).forward`): through the class's
                 # source where it has one, so the guard sees it change
-                static = inspect.getattr_static(obj.value, name)      # AttributeError as Python
+                written = out.class_write(obj.value, name)
+                if written is not None:
+                    return written
+                static = inspect.getattr_static(obj.value, name, _MISSING)
+                if static is _MISSING:
+                    raise self.observed(AttributeError(
+                        f"type object '{obj.value.__name__}' has no attribute '{name}'"))
                 if isinstance(static, classmethod):
                     return BoundMethodVariable(static.__func__, obj)
-                attr = static.__func__ if isinstance(static, staticmethod) else getattr(obj.value, name)
+                attr = static.__func__ if isinstance(static, staticmethod) else \
+                    self.read_attribute(obj.value, name)
                 return out.wrap(attr, AttrSource(obj.source, name) if obj.source is not None else None)
-
-            attr = getattr(obj.value, name)
+            attr = self.read_attribute(obj.value, name)
+            if isinstance(obj, UserFunctionVariable) and obj.source is not None:
+                # a function's attributes can be set (`fn.scale = 3`): read through its source
+                return out.wrap(attr, AttrSource(obj.source, name))
             if is_constant_value(attr):
                 return ConstantVariable(attr)
         if isinstance(obj, BuiltinVariable) and name in ("__name__", "__qualname__", "__module__", "__doc__"):
             return ConstantVariable(getattr(obj.value, name))       # a builtin's, fixed
         raise self.unsupported(f"attribute .{name} of {obj.describe()}")
+
+    def user_getattribute(self, obj: UserObjectVariable, name: str) -> VariableTracker:
+        """obj.name where obj's class has its own __getattribute__ in Python: traced (what it
+        does and reads is the trace's, and the guard reads past it), its __getattr__ traced
+        where it raises AttributeError, as Python's slot does."""
+        cls = type(obj.value)
+        self.class_member(cls, "__getattribute__")
+        try:
+            return self.inline_call(python_method(cls, "__getattribute__"), [obj, ConstantVariable(name)], {})
+        except ObservedException as e:
+            fallback = python_method(cls, "__getattr__")
+            if fallback is None or not issubclass(e.exc.cls, AttributeError):
+                raise
+            return self.inline_call(fallback, [obj, ConstantVariable(name)], {})
+
+    def class_member(self, cls: type, name: str):
+        """What an instance of cls finds for `name` on its class (None where it has none); for
+        a class of the user's (torch's are trusted), guarded to stay what it is
+        (GuardBuilder.class_member)."""
+        attr = class_attr(cls, name)
+        if attr is not None and not cls.__module__.startswith(("torch.", "builtins")):
+            self.output.guards.class_member(cls, name, attr)
+        return attr
+
+    def nested_function_attr(self, fn: NestedFunctionVariable, name: str) -> VariableTracker:
+        """An attribute of a function made in the frame: one set in the trace, or what
+        CPython's function object holds."""
+        if name in fn.items:
+            return fn.items[name]
+        code = fn.code
+        doc = code.co_consts[0] if code.co_consts and isinstance(code.co_consts[0], str) else None
+        known = {"__name__": code.co_name, "__qualname__": fn.name, "__code__": code, "__doc__": doc,
+                 "__module__": fn.f_globals.get("__name__")}
+        if name in known:
+            return ConstantVariable(known[name])
+        if name == "__defaults__":
+            return fn.defaults if fn.defaults is not None else ConstantVariable(None)
+        if name == "__kwdefaults__":
+            return fn.kwdefaults if fn.kwdefaults is not None else ConstantVariable(None)
+        if hasattr(types.FunctionType, name):
+            raise self.unsupported(f"attribute .{name} of {fn.describe()}")
+        raise self.observed(AttributeError(f"'function' object has no attribute '{name}'"))
 
     def class_attribute(self, obj: VariableTracker, name: str, attr) -> Optional[VariableTracker]:
         """What reading `name` gives when it is found on obj's class (`attr`, as getattr_static
@@ -390,6 +625,8 @@ class InstructionTranslator(CallsMixin):
         read through the instance, so that the guard sees the class change or an instance
         attribute hide it. None for anything else (another descriptor)."""
         source = obj.source
+        if isinstance(attr, (types.FunctionType, property, staticmethod, classmethod)):
+            self.class_member(type(obj.as_example()), name)
         if isinstance(attr, types.FunctionType):
             return BoundMethodVariable(attr, obj)
         if isinstance(attr, property) and attr.fget is not None:
@@ -399,7 +636,11 @@ class InstructionTranslator(CallsMixin):
         if isinstance(attr, classmethod):
             return BoundMethodVariable(attr.__func__, TypeVariable(type(obj.as_example())))
         if is_constant_value(attr) or source is not None and not hasattr(type(attr), "__get__"):
-            return self.output.wrap(attr, AttrSource(source, name) if source is not None else None)
+            return self.output.wrap(attr, attr_source(obj, name))
+        if source is not None and not isinstance(obj, TypeVariable):
+            # another descriptor (a __slots__ member, an Enum member's name and value): what it
+            # gives the instance, read as Python reads it, and by the guard the same way
+            return self.output.wrap(self.read_attribute(obj.as_example(), name), attr_source(obj, name))
         return None
 
     def load_super_attr(self, sup: "SuperVariable", name: str) -> VariableTracker:
@@ -412,9 +653,11 @@ class InstructionTranslator(CallsMixin):
         for klass in mro[mro.index(sup.cls) + 1:]:
             if name in klass.__dict__:
                 attr = klass.__dict__[name]
+                if not klass.__module__.startswith(("torch.", "builtins")):
+                    self.output.guards.class_member(klass, name, attr)
                 break
         else:
-            raise AttributeError(name)
+            raise self.observed(AttributeError(f"'super' object has no attribute '{name}'"))
         read = ContainerReadVariable.of(obj, attr)
         if read is not None:
             return read
@@ -429,6 +672,11 @@ class InstructionTranslator(CallsMixin):
             return self.output.wrap(attr.__func__, None)
         if attr is object.__init__:
             return _NoOpCallable()
+        if attr in (object.__setattr__, object.__getattribute__):
+            return ObjectMethodVariable(name, obj)
+        if isinstance(obj, ExceptionVariable) and name == "__init__" and \
+                isinstance(attr, types.WrapperDescriptorType):
+            return ExceptionInitVariable(obj)          # BaseException's: it sets args
         if is_constant_value(attr):
             return ConstantVariable(attr)
         raise self.unsupported(f"super().{name} ({type(attr).__name__})")
@@ -451,10 +699,12 @@ class InstructionTranslator(CallsMixin):
         if name in d:
             return out.wrap(d[name], AttrSource(src, name) if src is not None else None)
         # class attribute: methods are inlined with self bound; properties are inlined
-        try:
-            attr = inspect.getattr_static(type(mod), name)
-        except AttributeError:
-            raise self.unsupported(f"{type(mod).__name__} has no attribute {name!r}")
+        written = out.class_write(type(mod), name)
+        if written is not None:
+            return written
+        attr = class_attr(type(mod), name, _MISSING)
+        if attr is _MISSING:
+            raise self.observed(AttributeError(f"'{type(mod).__name__}' object has no attribute '{name}'"))
         found = self.class_attribute(obj, name, attr)
         if found is not None:
             return found
@@ -470,15 +720,23 @@ class InstructionTranslator(CallsMixin):
         if type(a) is DictVariable and type(b) is DictVariable and sym in ("|", "|="):
             if sym == "|":
                 return DictVariable({**a.items, **b.items})
-            self.check_mutable(a)                  # dict |= ...: updates that very dict
-            self.output.record_mutation(a)
+            self.mutate(a)                         # dict |= ...: updates that very dict
             a.items.update(b.items)
             return a
         if isinstance(a, SetVariable) and sym in ("|=", "&=", "-=", "^=") and b.is_constant():
-            self.check_mutable(a)                  # set |= ...: changes that very set
-            self.output.record_mutation(a)
+            self.mutate(a)                         # set |= ...: changes that very set
             a.items = SetVariable.of(op(set(a.as_example()), b.as_example())).items
             return a
+        if sym in ("+=", "*=") and isinstance(a, ListVariable):
+            # list += iterable, list *= n: that very list changes (another name for it sees it)
+            if sym == "*=" and not (b.is_constant() and type(b.as_example()) is int):
+                raise self.unsupported(f"list *= {b.describe()}")
+            items = a.items + self.iterate(b) if sym == "+=" else a.items * b.as_example()
+            self.mutate(a)
+            a.items = items
+            return a
+        if sym not in ("==", "!=") and (isinstance(a, UserObjectVariable) or isinstance(b, UserObjectVariable)):
+            return self.user_operator(sym, a, b)
         if op in aliasing.AUGMENTED and not isinstance(a, (TensorVariable, ListVariable)):
             op = aliasing.AUGMENTED[op]           # `x op= y` writes in place only a tensor or a list
             sym = sym[:-1]
@@ -505,25 +763,35 @@ class InstructionTranslator(CallsMixin):
                 isinstance(b, BaseListVariable):
             a = (TupleVariable if isinstance(a.value, tuple) else ListVariable)(
                 [ConstantVariable(v) for v in a.value])
-        if sym == "+=" and isinstance(a, ListVariable) and isinstance(b, BaseListVariable):
-            self.check_mutable(a)                  # list += ...: extends that very list
-            self.output.record_mutation(a)
-            a.items.extend(b.items)
-            return a
-        if isinstance(a, BaseListVariable) and isinstance(b, BaseListVariable) and sym in ("+", "+=") \
-                and type(a) is type(b):
-            return type(a)(a.items + b.items)
+        if isinstance(a, DictVariable) and isinstance(b, DictVariable) and sym in ("|", "|="):
+            if sym == "|=":                          # that very dict changes
+                self.mutate(a)
+                a.items.update(b.items)
+                return a
+            return DictVariable({**a.items, **b.items})
+        if isinstance(a, DictViewVariable) and a.kind == "keys" and sym in ("&", "|", "-", "^"):
+            other = b.dict_var.items if isinstance(b, DictViewVariable) and b.kind == "keys" else \
+                (b.as_example() if b.is_constant() else None)
+            if other is not None:                   # keys are constants: a set of them
+                return SetVariable.of(op(a.dict_var.items.keys(), set(other)))
+        if isinstance(a, BaseListVariable) and isinstance(b, BaseListVariable) and sym in ("+", "+="):
+            if type(a) is type(b):
+                return type(a)(a.items + b.items)
+            if {type(a), type(b)} == {TupleVariable, SizeVariable}:
+                return SizeVariable(a.items + b.items)       # torch.Size + tuple, either way round
         if isinstance(a, BaseListVariable) and isinstance(b, ConstantVariable) and sym in ("*", "*="):
             return type(a)(a.items * b.value)
         if sym in ("==", "!=") and (_never_equal(a, b) or _never_equal(b, a)):
             return ConstantVariable(sym == "!=")
+        if sym in ("==", "!=") and isinstance(a, NestedFunctionVariable):
+            return ConstantVariable((a is b) == (sym == "=="))    # functions compare by identity
         if sym in ("==", "!=") and isinstance(a, NNModuleVariable):
             same = isinstance(b, NNModuleVariable) and self.output.same_module(a, b)
             return ConstantVariable(same if sym == "==" else not same)
         if sym in ("==", "!=") and isinstance(a, UserObjectVariable):
             eq = self.call_special(a, "__eq__", [b])
             if eq is None:
-                if inspect.getattr_static(type(a.value), "__eq__") is not object.__eq__:
+                if class_attr(type(a.value), "__eq__") is not object.__eq__:
                     raise self.unsupported(f"operator {sym} on {a.describe()}: a builtin __eq__")
                 # object's own ==: identity
                 if a is b:
@@ -546,7 +814,7 @@ class InstructionTranslator(CallsMixin):
         raise self.unsupported(f"operator {sym} on {a.describe()} and {b.describe()}")
 
     def constant_result(self, op, a: VariableTracker, b: VariableTracker) -> VariableTracker:
-        result = op(a.as_example(), b.as_example())
+        result = self.on_constants(op, a.as_example(), b.as_example())
         # a list made so (`[(0, 0)] * n`) is the frame's own to change: not a constant
         if type(result) is set:
             return SetVariable.of(result)
@@ -566,12 +834,28 @@ class InstructionTranslator(CallsMixin):
                 return False
         return True
 
+    def user_operator(self, sym: str, a: VariableTracker, b: VariableTracker) -> VariableTracker:
+        """`a sym b` where an operand is an object of a Python class: its operator method
+        (`__iadd__` first for +=), else the other's reflected one, as Python tries them."""
+        base = sym[:-1] if sym.endswith("=") and sym not in COMPARE_OPS else sym
+        forward, reflected = _OPERATOR_METHODS[base]
+        tries = [(a, f"__i{forward[2:]}", b)] if base != sym else []
+        tries += [(a, forward, b), (b, reflected, a)]
+        for obj, name, other in tries:
+            if isinstance(obj, UserObjectVariable) and \
+                    isinstance(class_attr(type(obj.value), name), types.FunctionType):
+                result = self.call_special(obj, name, [other])
+                if not (isinstance(result, ConstantVariable) and result.value is NotImplemented):
+                    return result
+        raise self.unsupported(f"operator {sym} on {a.describe()} and {b.describe()}")
+
     def make_tuple(self, items):
         return TupleVariable(items)
 
     def _next_builds_closure(self) -> bool:
         for ins in self.instructions[self.pc:self.pc + 64]:
-            if ins.opname in ("LOAD_FAST", "LOAD_FAST_CHECK") and ins.argval in self.code.co_cellvars:
+            if ins.opname in ("LOAD_FAST", "LOAD_FAST_CHECK") and \
+                    (ins.argval in self.code.co_cellvars or ins.argval in self.code.co_freevars):
                 continue
             if ins.opname == "BUILD_TUPLE":
                 continue
@@ -579,7 +863,27 @@ class InstructionTranslator(CallsMixin):
         return False
 
     # f-strings --------------------------------------------------------------------------
+    def object_text(self, obj: VariableTracker, kind: str) -> Optional[ConstantVariable]:
+        """str(obj) or repr(obj) (kind) of an object whose class writes it in Python (__str__
+        falls back to __repr__, as object's does); None where it does not."""
+        if not isinstance(obj, UserObjectVariable):
+            return None
+        for name in (("__str__", "__repr__") if kind == "str" else ("__repr__",)):
+            method = class_attr(type(obj.value), name)
+            if isinstance(method, types.FunctionType):
+                text = self.call_special(obj, name, [])
+                if not (text.is_constant() and isinstance(text.as_example(), str)):
+                    raise self.unsupported(f"{type(obj.value).__name__}.{name} gave {text.describe()}")
+                return text
+            if method is not object.__str__:
+                return None
+        return None
+
     def _format(self, value: VariableTracker, conversion: Optional[str], spec: str = ""):
+        text = self.object_text(value, "repr" if conversion == "r" else "str") \
+            if conversion in (None, "s", "r") and not spec else None
+        if text is not None:
+            return text
         if not value.is_constant():
             if isinstance(value, (NNModuleVariable, TypeVariable, UserFunctionVariable)) and not spec:
                 v = value.as_example()
@@ -625,14 +929,52 @@ class InstructionTranslator(CallsMixin):
             autocast.set_state(before)
         return leave
 
-    def store_attr(self, obj: VariableTracker, name: str, value: VariableTracker) -> None:
-        """`obj.name = value` (STORE_ATTR, setattr())."""
+    def store_attr(self, obj: VariableTracker, name: str, value: VariableTracker,
+                   generic: bool = False) -> None:
+        """`obj.name = value` (STORE_ATTR, setattr()). generic: object.__setattr__'s store,
+        which a class's own __setattr__ calls (its __setattr__ is not called again)."""
+        if isinstance(obj, UserObjectVariable) and obj.snapshot is None and value is not DELETED \
+                and not isinstance(obj.value, torch.nn.Module):   # (a module's: calls.check_init_is_pure)
+            cls = type(obj.value)
+            custom = class_attr(cls, "__setattr__")
+            if custom is not object.__setattr__ and not generic:
+                if not isinstance(custom, types.FunctionType):
+                    raise self.unsupported(f"setting .{name} of {obj.describe()}: its class's "
+                                           f"__setattr__ is not Python")
+                self.inline_call(custom, [obj, ConstantVariable(name), value], {})
+                return
+            # a data descriptor on the class takes the write: a property's setter runs
+            attr = class_attr(cls, name, _MISSING)
+            if isinstance(attr, property):
+                if attr.fset is None:
+                    raise self.observed(AttributeError(
+                        f"property {name!r} of {cls.__name__!r} object has no setter"))
+                self.inline_call(attr.fset, [obj, value], {})
+                return
+            if hasattr(type(attr), "__set__") and not isinstance(attr, types.MemberDescriptorType):
+                raise self.unsupported(f"setting .{name} of {obj.describe()} through a "
+                                       f"{type(attr).__name__}")
+        if value is DELETED and isinstance(obj, UserObjectVariable) and obj.source is None and \
+                obj.snapshot is None:                     # an object made in the frame: its own
+            if obj.items.get(name, DELETED) is DELETED:
+                raise self.observed(AttributeError(name))
+            self.output.record_mutation(obj)
+            obj.items[name] = DELETED
+            return
         if value is DELETED:
             if not (isinstance(obj, UserObjectVariable) and obj.snapshot is not None):
                 raise self.unsupported(f"deleting attribute .{name} of {obj.describe()}")
             self.output.record_mutation(obj)
-            delattr(obj.value, name)                      # AttributeError as Python
+            self.on_constants(delattr, obj.value, name)          # (the frame's own copy)
             obj.overrides[name] = DELETED
+            return
+        if isinstance(obj, ExceptionVariable):
+            self.output.record_mutation(obj)          # an exception of the trace: its own
+            obj.items[name] = value
+            return
+        if isinstance(obj, NestedFunctionVariable) and not name.startswith("__"):
+            self.output.record_mutation(obj)          # a function made in the frame: its own
+            obj.items[name] = value
             return
         if isinstance(obj, ModelOutputVariable) and obj.source is None and \
                 name in ModelOutputVariable.field_names(obj.cls) and not _is_none(value):
@@ -657,39 +999,41 @@ class InstructionTranslator(CallsMixin):
             # replayed with setattr after the graph; later reads in the trace see the new value
             self.output.record_mutation(obj)
             obj.overrides[name] = value
-            if obj not in self.output.side_effects:
-                self.output.side_effects.append(obj)
+            self.output.add_side_effect(obj)
             return
         if isinstance(obj, NNModuleVariable) and obj.source is not None:
-            try:
-                current = self.load_module_attr(obj, name)
-            except Unsupported:
-                current = None          # an attribute the module does not have yet
-            if value is current:
+            if (name in obj.items or hasattr(obj.module, name)) and value is self.load_module_attr(obj, name):
                 return                  # `self.count += 1`: the buffer itself, written in place
             # replayed with setattr after the graph (nn.Module's own: a parameter, buffer or
             # plain attribute as it decides); later reads in the trace see the new value
             self.output.record_mutation(obj)
             obj.items[name] = value
-            if obj not in self.output.side_effects:
-                self.output.side_effects.append(obj)
+            self.output.add_side_effect(obj)
+            return
+        if isinstance(obj, TypeVariable) and _is_python_class(obj.value) and value is not DELETED and \
+                not isinstance(class_attr(type(obj.value), name), property):
+            # a class attribute (`Counter.n += 1`): later reads see it, made after the graph
+            source = obj.source or self.output.root_source(obj.value, f"CLASS_{obj.value.__name__}")
+            var = self.output.global_writes(obj.value, source)
+            self.output.record_mutation(var)
+            var.items[name] = value
+            self.output.add_side_effect(var)
             return
         raise self.unsupported(f"setting attribute .{name} of {obj.describe()}",
                                "a side effect on an object outside the graph",
                                "it runs for real at a graph break")
 
-    def check_mutable(self, obj: VariableTracker):
-        if obj.source is not None and (type(obj) is DictVariable or isinstance(obj, ListVariable) and
-                                       obj.source.expr().startswith(("G[", "G_"))):
-            # a global list, or a dict (a module's cache of tensors, a cache object's dict of
-            # states): the change is replayed on the real one after the graph, as Dynamo does
-            if obj not in self.output.side_effects:
-                self.output.side_effects.append(obj)
-            return
+    def mutate(self, obj: VariableTracker):
+        """`obj` is about to change in place: the change can be rolled back (a break inside an
+        inlined call), and a list or dict from outside the frame gets the change made on the
+        real one after the graph, as Dynamo replays its side effects."""
         if obj.source is not None:
-            raise self.unsupported(f"mutation of {obj.describe()} that came from outside the frame",
-                                   "changing Python state outside the frame is done for real "
-                                   "at a graph break")
+            if not isinstance(obj, (ListVariable, DictVariable)) or isinstance(obj, ModelOutputVariable):
+                raise self.unsupported(f"mutation of {obj.describe()} that came from outside the frame",
+                                       "changing Python state outside the frame is done for real "
+                                       "at a graph break")
+            self.output.add_side_effect(obj)
+        self.output.record_mutation(obj)
 
     def _two_locals(self, inst) -> Tuple[str, str]:
         """3.13's superinstructions pack two local indices: (oparg >> 4, oparg & 15).
@@ -728,16 +1072,25 @@ class InstructionTranslator(CallsMixin):
             if isinstance(i, slice):
                 return type(obj)(obj.items[i]) if not isinstance(obj, NamedTupleVariable) \
                     else TupleVariable(obj.items[i])
+            if isinstance(i, int) and not -len(obj.items) <= i < len(obj.items):
+                raise self.observed(IndexError(f"{obj.python_type.__name__} index out of range"))
             return obj.items[i]
         if isinstance(obj, ModelOutputVariable) and idx.is_constant() and not isinstance(idx.as_example(), str):
             items = list(obj.items.values())[idx.as_example()]         # an int or a slice: as a tuple
             return TupleVariable(items) if isinstance(items, list) else items
         if isinstance(obj, DictVariable) and idx.is_constant():
-            if idx.as_example() not in obj.items:
-                raise self.unsupported(f"key {idx.as_example()!r} not in {obj.describe()}")
-            return obj.items[idx.as_example()]
+            key = idx.as_example()
+            if key not in obj.items and obj.factory is not None:     # a defaultdict's new key
+                value = self.call_function(obj.factory, [], {})
+                self.mutate(obj)
+                obj.items[key] = value
+            if key not in obj.items:
+                raise self.observed(KeyError(key))
+            return obj.items[key]
         if isinstance(obj, ConstantVariable) and idx.is_constant():
-            return ConstantVariable(obj.value[idx.as_example()])
+            return ConstantVariable(self.on_constants(operator.getitem, obj.value, idx.as_example()))
+        if isinstance(obj, TypeVariable) and isinstance(obj.value, enum.EnumMeta) and idx.is_constant():
+            return self.output.wrap(obj.value[idx.as_example()], None)          # Color["RED"]
         if isinstance(obj, NNModuleVariable) and idx.is_constant() and isinstance(idx.as_example(), slice) \
                 and isinstance(obj.module, (torch.nn.ModuleList, torch.nn.Sequential)):
             # a slice of a ModuleList (`self.layers[:n]`): its modules, each through its source
@@ -767,8 +1120,9 @@ class InstructionTranslator(CallsMixin):
         if isinstance(v, NullVariable):
             return True
         if isinstance(v, (TensorVariable, NNModuleVariable, BaseListVariable, DictVariable,
-                          UserObjectVariable, CallableVariable, NestedFunctionVariable,
-                          BoundMethodVariable, IteratorVariable, SymIntVariable)):
+                          UserObjectVariable, CallableVariable, NestedFunctionVariable, PartialVariable,
+                          BoundMethodVariable, IteratorVariable, SymIntVariable, GeneratorVariable,
+                          LazyIteratorVariable, ExceptionVariable)):
             return False                  # a value the trace tracks is never None
         raise self.unsupported(f"'is None' on {v.describe()}")
 
@@ -788,3 +1142,34 @@ def _never_equal(a: VariableTracker, b: VariableTracker) -> bool:
 def _holds_sizes(v: VariableTracker) -> bool:
     """A tuple or list with a symbolic size among its items."""
     return isinstance(v, BaseListVariable) and any(isinstance(i, SymIntVariable) for i in v.items)
+
+
+# the methods Python tries for a binary operator: the left operand's, the right one's reflected
+_OPERATOR_METHODS = {
+    "+": ("__add__", "__radd__"), "-": ("__sub__", "__rsub__"), "*": ("__mul__", "__rmul__"),
+    "/": ("__truediv__", "__rtruediv__"), "//": ("__floordiv__", "__rfloordiv__"),
+    "%": ("__mod__", "__rmod__"), "**": ("__pow__", "__rpow__"), "@": ("__matmul__", "__rmatmul__"),
+    "&": ("__and__", "__rand__"), "|": ("__or__", "__ror__"), "^": ("__xor__", "__rxor__"),
+    "<<": ("__lshift__", "__rlshift__"), ">>": ("__rshift__", "__rrshift__"),
+    "<": ("__lt__", "__gt__"), "<=": ("__le__", "__ge__"), ">": ("__gt__", "__lt__"),
+    ">=": ("__ge__", "__le__"),
+}
+
+
+@functools.lru_cache(maxsize=4096)
+def _exception_table(code) -> tuple:
+    return tuple(dis._parse_exception_table(code))
+
+
+def _is_python_class(cls) -> bool:
+    """A class of the user's (not torch's, not a builtin), whose attributes may be set."""
+    return isinstance(cls, type) and type(cls) in (type, abc.ABCMeta) and \
+        not cls.__module__.startswith(("torch", "builtins"))
+
+
+def _instance_dict(value) -> Optional[dict]:
+    """value's __dict__, read past its class's own __getattribute__ (None: it has none)."""
+    try:
+        return object.__getattribute__(value, "__dict__")
+    except AttributeError:
+        return None

@@ -11,7 +11,11 @@ Hands on: `VariableTracker`s the opcode handlers combine. Each knows
 A tensor is always a TensorVariable holding an fx.Proxy plus its example value; any other
 Python value the graph cannot hold must be a constant (specialized and guarded by value) or a
 container of variables. Anything else is a callable the interpreter knows how to call
-(user functions are inlined, torch functions become graph nodes, nn.Modules inline forward).
+(user functions are inlined, torch functions become graph nodes, nn.Modules inline forward),
+an object whose attributes the trace reads and writes (one from outside the frame, or one made
+in it: objects, exceptions, generators), or what the trace changes outside the frame
+(`items`: its state, which OutputGraph.record_mutation saves and restores; iterators,
+generators and exceptions save theirs with `state()`).
 """
 from __future__ import annotations
 
@@ -52,10 +56,21 @@ NULL = NullVariable()
 
 
 class TensorVariable(VariableTracker):
+    """A tensor: an fx.Proxy plus its example value. `same_as`: the variable of the tensor an op
+    gave back as its result (x.contiguous() of a contiguous x is x)."""
+
     def __init__(self, proxy: torch.fx.Proxy, example: torch.Tensor, source: Optional[Source] = None):
         self.proxy = proxy
         self.example = example
         self.source = source
+        self.same_as: Optional["TensorVariable"] = None
+
+    def identity(self) -> "TensorVariable":
+        """The variable of the tensor object this one is (`is` compares these)."""
+        v = self
+        while v.same_as is not None:
+            v = v.same_as
+        return v
 
     @property
     def node(self) -> torch.fx.Node:
@@ -129,6 +144,15 @@ class ListVariable(BaseListVariable):
     python_type = list
 
 
+class SizeVariable(TupleVariable):
+    """A torch.Size with symbolic sizes in it (`x.shape` with dynamic shapes); in the graph
+    it is a tuple of sizes."""
+    python_type = torch.Size
+
+    def as_proxy(self):
+        return tuple(i.as_proxy() for i in self.items)
+
+
 class NamedTupleVariable(TupleVariable):
     """A structseq / namedtuple result such as torch.return_types.max (fields by name)."""
 
@@ -149,15 +173,24 @@ def make_named_tuple(tuple_cls, items):
 
 
 class DictVariable(VariableTracker):
-    def __init__(self, items: Dict[Any, VariableTracker], source: Optional[Source] = None):
-        self.items = dict(items)      # keys are Python constants
+    """A dict (keys Python constants). Made in the frame it may be a collections.OrderedDict
+    or a defaultdict (`cls`; `factory`: a defaultdict's default_factory, called for a key it
+    does not have)."""
+
+    def __init__(self, items: Dict[Any, VariableTracker], source: Optional[Source] = None,
+                 cls: type = dict, factory: Optional[VariableTracker] = None):
+        self.items = dict(items)
         self.source = source
+        self.cls, self.factory = cls, factory
 
     def as_proxy(self):
         return {k: v.as_proxy() for k, v in self.items.items()}
 
     def as_example(self):
-        return {k: v.as_example() for k, v in self.items.items()}
+        items = {k: v.as_example() for k, v in self.items.items()}
+        if self.factory is not None:
+            return self.cls(self.factory.as_example(), items)
+        return items if self.cls is dict else self.cls(items)
 
     def describe(self):
         return "dict{" + ", ".join(f"{k!r}: {v.describe()}" for k, v in self.items.items()) + "}"
@@ -240,11 +273,13 @@ class PythonModuleVariable(CallableVariable):
 
 
 class NNModuleVariable(VariableTracker):
-    """An nn.Module instance; calling it inlines its forward (parameters become placeholders)."""
+    """An nn.Module instance; calling it inlines its forward (parameters become placeholders).
+    `made`: (class, args, kwargs) of one made in the frame (each call makes its own)."""
 
-    def __init__(self, module: torch.nn.Module, source: Optional[Source]):
+    def __init__(self, module: torch.nn.Module, source: Optional[Source], made=None):
         self.module = module
         self.source = source
+        self.made = made
         self.items: Dict[str, VariableTracker] = {}    # attributes set in the trace (side effects)
 
     def as_example(self):
@@ -373,8 +408,60 @@ class IteratorVariable(VariableTracker):
     def remaining(self) -> List[VariableTracker]:
         return self.items[self.index:]
 
+    def state(self):                          # (what OutputGraph.record_mutation saves)
+        return self.index
+
+    def restore(self, state):
+        self.index = state
+
     def describe(self):
         return f"iterator({len(self.items) - self.index} left)"
+
+
+class GeneratorVariable(VariableTracker):
+    """A generator made in the trace (a generator function called, a generator expression):
+    its frame `tx` runs to its next yield each time an item is asked for (iterators.py).
+    `made_by`: (the function, its arguments), to make it again where it outlives the trace
+    before it started."""
+
+    def __init__(self, tx, made_by=None):
+        self.tx, self.made_by = tx, made_by
+        self.started = self.done = False
+        self.return_value: VariableTracker = ConstantVariable(None)
+
+    def state(self):
+        t = self.tx
+        return (t.pc, list(t.stack), dict(t.locals), dict(t.lazy_locals), t.with_depth,
+                self.started, self.done, self.return_value)
+
+    def restore(self, state):
+        t = self.tx
+        t.pc, t.stack, t.locals, t.lazy_locals, t.with_depth, self.started, self.done, \
+            self.return_value = state
+
+    def describe(self):
+        return f"generator({self.tx.code.co_name})"
+
+
+class LazyIteratorVariable(VariableTracker):
+    """map(fn, *its), filter(fn, it), zip(*its), enumerate(it, start) or itertools.islice of
+    the trace: each item made when it is asked for, from the next items of `iterators` (fn
+    called then), as Python's own are lazy. `count`: enumerate's next index."""
+
+    def __init__(self, kind: str, iterators: List[VariableTracker], fn=None, count=0,
+                 strict: bool = False, bounds=None):
+        self.kind, self.iterators, self.fn = kind, list(iterators), fn
+        self.count, self.strict = count, strict
+        self.bounds = bounds           # islice's (start, stop, step); count: (read, given)
+
+    def state(self):
+        return self.count
+
+    def restore(self, state):
+        self.count = state
+
+    def describe(self):
+        return f"{self.kind} object"
 
 
 class DictViewVariable(VariableTracker):
@@ -407,6 +494,87 @@ class CellVariable(VariableTracker):
         return f"cell({self.name})"
 
 
+class ClosureCellVariable(VariableTracker):
+    """A real closure cell (of the captured function, or of a function it calls) that the
+    trace reads or writes (`nonlocal`): a write is what later reads see, and is made on the
+    cell after the graph. `source`: the cell; `contents_source`: its value (the captured
+    function's own free variables read as `L[name]`, as Dynamo spells them)."""
+
+    def __init__(self, cell, source: Optional[Source], contents_source: Optional[Source]):
+        self.cell, self.source, self.contents_source = cell, source, contents_source
+        self.items: Dict[str, VariableTracker] = {}     # "cell_contents" once written
+
+    def describe(self):
+        return "closure cell"
+
+
+class GlobalWritesVariable(VariableTracker):
+    """What the trace assigns to a module's globals (`global x; x = ...`, DELETED for `del`):
+    later loads read it, and it is assigned for real after the graph. `source`: the dict.
+    (Also what it assigns to a class's attributes, `Counter.n += 1`: `source` the class.)"""
+
+    def __init__(self, source: Source):
+        self.source = source
+        self.items: Dict[str, VariableTracker] = {}
+
+    def describe(self):
+        return "globals"
+
+
+class ExceptionVariable(VariableTracker):
+    """An exception object of the trace (`ValueError("bad")` called, or one an operation
+    raised): its class, args and the attributes set on it (`__cause__`, a subclass's own);
+    made for real where it leaves the trace."""
+
+    def __init__(self, cls: type, args: List[VariableTracker], attrs=None):
+        self.cls, self.args = cls, list(args)
+        self.items: Dict[str, VariableTracker] = dict(attrs or {})
+
+    @staticmethod
+    def of(exc: BaseException) -> "ExceptionVariable":
+        """A real exception (one Python raised on constants: KeyError('b')) as a variable."""
+        return ExceptionVariable(type(exc), [ConstantVariable(a) for a in exc.args])
+
+    def as_example(self):
+        return make_exception(self.cls, [a.as_example() for a in self.args],
+                              {k: v.as_example() for k, v in self.items.items()})
+
+    def is_constant(self):
+        return all(a.is_constant() for a in self.args) and all(v.is_constant() for v in self.items.values())
+
+    def state(self):                          # (what OutputGraph.record_mutation saves)
+        return list(self.args), dict(self.items)
+
+    def restore(self, state):
+        self.args, self.items = state
+
+    def describe(self):
+        return f"{self.cls.__name__}({', '.join(a.describe() for a in self.args)})"
+
+
+def make_exception(cls: type, args: list, attrs: dict) -> BaseException:
+    """An exception of class cls with these args and attributes, made without running a
+    Python __init__ of the class (its effect is in args and attrs already)."""
+    python_init = any(isinstance(k.__dict__.get("__init__"), types.FunctionType) for k in cls.__mro__)
+    exc = cls.__new__(cls) if python_init else cls(*args)
+    exc.args = tuple(args)
+    for name, value in attrs.items():
+        setattr(exc, name, value)
+    return exc
+
+
+class PartialVariable(VariableTracker):
+    """functools.partial(func, *args, **keywords): a call calls func with those first. Read
+    from outside the frame, its parts are read (and guarded) through its source."""
+
+    def __init__(self, func: VariableTracker, args: List[VariableTracker],
+                 keywords: Dict[str, VariableTracker], source: Optional[Source] = None):
+        self.func, self.args, self.keywords, self.source = func, list(args), dict(keywords), source
+
+    def describe(self):
+        return f"partial({self.func.describe()})"
+
+
 class NestedFunctionVariable(VariableTracker):
     """A function made by MAKE_FUNCTION inside the trace (lambda, closure, 3.11 comprehension):
     code + globals + defaults and closure cells as variables. Calls are inlined."""
@@ -418,7 +586,8 @@ class NestedFunctionVariable(VariableTracker):
         self.name = name
         self.defaults = defaults           # TupleVariable or None
         self.kwdefaults = kwdefaults       # DictVariable or None
-        self.closure = closure             # TupleVariable of CellVariable (or cells) or None
+        self.closure = closure             # TupleVariable of CellVariable / ClosureCellVariable
+        self.items: Dict[str, VariableTracker] = {}     # attributes set in the trace (fn.tag = 1)
 
     def describe(self):
         return f"NestedFunction({self.name})"
@@ -462,10 +631,11 @@ class AutocastVariable(VariableTracker):
 
 class WithExitVariable(VariableTracker):
     """The __exit__ that BEFORE_WITH pushes: calling it undoes what entering did (`undo`, a
-    function of the translator: restore the grad mode, leave autocast)."""
+    function of the translator: restore the grad mode, leave autocast), or, for a context
+    manager of a Python class (`exit`: its bound __exit__), calls that."""
 
-    def __init__(self, undo):
-        self.undo = undo
+    def __init__(self, undo=None, exit=None):
+        self.undo, self.exit = undo, exit
 
 
 class UserObjectVariable(VariableTracker):
@@ -527,6 +697,34 @@ class _DictFromKeys(VariableTracker):
 
 class _NoOpCallable(VariableTracker):
     """object.__init__ reached through super(): calling it does nothing."""
+
+
+class OperatorGetterVariable(VariableTracker):
+    """operator.itemgetter(*keys), attrgetter(*names) or methodcaller(name, *args, **kwargs):
+    calling it reads those items or attributes, or calls that method, of its argument."""
+
+    def __init__(self, cls: type, args: List[VariableTracker], kwargs: Dict[str, VariableTracker]):
+        self.cls, self.args, self.kwargs = cls, list(args), dict(kwargs)
+
+    def describe(self):
+        return f"operator.{self.cls.__name__}"
+
+
+class ExceptionInitVariable(VariableTracker):
+    """BaseException.__init__ of an exception of the trace (a subclass's __init__ calls
+    super().__init__(message)): calling it sets the exception's args."""
+
+    def __init__(self, exc: "ExceptionVariable"):
+        self.exc = exc
+
+
+class ObjectMethodVariable(VariableTracker):
+    """object.__setattr__ or object.__getattribute__ (`name`): with `self_var` None called
+    with the object first, else bound to it (super().__setattr__): the generic store or read,
+    which a class's own __setattr__ or __getattribute__ calls (its own is not called again)."""
+
+    def __init__(self, name: str, self_var: Optional[VariableTracker] = None):
+        self.name, self.self_var = name, self_var
 
 
 class OpaqueConstantVariable(ConstantVariable):

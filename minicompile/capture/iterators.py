@@ -1,0 +1,177 @@
+"""Iterators the trace steps through one item at a time.
+
+Takes: an iterator variable and the translator that asks for its next item (a for loop,
+next(), list(), any(), zip()...). Hands on: the next item as a VariableTracker, or None once
+the iterator is exhausted, with whatever producing it does done in the trace when CPython
+would do it:
+
+- IteratorVariable: items already known (a list's, a module list's): the next one;
+- GeneratorVariable: a generator made in the trace (a generator function called, a generator
+  expression): its frame runs to its next `yield` or its return, so what it does interleaves
+  with what its consumer does as in CPython, and a generator partly consumed is left partly
+  run (any() stops at the first true item; next() runs one step);
+- LazyIteratorVariable: map, filter, zip, enumerate, itertools.islice: one item of each
+  underlying iterator per item asked for, the function called on it then.
+
+Each step is recorded (OutputGraph.record_mutation: the iterator's state), so a graph break
+inside an inlined call rolls iterators back with everything else.
+"""
+from __future__ import annotations
+
+import collections.abc
+import types
+from typing import List, Optional
+
+from .breaks import ObservedException, Yield
+from .builtin_calls import class_attr
+from .values import (ConstantVariable, ExceptionVariable, GeneratorVariable, IteratorVariable,
+                     LazyIteratorVariable, TupleVariable, UserObjectVariable, VariableTracker)
+
+ITERATORS = (IteratorVariable, GeneratorVariable, LazyIteratorVariable)
+
+
+def iter_of(tx, v: VariableTracker) -> VariableTracker:
+    """iter(v): an iterator is its own; an object's is what its class's Python __iter__ gives;
+    anything else's items are known now."""
+    if isinstance(v, ITERATORS):
+        return v
+    if isinstance(v, UserObjectVariable):
+        it = user_iter(tx, v)
+        if it is not None:
+            return it
+    return IteratorVariable(tx.iterate(v))
+
+
+def user_iter(tx, v: UserObjectVariable) -> Optional[VariableTracker]:
+    """The iterator the Python __iter__ of v's class gives (a generator, often); None where it
+    has none (collections.abc.Sequence's is left to iterate(), which reads the items by len)."""
+    method = class_attr(type(v.value), "__iter__")
+    if not isinstance(method, types.FunctionType) or method is collections.abc.Sequence.__iter__:
+        return None
+    return iter_of(tx, tx.inline_call(method, [v], {}))
+
+
+def next_item(tx, it: VariableTracker, sent: Optional[VariableTracker] = None) -> Optional[VariableTracker]:
+    """The next item of `it` (`sent`: what a generator's paused yield evaluates to, for
+    send() and `yield from`), or None where it is exhausted."""
+    out = tx.output
+    if isinstance(it, IteratorVariable):
+        if it.index >= len(it.items):
+            return None
+        out.record_mutation(it)
+        out.advanced(it)
+        it.index += 1
+        return it.items[it.index - 1]
+    if isinstance(it, GeneratorVariable):
+        return _resume(tx, it, sent)
+    if isinstance(it, LazyIteratorVariable):
+        if it.kind == "filter":
+            while True:
+                item = next_item(tx, it.iterators[0])
+                if item is None:
+                    return None
+                keep = item if _is_none(it.fn) else tx.call_function(it.fn, [item], {})
+                if tx.truth(keep, "filter"):
+                    return item
+        if it.kind == "islice":
+            start, stop, step = it.bounds
+            read, given = it.count
+            wanted = start + given * step             # the index of the next item it gives
+            if stop is not None and wanted >= stop:
+                return None
+            out.record_mutation(it)
+            while True:
+                item = next_item(tx, it.iterators[0])
+                if item is None:
+                    return None
+                read += 1
+                it.count = (read, given)
+                if read - 1 == wanted:
+                    it.count = (read, given + 1)
+                    return item
+        items = []
+        for sub in it.iterators:                  # left to right, stopping at the first exhausted
+            item = next_item(tx, sub)
+            if item is None:
+                if it.strict and (items or any(next_item(tx, s) is not None for s in it.iterators[1:])):
+                    raise tx.unsupported("zip(strict=True) of iterables of unequal lengths")
+                return None
+            items.append(item)
+        if it.kind == "map":
+            return tx.call_function(it.fn, items, {})
+        if it.kind == "enumerate":
+            out.record_mutation(it)
+            it.count += 1
+            return TupleVariable([ConstantVariable(it.count - 1), items[0]])
+        return TupleVariable(items)                                    # zip
+    raise tx.unsupported(f"next() of {it.describe()}")
+
+
+def drain(tx, it: VariableTracker) -> List[VariableTracker]:
+    """Every item `it` has left (list(it), sum(it), a for loop's unrolling)."""
+    items = []
+    while True:
+        item = next_item(tx, it)
+        if item is None:
+            return items
+        items.append(item)
+
+
+def throw(tx, gen: GeneratorVariable, exc) -> Optional[VariableTracker]:
+    """gen.throw(exc): raised where the generator is paused (its handlers see it) -> what it
+    yields next, None where it returns; what it does not catch is raised to the caller."""
+    tx.output.record_mutation(gen)
+    if not gen.started or gen.done:
+        gen.done = True
+        raise ObservedException(exc)
+    try:
+        gen.tx.handle_exception(exc)
+    except ObservedException:
+        gen.done = True
+        raise
+    return _run(gen)
+
+
+def close(tx, gen: GeneratorVariable) -> None:
+    """gen.close(): GeneratorExit thrown where it is paused, so its finally blocks run."""
+    if not gen.started or gen.done:
+        tx.output.record_mutation(gen)
+        gen.done = True
+        return
+    try:
+        item = throw(tx, gen, ExceptionVariable(GeneratorExit, []))
+    except ObservedException as e:
+        if not issubclass(e.exc.cls, (GeneratorExit, StopIteration)):
+            raise
+        return
+    if item is not None:
+        raise tx.observed(RuntimeError("generator ignored GeneratorExit"))
+
+
+def _resume(tx, gen: GeneratorVariable, sent: Optional[VariableTracker]) -> Optional[VariableTracker]:
+    if gen.done:
+        return None
+    if not gen.started and sent is not None and not (isinstance(sent, ConstantVariable) and sent.value is None):
+        raise tx.unsupported("send() of a value to a generator that has not started")
+    tx.output.record_mutation(gen)
+    if gen.started:
+        gen.tx.push(sent if sent is not None else ConstantVariable(None))   # what its yield gives
+    gen.started = True
+    return _run(gen)
+
+
+def _run(gen: GeneratorVariable) -> Optional[VariableTracker]:
+    """Run the generator's frame to its next yield (-> the value) or its end (-> None)."""
+    try:
+        gen.return_value = gen.tx.run()
+    except Yield as y:
+        return y.value
+    except ObservedException:
+        gen.done = True                  # an exception ends a generator (and goes to its reader)
+        raise
+    gen.done = True
+    return None
+
+
+def _is_none(v) -> bool:
+    return isinstance(v, ConstantVariable) and v.value is None
