@@ -384,7 +384,18 @@ def _before_with(tx, inst):
 def _store_subscr(tx, inst):
     idx = tx.pop()
     obj = tx.pop()
-    value = tx.pop()
+    _store_item(tx, obj, idx, tx.pop())
+
+
+@handles("STORE_SLICE", versions=[(3, 12), (3, 13)])
+def _store_slice(tx, inst):
+    end = tx.pop()
+    start = tx.pop()
+    obj = tx.pop()
+    _store_item(tx, obj, _slice_of(start, end), tx.pop())        # obj[start:end] = value
+
+
+def _store_item(tx, obj, idx, value):
     if isinstance(obj, TensorVariable):
         tx.output.call("call_function", operator.setitem, [obj, idx, value], {})
     elif isinstance(obj, (ListVariable, DictVariable)) and idx.is_constant():
@@ -881,11 +892,14 @@ def _binary_slice(tx, inst):
     end = tx.pop()
     start = tx.pop()
     obj = tx.pop()
+    tx.push(tx.subscript(obj, _slice_of(start, end)))
+
+
+def _slice_of(start, end):
+    """The slice start:end of 3.12's BINARY_SLICE and STORE_SLICE."""
     if start.is_constant() and end.is_constant():
-        idx = ConstantVariable(slice(start.as_example(), end.as_example()))
-    else:
-        idx = SliceVariable([start, end])
-    tx.push(tx.subscript(obj, idx))
+        return ConstantVariable(slice(start.as_example(), end.as_example()))
+    return SliceVariable([start, end])
 
 
 @handles("UNPACK_SEQUENCE")

@@ -230,6 +230,12 @@ class TritonWriter(KernelWriter):
     def sqrt(self, x):
         return self._emit(f"tl.sqrt_rn({x})" if self.float32_only else f"tl.sqrt({x})")
 
+    def rsqrt(self, x):
+        # on a GPU Triton's float64 rsqrt is the hardware's approximation (float32's precision):
+        # libdevice's is rounded as CUDA's 1 / sqrt
+        return self._emit(f"libdevice.rsqrt({x})" if self.device_asserts and not self.float32_only
+                          else f"tl.rsqrt({x})")
+
     def opaque(self, x):
         """x (an int32), hidden from the compiler's reasoning on a GPU by an empty asm move."""
         if not self.device_asserts:                 # Triton's interpreter: no compiler

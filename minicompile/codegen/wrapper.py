@@ -245,6 +245,11 @@ def nbytes(buf):
     return ir.size_expr(math.prod(buf.shape or [1]) * buf.dtype.itemsize)
 
 
+def _on_the_host(buffer, device: torch.device) -> bool:
+    """A buffer in CPU memory that a kernel on a GPU reads."""
+    return device.type == "cuda" and getattr(buffer, "device", device).type == "cpu"
+
+
 def choose_backend(device: torch.device) -> str:
     if device.type == "cuda":
         return "triton"
@@ -367,7 +372,11 @@ def build(program: ir.Program, steps: list, written: dict | None = None) -> Comp
                 launch = dict(meta[step.name][1])
                 grid = launch.pop("grid")
                 settings = ", ".join(f"{k}={v}" for k, v in launch.items())
-                lines.append(f"    {step.name}[({grid},)]({', '.join(args)}, {settings})")
+                # a CPU 0-dim tensor (an input, or an op on numbers: torch.add(2.5, 1)) goes
+                # with CUDA ones in eager; a GPU kernel reads it copied to the GPU
+                passed = [f"{a}.to({device})" if _on_the_host(buffers.get(a), program.device) else a
+                          for a in args]
+                lines.append(f"    {step.name}[({grid},)]({', '.join(passed)}, {settings})")
             for m in step.members:
                 if m.box.name in step.stored and not m.box.shape:
                     lines.append(f"    {m.box.name} = {m.box.name}.view(())")
