@@ -1151,6 +1151,17 @@ def test_a_lambda_of_torchs_own_is_traced_not_made_a_graph_node():
     assert_same(minicompile.compile(lambda x: torch_lambda(x) + 1, backend="eager")(x), torch_lambda(x) + 1)
 
 
+def test_a_function_made_inside_another_that_its_module_names_is_one_graph_node():
+    # F.max_pool2d is made by boolean_dispatch, and torch.nn.functional holds it by name: one
+    # node, which lowering takes (traced through, it was a call of F._max_pool2d, which
+    # lowering does not know: every ResNet's max pool ran on PyTorch's kernel, NCHW)
+    F = torch.nn.functional
+    x = torch.randn(2, 3, 9, 9)
+    graphs = minicompile.explain(lambda x: (F.max_pool2d(x.relu(), 3, 2, 1), F.max_pool1d(x[0], 2)))(x).graphs
+    targets = {n.target for g in graphs for n in g.graph.nodes}
+    assert F.max_pool2d in targets and F.max_pool1d in targets
+
+
 def test_torchs_own_modules_python_weakrefs_and_tensor_identity():
     # nn.RNN reads its weights through weak references; MultiheadAttention asks `query is key`
     # of tensors it computed; an op that gives its input back gives that very tensor
@@ -1275,3 +1286,20 @@ def test_inlined_functions_code_and_defaults_and_tensor_subclasses():
     t = torch.randn(3).as_subclass(Tenfold)
     compiled = minicompile.compile(lambda t: t + 1, backend="minicompile")
     torch.testing.assert_close(compiled(t).as_subclass(torch.Tensor), (t + 1).as_subclass(torch.Tensor))
+
+
+def reads_an_attribute_it_may_not_have(x, cache=None):
+    """hasattr(None, name) is False, and None.name the code's AttributeError (an internal error
+    ran a whole Hugging Face model as Python: `hasattr(past_key_values, "is_sliding")`)."""
+    if hasattr(cache, "is_sliding") and False in cache.is_sliding:
+        return x + 1
+    try:
+        return x * cache.size
+    except AttributeError:
+        return x * 2
+
+
+def test_an_attribute_of_none():
+    x = torch.randn(3)
+    assert_same(minicompile.compile(reads_an_attribute_it_may_not_have)(x), x * 2)
+    assert minicompile.metrics.graph_breaks == 0 and minicompile.metrics.graphs == 1

@@ -167,12 +167,14 @@ _TORCH_MODULE_PREFIXES = ("torch", "_operator", "operator", "math")
 
 def _is_torch_callable(v) -> bool:
     """A function of torch's (or operator's, math's) that a call of becomes one graph node. A
-    lambda or a function made inside another has no name a graph can call it by: it is traced
-    like the user's."""
+    lambda or a function made inside another has no name a graph can call it by, unless its
+    module holds it under its name (F.max_pool2d, made by boolean_dispatch): it is traced like
+    the user's."""
     if isinstance(v, type):
         return False
     mod = getattr(v, "__module__", None) or ""
-    if isinstance(v, types.FunctionType) and ("<lambda>" in v.__qualname__ or "<locals>" in v.__qualname__):
+    if isinstance(v, types.FunctionType) and ("<lambda>" in v.__qualname__ or "<locals>" in v.__qualname__) \
+            and getattr(sys.modules.get(mod), v.__name__, None) is not v:
         return False
     if isinstance(v, (types.BuiltinFunctionType, types.FunctionType, torch._ops.OpOverloadPacket,
                       torch._ops.OpOverload)):

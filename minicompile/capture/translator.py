@@ -537,7 +537,7 @@ class InstructionTranslator(CallsMixin):
             if name == "_fields" and hasattr(obj.tuple_cls, "_fields"):
                 return ConstantVariable(obj.tuple_cls._fields)
         if isinstance(obj, ConstantVariable):
-            attr = getattr(obj.value, name)
+            attr = self.read_attribute(obj.value, name)      # (None.x: the code's AttributeError)
             if callable(attr):
                 return ConstantMethodVariable(obj, name)
             return _constant_result(obj, attr)
