@@ -7,8 +7,10 @@ warning that gives the reason; with fullgraph=True it raises minicompile.Unsuppo
 """
 from __future__ import annotations
 
+import contextlib
 import copy
 import functools
+import gc
 import itertools
 import sys
 import types
@@ -270,10 +272,11 @@ class CompiledFunction:
             eager = True
             entries = frame.segments.setdefault((offset, eager), [])
         try:
-            seg = trace_segment(F, args, kwargs, offset, breaks=not self.fullgraph,
-                                eager=eager,
-                                dynamic=None if eager else _dynamic_policy(frame, offset, self.dynamic,
-                                                                            self.backend))
+            with _collector_paused():
+                seg = trace_segment(F, args, kwargs, offset, breaks=not self.fullgraph,
+                                    eager=eager,
+                                    dynamic=None if eager else _dynamic_policy(frame, offset, self.dynamic,
+                                                                                self.backend))
         except Unsupported as err:
             if self.fullgraph:
                 raise
@@ -448,6 +451,21 @@ def _add_shape_guards(seg) -> None:
         text = re.sub(r"\barg(\d+)\b", lambda m: seg.input_sources[int(m.group(1))], cond)
         seg.guard_builder.shape_condition(text, text)
     seg.use(seg.guard_builder.build(seg.binding, seg.input_sources))
+
+
+@contextlib.contextmanager
+def _collector_paused():
+    """Python's cycle collector off while a call is captured and compiled: it runs on counts of
+    allocations, and capture makes many short-lived objects, so it would walk torch's whole
+    heap several times in one compile for little garbage. On again after, whatever happens."""
+    if not gc.isenabled():
+        yield
+        return
+    gc.disable()
+    try:
+        yield
+    finally:
+        gc.enable()
 
 
 def _rebound(F, failures, args, kwargs):

@@ -295,3 +295,23 @@ def test_training_keeps_gradients():
         minicompile.metrics.reset()
         assert_same(minicompile.compile(twin)(x), model(x))
         assert minicompile.metrics.kernels > 0
+
+
+def test_the_cycle_collector_is_paused_only_while_compiling(monkeypatch):
+    import gc
+    from minicompile.capture import trace
+    real, seen = trace.trace_segment, []
+
+    def watched(*args, **kwargs):
+        seen.append(gc.isenabled())
+        return real(*args, **kwargs)
+    monkeypatch.setattr(trace, "trace_segment", watched)
+    assert gc.isenabled()
+    minicompile.compile(lambda x: x + 1)(torch.randn(3))
+    assert seen == [False] and gc.isenabled()
+
+    def bad(x):
+        return x.no_such_method()
+    with pytest.raises(AttributeError):
+        minicompile.compile(bad)(torch.randn(3))
+    assert gc.isenabled()
