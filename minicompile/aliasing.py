@@ -181,6 +181,13 @@ def copy_into(dest, src):
     return src.to(device=dest.device, dtype=dest.dtype).expand(dest.shape)
 
 
+def overwritten(dest, value):
+    """`value` in place of the whole of dest as autograd sees an in-place overwrite: still
+    connected to dest, with a zero gradient (eager's x.clone().fill_(v) requires grad where x
+    does, where full_like's result would not)."""
+    return torch.where(torch.ones_like(dest, dtype=torch.bool), value, dest)
+
+
 def on_a_copy(kind: str, target, written_at):
     """A function that runs an in-place call on copies of what it writes and returns what the
     call returns, then the new values (one per locator in `written_at`): the functional form of

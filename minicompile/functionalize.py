@@ -346,10 +346,12 @@ class _Functionalizer:
         single = where == [("arg", 0)]
         if kind == "call_function" and target in aliasing.AUGMENTED:          # x += y
             return [self._cast(self._new(kind, aliasing.AUGMENTED[target], args), targets[0])], "same"
-        if single and name in ("copy_", "fill_"):
-            return [self._new("call_function", aliasing.copy_into, args[:2])], "same"
-        if single and name == "zero_":
-            return [self._new("call_function", torch.zeros_like, args[:1])], "same"
+        if single and name in ("copy_", "fill_", "zero_"):
+            value = self._new("call_function", torch.zeros_like, args[:1]) if name == "zero_" else \
+                self._new("call_function", aliasing.copy_into, args[:2])
+            if getattr(_example(node.args[0]), "requires_grad", False):
+                value = self._new("call_function", aliasing.overwritten, [args[0], value])
+            return [value], "same"
         if single and name in aliasing.SAME_AS_OUT_OF_PLACE:
             value = self._new("call_method", name[:-1], args, kwargs)
             return [self._cast(value, targets[0])], "same"

@@ -417,3 +417,23 @@ def test_inputs_written_are_written_by_one_foreach_copy(kernel_backend):
     assert calls == [6]          # two running means, two variances, two counts
     for (name, a), b in zip(net.state_dict().items(), twin.state_dict().values()):
         torch.testing.assert_close(a, b, msg=name)
+
+
+@pytest.mark.parametrize("overwrite", [lambda t: t.zero_(), lambda t: t.fill_(2.5),
+                                       lambda t: t.copy_(torch.arange(4.0)), lambda t: torch.zero_(t)])
+def test_a_value_overwritten_in_place_keeps_its_gradient(overwrite):
+    """x.clone().fill_(v) requires grad as in eager, with a zero gradient for x (functionalized,
+    the write became full_like, which is not differentiable: the output did not require grad,
+    and backward() on it raised where eager runs)."""
+    def fn(x, y):
+        return overwrite(x.clone()), overwrite(x.clone()) * y
+    x0, y0 = torch.randn(3, 4), torch.randn(3, 4)
+    results = []
+    for f in (fn, minicompile.compile(fn)):
+        x, y = x0.clone().requires_grad_(), y0.clone().requires_grad_()
+        a, b = f(x, y)
+        assert a.requires_grad and b.requires_grad
+        (a.sum() + (b * b).sum()).backward()
+        results.append((a.detach(), b.detach(), x.grad, y.grad))
+    for got, want in zip(*results):
+        torch.testing.assert_close(got, want)
