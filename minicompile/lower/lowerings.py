@@ -453,18 +453,20 @@ def _relu6_of_shifted(x, c):
     return ops.minimum(ops.maximum(ops.add(x, c(3.0)), c(0.0)), c(6.0))
 
 
+_SIXTH_IN_FLOAT32 = float(torch.tensor(1.0, dtype=torch.float32) / 6)     # CUDA's 1.0f / 6.0f
+
+
 def _sixth_of(device, c):
     """v / 6 as eager's kernels compute it: divided on a CPU; on a GPU multiplied by 1/6 rounded
     to float32 (CUDA's kernels write the constant 1.0f / 6.0f, float64 inputs included)."""
     if device.type == "cuda":
-        sixth = float(torch.tensor(1.0, dtype=torch.float32) / 6)
-        return lambda v: ops.mul(v, c(sixth))
+        return lambda v: ops.mul(v, c(_SIXTH_IN_FLOAT32))
     return lambda v: ops.truediv(v, c(6.0))
 
 
 @register([F.hardswish, "hardswish"], "input, inplace=False", pointwise=True)
 def _hardswish(node, values, input, inplace):
-    """x * min(max(x + 3, 0), 6) / 6, divided last as PyTorch's kernels do."""
+    """x * min(max(x + 3, 0), 6) / 6, the sixth taken last as PyTorch's kernels do (_sixth_of)."""
     if inplace or not isinstance(input, TensorBox):
         return NotImplemented
     c = _constants_of(input.dtype)
