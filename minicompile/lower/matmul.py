@@ -1,0 +1,117 @@
+"""A matrix product of minicompile's own, as a Triton kernel, for the one case where PyTorch's
+is slow and the way around it costs a copy: a result whose rows are not a multiple of 16 bytes
+long (a language model's head over a vocabulary of 50,257 words).
+
+cuBLAS's fast kernels need every row of every matrix to start on a 16-byte boundary. Where the
+result's rows do not, it falls back to much slower kernels. Lowering can pad the weight with
+zero rows to an aligned width instead (`_padded_rows` in lowerings.py), as Inductor does, but
+then the product has the padded layout. A graph returns eager's contiguous layout, so the
+padded result is copied once more, and the weight is padded on every call. This kernel reads
+the operands as they are and writes each row of the result where eager's layout puts it:
+Triton's stores need no alignment. Measured numbers are in benchmarks/results
+(unaligned_matmul_h100.json).
+
+Lowering names `mm` as the call target of an extern kernel, like torch.mm, so the wrapper calls
+it; it launches the kernel or, where the kernel does not apply at run time, calls torch.mm.
+"""
+from __future__ import annotations
+
+import functools
+
+import torch
+
+# (BLOCK_M, BLOCK_N, BLOCK_K, num_stages, num_warps), by the operands' dtype size: chosen on
+# the H100 among Inductor's matrix-product settings (benchmarks/unaligned_matmul.py)
+SETTINGS = {4: (128, 128, 32, 3, 8), 2: (128, 128, 64, 3, 8)}
+GROUP_M = 8      # rows of programs that run together, so their weight columns stay in L2
+
+
+def applies(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Whether the kernel computes a @ b as eager would: 2-D operands of one float dtype on a
+    GPU, in float32 only where eager's products use TF32 (with full float32 products the
+    kernel would differ, and cuBLAS's are no slower than Triton's)."""
+    if a.dim() != 2 or b.dim() != 2 or a.dtype != b.dtype or not a.is_cuda or a.device != b.device:
+        return False
+    if max(a.shape[0] * b.shape[1], _extent(a), _extent(b)) >= 2 ** 31:
+        return False            # the kernel's offsets are 32-bit
+    if a.dtype == torch.float32:
+        return torch.backends.cuda.matmul.allow_tf32
+    return a.dtype in (torch.float16, torch.bfloat16)
+
+
+def mm(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """a @ b as a new contiguous tensor: the Triton kernel where it applies, else torch.mm."""
+    if not applies(a, b):
+        return torch.mm(a, b)
+    return launch(a, b, SETTINGS[a.element_size()])
+
+
+def launch(a: torch.Tensor, b: torch.Tensor, settings: tuple) -> torch.Tensor:
+    """The kernel's launch with the given (BLOCK_M, BLOCK_N, BLOCK_K, stages, warps)."""
+    (m, k), n = a.shape, b.shape[1]
+    out = torch.empty((m, n), dtype=a.dtype, device=a.device)
+    if out.numel() == 0:
+        return out
+    if k == 0:
+        return out.zero_()
+    block_m, block_n, block_k, stages, warps = settings
+    grid = (-(-m // block_m) * -(-n // block_n),)
+    _kernel()[grid](a, b, out, m, n, k, a.stride(0), a.stride(1), b.stride(0), b.stride(1),
+                    BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k, GROUP_M=GROUP_M,
+                    EVEN_K=k % block_k == 0, TF32=a.dtype == torch.float32,
+                    num_stages=stages, num_warps=warps)
+    return out
+
+
+def _extent(t: torch.Tensor) -> int:
+    """One past the largest element offset a tensor's view reaches."""
+    return 1 + sum((size - 1) * stride for size, stride in zip(t.shape, t.stride()))
+
+
+@functools.cache
+def _kernel():
+    """The kernel, defined when first launched (Triton is imported only where it runs)."""
+    from ..codegen.triton import import_triton
+    triton = import_triton()
+    import triton.language as tl
+
+    @triton.jit
+    def mm_kernel(a_ptr, b_ptr, c_ptr, M, N, K, stride_am, stride_ak, stride_bk, stride_bn,
+                  BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+                  GROUP_M: tl.constexpr, EVEN_K: tl.constexpr, TF32: tl.constexpr):
+        # programs in groups of GROUP_M rows of blocks, column by column
+        pid = tl.program_id(0)
+        blocks_m, blocks_n = tl.cdiv(M, BLOCK_M), tl.cdiv(N, BLOCK_N)
+        group = pid // (GROUP_M * blocks_n)
+        first_m = group * GROUP_M
+        group_m = min(blocks_m - first_m, GROUP_M)
+        pid_m = first_m + (pid % (GROUP_M * blocks_n)) % group_m
+        pid_n = (pid % (GROUP_M * blocks_n)) // group_m
+        rm = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+        rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+        # rows and columns past the edge read row/column 0 again (no mask on the loads); their
+        # results are not stored
+        am = tl.max_contiguous(tl.multiple_of(rm % M, BLOCK_M), BLOCK_M)
+        bn = tl.max_contiguous(tl.multiple_of(rn % N, BLOCK_N), BLOCK_N)
+        rk = tl.arange(0, BLOCK_K)
+        a_ptrs = a_ptr + am[:, None] * stride_am + rk[None, :] * stride_ak
+        b_ptrs = b_ptr + rk[:, None] * stride_bk + bn[None, :] * stride_bn
+        acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+        for k in range(0, tl.cdiv(K, BLOCK_K)):
+            if EVEN_K:
+                a = tl.load(a_ptrs)
+                b = tl.load(b_ptrs)
+            else:
+                left = K - k * BLOCK_K
+                a = tl.load(a_ptrs, mask=rk[None, :] < left, other=0.0)
+                b = tl.load(b_ptrs, mask=rk[:, None] < left, other=0.0)
+            if TF32:
+                acc = tl.dot(a, b, acc, input_precision="tf32")
+            else:
+                acc = tl.dot(a, b, acc)
+            a_ptrs += BLOCK_K * stride_ak
+            b_ptrs += BLOCK_K * stride_bk
+        c_ptrs = c_ptr + rm[:, None] * N + rn[None, :]
+        tl.store(c_ptrs, acc.to(c_ptr.dtype.element_ty), mask=(rm[:, None] < M) & (rn[None, :] < N))
+
+    return mm_kernel
