@@ -22,12 +22,15 @@ from minicompile.lower import matmul  # noqa: E402
 # (rows, inner size, columns, dtype): GPT-2's head at 8 x 512 tokens and at 1 x 512, wider
 # models' inner sizes, bf16
 SHAPES = [(4096, 768, 50257, torch.float32), (512, 768, 50257, torch.float32),
-          (4096, 1024, 50257, torch.float32), (4096, 2048, 50257, torch.float32),
           (4096, 4096, 50257, torch.float32), (4096, 768, 50257, torch.bfloat16),
           (4096, 4096, 50257, torch.bfloat16)]
-CANDIDATES = [(128, 128, 32, 3, 8), (128, 128, 32, 4, 8), (128, 256, 32, 3, 8), (256, 128, 32, 3, 8),
-              (128, 128, 64, 3, 8), (128, 64, 32, 4, 4), (64, 128, 32, 4, 4), (128, 128, 64, 4, 8),
-              (128, 256, 64, 3, 8)]
+# (BLOCK_M, BLOCK_N, BLOCK_K, stages, warps), by the operands' bytes per element; each with the
+# operands read through pointers and through tensor descriptors
+CANDIDATES = {4: [(128, 128, 32, 3, 8), (128, 128, 32, 4, 8), (128, 128, 32, 5, 8), (128, 256, 32, 3, 8),
+                  (128, 256, 32, 4, 8), (256, 128, 32, 3, 8), (128, 128, 64, 3, 8), (128, 128, 32, 4, 4),
+                  (64, 256, 32, 4, 4)],
+              2: [(128, 128, 64, 3, 8), (128, 128, 64, 4, 8), (128, 256, 64, 3, 8), (256, 128, 64, 3, 8),
+                  (128, 256, 32, 4, 8), (128, 128, 64, 4, 4)]}
 
 
 def padded_then_copied(x, w):
@@ -47,16 +50,20 @@ def main(argv=None):
         w = (torch.randn(n, k, device="cuda") / k ** 0.5).to(dtype)
         fns = {"eager (cuBLAS, unaligned)": lambda x, w: F.linear(x, w),
                "cuBLAS on padded weight + copy": padded_then_copied}
-        if (m, k) == (4096, 768):
+        if k == 768:
             fns["torch.compile"] = torch.compile(lambda x, w: F.linear(x, w))
-        for s in CANDIDATES:
-            try:                   # a setting whose blocks do not fit the GPU's shared memory
-                matmul.launch(x, w.t(), s)
-                torch.cuda.synchronize()
-            except Exception as err:  # noqa: BLE001
-                print("  ", s, "does not run:", str(err).splitlines()[0][:120])
-                continue
-            fns[f"triton {s}"] = (lambda s: lambda x, w: matmul.launch(x, w.t(), s))(s)
+            out = fns["torch.compile"](x, w)
+            print("   torch.compile's result: strides", out.stride(), "contiguous", out.is_contiguous())
+        for s in CANDIDATES[x.element_size()]:
+            for descriptors in (False, True):
+                try:                   # a setting whose blocks do not fit the GPU's shared memory
+                    matmul.launch(x, w.t(), s, descriptors)
+                    torch.cuda.synchronize()
+                except Exception as err:  # noqa: BLE001
+                    print("  ", s, descriptors, "does not run:", str(err).splitlines()[0][:100])
+                    continue
+                label = f"triton {s}{' descriptors' if descriptors else ''}"
+                fns[label] = (lambda s, d: lambda x, w: matmul.launch(x, w.t(), s, d))(s, descriptors)
         tol = 3e-2 if dtype == torch.bfloat16 else 5e-3
         try:
             records = bench.compare(fns, (x, w), repeat=50, rtol=tol, atol=tol)

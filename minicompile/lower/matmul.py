@@ -46,8 +46,10 @@ def mm(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     return launch(a, b, SETTINGS[a.element_size()])
 
 
-def launch(a: torch.Tensor, b: torch.Tensor, settings: tuple) -> torch.Tensor:
-    """The kernel's launch with the given (BLOCK_M, BLOCK_N, BLOCK_K, stages, warps)."""
+def launch(a: torch.Tensor, b: torch.Tensor, settings: tuple, descriptors: bool | None = None) -> torch.Tensor:
+    """The kernel's launch with the given (BLOCK_M, BLOCK_N, BLOCK_K, stages, warps).
+    descriptors: whether the operands are read through tensor descriptors (the Hopper GPU's
+    TMA unit copies whole blocks into shared memory); None: where they can be."""
     (m, k), n = a.shape, b.shape[1]
     out = torch.empty((m, n), dtype=a.dtype, device=a.device)
     if out.numel() == 0:
@@ -56,11 +58,30 @@ def launch(a: torch.Tensor, b: torch.Tensor, settings: tuple) -> torch.Tensor:
         return out.zero_()
     block_m, block_n, block_k, stages, warps = settings
     grid = (-(-m // block_m) * -(-n // block_n),)
-    _kernel()[grid](a, b, out, m, n, k, a.stride(0), a.stride(1), b.stride(0), b.stride(1),
-                    BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k, GROUP_M=GROUP_M,
-                    EVEN_K=k % block_k == 0, TF32=a.dtype == torch.float32,
-                    num_stages=stages, num_warps=warps)
+    options = dict(BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k, GROUP_M=GROUP_M,
+                   TF32=a.dtype == torch.float32, num_stages=stages, num_warps=warps)
+    if descriptors is None:
+        descriptors = _descriptors_apply(a, b)
+    if descriptors:
+        from triton.tools.tensor_descriptor import TensorDescriptor
+        a_desc = TensorDescriptor(a, list(a.shape), list(a.stride()), [block_m, block_k])
+        # b's transpose, (n, k) with rows of k: the layout the tensor cores read
+        b_desc = TensorDescriptor(b, [n, k], [b.stride(1), b.stride(0)], [block_n, block_k])
+        _kernels()[1][grid](a_desc, b_desc, out, m, n, k, **options)
+    else:
+        _kernels()[0][grid](a, b, out, m, n, k, a.stride(0), a.stride(1), b.stride(0), b.stride(1),
+                            EVEN_K=k % block_k == 0, **options)
     return out
+
+
+def _descriptors_apply(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Tensor descriptors need a GPU with TMA (compute capability 9 or more), rows of k
+    contiguous elements, and 16-byte aligned addresses and row strides."""
+    if not a.is_cuda or torch.cuda.get_device_capability(a.device)[0] < 9:
+        return False
+    size = a.element_size()
+    return a.stride(1) == 1 and b.stride(0) == 1 and (a.stride(0) * size) % 16 == 0 \
+        and (b.stride(1) * size) % 16 == 0 and a.data_ptr() % 16 == 0 and b.data_ptr() % 16 == 0
 
 
 def _extent(t: torch.Tensor) -> int:
@@ -69,8 +90,9 @@ def _extent(t: torch.Tensor) -> int:
 
 
 @functools.cache
-def _kernel():
-    """The kernel, defined when first launched (Triton is imported only where it runs)."""
+def _kernels():
+    """The kernels, defined when first launched (Triton is imported only where it runs): one
+    that reads the operands through pointers, one through tensor descriptors."""
     from ..codegen.triton import import_triton
     triton = import_triton()
     import triton.language as tl
@@ -114,4 +136,29 @@ def _kernel():
         c_ptrs = c_ptr + rm[:, None] * N + rn[None, :]
         tl.store(c_ptrs, acc.to(c_ptr.dtype.element_ty), mask=(rm[:, None] < M) & (rn[None, :] < N))
 
-    return mm_kernel
+    @triton.jit
+    def mm_descriptor_kernel(a_desc, b_desc, c_ptr, M, N, K,
+                             BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+                             GROUP_M: tl.constexpr, TF32: tl.constexpr):
+        pid = tl.program_id(0)
+        blocks_m, blocks_n = tl.cdiv(M, BLOCK_M), tl.cdiv(N, BLOCK_N)
+        group = pid // (GROUP_M * blocks_n)
+        first_m = group * GROUP_M
+        group_m = min(blocks_m - first_m, GROUP_M)
+        pid_m = first_m + (pid % (GROUP_M * blocks_n)) % group_m
+        pid_n = (pid % (GROUP_M * blocks_n)) // group_m
+        acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+        # blocks past the operands' edges are read as zeros
+        for k in range(0, tl.cdiv(K, BLOCK_K)):
+            a = a_desc.load([pid_m * BLOCK_M, k * BLOCK_K])
+            b = b_desc.load([pid_n * BLOCK_N, k * BLOCK_K])
+            if TF32:
+                acc = tl.dot(a, b.T, acc, input_precision="tf32")
+            else:
+                acc = tl.dot(a, b.T, acc)
+        rm = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+        rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+        c_ptrs = c_ptr + rm[:, None] * N + rn[None, :]
+        tl.store(c_ptrs, acc.to(c_ptr.dtype.element_ty), mask=(rm[:, None] < M) & (rn[None, :] < N))
+
+    return mm_kernel, mm_descriptor_kernel
