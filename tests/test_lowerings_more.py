@@ -550,6 +550,54 @@ def test_a_product_of_unaligned_width_is_padded(kernel_backend, monkeypatch, bia
     check(lambda x, w, b: F.linear(x, w).softmax(-1), x.transpose(0, 1), w, b)
 
 
+@pytest.mark.skipif(not HAS_TRITON, reason="needs Triton")
+@pytest.mark.parametrize("dtype", [torch.float32, pytest.param(torch.bfloat16, marks=pytest.mark.skipif(
+    DEVICE == "cpu", reason="Triton's interpreter multiplies bfloat16 values' bits as integers"))])
+def test_an_unaligned_product_is_written_in_eager_layout_by_minicompiles_kernel(monkeypatch, dtype):
+    # with TF32 or half precision products, an unaligned head on a GPU is lower/matmul.py's
+    # Triton kernel, which writes eager's contiguous layout: no padded weight, no copy. On a
+    # CPU the kernel runs in Triton's interpreter, put in the GPU's place
+    from minicompile.lower import lowerings, matmul
+    monkeypatch.setattr(minicompile.config, "cpu_backend", "triton")
+    monkeypatch.setattr(lowerings, "PAD_PRODUCTS_FROM", 1)
+    if DEVICE == "cpu":
+        monkeypatch.setattr(matmul, "chosen", lambda device, dtype: True)
+        monkeypatch.setattr(matmul, "applies", lambda a, b: True)
+    x, w = randn(3, 5, 24).to(dtype), randn(37, 24).to(dtype)
+    tol = dict(rtol=2e-2, atol=2e-2) if dtype == torch.bfloat16 else dict(rtol=3e-3, atol=3e-3)
+    tf32 = torch.backends.cuda.matmul.allow_tf32
+    torch.backends.cuda.matmul.allow_tf32 = True          # (monkeypatch cannot restore it)
+    try:
+        for args in [(x, w), (x.transpose(0, 1), w), (x[:, :, :20], w[:, 4:])]:
+            compiled = compile_graph(torch.fx.symbolic_trace(lambda x, w: F.linear(x, w) * 2), list(args))
+            assert "matmul.mm(" in compiled.wrapper_source and "zero-padded" not in compiled.kernel_source
+            out = compiled(*args)
+            assert out.is_contiguous() and out.dtype == dtype
+            torch.testing.assert_close(out, F.linear(*args) * 2, **tol)
+    finally:
+        torch.backends.cuda.matmul.allow_tf32 = tf32
+
+
+@pytest.mark.skipif(not HAS_TRITON, reason="needs Triton")
+@pytest.mark.parametrize("descriptors", [False, True])
+def test_the_unaligned_product_kernel_on_awkward_sizes(descriptors):
+    # the kernel alone, both ways of reading the operands, edges in every dimension; the
+    # operands as a linear layer hands them over (the weight transposed) and strided
+    from minicompile.codegen.triton import import_triton
+    from minicompile.lower import matmul
+    import_triton()
+    for m, k, n, settings in [(37, 24, 29, (32, 32, 16, 1, 4)), (130, 40, 3, (64, 16, 16, 1, 4)),
+                              (5, 72, 131, (16, 64, 32, 1, 4)), (1, 8, 1, (16, 16, 16, 1, 4))]:
+        a, w = randn(m, k), randn(n, k)
+        if not descriptors:
+            a = randn(k, m).t()                          # columns of k: read through strides
+        out = matmul.launch(a, w.t(), settings, descriptors)
+        assert out.is_contiguous() and out.shape == (m, n)
+        torch.testing.assert_close(out, a @ w.t(), rtol=3e-3, atol=3e-3)
+    assert matmul.launch(randn(0, 8), randn(8, 5), (16, 16, 16, 1, 4)).shape == (0, 5)
+    assert torch.equal(matmul.launch(randn(4, 0), randn(0, 5), (16, 16, 16, 1, 4)), torch.zeros(4, 5, device=DEVICE))
+
+
 def test_a_boolean_attention_mask_is_handed_over_dense(kernel_backend):
     # a mask as Hugging Face builds it (a view with a zero stride in the key dim): where Triton
     # kernels run, attention gets the dense additive mask, which its fused kernels take

@@ -25,6 +25,7 @@ import torch.utils._pytree as pytree
 
 from .. import config, ir, logs, metrics
 from ..fusion import ExternCall, Kernel, buffers_by_name
+from ..lower import matmul
 from ..lower.boxes import TensorBox
 from ..lower.lowerings import returns_new_memory
 from ..runtime import memory
@@ -61,7 +62,7 @@ def _qualified_name(value) -> str | None:
     if not callable(value) or not isinstance(name, str):
         return None
     for prefix, module in (("torch", torch), ("torch.nn.functional", torch.nn.functional),
-                           ("operator", operator), ("torch.Tensor", torch.Tensor)):
+                           ("operator", operator), ("torch.Tensor", torch.Tensor), ("matmul", matmul)):
         if getattr(module, name, None) is value:
             return f"{prefix}.{name}"
     return None
@@ -434,14 +435,15 @@ def build(program: ir.Program, steps: list, written: dict | None = None) -> Comp
 
 
 # extern kernels whose result PyTorch always allocates contiguous (no as_layout check needed)
-CONTIGUOUS_RESULTS = {torch.mm, torch.bmm, torch.addmm, torch.baddbmm}
+CONTIGUOUS_RESULTS = {torch.mm, torch.bmm, torch.addmm, torch.baddbmm, matmul.mm}
 
 
 def _namespace(backend: str, kernel_source: str, meta: dict, arg_dtypes: dict, output_spec) -> dict:
     """What the wrapper's source runs in: torch, the run-time helpers, and each kernel's
     launcher (C++ libraries compiled and loaded; Triton kernels defined, and on a GPU compiled
     ahead for the dtypes of their arguments)."""
-    namespace: dict[str, Any] = {"torch": torch, "operator": operator, "pytree": pytree, "output_spec": output_spec,
+    namespace: dict[str, Any] = {"torch": torch, "operator": operator, "pytree": pytree, "matmul": matmul,
+                                 "output_spec": output_spec,
                                  "empty_strided": memory.empty_strided, "as_layout": memory.as_layout,
                                  "reinterpret_tensor": torch._C._dynamo.guards._reinterpret_tensor,
                                  "torch_empty_strided": torch.empty_strided}

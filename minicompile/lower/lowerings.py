@@ -23,6 +23,7 @@ import torch.utils._pytree as pytree
 
 from .. import aliasing, config, ir
 from ..ir import Index, compute_dtype, ops
+from . import matmul
 from .boxes import TensorBox
 
 LOWERINGS: dict[Any, Callable] = {}
@@ -1799,11 +1800,13 @@ def _linear(node, values, input, weight, bias):
     library's addmm adds it for less than a separate read does.
 
     On a GPU, a large product whose output rows are not a multiple of 16 bytes long (a
-    language model's head over a vocabulary of 50,257 words) is computed with its weight padded
-    with zero rows to an aligned width, and the result is the view of the first columns:
-    cuBLAS's kernels for unaligned rows are much slower (Inductor pads these too). Measured on
-    the H100 for GPT-2's head (4096 x 768 by 768 x 50257, TF32): 2.45 ms, against 0.17 ms to pad
-    the weight and 0.95 ms for the aligned product."""
+    language model's head over a vocabulary of 50,257 words) is slow in cuBLAS: measured on the
+    H100 for GPT-2's head (4096 x 768 by 768 x 50257, TF32), 2.75 ms. Where minicompile's own
+    kernel computes it as eager does (lower/matmul.py: TF32 or half precision), that kernel
+    writes it in eager's layout (1.07 ms). Otherwise the weight is padded with zero rows to an
+    aligned width and the result is the view of the first columns (as Inductor pads), which a
+    graph output copies into eager's layout (1.71 ms in all): benchmarks/results/
+    unaligned_matmul_h100.json."""
     meta = _meta(node, values)
     if meta is None or not isinstance(input, TensorBox) or not isinstance(weight, TensorBox) \
             or (input.device.type == "cpu" and config.cpu_backend == "cpp"):
@@ -1811,22 +1814,27 @@ def _linear(node, values, input, weight, bias):
     fuse_bias = isinstance(bias, TensorBox) and len(bias.shape) == 1 and _bias_added_apart(node, meta)
     if bias is not None and not fuse_bias:
         return NotImplemented
-    padded = _padded_rows(weight, meta)
     program, shape = input.program, ir.shape_of(meta)
-    product = _product(node, values, input, weight if padded is None else padded, meta)
-    if padded is not None:
+    unaligned = _worth_padding(weight, meta)
+    if unaligned and matmul.chosen(meta.device, meta.dtype):
+        product = _product(node, values, input, weight, meta, target=matmul.mm)
+    elif unaligned:
+        product = _product(node, values, input, _padded_rows(weight), meta)
         product = _view(product, shape, lambda idx: idx, "first columns of a padded product")
+    else:
+        product = _product(node, values, input, weight, meta)
     if not fuse_bias:
         return product
     return _pw(program, shape, meta.dtype, meta.device, ops.add, [product, bias], "linear bias")
 
 
-def _product(node, values, input, weight, meta) -> TensorBox:
+def _product(node, values, input, weight, meta, target=torch.mm) -> TensorBox:
     """input @ weight.t() as PyTorch's matrix product, a new contiguous tensor (the wrapper's
     as_layout checks it at run time). Where the sizes are static, the call is torch.mm on 2-D
     views of the input's rows and of the weight transposed, as Inductor calls it: F.linear on a
     3-D input reshapes, multiplies and reshapes back through a dozen dispatcher calls (measured
-    on the H100 for BERT-base's layers, 24 us of host time a call against about 10)."""
+    on the H100 for BERT-base's layers, 24 us of host time a call against about 10). `target`:
+    the 2-D product called (torch.mm, or matmul.mm for an unaligned result)."""
     program = input.program
     *lead, k = input.shape
     n = weight.shape[0]
@@ -1842,7 +1850,7 @@ def _product(node, values, input, weight, meta) -> TensorBox:
     flat = input if len(lead) == 1 else _view(input, [rows, k], _reshape_map(input.shape, [rows, k]),
                                               "rows of a linear layer's input")
     transposed = _view(weight, [k, n], lambda idx: [idx[1], idx[0]], "transposed weight")
-    product = lower_fallback(program, node, values, torch.mm, (flat, transposed), {},
+    product = lower_fallback(program, node, values, target, (flat, transposed), {},
                              stride=ir.contiguous_strides([rows, n]), shape=[rows, n])
     if len(lead) == 1:
         return product
@@ -1882,18 +1890,27 @@ def _bias_added_apart(node, meta) -> bool:
 PAD_PRODUCTS_FROM = 2 ** 28     # multiply-adds: below this, padding costs more than it saves
 
 
-def _padded_rows(weight: TensorBox, meta) -> TensorBox | None:
-    """The (n, k) weight with zero rows appended up to n's next multiple of 16 bytes, where that
-    is worth a copy: a float product of at least PAD_PRODUCTS_FROM multiply-adds with static
-    sizes and an unaligned n. None otherwise."""
+def _worth_padding(weight: TensorBox, meta) -> bool:
+    """Whether a product's result rows are unaligned (not a multiple of 16 bytes) and the
+    product large enough for that to matter: a float product of at least PAD_PRODUCTS_FROM
+    multiply-adds with static sizes."""
     n, k = weight.shape if len(weight.shape) == 2 else (None, None)
     shape = ir.shape_of(meta)
     if n is None or not meta.dtype.is_floating_point \
             or any(ir.is_symbolic(s) for s in (*shape, k)):
-        return None
-    align = max(1, 16 // meta.dtype.itemsize)
-    if n % align == 0 or math.prod(shape) * k < PAD_PRODUCTS_FROM:
-        return None
+        return False
+    return n % _aligned_count(meta.dtype) != 0 and math.prod(shape) * k >= PAD_PRODUCTS_FROM
+
+
+def _aligned_count(dtype: torch.dtype) -> int:
+    """Elements in 16 bytes."""
+    return max(1, 16 // dtype.itemsize)
+
+
+def _padded_rows(weight: TensorBox) -> TensorBox:
+    """The (n, k) weight with zero rows appended up to n's next multiple of 16 bytes."""
+    n, k = weight.shape
+    align = _aligned_count(weight.dtype)
     load = weight.make_loader()
 
     def inner_fn(idx):
@@ -2161,7 +2178,7 @@ def _predict_on_meta(target, kind, args, kwargs, device="meta"):
 # extern kernels whose result is always new memory, never a view of an argument
 NEW_MEMORY_KERNELS = {torch.matmul, operator.matmul, torch.mm, torch.bmm, torch.addmm, F.linear,
                       torch.conv2d, F.conv2d, F.scaled_dot_product_attention, "matmul", "mm", "bmm",
-                      torch.baddbmm}
+                      torch.baddbmm, matmul.mm}
 # the aten ops of training's joint graph that are PyTorch's kernels too (attention and its
 # backward, a convolution's backward): they read their inputs, strided views included
 _ATEN_KERNELS = {getattr(torch.ops.aten, name).default for name in (
