@@ -67,6 +67,43 @@ def test_conv_block_matches_eager_values_and_strides(kernel_backend, size, layou
     assert_same_with_strides(actual, expected)
 
 
+def inverted_residual(x, w_expand, w_depthwise, w_grouped, w_project):
+    """MobileNet's block: a 1x1 expansion, a depthwise 3x3, a grouped 3x3, a 1x1 projection,
+    hardswish between them, and the residual."""
+    y = F.hardswish(F.conv2d(x, w_expand))
+    y = F.hardswish(F.conv2d(y, w_depthwise, padding=1, groups=y.shape[1]))
+    y = F.relu(F.conv2d(y, w_grouped, padding=1, groups=3))
+    return x + F.conv2d(y, w_project), y.mean((2, 3))
+
+
+@pytest.mark.parametrize("layout", ["contiguous", "channels_last"])
+def test_depthwise_and_grouped_convolutions_match_eager_values_and_strides(kernel_backend, layout):
+    # depthwise and grouped convolutions are channels-last on a GPU too, as Inductor has them
+    x = randn(2, 4, 9, 11)
+    if layout == "channels_last":
+        x = x.to(memory_format=CL)
+    weights = (randn(12, 4, 1, 1) / 2, randn(12, 1, 3, 3) / 3, randn(6, 4, 3, 3) / 6, randn(4, 6, 1, 1) / 2)
+    _, actual, expected = compiled_and_expected(inverted_residual, x, *weights)
+    assert_same_with_strides(actual, expected)
+
+
+def test_depthwise_and_grouped_convolutions_train_as_eager():
+    # the training trace gives them the layout lowering does: gradients equal eager's
+    weights = [randn(12, 4, 1, 1) / 2, randn(12, 1, 3, 3) / 3, randn(6, 4, 3, 3) / 6, randn(4, 6, 1, 1) / 2]
+    x = randn(2, 4, 9, 11)
+    leaves = {"eager": [w.clone().requires_grad_() for w in weights],
+              "compiled": [w.clone().requires_grad_() for w in weights]}
+
+    def loss(x, *ws):
+        out, pooled = inverted_residual(x, *ws)
+        return out.square().mean() + pooled.sum()
+    compiled = minicompile.compile(loss)
+    for name, fn in (("eager", loss), ("compiled", compiled)):
+        fn(x, *leaves[name]).backward()
+    for e, c in zip(leaves["eager"], leaves["compiled"]):
+        torch.testing.assert_close(c.grad, e.grad, rtol=1e-4, atol=1e-5)
+
+
 @pytest.mark.skipif(DEVICE != "cpu", reason="the channels-last layout choice is for CPUs")
 def test_kernels_after_a_channels_last_conv_keep_its_layout(monkeypatch):
     copies = []

@@ -110,7 +110,7 @@ def trace_joint(gm: torch.fx.GraphModule, example_inputs) -> Joint:
 
     def joint(primals, tangents):
         leafs = [p.detach().requires_grad_(n) for p, n in zip(primals, needs_grad)]
-        with torch.set_grad_enabled(grad_on), _ChannelsLastConvolutions(gm):
+        with torch.set_grad_enabled(grad_on), _ChannelsLastConvolutions():
             outs, _ = run(leafs)
         # the outputs in eager's layout (a value computed channels-last is made contiguous)
         outs = [_as_laid_out(outs[i], leaves[i]) for i in tensor_outs]
@@ -198,16 +198,12 @@ class _ChannelsLastConvolutions(torch.overrides.TorchFunctionMode):
     records: without this, the saved values and the backward's, recorded contiguous, are copied
     out of and back into channels-last around every convolution."""
 
-    def __init__(self, gm: torch.fx.GraphModule):
-        super().__init__()
-        self.grouped = ir.has_grouped_convolutions(gm.graph)
-
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
         x = args[0] if args else None
         result = func(*args, **kwargs)
         if func in (torch.conv2d, F.conv2d) and isinstance(x, torch.Tensor) and x.dim() == 4 \
-                and ir.conv_input_channels_last(x.device, x.dtype, result.shape, self.grouped):
+                and ir.conv_input_channels_last(x.device, x.dtype, result.shape):
             result = func(x.contiguous(memory_format=torch.channels_last), *args[1:], **kwargs)
         return result
 

@@ -1773,8 +1773,7 @@ def _conv2d(node, values, input, weight, bias, stride, padding, dilation, groups
     if meta is None or not isinstance(input, TensorBox) or not isinstance(weight, TensorBox) \
             or len(input.shape) != 4 or any(ir.is_symbolic(s) for s in input.shape):
         return NotImplemented
-    grouped = input.device.type == "cuda" and ir.has_grouped_convolutions(node.graph)
-    if not ir.conv_input_channels_last(input.device, input.dtype, ir.shape_of(meta), grouped):
+    if not ir.conv_input_channels_last(input.device, input.dtype, ir.shape_of(meta)):
         return NotImplemented
     x = input.laid_out(ir.dense_strides(input.shape, ir.CHANNELS_LAST))
     # meta kernels answer contiguous here; PyTorch's kernels keep a channels-last input's
