@@ -580,6 +580,27 @@ def test_an_unaligned_product_is_written_in_eager_layout_by_minicompiles_kernel(
         torch.backends.cuda.matmul.allow_tf32 = tf32
 
 
+def test_the_unaligned_product_kernel_is_compiled_while_the_graphs_kernels_are(monkeypatch):
+    # the wrapper hands each such product's sizes and strides to matmul.compile_ahead, which
+    # compile_all runs while its workers compile (here: none to compile), errors left to the
+    # first launch
+    from minicompile.codegen import triton as triton_codegen, wrapper
+    from minicompile.lower import lowerings, matmul
+    seen = []
+    monkeypatch.setattr(minicompile.config, "cpu_backend", "triton")
+    monkeypatch.setattr(lowerings, "PAD_PRODUCTS_FROM", 1)
+    monkeypatch.setattr(matmul, "chosen", lambda device, dtype: True)
+    namespace = wrapper._namespace
+    monkeypatch.setattr(wrapper, "_namespace", lambda *args: seen.append(args[-1]) or namespace(*args))
+    x, w = randn(3, 5, 24), randn(37, 24)
+    compile_graph(torch.fx.symbolic_trace(lambda x, w: F.linear(x, w)), [x, w])
+    assert seen == [[(torch.float32, x.device, (15, 24, 37), (24, 1), (1, 24))]]
+    ran = []
+    triton_codegen.compile_all([], meanwhile=lambda: ran.append(1))
+    triton_codegen.compile_all([], meanwhile=lambda: 1 / 0)
+    assert ran == [1]
+
+
 @pytest.mark.skipif(not HAS_TRITON, reason="needs Triton")
 @pytest.mark.parametrize("descriptors", [False, True])
 def test_the_unaligned_product_kernel_on_awkward_sizes(descriptors):

@@ -742,26 +742,29 @@ class _KernelModule:
         return getattr(self.module, name)
 
 
-def precompile(launchers: dict, meta: dict, buffers: dict) -> None:
+def precompile(launchers: dict, meta: dict, buffers: dict, meanwhile=None) -> None:
     """Compile every kernel of a graph at once, instead of one by one at first launch. Each
     kernel is compiled for the specialization its first real launch will ask for: 16-byte-
-    aligned pointers. Kernels whose binary is on disk already cost nothing here."""
+    aligned pointers. Kernels whose binary is on disk already cost nothing here. `meanwhile`:
+    other compilation for this process to do while the workers compile (see compile_all)."""
     if os.environ.get("TRITON_INTERPRET") == "1" or not torch.cuda.is_available():
         return
     jobs = []
     for name, launcher in launchers.items():
         args, launch, _ = meta[name]
         jobs.append((launcher, [buffers[a].dtype for a in args], launch))
-    compile_all(jobs)
+    compile_all(jobs, meanwhile)
 
 
-def compile_all(jobs) -> None:
+def compile_all(jobs, meanwhile=None) -> None:
     """Compile (launcher, argument dtypes, launch settings) jobs not on disk yet, for aligned
     pointers. Triton's front end (Python source to its IR) is Python, so threads would take
     turns at the interpreter lock: the jobs are shared among forked worker processes instead
     (where the system can fork), each of which compiles its share, saves the binaries and
     exits; launches then load the binaries from disk. A kernel a worker could not compile is
-    compiled again at its first launch, which reports the error."""
+    compiled again at its first launch, which reports the error. `meanwhile()` runs in this
+    process while the workers compile (after the fork: a worker must not inherit a compilation
+    half done); what it raises is left to the first launch to report."""
     todo, seen = [], set()
     for launcher, dtypes, launch in jobs:
         settings = {k: v for k, v in launch.items() if k != "grid"}
@@ -778,10 +781,17 @@ def compile_all(jobs) -> None:
             launcher.compile(dtypes, settings, key)
         except Exception:           # the real launch compiles again, and reports the error
             pass
+    def run_meanwhile():
+        try:
+            if meanwhile is not None:
+                meanwhile()
+        except Exception:           # noqa: BLE001 (the first launch compiles, and reports)
+            pass
     workers = min(len(todo), os.cpu_count() or 1, config.compile_workers)
     if workers <= 1 or not hasattr(os, "fork"):
         for job in todo:
             compile_one(job)
+        run_meanwhile()
         return
     _gpu_target(), _toolchain()     # asked of the GPU here: a forked worker must not touch CUDA
     import_triton()
@@ -799,6 +809,7 @@ def compile_all(jobs) -> None:
             finally:
                 os._exit(0)
         children.append(pid)
+    run_meanwhile()
     _wait_for(children, deadline=300.0)
 
 

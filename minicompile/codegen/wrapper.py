@@ -287,7 +287,7 @@ def build(program: ir.Program, steps: list, written: dict | None = None) -> Comp
                                     lambda text: logs.log("autotune", text))
     arg_dtypes = {name: [buffers[a].dtype if a in buffers else None for a in args]
                   for name, args in kernel_args.items()}
-    namespace = _namespace(backend, kernel_source, meta, arg_dtypes, program.output_spec)
+    namespace = _namespace(backend, kernel_source, meta, arg_dtypes, program.output_spec, _own_products(steps))
     lines = ["def call(args):"]
     if program.inputs:
         lines.append(f"    {', '.join(b.name for b in program.inputs)}, = args")
@@ -438,10 +438,25 @@ def build(program: ir.Program, steps: list, written: dict | None = None) -> Comp
 CONTIGUOUS_RESULTS = {torch.mm, torch.bmm, torch.addmm, torch.baddbmm, matmul.mm}
 
 
-def _namespace(backend: str, kernel_source: str, meta: dict, arg_dtypes: dict, output_spec) -> dict:
+def _own_products(steps: list) -> list:
+    """The products of lower/matmul.py's kernel among a graph's extern calls, as its
+    compile_ahead takes them: (dtype, device, (m, k, n), a's strides, b's strides)."""
+    products = []
+    for step in steps:
+        if isinstance(step, ExternCall) and getattr(step.box.data, "op", None) is matmul.mm:
+            a, b = step.box.data.args
+            layouts = [getattr(x.data, "stride", None) for x in (a, b)]
+            sizes = (*a.shape, b.shape[1])
+            if None not in layouts and not any(ir.is_symbolic(v) for v in (*sizes, *layouts[0], *layouts[1])):
+                products.append((a.dtype, step.box.device, sizes, tuple(layouts[0]), tuple(layouts[1])))
+    return products
+
+
+def _namespace(backend: str, kernel_source: str, meta: dict, arg_dtypes: dict, output_spec,
+               own_products=()) -> dict:
     """What the wrapper's source runs in: torch, the run-time helpers, and each kernel's
     launcher (C++ libraries compiled and loaded; Triton kernels defined, and on a GPU compiled
-    ahead for the dtypes of their arguments)."""
+    ahead for the dtypes of their arguments, lower/matmul.py's products with them)."""
     namespace: dict[str, Any] = {"torch": torch, "operator": operator, "pytree": pytree, "matmul": matmul,
                                  "output_spec": output_spec,
                                  "empty_strided": memory.empty_strided, "as_layout": memory.as_layout,
@@ -455,7 +470,8 @@ def _namespace(backend: str, kernel_source: str, meta: dict, arg_dtypes: dict, o
         launchers = triton_codegen.load(kernel_source, meta)
         typed = {a: types.SimpleNamespace(dtype=d) for name, (args, *_) in meta.items()
                  for a, d in zip(args, arg_dtypes[name])}
-        triton_codegen.precompile(launchers, meta, typed)
+        triton_codegen.precompile(launchers, meta, typed,
+                                  meanwhile=(lambda: matmul.compile_ahead(own_products)) if own_products else None)
         namespace.update(launchers)
     return namespace
 

@@ -87,13 +87,41 @@ def launch(a: torch.Tensor, b: torch.Tensor, settings: tuple, descriptors: bool 
 
 
 def _descriptors_apply(a: torch.Tensor, b: torch.Tensor) -> bool:
+    return a.data_ptr() % 16 == 0 and b.data_ptr() % 16 == 0 \
+        and _descriptors_fit(a.device, a.element_size(), a.stride(), b.stride())
+
+
+def _descriptors_fit(device: torch.device, size: int, a_stride, b_stride) -> bool:
     """Tensor descriptors need a GPU with TMA (compute capability 9 or more), rows of k
-    contiguous elements, and 16-byte aligned addresses and row strides."""
-    if not a.is_cuda or torch.cuda.get_device_capability(a.device)[0] < 9:
+    contiguous elements, and 16-byte aligned row strides (and addresses)."""
+    if device.type != "cuda" or torch.cuda.get_device_capability(device)[0] < 9:
         return False
-    size = a.element_size()
-    return a.stride(1) == 1 and b.stride(0) == 1 and (a.stride(0) * size) % 16 == 0 \
-        and (b.stride(1) * size) % 16 == 0 and a.data_ptr() % 16 == 0 and b.data_ptr() % 16 == 0
+    return a_stride[1] == 1 and b_stride[0] == 1 and (a_stride[0] * size) % 16 == 0 \
+        and (b_stride[1] * size) % 16 == 0
+
+
+def compile_ahead(products) -> None:
+    """Compile the kernel for each product (dtype, device, (m, k, n), a's strides, b's) before
+    its first launch, so that the first call does not wait for it: codegen/triton.py's
+    compile_all runs this while the graph's generated kernels compile in worker processes.
+    Triton's launcher keeps what it compiled for the launch that asks for the same
+    specialization (the sizes, strides and 16-byte aligned addresses given here)."""
+    kernels = None
+    for dtype, device, (m, k, n), a_stride, b_stride in products:
+        if not chosen(device, dtype) or min(m, k, n) == 0:
+            continue
+        kernels = kernels or _kernels()
+        block_m, block_n, block_k, stages, warps = settings = SETTINGS[dtype.itemsize]
+        base = torch.empty(16, dtype=dtype, device=device)        # (only its dtype and address count)
+        options = dict(BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k, GROUP_M=GROUP_M,
+                       TF32=dtype == torch.float32, num_stages=stages, num_warps=warps, grid=(1,))
+        if _descriptors_fit(device, dtype.itemsize, a_stride, b_stride):
+            from triton.tools.tensor_descriptor import TensorDescriptor
+            a_desc = TensorDescriptor(base, [m, k], list(a_stride), [settings[0], settings[2]])
+            b_desc = TensorDescriptor(base, [n, k], [b_stride[1], b_stride[0]], [settings[1], settings[2]])
+            kernels[1].warmup(a_desc, b_desc, base, m, n, k, **options)
+        else:
+            kernels[0].warmup(base, base, base, m, n, k, *a_stride, *b_stride, EVEN_K=k % block_k == 0, **options)
 
 
 def _extent(t: torch.Tensor) -> int:
