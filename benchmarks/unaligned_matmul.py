@@ -6,7 +6,8 @@ candidate setting; in one run on a GPU, fp32 with TF32 products and bf16.
     python benchmarks/unaligned_matmul.py [--out DIR]
 
 Writes unaligned_matmul_<device>.json: per shape, each version's median and speedup over
-eager, every result checked against eager's.
+eager, every result checked against eager's, and the strides of torch.compile's result beside
+eager's.
 """
 import argparse
 import os
@@ -53,7 +54,8 @@ def main(argv=None):
         if k == 768:
             fns["torch.compile"] = torch.compile(lambda x, w: F.linear(x, w))
             out = fns["torch.compile"](x, w)
-            print("   torch.compile's result: strides", out.stride(), "contiguous", out.is_contiguous())
+            layout = {"torch.compile": list(out.stride()), "eager": list(F.linear(x, w).stride())}
+            print("   result strides:", layout)
         for s in CANDIDATES[x.element_size()]:
             for descriptors in (False, True):
                 try:                   # a setting whose blocks do not fit the GPU's shared memory
@@ -72,6 +74,8 @@ def main(argv=None):
             continue
         key = f"{m}x{k} @ {k}x{n} {str(dtype).split('.')[-1]}"
         results["shapes"][key] = records
+        if k == 768:             # torch.compile's layout beside eager's
+            results.setdefault("result_strides", {})[key] = layout
         print(key)
         for label, rec in records.items():
             print(f"   {label:36s} {rec['median_ms']:.3f} ms  {rec['speedup']:.2f}x")
