@@ -18,6 +18,7 @@ it; it launches the kernel or, where the kernel does not apply at run time, call
 """
 from __future__ import annotations
 
+import contextlib
 import functools
 
 import torch
@@ -74,15 +75,17 @@ def launch(a: torch.Tensor, b: torch.Tensor, settings: tuple, descriptors: bool 
                    TF32=a.dtype == torch.float32, num_stages=stages, num_warps=warps)
     if descriptors is None:
         descriptors = _descriptors_apply(a, b)
-    if descriptors:
-        from triton.tools.tensor_descriptor import TensorDescriptor
-        a_desc = TensorDescriptor(a, list(a.shape), list(a.stride()), [block_m, block_k])
-        # b's transpose, (n, k) with rows of k: the layout the tensor cores read
-        b_desc = TensorDescriptor(b, [n, k], [b.stride(1), b.stride(0)], [block_n, block_k])
-        _kernels()[1][grid](a_desc, b_desc, out, m, n, k, **options)
-    else:
-        _kernels()[0][grid](a, b, out, m, n, k, a.stride(0), a.stride(1), b.stride(0), b.stride(1),
-                            EVEN_K=k % block_k == 0, **options)
+    # Triton launches on the current GPU
+    with torch.cuda.device(a.device) if a.is_cuda else contextlib.nullcontext():
+        if descriptors:
+            from triton.tools.tensor_descriptor import TensorDescriptor
+            a_desc = TensorDescriptor(a, list(a.shape), list(a.stride()), [block_m, block_k])
+            # b's transpose, (n, k) with rows of k: the layout the tensor cores read
+            b_desc = TensorDescriptor(b, [n, k], [b.stride(1), b.stride(0)], [block_n, block_k])
+            _kernels()[1][grid](a_desc, b_desc, out, m, n, k, **options)
+        else:
+            _kernels()[0][grid](a, b, out, m, n, k, a.stride(0), a.stride(1), b.stride(0), b.stride(1),
+                                EVEN_K=k % block_k == 0, **options)
     return out
 
 
@@ -119,9 +122,12 @@ def compile_ahead(products) -> None:
             from triton.tools.tensor_descriptor import TensorDescriptor
             a_desc = TensorDescriptor(base, [m, k], list(a_stride), [settings[0], settings[2]])
             b_desc = TensorDescriptor(base, [n, k], [b_stride[1], b_stride[0]], [settings[1], settings[2]])
-            kernels[1].warmup(a_desc, b_desc, base, m, n, k, **options)
+            with torch.cuda.device(device):
+                kernels[1].warmup(a_desc, b_desc, base, m, n, k, **options)
         else:
-            kernels[0].warmup(base, base, base, m, n, k, *a_stride, *b_stride, EVEN_K=k % block_k == 0, **options)
+            with torch.cuda.device(device):
+                kernels[0].warmup(base, base, base, m, n, k, *a_stride, *b_stride, EVEN_K=k % block_k == 0,
+                                  **options)
 
 
 def _extent(t: torch.Tensor) -> int:
