@@ -527,6 +527,68 @@ def test_batch_norm_training_called_directly_updates_the_statistics_once(kernel_
     assert minicompile.metrics.graphs == 1
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+def test_hardtanh_and_relu6_are_generated(kernel_backend, dtype):
+    # ReLU6 (MobileNetV2's activation) is hardtanh(x, 0, 6): clamp, NaN kept; any bounds
+    x = randn(3, 37, dtype=dtype) * 5
+    x[0, :3] = torch.tensor([NAN, INF, -INF])
+    check(lambda x: F.relu6(x) + 1, x, dtype=dtype, kernels=1)
+    check(lambda x: F.hardtanh(x, -2.0, 0.5) * F.hardtanh(x.t().t()), x, dtype=dtype, kernels=1)
+    check(lambda x: F.hardtanh(x.transpose(0, 1), min_val=0, max_val=6), x, dtype=dtype)
+
+
+def test_relu6_modules_in_place_match_eager(kernel_backend):
+    # nn.ReLU6(inplace=True), as torchvision's MobileNetV2 has it, after a convolution
+    model = torch.nn.Sequential(torch.nn.Conv2d(3, 6, 3), torch.nn.BatchNorm2d(6), torch.nn.ReLU6(inplace=True),
+                                torch.nn.Conv2d(6, 4, 1), torch.nn.ReLU6(inplace=True)).to(DEVICE).eval()
+    x = randn(2, 3, 9, 11) * 4
+    with torch.no_grad():
+        expected = model(x)
+        actual = minicompile.compile(model)(x)
+    assert_same(actual, expected)
+
+
+@pytest.mark.parametrize("pad, value", [((0, 1, 0, 1), None), ((1, 1, 1, 1), 2.5), ((-1, 2), 0.0),
+                                        ((0, 0, 0, 0), None), ((1, 2, -2, 1, 3, 0), -1.0), ((2, 3), 7)])
+def test_constant_padding_is_generated(kernel_backend, pad, value):
+    # F.pad(mode="constant"): a masked load, negative amounts crop; fused with the work around it
+    x = randn(2, 3, 5, 7)
+    check(lambda x: F.pad(x, pad, value=value), x, kernels=1)
+    check(lambda x: F.pad(F.relu6(x * 3), pad, value=value) * 2, x.transpose(1, 3), kernels=1)
+    check(lambda x: torch.constant_pad_nd(x, pad, 0.5 if value is None else value), x, kernels=1)
+
+
+def test_padding_in_other_dtypes_and_modes(kernel_backend):
+    # integer tensors with an integer value, half precision; reflect and replicate stay PyTorch's
+    check(lambda x: F.pad(x, (1, 2), value=3), torch.arange(24, device=DEVICE).view(4, 6), kernels=1)
+    check(lambda x: F.pad(x, (1, 0, 2, 2), value=1.5), randn(4, 6, dtype=torch.float16), dtype=torch.float16,
+          kernels=1)
+    for mode in ("reflect", "replicate"):
+        x = randn(2, 3, 5, 7)
+        compiled = compile_graph(torch.fx.symbolic_trace(lambda x: F.pad(x, (1, 2, 2, 1), mode=mode) * 2), [x])
+        torch.testing.assert_close(compiled(x), F.pad(x, (1, 2, 2, 1), mode=mode) * 2)
+
+
+def test_padding_and_relu6_train_as_eager(monkeypatch):
+    # the training graph's constant_pad_nd and hardtanh (a backward that crops) are generated
+    import minicompile.lower as lower
+    left = []
+    fallback = lower.lower_fallback
+    monkeypatch.setattr(lower, "lower_fallback", lambda program, node, *a, **k: left.append(
+        str(node.target)) or fallback(program, node, *a, **k))
+    w = randn(4, 3, 3, 3).requires_grad_()
+    x = randn(2, 3, 9, 9)
+
+    def loss(x, w):
+        y = F.relu6(F.conv2d(F.pad(x, (0, 1, 0, 1)), w, stride=2) * 3)
+        return F.pad(y, (1, 1, 1, 1), value=0.5).square().mean()
+    expected = torch.autograd.grad(loss(x, w), w)[0]
+    minicompile.metrics.reset()
+    actual = torch.autograd.grad(minicompile.compile(loss)(x, w), w)[0]
+    assert_same(actual, expected)
+    assert not [t for t in left if "pad" in t or "hardtanh" in t], left
+
+
 def test_mobilenet_activations_and_global_pooling_are_lowered(kernel_backend):
     # hardswish, hardsigmoid and global average pooling, each without a PyTorch kernel: the
     # squeeze-and-excitation block of MobileNetV3 is one kernel (the pooled rows and their use)

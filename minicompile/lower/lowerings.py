@@ -504,6 +504,22 @@ def _clamp(node, values, input, min, max):
     return _pointwise_box(node, values, fn, [input] + [b for _, b in bounds])
 
 
+@register([F.hardtanh], "input, min_val=-1.0, max_val=1.0, inplace=False", pointwise=True)
+def _hardtanh(node, values, input, min_val, max_val, inplace):
+    """clamp(x, min_val, max_val), which is what PyTorch's kernel computes (NaN stays NaN):
+    ReLU6 (MobileNet's activation) is hardtanh(x, 0, 6). Float tensors only: on an integer
+    tensor hardtanh keeps its dtype where clamp would promote to the bounds' float."""
+    if inplace or not isinstance(input, TensorBox) or not input.dtype.is_floating_point \
+            or not all(isinstance(b, (int, float)) for b in (min_val, max_val)):
+        return NotImplemented
+    return _clamp(node, values, input, min_val, max_val)
+
+
+@register([F.relu6], "input, inplace=False", pointwise=True)
+def _relu6(node, values, input, inplace):
+    return _hardtanh(node, values, input, 0.0, 6.0, inplace)
+
+
 @register(["where"], "input, condition, other", pointwise=True)
 def _where_method(node, values, input, condition, other):
     """x.where(condition, y): torch.where(condition, x, y)."""
@@ -1597,6 +1613,52 @@ def _max_pool2d(node, values, input, kernel_size, stride, padding, dilation, cei
         return result
     return TensorBox(ir.Pointwise(ir.shape_of(meta), meta.dtype, meta.device, inner_fn, _origin(node)),
                      input.program, [input])
+
+
+@register([F.pad, torch._C._nn.pad], "input, pad, mode='constant', value=None")
+def _pad(node, values, input, pad, mode, value):
+    """Constant padding: out[..., i] = input[..., i - before] where that is inside the input,
+    else the value; a pointwise value (it fuses with what computes its input and what reads it,
+    as Inductor's constant_pad_nd). Negative amounts crop. Other modes stay PyTorch's."""
+    meta = _meta(node, values)
+    if meta is None or mode != "constant" or not isinstance(input, TensorBox) \
+            or not isinstance(pad, (list, tuple)) or len(pad) % 2 or len(pad) // 2 > len(input.shape) \
+            or not all(isinstance(p, int) for p in pad) \
+            or any(ir.is_symbolic(s) for s in (*input.shape, *meta.shape)):
+        return NotImplemented
+    value = 0 if value is None else value
+    if not isinstance(value, (int, float)) or not (input.dtype.is_floating_point or float(value).is_integer()):
+        return NotImplemented                   # (PyTorch converts the value to the tensor's dtype)
+    return _padded(input, meta, {len(input.shape) - 1 - i: pad[2 * i] for i in range(len(pad) // 2)}, value,
+                   _origin(node))
+
+
+def _padded(input: TensorBox, meta, before: dict, value, origin: str) -> TensorBox:
+    """`input` moved by before[d] positions in each dim d, into the sizes of `meta`, with
+    `value` where no element of the input lands."""
+    load, cd = input.make_loader(), compute_dtype(meta.dtype)
+
+    def inner_fn(idx):
+        pos, conditions = list(idx), []
+        for d, b in before.items():
+            pos[d] = idx[d] + (-b)
+            if b > 0 or meta.shape[d] - b > input.shape[d]:       # may leave the input
+                p = ops.index_expr(pos[d], torch.int64)
+                conditions += [ops.ge(p, ops.constant(0, torch.int64)),
+                               ops.lt(p, ops.constant(input.shape[d], torch.int64))]
+        if not conditions:
+            return load(pos)
+        mask = conditions[0]
+        for c in conditions[1:]:
+            mask = ops.logical_and(mask, c)
+        return ops.masked(mask, lambda: load(pos), ops.constant(value, cd))
+    return TensorBox(ir.Pointwise(ir.shape_of(meta), meta.dtype, meta.device, inner_fn, origin),
+                     input.program, [input])
+
+
+@register([torch.constant_pad_nd], "input, pad, value=0")
+def _constant_pad_nd(node, values, input, pad, value):
+    return _pad(node, values, input, pad, "constant", value)
 
 
 @register([F.adaptive_avg_pool2d, torch._C._nn.adaptive_avg_pool2d], "input, output_size")
