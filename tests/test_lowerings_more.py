@@ -569,6 +569,21 @@ def test_padding_in_other_dtypes_and_modes(kernel_backend):
         torch.testing.assert_close(compiled(x), F.pad(x, (1, 2, 2, 1), mode=mode) * 2)
 
 
+def test_calls_as_hugging_face_writes_them_are_lowered(kernel_backend):
+    # .to(device=its own, dtype=...), flatten(start_dim=1) and squeeze(dim=...) by keyword,
+    # torch.tensor of a number and of an empty list: generated, not PyTorch calls
+    x = randn(3, 4, 1, 5)
+
+    def f(x):
+        mask = (x > 0).to(device=DEVICE, dtype=torch.float16)
+        empty = torch.tensor([], dtype=torch.float32, device=DEVICE)
+        big = torch.tensor(-3.5, dtype=torch.float64, device=DEVICE)
+        return mask * 2, x.flatten(start_dim=1) + big, torch.flatten(x, start_dim=2, end_dim=3), \
+            x.squeeze(dim=2), empty + 1, torch.tensor(7, device=DEVICE) * x.sum()
+    check(f, x)
+    check(lambda x: x.transpose(1, 3).flatten(start_dim=1).unflatten(1, sizes=(5, 4)), x)
+
+
 def test_padding_and_relu6_train_as_eager(monkeypatch):
     # the training graph's constant_pad_nd and hardtanh (a backward that crops) are generated
     import minicompile.lower as lower

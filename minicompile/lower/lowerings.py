@@ -553,8 +553,10 @@ def _cast(node, values, input):
     return box
 
 
-@register(["to"], "input, *args, dtype=None, non_blocking=False, copy=False, memory_format=None")
-def _to(node, values, input, args, dtype, non_blocking, copy, memory_format):
+@register(["to"], "input, *args, device=None, dtype=None, non_blocking=False, copy=False, memory_format=None")
+def _to(node, values, input, args, device, dtype, non_blocking, copy, memory_format):
+    """A conversion to a dtype, on the same device (`device=` naming the input's own, as
+    Hugging Face's mask code writes it); to another device it stays PyTorch's copy."""
     return _cast(node, values, input)
 
 
@@ -1196,8 +1198,11 @@ def _reshape_groups(in_shape, out_shape):
 
 
 @register(["view", "reshape", torch.reshape, "flatten", torch.flatten, "unsqueeze", torch.unsqueeze,
-           "squeeze", torch.squeeze, "view_as", "reshape_as", "unflatten"], "input, *args")
-def _reshape(node, values, input, args):
+           "squeeze", torch.squeeze, "view_as", "reshape_as", "unflatten"],
+          "input, *args, shape=None, start_dim=None, end_dim=None, dim=None, sizes=None, other=None")
+def _reshape(node, values, input, args, shape, start_dim, end_dim, dim, sizes, other):
+    """The result's sizes are the traced value's, however the call gave them (flatten's
+    start_dim=1 by keyword, as a classifier's head writes it)."""
     meta = _meta(node, values)
     if meta is None or not isinstance(input, TensorBox):
         return NotImplemented
@@ -1732,6 +1737,19 @@ def _zeros(program, node, values, size, dtype, layout, device, pin_memory, requi
 @factory([torch.full], "size, fill_value, " + _FACTORY_OPTIONS)
 def _full(program, node, values, size, fill_value, dtype, layout, device, pin_memory, requires_grad):
     return _filled(program, node, values, fill_value)
+
+
+@factory([torch.tensor], "data, " + _FACTORY_OPTIONS)
+def _tensor(program, node, values, data, dtype, layout, device, pin_memory, requires_grad):
+    """torch.tensor of a Python number (a 0-dim constant) or of an empty list (a tensor of no
+    elements, as Hugging Face's mask code makes one): no call of PyTorch's per graph call."""
+    if requires_grad:
+        return NotImplemented
+    if isinstance(data, (list, tuple)) and len(data) == 0:
+        return _filled(program, node, values, 0)
+    if type(data) in (bool, int, float):
+        return _filled(program, node, values, data)
+    return NotImplemented
 
 
 @factory([torch.arange], "*bounds, " + _FACTORY_OPTIONS)
