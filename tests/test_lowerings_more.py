@@ -584,6 +584,36 @@ def test_calls_as_hugging_face_writes_them_are_lowered(kernel_backend):
     check(lambda x: x.transpose(1, 3).flatten(start_dim=1).unflatten(1, sizes=(5, 4)), x)
 
 
+def test_indexing_by_integer_tensors_is_generated(kernel_backend):
+    # x[i] and x[i0, i1] with integer tensors (broadcast together, negative from the end), as
+    # Hugging Face picks a mask's rows per batch: indices loaded in the kernel
+    x = randn(4, 5, 6)
+    rows, cols = torch.tensor([[0], [3], [-1]], device=DEVICE), torch.tensor([1, 4, -5, 2], device=DEVICE)
+    check(lambda x, a, b: x[a, b] * 2, x, rows, cols, kernels=1)
+    check(lambda x, a: x[a] + 1, x, torch.tensor([[1, -4], [3, 0]], device=DEVICE, dtype=torch.int32), kernels=1)
+    check(lambda x, a, b: x.transpose(0, 2)[(a, b)], x, cols % 6, cols)
+
+
+@pytest.mark.skipif(DEVICE != "cpu", reason="on a GPU an index out of range is a device-side assert")
+def test_indexing_by_a_tensor_out_of_range_raises(kernel_backend):
+    x = randn(4, 5)
+    compiled = compile_graph(torch.fx.symbolic_trace(lambda x, a: x[a]), [x, torch.tensor([1])])
+    with pytest.raises(IndexError):
+        compiled(x, torch.tensor([4]))
+    with pytest.raises(IndexError):
+        compiled(x, torch.tensor([-5]))
+
+
+def test_filled_like_tensors_are_generated(kernel_backend):
+    # full_like, zeros_like, ones_like: the input's sizes and layout, every element the value
+    x = randn(4, 6).t()
+    check(lambda x: (torch.full_like(x, 15), torch.zeros_like(x) + x, torch.ones_like(x, dtype=torch.int64),
+                     torch.full_like(x, 2.5, dtype=torch.float16)), x)
+    compiled = check(lambda x: torch.zeros_like(x, memory_format=torch.contiguous_format) * 2, x)
+    assert compiled(x).stride() == (4, 1)
+    assert compile_graph(torch.fx.symbolic_trace(lambda x: torch.full_like(x, 3)), [x])(x).stride() == (1, 6)
+
+
 def test_padding_and_relu6_train_as_eager(monkeypatch):
     # the training graph's constant_pad_nd and hardtanh (a backward that crops) are generated
     import minicompile.lower as lower

@@ -1320,6 +1320,8 @@ def _getitem(node, values, input, item):
     if isinstance(input.data, ir.Extern):
         return NotImplemented       # indexing the tuple an Extern returned: fallback handles it
     items = item if isinstance(item, tuple) else (item,)
+    if items and all(isinstance(i, TensorBox) for i in items):
+        return _indexed_by_tensors(node, values, input, items)
     if not all(isinstance(i, (int, slice, type(None), type(Ellipsis))) for i in items):
         return NotImplemented
     shape = list(input.shape)
@@ -1365,6 +1367,33 @@ def _getitem(node, values, input, item):
                 src[p[1]] = idx[out_i] * p[3] + p[2]
         return src
     return _view_box(node, values, input, f)
+
+
+def _indexed_by_tensors(node, values, input: TensorBox, items) -> TensorBox:
+    """x[i0, i1, ...] with integer tensors for the leading dims (a mask's rows picked per batch,
+    as Hugging Face builds attention masks): out[b..., rest...] = x[i0[b...], i1[b...], rest...]
+    with the index tensors broadcast together, each index loaded in the kernel (negative ones
+    count from the end; one outside the dim raises IndexError, as in eager)."""
+    meta = _meta(node, values)
+    n = len(items)
+    if meta is None or n > len(input.shape) or any(i.dtype not in (torch.int64, torch.int32) or i.device != input.device
+                                                    for i in items) \
+            or any(ir.is_symbolic(s) for s in (*input.shape, *meta.shape)):
+        return NotImplemented
+    out_shape = ir.shape_of(meta)
+    k = len(out_shape) - (len(input.shape) - n)         # the broadcast index dims lead the result
+    positions = [_as_index_value(i, out_shape[:k], torch.int64) for i in items]
+    load = input.make_loader()
+
+    def inner_fn(idx):
+        picked = []
+        for position, size in zip(positions, input.shape[:n]):
+            v = position(list(idx[:k]))
+            v = ops.where(ops.lt(v, ops.constant(0, torch.int64)), ops.add(v, ops.constant(size, torch.int64)), v)
+            picked.append(ops.indirect_indexing(v, size))
+        return load([*picked, *idx[k:]])
+    return TensorBox(ir.Pointwise(out_shape, meta.dtype, meta.device, inner_fn, "indexing"),
+                     input.program, [input, *items])
 
 
 def _position(i, size):
@@ -1737,6 +1766,28 @@ def _zeros(program, node, values, size, dtype, layout, device, pin_memory, requi
 @factory([torch.full], "size, fill_value, " + _FACTORY_OPTIONS)
 def _full(program, node, values, size, fill_value, dtype, layout, device, pin_memory, requires_grad):
     return _filled(program, node, values, fill_value)
+
+
+_LIKE_OPTIONS = "*, dtype=None, layout=None, device=None, pin_memory=False, requires_grad=False, memory_format=None"
+
+
+@register([torch.full_like], "input, fill_value, " + _LIKE_OPTIONS)
+def _full_like(node, values, input, fill_value, dtype, layout, device, pin_memory, requires_grad, memory_format):
+    """A tensor of the traced result's sizes, dtype and layout (eager's preserve_format),
+    every element the value: a pointwise value, as torch.full's (T5's position buckets)."""
+    if not isinstance(input, TensorBox) or requires_grad or layout not in (None, torch.strided):
+        return NotImplemented
+    return _filled(input.program, node, values, fill_value)
+
+
+@register([torch.zeros_like], "input, " + _LIKE_OPTIONS)
+def _zeros_like(node, values, input, dtype, layout, device, pin_memory, requires_grad, memory_format):
+    return _full_like(node, values, input, 0, dtype, layout, device, pin_memory, requires_grad, memory_format)
+
+
+@register([torch.ones_like], "input, " + _LIKE_OPTIONS)
+def _ones_like(node, values, input, dtype, layout, device, pin_memory, requires_grad, memory_format):
+    return _full_like(node, values, input, 1, dtype, layout, device, pin_memory, requires_grad, memory_format)
 
 
 @factory([torch.tensor], "data, " + _FACTORY_OPTIONS)
