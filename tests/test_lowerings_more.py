@@ -614,6 +614,36 @@ def test_filled_like_tensors_are_generated(kernel_backend):
     assert compile_graph(torch.fx.symbolic_trace(lambda x: torch.full_like(x, 3)), [x])(x).stride() == (1, 6)
 
 
+@pytest.mark.parametrize("start, end", [(None, None), (2, 5), (-3, None), (1, -1), (6, 2)])
+def test_slice_scatter_is_generated(kernel_backend, start, end):
+    x = randn(3, 7, 4)
+    src = torch.zeros(3, 7, 4, device=DEVICE)[:, start:end].clone() + randn(3, 7, 4)[:, start:end]
+    check(lambda x, s: torch.slice_scatter(x * 2, s, 1, start, end) + 1, x, src, kernels=1)
+    check(lambda x, s: torch.slice_scatter(x, s.transpose(0, 2), 2, start, end),
+          randn(7, 3, 7).transpose(0, 2), randn(7, 3, 7).transpose(0, 2)[:, :, start:end].transpose(0, 2))
+
+
+def test_rotary_and_indexing_train_as_eager(monkeypatch):
+    # the gradients of slices (slice_scatter) and of indexing by tensors are generated
+    import minicompile.lower as lower
+    left = []
+    fallback = lower.lower_fallback
+    monkeypatch.setattr(lower, "lower_fallback", lambda program, node, *a, **k: left.append(
+        str(node.target)) or fallback(program, node, *a, **k))
+    x, table = randn(2, 5, 8).requires_grad_(), randn(6, 8).requires_grad_()
+    rows = torch.tensor([[0, 5, 2, 2, 1]] * 2, device=DEVICE)
+
+    def loss(x, table):
+        half = x.shape[-1] // 2
+        rotated = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+        return ((x * 0.5 + rotated) * table[rows, :]).square().mean()
+    expected = torch.autograd.grad(loss(x, table), (x, table))
+    actual = torch.autograd.grad(minicompile.compile(loss)(x, table), (x, table))
+    for a, e in zip(actual, expected):
+        assert_same(a, e)
+    assert not [t for t in left if "slice_scatter" in t or "index.Tensor" in t], left
+
+
 def test_padding_and_relu6_train_as_eager(monkeypatch):
     # the training graph's constant_pad_nd and hardtanh (a backward that crops) are generated
     import minicompile.lower as lower

@@ -51,6 +51,14 @@ def _select(g, args, kwargs):
     return g.call_function(operator.getitem, (x, _index_at(dim, index)))
 
 
+def _index(g, args, kwargs):
+    """x[i0, i1, ...] with a tensor for each leading dim (no None among them)."""
+    x, indices = args
+    if kwargs or any(i is None for i in indices):
+        return None
+    return g.call_function(operator.getitem, (x, tuple(indices)))
+
+
 def _to(g, args, kwargs):
     if set(kwargs) - {"dtype", "layout", "device", "memory_format"} or len(args) != 1 \
             or kwargs.get("layout", torch.strided) != torch.strided:
@@ -131,7 +139,8 @@ _TABLE = {
     aten.squeeze.default: _method("squeeze"), aten.slice.Tensor: _slice, aten.select.int: _select,
     aten.clone.default: lambda g, a, k: g.call_method("clone", a[:1], k),
     aten.split_with_sizes.default: _function(torch.split), aten.split.Tensor: _function(torch.split),
-    aten.cat.default: _function(torch.cat),
+    aten.cat.default: _function(torch.cat), aten.slice_scatter.default: _function(torch.slice_scatter),
+    aten.index.Tensor: _index,
     aten._to_copy.default: _to, prims.convert_element_type.default: _convert,
     aten.full.default: _function(torch.full), aten.scalar_tensor.default: _scalar_tensor,
     aten.full_like.default: _full_like, aten.copy.default: _copy,

@@ -1396,6 +1396,32 @@ def _indexed_by_tensors(node, values, input: TensorBox, items) -> TensorBox:
                      input.program, [input, *items])
 
 
+@register([torch.slice_scatter], "input, src, dim=0, start=None, end=None, step=1")
+def _slice_scatter(node, values, input, src, dim, start, end, step):
+    """`input` with src in positions [start, end) of dim (the gradient of a slice, in training:
+    Llama's rotate_half): src where the position is in the slice, else input, one kernel."""
+    meta = _meta(node, values)
+    if meta is None or not isinstance(input, TensorBox) or not isinstance(src, TensorBox) or step != 1 \
+            or not input.dtype == src.dtype == meta.dtype or src.device != input.device \
+            or any(ir.is_symbolic(s) for s in (*input.shape, *src.shape)) \
+            or not all(v is None or isinstance(v, int) for v in (start, end)):
+        return NotImplemented
+    d = ir.wrap_dim(dim, len(input.shape))
+    first, last, _ = slice(start, end).indices(input.shape[d])
+    if max(last - first, 0) != src.shape[d]:
+        return NotImplemented
+    load_input, load_src, cd = input.make_loader(), src.make_loader(), compute_dtype(meta.dtype)
+
+    def inner_fn(idx):
+        p = ops.index_expr(idx[d], torch.int64)
+        inside = ops.logical_and(ops.ge(p, ops.constant(first, torch.int64)),
+                                 ops.lt(p, ops.constant(last, torch.int64)))
+        at = [*idx[:d], idx[d] + (-first), *idx[d + 1:]]
+        return ops.where(inside, ops.masked(inside, lambda: load_src(at), ops.constant(0, cd)), load_input(list(idx)))
+    return TensorBox(ir.Pointwise(ir.shape_of(meta), meta.dtype, meta.device, inner_fn, "slice_scatter"),
+                     input.program, [input, src])
+
+
 def _position(i, size):
     """Index i (negative counts from the end) of a dimension of `size`, or None when a
     symbolic size does not decide it for every value."""
