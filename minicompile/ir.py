@@ -560,12 +560,15 @@ def use_ops(handler):
 #   masked(mask, body, other)  body() where mask holds, else other; the loads body makes are
 #                              performed only where mask holds (they may be out of bounds
 #                              elsewhere: a concatenation's inputs outside their range).
-#   indirect_indexing(value, size)  an Index variable holding `value` (an integer computed in
-#                              the kernel, e.g. loaded from another buffer), for an index that
-#                              depends on data (embedding). A value outside [0, size) is
-#                              replaced by 0, so no load leaves the tensor, and recorded in the
-#                              graph's INDEX_ERRORS buffer: the call then raises IndexError, as
-#                              eager does on a CPU (on a GPU, a device-side assert, as eager's).
+#   indirect_indexing(value, size, error=INDEX_ERROR)  an Index variable holding `value` (an
+#                              integer computed in the kernel, e.g. loaded from another buffer),
+#                              for an index that depends on data (embedding). A value outside
+#                              [0, size) is replaced by 0, so no load leaves the tensor, and
+#                              its error code is recorded in the graph's INDEX_ERRORS buffer:
+#                              the call then raises that error (INDEX_ERROR: IndexError, as
+#                              eager's embedding and indexing; RUNTIME_ERROR: RuntimeError, as
+#                              its gather) as eager does on a CPU (on a GPU, a device-side
+#                              assert, as eager's).
 # rand(seed, offset) and randn(seed, offset) are random numbers made inside a kernel (when
 # config.fallback_random is off): a float32 in [0, 1) and a standard normal one, from Philox
 # 4x32-10 as Triton's tl.rand and tl.randn draw them (the C++ kernels compute the same bits);
@@ -632,6 +635,7 @@ def preserved_rng():
 # (the wrapper allocates it zeroed, passes it last, and raises if a kernel set it). Not on a
 # GPU, where the kernel asserts instead (codegen.triton.asserts_on_device).
 INDEX_ERRORS = "index_errors"
+INDEX_ERROR, RUNTIME_ERROR = 1, 2        # what INDEX_ERRORS holds: the exception eager raises
 
 # The reduction types a Reduction node may have.
 REDUCTIONS = ("sum", "mean", "max", "min", "prod", "argmax", "argmin")
@@ -667,7 +671,7 @@ class RecordingOps:
         self.op_count += 1
         return "v"
 
-    def indirect_indexing(self, value, size: int) -> Index:
+    def indirect_indexing(self, value, size: int, error: int = INDEX_ERROR) -> Index:
         self.indirect.append(f"ind{len(self.indirect)}")
         self.op_count += 1
         return Index.var(self.indirect[-1])

@@ -604,6 +604,33 @@ def test_indexing_by_a_tensor_out_of_range_raises(kernel_backend):
         compiled(x, torch.tensor([-5]))
 
 
+def test_gather_is_generated_and_fuses(kernel_backend):
+    # torch.gather / x.gather: the index loaded in the kernel; the log-probabilities of chosen
+    # tokens (log_softmax, then gather) are one kernel
+    x = randn(3, 7, 5)
+    check(lambda x, i: torch.gather(x, 1, i) * 2, x, torch.randint(0, 7, (3, 4, 2), device=DEVICE), kernels=1)
+    check(lambda x, i: x.log_softmax(-1).gather(-1, i), x, torch.randint(0, 5, (3, 7, 1), device=DEVICE), kernels=1)
+    check(lambda x, i: x.transpose(0, 2).gather(0, i), x, torch.randint(0, 5, (2, 7, 3), device=DEVICE).int())
+
+
+@pytest.mark.skipif(DEVICE != "cpu", reason="on a GPU an index out of range is a device-side assert")
+def test_gather_out_of_range_raises_runtime_error_and_indexing_index_error(kernel_backend):
+    # the exception eager raises: RuntimeError for gather, IndexError for indexing, in one graph
+    x = randn(4, 5)
+
+    def f(x, i, j):
+        return torch.gather(x, 1, i), x[j]
+    fine = (torch.zeros(4, 2, dtype=torch.int64), torch.tensor([1]))
+    compiled = compile_graph(torch.fx.symbolic_trace(f), [x, *fine])
+    for bad in (torch.full((4, 2), 5), torch.full((4, 2), -1)):
+        with pytest.raises(RuntimeError):
+            f(x, bad, fine[1])
+        with pytest.raises(RuntimeError):
+            compiled(x, bad, fine[1])
+    with pytest.raises(IndexError):
+        compiled(x, fine[0], torch.tensor([4]))
+
+
 def test_filled_like_tensors_are_generated(kernel_backend):
     # full_like, zeros_like, ones_like: the input's sizes and layout, every element the value
     x = randn(4, 6).t()
@@ -624,7 +651,8 @@ def test_slice_scatter_is_generated(kernel_backend, start, end):
 
 
 def test_rotary_and_indexing_train_as_eager(monkeypatch):
-    # the gradients of slices (slice_scatter) and of indexing by tensors are generated
+    # the gradients of slices (slice_scatter), indexing by tensors and gather are generated
+    # (the scatters of the gradients of the latter two stay PyTorch's)
     import minicompile.lower as lower
     left = []
     fallback = lower.lower_fallback
@@ -636,12 +664,13 @@ def test_rotary_and_indexing_train_as_eager(monkeypatch):
     def loss(x, table):
         half = x.shape[-1] // 2
         rotated = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
-        return ((x * 0.5 + rotated) * table[rows, :]).square().mean()
+        picked = x.log_softmax(-1).gather(-1, rows[..., None] % 8)
+        return ((x * 0.5 + rotated) * table[rows, :]).square().mean() - picked.mean()
     expected = torch.autograd.grad(loss(x, table), (x, table))
     actual = torch.autograd.grad(minicompile.compile(loss)(x, table), (x, table))
     for a, e in zip(actual, expected):
         assert_same(a, e)
-    assert not [t for t in left if "slice_scatter" in t or "index.Tensor" in t], left
+    assert not [t for t in left if "slice_scatter" in t or "index.Tensor" in t or "gather" in t], left
 
 
 def test_padding_and_relu6_train_as_eager(monkeypatch):

@@ -140,7 +140,7 @@ _TABLE = {
     aten.clone.default: lambda g, a, k: g.call_method("clone", a[:1], k),
     aten.split_with_sizes.default: _function(torch.split), aten.split.Tensor: _function(torch.split),
     aten.cat.default: _function(torch.cat), aten.slice_scatter.default: _function(torch.slice_scatter),
-    aten.index.Tensor: _index,
+    aten.index.Tensor: _index, aten.gather.default: _function(torch.gather),
     aten._to_copy.default: _to, prims.convert_element_type.default: _convert,
     aten.full.default: _function(torch.full), aten.scalar_tensor.default: _scalar_tensor,
     aten.full_like.default: _full_like, aten.copy.default: _copy,

@@ -269,15 +269,15 @@ class KernelWriter:
     def index_expr(self, index: Index, dtype: torch.dtype) -> str:
         return self._emit(self.index_value_expr(self.plan.apply(index.simplify(self.ranges)), dtype))
 
-    def indirect_indexing(self, value: str, size: int) -> Index:
+    def indirect_indexing(self, value: str, size: int, error: int = ir.INDEX_ERROR) -> Index:
         """A variable holding value as an int64 index, checked against [0, size) (lines from
-        the backend's `index_check`), once per value."""
-        key = f"indirect_indexing({value}, {size})"
+        the backend's `index_check`), once per value; `error`: the code it records if not."""
+        key = f"indirect_indexing({value}, {size}, {error})"
         if key not in self.cache:
             var = self.cache[key] = f"tmp{self.count}"
             self.count += 1
             self.checks_indices = True
-            self.lines += self.index_check(var, value, size)
+            self.lines += self.index_check(var, value, size, error)
         return Index.var(self.cache[key])
 
     def masked(self, mask: str, body, other: str) -> str:
@@ -311,10 +311,10 @@ class KernelWriter:
     def index_value_expr(self, index: Index, dtype: torch.dtype) -> str:
         raise NotImplementedError
 
-    def index_check(self, var: str, value: str, size: int) -> list[str]:
-        """Lines setting var to value (as int64), or to 0 with INDEX_ERRORS set (on a GPU: a
-        device-side assert) where value is outside [0, size) on a lane that computes (inside
-        ops.masked: where the mask holds)."""
+    def index_check(self, var: str, value: str, size: int, error: int) -> list[str]:
+        """Lines setting var to value (as int64), or to 0 with INDEX_ERRORS set to `error` (on
+        a GPU: a device-side assert) where value is outside [0, size) on a lane that computes
+        (inside ops.masked: where the mask holds)."""
         raise NotImplementedError
 
     def constant_expr(self, value, dtype: torch.dtype) -> str:

@@ -279,13 +279,13 @@ class TritonWriter(KernelWriter):
             return self.constant_expr(index.const, dtype)
         return f"({index.render('//')}).to({TL_TYPES[dtype]})"
 
-    def index_check(self, var, value, size):
+    def index_check(self, var, value, size, error):
         lanes = self.mask if self.load_mask is None else f"{self.mask} & ({self.load_mask})"
         bad = f"{var}_bad"           # a block of the lanes' shape: the store's pointers need it
         if self.device_asserts:
             report = f"tl.device_assert({bad} == 0, 'index out of range in self')"
         else:
-            report = f"tl.store({ir.INDEX_ERRORS} + 0 * {bad}.to(tl.int32), 1, {bad})"
+            report = f"tl.store({ir.INDEX_ERRORS} + 0 * {bad}.to(tl.int32), {error}, {bad})"
         # the bad index is replaced all the same: no lane loads outside the tensor
         return [f"{var} = ({value}).to(tl.int64)",
                 f"{bad} = (({var} < 0) | ({var} >= {size})) & {lanes}",

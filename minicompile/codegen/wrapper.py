@@ -411,7 +411,9 @@ def build(program: ir.Program, steps: list, written: dict | None = None) -> Comp
         if dead:
             lines.append(f"    del {', '.join(dead)}")
     if checks_indices:       # one check per call, on the host
-        lines.append(f"    if {ir.INDEX_ERRORS}.item(): raise IndexError('index out of range in self')")
+        lines.append(f"    index_error = {ir.INDEX_ERRORS}.item()")
+        lines.append(f"    if index_error: raise (RuntimeError if index_error == {ir.RUNTIME_ERROR} else IndexError)"
+                     f"('index out of range in self')")
     outs = ", ".join(render(o) for o in program.outputs)
     literal = _literal_structure(program.output_spec, [render(o) for o in program.outputs])
     if literal is not None:          # tuples/lists of tensors: built directly (per-call cost)

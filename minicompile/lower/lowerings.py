@@ -1626,6 +1626,28 @@ def _embedding_box(node, values, weight, indices):
                      weight.program, [weight, indices])
 
 
+@register([torch.gather, "gather"], "input, dim, index, *, sparse_grad=False")
+def _gather(node, values, input, dim, index, sparse_grad):
+    """out[i..., j, k...] = input[i..., index[i..., j, k...], k...] along dim: the index loaded
+    in the kernel, which fuses with what computes the input (a log_softmax whose chosen
+    tokens are picked) and what reads the result. An index outside the dim raises
+    RuntimeError, as eager's gather does on a CPU (negative ones too)."""
+    meta = _meta(node, values)
+    if meta is None or not isinstance(input, TensorBox) or not isinstance(index, TensorBox) \
+            or index.dtype not in (torch.int64, torch.int32) or index.device != input.device \
+            or len(index.shape) != len(input.shape) or not input.shape \
+            or any(ir.is_symbolic(s) for s in (*input.shape, *index.shape)):
+        return NotImplemented
+    d = ir.wrap_dim(dim, len(input.shape))
+    load_input, load_index = input.make_loader(), index.make_loader()
+
+    def inner_fn(idx):
+        at = ops.indirect_indexing(load_index(list(idx)), input.shape[d], ir.RUNTIME_ERROR)
+        return load_input([*idx[:d], at, *idx[d + 1:]])
+    return TensorBox(ir.Pointwise(ir.shape_of(meta), meta.dtype, meta.device, inner_fn, "gather"),
+                     input.program, [input, index])
+
+
 # --------------------------------------------------------------------------- pooling
 
 @register([F.max_pool2d, torch.max_pool2d], "input, kernel_size, stride=None, padding=0, dilation=1, "
