@@ -568,7 +568,8 @@ def use_ops(handler):
 #                              the call then raises that error (INDEX_ERROR: IndexError, as
 #                              eager's embedding and indexing; RUNTIME_ERROR: RuntimeError, as
 #                              its gather) as eager does on a CPU (on a GPU, a device-side
-#                              assert, as eager's).
+#                              assert, as eager's). error=None: no check, where lowering
+#                              computed the value inside [0, size) itself (padding by reflection).
 # rand(seed, offset) and randn(seed, offset) are random numbers made inside a kernel (when
 # config.fallback_random is off): a float32 in [0, 1) and a standard normal one, from Philox
 # 4x32-10 as Triton's tl.rand and tl.randn draw them (the C++ kernels compute the same bits);
@@ -671,7 +672,7 @@ class RecordingOps:
         self.op_count += 1
         return "v"
 
-    def indirect_indexing(self, value, size: int, error: int = INDEX_ERROR) -> Index:
+    def indirect_indexing(self, value, size: int, error: int | None = INDEX_ERROR) -> Index:
         self.indirect.append(f"ind{len(self.indirect)}")
         self.op_count += 1
         return Index.var(self.indirect[-1])

@@ -558,15 +558,29 @@ def test_constant_padding_is_generated(kernel_backend, pad, value):
     check(lambda x: torch.constant_pad_nd(x, pad, 0.5 if value is None else value), x, kernels=1)
 
 
-def test_padding_in_other_dtypes_and_modes(kernel_backend):
-    # integer tensors with an integer value, half precision; reflect and replicate stay PyTorch's
+def test_padding_in_other_dtypes(kernel_backend):
+    # integer tensors with an integer value, half precision
     check(lambda x: F.pad(x, (1, 2), value=3), torch.arange(24, device=DEVICE).view(4, 6), kernels=1)
     check(lambda x: F.pad(x, (1, 0, 2, 2), value=1.5), randn(4, 6, dtype=torch.float16), dtype=torch.float16,
           kernels=1)
-    for mode in ("reflect", "replicate"):
-        x = randn(2, 3, 5, 7)
-        compiled = compile_graph(torch.fx.symbolic_trace(lambda x: F.pad(x, (1, 2, 2, 1), mode=mode) * 2), [x])
-        torch.testing.assert_close(compiled(x), F.pad(x, (1, 2, 2, 1), mode=mode) * 2)
+
+
+@pytest.mark.parametrize("mode, shape, pad", [
+    ("reflect", (2, 3, 5, 7), (1, 2, 3, 4)), ("reflect", (2, 3, 9), (8, 8)), ("reflect", (2, 3, 5, 7), (2, -1, 0, 3)),
+    ("replicate", (2, 3, 5, 7), (3, 0, 2, 5)), ("replicate", (2, 3, 4, 5, 6), (1, 2, -1, 3, 2, 0)),
+    ("circular", (2, 3, 5, 7), (2, 7, 5, 1)), ("circular", (1, 2, 3), (3, 3))])
+def test_padding_by_reflection_replication_and_wrapping_is_generated(kernel_backend, mode, shape, pad):
+    # the position read is computed in the kernel (inside the input by construction: no check,
+    # no index-error flag); fused with the work before and after
+    compiled = check(lambda x: F.pad(x * 2, pad, mode=mode) + 1, randn(*shape), kernels=1)
+    assert "index_errors" not in compiled.wrapper_source
+
+
+def test_circular_padding_with_a_negative_amount_stays_pytorchs(kernel_backend):
+    # it wraps around the cropped input, not the input
+    x = randn(1, 2, 3)
+    compiled = compile_graph(torch.fx.symbolic_trace(lambda x: F.pad(x, (-1, 3), mode="circular")), [x])
+    torch.testing.assert_close(compiled(x), F.pad(x, (-1, 3), mode="circular"))
 
 
 def test_calls_as_hugging_face_writes_them_are_lowered(kernel_backend):
@@ -592,6 +606,12 @@ def test_indexing_by_integer_tensors_is_generated(kernel_backend):
     check(lambda x, a, b: x[a, b] * 2, x, rows, cols, kernels=1)
     check(lambda x, a: x[a] + 1, x, torch.tensor([[1, -4], [3, 0]], device=DEVICE, dtype=torch.int32), kernels=1)
     check(lambda x, a, b: x.transpose(0, 2)[(a, b)], x, cols % 6, cols)
+    # whole dims before and after the picked ones; tensors apart from each other stay PyTorch's
+    x = randn(4, 5, 6, 3)
+    check(lambda x, a, b: x[:, a, b] * 2, x, rows % 5, cols % 6, kernels=1)
+    check(lambda x, a, b: x[:, :, a, b], x, rows % 6, cols % 3, kernels=1)
+    compiled = compile_graph(torch.fx.symbolic_trace(lambda x, a, b: x[a, :, b]), [x, rows, cols % 6])
+    torch.testing.assert_close(compiled(x, rows, cols % 6), x[rows, :, cols % 6])
 
 
 @pytest.mark.skipif(DEVICE != "cpu", reason="on a GPU an index out of range is a device-side assert")
@@ -685,12 +705,14 @@ def test_padding_and_relu6_train_as_eager(monkeypatch):
 
     def loss(x, w):
         y = F.relu6(F.conv2d(F.pad(x, (0, 1, 0, 1)), w, stride=2) * 3)
-        return F.pad(y, (1, 1, 1, 1), value=0.5).square().mean()
+        reflected = F.conv2d(F.pad(x, (1, 1, 1, 1), mode="reflect"), w)
+        return F.pad(y, (1, 1, 1, 1), value=0.5).square().mean() + F.pad(reflected, (2, 2, 2, 2), mode="replicate").mean()
     expected = torch.autograd.grad(loss(x, w), w)[0]
     minicompile.metrics.reset()
     actual = torch.autograd.grad(minicompile.compile(loss)(x, w), w)[0]
     assert_same(actual, expected)
-    assert not [t for t in left if "pad" in t or "hardtanh" in t], left
+    # (padding by reflection or replication is indexing by tensors in the joint graph)
+    assert not [t for t in left if "constant_pad" in t or "hardtanh" in t or "index.Tensor" in t], left
 
 
 def test_mobilenet_activations_and_global_pooling_are_lowered(kernel_backend):

@@ -52,11 +52,11 @@ def _select(g, args, kwargs):
 
 
 def _index(g, args, kwargs):
-    """x[i0, i1, ...] with a tensor for each leading dim (no None among them)."""
+    """x[..., i0, i1, ...]: a None among the indices is a whole dim (a full slice)."""
     x, indices = args
-    if kwargs or any(i is None for i in indices):
+    if kwargs:
         return None
-    return g.call_function(operator.getitem, (x, tuple(indices)))
+    return g.call_function(operator.getitem, (x, tuple(slice(None) if i is None else i for i in indices)))
 
 
 def _to(g, args, kwargs):

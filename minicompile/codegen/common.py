@@ -269,15 +269,19 @@ class KernelWriter:
     def index_expr(self, index: Index, dtype: torch.dtype) -> str:
         return self._emit(self.index_value_expr(self.plan.apply(index.simplify(self.ranges)), dtype))
 
-    def indirect_indexing(self, value: str, size: int, error: int = ir.INDEX_ERROR) -> Index:
+    def indirect_indexing(self, value: str, size: int, error: int | None = ir.INDEX_ERROR) -> Index:
         """A variable holding value as an int64 index, checked against [0, size) (lines from
-        the backend's `index_check`), once per value; `error`: the code it records if not."""
+        the backend's `index_check`), once per value; `error`: the code it records if not.
+        error None: no check (lowering computed the value inside [0, size) itself)."""
         key = f"indirect_indexing({value}, {size}, {error})"
         if key not in self.cache:
             var = self.cache[key] = f"tmp{self.count}"
             self.count += 1
-            self.checks_indices = True
-            self.lines += self.index_check(var, value, size, error)
+            if error is None:
+                self.lines.append(self.index_assign(var, value))
+            else:
+                self.checks_indices = True
+                self.lines += self.index_check(var, value, size, error)
         return Index.var(self.cache[key])
 
     def masked(self, mask: str, body, other: str) -> str:
@@ -309,6 +313,10 @@ class KernelWriter:
         raise NotImplementedError
 
     def index_value_expr(self, index: Index, dtype: torch.dtype) -> str:
+        raise NotImplementedError
+
+    def index_assign(self, var: str, value: str) -> str:
+        """The line setting var to value as an int64 index."""
         raise NotImplementedError
 
     def index_check(self, var: str, value: str, size: int, error: int) -> list[str]:

@@ -287,6 +287,9 @@ class CppWriter(KernelWriter):
     def index_value_expr(self, index, dtype):
         return f"static_cast<{ctype(dtype)}>({index.render('/')})"
 
+    def index_assign(self, var, value):
+        return f"int64_t {var} = static_cast<int64_t>({value});"
+
     def index_check(self, var, value, size, error):
         report = f"__atomic_store_n({ir.INDEX_ERRORS}, {error}, __ATOMIC_RELAXED);"
         if self.load_mask is not None:

@@ -279,6 +279,9 @@ class TritonWriter(KernelWriter):
             return self.constant_expr(index.const, dtype)
         return f"({index.render('//')}).to({TL_TYPES[dtype]})"
 
+    def index_assign(self, var, value):
+        return f"{var} = ({value}).to(tl.int64)"
+
     def index_check(self, var, value, size, error):
         lanes = self.mask if self.load_mask is None else f"{self.mask} & ({self.load_mask})"
         bad = f"{var}_bad"           # a block of the lanes' shape: the store's pointers need it

@@ -1320,7 +1320,7 @@ def _getitem(node, values, input, item):
     if isinstance(input.data, ir.Extern):
         return NotImplemented       # indexing the tuple an Extern returned: fallback handles it
     items = item if isinstance(item, tuple) else (item,)
-    if items and all(isinstance(i, TensorBox) for i in items):
+    if any(isinstance(i, TensorBox) for i in items) and all(isinstance(i, TensorBox) or i == slice(None) for i in items):
         return _indexed_by_tensors(node, values, input, items)
     if not all(isinstance(i, (int, slice, type(None), type(Ellipsis))) for i in items):
         return NotImplemented
@@ -1370,28 +1370,30 @@ def _getitem(node, values, input, item):
 
 
 def _indexed_by_tensors(node, values, input: TensorBox, items) -> TensorBox:
-    """x[i0, i1, ...] with integer tensors for the leading dims (a mask's rows picked per batch,
-    as Hugging Face builds attention masks): out[b..., rest...] = x[i0[b...], i1[b...], rest...]
-    with the index tensors broadcast together, each index loaded in the kernel (negative ones
-    count from the end; one outside the dim raises IndexError, as in eager)."""
+    """x[i0, i1, ...] with integer tensors for adjacent dims, full slices around them (a mask's
+    rows picked per batch, as Hugging Face builds attention masks; the gathers that training
+    graphs make of padding by reflection): out[a..., b..., c...] = x[a..., i0[b...], i1[b...],
+    c...] with the index tensors broadcast together (b), each index loaded in the kernel
+    (negative ones count from the end; one outside the dim raises IndexError, as in eager)."""
     meta = _meta(node, values)
-    n = len(items)
-    if meta is None or n > len(input.shape) or any(i.dtype not in (torch.int64, torch.int32) or i.device != input.device
-                                                    for i in items) \
+    picks = [d for d, i in enumerate(items) if isinstance(i, TensorBox)]
+    first, n = picks[0], len(picks)
+    if meta is None or len(items) > len(input.shape) or picks != list(range(first, first + n)) \
+            or any(items[d].dtype not in (torch.int64, torch.int32) or items[d].device != input.device for d in picks) \
             or any(ir.is_symbolic(s) for s in (*input.shape, *meta.shape)):
-        return NotImplemented
+        return NotImplemented           # (tensors apart from each other put their dims first)
     out_shape = ir.shape_of(meta)
-    k = len(out_shape) - (len(input.shape) - n)         # the broadcast index dims lead the result
-    positions = [_as_index_value(i, out_shape[:k], torch.int64) for i in items]
+    k = first + len(out_shape) - (len(input.shape) - n)     # the broadcast dims are [first, k)
+    positions = [_as_index_value(items[d], out_shape[first:k], torch.int64) for d in picks]
     load = input.make_loader()
 
     def inner_fn(idx):
         picked = []
-        for position, size in zip(positions, input.shape[:n]):
-            v = position(list(idx[:k]))
+        for position, size in zip(positions, input.shape[first:first + n]):
+            v = position(list(idx[first:k]))
             v = ops.where(ops.lt(v, ops.constant(0, torch.int64)), ops.add(v, ops.constant(size, torch.int64)), v)
             picked.append(ops.indirect_indexing(v, size))
-        return load([*picked, *idx[k:]])
+        return load([*idx[:first], *picked, *idx[k:]])
     return TensorBox(ir.Pointwise(out_shape, meta.dtype, meta.device, inner_fn, "indexing"),
                      input.program, [input, *items])
 
@@ -1699,20 +1701,67 @@ def _max_pool2d(node, values, input, kernel_size, stride, padding, dilation, cei
 
 @register([F.pad, torch._C._nn.pad], "input, pad, mode='constant', value=None")
 def _pad(node, values, input, pad, mode, value):
-    """Constant padding: out[..., i] = input[..., i - before] where that is inside the input,
-    else the value; a pointwise value (it fuses with what computes its input and what reads it,
-    as Inductor's constant_pad_nd). Negative amounts crop. Other modes stay PyTorch's."""
+    """out[..., i] = input[..., i - before] where that is inside the input; elsewhere the value
+    (constant), the nearest edge element (replicate), the element mirrored at the edge
+    (reflect) or the one from the other end (circular). A pointwise value: it fuses with what
+    computes its input and what reads it, as Inductor's constant_pad_nd and its reflection
+    and replication pads. Negative amounts crop."""
     meta = _meta(node, values)
-    if meta is None or mode != "constant" or not isinstance(input, TensorBox) \
+    if meta is None or mode not in ("constant", *_WRAPPED_POSITION) or not isinstance(input, TensorBox) \
             or not isinstance(pad, (list, tuple)) or len(pad) % 2 or len(pad) // 2 > len(input.shape) \
             or not all(isinstance(p, int) for p in pad) \
             or any(ir.is_symbolic(s) for s in (*input.shape, *meta.shape)):
         return NotImplemented
+    before = {len(input.shape) - 1 - i: pad[2 * i] for i in range(len(pad) // 2)}
+    if mode != "constant":
+        # (with a negative amount, circular padding wraps around the cropped input, whose size
+        # is not the input's)
+        if any(input.shape[d] == 0 for d in before) or (mode == "circular" and min(pad) < 0):
+            return NotImplemented
+        return _wrapped(input, meta, before, _WRAPPED_POSITION[mode], _origin(node))
     value = 0 if value is None else value
     if not isinstance(value, (int, float)) or not (input.dtype.is_floating_point or float(value).is_integer()):
         return NotImplemented                   # (PyTorch converts the value to the tensor's dtype)
-    return _padded(input, meta, {len(input.shape) - 1 - i: pad[2 * i] for i in range(len(pad) // 2)}, value,
-                   _origin(node))
+    return _padded(input, meta, before, value, _origin(node))
+
+
+def _replicated(r, size):
+    c = lambda v: ops.constant(v, torch.int64)
+    return ops.minimum(ops.maximum(r, c(0)), c(size - 1))
+
+
+def _reflected(r, size):
+    # (PyTorch allows amounts below the size: one reflection at each edge reaches every position)
+    c = lambda v: ops.constant(v, torch.int64)
+    r = ops.abs(r)
+    return ops.where(ops.gt(r, c(size - 1)), ops.sub(c(2 * (size - 1)), r), r)
+
+
+def _circular(r, size):
+    # (PyTorch allows amounts up to the size: one turn reaches every position)
+    c = lambda v: ops.constant(v, torch.int64)
+    r = ops.where(ops.lt(r, c(0)), ops.add(r, c(size)), r)
+    return ops.where(ops.ge(r, c(size)), ops.sub(r, c(size)), r)
+
+
+# mode -> the position inside [0, size) that a position r of the moved input reads
+_WRAPPED_POSITION = {"replicate": _replicated, "reflect": _reflected, "circular": _circular}
+
+
+def _wrapped(input: TensorBox, meta, before: dict, position, origin: str) -> TensorBox:
+    """`input` moved by before[d] positions in each dim d, into the sizes of `meta`, positions
+    outside it read where `position` maps them (computed in the kernel, inside the input by
+    construction: an index that needs no check)."""
+    load = input.make_loader()
+
+    def inner_fn(idx):
+        pos = list(idx)
+        for d, b in before.items():
+            r = ops.index_expr(idx[d] + (-b), torch.int64)
+            pos[d] = ops.indirect_indexing(position(r, input.shape[d]), input.shape[d], None)
+        return load(pos)
+    return TensorBox(ir.Pointwise(ir.shape_of(meta), meta.dtype, meta.device, inner_fn, origin),
+                     input.program, [input])
 
 
 def _padded(input: TensorBox, meta, before: dict, value, origin: str) -> TensorBox:
