@@ -706,7 +706,8 @@ def test_padding_and_relu6_train_as_eager(monkeypatch):
     def loss(x, w):
         y = F.relu6(F.conv2d(F.pad(x, (0, 1, 0, 1)), w, stride=2) * 3)
         reflected = F.conv2d(F.pad(x, (1, 1, 1, 1), mode="reflect"), w)
-        return F.pad(y, (1, 1, 1, 1), value=0.5).square().mean() + F.pad(reflected, (2, 2, 2, 2), mode="replicate").mean()
+        return F.pad(y, (1, 1, 1, 1), value=0.5).square().mean() \
+            + F.pad(reflected, (2, 2, 2, 2), mode="replicate").mean()
     expected = torch.autograd.grad(loss(x, w), w)[0]
     minicompile.metrics.reset()
     actual = torch.autograd.grad(minicompile.compile(loss)(x, w), w)[0]
@@ -787,6 +788,24 @@ def test_the_unaligned_product_kernel_is_compiled_while_the_graphs_kernels_are(m
     triton_codegen.compile_all([], meanwhile=lambda: ran.append(1))
     triton_codegen.compile_all([], meanwhile=lambda: 1 / 0)
     assert ran == [1]
+
+
+def test_the_unaligned_product_kernel_is_for_gpus_with_tf32_tensor_cores(monkeypatch):
+    # on a T4 (compute capability 7.5, Colab's free GPU) the padded product stays
+    from minicompile.lower import matmul
+    cuda = torch.device("cuda", 0)
+    tf32 = torch.backends.cuda.matmul.allow_tf32
+    torch.backends.cuda.matmul.allow_tf32 = True          # (monkeypatch cannot restore it)
+    try:
+        for capability, expected in [((7, 5), False), ((8, 0), True), ((9, 0), True)]:
+            monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: capability)
+            assert matmul.chosen(cuda, torch.float32) == expected
+            assert matmul.chosen(cuda, torch.bfloat16) == expected
+        assert not matmul.chosen(torch.device("cpu"), torch.float32)
+        torch.backends.cuda.matmul.allow_tf32 = False
+        assert not matmul.chosen(cuda, torch.float32) and matmul.chosen(cuda, torch.float16)
+    finally:
+        torch.backends.cuda.matmul.allow_tf32 = tf32
 
 
 @pytest.mark.skipif(not HAS_TRITON, reason="needs Triton")

@@ -1320,7 +1320,8 @@ def _getitem(node, values, input, item):
     if isinstance(input.data, ir.Extern):
         return NotImplemented       # indexing the tuple an Extern returned: fallback handles it
     items = item if isinstance(item, tuple) else (item,)
-    if any(isinstance(i, TensorBox) for i in items) and all(isinstance(i, TensorBox) or i == slice(None) for i in items):
+    if any(isinstance(i, TensorBox) for i in items) \
+            and all(isinstance(i, TensorBox) or i == slice(None) for i in items):
         return _indexed_by_tensors(node, values, input, items)
     if not all(isinstance(i, (int, slice, type(None), type(Ellipsis))) for i in items):
         return NotImplemented
@@ -2029,8 +2030,8 @@ def _linear(node, values, input, weight, bias):
     On a GPU, a large product whose output rows are not a multiple of 16 bytes long (a
     language model's head over a vocabulary of 50,257 words) is slow in cuBLAS: measured on the
     H100 for GPT-2's head (4096 x 768 by 768 x 50257, TF32), 2.75 ms. Where minicompile's own
-    kernel computes it as eager does (lower/matmul.py: TF32 or half precision), that kernel
-    writes it in eager's layout (1.07 ms). Otherwise the weight is padded with zero rows to an
+    kernel computes it as eager does (lower/matmul.py: TF32 or half precision, on GPUs from
+    Ampere on), that kernel writes it in eager's layout (1.07 ms). Otherwise the weight is padded with zero rows to an
     aligned width and the result is the view of the first columns (as Inductor pads), which a
     graph output copies into eager's layout (1.71 ms in all): benchmarks/results/
     unaligned_matmul_h100.json."""

@@ -32,7 +32,14 @@ GROUP_M = 8      # rows of programs that run together, so their weight columns s
 def chosen(device: torch.device, dtype: torch.dtype) -> bool:
     """Whether lowering should call `mm` for an unaligned product of this dtype on this device
     (rather than cuBLAS on a padded weight): on a GPU, where the kernel applies."""
-    return device.type == "cuda" and _precision_allows(dtype)
+    return device.type == "cuda" and _tensor_cores(device) and _precision_allows(dtype)
+
+
+def _tensor_cores(device: torch.device) -> bool:
+    """A GPU whose tensor cores take TF32 and bfloat16 (compute capability 8, Ampere, and
+    newer): on older ones (Colab's T4) eager's TF32 setting changes nothing, and the padded
+    product stays."""
+    return torch.cuda.get_device_capability(device)[0] >= 8
 
 
 def _precision_allows(dtype: torch.dtype) -> bool:
@@ -49,7 +56,7 @@ def applies(a: torch.Tensor, b: torch.Tensor) -> bool:
         return False
     if max(a.shape[0] * b.shape[1], _extent(a), _extent(b)) >= 2 ** 31:
         return False            # the kernel's offsets are 32-bit
-    return _precision_allows(a.dtype)
+    return _tensor_cores(a.device) and _precision_allows(a.dtype)
 
 
 def mm(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
