@@ -661,6 +661,17 @@ def test_filled_like_tensors_are_generated(kernel_backend):
     assert compile_graph(torch.fx.symbolic_trace(lambda x: torch.full_like(x, 3)), [x])(x).stride() == (1, 6)
 
 
+@pytest.fixture
+def fallbacks(monkeypatch):
+    """The targets of the ops lowering hands to PyTorch (extern calls) from here on."""
+    import minicompile.lower as lower
+    left = []
+    fallback = lower.lower_fallback
+    monkeypatch.setattr(lower, "lower_fallback", lambda program, node, *a, **k: left.append(
+        str(node.target)) or fallback(program, node, *a, **k))
+    return left
+
+
 @pytest.mark.parametrize("start, end", [(None, None), (2, 5), (-3, None), (1, -1), (6, 2)])
 def test_slice_scatter_is_generated(kernel_backend, start, end):
     x = randn(3, 7, 4)
@@ -670,14 +681,9 @@ def test_slice_scatter_is_generated(kernel_backend, start, end):
           randn(7, 3, 7).transpose(0, 2), randn(7, 3, 7).transpose(0, 2)[:, :, start:end].transpose(0, 2))
 
 
-def test_rotary_and_indexing_train_as_eager(monkeypatch):
+def test_rotary_and_indexing_train_as_eager(fallbacks):
     # the gradients of slices (slice_scatter), indexing by tensors and gather are generated
     # (the scatters of the gradients of the latter two stay PyTorch's)
-    import minicompile.lower as lower
-    left = []
-    fallback = lower.lower_fallback
-    monkeypatch.setattr(lower, "lower_fallback", lambda program, node, *a, **k: left.append(
-        str(node.target)) or fallback(program, node, *a, **k))
     x, table = randn(2, 5, 8).requires_grad_(), randn(6, 8).requires_grad_()
     rows = torch.tensor([[0, 5, 2, 2, 1]] * 2, device=DEVICE)
 
@@ -690,16 +696,11 @@ def test_rotary_and_indexing_train_as_eager(monkeypatch):
     actual = torch.autograd.grad(minicompile.compile(loss)(x, table), (x, table))
     for a, e in zip(actual, expected):
         assert_same(a, e)
-    assert not [t for t in left if "slice_scatter" in t or "index.Tensor" in t or "gather" in t], left
+    assert not [t for t in fallbacks if "slice_scatter" in t or "index.Tensor" in t or "gather" in t], fallbacks
 
 
-def test_padding_and_relu6_train_as_eager(monkeypatch):
+def test_padding_and_relu6_train_as_eager(fallbacks):
     # the training graph's constant_pad_nd and hardtanh (a backward that crops) are generated
-    import minicompile.lower as lower
-    left = []
-    fallback = lower.lower_fallback
-    monkeypatch.setattr(lower, "lower_fallback", lambda program, node, *a, **k: left.append(
-        str(node.target)) or fallback(program, node, *a, **k))
     w = randn(4, 3, 3, 3).requires_grad_()
     x = randn(2, 3, 9, 9)
 
@@ -713,7 +714,7 @@ def test_padding_and_relu6_train_as_eager(monkeypatch):
     actual = torch.autograd.grad(minicompile.compile(loss)(x, w), w)[0]
     assert_same(actual, expected)
     # (padding by reflection or replication is indexing by tensors in the joint graph)
-    assert not [t for t in left if "constant_pad" in t or "hardtanh" in t or "index.Tensor" in t], left
+    assert not [t for t in fallbacks if "constant_pad" in t or "hardtanh" in t or "index.Tensor" in t], fallbacks
 
 
 def test_mobilenet_activations_and_global_pooling_are_lowered(kernel_backend):

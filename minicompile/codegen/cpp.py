@@ -294,7 +294,7 @@ class CppWriter(KernelWriter):
         report = f"__atomic_store_n({ir.INDEX_ERRORS}, {error}, __ATOMIC_RELAXED);"
         if self.load_mask is not None:
             report = f"if ({self.load_mask}) {report}"
-        return [f"int64_t {var} = static_cast<int64_t>({value});",
+        return [self.index_assign(var, value),
                 f"if ({var} < 0 || {var} >= {size}) {{ {report} {var} = 0; }}"]
 
     def constant_expr(self, value, dtype):

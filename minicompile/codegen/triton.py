@@ -290,7 +290,7 @@ class TritonWriter(KernelWriter):
         else:
             report = f"tl.store({ir.INDEX_ERRORS} + 0 * {bad}.to(tl.int32), {error}, {bad})"
         # the bad index is replaced all the same: no lane loads outside the tensor
-        return [f"{var} = ({value}).to(tl.int64)",
+        return [self.index_assign(var, value),
                 f"{bad} = (({var} < 0) | ({var} >= {size})) & {lanes}",
                 report,
                 f"{var} = tl.where({bad}, 0, {var})"]

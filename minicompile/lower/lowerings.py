@@ -449,6 +449,19 @@ def _constants_of(dtype):
     return lambda v: ops.constant(v, cd)
 
 
+def _int64(v):
+    """An integer constant for index arithmetic in a kernel."""
+    return ops.constant(v, torch.int64)
+
+
+def _all_of(conditions):
+    """The mask where every one of the (non-empty) conditions holds."""
+    mask = conditions[0]
+    for c in conditions[1:]:
+        mask = ops.logical_and(mask, c)
+    return mask
+
+
 def _relu6_of_shifted(x, c):
     """min(max(x + 3, 0), 6), NaN-propagating: what hardswish and hardsigmoid share."""
     return ops.minimum(ops.maximum(ops.add(x, c(3.0)), c(0.0)), c(6.0))
@@ -1392,7 +1405,7 @@ def _indexed_by_tensors(node, values, input: TensorBox, items) -> TensorBox:
         picked = []
         for position, size in zip(positions, input.shape[first:first + n]):
             v = position(list(idx[first:k]))
-            v = ops.where(ops.lt(v, ops.constant(0, torch.int64)), ops.add(v, ops.constant(size, torch.int64)), v)
+            v = ops.where(ops.lt(v, _int64(0)), ops.add(v, _int64(size)), v)
             picked.append(ops.indirect_indexing(v, size))
         return load([*idx[:first], *picked, *idx[k:]])
     return TensorBox(ir.Pointwise(out_shape, meta.dtype, meta.device, inner_fn, "indexing"),
@@ -1417,8 +1430,7 @@ def _slice_scatter(node, values, input, src, dim, start, end, step):
 
     def inner_fn(idx):
         p = ops.index_expr(idx[d], torch.int64)
-        inside = ops.logical_and(ops.ge(p, ops.constant(first, torch.int64)),
-                                 ops.lt(p, ops.constant(last, torch.int64)))
+        inside = ops.logical_and(ops.ge(p, _int64(first)), ops.lt(p, _int64(last)))
         at = [*idx[:d], idx[d] + (-first), *idx[d + 1:]]
         return ops.where(inside, ops.masked(inside, lambda: load_src(at), ops.constant(0, cd)), load_input(list(idx)))
     return TensorBox(ir.Pointwise(ir.shape_of(meta), meta.dtype, meta.device, inner_fn, "slice_scatter"),
@@ -1686,12 +1698,10 @@ def _max_pool2d(node, values, input, kernel_size, stride, padding, dilation, cei
                 pos.append(o * step + offset)
                 if offset < 0 or (out_size - 1) * step + offset >= size:      # may leave the input
                     p = ops.index_expr(pos[-1], torch.int64)
-                    conditions += [ops.ge(p, ops.constant(0, torch.int64)), ops.lt(p, ops.constant(size, torch.int64))]
+                    conditions += [ops.ge(p, _int64(0)), ops.lt(p, _int64(size))]
             if conditions:
-                mask = conditions[0]
-                for c in conditions[1:]:
-                    mask = ops.logical_and(mask, c)
-                value = ops.masked(mask, lambda pos=pos: load([*lead, *pos]), ops.constant(-math.inf, cd))
+                value = ops.masked(_all_of(conditions), lambda pos=pos: load([*lead, *pos]),
+                                   ops.constant(-math.inf, cd))
             else:
                 value = load([*lead, *pos])
             result = value if result is None else ops.maximum(result, value)
@@ -1727,22 +1737,19 @@ def _pad(node, values, input, pad, mode, value):
 
 
 def _replicated(r, size):
-    c = lambda v: ops.constant(v, torch.int64)
-    return ops.minimum(ops.maximum(r, c(0)), c(size - 1))
+    return ops.minimum(ops.maximum(r, _int64(0)), _int64(size - 1))
 
 
 def _reflected(r, size):
     # (PyTorch allows amounts below the size: one reflection at each edge reaches every position)
-    c = lambda v: ops.constant(v, torch.int64)
     r = ops.abs(r)
-    return ops.where(ops.gt(r, c(size - 1)), ops.sub(c(2 * (size - 1)), r), r)
+    return ops.where(ops.gt(r, _int64(size - 1)), ops.sub(_int64(2 * (size - 1)), r), r)
 
 
 def _circular(r, size):
     # (PyTorch allows amounts up to the size: one turn reaches every position)
-    c = lambda v: ops.constant(v, torch.int64)
-    r = ops.where(ops.lt(r, c(0)), ops.add(r, c(size)), r)
-    return ops.where(ops.ge(r, c(size)), ops.sub(r, c(size)), r)
+    r = ops.where(ops.lt(r, _int64(0)), ops.add(r, _int64(size)), r)
+    return ops.where(ops.ge(r, _int64(size)), ops.sub(r, _int64(size)), r)
 
 
 # mode -> the position inside [0, size) that a position r of the moved input reads
@@ -1776,14 +1783,10 @@ def _padded(input: TensorBox, meta, before: dict, value, origin: str) -> TensorB
             pos[d] = idx[d] + (-b)
             if b > 0 or meta.shape[d] - b > input.shape[d]:       # may leave the input
                 p = ops.index_expr(pos[d], torch.int64)
-                conditions += [ops.ge(p, ops.constant(0, torch.int64)),
-                               ops.lt(p, ops.constant(input.shape[d], torch.int64))]
+                conditions += [ops.ge(p, _int64(0)), ops.lt(p, _int64(input.shape[d]))]
         if not conditions:
             return load(pos)
-        mask = conditions[0]
-        for c in conditions[1:]:
-            mask = ops.logical_and(mask, c)
-        return ops.masked(mask, lambda: load(pos), ops.constant(value, cd))
+        return ops.masked(_all_of(conditions), lambda: load(pos), ops.constant(value, cd))
     return TensorBox(ir.Pointwise(ir.shape_of(meta), meta.dtype, meta.device, inner_fn, origin),
                      input.program, [input])
 
@@ -1912,8 +1915,7 @@ def _arange(program, node, values, bounds, dtype, layout, device, pin_memory, re
     start, step = (bounds[0] if len(bounds) > 1 else 0), (bounds[2] if len(bounds) == 3 else 1)
 
     def inner_fn(idx):
-        c = lambda v: ops.constant(v, torch.int64)
-        return ops.add(ops.mul(ops.index_expr(idx[0], torch.int64), c(step)), c(start))
+        return ops.add(ops.mul(ops.index_expr(idx[0], torch.int64), _int64(step)), _int64(start))
     return TensorBox(ir.Pointwise(ir.shape_of(meta), meta.dtype, meta.device, inner_fn, "arange"), program)
 
 

@@ -15,6 +15,7 @@ dtype measured (benchmarks/results/unaligned_matmul_h100.json).
 
 Lowering names `mm` as the call target of an extern kernel, like torch.mm, so the wrapper calls
 it; it launches the kernel or, where the kernel does not apply at run time, calls torch.mm.
+The kernels themselves are in matmul_kernels.py.
 """
 from __future__ import annotations
 
@@ -76,24 +77,31 @@ def launch(a: torch.Tensor, b: torch.Tensor, settings: tuple, descriptors: bool 
         return out
     if k == 0:
         return out.zero_()
-    block_m, block_n, block_k, stages, warps = settings
+    block_m, block_n = settings[:2]
     grid = (-(-m // block_m) * -(-n // block_n),)
+    _start(lambda kernel: kernel[grid], a, b, out, (m, k, n), a.stride(), b.stride(), settings,
+           _descriptors_apply(a, b) if descriptors is None else descriptors)
+    return out
+
+
+def _start(how, a, b, out, sizes, a_stride, b_stride, settings: tuple, descriptors: bool) -> None:
+    """One of the kernels on these operands, started by `how(kernel)(*arguments)`: a launch
+    (kernel[grid]) or a compilation without one (kernel.warmup)."""
+    (m, k, n), (block_m, block_n, block_k, stages, warps) = sizes, settings
     options = dict(BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k, GROUP_M=GROUP_M,
                    TF32=a.dtype == torch.float32, num_stages=stages, num_warps=warps)
-    if descriptors is None:
-        descriptors = _descriptors_apply(a, b)
+    from . import matmul_kernels      # (imports Triton)
     # Triton launches on the current GPU
     with torch.cuda.device(a.device) if a.is_cuda else contextlib.nullcontext():
         if descriptors:
             from triton.tools.tensor_descriptor import TensorDescriptor
-            a_desc = TensorDescriptor(a, list(a.shape), list(a.stride()), [block_m, block_k])
+            a_desc = TensorDescriptor(a, [m, k], list(a_stride), [block_m, block_k])
             # b's transpose, (n, k) with rows of k: the layout the tensor cores read
-            b_desc = TensorDescriptor(b, [n, k], [b.stride(1), b.stride(0)], [block_n, block_k])
-            _kernels()[1][grid](a_desc, b_desc, out, m, n, k, **options)
+            b_desc = TensorDescriptor(b, [n, k], [b_stride[1], b_stride[0]], [block_n, block_k])
+            how(matmul_kernels.mm_descriptor_kernel)(a_desc, b_desc, out, m, n, k, **options)
         else:
-            _kernels()[0][grid](a, b, out, m, n, k, a.stride(0), a.stride(1), b.stride(0), b.stride(1),
-                                EVEN_K=k % block_k == 0, **options)
-    return out
+            how(matmul_kernels.mm_kernel)(a, b, out, m, n, k, *a_stride, *b_stride,
+                                          EVEN_K=k % block_k == 0, **options)
 
 
 def _descriptors_apply(a: torch.Tensor, b: torch.Tensor) -> bool:
@@ -116,101 +124,15 @@ def compile_ahead(products) -> None:
     compile_all runs this while the graph's generated kernels compile in worker processes.
     Triton's launcher keeps what it compiled for the launch that asks for the same
     specialization (the sizes, strides and 16-byte aligned addresses given here)."""
-    kernels = None
-    for dtype, device, (m, k, n), a_stride, b_stride in products:
-        if not chosen(device, dtype) or min(m, k, n) == 0:
+    for dtype, device, sizes, a_stride, b_stride in products:
+        if not chosen(device, dtype) or min(sizes) == 0:
             continue
-        kernels = kernels or _kernels()
-        block_m, block_n, block_k, stages, warps = settings = SETTINGS[dtype.itemsize]
         base = torch.empty(16, dtype=dtype, device=device)        # (only its dtype and address count)
-        options = dict(BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k, GROUP_M=GROUP_M,
-                       TF32=dtype == torch.float32, num_stages=stages, num_warps=warps, grid=(1,))
-        if _descriptors_fit(device, dtype.itemsize, a_stride, b_stride):
-            from triton.tools.tensor_descriptor import TensorDescriptor
-            a_desc = TensorDescriptor(base, [m, k], list(a_stride), [settings[0], settings[2]])
-            b_desc = TensorDescriptor(base, [n, k], [b_stride[1], b_stride[0]], [settings[1], settings[2]])
-            with torch.cuda.device(device):
-                kernels[1].warmup(a_desc, b_desc, base, m, n, k, **options)
-        else:
-            with torch.cuda.device(device):
-                kernels[0].warmup(base, base, base, m, n, k, *a_stride, *b_stride, EVEN_K=k % block_k == 0,
-                                  **options)
+        _start(lambda kernel: functools.partial(kernel.warmup, grid=(1,)), base, base, base, sizes,
+               a_stride, b_stride, SETTINGS[dtype.itemsize],
+               _descriptors_fit(device, dtype.itemsize, a_stride, b_stride))
 
 
 def _extent(t: torch.Tensor) -> int:
     """One past the largest element offset a tensor's view reaches."""
     return 1 + sum((size - 1) * stride for size, stride in zip(t.shape, t.stride()))
-
-
-@functools.cache
-def _kernels():
-    """The kernels, defined when first launched (Triton is imported only where it runs): one
-    that reads the operands through pointers, one through tensor descriptors."""
-    import triton
-    import triton.language as tl
-
-    @triton.jit
-    def mm_kernel(a_ptr, b_ptr, c_ptr, M, N, K, stride_am, stride_ak, stride_bk, stride_bn,
-                  BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-                  GROUP_M: tl.constexpr, EVEN_K: tl.constexpr, TF32: tl.constexpr):
-        # programs in groups of GROUP_M rows of blocks, column by column
-        pid = tl.program_id(0)
-        blocks_m, blocks_n = tl.cdiv(M, BLOCK_M), tl.cdiv(N, BLOCK_N)
-        group = pid // (GROUP_M * blocks_n)
-        first_m = group * GROUP_M
-        group_m = min(blocks_m - first_m, GROUP_M)
-        pid_m = first_m + (pid % (GROUP_M * blocks_n)) % group_m
-        pid_n = (pid % (GROUP_M * blocks_n)) // group_m
-        rm = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
-        rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-        # rows and columns past the edge read row/column 0 again (no mask on the loads); their
-        # results are not stored
-        am = tl.max_contiguous(tl.multiple_of(rm % M, BLOCK_M), BLOCK_M)
-        bn = tl.max_contiguous(tl.multiple_of(rn % N, BLOCK_N), BLOCK_N)
-        rk = tl.arange(0, BLOCK_K)
-        a_ptrs = a_ptr + am[:, None] * stride_am + rk[None, :] * stride_ak
-        b_ptrs = b_ptr + rk[:, None] * stride_bk + bn[None, :] * stride_bn
-        acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-        for k in range(0, tl.cdiv(K, BLOCK_K)):
-            if EVEN_K:
-                a = tl.load(a_ptrs)
-                b = tl.load(b_ptrs)
-            else:
-                left = K - k * BLOCK_K
-                a = tl.load(a_ptrs, mask=rk[None, :] < left, other=0.0)
-                b = tl.load(b_ptrs, mask=rk[:, None] < left, other=0.0)
-            if TF32:
-                acc = tl.dot(a, b, acc, input_precision="tf32")
-            else:
-                acc = tl.dot(a, b, acc)
-            a_ptrs += BLOCK_K * stride_ak
-            b_ptrs += BLOCK_K * stride_bk
-        c_ptrs = c_ptr + rm[:, None] * N + rn[None, :]
-        tl.store(c_ptrs, acc.to(c_ptr.dtype.element_ty), mask=(rm[:, None] < M) & (rn[None, :] < N))
-
-    @triton.jit
-    def mm_descriptor_kernel(a_desc, b_desc, c_ptr, M, N, K,
-                             BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-                             GROUP_M: tl.constexpr, TF32: tl.constexpr):
-        pid = tl.program_id(0)
-        blocks_m, blocks_n = tl.cdiv(M, BLOCK_M), tl.cdiv(N, BLOCK_N)
-        group = pid // (GROUP_M * blocks_n)
-        first_m = group * GROUP_M
-        group_m = min(blocks_m - first_m, GROUP_M)
-        pid_m = first_m + (pid % (GROUP_M * blocks_n)) % group_m
-        pid_n = (pid % (GROUP_M * blocks_n)) // group_m
-        acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-        # blocks past the operands' edges are read as zeros
-        for k in range(0, tl.cdiv(K, BLOCK_K)):
-            a = a_desc.load([pid_m * BLOCK_M, k * BLOCK_K])
-            b = b_desc.load([pid_n * BLOCK_N, k * BLOCK_K])
-            if TF32:
-                acc = tl.dot(a, b.T, acc, input_precision="tf32")
-            else:
-                acc = tl.dot(a, b.T, acc)
-        rm = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
-        rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-        c_ptrs = c_ptr + rm[:, None] * N + rn[None, :]
-        tl.store(c_ptrs, acc.to(c_ptr.dtype.element_ty), mask=(rm[:, None] < M) & (rn[None, :] < N))
-
-    return mm_kernel, mm_descriptor_kernel
