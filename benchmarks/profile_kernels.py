@@ -76,7 +76,7 @@ def kernel_table(fn, x, calls=5):
     return per_name
 
 
-def report(name, fns, x, out_dir):
+def report(name, fns, x, out_dir, top=25):
     lines = [f"==== {name} ===="]
     tables = {}
     for label, fn in fns.items():
@@ -94,7 +94,7 @@ def report(name, fns, x, out_dir):
                      f"kernels {total:.3f} ms in {sum(n for _, n in table.values()):.0f} launches")
         for cat, (ms, n) in sorted(by_cat.items(), key=lambda kv: -kv[1][0]):
             lines.append(f"     {cat:<40} {ms:8.3f} ms {n:6.0f} launches")
-        for k, (ms, n) in sorted(table.items(), key=lambda kv: -kv[1][0])[:25]:
+        for k, (ms, n) in sorted(table.items(), key=lambda kv: -kv[1][0])[:top]:
             lines.append(f"     {ms:8.3f} ms {n:5.0f}x  {k[:150]}")
     text = "\n".join(lines)
     print(text, flush=True)
@@ -123,7 +123,7 @@ def profile_one(name, args):
             minicompile.set_logs(output_code=args.code)
             fns["minicompile"](x)
             minicompile.set_logs(output_code=False)
-        report(name + "_train", fns, x, args.out)
+        report(name + "_train", fns, x, args.out, args.top)
     else:
         make_model, make_inputs = real_models.GPU_MODELS[name]
         model = make_model().cuda().eval()
@@ -136,7 +136,7 @@ def profile_one(name, args):
                 minicompile.set_logs(output_code=args.code)
                 ours(x)
                 minicompile.set_logs(output_code=False)
-            report(name, {"eager": model, "torch.compile": theirs, "minicompile": ours}, x, args.out)
+            report(name, {"eager": model, "torch.compile": theirs, "minicompile": ours}, x, args.out, args.top)
 
 
 def main():
@@ -145,6 +145,7 @@ def main():
     parser.add_argument("--train", action="store_true")
     parser.add_argument("--out", default=os.environ.get("OUT"))
     parser.add_argument("--code", action="store_true", help="write minicompile's generated code to DIR")
+    parser.add_argument("--top", type=int, default=25, help="how many kernels to list per compiler")
     args = parser.parse_args()
     torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = True
     for name in args.models.split(","):

@@ -104,6 +104,33 @@ def test_depthwise_and_grouped_convolutions_train_as_eager():
         torch.testing.assert_close(c.grad, e.grad, rtol=1e-4, atol=1e-5)
 
 
+def squeeze_excitation(x, w, b, mean, var, w_down, b_down, w_up, b_up):
+    """MobileNetV3's block: a convolution with a bias, batch norm and activation, kept while a
+    pooled branch (two 1x1 convolutions with biases) computes a per-channel scale for it."""
+    y = F.hardswish(F.batch_norm(F.conv2d(x, w, b, padding=1), mean, var, training=False))
+    scale = F.hardsigmoid(F.conv2d(F.relu(F.conv2d(y.mean((2, 3), keepdim=True), w_down, b_down)), w_up, b_up))
+    return y * scale
+
+
+def test_a_value_computed_from_a_channels_last_one_is_stored_channels_last(kernel_backend):
+    # y is stored (the pooled branch reads it, then the scaling): in the convolution's layout,
+    # not transposed to contiguous. With Triton kernels the convolution's bias is added by the
+    # generated kernel that reads its result, not by a launch of cuDNN's
+    x = randn(2, 5, 17, 19)
+    weights = (randn(8, 5, 3, 3) / 4, randn(8), randn(8), randn(8).abs() + 0.5,
+               randn(4, 8, 1, 1) / 2, randn(4), randn(8, 4, 1, 1) / 2, randn(8))
+    compiled, actual, expected = compiled_and_expected(squeeze_excitation, x, *weights)
+    assert_same_with_strides(actual, expected)
+    if not minicompile.ir.conv_input_channels_last(x.device, x.dtype, (2, 8, 17, 19)):
+        return
+    stored = [list(m.box.data.stride) for k in compiled.kernels for m in k.members
+              if m.box.name in k.stored and list(m.box.shape) == [2, 8, 17, 19]]
+    assert stored == [[2584, 1, 152, 8], [2584, 323, 19, 1]], stored        # y, then the output
+    first_convolution = re.search(r"torch\.convolution\(buf\d+, arg1, (\w+),", compiled.wrapper_source)
+    assert first_convolution and first_convolution[1] == ("arg2" if kernel_backend == "cpp" else "None"), \
+        compiled.wrapper_source
+
+
 @pytest.mark.skipif(DEVICE != "cpu", reason="the channels-last layout choice is for CPUs")
 def test_kernels_after_a_channels_last_conv_keep_its_layout(monkeypatch):
     copies = []

@@ -171,14 +171,15 @@ def plan_memory(program: ir.Program, steps: list, kernel_args: dict, buffers: di
       {output index: input index}), where nothing later reads that input, so the
       write-back is of memory onto itself (an optimizer's update, in one pass);
     - "reuse": the memory of `source`, a buffer dead by then of the same bytes and dtype;
-    - "small": a new allocation by PyTorch (too small for huge pages);
-    - "new": a new allocation by runtime.memory (huge pages for large buffers).
+    - "torch": a new allocation by PyTorch (too small for huge pages, or not on a CPU);
+    - "new": a new allocation by runtime.memory (huge pages for large CPU buffers).
     A buffer's memory is free once the kernel that reads it last has run (plan_reuse)."""
     last_use, reusable, read_by_extern = plan_reuse(program, steps, kernel_args)
     kept = _output_names(program) | read_by_extern
     write_back = {program.outputs[k].name: program.inputs[i].name for k, i in (written or {}).items()
                   if isinstance(program.outputs[k], TensorBox) and isinstance(program.inputs[i], ir.InputBuffer)
                   and program.inputs[i].name not in kept}
+    huge_pages = program.device.type == "cpu"
     free: dict[tuple, list[str]] = {}        # (bytes, dtype) -> buffers whose memory is free
     overwritten: set[str] = set()            # buffers a kernel's output was written over
     plan: dict[str, tuple] = {}
@@ -187,7 +188,7 @@ def plan_memory(program: ir.Program, steps: list, kernel_args: dict, buffers: di
             if _into_planned(step.box.data):
                 key = (nbytes(step.box.data), step.box.dtype)
                 plan[step.box.name] = ("reuse", free[key].pop()) if free.get(key) else \
-                    ("small", None) if key[0] < memory.MIN_BYTES else ("new", None)
+                    ("torch", None) if not huge_pages or key[0] < memory.MIN_BYTES else ("new", None)
             for name in {r.name for r in step.box.reads}:
                 if last_use.get(name) == i and name in reusable and name not in overwritten:
                     buf = buffers[name]
@@ -207,8 +208,8 @@ def plan_memory(program: ir.Program, steps: list, kernel_args: dict, buffers: di
                 plan[m.box.name] = ("in place", over)
             elif free.get(key):
                 plan[m.box.name] = ("reuse", free[key].pop())
-            elif not ir.is_symbolic(key[0]) and key[0] < memory.MIN_BYTES:
-                plan[m.box.name] = ("small", None)
+            elif not huge_pages or not ir.is_symbolic(key[0]) and key[0] < memory.MIN_BYTES:
+                plan[m.box.name] = ("torch", None)
             else:
                 plan[m.box.name] = ("new", None)
         for name in kernel_args.get(step.name, ()):
@@ -222,15 +223,23 @@ def _allocation(name, shape, stride, dtype, device, how, source) -> str:
     """The wrapper's line that gives a buffer new memory, or the memory of a dead one."""
     if how == "reuse":
         return f"    {name} = {source}.as_strided({sizes(shape)}, {stride}); del {source}  # reuses {source}'s memory"
-    if how == "small":
-        # too small for huge pages: PyTorch's own allocation, without a Python call
+    if how == "torch":
+        # PyTorch's own allocation, without a Python call
         return f"    {name} = torch_empty_strided({sizes(shape)}, {stride}, dtype={dtype}, device={device})"
     return f"    {name} = empty_strided({sizes(shape)}, {stride}, dtype={dtype}, device={device})"
 
 
 def _same_layout(buf, box) -> bool:
-    """An input buffer that is laid out as box (so the input tensor itself can stand for it)."""
-    return (isinstance(buf, ir.InputBuffer) and not buf.offset and list(buf.shape) == list(box.shape)
+    """A buffer laid out as box, so that its tensor itself can stand for box: an input, a
+    buffer of a kernel's, or an extern op's result with no dims of size 1 (as_layout leaves
+    PyTorch's strides for those, which may not be the ones predicted)."""
+    buf = buf.data if isinstance(buf, TensorBox) else buf
+    if isinstance(buf, ir.Extern):
+        if not buf.value_is_tensor or 1 in buf.shape:
+            return False
+    elif not isinstance(buf, (ir.InputBuffer, ir.ComputedBuffer)):
+        return False
+    return (not getattr(buf, "offset", 0) and list(buf.shape) == list(box.shape)
             and list(buf.stride) == list(box.data.stride) and buf.dtype == box.dtype)
 
 
@@ -361,6 +370,8 @@ def build(program: ir.Program, steps: list, written: dict | None = None) -> Comp
                 elif how == "in place":
                     lines.append(f"    {m.box.name} = {source}.as_strided({sizes(shape)}, {stride})"
                                  f"  # in place: {step.name} reads {source} only where it writes this")
+                elif how == "reuse" and _same_layout(buffers[source], m.box):
+                    lines.append(f"    {m.box.name} = {source}; del {source}  # reuses {source}'s memory")
                 else:
                     lines.append(_allocation(m.box.name, shape, stride, m.box.dtype, device, how, source))
             if step.name not in kernel_args:          # nothing to compute (has_no_elements)
@@ -474,7 +485,7 @@ def _namespace(backend: str, kernel_source: str, meta: dict, arg_dtypes: dict, o
                  for a, d in zip(args, arg_dtypes[name])}
         triton_codegen.precompile(launchers, meta, typed,
                                   meanwhile=(lambda: matmul.compile_ahead(own_products)) if own_products else None)
-        namespace.update(launchers)
+        namespace.update({name: launcher.site() for name, launcher in launchers.items()})
     return namespace
 
 

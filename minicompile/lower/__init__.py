@@ -177,6 +177,7 @@ def lower(gm: torch.fx.GraphModule, example_inputs) -> ir.Program:
             _rounded_as_eager(box)
         if isinstance(result, TensorBox):
             _channels_last_as_traced(result, values.get(node))
+            _channels_last_as_read(result)
         env[node] = result
     return program
 
@@ -219,6 +220,27 @@ def _channels_last_as_traced(box, value) -> None:
             or any(ir.is_symbolic(s) for s in (*box.shape, *value.stride())):
         return
     box.wanted_stride = ir.dense_strides(box.shape, ir.CHANNELS_LAST)
+
+
+def _channels_last_as_read(box) -> None:
+    """A pointwise value computed from a channels-last value of its shape (a batch norm and
+    activation after a convolution given its input channels-last) is stored channels-last
+    when it gets a buffer (as Inductor orders a buffer's strides by those of its reads): stored
+    contiguous, the kernel that writes it, or the one that reads it, would walk memory across
+    the channels (a squeeze-excitation's scaled input, kept for after its pooled branch)."""
+    if not isinstance(box.data, ir.Pointwise) or box.wanted_stride is not None or len(box.shape) != 4 \
+            or any(ir.is_symbolic(s) for s in box.shape):
+        return
+    channels_last = ir.dense_strides(box.shape, ir.CHANNELS_LAST)
+    if channels_last == ir.contiguous_strides(box.shape):
+        return                                  # (one channel, or 1 x 1 images: the same layout)
+    for read in box.reads:
+        if list(read.shape) != list(box.shape):
+            continue
+        stride = read.wanted_stride if not read.is_realized else getattr(read.data, "stride", None)
+        if stride is not None and list(stride) == channels_last:
+            box.wanted_stride = channels_last
+            return
 
 
 def _eager_layout(box, value):

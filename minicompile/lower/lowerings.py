@@ -620,8 +620,13 @@ def _new_reduction_box(meta, input, dims, keepdim, reduction_type):
     # a GPU needs a long row split to keep its many cores busy; C++ runs one long row's loop in
     # parallel itself, and unsplit it can share that loop with the work around it
     cpp = input.device.type == "cpu" and config.cpu_backend == "cpp"
-    columns = not cpp and bool(kept) and _reads_columns(input, kept, dims)
-    split = 0 if cpp else _split_factor(math.prod(input.shape[d] for d in kept), math.prod(ranges), columns)
+    split, columns = 0, False
+    if not cpp:
+        rows, length = math.prod(input.shape[d] for d in kept), math.prod(ranges)
+        as_columns, as_rows = _split_factor(rows, length, True), _split_factor(rows, length, False)
+        # (looking at the loads costs a walk of the whole expression: only where it decides)
+        columns = bool(kept) and bool(as_columns or as_rows) and _reads_columns(input, kept, dims)
+        split = as_columns if columns else as_rows
     if split and reduction_type in ("sum", "mean", "max", "min"):
         return _split_reduction(meta, input, dims, kept, ranges, reduction_type, acc, split, columns)
 
@@ -2005,13 +2010,34 @@ def _conv2d(node, values, input, weight, bias, stride, padding, dilation, groups
             or len(input.shape) != 4 or any(ir.is_symbolic(s) for s in input.shape):
         return NotImplemented
     if not ir.conv_input_channels_last(input.device, input.dtype, ir.shape_of(meta)):
-        return NotImplemented
+        # PyTorch's default layout (a value computed from a channels-last one would be stored
+        # channels-last otherwise: lower/__init__.py's _channels_last_as_read)
+        x = input if input.is_realized else input.realize(ir.contiguous_strides(input.shape))
+        return lower_fallback(input.program, node, values, node.target,
+                              (x, weight, bias, stride, padding, dilation, groups), {})
     x = input.laid_out(ir.dense_strides(input.shape, ir.CHANNELS_LAST))
     # meta kernels answer contiguous here; PyTorch's kernels keep a channels-last input's
     # layout (and the wrapper's as_layout would copy if one did not)
     out_stride = ir.dense_strides(ir.shape_of(meta), ir.CHANNELS_LAST)
-    return lower_fallback(input.program, node, values, node.target,
-                          (x, weight, bias, stride, padding, dilation, groups), {}, stride=out_stride)
+    if isinstance(padding, str):             # "same", "valid": conv2d works the amounts out
+        return lower_fallback(input.program, node, values, node.target,
+                              (x, weight, bias, stride, padding, dilation, groups), {}, stride=out_stride)
+    # the op conv2d calls, called directly: a model calls dozens per forward, and conv2d's own
+    # checks cost 4 us of host time each (measured on the H100 host, MobileNetV3's 62)
+    pair = lambda v: list(v) if isinstance(v, (list, tuple)) else [v, v]   # noqa: E731
+    # for Triton kernels a bias is added by a generated kernel, the one that reads the result
+    # (a batch norm, an activation), as Inductor does on a GPU: cuDNN would add it with a launch
+    # of its own. (oneDNN adds it as it goes: with C++ kernels it stays in the convolution.)
+    add_bias = isinstance(bias, TensorBox) and list(bias.shape) == [meta.shape[1]] \
+        and not (input.device.type == "cpu" and config.cpu_backend == "cpp")
+    result = lower_fallback(input.program, node, values, torch.convolution,
+                            (x, weight, None if add_bias else bias, pair(stride), pair(padding), pair(dilation),
+                             False, [0, 0], groups), {}, stride=out_stride)
+    if not add_bias:
+        return result
+    per_channel = _view(bias, [bias.shape[0], 1, 1], lambda idx: [idx[0]], "bias per channel", aliases=False)
+    return _pw(input.program, ir.shape_of(meta), meta.dtype, meta.device, ops.add, [result, per_channel],
+               "convolution bias")
 
 
 # --------------------------------------------------------------------------- matrix products
@@ -2407,7 +2433,8 @@ def _predict_on_meta(target, kind, args, kwargs, device="meta"):
 
 # extern kernels whose result is always new memory, never a view of an argument
 NEW_MEMORY_KERNELS = {torch.matmul, operator.matmul, torch.mm, torch.bmm, torch.addmm, F.linear,
-                      torch.conv2d, F.conv2d, F.scaled_dot_product_attention, "matmul", "mm", "bmm",
+                      torch.conv2d, F.conv2d, torch.convolution, F.scaled_dot_product_attention, "matmul", "mm",
+                      "bmm",
                       torch.baddbmm, matmul.mm}
 # the aten ops of training's joint graph that are PyTorch's kernels too (attention and its
 # backward, a convolution's backward): they read their inputs, strided views included
