@@ -39,12 +39,12 @@ def compile_graph(gm: torch.fx.GraphModule, example_inputs, training: bool = Fal
 
 def _compile_functional(gm: torch.fx.GraphModule, example_inputs, training: bool = False):
     functional, epilogue = functionalize(gm, list(example_inputs))
+    # the new value of an input the graph writes may be stored straight into it (the
+    # epilogue's copy is then of memory onto itself), except where CUDA graphs record
+    written = {} if epilogue is None or config.cudagraphs else {k: i for i, k in epilogue.copies}
     if training:
-        compiled = _compile_training(functional, example_inputs)
+        compiled = _compile_training(functional, example_inputs, written)
     else:
-        # the new value of an input the graph writes may be stored straight into it (the
-        # epilogue's copy is then of memory onto itself), except where CUDA graphs record
-        written = {} if epilogue is None or config.cudagraphs else {k: i for i, k in epilogue.copies}
         compiled = _compile_values(functional, example_inputs, written)
     if config.cudagraphs:
         # the values-only graph is recorded; the epilogue's writes and views run after a replay
@@ -70,11 +70,12 @@ class WithEpilogue:
         return getattr(self.compiled, name)
 
 
-def _compile_training(gm: torch.fx.GraphModule, example_inputs):
+def _compile_training(gm: torch.fx.GraphModule, example_inputs, written=None):
     """The forward and backward of a graph that records gradients (autograd/), compiled for the
-    example's sizes (a dynamic dimension is specialized, and guarded)."""
+    example's sizes (a dynamic dimension is specialized, and guarded). written: as
+    _compile_values takes it (a batch norm's running statistics, written by the forward)."""
     conditions = _specialize(gm, example_inputs)
-    compiled = compile_training(gm, list(example_inputs), _compile_values)
+    compiled = compile_training(gm, list(example_inputs), _compile_values, written)
     compiled.shape_guards = conditions
     return compiled
 

@@ -27,8 +27,10 @@ from .partition import Partition, partition
 from .to_torch import to_torch
 
 
-def compile_training(gm: torch.fx.GraphModule, example_inputs, compile_values) -> CompiledTraining:
-    """gm's forward and backward, compiled by `compile_values(gm, example_inputs)`."""
+def compile_training(gm: torch.fx.GraphModule, example_inputs, compile_values, written=None) -> CompiledTraining:
+    """gm's forward and backward, compiled by `compile_values(gm, example_inputs, written)`.
+    written: {output index: input index} of gm, outputs written back into inputs after the
+    call (a batch norm's running statistics), which the forward may store straight into them."""
     try:
         joint = trace_joint(gm, example_inputs)
     except NotImplementedError:
@@ -41,11 +43,19 @@ def compile_training(gm: torch.fx.GraphModule, example_inputs, compile_values) -
     part = partition(joint)
     _log(part)
     primals = [v for v in example_inputs if isinstance(v, torch.Tensor)]
-    forward = compile_values(to_torch(part.forward), primals)
+    forward = compile_values(to_torch(part.forward), primals, _in_forward(joint, written or {}))
     backward_inputs = [n.meta["val"] for n in part.backward.graph.nodes if n.op == "placeholder"]
     backward = compile_values(to_torch(part.backward), backward_inputs)
     metrics.backward_kernels += len(getattr(backward, "kernels", ()))
     return CompiledTraining(joint, part, forward, backward)
+
+
+def _in_forward(joint: Joint, written: dict) -> dict:
+    """gm's {output index: input index} as the forward graph's: its outputs are gm's tensor
+    outputs (then the saved values), its inputs gm's tensor inputs."""
+    primal = {i: p for p, i in enumerate(i for i, (kind, _) in enumerate(joint.inputs) if kind == "tensor")}
+    return {joint.outputs[k][1]: primal[i] for k, i in written.items()
+            if joint.outputs[k][0] == "tensor" and i in primal}
 
 
 def _log(part: Partition) -> None:
