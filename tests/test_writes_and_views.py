@@ -397,10 +397,9 @@ def test_writing_a_leaf_that_requires_grad_raises_as_eager():
         assert str(compiled.value) == str(eager.value)
 
 
-def test_inputs_written_are_written_by_one_foreach_copy(kernel_backend):
-    """In training, the new values of several written inputs (batch norm's running statistics)
-    are copied into them by one torch._foreach_copy_ call (one launch on a GPU), and each is
-    eager's. (In inference its kernels store them straight into the inputs.)"""
+def test_inputs_written_are_written_in_place_in_training(kernel_backend):
+    """In training as in inference, the kernels store the new values of written inputs (batch
+    norm's running statistics) straight into them: no copy after the call, each eager's."""
     import copy
     net = torch.nn.Sequential(torch.nn.Conv2d(3, 4, 3), torch.nn.BatchNorm2d(4), torch.nn.ReLU(),
                               torch.nn.Conv2d(4, 4, 3), torch.nn.BatchNorm2d(4)).to(DEVICE).train()
@@ -414,9 +413,28 @@ def test_inputs_written_are_written_by_one_foreach_copy(kernel_backend):
     finally:
         torch._foreach_copy_ = real
     torch.testing.assert_close(out, twin(x))
-    assert calls == [6]          # two running means, two variances, two counts
+    assert calls == []
     for (name, a), b in zip(net.state_dict().items(), twin.state_dict().values()):
         torch.testing.assert_close(a, b, msg=name)
+
+
+def test_the_epilogue_copies_by_one_foreach_copy_per_dtype(monkeypatch):
+    """Where new values are copied into written inputs after the graph, one torch._foreach_copy_
+    per device and dtype does it (PyTorch's fast path takes one dtype: a list of running
+    statistics and int64 counts of batches would be copied one tensor at a time)."""
+    from minicompile.functionalize import Epilogue
+    inputs = [torch.zeros(4, device=DEVICE), torch.zeros((), dtype=torch.int64, device=DEVICE),
+              torch.zeros(3, device=DEVICE), torch.zeros((), dtype=torch.int64, device=DEVICE)]
+    new = [torch.randn(4, device=DEVICE), torch.tensor(2, device=DEVICE), torch.randn(3, device=DEVICE),
+           torch.tensor(5, device=DEVICE)]
+    calls = []
+    real = torch._foreach_copy_
+    monkeypatch.setattr(torch, "_foreach_copy_", lambda a, b: (calls.append([t.dtype for t in a]), real(a, b))[1])
+    leaves, spec = torch.utils._pytree.tree_flatten(())
+    Epilogue(spec, leaves, [(i, i) for i in range(4)])(lambda *args: list(new), inputs)
+    assert sorted(map(str, calls)) == sorted(map(str, [[torch.float32] * 2, [torch.int64] * 2]))
+    for x, value in zip(inputs, new):
+        assert torch.equal(x, value)
 
 
 @pytest.mark.parametrize("overwrite", [lambda t: t.zero_(), lambda t: t.fill_(2.5),
