@@ -30,13 +30,12 @@ import training  # noqa: E402
 
 def category(name: str) -> str:
     lowered = name.lower()
-    if lowered.startswith(("triton_", "kernel", "combo_kernel", "mc_")):     # (Inductor's names say "convolution")
+    # first: Inductor's kernel names say what they fused ("convolution", "attention")
+    if lowered.startswith(("triton", "kernel", "combo_kernel", "mc_")) or "triton" in lowered:
         return "generated (Triton)"
     if any(k in lowered for k in ("gemm", "nvjet", "cutlass", "sm90_", "sm80_", "cublas", "xmma", "cudnn",
                                   "conv", "implicit_convolve", "flash", "fmha", "attention", "efficient")):
         return "library (matmul, conv, attention)"
-    if lowered.startswith(("triton", "kernel", "mc_")) or "triton" in lowered:
-        return "generated (Triton)"
     return "other (PyTorch's own kernels, copies)"
 
 

@@ -491,10 +491,8 @@ def conv_input_channels_last(device, dtype, out_shape: Sequence[int]) -> bool:
     backward's included, are stored in the layout the convolution reads and writes. On a CPU
     (oneDNN, float32): with many output pixels (conv_channels_last). On a GPU (cuDNN): always,
     as Inductor does. Depthwise convolutions included: PyTorch's kernel for them in the
-    contiguous layout is its own, cuDNN's channels-last one is faster (measured on an H200,
-    MobileNetV3-Large at batch 64: 1.06 ms against 0.46 ms for its 15 depthwise convolutions;
-    2.11 ms of kernels a call in all against 2.63). ResNet-50 on the H100: 9.4 ms a call
-    channels-last against 11.2."""
+    contiguous layout is its own, and cuDNN's channels-last one is faster. (The models this
+    chose for are timed in benchmarks/results/real_models_h100.json.)"""
     from . import config
     if not config.channels_last_convolutions or len(out_shape) != 4 or any(is_symbolic(s) for s in out_shape):
         return False

@@ -454,6 +454,13 @@ def _int64(v):
     return ops.constant(v, torch.int64)
 
 
+def _pair(v) -> list:
+    """A 2-D op's size argument (kernel size, stride, padding...) for both dims: an int, or a
+    sequence of one or two."""
+    v = [v] if isinstance(v, int) else list(v)
+    return v * 2 if len(v) == 1 else v
+
+
 def _all_of(conditions):
     """The mask where every one of the (non-empty) conditions holds."""
     mask = conditions[0]
@@ -1684,11 +1691,8 @@ def _max_pool2d(node, values, input, kernel_size, stride, padding, dilation, cei
             or any(ir.is_symbolic(s) for s in (*input.shape, *meta.shape)):
         return NotImplemented
 
-    def pair(v):
-        v = [v] if isinstance(v, int) else list(v)
-        return (v[0], v[0]) if len(v) == 1 else tuple(v)
-    (kh, kw), (ph, pw), (dh, dw) = pair(kernel_size), pair(padding), pair(dilation)
-    sh, sw = pair(stride) if stride not in (None, (), []) else (kh, kw)
+    (kh, kw), (ph, pw), (dh, dw) = _pair(kernel_size), _pair(padding), _pair(dilation)
+    sh, sw = _pair(stride) if stride not in (None, (), []) else (kh, kw)
     if kh * kw > 25:
         return NotImplemented
     sizes, out_sizes, steps = input.shape[-2:], meta.shape[-2:], (sh, sw)
@@ -2009,30 +2013,30 @@ def _conv2d(node, values, input, weight, bias, stride, padding, dilation, groups
     if meta is None or not isinstance(input, TensorBox) or not isinstance(weight, TensorBox) \
             or len(input.shape) != 4 or any(ir.is_symbolic(s) for s in input.shape):
         return NotImplemented
-    if not ir.conv_input_channels_last(input.device, input.dtype, ir.shape_of(meta)):
+    channels_last = ir.conv_input_channels_last(input.device, input.dtype, ir.shape_of(meta))
+    if channels_last:
+        x = input.laid_out(ir.dense_strides(input.shape, ir.CHANNELS_LAST))
+        # meta kernels answer contiguous here; PyTorch's kernels keep a channels-last input's
+        # layout (and the wrapper's as_layout would copy if one did not)
+        out_stride = ir.dense_strides(ir.shape_of(meta), ir.CHANNELS_LAST)
+    else:
         # PyTorch's default layout (a value computed from a channels-last one would be stored
         # channels-last otherwise: lower/__init__.py's _channels_last_as_read)
         x = input if input.is_realized else input.realize(ir.contiguous_strides(input.shape))
-        return lower_fallback(input.program, node, values, node.target,
-                              (x, weight, bias, stride, padding, dilation, groups), {})
-    x = input.laid_out(ir.dense_strides(input.shape, ir.CHANNELS_LAST))
-    # meta kernels answer contiguous here; PyTorch's kernels keep a channels-last input's
-    # layout (and the wrapper's as_layout would copy if one did not)
-    out_stride = ir.dense_strides(ir.shape_of(meta), ir.CHANNELS_LAST)
-    if isinstance(padding, str):             # "same", "valid": conv2d works the amounts out
+        out_stride = None
+    if not channels_last or isinstance(padding, str):      # ("same", "valid": conv2d works them out)
         return lower_fallback(input.program, node, values, node.target,
                               (x, weight, bias, stride, padding, dilation, groups), {}, stride=out_stride)
     # the op conv2d calls, called directly: a model calls dozens per forward, and conv2d's own
-    # checks cost 4 us of host time each (measured on the H100 host, MobileNetV3's 62)
-    pair = lambda v: list(v) if isinstance(v, (list, tuple)) else [v, v]   # noqa: E731
+    # argument checks are host time on every call
     # for Triton kernels a bias is added by a generated kernel, the one that reads the result
     # (a batch norm, an activation), as Inductor does on a GPU: cuDNN would add it with a launch
     # of its own. (oneDNN adds it as it goes: with C++ kernels it stays in the convolution.)
     add_bias = isinstance(bias, TensorBox) and list(bias.shape) == [meta.shape[1]] \
         and not (input.device.type == "cpu" and config.cpu_backend == "cpp")
     result = lower_fallback(input.program, node, values, torch.convolution,
-                            (x, weight, None if add_bias else bias, pair(stride), pair(padding), pair(dilation),
-                             False, [0, 0], groups), {}, stride=out_stride)
+                            (x, weight, None if add_bias else bias, _pair(stride), _pair(padding),
+                             _pair(dilation), False, [0, 0], groups), {}, stride=out_stride)
     if not add_bias:
         return result
     per_channel = _view(bias, [bias.shape[0], 1, 1], lambda idx: [idx[0]], "bias per channel", aliases=False)
@@ -2056,13 +2060,12 @@ def _linear(node, values, input, weight, bias):
     library's addmm adds it for less than a separate read does.
 
     On a GPU, a large product whose output rows are not a multiple of 16 bytes long (a
-    language model's head over a vocabulary of 50,257 words) is slow in cuBLAS: measured on the
-    H100 for GPT-2's head (4096 x 768 by 768 x 50257, TF32), 2.75 ms. Where minicompile's own
-    kernel computes it as eager does (lower/matmul.py: TF32 or half precision, on GPUs from
-    Ampere on), that kernel writes it in eager's layout (1.07 ms). Otherwise the weight is padded with zero rows to an
-    aligned width and the result is the view of the first columns (as Inductor pads), which a
-    graph output copies into eager's layout (1.71 ms in all): benchmarks/results/
-    unaligned_matmul_h100.json."""
+    language model's head over a vocabulary of 50,257 words) is slow in cuBLAS: its fast kernels
+    need aligned rows. Where minicompile's own kernel computes it as eager does (lower/matmul.py:
+    TF32 or half precision, on GPUs from Ampere on), that kernel writes it in eager's layout.
+    Otherwise the weight is padded with zero rows to an aligned width and the result is the
+    view of the first columns (as Inductor pads), which a graph output copies into eager's
+    layout. The three ways are timed in benchmarks/results/unaligned_matmul_h100.json."""
     meta = _meta(node, values)
     if meta is None or not isinstance(input, TensorBox) or not isinstance(weight, TensorBox) \
             or (input.device.type == "cpu" and config.cpu_backend == "cpp"):

@@ -8,10 +8,9 @@ zero rows to an aligned width instead (`_padded_rows` in lowerings.py), as Induc
 then the product has the padded layout. A graph returns eager's contiguous layout, so the
 padded result is copied once more, and the weight is padded on every call. This kernel reads
 the operands as they are and writes each row of the result where eager's layout puts it:
-Triton's stores need no alignment. Measured on the H100 for GPT-2's head (4096 x 768 by
-768 x 50257, TF32): 1.07 ms, against 2.75 ms for cuBLAS on the operands as they are and 1.71 ms
-for cuBLAS on a padded weight and the copy; faster than the padded product in every size and
-dtype measured (benchmarks/results/unaligned_matmul_h100.json).
+Triton's stores need no alignment. benchmarks/results/unaligned_matmul_h100.json times it
+beside cuBLAS on the operands as they are and on a padded weight with the copy, for GPT-2's
+head and other sizes and dtypes.
 
 Lowering names `mm` as the call target of an extern kernel, like torch.mm, so the wrapper calls
 it; it launches the kernel or, where the kernel does not apply at run time, calls torch.mm.
