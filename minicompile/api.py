@@ -1,4 +1,4 @@
-"""The public entry points: compile, explain, reset, mark_dynamic.
+"""The public entry points: compile, explain, reset, mark_dynamic, mark_static_address.
 
 Takes a user's function or nn.Module; hands each call to the cache of compiled entries for its
 code object. On a miss: capture (capture/) -> the backend (graph_compiler.py by default) ->
@@ -73,6 +73,17 @@ def mark_dynamic(tensor: torch.Tensor, dim) -> None:
                              f"{tensor.dim()} dims")
     marked = set(getattr(tensor, "_dynamo_dynamic_indices", set()))
     tensor._dynamo_dynamic_indices = marked | {d % tensor.dim() for d in dims}
+
+
+def mark_static_address(tensor: torch.Tensor) -> None:
+    """Say that `tensor` stays at its address from call to call (a static KV cache, a buffer
+    updated in place), as torch._dynamo.mark_static_address does, recording the mark where
+    TorchDynamo reads it: mode="reduce-overhead" then uses it in place, as it does parameters,
+    instead of copying it into its recording per call (and back, where the graph writes it).
+    If it moves all the same, the graph is recorded again."""
+    if not isinstance(tensor, torch.Tensor):
+        raise TypeError(f"mark_static_address takes a tensor, not {type(tensor).__name__}")
+    tensor._dynamo_static_input_type = "unguarded"
 
 
 def _dynamic_policy(frame: "_FrameCache", offset: int, dynamic, backend):

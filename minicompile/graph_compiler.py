@@ -40,15 +40,18 @@ def compile_graph(gm: torch.fx.GraphModule, example_inputs, training: bool = Fal
 def _compile_functional(gm: torch.fx.GraphModule, example_inputs, training: bool = False):
     functional, epilogue = functionalize(gm, list(example_inputs))
     # the new value of an input the graph writes may be stored straight into it (the
-    # epilogue's copy is then of memory onto itself), except where CUDA graphs record
-    written = {} if epilogue is None or config.cudagraphs else {k: i for i, k in epilogue.copies}
+    # epilogue's copy is then of memory onto itself); where CUDA graphs record, only into a
+    # static input (the recording's own copy of any other is not the caller's tensor)
+    written = {} if epilogue is None else {k: i for i, k in epilogue.copies if not config.cudagraphs
+                                           or cudagraphs.is_static(example_inputs[i])}
     if training:
         compiled = _compile_training(functional, example_inputs, written)
     else:
         compiled = _compile_values(functional, example_inputs, written)
     if config.cudagraphs:
         # the values-only graph is recorded; the epilogue's writes and views run after a replay
-        compiled = cudagraphs.record_when_possible(compiled, example_inputs, training)
+        compiled = cudagraphs.record_when_possible(compiled, example_inputs, training, set(written.values()),
+                                                      dynamic=bool(_dynamic_dims(functional)))
     if epilogue is None:
         return compiled
     logs.log("output_code", "epilogue:\n" + "\n".join(f"    {line}" for line in epilogue.description))

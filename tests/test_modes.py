@@ -178,6 +178,36 @@ def test_reduce_overhead_uses_parameters_in_place_and_limits_recordings():
 
 
 @needs_cuda
+@pytest.mark.parametrize("keep_faster", [False, True])
+def test_reduce_overhead_writes_a_static_input_in_place_once_per_call(keep_faster):
+    """A tensor marked as at a fixed address (a static KV cache) is used in place, not copied
+    in and out: the recording writes it, the warm-up and the timed calls that choose between
+    replay and default path leave it as it was, and each call writes it once, as eager's."""
+    def step(cache, count, pos, row):
+        count.add_(1)
+        cache.index_copy_(1, pos, row)
+        return cache[:, :4].sum(1) * count
+
+    cache, count = torch.randn(2, 64, 8, device="cuda"), torch.zeros(1, device="cuda")
+    minicompile.mark_static_address(cache)
+    torch._dynamo.mark_static_address(count)        # torch._dynamo's mark is read too
+    compiled = minicompile.compile(step, mode="reduce-overhead",
+                                   options={"cudagraph_keep_faster": keep_faster})
+    ec, en = cache.clone(), count.clone()
+    for i in range(5):
+        pos, row = torch.tensor([i * 3], device="cuda"), torch.randn(2, 1, 8, device="cuda")
+        with torch.no_grad():
+            if i == 0:
+                got, text = logged("cudagraphs", compiled, cache, count, pos, row)
+                assert "2 used in place" in text, text
+            else:
+                got = compiled(cache, count, pos, row)
+            expected = step(ec, en, pos, row)
+        torch.testing.assert_close(got, expected)
+        torch.testing.assert_close((cache, count), (ec, en))
+
+
+@needs_cuda
 def test_a_graph_that_cannot_be_recorded_runs_the_default_path():
     from minicompile.runtime import cudagraphs
 

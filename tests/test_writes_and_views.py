@@ -187,6 +187,50 @@ def test_new_values_stored_straight_into_the_inputs_they_are_written_to(kernel_b
     assert re.search(r"= arg0(\.as_strided.*)?  # in place", compiled.wrapper_source), compiled.wrapper_source
 
 
+def _cache_update(cache, pos, row):
+    cache.index_copy_(1, pos, row)               # a static KV cache's update
+    return cache[:, :6].sum(1)
+
+
+def _scatters_then_reads_the_old_value(x, idx, src):
+    old = x[:, 0] * 2
+    x.index_put_((idx,), src.t(), accumulate=True)
+    return old + x[:, 1]
+
+
+def _scatter_into_an_intermediate(x, idx, src):
+    y = x * 3
+    return y.scatter_(0, idx, src).relu(), y.sum()
+
+
+def test_scatters_into_an_input_are_done_in_place(kernel_backend):
+    """index_copy_, index_put_, scatter_... into an input nothing reads afterwards run in place
+    (their out-of-place form would copy the whole tensor, then the epilogue copy it back):
+    where the old value is read later, or the written tensor is a view of part of an input,
+    they are not."""
+    from minicompile.graph_compiler import compile_graph
+
+    def pos():
+        return torch.randint(0, 7, (1,), device=DEVICE)
+    assert_same_effects(_cache_update, lambda: (randn(3, 7, 5), pos(), randn(3, 1, 5)))
+    assert_same_effects(_scatters_then_reads_the_old_value,
+                        lambda: (randn(5, 4), torch.tensor([3, 0, 3], device=DEVICE), randn(4, 3)))
+    assert_same_effects(_scatter_into_an_intermediate,
+                        lambda: (randn(4, 5), torch.randint(0, 4, (2, 5), device=DEVICE), randn(2, 5)))
+    assert_same_effects(lambda x, i, r: x[1:].index_copy_(0, i, r),
+                        lambda: (randn(6, 3), torch.tensor([2, 0], device=DEVICE), randn(2, 3)))
+
+    cache, p, row = randn(3, 7, 5), pos(), randn(3, 1, 5)
+    expected = cache.clone().index_copy_(1, p, row)
+    compiled = compile_graph(torch.fx.symbolic_trace(_cache_update), [cache, p, row])
+    ptr = cache.data_ptr()
+    compiled(cache, p, row)
+    torch.testing.assert_close(cache, expected)
+    assert cache.data_ptr() == ptr
+    assert "arg0.index_copy_(1, arg1, arg2)" in compiled.wrapper_source, compiled.wrapper_source
+    assert ".index_copy(" not in compiled.wrapper_source
+
+
 def test_integer_and_half_inputs_written(kernel_backend):
     assert_same_effects(lambda x: x.add_(3), lambda: (torch.randint(-5, 5, (4, 6), dtype=torch.int32, device=DEVICE),))
     assert_same_effects(lambda x: x.mul_(0.5), lambda: (randn(4, 6, dtype=torch.float16),))

@@ -23,7 +23,7 @@ from typing import Any, Callable
 import torch
 import torch.utils._pytree as pytree
 
-from .. import config, ir, logs, metrics
+from .. import aliasing, config, ir, logs, metrics
 from ..fusion import ExternCall, Kernel, buffers_by_name
 from ..lower import matmul
 from ..lower.boxes import TensorBox
@@ -116,15 +116,36 @@ def _into_planned(ext: ir.Extern) -> bool:
         and (not bias or bias[0] is None or (isinstance(bias[0], TensorBox) and len(bias[0].shape) == 1))
 
 
+# extern ops whose result is their first argument with some elements replaced: the
+# functional forms of index_copy_, index_put_... (functionalize.py's), new memory laid out as
+# that argument. Over an argument nothing reads afterwards, the in-place form computes the same
+# and moves only the elements it replaces (a static KV cache's new row, not the whole cache).
+SCATTERS = {"index_copy", "index_put", "index_add", "index_fill", "scatter", "scatter_add",
+            "scatter_reduce", "masked_scatter"}
+
+
+def _scatter_base(box: TensorBox) -> str | None:
+    """The buffer whose elements a scatter extern op (SCATTERS) replaces, as it is (not a view
+    of part of it) and laid out as the result; None for any other extern op."""
+    ext = box.data
+    name = aliasing.method_name("call_method" if ext.kind == "method" else "call_function", ext.op)
+    if name not in SCATTERS or not ext.value_is_tensor or not ext.args:
+        return None
+    base = ext.args[0]
+    if not isinstance(base, TensorBox) or isinstance(base.data, ir.ViewOfBuffer) and not _views_all_of(base.data):
+        return None
+    return base.name if _same_layout(base.data, box) else None
+
+
 def plan_reuse(program: ir.Program, steps: list, kernel_args: dict) -> tuple[dict, set, set]:
     """Memory planning: the step after which each buffer is last read; which buffers' memory
     may be reused once dead: those a kernel wrote or an extern kernel made new
-    (lowerings.NEW_MEMORY_KERNELS), that are not outputs and that no other extern op saw (its
-    result may be a view of its input, so that memory is not ours); and the buffers some
-    extern op reads."""
+    (lowerings.NEW_MEMORY_KERNELS, SCATTERS), that are not outputs and that no other extern op
+    saw (its result may be a view of its input, so that memory is not ours); and the buffers
+    those other extern ops read."""
     last_use: dict[str, int] = {}
     reusable: set[str] = set()
-    seen_by_extern, seen_by_other = set(), set()
+    seen_by_other = set()
     for i, step in enumerate(steps):
         if isinstance(step, Kernel):
             reusable |= {m.box.name for m in step.members if m.box.name in step.stored}
@@ -132,14 +153,13 @@ def plan_reuse(program: ir.Program, steps: list, kernel_args: dict) -> tuple[dic
                 last_use[name] = i
         else:
             reads = {r.name for r in step.box.reads}
-            seen_by_extern |= reads
-            if _new_memory(step.box.data):
+            if _new_memory(step.box.data) or _scatter_base(step.box) is not None:
                 reusable.add(step.box.name)
                 for name in reads:
                     last_use[name] = i
             else:
                 seen_by_other |= reads
-    return last_use, reusable - seen_by_other - _output_names(program), seen_by_extern
+    return last_use, reusable - seen_by_other - _output_names(program), seen_by_other
 
 
 def _dead_after(program: ir.Program, steps: list, kernel_args: dict, kept: set) -> dict[int, list[str]]:
@@ -169,13 +189,14 @@ def plan_memory(program: ir.Program, steps: list, kernel_args: dict, buffers: di
     - "in place": over `source`, an input the kernel reads last and only where it writes; or
       over the graph input the buffer is written back into after the graph (`written`:
       {output index: input index}), where nothing later reads that input, so the
-      write-back is of memory onto itself (an optimizer's update, in one pass);
+      write-back is of memory onto itself (an optimizer's update, in one pass); or, for a
+      scatter extern op (SCATTERS), over its first argument, on the same terms;
     - "reuse": the memory of `source`, a buffer dead by then of the same bytes and dtype;
     - "torch": a new allocation by PyTorch (too small for huge pages, or not on a CPU);
     - "new": a new allocation by runtime.memory (huge pages for large CPU buffers).
     A buffer's memory is free once the kernel that reads it last has run (plan_reuse)."""
-    last_use, reusable, read_by_extern = plan_reuse(program, steps, kernel_args)
-    kept = _output_names(program) | read_by_extern
+    last_use, reusable, maybe_viewed = plan_reuse(program, steps, kernel_args)
+    kept = _output_names(program) | maybe_viewed
     write_back = {program.outputs[k].name: program.inputs[i].name for k, i in (written or {}).items()
                   if isinstance(program.outputs[k], TensorBox) and isinstance(program.inputs[i], ir.InputBuffer)
                   and program.inputs[i].name not in kept}
@@ -185,7 +206,12 @@ def plan_memory(program: ir.Program, steps: list, kernel_args: dict, buffers: di
     plan: dict[str, tuple] = {}
     for i, step in enumerate(steps):
         if isinstance(step, ExternCall):
-            if _into_planned(step.box.data):
+            base = _scatter_base(step.box)
+            if base is not None and last_use.get(base) == i and base not in overwritten \
+                    and (base in reusable or write_back.get(step.box.name) == base):
+                overwritten.add(base)
+                plan[step.box.name] = ("in place", base)
+            elif _into_planned(step.box.data):
                 key = (nbytes(step.box.data), step.box.dtype)
                 plan[step.box.name] = ("reuse", free[key].pop()) if free.get(key) else \
                     ("torch", None) if not huge_pages or key[0] < memory.MIN_BYTES else ("new", None)
@@ -394,6 +420,13 @@ def build(program: ir.Program, steps: list, written: dict | None = None) -> Comp
                     lines.append(f"    {m.box.name} = {m.box.name}.view(())")
             metrics.kernels += 1
             metrics.kernel_bytes.append((step.name, step.bytes_read, step.bytes_written))
+        elif isinstance(step, ExternCall) and plan.get(step.box.name, ("",))[0] == "in place":
+            ext, base = step.box.data, plan[step.box.name][1]
+            name = aliasing.method_name("call_method" if ext.kind == "method" else "call_function", ext.op)
+            rest = [render(a, argument=True) for a in ext.args[1:]] + \
+                [f"{k}={render(v, argument=True)}" for k, v in ext.kwargs.items()]
+            lines.append(f"    {base}.{name}_({', '.join(rest)})")
+            lines.append(f"    {ext.name} = {base}  # in place: nothing reads {base} after {name}")
         elif isinstance(step, ExternCall) and step.box.name in plan:        # into planned memory
             ext = step.box.data
             x, w, *bias = [render(a, argument=True) for a in ext.args]
