@@ -11,6 +11,7 @@ PyTorch fallback in the wrapper) and, where it matters, that it fuses with its n
 """
 
 import copy
+import math
 import os
 import re
 import subprocess
@@ -843,6 +844,30 @@ def test_a_boolean_attention_mask_is_handed_over_dense(kernel_backend):
     compiled = check(f, q, k, v, torch.arange(7, device=DEVICE))
     dense = not re.search(r"attn_mask=(torch\.as_strided|reinterpret_tensor)\(", compiled.wrapper_source)
     assert dense == (kernel_backend == "triton"), compiled.wrapper_source
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_attention_of_one_query_is_generated_code(kernel_backend, dtype):
+    # a decoding step's attention (one query per head, a KV cache's keys read through views):
+    # generated kernels, not PyTorch's, with each kind of mask, a query whose every key is
+    # masked out (eager's fused kernels give 0 there), the keys' and values' feature sizes
+    # apart, and a scale given or not
+    q = randn(2, 3, 1, 12, dtype=dtype)
+    k = randn(2, 3, 12, 37, dtype=dtype).transpose(-1, -2)[:, :, :29]
+    v = randn(2, 3, 37, 5, dtype=dtype)[:, :, 3:32]
+    mask = torch.rand(2, 1, 1, 29, device=DEVICE) > 0.4
+    mask[1] = False
+
+    def attend(q, k, v, m):
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=m)
+
+    def attend_scaled(q, k, v):
+        return F.scaled_dot_product_attention(q, k, v, scale=0.3) * 2
+    for m in (mask, torch.where(mask, 0.0, -math.inf).to(dtype)[0, 0]):
+        compiled = check(attend, q, k, v, m, dtype=dtype)
+        assert "scaled_dot_product_attention" not in compiled.wrapper_source, compiled.wrapper_source
+    compiled = check(attend_scaled, q, k, v, dtype=dtype)
+    assert "scaled_dot_product_attention" not in compiled.wrapper_source, compiled.wrapper_source
 
 
 def test_addmm_bias_is_added_by_a_generated_kernel(kernel_backend):

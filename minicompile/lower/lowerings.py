@@ -2135,7 +2135,12 @@ BIAS_PASS_UP_TO = 2 ** 24    # bytes of a product's result that one more pass ma
 
 
 def _bias_added_apart(node, meta) -> bool:
-    """Whether a product's bias is better added by a generated kernel (see _linear)."""
+    """Whether a product's bias is better added by a generated kernel (see _linear). Not for a
+    product of one row (a decoding step's) on a GPU: there cuBLAS multiplies a matrix by a
+    vector, and its kernels for that with a bias were the faster ones for GPT-2's layers on the
+    H200 (benchmarks/results/decode_h200.json)."""
+    if meta.device.type == "cuda" and meta.dim() >= 1 and meta.numel() == meta.shape[-1]:
+        return False
     if meta.numel() * meta.dtype.itemsize <= BIAS_PASS_UP_TO:
         return True
     users = list(node.users)
@@ -2193,24 +2198,82 @@ def _attention(node, values, query, key, value, attn_mask, dropout_p, is_causal,
     dozen kernels; measured on the H100 for BERT-base's shapes, 0.21 ms a call against 0.055 ms
     with the dense float mask). Triton kernels only: on a CPU, attention keeps the mask it got."""
     meta = _meta(node, values)
-    if (meta is None or not isinstance(attn_mask, TensorBox) or attn_mask.dtype != torch.bool
-            or not isinstance(query, TensorBox) or not query.dtype.is_floating_point
+    if meta is None or not isinstance(query, TensorBox) or not query.dtype.is_floating_point:
+        return NotImplemented
+    if (query.shape[-2] == 1 and dropout_p == 0 and not is_causal and not enable_gqa
+            and all(isinstance(t, TensorBox) and t.dtype == query.dtype for t in (key, value))
+            and query.shape[:-2] == key.shape[:-2] == value.shape[:-2] and key.shape[-2] == value.shape[-2]
+            and (attn_mask is None or isinstance(attn_mask, TensorBox))):
+        return _attention_of_one_query(query, key, value, attn_mask, scale)
+    if (not isinstance(attn_mask, TensorBox) or attn_mask.dtype != torch.bool
             or (query.device.type == "cpu" and config.cpu_backend == "cpp")
             or any(ir.is_symbolic(s) for s in attn_mask.shape)):
         return NotImplemented
-    dt, shape = query.dtype, list(attn_mask.shape)
-    # every layer of a model reads the same mask: it is made once (kept on the boolean mask's box)
-    made = attn_mask.__dict__.setdefault("additive_masks", {})
-    mask = made.get(dt)
-    if mask is None:
-        additive = _pw(query.program, shape, dt, query.device,
-                       lambda m: ops.where(m, ops.constant(0.0, dt), ops.constant(-math.inf, dt)),
-                       [attn_mask], "attention mask", common=torch.bool)
-        mask = made[dt] = additive.laid_out(ir.contiguous_strides(shape))
-    kwargs = dict(attn_mask=mask, dropout_p=dropout_p, is_causal=is_causal, scale=scale)
+    kwargs = dict(attn_mask=_additive_mask(attn_mask, query), dropout_p=dropout_p, is_causal=is_causal, scale=scale)
     if enable_gqa:
         kwargs["enable_gqa"] = True
     return lower_fallback(query.program, node, values, node.target, (query, key, value), kwargs)
+
+
+def _additive_mask(attn_mask, query):
+    """A boolean attention mask as the additive float mask it stands for (0 where attending,
+    -inf where not), of the query's dtype, stored dense. Every layer of a model reads the same
+    mask: it is made once (kept on the boolean mask's box)."""
+    dt, shape = query.dtype, list(attn_mask.shape)
+    made = attn_mask.__dict__.setdefault("additive_masks", {})
+    if dt not in made:
+        additive = _pw(query.program, shape, dt, query.device,
+                       lambda m: ops.where(m, ops.constant(0.0, dt), ops.constant(-math.inf, dt)),
+                       [attn_mask], "attention mask", common=torch.bool)
+        made[dt] = additive.laid_out(ir.contiguous_strides(shape))
+    return made[dt]
+
+
+def _attention_of_one_query(query, key, value, attn_mask, scale):
+    """Attention of one query per head (a decoding step): generated kernels, not PyTorch's.
+    Its fused kernels are built for many queries; for one, the work is a few products per key
+    and the kernel's fixed cost dominates. Here: scores = q . k over the head's features (a
+    reduction per key), their softmax over the keys, and the keys' values weighted by it (a
+    reduction per feature), in float32 whatever the inputs' dtype, as the fused kernels
+    accumulate. q, k, v: (..., 1, E), (..., S, E), (..., S, Ev); the mask broadcasts to (..., 1, S)."""
+    program, device, dt = query.program, query.device, query.dtype
+    *batch, _, e = query.shape
+    s, ev = key.shape[-2], value.shape[-1]
+    f32 = torch.float32
+    scale = 1.0 / math.sqrt(e) if scale is None else scale
+    products = _pw(program, [*batch, s, e], f32, device, ops.mul, [query, key], "q * k")
+    scores = _view(_reduce(products, -1, "sum"), [*batch, 1, s], lambda idx: [*idx[:-2], idx[-1], Index()],
+                   "scores", aliases=False)
+    load_scores = _as_index_value(scores, [*batch, 1, s], f32)
+    boolean = attn_mask is not None and attn_mask.dtype == torch.bool
+    load_mask = None if attn_mask is None else \
+        _as_index_value(attn_mask, [*batch, 1, s], torch.bool if boolean else f32)
+
+    def scaled_scores(idx):                   # a boolean mask: -inf where it says no
+        x = ops.mul(load_scores(idx), ops.constant(scale, f32))
+        if load_mask is None:
+            return x
+        m = load_mask(idx)
+        return ops.where(m, x, ops.constant(-math.inf, f32)) if boolean else ops.add(x, m)
+    scaled = TensorBox(ir.Pointwise([*batch, 1, s], f32, device, scaled_scores, "scaled scores"), program,
+                       [scores] + ([attn_mask] if attn_mask is not None else []))
+    # the softmax over the keys; a row with every key masked out gets weights of 0 (and an
+    # output of 0), as PyTorch's fused kernels give, where a plain softmax would give NaN
+    def zero():
+        return ops.constant(0.0, f32)
+    top = _reduce(scaled, -1, "max")
+    exps = _pw(program, [*batch, 1, s], f32, device,
+               lambda x, m: ops.exp(ops.sub(x, ops.where(ops.eq(m, ops.constant(-math.inf, f32)), zero(), m))),
+               [scaled, top], "exp")
+    total = _reduce(exps, -1, "sum")
+    weights = _pw(program, [*batch, 1, s], f32, device,
+                  lambda x, t: ops.where(ops.eq(t, zero()), zero(), ops.mul(x, ops.reciprocal(t))),
+                  [exps, total], "softmax")
+    v_t = _view(value, [*batch, ev, s], lambda idx: [*idx[:-2], idx[-1], idx[-2]], "v transposed", aliases=False)
+    weighted = _pw(program, [*batch, ev, s], f32, device, ops.mul, [weights, v_t], "weights * v")
+    out = _view(_reduce(weighted, -1, "sum"), [*batch, 1, ev], lambda idx: [*idx[:-2], idx[-1], Index()],
+                "attention", aliases=False)
+    return _pw(program, [*batch, 1, ev], dt, device, lambda x: x, [out], "attention", common=f32)
 
 
 # --------------------------------------------------------------------------- fallback
