@@ -201,3 +201,150 @@ def test_one_tensor_where_the_trace_saw_two(tensor_guards):
     a, b, x = torch.randn(5), torch.randn(5), torch.randn(5)
     for args in ((a, b), (x, x), (a, b), (x, x)):
         assert_same(compiled(*args), f(*args))
+
+
+# --- a model many modules deep: the fast guard reads a module's attributes from its __dict__
+# and reuses its locals (guards._reads_own_dict, guards._name_locals); each change to ONE module
+# deep in the tree must still fail it, and it must agree with its slow twin, which reads each
+# attribute by getattr, one check at a time, as the guard did before.
+
+class Layer(nn.Module):
+    def __init__(self, dim=8):
+        super().__init__()
+        self.fc = nn.Linear(dim, dim)
+        self.norm = nn.LayerNorm(dim)
+        self.act = nn.GELU()
+
+    def forward(self, x):
+        return self.act(self.norm(self.fc(x))) + x
+
+
+class Deep(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.stages = nn.ModuleList(nn.Sequential(*[Layer() for _ in range(3)]) for _ in range(4))
+
+    def forward(self, x):
+        for stage in self.stages:
+            x = stage(x)
+        return x
+
+
+def _deepest(m):
+    return m.stages[3][2]
+
+
+def _set_instance_forward(mod):
+    mod.forward = lambda x: x
+
+
+DEEP_CHANGES = {
+    # what changes in the last layer of the last stage: (how, the words the slow twin uses)
+    "a module's training flag": (lambda m: _deepest(m).norm.train(not _deepest(m).norm.training),
+                                 "_modules['norm'].training =="),
+    "a layer's training flag": (lambda m: _deepest(m).train(not _deepest(m).training), "training =="),
+    "a forward hook": (lambda m: _deepest(m).fc.register_forward_hook(lambda *a: None), "hooks"),
+    "a forward pre-hook": (lambda m: _deepest(m).act.register_forward_pre_hook(lambda *a: None), "hooks"),
+    "forward replaced on the instance": (lambda m: _set_instance_forward(_deepest(m).act),
+                                         "forward was replaced"),
+    "a constant attribute": (lambda m: setattr(_deepest(m).norm, "eps", 1e-3), "eps == 1e-05"),
+    "a submodule of another class": (lambda m: setattr(_deepest(m), "act", nn.ReLU()), "type"),
+    "a submodule removed": (lambda m: delattr(_deepest(m), "act"), "cannot be read now"),
+    "a parameter replaced by another shape": (
+        lambda m: setattr(_deepest(m).fc, "bias", nn.Parameter(torch.randn(1))), "size mismatch"),
+}
+
+
+@pytest.mark.parametrize("training", [False, True], ids=["eval", "train"])
+@pytest.mark.parametrize("change", list(DEEP_CHANGES))
+def test_a_change_deep_in_the_model_fails_the_guard(change, training, tensor_guards):
+    torch.manual_seed(0)
+    m = Deep().train(training)
+    x = torch.randn(2, 8)
+    cap = capture(m, (x,), {})
+    F, args, kwargs = cap_frame_call(m, x)
+    assert cap.segment.check(F, args, kwargs) is not None
+    assert cap.guard((x,), {}) and cap.guard.fail_reason((x,), {}) is None
+    how, words = DEEP_CHANGES[change]
+    how(m)
+    assert not cap.guard((x,), {})
+    assert cap.segment.check(F, args, kwargs) is None
+    reason = cap.guard.fail_reason((x,), {})
+    assert reason is not None and words in reason, reason
+    assert "stages" in reason or "tensor" in reason, reason
+    # another instance, unchanged, still passes: modules are guarded by type, not identity
+    other = Deep().train(training)
+    assert cap.segment.check(F, (other, x), {}) is not None
+
+
+def test_the_fast_guard_reads_modules_dicts_and_reuses_locals():
+    """What makes the guard of a model with many modules cheap: attributes read as items of
+    the module's __dict__ (no nn.Module.__getattr__ path), and few locals (none numbered past
+    255 but the values the last line reads: here fewer than 256 in all)."""
+    m = Deep().eval()
+    x = torch.randn(2, 8)
+    cap = capture(m, (x,), {})
+    code_lines = [line for line in cap.guard_source.splitlines() if not line.lstrip().startswith("#")]
+    assert not any(".training" in line or "._forward_hooks" in line for line in code_lines)
+    assert sum("['training']" in line for line in code_lines) == sum(1 for _ in m.modules())
+    fetched = sum(1 for line in code_lines if line.lstrip().startswith(("v", "t")) and " = " in line)
+    assert fetched > 256
+    assert cap.segment.check.__code__.co_nlocals < 256
+    # the slow twin reads by getattr, as the trace did
+    assert ".training" in cap.guard.failure_source
+
+
+class Scaled(nn.Module):
+    factor = 2.0                                      # a class attribute of the same name
+
+    def __init__(self):
+        super().__init__()
+        self.factor = 3.0
+        self.fc = nn.Linear(4, 4)
+
+    def forward(self, x):
+        return self.fc(x) * self.factor
+
+
+def test_an_attribute_that_left_the_instance_dict_fails_the_guard():
+    """Read from the instance's __dict__, an attribute deleted there fails the guard even where
+    the class has one of that name (getattr would find it: the slow twin says what it reads),
+    and the call compiles again to eager's result."""
+    torch.manual_seed(0)
+    minicompile.reset()
+    m = Scaled().eval()
+    x = torch.randn(3, 4)
+    compiled = minicompile.compile(m)
+    with torch.no_grad():
+        cap = capture(m, (x,), {})
+        assert cap.guard((x,), {})
+        assert_same(compiled(x), m(x))
+        del m.factor                                  # m.factor is now the class's 2.0
+        assert not cap.guard((x,), {})
+        assert "factor == 3.0" in cap.guard.fail_reason((x,), {})
+        assert_same(compiled(x), m(x))
+
+
+class WithProperty(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.__dict__["scale"] = 5.0                  # hidden behind the property below
+        self.plain = 1.0
+
+    @property
+    def scale(self):
+        return 2.0
+
+
+def test_the_guard_reads_by_getattr_what_a_class_puts_in_front_of_the_dict():
+    """Only names the instance's __dict__ held, and that no data descriptor of the class
+    hides, are read from the dict: elsewhere the dict's item is not what getattr gives."""
+    from minicompile.capture.guards import GuardBuilder
+    from minicompile.capture.sources import AttrSource, LocalSource
+    g = GuardBuilder()
+    src = LocalSource("self")
+    g.module(src, WithProperty())
+    assert g._reads_own_dict(AttrSource(src, "plain"))
+    assert g._reads_own_dict(AttrSource(src, "training"))
+    assert not g._reads_own_dict(AttrSource(src, "scale"))       # a property: getattr
+    assert not g._reads_own_dict(AttrSource(src, "missing"))     # not in the dict: getattr

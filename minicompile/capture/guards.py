@@ -26,6 +26,13 @@ ResNet-50, and the same checks as Python expressions cost about three times as m
 private torch API, so where it is missing (or `config.cpp_tensor_guards` is off) each tensor
 is checked by Python expressions instead.
 
+Two things keep the fast function cheap on a model of many modules, whose guard reads
+thousands of values per call: a module's attributes are read as items of its instance
+`__dict__` (`_reads_own_dict`: nn.Module's __getattr__ keeps CPython from specializing
+`module.attr`), and its locals are reused once read for the last time (`_name_locals`: few
+locals, numbered below 256, so no EXTENDED_ARG). What is checked is the same; the slow twin
+below reads each attribute by getattr, as the trace did. benchmarks/host_cost.py times it.
+
 The guard has a twin that also hands on the graph's inputs (`check(F, args, kwargs) -> [inputs]
 or None`): it fetched every input to check it, so the hot path runs one function per call.
 
@@ -39,6 +46,7 @@ never run on a hit, so the fast path stays one function returning a bool.
 from __future__ import annotations
 
 import functools
+import heapq
 import inspect
 import os
 import re
@@ -170,6 +178,52 @@ def storage_pattern(*tensors) -> tuple:
     return tuple(first.setdefault(t.untyped_storage().data_ptr(), i) for i, t in enumerate(tensors))
 
 
+# how the generated code writes a local before it is named: \x01<n>\x01 (no repr() in the code
+# can hold a control character)
+LOCAL = "\x01"
+_LOCAL_RE = re.compile("\x01([0-9]+)\x01")
+
+
+def _name_locals(lines: List[str], reuse: bool) -> List[str]:
+    """The generated lines with their locals named. Without `reuse`, local n is `vn`. With it
+    (the fast functions), a value read only on the lines that follow takes a `v` name that is
+    free again after its last read, and a value read on the last line (the tensors of the C++
+    check, the graph's inputs) a `t` name of its own.
+
+    Why: CPython numbers a function's locals in order of first use, and each read or write of
+    one numbered past 255 takes one more instruction (EXTENDED_ARG). A ResNet-50's guard
+    fetches thousands of values: a name for each put most reads and writes past 255 (a fifth
+    of the function's instructions were EXTENDED_ARG). Reused, the short-lived values need
+    about a dozen names, numbered first; only the last `t` names go past 255."""
+    if not reuse:
+        return [_LOCAL_RE.sub(r"v\1", line) for line in lines]
+    code = [i for i, line in enumerate(lines) if not line.lstrip().startswith("#")]
+    last_read: Dict[str, int] = {}       # comments name locals too, but read none
+    for i in code:
+        for n in _LOCAL_RE.findall(lines[i]):
+            last_read[n] = i
+    names: Dict[str, str] = {}
+    free: List[int] = []                  # v names free again, the lowest first
+    n_v = n_t = 0
+    out = []
+    for i, line in enumerate(lines):
+        found = _LOCAL_RE.findall(line)
+        for n in found:
+            if n in names:
+                continue
+            if last_read[n] == code[-1]:
+                names[n], n_t = f"t{n_t}", n_t + 1
+            elif free:
+                names[n] = f"v{heapq.heappop(free)}"
+            else:
+                names[n], n_v = f"v{n_v}", n_v + 1
+        out.append(_LOCAL_RE.sub(lambda m: names[m.group(1)], line))
+        for n in set(found):
+            if last_read[n] == i and names[n][0] == "v":
+                heapq.heappush(free, int(names[n][1:]))
+    return out
+
+
 def _literal(value, ns: Dict[str, Any]) -> str:
     """A Python expression for `value` inside the guard: its repr when that round-trips,
     else a name bound in the guard's namespace."""
@@ -289,6 +343,9 @@ class GuardBuilder:
                                           "VIEWED_DICT": viewed_dict,
                                           "DEREF": lambda ref: ref()}
         self._cpp_guards = None          # (the checks it covers, their C++ TensorGuards)
+        # module source -> (its class, the names in its instance __dict__) when the trace read
+        # it: the fast guard reads these names from the __dict__ (see _reads_own_dict)
+        self._module_dicts: Dict[str, Tuple[type, frozenset]] = {}
 
     def _add(self, key, source: Optional[Source], parts, comment: str = "", slow=None,
              stack: bool = True, others=()):
@@ -326,6 +383,14 @@ class GuardBuilder:
                 return k
         name = f"{prefix}{sum(k.startswith(prefix) for k in self.namespace)}"
         self.namespace[name] = obj
+        return name
+
+    def _class_dict(self, cls: type) -> str:
+        """A name in the guard's namespace for `cls.__dict__`, read once: a read-only view
+        of the class's own dict, which shows later changes to the class (reading
+        `cls.__dict__` in the guard would make a new view on every call)."""
+        name = "VARS_" + self._ref(cls, "CLS_")
+        self.namespace.setdefault(name, cls.__dict__)
         return name
 
     def add_root(self, label: str, obj):
@@ -505,9 +570,9 @@ class GuardBuilder:
         which their type checks do not see."""
         mro = cls.__mro__
         owner = next(k for k in mro if name in k.__dict__)
-        parts = [(f"{name!r} not in {self._ref(k, 'CLS_')}.__dict__", f"{k.__qualname__}.{name} was added")
+        parts = [(f"{name!r} not in {self._class_dict(k)}", f"{k.__qualname__}.{name} was added")
                  for k in mro[:mro.index(owner)]]
-        parts.append((f"{self._ref(owner, 'CLS_')}.__dict__.get({name!r}) is {self._ref(value, 'OBJ_')}",
+        parts.append((f"{self._class_dict(owner)}.get({name!r}) is {self._ref(value, 'OBJ_')}",
                       f"{owner.__qualname__}.{name} was rebound"))
         self._add(("member", id(cls), name), None, parts, f"{cls.__qualname__}.{name}: as traced")
 
@@ -519,9 +584,10 @@ class GuardBuilder:
         identity (`is`, `id()`), that is guarded where it happened."""
         e = source.expr()
         self.type_check(source, type(mod))
+        self._module_dicts.setdefault(e, (type(mod), frozenset(vars(mod))))
         self._add(("training", e), source,
-                  [(f"{{e}}.training is {mod.training}", f"{display(e)}.training == {mod.training}")],
-                  f"{e}.training")
+                  [("{e1} is %s" % mod.training, f"{display(e)}.training == {mod.training}")],
+                  f"{e}.training", others=[AttrSource(source, "training")])
 
     def no_hooks(self, source: Source):
         """A module whose forward the trace inlined: no forward hooks, its own or global, which
@@ -530,9 +596,10 @@ class GuardBuilder:
         e = source.expr()
         d = display(e)
         self._add(("hooks", e), source,
-                  [("not ({e}._forward_hooks or {e}._forward_pre_hooks)",
+                  [("not ({e1} or {e2})",
                     f"{d} has forward hooks now (its forward was inlined without them)")],
-                  f"{e}: forward was inlined, so no hooks")
+                  f"{e}: forward was inlined, so no hooks",
+                  others=[AttrSource(source, "_forward_hooks"), AttrSource(source, "_forward_pre_hooks")])
         self.namespace["HOOKS"] = torch.nn.modules.module
         self._add(("global_hooks",), None,
                   [("not (HOOKS._global_forward_hooks or HOOKS._global_forward_pre_hooks)",
@@ -543,8 +610,8 @@ class GuardBuilder:
         """The module's forward was found on its class: no instance attribute hides it."""
         e = source.expr()
         self._add(("class_forward", e), source,
-                  [("'forward' not in {e}.__dict__", f"{display(e)}.forward was replaced on the instance")],
-                  f"{e}: forward is its class's")
+                  [("'forward' not in {e1}", f"{display(e)}.forward was replaced on the instance")],
+                  f"{e}: forward is its class's", others=[AttrSource(source, "__dict__")])
 
     def same_object(self, a: Source, b: Source, same: bool):
         """The trace relied on whether two values are one object (`a is b`, `a == b` of modules)."""
@@ -583,12 +650,17 @@ class GuardBuilder:
     def global_state(self):
         """PyTorch's global state that changes what ops compute: grad mode, and autocast (on
         which device, to which dtype), as Dynamo's GLOBAL_STATE guard checks them."""
-        checks = [(f"torch.is_grad_enabled() is {torch.is_grad_enabled()}",
+        # torch's functions under names of the guard's own (one lookup, not `torch.` and then
+        # the function in torch's module dict)
+        self.namespace.update(GRAD_ENABLED=torch.is_grad_enabled,
+                              AUTOCAST_ENABLED=torch.is_autocast_enabled,
+                              AUTOCAST_DTYPE=torch.get_autocast_dtype)
+        checks = [(f"GRAD_ENABLED() is {torch.is_grad_enabled()}",
                    "GLOBAL_STATE changed: grad_mode")]
         for device, dtype in zip(autocast.DEVICES, autocast.state()):
-            on = f"torch.is_autocast_enabled({device!r})"
+            on = f"AUTOCAST_ENABLED({device!r})"
             checks.append((f"not {on}" if dtype is None else
-                           f"{on} and torch.get_autocast_dtype({device!r}) is {dtype}",
+                           f"{on} and AUTOCAST_DTYPE({device!r}) is {dtype}",
                            f"GLOBAL_STATE changed: autocast ({device})"))
         self._add(("grad",), None, checks, "grad mode, autocast", stack=False)
 
@@ -618,6 +690,30 @@ class GuardBuilder:
                                  dynamic_dims_strides=[list(t.stride()) for t in tensors])
             self._cpp_guards = (key, made)
         return self._cpp_guards[1], checks
+
+    def _reads_own_dict(self, src: AttrSource) -> bool:
+        """Whether the fast guard reads `src` (a module's attribute) as `base.__dict__[attr]`.
+
+        nn.Module defines __getattr__, so CPython cannot specialize attribute reads on a module
+        and each `module.attr` takes the generic path, about twice a dict item's time; a
+        ResNet-50's guard reads thousands of them. A dict read gives the same
+        value where the attribute was in the instance's __dict__ when the trace read it and
+        the class (checked by type before: a module source is guarded by type) puts nothing
+        in front of that dict: no __getattribute__ of its own and no data descriptor (a
+        property) of that name. TorchDynamo reads a module's attributes from its __dict__ too.
+        Where the attribute has left the dict since, the read fails and so does the guard (the
+        slow twin, reading by getattr, says what changed)."""
+        seen = self._module_dicts.get(src.base.expr())
+        if seen is None or src.attr not in seen[1]:
+            return False
+        cls = seen[0]
+        if cls.__getattribute__ is not object.__getattribute__:
+            return False
+        for klass in cls.__mro__:
+            if src.attr in klass.__dict__:
+                kind = type(klass.__dict__[src.attr])
+                return not (hasattr(kind, "__set__") or hasattr(kind, "__delete__"))
+        return True
 
     # --- code generation ---------------------------------------------------------------
     def build(self, binding: ArgBinding, input_exprs: List[str]) -> "GuardCode":
@@ -651,11 +747,15 @@ class GuardBuilder:
         body: List[str] = []
         names: Dict[str, str] = {}
 
+        own_dict = True              # the fast functions' reads (the slow twin's: False)
+
         def local(src: Source, out: List[str]) -> str:
             key = src.expr()
             if key in names:
                 return names[key]
-            if isinstance(src, AttrSource):
+            if isinstance(src, AttrSource) and own_dict and self._reads_own_dict(src):
+                rhs = f"{local(AttrSource(src.base, '__dict__'), out)}[{src.attr!r}]"
+            elif isinstance(src, AttrSource):
                 rhs = f"{local(src.base, out)}.{src.attr}"
             elif isinstance(src, ItemSource):
                 rhs = f"{local(src.base, out)}[{src.index!r}]"
@@ -665,7 +765,7 @@ class GuardBuilder:
                 rhs = f"object.__getattribute__({local(src.base, out)}, {src.attr!r})"
             else:
                 rhs = key                        # L['x'], G, a root label
-            names[key] = f"v{len(names)}"
+            names[key] = f"{LOCAL}{len(names)}{LOCAL}"      # named in the end (_name_locals)
             out.append(f"        {names[key]} = {rhs}")
             return names[key]
 
@@ -702,7 +802,10 @@ class GuardBuilder:
             body.append(f"        if not TENSORS.check({refs}): {FAIL}")
         # the graph's inputs, read from the locals the checks fetched them into
         inputs = ", ".join(names.get(e) or e for e in input_exprs)
+        # the slow twin reads attributes as the trace did: a failure to read one is reported
+        # in Python's own words (AttributeError: 'Linear' object has no attribute ...)
         names.clear()
+        own_dict = False
         for i, c in enumerate(self.checks):
             if c.source is not None:
                 slow.append(f"        at = {c.source.expr()!r}")
@@ -718,11 +821,14 @@ class GuardBuilder:
             slow.append(f"        if not TENSORS.check({refs}):")
             slow.append(f"            return (TENSORS.check_verbose({refs}, "
                         "tensor_check_names=TENSOR_NAMES), -1)")
+        slow = _name_locals(slow, reuse=False)
+        *body, inputs = _name_locals(body + [inputs], reuse=True)
         errors = ["    except (AttributeError, KeyError, IndexError, TypeError, ValueError,",
                   "            ZeroDivisionError):"]
 
         def function(name: str, fail: str, success: str) -> str:
             lines = [f"def {name}(F, args, kwargs):",
+                     "    # v0, v1, ...: reused once read for the last time; t0, t1, ...: read at the end",
                      f"    # call shape: {binding.nargs} positional, keywords {kw}",
                      f"    if {shape_test}: {fail}",
                      "    try:"] + prologue
