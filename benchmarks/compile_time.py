@@ -1,6 +1,6 @@
 """Compile time on a 12-block transformer: cold, warm cache in a new process, and regional.
 
-    python benchmarks/compile_time.py [--device cpu|cuda] [--out DIR]
+    python benchmarks/compile_time.py [--device cpu|cuda] [--dim D] [--tokens T] [--out DIR]
 
 Each first call is measured in a fresh process (imports excluded), for torch.compile and for
 minicompile:
@@ -12,7 +12,8 @@ minicompile:
   minicompile: `minicompile.compile_regions(model)`), so one block's graph serves all 12.
 Each process also reports the steady-state time per call after warm-up (median), so regional
 and whole-model speed can be compared. Results checked against eager in each process. Writes
-compile_time_<device>.json.
+compile_time_<device>.json; with another width or length than the default (256 wide, 8 x 128
+tokens, where a GPU call is all host work), compile_time_<device>_dim<D>_tokens<T>.json.
 """
 from __future__ import annotations
 
@@ -33,8 +34,9 @@ from capture_transformer import Block, Transformer
 
 device, compiler, how = os.environ["DEVICE"], os.environ["COMPILER"], os.environ["HOW"]
 torch.manual_seed(0)
-model = Transformer(12).to(device).eval()
-x = torch.randn(8, 128, 256, device=device)
+dim, tokens = int(os.environ["DIM"]), int(os.environ["TOKENS"])
+model = Transformer(12, dim=dim, heads=max(4, dim // 64)).to(device).eval()
+x = torch.randn(8, tokens, dim, device=device)
 with torch.no_grad():
     expected = model(x)
 if how == "regional":
@@ -71,8 +73,9 @@ print(json.dumps({"first_call_s": first, "per_call_ms": statistics.median(times)
 """
 
 
-def measure(device, compiler, how, cache_dir, repo):
+def measure(device, compiler, how, cache_dir, repo, dim, tokens):
     env = {**os.environ, "DEVICE": device, "COMPILER": compiler, "HOW": how, "REPO": repo,
+           "DIM": str(dim), "TOKENS": str(tokens),
            "TORCHINDUCTOR_CACHE_DIR": os.path.join(cache_dir, "inductor"),
            "MINICOMPILE_CACHE_DIR": os.path.join(cache_dir, "minicompile"), "MINICOMPILE_GRAPH_CACHE": "1"}
     out = subprocess.run([sys.executable, "-c", CHILD], capture_output=True, text=True, env=env)
@@ -84,6 +87,8 @@ def measure(device, compiler, how, cache_dir, repo):
 def main():
     p = argparse.ArgumentParser()
     p.add_argument("--device", default="cuda" if __import__("torch").cuda.is_available() else "cpu")
+    p.add_argument("--dim", type=int, default=256)
+    p.add_argument("--tokens", type=int, default=128)
     p.add_argument("--out", default=os.environ.get("OUT"))
     args = p.parse_args()
     repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -93,16 +98,19 @@ def main():
     for compiler in ("torch.compile", "minicompile"):
         with tempfile.TemporaryDirectory() as whole, tempfile.TemporaryDirectory() as regional:
             results[compiler] = {
-                "cold": measure(args.device, compiler, "whole", whole, repo),
-                "warm": measure(args.device, compiler, "whole", whole, repo),
-                "regional": measure(args.device, compiler, "regional", regional, repo),
+                "cold": measure(args.device, compiler, "whole", whole, repo, args.dim, args.tokens),
+                "warm": measure(args.device, compiler, "whole", whole, repo, args.dim, args.tokens),
+                "regional": measure(args.device, compiler, "regional", regional, repo, args.dim, args.tokens),
             }
         for how, r in results[compiler].items():
             print(f"{compiler:14s} {how:9s} first call {r['first_call_s']:7.2f} s, "
                   f"then {r['per_call_ms']:8.2f} ms per call", flush=True)
-    tag = "h100" if args.device == "cuda" and "H100" in __import__("torch").cuda.get_device_name() else args.device
-    path = save_results(f"compile_time_{tag}", {
-        "model": "12-block transformer (benchmarks/capture_transformer.py), dim 256, input (8, 128, 256), no_grad",
+    torch = __import__("torch")
+    tag = torch.cuda.get_device_name().split()[1].lower() if args.device == "cuda" else args.device
+    size = "" if (args.dim, args.tokens) == (256, 128) else f"_dim{args.dim}_tokens{args.tokens}"
+    path = save_results(f"compile_time_{tag}{size}", {
+        "model": f"12-block transformer (benchmarks/capture_transformer.py), dim {args.dim}, "
+                 f"{max(4, args.dim // 64)} heads, input (8, {args.tokens}, {args.dim}), no_grad",
         "results": results}, args.out)
     print("wrote", path)
 
