@@ -19,6 +19,7 @@ import torch
 
 from . import autocast, config, fusion, logs
 from .autograd import compile_training
+from .capture.output_graph import NodeByNode
 from .codegen import wrapper
 from .codegen.cpp import KernelCompileError
 from .functionalize import functionalize
@@ -155,10 +156,8 @@ def on_pytorch_kernels(gm: torch.fx.GraphModule, reason: str) -> wrapper.Compile
 
 
 def as_traced(gm: torch.fx.GraphModule):
-    """gm run node by node, each node calling its target: eager's results. Not gm's own code,
-    which names a function of torch's modules by its qualified name: a lambda or a local
-    function there (an OpInfo's op) has none that imports."""
-    return torch.fx.Interpreter(gm).run
+    """gm run node by node, each node calling its target: eager's results (capture's NodeByNode)."""
+    return NodeByNode(gm)
 
 
 def _specialize(gm: torch.fx.GraphModule, example_inputs) -> list[str]:

@@ -551,3 +551,33 @@ def test_opcode_tables_per_version():
     assert "KW_NAMES" not in t313
     # every opcode registered for the running Python exists in it
     assert set(dispatch_table()) <= set(dis.opmap), set(dispatch_table()) - set(dis.opmap)
+
+
+def test_a_graph_run_node_by_node_gives_the_interpreters_results_and_the_ops_exceptions():
+    # how a frame that runs eagerly (or a graph of no ops) runs on every call: each node's
+    # target called, as torch.fx.Interpreter would (modules, methods, attributes, keyword
+    # arguments, nested outputs), and an op's own exception raised as it is
+    from minicompile.capture.output_graph import NodeByNode
+
+    class M(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.lin = torch.nn.Linear(4, 3)
+            self.register_buffer("scale", torch.tensor(2.0))
+
+        def forward(self, x, table):
+            y = self.lin(x).clamp(min=-0.5) * self.scale
+            return {"y": y, "parts": [y.sum(1), (lambda t: t - 1)(x)]}, table["k"]
+
+    gm = torch.fx.symbolic_trace(M())
+    x = torch.randn(5, 4)
+    got, expected = NodeByNode(gm)(x, {"k": torch.ones(1)}), torch.fx.Interpreter(gm).run(x, {"k": torch.ones(1)})
+    assert torch.utils._pytree.tree_structure(got) == torch.utils._pytree.tree_structure(expected)
+    for a, b in zip(torch.utils._pytree.tree_leaves(got), torch.utils._pytree.tree_leaves(expected)):
+        assert torch.equal(a, b)
+
+    def lookup(d, key):
+        return operator.getitem(d, key)
+    gm = torch.fx.symbolic_trace(lookup)
+    with pytest.raises(KeyError):
+        NodeByNode(gm)({"present": 1}, "missing")

@@ -37,6 +37,7 @@ import torch
 
 from . import values as V
 from .breaks import Unsupported
+from .output_graph import NodeByNode
 from .bytecode import BINARY_OP_SYMBOLS, BINARY_OPS, COMPARE_OPS, _cmp_symbol, current_version
 
 NULL_VALUE = type("NULL_VALUE", (), {"__repr__": lambda self: "NULL"})()
@@ -474,6 +475,7 @@ class Segment:
     n_calls: int = 0                  # call nodes: a graph without any is not compiled (Dynamo)
     eager: bool = False               # part of a frame that runs eagerly (not compiled/counted)
     compiled: Any = None
+    node_by_node: Any = None          # how it runs where not compiled (made on its first run)
     input_sources: List[str] = field(default_factory=list)
     effects: list = field(default_factory=list)   # side effects replayed after the graph
     guard: Callable = None            # (F, args, kwargs) -> bool
@@ -496,8 +498,10 @@ class Segment:
             inputs = self.get_inputs(F, args, kwargs)
         if self.compiled is not None:
             outs = self.compiled(*inputs)
-        else:      # not compiled (no ops, or a frame run eagerly): node by node (see on_pytorch_kernels)
-            outs = torch.fx.Interpreter(self.gm).run(*inputs)
+        else:      # not compiled (no ops, or a frame run eagerly): node by node
+            if self.node_by_node is None:
+                self.node_by_node = NodeByNode(self.gm)
+            outs = self.node_by_node(*inputs)
         if self.end == "return" and not self.effects and self.template[0] == "out":
             return ("return", outs[self.template[1]])       # one of the graph's outputs
         env = self.make_env(F, args, kwargs)
