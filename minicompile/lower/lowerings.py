@@ -2137,8 +2137,9 @@ BIAS_PASS_UP_TO = 2 ** 24    # bytes of a product's result that one more pass ma
 def _bias_added_apart(node, meta) -> bool:
     """Whether a product's bias is better added by a generated kernel (see _linear). Not for a
     product of one row (a decoding step's) on a GPU: there cuBLAS multiplies a matrix by a
-    vector, and its kernels for that with a bias were the faster ones for GPT-2's layers on the
-    H200 (benchmarks/results/decode_h200.json)."""
+    vector, and its kernels for that with the bias (addmm) were the faster ones for GPT-2's four
+    layer shapes, timed against the product without it on the H200 (the decoding benchmark,
+    benchmarks/decode.py, ran with this choice)."""
     if meta.device.type == "cuda" and meta.dim() >= 1 and meta.numel() == meta.shape[-1]:
         return False
     if meta.numel() * meta.dtype.itemsize <= BIAS_PASS_UP_TO:
@@ -2190,9 +2191,10 @@ def _padded_rows(weight: TensorBox) -> TensorBox:
 @register([F.scaled_dot_product_attention],
           "query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None, enable_gqa=False")
 def _attention(node, values, query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa):
-    """Attention is PyTorch's kernel; a boolean mask is handed to it as the additive float mask
-    it stands for (0 where attending, -inf where not: what PyTorch converts it to), computed in
-    a generated kernel and stored dense. The masks models build (Hugging Face's, from positions
+    """Attention of one query per head (a decoding step) is generated code
+    (_attention_of_one_query). Otherwise attention is PyTorch's kernel; a boolean mask is
+    handed to it as the additive float mask it stands for (0 where attending, -inf where not:
+    what PyTorch converts it to), computed in a generated kernel and stored dense. The masks models build (Hugging Face's, from positions
     and padding) are views with a stride of 0 somewhere: PyTorch's fused attention kernels need
     the key dimension contiguous, so such a mask sends the call to its unfused math path (a
     dozen kernels; measured on the H100 for BERT-base's shapes, 0.21 ms a call against 0.055 ms
