@@ -25,8 +25,8 @@ import time
 import torch
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
-import minicompile  # noqa: E402
 from minicompile import bench  # noqa: E402
+from modes import versions  # noqa: E402
 from real_models import CPU_MODELS, GPU_MODELS  # noqa: E402
 
 PROMPT = 32
@@ -85,21 +85,11 @@ class Decoder:
         return torch.cat(out, 1), seconds
 
 
-def versions(model):
-    def step(token, cache, position):
-        return model(token, past_key_values=cache, cache_position=position, use_cache=True).logits
-    torch._dynamo.reset()
-    minicompile.reset()
-    return {"eager": step,
-            "torch.compile": torch.compile(step),
-            "torch.compile reduce-overhead": torch.compile(step, mode="reduce-overhead"),
-            "minicompile": minicompile.compile(step),
-            "minicompile reduce-overhead": minicompile.compile(step, mode="reduce-overhead")}
-
-
 def measure(model, prompt, tokens: int, repeat: int) -> dict:
+    def decoding_step(token, cache, position):
+        return model(token, past_key_values=cache, cache_position=position, use_cache=True).logits
     records, reference = {}, None
-    for label, step in versions(model).items():
+    for label, step in versions(decoding_step).items():
         decoder = Decoder(model, step, prompt, max_len=PROMPT + tokens)
         start = time.perf_counter()
         with torch.no_grad():

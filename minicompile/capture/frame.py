@@ -37,8 +37,8 @@ import torch
 
 from . import values as V
 from .breaks import Unsupported
-from .output_graph import NodeByNode
 from .bytecode import BINARY_OP_SYMBOLS, BINARY_OPS, COMPARE_OPS, _cmp_symbol, current_version
+from .output_graph import NodeByNode
 
 NULL_VALUE = type("NULL_VALUE", (), {"__repr__": lambda self: "NULL"})()
 VERSION = current_version()

@@ -124,12 +124,17 @@ SCATTERS = {"index_copy", "index_put", "index_add", "index_fill", "scatter", "sc
             "scatter_reduce", "masked_scatter"}
 
 
+def _method_of(ext: ir.Extern) -> str | None:
+    """The tensor method an extern op calls ('index_copy' for x.index_copy(...) and for
+    torch.index_copy(x, ...)), or None."""
+    return aliasing.method_name("call_method" if ext.kind == "method" else "call_function", ext.op)
+
+
 def _scatter_base(box: TensorBox) -> str | None:
     """The buffer whose elements a scatter extern op (SCATTERS) replaces, as it is (not a view
     of part of it) and laid out as the result; None for any other extern op."""
     ext = box.data
-    name = aliasing.method_name("call_method" if ext.kind == "method" else "call_function", ext.op)
-    if name not in SCATTERS or not ext.value_is_tensor or not ext.args:
+    if _method_of(ext) not in SCATTERS or not ext.value_is_tensor or not ext.args:
         return None
     base = ext.args[0]
     if not isinstance(base, TensorBox) or isinstance(base.data, ir.ViewOfBuffer) and not _views_all_of(base.data):
@@ -422,7 +427,7 @@ def build(program: ir.Program, steps: list, written: dict | None = None) -> Comp
             metrics.kernel_bytes.append((step.name, step.bytes_read, step.bytes_written))
         elif isinstance(step, ExternCall) and plan.get(step.box.name, ("",))[0] == "in place":
             ext, base = step.box.data, plan[step.box.name][1]
-            name = aliasing.method_name("call_method" if ext.kind == "method" else "call_function", ext.op)
+            name = _method_of(ext)
             rest = [render(a, argument=True) for a in ext.args[1:]] + \
                 [f"{k}={render(v, argument=True)}" for k, v in ext.kwargs.items()]
             lines.append(f"    {base}.{name}_({', '.join(rest)})")
