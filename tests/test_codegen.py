@@ -811,6 +811,34 @@ def test_reductions_of_the_same_columns_share_a_kernel(kernel_backend):
         assert len(compiled.kernels) == 1, compiled.wrapper_source
 
 
+def test_looped_members_walk_the_row_together(kernel_backend):
+    """In a looped reduction (a column reduction's rows are walked in steps), a stored
+    pointwise member and the reductions of it share one loop over the row, which loads each
+    element once (MobileNetV3's squeeze-excite input: an activation, stored, and its mean per
+    channel); a member that needs a reduction's result (the activation scaled by that mean)
+    walks the row again once the reduction is done. An argmax and a max of the same columns
+    share their loop too."""
+    from minicompile.graph_compiler import generated_source
+
+    def activation_and_mean(x, w):
+        y = torch.relu(x * w)
+        return y, y.mean((2, 3), keepdim=True)
+
+    def scaled_by_mean(x, w):
+        y = torch.relu(x * w)
+        return y * y.mean((2, 3), keepdim=True)
+
+    def argmax_and_max(x):
+        return x.argmax(0), x.amax(0), x.sum(0)
+    x, w = randn(3, 24, 30, 30).to(memory_format=torch.channels_last), randn(24, 1, 1)
+    cases = [(activation_and_mean, [x, w], 1), (scaled_by_mean, [x, w], 2), (argmax_and_max, [randn(3000, 24)], 1)]
+    for fn, args, loops in cases:
+        check(fn, *args, rtol=1e-5, atol=1e-5)
+        if kernel_backend == "triton":
+            source = generated_source(torch.fx.symbolic_trace(fn), args, "triton")
+            assert source.count("for roffset in range") == loops, source
+
+
 def test_extern_arguments_are_plain_views_and_products_unchecked(kernel_backend):
     """An extern call's argument that is a view of a buffer is made by reinterpret_tensor (a
     C++ call; torch.as_strided costs three times its host time), and the result of a matrix

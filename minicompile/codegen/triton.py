@@ -369,7 +369,8 @@ def kernel_source(kernel, buffers):
     Without r loops: a flat block of XBLOCK elements. With them: a block of XBLOCK rows by
     RBLOCK row elements; members are computed in order, a reduction's result stays in
     registers for the members after it. Short rows are reduced in one block (persistent);
-    long rows in RBLOCK chunks, one loop per member that walks the row."""
+    long rows in RBLOCK chunks, by loops over the row (_RowWalk): one for each run of
+    members that need no result of a reduction in the same run."""
     plan = plan_loops(kernel)
     xnumel = ir.size_expr(math.prod(plan.x_sizes))
     rnumel = ir.size_expr(math.prod(plan.r_sizes))
@@ -390,6 +391,15 @@ def kernel_source(kernel, buffers):
             value = f"(tl.zeros({shape}, {TL_TYPES[ir.compute_dtype(member.box.dtype)]}) + {value})"
         return (f"tl.store({writer.out_name(member.box.name)} + ({text}), "
                 f"({value}).to({TL_TYPES[member.box.dtype]}), {'xmask & rmask' if row else 'xmask'})")
+
+    def finish(member, result):
+        """A reduction's result per row: kept for the members after it, stored if asked."""
+        if member.comp.reduction_type == "mean":
+            result = writer._emit(f"{result} / {writer.render_size(member.comp.rnumel())}")
+        result = writer.rounded_as_stored(result, member.box.dtype)
+        writer.row_values[member.box.name] = result
+        if member.box.name in kernel.stored:
+            writer.lines.append(store(member, result, row=False))
 
     with use_ops(writer):
         if not kernel.r_sizes:
@@ -416,8 +426,14 @@ def kernel_source(kernel, buffers):
                     *_decompose("xindex", plan.x_vars, plan.x_sizes), "rbase = tl.arange(0, RBLOCK)[None, :]"]
             if persistent:
                 writer.lines += ["rindex = rbase", *rvars]
+            # looped members share one walk of the row while none needs another's total
+            walk = _RowWalk(writer, rvars, _reductions_needed(kernel))
             for k, m in enumerate(kernel.members):
                 comp = m.comp
+                if not persistent and (isinstance(comp, ir.Reduction) or m.role == "row"):
+                    walk.join(m.box.name)
+                else:
+                    walk.close()
                 # a per-row value loads one element per row: a row mask would widen it
                 writer.mask = "xmask" if m.role == "x" and not isinstance(comp, ir.Reduction) else mask
                 if isinstance(comp, ir.Reduction):
@@ -441,51 +457,38 @@ def kernel_source(kernel, buffers):
                         else:
                             result = _row_reduce(writer, reduce_fn, block, nan_aware)
                     else:
-                        acc, pos = f"acc{k}", f"pos{k}"
-                        with writer.scope() as loop_body:
-                            value = m.run(x_idx, r_idx)
-                            loop_body.append(f"v = tl.where(xmask & rmask, {value}, {init_value}).to({acc_tl})")
-                            if arg:
-                                # per lane, elements come in order: take the first, a NaN over a
-                                # number, or a strictly better value (ties keep the earlier one)
-                                better = ">" if comp.reduction_type == "argmax" else "<"
-                                loop_body += [f"take = xmask & rmask & (({pos} == rnumel) | (v {better} {acc}) | "
-                                              f"((v != v) & ({acc} == {acc})))",
-                                              f"{acc} = tl.where(take, v, {acc})",
-                                              f"{pos} = tl.where(take, rindex, {pos})"]
-                            else:
-                                loop_body.append(f"{acc} = {COMBINE[comp.reduction_type].format(acc=acc, v='v')}")
-                        writer.lines.append(f"{acc} = tl.full([XBLOCK, RBLOCK], {init}, {acc_tl})")
-                        if arg:
-                            writer.lines.append(f"{pos} = tl.full([XBLOCK, RBLOCK], rnumel, tl.int32)")
-                        writer.lines += ["for roffset in range(0, rnumel, RBLOCK):",
-                                         *["    " + line for line in ["rindex = roffset + rbase", *rvars, *loop_body]]]
-                        # the accumulators kept NaN; tl.max/tl.min alone would drop it
-                        result = (_first_best(writer, reduce_fn, acc, pos, floating) if arg
-                                  else _row_reduce(writer, reduce_fn, acc, nan_aware))
-                    if comp.reduction_type == "mean":
-                        result = writer._emit(f"{result} / {writer.render_size(comp.rnumel())}")
-                    result = writer.rounded_as_stored(result, m.box.dtype)
-                    writer.row_values[m.box.name] = result
-                    if m.box.name in kernel.stored:
-                        writer.lines.append(store(m, result, row=False))
-                elif m.role == "row":
-                    if persistent:
+                        acc, pos, v = f"acc{k}", f"pos{k}", f"v{k}"
                         value = m.run(x_idx, r_idx)
-                        if m.box.name in kernel.stored:
-                            writer.lines.append(store(m, value, row=True))
-                    else:
-                        with writer.scope() as loop_body:
-                            value = m.run(x_idx, r_idx)
-                            if m.box.name in kernel.stored:
-                                loop_body.append(store(m, value, row=True))
-                        writer.lines += ["for roffset in range(0, rnumel, RBLOCK):",
-                                         *["    " + line for line in ["rindex = roffset + rbase", *rvars, *loop_body]]]
+                        writer.lines.append(f"{v} = tl.where(xmask & rmask, {value}, {init_value}).to({acc_tl})")
+                        if arg:
+                            # per lane, elements come in order: take the first, a NaN over a
+                            # number, or a strictly better value (ties keep the earlier one)
+                            better = ">" if comp.reduction_type == "argmax" else "<"
+                            writer.lines += [f"take = xmask & rmask & (({pos} == rnumel) | ({v} {better} {acc}) | "
+                                             f"(({v} != {v}) & ({acc} == {acc})))",
+                                             f"{acc} = tl.where(take, {v}, {acc})",
+                                             f"{pos} = tl.where(take, rindex, {pos})"]
+                        else:
+                            writer.lines.append(f"{acc} = {COMBINE[comp.reduction_type].format(acc=acc, v=v)}")
+                        walk.before.append(f"{acc} = tl.full([XBLOCK, RBLOCK], {init}, {acc_tl})")
+                        if arg:
+                            walk.before.append(f"{pos} = tl.full([XBLOCK, RBLOCK], rnumel, tl.int32)")
+                        # the accumulators kept NaN; tl.max/tl.min alone would drop it
+                        reduce_row = (functools.partial(_first_best, writer, reduce_fn, acc, pos, floating) if arg
+                                      else functools.partial(_row_reduce, writer, reduce_fn, acc, nan_aware))
+                        walk.after.append(lambda m=m, reduce_row=reduce_row: finish(m, reduce_row()))
+                        continue
+                    finish(m, result)
+                elif m.role == "row":
+                    value = m.run(x_idx, r_idx)
+                    if m.box.name in kernel.stored:
+                        writer.lines.append(store(m, value, row=True))
                 else:
                     value = m.run(x_idx, r_idx)
                     writer.row_values[m.box.name] = value
                     if m.box.name in kernel.stored:
                         writer.lines.append(store(m, value, row=False))
+            walk.close()
             body = head + writer.lines
             num_warps = column_warps if columns else _reduction_config(xnumel, rnumel, len(writer.whole_inputs))[3]   # (the inputs it reads whole)
             # a static row length is a compile-time constant (the loop over it is unrolled or
@@ -495,10 +498,9 @@ def kernel_source(kernel, buffers):
             launch = {"xnumel": _launch_value(xnumel), "rnumel": _launch_value(rnumel), "XBLOCK": xblock,
                       "RBLOCK": rblock, "num_warps": num_warps, "grid": _grid(xnumel, xblock)}
     stored = [m.box for m in kernel.members if m.box.name in kernel.stored]
-    # an output may be written over an input it replaces (as Inductor's in_out_ptr), except in
-    # looped reductions: there one row is walked several times, and a later walk would read
-    # what an earlier one overwrote
-    kernel.in_place = writer.in_place_inputs() if not kernel.r_sizes or persistent else {}
+    # an output may be written over an input it replaces (as Inductor's in_out_ptr), except
+    # where a row is walked several times: a later walk would read what an earlier one overwrote
+    kernel.in_place = writer.in_place_inputs() if not kernel.r_sizes or persistent or walk.walks == 1 else {}
     checked = [ir.INDEX_ERRORS] if writer.checks_indices and not writer.device_asserts else []
     if writer.checks_indices and writer.device_asserts:
         launch.update(DEVICE_ASSERT_OPTIONS)
@@ -546,6 +548,56 @@ def combo_source(combo, buffers, defined: dict) -> tuple[list[str], list[str], d
         lines += [f"    {'if' if k == 0 else 'elif'} pid < {end}:", f"        {call}"]
     combo.take_in_place()
     return sources + ["\n".join(lines)], args, {**{sym: sym for sym in symbols}, **launch, "grid": start}
+
+
+class _RowWalk:
+    """The members of a looped reduction kernel that walk the row together: one loop over it,
+    whose body computes each of them (a load or an expression they share written once), with
+    the accumulators set before it and the reductions finished after it. A member that needs
+    the result of a reduction in the walk (softmax's exp(x - max) needs the max) starts the
+    next walk; so does a per-row member, which is computed between walks."""
+
+    def __init__(self, writer, rvars: list[str], needs: dict[str, set[str]]):
+        self.writer, self.rvars, self.needs = writer, rvars, needs
+        self.scope = None
+        self.walks = 0              # loops written so far
+
+    def join(self, name: str) -> None:
+        """Member `name`'s code, written next, goes into the walk's loop."""
+        if self.scope is not None and self.needs[name] & self.members:
+            self.close()
+        if self.scope is None:
+            self.members: set[str] = set()
+            self.before: list[str] = []         # lines before the loop (accumulators)
+            self.after: list = []               # callables writing the lines after it
+            self.scope = self.writer.scope()
+            self.body = self.scope.__enter__()
+        self.members.add(name)
+
+    def close(self) -> None:
+        """Writes the loop of the walk under way, if any, and what follows it."""
+        if self.scope is None:
+            return
+        self.scope.__exit__(None, None, None)
+        self.scope = None
+        self.writer.lines += [*self.before, "for roffset in range(0, rnumel, RBLOCK):",
+                              *["    " + line for line in ["rindex = roffset + rbase", *self.rvars, *self.body]]]
+        for write in self.after:
+            write()
+        self.walks += 1
+
+
+def _reductions_needed(kernel) -> dict[str, set[str]]:
+    """For each member, the kernel's reductions whose results it uses: those it reads, and
+    those the pointwise members it reads (and recomputes) use."""
+    members = {m.box.name: m for m in kernel.members}
+    needs: dict[str, set[str]] = {}
+    for m in kernel.members:
+        needs[m.box.name] = set()
+        for name, _ in ir.reads_of(m.comp).loads:
+            if name in members:
+                needs[m.box.name] |= {name} if isinstance(members[name].comp, ir.Reduction) else needs.get(name, set())
+    return needs
 
 
 def _mask(axis: str, numel, block: int, shape: str) -> str:
@@ -611,11 +663,18 @@ def _column_config(xnumel: int, rnumel: int) -> tuple[int, int, int]:
     """(XBLOCK, RBLOCK, num_warps) for a column reduction (its rows far apart in memory, its
     columns next to each other): a program takes XBLOCK neighbouring columns, at least 8 (a
     32-byte sector of float32 per row read) and at most 32, fewer where that leaves more
-    programs for the GPU's 132 multiprocessors, and walks the rows RBLOCK at a time (tiles of
-    4096). Swept on the H100: benchmarks/sweep_column_reductions.py, whose results file
-    (results/sweep_column_reductions_h100.json) compares this choice with the best of 30."""
+    programs for the GPU's 132 multiprocessors (one each; two each where the columns are
+    shorter than 2048, whose walk of a few steps gives a program too little work to hide its
+    loads' latency), and walks the rows RBLOCK at a time (tiles of 4096). Swept on the H100:
+    benchmarks/sweep_column_reductions.py, whose results file
+    (results/sweep_column_reductions_h100.json) compares this choice with the best of 30 for
+    long columns. For short ones, MobileNetV3's batch norm, activation and mean over 28 x 28
+    positions of 72 and 120 channels (batch 64): 16 columns a program took 20% and 14% less
+    time than 32, within 1.1% of the best of 24 settings (a one-off sweep on an H100; no
+    results file holds it)."""
+    programs = 132 if rnumel >= 2048 else 2 * 132
     xblock = 32
-    while xblock > 8 and xnumel // xblock < 132:
+    while xblock > 8 and xnumel // xblock < programs:
         xblock //= 2
     return xblock, max(16, min(4096 // xblock, _next_pow2(rnumel))), 8
 
