@@ -20,7 +20,7 @@ from typing import Any, Callable
 
 import torch
 
-from . import config, distributed, ir, logs, metrics, optim
+from . import config, distributed, frame_store, ir, logs, metrics, optim
 from .capture import SUPPORTED_VERSIONS, Unsupported
 from .capture.breaks import DISABLE_MARK, never_traced
 from .capture.frame import ResumeSegment
@@ -44,7 +44,8 @@ _GENERATION = 0        # bumped whenever entries of _CACHES are dropped (compile
 
 def cache_info() -> dict:
     """The whole-graph cache since the process started: hits, misses, stores, entries found
-    corrupted, graphs not stored; and its directory (runtime/cache.py)."""
+    corrupted, graphs not stored, frames saved and loaded (frame_store.py); and its directory
+    (runtime/cache.py)."""
     from .runtime import cache
     return cache.info()
 
@@ -274,6 +275,11 @@ class CompiledFunction:
                 logs.log("guards", f"[{seg.compile_id}] {where} (arguments passed another way)"
                                    f"\n{seg.guard_source}")
                 return seg
+        if offset == 0 and not eager and _n_entries(entries) < config.recompile_limit:
+            seg = self._saved_segment(frame, args, kwargs)
+            if seg is not None:
+                entries.insert(0, seg)
+                return seg
         if not eager and _n_entries(entries) >= config.recompile_limit:
             if (offset, eager) not in frame.limit_warned:      # once per frame, as Dynamo
                 frame.limit_warned.add((offset, eager))
@@ -351,8 +357,35 @@ class CompiledFunction:
             fid = frame.frame_ids[offset]
             seg.compile_id = f"{fid}/{_n_entries(entries)}"
             logs.log("guards", f"[{seg.compile_id}] {where}\n{seg.guard_source}")
+            if offset == 0 and seg.compiled is not None and frame.store_key:
+                frame_store.save(frame.store_key, seg)
         entries.insert(0, seg)
         return seg
+
+    def _saved_segment(self, frame: "_FrameCache", args, kwargs):
+        """The first of the frame's entries saved by earlier processes (frame_store.py) whose
+        guard holds for this call, as a new entry; None if there is none. Each saved entry is
+        taken once at most."""
+        if frame.saved is None:
+            frame.store_key = frame_store.frame_key(self._func, self.backend_name, self._key[2], self.fullgraph)
+            frame.saved = frame_store.saved(frame.store_key) if frame.store_key else []
+        for record in frame.saved:
+            found = frame_store.segment(record, self._func, args, kwargs)
+            if found is None:
+                continue
+            seg, inputs = found
+            frame.saved.remove(record)
+            for source, value in zip(seg.input_sources, inputs):
+                # what automatic dynamic compares a later call's sizes with, as after a trace
+                frame.seen_sizes[(0, source) if isinstance(value, torch.Tensor) else (0, source, "number")] = \
+                    tuple(value.shape) if isinstance(value, torch.Tensor) else value
+            metrics.graphs += 1
+            fid = frame.frame_ids.setdefault(0, next(_FRAME_IDS))
+            seg.compile_id = f"{fid}/{_n_entries(frame.segments.get((0, False), []))}"
+            logs.log("guards", f"[{seg.compile_id}] {self.__name__} (saved by an earlier process: not "
+                               f"captured again)\n{seg.guard_source}")
+            return seg
+        return None
 
     def _call_for_real(self, fn, args, kwargs):
         """A call made at a graph break. A user function (or a user module's forward) is
@@ -420,6 +453,10 @@ class _FrameCache:
     # automatic dynamic: (offset, source) -> sizes the last trace saw / dims seen to change
     seen_sizes: dict = field(default_factory=dict)
     auto_dynamic: dict = field(default_factory=dict)
+    # frame_store.py: the file of this frame's saved entries, and those not yet taken (read on
+    # the frame's first miss)
+    store_key: str | None = None
+    saved: list | None = None
 
     def __iter__(self):          # the compiled segments
         return iter([seg for entries in self.segments.values() for seg in entries

@@ -17,6 +17,9 @@ cache_dir = os.environ.get("MINICOMPILE_CACHE_DIR",
 # The whole-graph cache (runtime/cache.py): a graph compiled before, in any process, loads its
 # generated code from cache_dir instead of being lowered, fused and generated again.
 graph_cache = os.environ.get("MINICOMPILE_GRAPH_CACHE", "1") != "0"
+# Saved frames (frame_store.py): with the graph cache on, a frame compiled before in any process
+# is not captured again where its saved guard holds.
+frame_cache = os.environ.get("MINICOMPILE_FRAME_CACHE", "1") != "0"
 
 # Guards check the static-shaped tensors of an entry (a model's parameters) with one call of
 # TorchDynamo's C++ TensorGuards (capture/guards.py); False: each by Python expressions.

@@ -99,7 +99,7 @@ def _compile_values(gm: torch.fx.GraphModule, example_inputs, written=None) -> w
         entry = cache.load(key)
         if entry is not None:
             compiled = wrapper.rebuild(entry)
-            compiled.shape_guards = entry["shape_guards"]
+            compiled.shape_guards, compiled.cache_key = entry["shape_guards"], key
             return compiled
     try:
         program = lower(gm, list(example_inputs))
@@ -109,8 +109,8 @@ def _compile_values(gm: torch.fx.GraphModule, example_inputs, written=None) -> w
         if key is not None:
             if compiled.entry is None:
                 cache.not_stored("its output structure has no name a later process can read")
-            else:
-                cache.store(key, {**compiled.entry, "shape_guards": compiled.shape_guards})
+            elif cache.store(key, {**compiled.entry, "shape_guards": compiled.shape_guards}):
+                compiled.cache_key = key          # where a later process finds it (frame_store.py)
         return compiled
     except KernelCompileError as err:
         if not err.generated_code:

@@ -6,7 +6,7 @@
     minicompile.metrics.kernel_bytes   # [(kernel name, bytes read, bytes written), ...]
     minicompile.metrics.backward_kernels   # of those, the kernels of compiled backward graphs
 """
-graphs = 0          # FX graphs captured and compiled
+graphs = 0          # FX graphs captured and compiled (or saved frames loaded: frame_store.py)
 graph_breaks = 0    # graph breaks (a frame that could not be captured whole counts one)
 recompiles = 0      # compiles of a frame that already had a compiled entry
 kernels = 0         # kernels generated (Triton or C++), extern calls not counted

@@ -360,6 +360,19 @@ class TemplateBuilder:
                                   "minicompile cannot rebuild it as a Python value")
 
 
+class SourceRead:
+    """A value read from the call's own state (a local, a global, an attribute of one): a
+    source's expression, evaluated in the guard's namespace with the call's L, G and F
+    (the namespace `make_env` gives)."""
+
+    def __init__(self, expr: str, namespace: dict):
+        self.expr, self.namespace = expr, namespace
+        self._code = compile(expr, "<minicompile source>", "eval")
+
+    def __call__(self, env):
+        return eval(self._code, self.namespace, env)
+
+
 def rebuild(t, outs, env, memo=None):
     memo = {} if memo is None else memo
     key = id(t)
@@ -484,9 +497,11 @@ class Segment:
     get_inputs_source: str = ""
     make_env: Callable = None         # (F, args, kwargs) -> the namespace templates read
     check: Callable = None            # (F, args, kwargs) -> the graph's inputs if the guard holds
+    guard_code: Any = None            # the guards.GuardCode they come from
 
     def use(self, code) -> None:
         """Take the generated functions of a guards.GuardCode."""
+        self.guard_code = code
         self.guard, self.guard_source = code.guard, code.source
         self.get_inputs, self.get_inputs_source = code.get_inputs, code.get_inputs_source
         self.make_env, self.check = code.make_env, code.check

@@ -848,49 +848,12 @@ class GuardBuilder:
         # the namespace the templates of the live state and the side effects are read in
         env_src = "\n".join(["def make_env(F, args, kwargs):"] + outer
                             + ["    return {'L': L, 'G': G, 'F': F}"]) + "\n"
-        def on_first_call(src: str, name: str, filename: str) -> Callable:
-            """The generated function `name`, compiled when it is first called: the boolean
-            guard and the slow twin run only on a miss (or when a reader asks), and a large
-            model's take milliseconds to compile, which a first call need not pay."""
-            made = None
-
-            def call(*args):
-                nonlocal made
-                if made is None:
-                    exec(compile(src, filename, "exec"), ns)
-                    made = ns[name]
-                return made(*args)
-            return call
-        exec(compile(check_src, "<minicompile guard>", "exec"), ns)
-        exec(compile(env_src, "<minicompile env>", "exec"), ns)
-        guard = on_first_call(guard_src, "guard", "<minicompile guard>")
-        raw = on_first_call(failure_src, "guard_failure", "<minicompile guard_failure>")
-        get_inputs = on_first_call(inputs_src, "get_inputs", "<minicompile get_inputs>")
-        checks = list(self.checks)
-
-        def failure(F, args, kwargs):
-            """-> (reason with the user's line, the user's stack as (file, line, code, function))
-            or None if the guard holds."""
-            hit = raw(F, args, kwargs)
-            if hit is None:
-                return None
-            text, i = hit
-            where = checks[i].where if i >= 0 else None
-            if where:
-                f, line, code, fn = where[-1]
-                text = f"{text:<56} # {code.strip()}  # {os.path.basename(f)}:{line} in {fn}"
-            return text, list(where or [])
-
-        def fail_reason(F, args, kwargs):
-            """The first check of the guard that fails on this call, in words; None if it holds."""
-            hit = failure(F, args, kwargs)
-            return None if hit is None else hit[0]
-
-        guard.failure = failure
-        guard.fail_reason = fail_reason
-        guard.failure_source = failure_src
-        guard.rebind = lambda F, args, kwargs: self.rebind(F, args, kwargs, input_exprs)
-        return GuardCode(guard, guard_src, get_inputs, inputs_src, ns["make_env"], ns["check"])
+        sources = {"check": check_src, "guard": guard_src, "guard_failure": failure_src,
+                   "get_inputs": inputs_src, "make_env": env_src}
+        code = generated(sources, ns, [c.where for c in self.checks])
+        code.guard.rebind = lambda F, args, kwargs: self.rebind(F, args, kwargs, input_exprs)
+        code.tensors = [c.tensor for c in batched[1]] if batched else []
+        return code
 
     def rebind(self, func, args: tuple, kwargs: dict, input_exprs: List[str]) -> Optional["GuardCode"]:
         """The same checks for another way of passing the same arguments (`f(x)` and then
@@ -914,3 +877,58 @@ class GuardCode:
     get_inputs_source: str
     make_env: Callable                # (F, args, kwargs) -> {'L', 'G', 'F'} for templates
     check: Callable                   # (F, args, kwargs) -> the graph's inputs, or None: guard
+    # what made them (frame_store.py saves an entry from these): the generated sources by
+    # function name, the namespace they run in, each check's user stack, and the tensors the
+    # C++ check (the namespace's TENSORS) was made from
+    sources: Dict[str, str] = field(default_factory=dict)
+    namespace: Dict[str, Any] = field(default_factory=dict)
+    where: list = field(default_factory=list)
+    tensors: list = field(default_factory=list)
+
+
+def generated(sources: Dict[str, str], ns: Dict[str, Any], where: list) -> GuardCode:
+    """An entry's functions from their generated sources (GuardBuilder.build's, or a saved
+    entry's), run in the namespace `ns`. `where`: the user's stack of each check, which the
+    failure reason names."""
+    def on_first_call(name: str, filename: str) -> Callable:
+        """The generated function `name`, compiled when it is first called: the boolean
+        guard and the slow twin run only on a miss (or when a reader asks), and a large
+        model's take milliseconds to compile, which a first call need not pay."""
+        made = None
+
+        def call(*args):
+            nonlocal made
+            if made is None:
+                exec(compile(sources[name], filename, "exec"), ns)
+                made = ns[name]
+            return made(*args)
+        return call
+    exec(compile(sources["check"], "<minicompile guard>", "exec"), ns)
+    exec(compile(sources["make_env"], "<minicompile env>", "exec"), ns)
+    guard = on_first_call("guard", "<minicompile guard>")
+    raw = on_first_call("guard_failure", "<minicompile guard_failure>")
+    get_inputs = on_first_call("get_inputs", "<minicompile get_inputs>")
+
+    def failure(F, args, kwargs):
+        """-> (reason with the user's line, the user's stack as (file, line, code, function))
+        or None if the guard holds."""
+        hit = raw(F, args, kwargs)
+        if hit is None:
+            return None
+        text, i = hit
+        at = where[i] if i >= 0 else None
+        if at:
+            f, line, code, fn = at[-1]
+            text = f"{text:<56} # {code.strip()}  # {os.path.basename(f)}:{line} in {fn}"
+        return text, list(at or [])
+
+    def fail_reason(F, args, kwargs):
+        """The first check of the guard that fails on this call, in words; None if it holds."""
+        hit = failure(F, args, kwargs)
+        return None if hit is None else hit[0]
+
+    guard.failure = failure
+    guard.fail_reason = fail_reason
+    guard.failure_source = sources["guard_failure"]
+    return GuardCode(guard, sources["guard"], get_inputs, sources["get_inputs"], ns["make_env"], ns["check"],
+                     sources, ns, where)

@@ -153,10 +153,7 @@ def trace_segment(fn, args: tuple, kwargs: dict, offset: int = 0, *, breaks: boo
     ns = output.guards.namespace
 
     def source_fn(src):
-        if not sources_in_templates:
-            return None
-        expr = compile(src.expr(), "<minicompile source>", "eval")
-        return lambda env, e=expr: eval(e, ns, env)
+        return F.SourceRead(src.expr(), ns) if sources_in_templates else None
 
     # tracing runs the ops on real values: random ones draw from PyTorch's generator, which
     # is put back as it was, so the compiled code draws what eager would (ir.RANDOM_FUNCTIONS)

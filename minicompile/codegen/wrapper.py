@@ -46,6 +46,7 @@ class CompiledGraph:
     # what a later process needs to run this graph without lowering, fusion or code generation
     # (runtime/cache.py stores it; `rebuild` makes the callable again); None: not storable
     entry: dict | None = None
+    cache_key: str | None = None   # the whole-graph cache's key of the stored entry, if stored
 
     def __call__(self, *args):
         return self.fn(list(args))

@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import functools
 import hashlib
-import marshal
 import os
 import pickle
 import platform
@@ -36,7 +35,8 @@ import torch
 
 from .. import config, logs
 
-_INFO = {"hits": 0, "misses": 0, "stores": 0, "corrupted": 0, "not_stored": 0}
+_INFO = {"hits": 0, "misses": 0, "stores": 0, "corrupted": 0, "not_stored": 0,
+         "frames_saved": 0, "frames_loaded": 0}     # (frame_store.py's)
 _warned_corrupted = False
 
 
@@ -86,8 +86,24 @@ def _target_name(target) -> str:
         raise NotCacheable(f"the call target {target!r} has no name a later process can find")
     if isinstance(target, types.FunctionType) and module.split(".")[0] not in ("torch", "minicompile"):
         # a user's function in the graph: its code too, which may change between processes
-        return f"{module}.{name}:{hashlib.sha256(marshal.dumps(target.__code__)).hexdigest()}"
+        return f"{module}.{name}:{code_digest(target.__code__)}"
     return f"{module}.{name}"
+
+
+def code_digest(code: types.CodeType) -> str:
+    """A digest of what a code object does, the same in every process that loads the same
+    source: its bytecode, names, constants (nested code objects the same way), file and
+    lines. (marshal's bytes are not: they mark objects shared within the code by reference
+    counts, which differ between processes.)"""
+    def parts(c):
+        consts = tuple(parts(k) if isinstance(k, types.CodeType)
+                       else ("frozenset", sorted(map(repr, k))) if isinstance(k, frozenset)
+                       else (type(k).__name__, repr(k)) for k in c.co_consts)
+        return (c.co_code, consts, c.co_names, c.co_varnames, c.co_freevars, c.co_cellvars,
+                c.co_filename, c.co_name, c.co_qualname, c.co_firstlineno, c.co_flags,
+                c.co_argcount, c.co_posonlyargcount, c.co_kwonlyargcount,
+                getattr(c, "co_exceptiontable", b""), c.co_linetable)
+    return hashlib.sha256(repr(parts(code)).encode()).hexdigest()[:32]
 
 
 def _describe(value) -> tuple:
@@ -121,10 +137,15 @@ def graph_key(gm: torch.fx.GraphModule, example_inputs) -> str:
     storages = [t.untyped_storage()._cdata if isinstance(t, torch.Tensor) else None for t in example_inputs]
     parts.append([_describe(t) for t in example_inputs])
     parts.append([storages.index(s) if s is not None else None for s in storages])   # which share memory
-    settings = {k: v for k, v in vars(config).items()
-                if not k.startswith("_") and k != "cache_dir" and not callable(v) and not isinstance(v, type(os))}
-    parts.append(sorted((k, repr(v)) for k, v in settings.items()))
+    parts.append(settings())
     return hashlib.sha256(repr(parts).encode()).hexdigest()[:32]
+
+
+def settings() -> list:
+    """minicompile's settings (config.py) that change what it compiles, as a key holds them."""
+    values = {k: v for k, v in vars(config).items()
+              if not k.startswith("_") and k != "cache_dir" and not callable(v) and not isinstance(v, type(os))}
+    return sorted((k, repr(v)) for k, v in values.items())
 
 
 def _path(key: str) -> str:
@@ -154,40 +175,53 @@ def read_checked(path):
     return pickle.loads(payload)
 
 
-def load(key: str):
-    """The entry stored under `key`, or None (a miss). A corrupted entry is removed and said."""
-    global _warned_corrupted
+def load(key: str, count_miss: bool = True):
+    """The entry stored under `key`, or None (a miss, counted where `count_miss`: a saved frame
+    whose graph is missing is compiled, which counts it). A corrupted entry is removed and said."""
     path = _path(key)
     try:
         entry = read_checked(path)
     except OSError:
-        _INFO["misses"] += 1
+        _INFO["misses"] += count_miss
         return None
     except Exception as err:            # noqa: BLE001 (whatever is wrong with the file)
-        _INFO["corrupted"] += 1
-        _INFO["misses"] += 1
-        reason = f"graph cache entry {path} is corrupted ({err}): removed, and the graph compiled again"
-        logs.log("output_code", reason)
-        if not _warned_corrupted:
-            _warned_corrupted = True
-            logs.warn(f"minicompile: {reason}")
-        try:
-            os.unlink(path)
-        except OSError:
-            pass
+        _INFO["misses"] += count_miss
+        corrupted(path, err, "graph cache entry", "the graph compiled again")
         return None
     _INFO["hits"] += 1
     return entry
 
 
-def store(key: str, entry: dict) -> None:
-    """Write the entry under `key`, atomically; an entry that cannot be pickled is not stored."""
+def count(what: str) -> None:
+    """One more of `what` in cache_info() (frames_saved, frames_loaded: frame_store.py's)."""
+    _INFO[what] += 1
+
+
+def corrupted(path: str, err: Exception, what: str, then: str) -> None:
+    """A file of the cache that does not read back: counted, removed, said (a warning once)."""
+    global _warned_corrupted
+    _INFO["corrupted"] += 1
+    reason = f"{what} {path} is corrupted ({err}): removed, and {then}"
+    logs.log("output_code", reason)
+    if not _warned_corrupted:
+        _warned_corrupted = True
+        logs.warn(f"minicompile: {reason}")
+    try:
+        os.unlink(path)
+    except OSError:
+        pass
+
+
+def store(key: str, entry: dict) -> bool:
+    """Write the entry under `key`, atomically; an entry that cannot be pickled is not stored.
+    -> whether it was."""
     try:
         write_checked(_path(key), entry)
     except Exception as err:            # noqa: BLE001 (a constant pickle cannot write, a full disk)
         not_stored(f"{type(err).__name__}: {err}")
-        return
+        return False
     _INFO["stores"] += 1
+    return True
 
 
 def not_stored(reason: str) -> None:
