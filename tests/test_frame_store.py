@@ -26,7 +26,9 @@ MODEL = textwrap.dedent("""
         def __init__(self, width=24):
             super().__init__()
             self.lin, self.norm, self.width = torch.nn.Linear(width, width), torch.nn.LayerNorm(width), width
+            self.log = []
         def forward(self, x):
+            self.log.append(self.width)             # a side effect, made on the call's own module
             return {{"y": helper(self.norm(self.lin(x))).softmax(-1) * SCALE + x, "total": x.sum(0)}}
 """)
 
@@ -46,6 +48,7 @@ PROGRAM = textwrap.dedent("""
         got, want = minicompile.compile(block)(x), block(x)
     for k in want:
         torch.testing.assert_close(got[k], want[k], rtol=1e-4, atol=1e-5)
+    assert block.log == [24, 24], block.log
     info = minicompile.cache_info()
     print(json.dumps({"traced": len(traced), "saved": info["frames_saved"], "loaded": info["frames_loaded"],
                       "corrupted": info["corrupted"], "graphs": minicompile.metrics.graphs}))
