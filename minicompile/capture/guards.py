@@ -172,10 +172,19 @@ def viewed_dict(view) -> dict:
     return gc.get_referents(view.mapping)[0]
 
 
+_STORAGE, _STORAGE_PTR = torch.Tensor.untyped_storage, torch.UntypedStorage.data_ptr
+
+
 def storage_pattern(*tensors) -> tuple:
     """For each tensor, the position of the first one that shares its memory."""
+    # run per call over every tensor input (a model's parameters too): the addresses are read
+    # by map, with no Python frame per tensor, and the usual answer, no memory shared, is
+    # found by one set
+    ptrs = list(map(_STORAGE_PTR, map(_STORAGE, tensors)))
+    if len(set(ptrs)) == len(ptrs):
+        return tuple(range(len(ptrs)))
     first: dict = {}
-    return tuple(first.setdefault(t.untyped_storage().data_ptr(), i) for i, t in enumerate(tensors))
+    return tuple(first.setdefault(p, i) for i, p in enumerate(ptrs))
 
 
 # how the generated code writes a local before it is named: \x01<n>\x01 (no repr() in the code
