@@ -52,6 +52,7 @@ class Epilogue:
     leaves: list
     copies: list                   # (input index i, output index k): inputs[i].copy_(outs[k])
     description: list = field(default_factory=list)   # for the logs and the book
+    read: frozenset | None = None  # the outputs the user's output is made from (None: any)
 
     def __call__(self, compiled: Callable, inputs):
         outs = compiled(*inputs)
@@ -472,6 +473,7 @@ class _Functionalizer:
             sources = {alias[a]: source(alias[a]) for v in chain for a in v.all_input_nodes
                        if alias[a] not in chain and alias[a] is not r}
             result.append(("view", base, Replay(chain, r, alias, sources)))
+        read = frozenset(range(len(outs)))     # the leaves' (a written input's new value may be one)
         copies = [(position[p], output(self.value[p])) for p in written]
         self.graph.output(tuple(outs))
         gm = torch.fx.GraphModule(self.gm, self.graph)
@@ -481,7 +483,7 @@ class _Functionalizer:
                  f" ({' -> '.join(str(v.target) if isinstance(v.target, str) else getattr(v.target, '__name__', '?') for v in l[2].chain)})"
                  for j, l in enumerate(result) if l[0] == "view"]
         said += [f"output {j} is input {self.inputs[l[1]].name} itself" for j, l in enumerate(result) if l[0] == "input"]
-        return gm, Epilogue(spec, result, copies, said)
+        return gm, Epilogue(spec, result, copies, said, read)
 
 
 def functionalize(gm: torch.fx.GraphModule, example_inputs):

@@ -50,9 +50,12 @@ def _compile_functional(gm: torch.fx.GraphModule, example_inputs, training: bool
     else:
         compiled = _compile_values(functional, example_inputs, written)
     if config.cudagraphs:
-        # the values-only graph is recorded; the epilogue's writes and views run after a replay
+        # the values-only graph is recorded; the epilogue's writes and views run after a replay,
+        # but for a static input's new value that nothing else reads: the recording writes it
+        write_back = {k: i for k, i in written.items() if epilogue.read is not None and k not in epilogue.read}
         compiled = cudagraphs.record_when_possible(compiled, example_inputs, training, set(written.values()),
-                                                      dynamic=bool(_dynamic_dims(functional)))
+                                                      dynamic=bool(_dynamic_dims(functional)),
+                                                      write_back=write_back)
     if epilogue is None:
         return compiled
     logs.log("output_code", "epilogue:\n" + "\n".join(f"    {line}" for line in epilogue.description))

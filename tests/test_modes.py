@@ -208,6 +208,27 @@ def test_reduce_overhead_writes_a_static_input_in_place_once_per_call(keep_faste
 
 
 @needs_cuda
+def test_a_recording_writes_a_static_inputs_new_value_into_it():
+    """write_back: an output that is only a static input's new value, which the graph did not
+    store into it, is copied into it inside the recording; the call hands back the input."""
+    from minicompile.runtime import cudagraphs
+
+    def step(count, x):                  # the new count is a new tensor, as a kernel's output
+        return count + 1, x * count
+
+    count, x = torch.zeros(3, device="cuda"), torch.randn(3, device="cuda")
+    minicompile.mark_static_address(count)
+    wrapped = cudagraphs.record_when_possible(step, [count, x], written={0}, dynamic=False, write_back={0: 0})
+    with minicompile.config.patch(**ALWAYS_REPLAY):
+        for n in range(1, 4):
+            x = torch.randn(3, device="cuda")
+            new, out = wrapped(count, x)
+            assert new is count
+            torch.testing.assert_close(count, torch.full((3,), float(n), device="cuda"))
+            torch.testing.assert_close(out, x * (n - 1))
+
+
+@needs_cuda
 def test_a_graph_that_cannot_be_recorded_runs_the_default_path():
     from minicompile.runtime import cudagraphs
 

@@ -481,6 +481,27 @@ def test_the_epilogue_copies_by_one_foreach_copy_per_dtype(monkeypatch):
         assert torch.equal(x, value)
 
 
+def test_the_epilogue_says_which_outputs_the_users_output_is_made_from():
+    """Epilogue.read: a written input's new value that the user's output does not read is not
+    among them (a CUDA graph's recording may then write it into its static input itself)."""
+    from minicompile.functionalize import functionalize
+
+    def step(x, count):
+        count.add_(1)
+        return x * 2, x[:1]
+
+    def returned(x, count):
+        count.add_(1)
+        return x * count
+
+    for f, read in ((step, {0}), (returned, {0})):
+        _, epilogue = functionalize(torch.fx.symbolic_trace(f), [torch.randn(3), torch.zeros(3)])
+        (i, k), = epilogue.copies
+        assert i == 1 and k not in epilogue.read and epilogue.read == read
+    _, epilogue = functionalize(torch.fx.symbolic_trace(lambda x, c: c.add_(1)[:2]), [torch.randn(3), torch.zeros(3)])
+    assert epilogue.read == set()          # a view of the written input: made from the input
+
+
 @pytest.mark.parametrize("overwrite", [lambda t: t.zero_(), lambda t: t.fill_(2.5),
                                        lambda t: t.copy_(torch.arange(4.0)), lambda t: torch.zero_(t)])
 def test_a_value_overwritten_in_place_keeps_its_gradient(overwrite):

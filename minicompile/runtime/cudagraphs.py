@@ -19,12 +19,17 @@ every launch) becomes: copy the inputs into the recording's own input buffers, o
   then: nothing may be compiled or allocated with the host's help while recording). That run,
   and the timed calls below, write static inputs the graph writes: those are put back after
   them, so each call writes its input once, as eager's does.
+- A static input's new value that the graph's kernels could not store straight into it (and
+  the caller reads for nothing else) is copied into it by the recording itself, after the
+  graph's kernels: a replay hands back the input, written, instead of a value for the
+  epilogue to copy out of the recording and then into the input.
 - All recordings of one graph share a private memory pool.
 - Outputs: a replay writes the same memory again, so each call's outputs (but a static input
   the graph wrote, handed back as the call's own tensor) are copies of the recording's
   (torch.compile instead hands out the recording's own memory and raises if it is read after
   the next replay). The `cudagraphs` log says so when a graph is recorded. Inputs
-  are copied in, and outputs out, by one multi-tensor copy each (`torch._foreach_copy_`).
+  are copied in, and outputs out, by one multi-tensor copy each (`torch._foreach_copy_`; a
+  single output by `clone`).
 - A replay is not always faster: copying a large input in and its output out can cost more
   than the launches it saves. Right after recording, a few replays and a few calls of the
   default path are timed (`config.cudagraph_keep_faster`), and the faster serves that
@@ -48,10 +53,14 @@ def is_static(t) -> bool:
     return isinstance(t, torch.nn.Parameter) or getattr(t, "_dynamo_static_input_type", None) is not None
 
 
-def record_when_possible(compiled, example_inputs, training: bool = False, written=(), dynamic: bool = True):
+def record_when_possible(compiled, example_inputs, training: bool = False, written=(), dynamic: bool = True,
+                         write_back=None):
     """`compiled`, replayed from CUDA graphs where it can be; else `compiled` (the reason logged).
     written: the indices of the static inputs that `compiled` writes in place. dynamic: the
-    graph has dynamic sizes (False: its caller's guards fix every input's sizes and strides)."""
+    graph has dynamic sizes (False: its caller's guards fix every input's sizes and strides).
+    write_back: {output k: static input i of `written`}: output k is only input i's new value,
+    which the recording writes into input i (if the graph did not), handing back input i as
+    output k."""
     tensors = [t for t in example_inputs if isinstance(t, torch.Tensor)]
     devices = {t.device for t in tensors}
     reason = None
@@ -63,14 +72,14 @@ def record_when_possible(compiled, example_inputs, training: bool = False, writt
     if reason is not None:
         logs.log("cudagraphs", f"not recorded: {reason}")
         return compiled
-    return CUDAGraphed(compiled, next(iter(devices)), example_inputs, written, dynamic)
+    return CUDAGraphed(compiled, next(iter(devices)), example_inputs, written, dynamic, write_back)
 
 
 class _Recording:
     """One CUDA graph of the compiled graph, for one input signature. static_at: the positions
     of the inputs used in place (the others' tensors are copied into its own)."""
 
-    def __init__(self, compiled, args, pool, device, static_at, written):
+    def __init__(self, compiled, args, pool, device, static_at, written, write_back):
         self.inputs = list(args)        # per input: the recording's tensor, or the call's
         self.copied_at = [i for i, a in enumerate(args) if isinstance(a, torch.Tensor) and i not in static_at]
         for i in self.copied_at:
@@ -80,14 +89,18 @@ class _Recording:
         side = torch.cuda.Stream(device)
         side.wait_stream(torch.cuda.current_stream(device))
         with torch.cuda.stream(side), kept_as_they_are([args[i] for i in written]):
-            compiled(*self.inputs)                   # warm-up: kernels compiled and loaded
+            # warm-up: kernels compiled and loaded
+            _written_back(compiled(*self.inputs), args, write_back)
         torch.cuda.current_stream(device).wait_stream(side)
         self.graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(self.graph, pool=pool):
-            outputs = compiled(*self.inputs)
+            outputs = _written_back(compiled(*self.inputs), args, write_back)
         self.static_at = sorted(static_at)
         self.static_ptrs = [a.data_ptr() if i in static_at else None for i, a in enumerate(args)]
         self.out_leaves, self.out_spec = pytree.tree_flatten(outputs)
+        # a flat list or tuple (a compiled graph's outputs) is made again without pytree
+        self.flat = type(outputs) if type(outputs) in (list, tuple) and len(outputs) == len(self.out_leaves) \
+            else None
         # an output that is a static input (written in place) is handed back as the call's
         # own input; every other tensor output is copied out of the recording's memory
         self.out_inputs = {i: j for i, v in enumerate(self.out_leaves) for j in static_at if v is args[j]}
@@ -115,14 +128,31 @@ class _Recording:
         self.graph.replay()
         leaves = list(self.out_leaves)
         recorded = [leaves[i] for i in self.out_tensors]
-        if recorded:
+        if len(recorded) == 1:                # (one call where there is one)
+            fresh = [recorded[0].clone()]
+        else:
             fresh = [torch.empty_like(t) for t in recorded]
-            torch._foreach_copy_(fresh, recorded)
-            for i, t in zip(self.out_tensors, fresh):
-                leaves[i] = t
+            if fresh:
+                torch._foreach_copy_(fresh, recorded)
+        for i, t in zip(self.out_tensors, fresh):
+            leaves[i] = t
         for i, j in self.out_inputs.items():
             leaves[i] = args[j]
-        return pytree.tree_unflatten(leaves, self.out_spec)
+        return self.flat(leaves) if self.flat is not None else pytree.tree_unflatten(leaves, self.out_spec)
+
+
+def _written_back(outputs, args, write_back):
+    """The graph's outputs, each output k of write_back {k: i} copied into static input i
+    (unless the graph stored it there) and replaced by that input."""
+    if not write_back:
+        return outputs
+    outputs = list(outputs)
+    for k, i in write_back.items():
+        value, x = outputs[k], args[i]
+        if value is not x and (value.data_ptr() != x.data_ptr() or value.stride() != x.stride()):
+            x.copy_(value)
+        outputs[k] = x
+    return outputs
 
 
 class kept_as_they_are:
@@ -178,8 +208,9 @@ def _signature(args, at) -> tuple:
 class CUDAGraphed:
     """A compiled graph whose calls replay CUDA graphs, one recording per input signature."""
 
-    def __init__(self, compiled, device, example_inputs, written=(), dynamic=True):
+    def __init__(self, compiled, device, example_inputs, written=(), dynamic=True, write_back=None):
         self.compiled, self.device, self.written = compiled, device, tuple(written)
+        self.write_back = dict(write_back or {})
         n = len(example_inputs)
         self.static_at = {i for i, a in enumerate(example_inputs) if isinstance(a, torch.Tensor) and is_static(a)}
         # per call, the key of its recording: a graph of static sizes meets one layout per
@@ -214,7 +245,8 @@ class CUDAGraphed:
                 # stream: each replay then draws where eager's call would
                 with ir.preserved_rng():
                     try:
-                        rec = _Recording(self.compiled, args, self.pool, self.device, self.static_at, self.written)
+                        rec = _Recording(self.compiled, args, self.pool, self.device, self.static_at, self.written,
+                                         self.write_back)
                     except Exception:
                         _end_failed_capture(self.device)
                         raise
