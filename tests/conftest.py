@@ -36,9 +36,11 @@ HAS_TRITON = _has_triton()
 
 @pytest.fixture(autouse=True)
 def _fresh_state():
-    """Every test starts with empty caches, zeroed counters and the default CPU backend."""
+    """Every test starts with empty caches, zeroed counters, no logs and the default CPU
+    backend (a log left on changes what is compiled: the fusion log turns the graph cache off)."""
     minicompile.reset()
     minicompile.metrics.reset()
+    minicompile.set_logs(**{name: False for name in minicompile.logs.ARTIFACTS})
     backend = minicompile.config.cpu_backend
     yield
     minicompile.config.cpu_backend = backend
