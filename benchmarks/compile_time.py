@@ -9,7 +9,9 @@ minicompile:
 - warm: a second process on the cache the cold one filled (Inductor's FX graph cache;
   minicompile's whole-graph cache and kernel caches);
 - regional: empty caches, every block compiled on its own (torch.compile: `block.compile()`;
-  minicompile: `minicompile.compile_regions(model)`), so one block's graph serves all 12.
+  minicompile: `minicompile.compile_regions(model)`), so one block's graph serves all 12;
+- minicompile's "warm, graphs only": a third process on the same caches with saved frames off
+  (MINICOMPILE_FRAME_CACHE=0), so the frame is captured again and only its graph is loaded.
 Each process also reports the steady-state time per call after warm-up (median), so regional
 and whole-model speed can be compared. Results checked against eager in each process. Writes
 compile_time_<device>.json; with another width or length than the default (256 wide, 8 x 128
@@ -73,8 +75,8 @@ print(json.dumps({"first_call_s": first, "per_call_ms": statistics.median(times)
 """
 
 
-def measure(device, compiler, how, cache_dir, repo, dim, tokens):
-    env = {**os.environ, "DEVICE": device, "COMPILER": compiler, "HOW": how, "REPO": repo,
+def measure(device, compiler, how, cache_dir, repo, dim, tokens, **extra):
+    env = {**os.environ, **extra, "DEVICE": device, "COMPILER": compiler, "HOW": how, "REPO": repo,
            "DIM": str(dim), "TOKENS": str(tokens),
            "TORCHINDUCTOR_CACHE_DIR": os.path.join(cache_dir, "inductor"),
            "MINICOMPILE_CACHE_DIR": os.path.join(cache_dir, "minicompile"), "MINICOMPILE_GRAPH_CACHE": "1"}
@@ -102,6 +104,9 @@ def main():
                 "warm": measure(args.device, compiler, "whole", whole, repo, args.dim, args.tokens),
                 "regional": measure(args.device, compiler, "regional", regional, repo, args.dim, args.tokens),
             }
+            if compiler == "minicompile":
+                results[compiler]["warm, graphs only"] = measure(args.device, compiler, "whole", whole, repo,
+                                                                 args.dim, args.tokens, MINICOMPILE_FRAME_CACHE="0")
         for how, r in results[compiler].items():
             print(f"{compiler:14s} {how:9s} first call {r['first_call_s']:7.2f} s, "
                   f"then {r['per_call_ms']:8.2f} ms per call", flush=True)
