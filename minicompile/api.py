@@ -363,12 +363,14 @@ class CompiledFunction:
         return seg
 
     def _saved_segment(self, frame: "_FrameCache", args, kwargs):
-        """The first of the frame's entries saved by earlier processes (frame_store.py) whose
+        """The first of the frame's entries saved by other processes (frame_store.py) whose
         guard holds for this call, as a new entry; None if there is none. Each saved entry is
         taken once at most."""
         if frame.saved is None:
-            frame.store_key = frame_store.frame_key(self._func, self.backend_name, self._key[2], self.fullgraph)
-            frame.saved = frame_store.saved(frame.store_key) if frame.store_key else []
+            frame.store_key = frame_store.frame_key(self._func, self.backend_name, self._key[2], self.fullgraph,
+                                                    self.dynamic)
+            frame.saved = [r for r in frame_store.saved(frame.store_key) if r["process"] != frame_store.PROCESS] \
+                if frame.store_key else []
         for record in frame.saved:
             found = frame_store.segment(record, self._func, args, kwargs)
             if found is None:

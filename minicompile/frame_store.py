@@ -42,6 +42,9 @@ from .codegen import wrapper
 from .runtime import cache
 
 FORMAT = "minicompile-frames-1"
+# who saved an entry: a process does not load its own (what it compiled and then forgot, by
+# minicompile.reset(), it compiles again, as TorchDynamo's reset means)
+PROCESS = f"{os.getpid()}-{os.urandom(8).hex()}"
 _DEFAULT_NAMES = frozenset(GuardBuilder().namespace)       # bound by every guard's builder
 _MISSING = object()
 
@@ -50,12 +53,13 @@ class NotSaved(Exception):
     """The segment holds something another process could not find again (the reason)."""
 
 
-def frame_key(func: types.FunctionType, backend_name: str, options: tuple, fullgraph: bool):
+def frame_key(func: types.FunctionType, backend_name: str, options: tuple, fullgraph: bool, dynamic):
     """The file name of a frame's saved entries, or None where frames are not saved."""
     if not (config.frame_cache and config.graph_cache) or backend_name != "minicompile" \
             or logs.enabled("fusion"):
         return None
-    parts = (cache.code_digest(func.__code__), repr(options), fullgraph, cache._versions(), cache.settings())
+    parts = (cache.code_digest(func.__code__), repr(options), fullgraph, repr(dynamic), cache._versions(),
+             cache.settings())
     return hashlib.sha256(repr(parts).encode()).hexdigest()[:32]
 
 
@@ -102,7 +106,7 @@ def _record(seg) -> dict:
     except Exception as err:          # noqa: BLE001 (whatever the graph holds)
         raise NotSaved(f"the graph cannot be pickled ({type(err).__name__}: {err})") from None
     saving = (_recipe, lambda read: read.expr)
-    return {"guard": code.sources["guard"], "sources": code.sources, "namespace": namespace,
+    return {"process": PROCESS, "guard": code.sources["guard"], "sources": code.sources, "namespace": namespace,
             "where": code.where, "template": _template(seg.template, *saving),
             "effects": [_effect(e, *saving) for e in seg.effects],
             "cache_key": compiled.cache_key, "input_sources": seg.input_sources,
@@ -301,7 +305,7 @@ def _effect(effect, classes, sources):
 # Loading
 # ---------------------------------------------------------------------------------------
 def saved(key: str) -> list:
-    """The frame's saved entries, newest first (api.py reads them once per process)."""
+    """The frame's saved entries, newest first (api.py takes those of other processes)."""
     path = _path(key)
     try:
         data = cache.read_checked(path)

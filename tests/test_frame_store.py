@@ -126,3 +126,23 @@ def test_a_saved_name_must_find_the_same_function():
     changed = recipe[:4] + ("another digest",)
     with pytest.raises(LookupError):
         frame_store._found(changed)
+
+
+def test_a_process_does_not_load_what_it_saved(tmp_path, monkeypatch):
+    """minicompile.reset() forgets what the process compiled, as torch._dynamo.reset() does:
+    the next call is captured again, not loaded from the frame this process saved."""
+    monkeypatch.setattr(minicompile.config, "graph_cache", True)
+    monkeypatch.setattr(minicompile.config, "cache_dir", str(tmp_path))
+    x = torch.randn(4, 3)
+    before = minicompile.cache_info()
+    torch.testing.assert_close(minicompile.compile(_double_relu)(x), _double_relu(x))
+    minicompile.reset()
+    torch.testing.assert_close(minicompile.compile(_double_relu)(x), _double_relu(x))
+    after = minicompile.cache_info()
+    assert after["frames_saved"] - before["frames_saved"] == 2
+    assert after["frames_loaded"] == before["frames_loaded"]
+    assert minicompile.metrics.graphs == 2
+
+
+def _double_relu(x):
+    return (x * 2).relu()
