@@ -76,6 +76,8 @@ with torch.no_grad():
             times.append(time.perf_counter() - s)
         return statistics.median(times) * 1e3
     result = {"first_call_s": first, "per_call_ms": per_call(fn)}
+    if compiler == "minicompile":        # what the first call found in the caches
+        result["cache"] = {k: minicompile.cache_info()[k] for k in ("hits", "misses", "frames_loaded")}
     if how == "regional":
         # per-call times differ between processes by more than regions cost: the whole model
         # compiled here too, and both timed in turns

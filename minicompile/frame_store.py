@@ -74,7 +74,7 @@ def save(key: str, seg) -> None:
     """Add the compiled segment to the frame's saved entries (or log why it cannot be)."""
     try:
         record = _record(seg)
-    except NotSaved as err:
+    except Exception as err:            # noqa: BLE001 (NotSaved, or an object that fails to be read)
         logs.log("guards", f"[{getattr(seg, 'compile_id', '?')}] not saved for a later process: {err}")
         return
     records = [r for r in saved(key) if r["guard"] != record["guard"]]
@@ -95,12 +95,12 @@ def _record(seg) -> dict:
         raise NotSaved("only one generated graph that writes no input, with no conditions between "
                        "sizes, is saved (not a graph for training, with CUDA graphs, or not in the "
                        "graph cache)")
-    namespace = {}
+    namespace, holders = {}, _holders(code.namespace)
     for name, value in code.namespace.items():
         if name in code.sources or name == "__builtins__":
             continue
         namespace[name] = ("default",) if name in _DEFAULT_NAMES else \
-            _tensor_checks(code.tensors) if name == "TENSORS" else _recipe(value, name, code.namespace)
+            _tensor_checks(code.tensors) if name == "TENSORS" else _recipe(value, name, code.namespace, holders)
     try:
         gm = pickle.dumps(seg.gm)
     except Exception as err:          # noqa: BLE001 (whatever the graph holds)
@@ -123,8 +123,30 @@ def _plain(value) -> bool:
     return False
 
 
-def _recipe(value, name: str = "", namespace=None, depth: int = 0):
-    """How a later process finds `value` again; NotSaved where it cannot."""
+def _holders(namespace: dict) -> dict:
+    """id -> (how, holder, key) for what the guard's namespace holds inside another of its
+    values: a function's code, defaults, closure cells and the functions in them; a class's
+    methods and properties (its VARS_ entry)."""
+    held = {}
+    for key, v in namespace.items():
+        if key.startswith("VARS_"):
+            for attr, member in v.items():
+                if isinstance(member, _CODE_HOLDERS):
+                    held.setdefault(id(member), ("classattr", namespace[key[len("VARS_"):]], attr))
+    for f in _functions(namespace):
+        for i, cell in enumerate(f.__closure__ or ()):
+            held[id(cell)] = ("cell", f, i)
+            if isinstance(_contents(cell), types.FunctionType):
+                held[id(_contents(cell))] = ("contents", f, i)
+        for attr in ("__code__", "__defaults__", "__kwdefaults__"):
+            if getattr(f, attr) is not None:
+                held[id(getattr(f, attr))] = ("attr", f, attr)
+    return held
+
+
+def _recipe(value, name: str = "", namespace=None, holders=None, depth: int = 0):
+    """How a later process finds `value` again; NotSaved where it cannot. `holders`: the
+    namespace's _holders, through which what it holds inside its values is found."""
     if depth > 24:
         raise NotSaved(f"{name or 'a value'} ({type(value).__name__}): names nested too deep")
     if isinstance(value, types.ModuleType):
@@ -133,29 +155,20 @@ def _recipe(value, name: str = "", namespace=None, depth: int = 0):
         return ("member", _recipe(type(value), depth=depth + 1), value.name)
     if isinstance(value, types.MappingProxyType) and name.startswith("VARS_"):
         return ("vars", _recipe(namespace[name[len("VARS_"):]], depth=depth + 1))
-    for f in _functions(namespace):
-        # a function's code, defaults or a cell's contents, guarded by identity: found again
-        # through the function
-        for attr in ("__code__", "__defaults__", "__kwdefaults__"):
-            if getattr(f, attr) is value and value is not None:
-                return ("attr", _recipe(f, depth=depth + 1), attr)
-        for i, cell in enumerate(f.__closure__ or ()):
-            if cell.cell_contents is value and isinstance(value, types.FunctionType):
-                return ("contents", _recipe(f, depth=depth + 1), i)
     if _plain(value) and not name.startswith("OBJ_") or value is None or type(value) is bool:
         return ("value", value)            # (an OBJ_ is checked by identity: `is` an equal copy fails)
+    how, holder, key = (holders or {}).get(id(value), (None, None, None))
+    if how in ("attr", "contents"):
+        # a function's code, defaults or a function in its cell, guarded by identity: found
+        # again through the function
+        return (how, _recipe(holder, depth=depth + 1), key)
     if isinstance(value, types.CellType):       # an inlined function's cell (CELL_<name>)
-        for f in _functions(namespace):
-            if value in (f.__closure__ or ()):
-                return ("cell", _recipe(f, depth=depth + 1), f.__closure__.index(value))
-        raise NotSaved(f"{name}: a closure cell of no function the guard holds")
-    for key, attrs in (namespace or {}).items():
-        # a class's attribute the trace ran (a property, a static method): found on its class
-        if key.startswith("VARS_") and any(v is value for v in attrs.values()) and not isinstance(value, type):
-            attr = next(k for k, v in attrs.items() if v is value)
-            code = [_digest(f, depth + 1) for f in (getattr(value, a, None) for a in ("fget", "fset", "fdel", "__func__"))
-                    if isinstance(f, types.FunctionType)]
-            return ("classattr", _recipe(namespace[key[len("VARS_"):]], depth=depth + 1), attr, repr(code))
+        if how != "cell":
+            raise NotSaved(f"{name}: a closure cell of no function the guard holds")
+        return ("cell", _recipe(holder, depth=depth + 1), key)
+    if how == "classattr":
+        # a class's method or property the trace ran: found on its class, and its code the same
+        return ("classattr", _recipe(holder, depth=depth + 1), key, _member_digest(value, depth + 1))
     if type(value) is dict and isinstance(value.get("__name__"), str) \
             and getattr(sys.modules.get(value["__name__"]), "__dict__", None) is value:
         return ("globals", value["__name__"])            # a module's globals (G_<module> in guards)
@@ -177,8 +190,41 @@ def _recipe(value, name: str = "", namespace=None, depth: int = 0):
     if found is not value:
         raise NotSaved(f"{name or 'a value'} ({type(value).__name__} {qualname or value!r:.60}) has no "
                        "name another process finds it by")
-    digest = _digest(value, depth) if isinstance(value, types.FunctionType) else None
+    digest = _digest(value, depth) if isinstance(value, types.FunctionType) else \
+        _type_digest(value) if isinstance(value, type) else None
     return ("named", module, qualname, unwrap, digest)
+
+
+_CODE_HOLDERS = (types.FunctionType, property, staticmethod, classmethod)
+
+
+def _contents(cell):
+    try:
+        return cell.cell_contents
+    except ValueError:                  # an empty cell
+        return _MISSING
+
+
+def _member_digest(value, depth: int = 0) -> str:
+    """A class member that holds code (a method, a property, a static or class method): the
+    code it runs."""
+    return repr([_digest(f, depth) for f in (value, *(getattr(value, a, None) for a in ("fget", "fset", "fdel", "__func__")))
+                 if isinstance(f, types.FunctionType)])
+
+
+def _type_digest(cls: type) -> str:
+    """A class by its bases and the code of its own methods and those it inherits from classes
+    outside torch (which the guard's checks, written for the class as traced, rely on: which
+    class of the MRO defines what, how attributes are read)."""
+    parts = []
+    for k in cls.__mro__:
+        parts.append((k.__module__, k.__qualname__))
+        if k.__module__.split(".")[0] not in ("torch", "builtins", "typing", "abc", "collections"):
+            parts.append(sorted((name, repr([cache.code_digest(f.__code__) for f in
+                                             (v, *(getattr(v, a, None) for a in ("fget", "fset", "fdel", "__func__")))
+                                             if isinstance(f, types.FunctionType)]))
+                                for name, v in vars(k).items() if isinstance(v, _CODE_HOLDERS)))
+    return hashlib.sha256(repr(parts).encode()).hexdigest()[:32]
 
 
 def _functions(namespace):
@@ -190,10 +236,9 @@ def _digest(fn: types.FunctionType, depth: int = 0, seen: dict | None = None) ->
     defaults and what its closure cells hold (a method's __class__, a decorator's function)."""
     seen = {} if seen is None else seen
     seen[id(fn)] = len(seen)
-    try:
-        cells = [c.cell_contents for c in fn.__closure__ or ()]
-    except ValueError:                  # an empty cell
-        raise NotSaved(f"function {fn.__qualname__} has an empty closure cell") from None
+    cells = [_contents(c) for c in fn.__closure__ or ()]
+    if _MISSING in cells:
+        raise NotSaved(f"function {fn.__qualname__} has an empty closure cell")
     return cache.code_digest(fn.__code__) + repr(_content((fn.__defaults__, fn.__kwdefaults__, cells),
                                                          depth + 1, seen))
 
@@ -321,13 +366,20 @@ def segment(record: dict, F, args, kwargs):
     """(the saved segment, its graph's inputs) where its guard holds for this call, else None
     (something it names is not found, or is not what was traced, or the guard fails)."""
     try:
-        ns = {name: _found(recipe) for name, recipe in record["namespace"].items() if recipe[0] != "default"}
-        ns.update(GuardBuilder().namespace)
-        loading = (_found, lambda expr: SourceRead(expr, ns))
-        template = _template(record["template"], *loading)
-        effects = [_effect(e, *loading) for e in record["effects"]]
+        return _segment(record, F, args, kwargs)
     except LookupError:
         return None
+    except Exception as err:            # noqa: BLE001 (a saved entry must never fail the call)
+        logs.log("guards", f"a saved frame could not be loaded ({type(err).__name__}: {err}): captured instead")
+        return None
+
+
+def _segment(record: dict, F, args, kwargs):
+    ns = {name: _found(recipe) for name, recipe in record["namespace"].items() if recipe[0] != "default"}
+    ns.update(GuardBuilder().namespace)
+    loading = (_found, lambda expr: SourceRead(expr, ns))
+    template = _template(record["template"], *loading)
+    effects = [_effect(e, *loading) for e in record["effects"]]
     code = generated(dict(record["sources"]), ns, record["where"])
     inputs = code.check(F, args, kwargs)
     if inputs is None:
@@ -367,13 +419,14 @@ def _found(recipe):
         closure = _found(recipe[1]).__closure__ or ()
         if recipe[2] >= len(closure):
             raise LookupError("a closure cell")
-        return closure[recipe[2]].cell_contents
+        value = _contents(closure[recipe[2]])
+        if value is _MISSING:
+            raise LookupError("an empty closure cell")
+        return value
     if kind == "classattr":
         value = vars(_found(recipe[1])).get(recipe[2], _MISSING)
-        code = [_digest(f) for f in (getattr(value, a, None) for a in ("fget", "fset", "fdel", "__func__"))
-                if isinstance(f, types.FunctionType)]
-        if value is _MISSING or repr(code) != recipe[3]:
-            raise LookupError(f"{recipe[2]} is not the class attribute traced")
+        if not isinstance(value, _CODE_HOLDERS) or _same(_member_digest, value) != recipe[3]:
+            raise LookupError(f"{recipe[2]} is not the class member traced")
         return value
     if kind == "member":
         return getattr(_found(recipe[1]), recipe[2])
@@ -395,10 +448,15 @@ def _found(recipe):
     if value is _MISSING:
         raise LookupError(f"{module}.{qualname}")
     if digest is not None:
-        try:
-            same = isinstance(value, types.FunctionType) and _digest(value) == digest
-        except (NotSaved, RecursionError):
-            same = False
-        if not same:
-            raise LookupError(f"{module}.{qualname} is not the function traced")
+        made = _digest if isinstance(value, types.FunctionType) else _type_digest if isinstance(value, type) else None
+        if made is None or _same(made, value) != digest:
+            raise LookupError(f"{module}.{qualname} is not the code traced")
     return value
+
+
+def _same(digest, value):
+    """The digest of `value` in this process (None where it cannot be made)."""
+    try:
+        return digest(value)
+    except (NotSaved, RecursionError):
+        return None

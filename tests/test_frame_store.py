@@ -22,14 +22,18 @@ MODEL = textwrap.dedent("""
     def helper(x):
         return torch.nn.functional.gelu(x) * {factor}
 
+    class Inner(torch.nn.Module):
+        def forward(self, x):
+            return x - {inner}
+
     class Block(torch.nn.Module):
         def __init__(self, width=24):
             super().__init__()
             self.lin, self.norm, self.width = torch.nn.Linear(width, width), torch.nn.LayerNorm(width), width
-            self.log = []
+            self.log, self.inner = [], Inner()
         def forward(self, x):
             self.log.append(self.width)             # a side effect, made on the call's own module
-            return {{"y": helper(self.norm(self.lin(x))).softmax(-1) * SCALE + x, "total": x.sum(0)}}
+            return {{"y": helper(self.norm(self.lin(x))).softmax(-1) * SCALE + self.inner(x), "total": x.sum(0)}}
 """)
 
 PROGRAM = textwrap.dedent("""
@@ -55,10 +59,10 @@ PROGRAM = textwrap.dedent("""
 """)
 
 
-def run(tmp_path, scale=2.0, factor=3, **env):
+def run(tmp_path, scale=2.0, factor=3, inner=1, **env):
     models = tmp_path / "models"
     models.mkdir(exist_ok=True)
-    (models / "model_file.py").write_text(MODEL.format(scale=scale, factor=factor))
+    (models / "model_file.py").write_text(MODEL.format(scale=scale, factor=factor, inner=inner))
     full = {**os.environ, "MINICOMPILE_CACHE_DIR": str(tmp_path / "cache"), "MINICOMPILE_GRAPH_CACHE": "1",
             "MINICOMPILE_CPU_BACKEND": "cpp", "MODELS": str(models), "PYTHONDONTWRITEBYTECODE": "1", **env}
     out = subprocess.run([sys.executable, "-c", PROGRAM], capture_output=True, text=True, env=full)
@@ -76,11 +80,12 @@ def test_a_later_process_runs_the_saved_frame_without_capture(tmp_path):
 
 def test_what_the_trace_relied_on_changed_so_the_frame_is_captured_again(tmp_path):
     run(tmp_path)
-    # a global the graph baked in, then the code of a function it inlined: each result is
-    # eager's (the program checks), from a new capture
+    # a global the graph baked in, the code of a function it inlined, then that of a method of
+    # another module class: each result is eager's (the program checks), from a new capture
     assert run(tmp_path, scale=5.0)["traced"] == 1
     assert run(tmp_path, factor=7)["traced"] == 1
     assert run(tmp_path, factor=7)["traced"] == 0
+    assert run(tmp_path, factor=7, inner=2)["traced"] == 1
 
 
 def test_the_frame_store_can_be_turned_off(tmp_path):

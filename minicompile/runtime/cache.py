@@ -90,6 +90,7 @@ def _target_name(target) -> str:
     return f"{module}.{name}"
 
 
+@functools.lru_cache(maxsize=65536)       # (a code object never changes)
 def code_digest(code: types.CodeType) -> str:
     """A digest of what a code object does, the same in every process that loads the same
     source: its bytecode, names, constants (nested code objects the same way), file and
@@ -143,8 +144,9 @@ def graph_key(gm: torch.fx.GraphModule, example_inputs) -> str:
 
 def settings() -> list:
     """minicompile's settings (config.py) that change what it compiles, as a key holds them."""
-    values = {k: v for k, v in vars(config).items()
-              if not k.startswith("_") and k != "cache_dir" and not callable(v) and not isinstance(v, type(os))}
+    # (where the caches are, and whether frames are saved, change nothing compiled)
+    values = {k: v for k, v in vars(config).items() if not k.startswith("_") and k not in ("cache_dir", "frame_cache")
+              and not callable(v) and not isinstance(v, type(os))}
     return sorted((k, repr(v)) for k, v in values.items())
 
 
