@@ -10,9 +10,9 @@ captures every frame, which on a CPU is most of a warm start.
 Why it is safe: a saved guard checks what the capture's guard checked. What the guard's
 namespace held by identity (a class, a function, a code object, a module) is saved as a name
 another process finds it by: its module, looked up among those already imported (nothing is
-imported to look), and its qualified name; for Python code also a digest of its bytecode and
-defaults (runtime/cache.code_digest), so a function whose code changed is not taken for the
-one traced. The C++ tensor check is made again from the tensors' saved properties. Where
+imported to look), and its qualified name; for a function also a digest of its bytecode,
+defaults and closure (runtime/cache.code_digest), for a class one of its bases and its methods'
+code, so a function or class whose code changed is not taken for the one traced. The C++ tensor check is made again from the tensors' saved properties. Where
 anything cannot be named so (a nested function, an object of the user's, a tensor subclass),
 the frame is not saved, and the `guards` log says why.
 
@@ -237,7 +237,7 @@ def _digest(fn: types.FunctionType, depth: int = 0, seen: dict | None = None) ->
     seen = {} if seen is None else seen
     seen[id(fn)] = len(seen)
     cells = [_contents(c) for c in fn.__closure__ or ()]
-    if _MISSING in cells:
+    if any(c is _MISSING for c in cells):
         raise NotSaved(f"function {fn.__qualname__} has an empty closure cell")
     return cache.code_digest(fn.__code__) + repr(_content((fn.__defaults__, fn.__kwdefaults__, cells),
                                                          depth + 1, seen))
