@@ -103,22 +103,19 @@ def _dynamic_policy(frame: "_FrameCache", offset: int, dynamic, backend):
 
     def policy(source: str, t) -> set:
         if not isinstance(t, torch.Tensor):            # an int argument: {0} makes it symbolic
-            key = (offset, source, "number")          # (a tensor there another time: its own)
-            seen = frame.seen_sizes.get(key)
-            frame.seen_sizes[key] = t
+            key, seen = frame.saw(offset, source, t)
             if dynamic is None and seen is not None and seen != t:
                 frame.auto_dynamic[key] = {0}
             return {0} if dynamic in (True, "numbers") or frame.auto_dynamic.get(key) else set()
         dims = set(getattr(t, "_dynamo_dynamic_indices", ()))
         if dynamic == "numbers":
             return dims
-        seen = frame.seen_sizes.get((offset, source))
-        frame.seen_sizes[(offset, source)] = tuple(t.shape)
+        key, seen = frame.saw(offset, source, t)
         static_kind = isinstance(t, torch.nn.Parameter) or source.endswith("]") and "_buffers" in source
         if dynamic is True and not static_kind:
             dims |= set(range(t.dim()))
         elif dynamic is None:
-            auto = frame.auto_dynamic.setdefault((offset, source), set())
+            auto = frame.auto_dynamic.setdefault(key, set())
             if seen is not None and len(seen) == t.dim():
                 changed = {d for d in range(t.dim()) if seen[d] != t.size(d)}
                 if changed - auto:
@@ -378,9 +375,7 @@ class CompiledFunction:
             seg, inputs = found
             frame.saved.remove(record)
             for source, value in zip(seg.input_sources, inputs):
-                # what automatic dynamic compares a later call's sizes with, as after a trace
-                frame.seen_sizes[(0, source) if isinstance(value, torch.Tensor) else (0, source, "number")] = \
-                    tuple(value.shape) if isinstance(value, torch.Tensor) else value
+                frame.saw(0, source, value)      # what automatic dynamic compares later calls with
             metrics.graphs += 1
             fid = frame.frame_ids.setdefault(0, next(_FRAME_IDS))
             seg.compile_id = f"{fid}/{_n_entries(frame.segments.get((0, False), []))}"
@@ -459,6 +454,15 @@ class _FrameCache:
     # the frame's first miss)
     store_key: str | None = None
     saved: list | None = None
+
+    def saw(self, offset: int, source: str, value) -> tuple:
+        """Remember the sizes of a tensor input (the value of a number input) a trace met at
+        `source`: -> (its key in seen_sizes and auto_dynamic, what was remembered before)."""
+        # (a number there and a tensor another time: each its own key)
+        key = (offset, source) if isinstance(value, torch.Tensor) else (offset, source, "number")
+        seen = self.seen_sizes.get(key)
+        self.seen_sizes[key] = tuple(value.shape) if isinstance(value, torch.Tensor) else value
+        return key, seen
 
     def __iter__(self):          # the compiled segments
         return iter([seg for entries in self.segments.values() for seg in entries

@@ -37,7 +37,7 @@ import torch
 
 from . import config, logs
 from .capture.frame import Segment, SourceRead
-from .capture.guards import GuardBuilder, generated
+from .capture.guards import default_namespace, generated
 from .codegen import wrapper
 from .runtime import cache
 
@@ -45,7 +45,7 @@ FORMAT = "minicompile-frames-1"
 # who saved an entry: a process does not load its own (what it compiled and then forgot, by
 # minicompile.reset(), it compiles again, as TorchDynamo's reset means)
 PROCESS = f"{os.getpid()}-{os.urandom(8).hex()}"
-_DEFAULT_NAMES = frozenset(GuardBuilder().namespace)       # bound by every guard's builder
+_DEFAULT_NAMES = frozenset(default_namespace())       # bound in every guard's namespace
 _MISSING = object()
 
 
@@ -198,6 +198,13 @@ def _recipe(value, name: str = "", namespace=None, holders=None, depth: int = 0)
 _CODE_HOLDERS = (types.FunctionType, property, staticmethod, classmethod)
 
 
+def _functions_of(member) -> list:
+    """The functions a class member runs: itself (a method), a property's getter, setter and
+    deleter, a static or class method's function."""
+    return [f for f in (member, *(getattr(member, a, None) for a in ("fget", "fset", "fdel", "__func__")))
+            if isinstance(f, types.FunctionType)]
+
+
 def _contents(cell):
     try:
         return cell.cell_contents
@@ -208,8 +215,7 @@ def _contents(cell):
 def _member_digest(value, depth: int = 0) -> str:
     """A class member that holds code (a method, a property, a static or class method): the
     code it runs."""
-    return repr([_digest(f, depth) for f in (value, *(getattr(value, a, None) for a in ("fget", "fset", "fdel", "__func__")))
-                 if isinstance(f, types.FunctionType)])
+    return repr([_digest(f, depth) for f in _functions_of(value)])
 
 
 def _type_digest(cls: type) -> str:
@@ -220,9 +226,7 @@ def _type_digest(cls: type) -> str:
     for k in cls.__mro__:
         parts.append((k.__module__, k.__qualname__))
         if k.__module__.split(".")[0] not in ("torch", "builtins", "typing", "abc", "collections"):
-            parts.append(sorted((name, repr([cache.code_digest(f.__code__) for f in
-                                             (v, *(getattr(v, a, None) for a in ("fget", "fset", "fdel", "__func__")))
-                                             if isinstance(f, types.FunctionType)]))
+            parts.append(sorted((name, repr([cache.code_digest(f.__code__) for f in _functions_of(v)]))
                                 for name, v in vars(k).items() if isinstance(v, _CODE_HOLDERS)))
     return hashlib.sha256(repr(parts).encode()).hexdigest()[:32]
 
@@ -375,12 +379,16 @@ def segment(record: dict, F, args, kwargs):
 
 
 def _segment(record: dict, F, args, kwargs):
-    ns = {name: _found(recipe) for name, recipe in record["namespace"].items() if recipe[0] != "default"}
-    ns.update(GuardBuilder().namespace)
-    loading = (_found, lambda expr: SourceRead(expr, ns))
-    template = _template(record["template"], *loading)
-    effects = [_effect(e, *loading) for e in record["effects"]]
-    code = generated(dict(record["sources"]), ns, record["where"])
+    if "resolved" not in record:
+        # what the entry names, found in this process once (its guard may fail on this call
+        # and hold on a later one); not kept where a name is not found yet
+        ns = {name: _found(recipe) for name, recipe in record["namespace"].items() if recipe[0] != "default"}
+        ns.update(default_namespace())
+        loading = (_found, lambda expr: SourceRead(expr, ns))
+        record["resolved"] = (generated(dict(record["sources"]), ns, record["where"]),
+                              _template(record["template"], *loading),
+                              [_effect(e, *loading) for e in record["effects"]])
+    code, template, effects = record["resolved"]
     inputs = code.check(F, args, kwargs)
     if inputs is None:
         return None
@@ -402,24 +410,15 @@ def _found(recipe):
     kind = recipe[0]
     if kind == "value":
         return recipe[1]
-    if kind == "module":
+    if kind in ("module", "globals"):
         if recipe[1] not in sys.modules:
             raise LookupError(recipe[1])
-        return sys.modules[recipe[1]]
-    if kind == "globals":
-        if recipe[1] not in sys.modules:
-            raise LookupError(recipe[1])
-        return vars(sys.modules[recipe[1]])
-    if kind == "cell":
+        return sys.modules[recipe[1]] if kind == "module" else vars(sys.modules[recipe[1]])
+    if kind in ("cell", "contents"):
         closure = _found(recipe[1]).__closure__ or ()
         if recipe[2] >= len(closure):
             raise LookupError("a closure cell")
-        return closure[recipe[2]]
-    if kind == "contents":
-        closure = _found(recipe[1]).__closure__ or ()
-        if recipe[2] >= len(closure):
-            raise LookupError("a closure cell")
-        value = _contents(closure[recipe[2]])
+        value = closure[recipe[2]] if kind == "cell" else _contents(closure[recipe[2]])
         if value is _MISSING:
             raise LookupError("an empty closure cell")
         return value

@@ -338,6 +338,13 @@ class Check:
     tensor: Optional[torch.Tensor] = None  # a static tensor check: what the C++ check copies
 
 
+def default_namespace() -> Dict[str, Any]:
+    """What every guard's namespace holds before the trace adds to it."""
+    return {"torch": torch, "Tensor": torch.Tensor, "Parameter": torch.nn.Parameter,
+            "TENSOR_FAILURE": tensor_failure, "REMAINING": remaining_items, "VIEWED_DICT": viewed_dict,
+            "DEREF": lambda ref: ref()}
+
+
 class GuardBuilder:
     def __init__(self):
         self.checks: List[Check] = []
@@ -345,12 +352,7 @@ class GuardBuilder:
         self._by_key: Dict[Any, Check] = {}
         # free variables of the captured frame the trace read: name -> index in __closure__
         self.freevars: Dict[str, int] = {}
-        self.namespace: Dict[str, Any] = {"torch": torch, "Tensor": torch.Tensor,
-                                          "Parameter": torch.nn.Parameter,
-                                          "TENSOR_FAILURE": tensor_failure,
-                                          "REMAINING": remaining_items,
-                                          "VIEWED_DICT": viewed_dict,
-                                          "DEREF": lambda ref: ref()}
+        self.namespace: Dict[str, Any] = default_namespace()
         self._cpp_guards = None          # (the checks it covers, their C++ TensorGuards)
         # module source -> (its class, the names in its instance __dict__) when the trace read
         # it: the fast guard reads these names from the __dict__ (see _reads_own_dict)
