@@ -4,6 +4,7 @@ every step the losses, the gradients, the updated parameters and batch norm's ru
 statistics must be eager's, and the backward must be generated code (its kernels counted).
 Tiny Hugging Face models are trained one step in tests/test_hf_zoo.py."""
 import copy
+import weakref
 import os
 import sys
 
@@ -427,3 +428,39 @@ def test_tied_weights_get_the_gradients_of_both_uses(kernel_backend):
     minicompile.compile(model)(ids).square().mean().backward()
     twin(ids).square().mean().backward()
     assert_same(model.embed.weight.grad, twin.embed.weight.grad)
+
+
+def test_the_backward_lets_go_of_each_saved_activation_after_its_last_use(kernel_backend, monkeypatch):
+    """The forward's saved activations are held by the backward's list of inputs alone (autograd's
+    node lets go of them, as AOTAutograd's does), so the generated backward frees each once it
+    has read it last: gradients computed late take the memory of activations read early. With
+    retain_graph=True autograd keeps them, and a second backward gives the same gradients."""
+    from minicompile.codegen.wrapper import CompiledGraph
+    torch.manual_seed(7)
+    model = nn.Sequential(nn.Linear(16, 32), nn.Tanh(), nn.Linear(32, 32), nn.Tanh(), nn.Linear(32, 1)).to(DEVICE)
+    twin = copy.deepcopy(model)
+    x = randn(9, 16)
+    alive_after = []
+    original = CompiledGraph.run_consuming
+
+    def spy(self, args):
+        refs = [weakref.ref(a) for a in args if isinstance(a, torch.Tensor)]
+        keep = {id(p) for p in model.parameters()} | {id(x)}
+        refs = [r for r in refs if id(r()) not in keep]       # activations, and the tangent
+        out = original(self, args)
+        alive_after.append(sum(r() is not None for r in refs))
+        return out
+    monkeypatch.setattr(CompiledGraph, "run_consuming", spy)
+    compiled = minicompile.compile(model)
+    compiled(x).sum().backward()
+    twin(x).sum().backward()
+    assert alive_after == [0]
+    for p, q in zip(model.parameters(), twin.parameters()):
+        torch.testing.assert_close(p.grad, q.grad, rtol=1e-4, atol=1e-5)
+        p.grad = q.grad = None
+    out = compiled(x).sum()
+    out.backward(retain_graph=True)
+    first = [p.grad.clone() for p in model.parameters()]
+    out.backward()
+    for p, g in zip(model.parameters(), first):
+        torch.testing.assert_close(p.grad, 2 * g)

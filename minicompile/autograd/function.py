@@ -59,17 +59,26 @@ class _Function(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, *grad_outputs):
+        saved = list(ctx.saved_tensors)
+        # from here the list alone holds the saved values (unless the graph is kept:
+        # retain_graph), and the compiled backward lets go of each after its last use, as
+        # AOTAutograd's does: the gradients computed late in the backward take the memory of
+        # activations read early, instead of adding to them
+        ctx.maybe_clear_saved_tensors()
+        differentiable = torch.is_grad_enabled()
+        needing = [t for t in saved if t.requires_grad] if differentiable else []
         with torch.no_grad():
-            grads = _Function._gradients(ctx, *grad_outputs)
-        if torch.is_grad_enabled():
+            grads = _Function._gradients(ctx, saved, grad_outputs)
+        if differentiable:
             # create_graph=True: these gradients may be differentiated, but the compiled backward
             # has no backward of its own. Asking for one raises, as in torch.compile, rather
             # than a gradient penalty silently losing its second-order terms.
-            return _not_differentiable(grads, ctx.saved_tensors)
+            return _not_differentiable(grads, needing)
         return grads
 
     @staticmethod
-    def _gradients(ctx, *grad_outputs):
+    def _gradients(ctx, saved: list, grad_outputs):
+        """The gradients; empties `saved` (handed on to the compiled backward)."""
         plan = ctx.plan
         joint = plan.joint
         # the backward was compiled for dense gradients (autograd may hand an expanded one)
@@ -78,20 +87,20 @@ class _Function(torch.autograd.Function):
         result = [None] * joint.num_primals
         if not used:
             return (None, *result)
-        tangents = [g.contiguous() if g is not None else
-                    torch.zeros(v.shape, dtype=v.dtype, device=v.device)
-                    for g, v in zip(tangents, plan.tangents)]
-        grads = plan.backward(*ctx.saved_tensors, *tangents)
+        args = saved + [g.contiguous() if g is not None else
+                        torch.zeros(v.shape, dtype=v.dtype, device=v.device)
+                        for g, v in zip(tangents, plan.tangents)]
+        saved.clear()
+        grads = plan.backward.run_consuming(args)
         for k, g in zip(joint.grad_inputs, grads):
             result[k] = g if joint.reached_by[k] & used else None
         return (None, *result)
 
 
-def _not_differentiable(grads: tuple, saved: tuple) -> tuple:
+def _not_differentiable(grads: tuple, inputs: list) -> tuple:
     """The gradients, each with a backward that raises (as torch's @once_differentiable). The
-    node also reads the saved values that need gradients (inputs passed on as they are), so that
-    a gradient asked of them reaches it and raises too."""
-    inputs = [t for t in saved if t.requires_grad]
+    node also reads `inputs`, the saved values that need gradients (inputs passed on as they
+    are), so that a gradient asked of them reaches it and raises too."""
     error = torch._C._functions.DelayedError(
         b"minicompile: the compiled backward is not differentiable (double backward: "
         b"create_graph=True, then a gradient of a gradient)", len(grads) + len(inputs))

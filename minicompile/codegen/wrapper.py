@@ -51,6 +51,12 @@ class CompiledGraph:
     def __call__(self, *args):
         return self.fn(list(args))
 
+    def run_consuming(self, args: list):
+        """Call with the list `args` itself, which the call empties: generated code lets go of
+        each input after its last use, where `self(*args)` would keep them all to the end (a
+        backward's saved activations)."""
+        return self.fn(args)
+
     @property
     def source(self) -> str:
         return f"# ---- kernels ({self.backend})\n{self.kernel_source}\n# ---- wrapper\n{self.wrapper_source}"
