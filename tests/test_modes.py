@@ -118,6 +118,27 @@ def test_max_autotune_gives_eagers_results_and_says_what_it_did(kernel_backend, 
         assert "have no launch settings to time" in text
 
 
+@pytest.mark.parametrize("launch", [
+    {"xnumel": 4096 * 1024, "XBLOCK": 1024, "num_warps": 4},                       # pointwise
+    {"xnumel": 100, "XBLOCK": 128, "num_warps": 4},                                # pointwise, small
+    {"xnumel": 4096, "rnumel": 1024, "XBLOCK": 2, "RBLOCK": 1024, "num_warps": 8},  # persistent rows
+    {"xnumel": 64, "rnumel": 50000, "XBLOCK": 1, "RBLOCK": 2048, "num_warps": 8},   # looped rows
+])
+def test_max_autotune_tries_a_few_settings_near_the_kernels_own(launch):
+    """The candidates: the kernel's own settings first, then at most eight others, each a
+    launch of the same code (a persistent reduction keeps its whole row) over every element."""
+    from minicompile.codegen.triton import _candidates
+    launch = {**launch, "grid": -(-launch["xnumel"] // launch["XBLOCK"])}
+    found = _candidates(launch)
+    assert found[0] == launch and 1 < len(found) <= 9
+    assert len({tuple(sorted(c.items())) for c in found}) == len(found)
+    for c in found:
+        assert set(c) == set(launch) and c["grid"] * c["XBLOCK"] >= c["xnumel"]
+        assert c["XBLOCK"] <= max(launch["XBLOCK"], 2 * launch["xnumel"]) or c["XBLOCK"] == launch["XBLOCK"]
+        if launch.get("RBLOCK", 0) >= launch.get("rnumel", 1):
+            assert c.get("RBLOCK") == launch.get("RBLOCK")
+
+
 @pytest.mark.skipif(DEVICE == "cuda", reason="the CPU path")
 def test_reduce_overhead_on_a_cpu_runs_the_default_path_and_says_why():
     f = minicompile.compile(lambda x: (x + 1).relu(), mode="reduce-overhead")

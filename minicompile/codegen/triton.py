@@ -968,19 +968,23 @@ def _spec_key(pointers: tuple, sizes: tuple) -> tuple:
 # max-autotune: each kernel's launch settings chosen by timing candidates
 # ---------------------------------------------------------------------------------------
 def _candidates(launch: dict) -> list[dict]:
-    """Launch settings to try for one kernel: its own first, then other block sizes and warps
-    that leave its code as it is (a persistent reduction keeps its RBLOCK: the whole row)."""
-    xnumel = launch["xnumel"]
+    """Launch settings to try for one kernel: its own first, then its neighbours, settings that
+    leave its code as it is: half and twice its block, by half and twice its warps (a
+    persistent reduction keeps its RBLOCK, the whole row; a looped one tries other RBLOCKs).
+    The code's own choice is near the best, and each candidate is one more compile, so the
+    search stays near it: at most nine settings a kernel."""
+    xnumel, warps = launch["xnumel"], launch["num_warps"]
     if "RBLOCK" not in launch:
-        blocks = [b for b in (128, 256, 512, 1024, 2048) if b <= max(128, _next_pow2(xnumel))]
-        tried = [{"XBLOCK": b, "num_warps": w} for b in blocks for w in (2, 4, 8) if b // w >= 16]
+        blocks = _near(launch["XBLOCK"], 128, min(2048, max(128, _next_pow2(xnumel))))
+        tried = [{"XBLOCK": b, "num_warps": w} for b in blocks for w in _near(warps, 2, 8) if b // w >= 16]
     elif launch["RBLOCK"] >= launch["rnumel"]:              # persistent: rows held whole
         rblock = launch["RBLOCK"]
-        blocks = [b for b in (1, 2, 4, 8, 16, 32) if b * rblock <= 16384 and b <= _next_pow2(xnumel)]
-        tried = [{"XBLOCK": b, "num_warps": w} for b in blocks for w in (2, 4, 8, 16)
-                 if b * rblock >= 32 * w]
+        blocks = _near(launch["XBLOCK"], 1, min(32, _next_pow2(xnumel)))
+        tried = [{"XBLOCK": b, "num_warps": w} for b in blocks for w in _near(warps, 2, 16)
+                 if b * rblock <= 16384 and b * rblock >= 32 * w]
     else:                                                   # looped rows
-        tried = [{"RBLOCK": r, "num_warps": w} for r in (512, 1024, 2048, 4096) for w in (4, 8, 16)]
+        tried = [{"RBLOCK": r, "num_warps": w} for r in _near(launch["RBLOCK"], 512, 4096)
+                 for w in _near(warps, 4, 16)]
     mine = {k: launch[k] for k in ("XBLOCK", "RBLOCK", "num_warps") if k in launch}
     out = [dict(launch)]
     for c in tried:
@@ -989,6 +993,11 @@ def _candidates(launch: dict) -> list[dict]:
             candidate["grid"] = _grid(xnumel, candidate["XBLOCK"])
             out.append(candidate)
     return out
+
+
+def _near(value: int, low: int, high: int) -> list[int]:
+    """value, half of it and twice it, those within [low, high] (value itself always)."""
+    return sorted({value} | {v for v in (value // 2, value * 2) if low <= v <= high})
 
 
 def _time_launch(launcher, args, launch, device) -> float:
