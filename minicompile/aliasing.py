@@ -168,9 +168,15 @@ def batch_norm_training(input, running_mean, running_var, weight=None, bias=None
     """F.batch_norm in training without writing: -> (output, new running mean, new running
     variance), the new statistics computed as F.batch_norm updates them (None where there are
     none). Lowering fuses it; this body is what runs where it is not lowered."""
-    mean = running_mean.clone() if running_mean is not None else None
-    var = running_var.clone() if running_var is not None else None
-    out = F.batch_norm(input, mean, var, weight, bias, True, momentum, eps)
+    if running_mean is None or running_var is None or momentum is None:
+        mean = running_mean.clone() if running_mean is not None else None
+        var = running_var.clone() if running_var is not None else None
+        return F.batch_norm(input, mean, var, weight, bias, True, momentum, eps), mean, var
+    # aten's functional form: traced for training (autograd/joint.py), it writes nothing, so
+    # the joint graph needs no functionalization (F.batch_norm on clones writes into them)
+    F._verify_batch_size(input.size())
+    out, _, _, mean, var = torch.ops.aten._native_batch_norm_legit_functional(
+        input, weight, bias, running_mean, running_var, True, momentum, eps)
     return out, mean, var
 
 

@@ -4,6 +4,7 @@ every step the losses, the gradients, the updated parameters and batch norm's ru
 statistics must be eager's, and the backward must be generated code (its kernels counted).
 Tiny Hugging Face models are trained one step in tests/test_hf_zoo.py."""
 import copy
+import operator
 import weakref
 import os
 import sys
@@ -464,3 +465,44 @@ def test_the_backward_lets_go_of_each_saved_activation_after_its_last_use(kernel
     out.backward()
     for p, g in zip(model.parameters(), first):
         torch.testing.assert_close(p.grad, 2 * g)
+
+
+class ConvBNPool(nn.Module):
+    """A classifier's stem and head: convolution, batch norm, ReLU, a global average pool."""
+
+    def __init__(self):
+        super().__init__()
+        self.conv = nn.Conv2d(3, 6, 3, padding=1)
+        self.bn = nn.BatchNorm2d(6)
+        self.pool = nn.AdaptiveAvgPool2d((1, 1))
+        self.fc = nn.Linear(6, 4)
+
+    def forward(self, x):
+        return self.fc(self.pool(torch.relu(self.bn(self.conv(x)))).flatten(1))
+
+
+def test_batch_norm_and_a_global_pool_train_from_one_trace_of_the_joint_graph(kernel_backend, monkeypatch):
+    """Batch norm's running statistics are computed as new values (aten's functional batch
+    norm) and a global average pool as a mean, so the joint graph writes nothing and is traced
+    once, not a second time through functionalization; gradients and statistics are eager's."""
+    calls = []
+    real = torch.func.functionalize
+    monkeypatch.setattr(torch.func, "functionalize", lambda *a, **k: calls.append(1) or real(*a, **k))
+    torch.manual_seed(8)
+    train_side_by_side(ConvBNPool(), lambda: randn(3, 3, 11, 9))
+    assert calls == [] and minicompile.metrics.graph_breaks == 0
+    assert minicompile.metrics.backward_kernels > 0
+
+
+def test_only_calls_that_could_seed_a_generator_are_watched():
+    """The joint graph's first run watches, with a profile hook, the calls that could set a
+    generator's seed or state (a Python function the graph calls whole, a generator's own
+    method); aten ops, C functions, tensor methods and torch.nn.functional's run unwatched."""
+    from minicompile.autograd.joint import _never_seeds
+    generator = torch.Generator()
+    for target in (torch.add, torch.conv2d, F.relu, F.batch_norm, F.linear, torch.Tensor.add,
+                   torch.ops.aten.add.Tensor, torch.ops.aten.add, operator.add):
+        assert _never_seeds(target), target
+    for target in (generator.manual_seed, torch.Generator.manual_seed, torch.manual_seed,
+                   torch.set_rng_state, torch.random.seed, _seeds_itself, lambda x: x):
+        assert not _never_seeds(target), target

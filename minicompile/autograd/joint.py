@@ -18,7 +18,9 @@ outputs then the gradients of the inputs that need them.
 from __future__ import annotations
 
 import contextlib
+import functools
 import sys
+import types
 from dataclasses import dataclass
 from typing import Any
 
@@ -27,7 +29,7 @@ import torch.fx
 import torch.nn.functional as F
 import torch.utils._pytree as pytree
 
-from .. import ir
+from .. import aliasing, ir
 
 aten = torch.ops.aten
 
@@ -84,15 +86,16 @@ def trace_joint(gm: torch.fx.GraphModule, example_inputs) -> Joint:
     mode = FakeTensorMode(allow_non_fake_inputs=True)
     primals = [mode.from_tensor(example_inputs[i]) for i in tensor_at]
 
-    def run(tensors):
+    def run(tensors, interpreter=torch.fx.Interpreter):
         args = [tensors[k] if kind == "tensor" else k for kind, k in inputs]
-        return pytree.tree_flatten(torch.fx.Interpreter(gm).run(*args))
+        return pytree.tree_flatten(interpreter(gm).run(*args))
 
     # which outputs carry gradients, and their shapes: one run on fake tensors, from the
     # caller's grad mode (the graph may switch it)
     grad_on = torch.is_grad_enabled()
-    with mode, torch.set_grad_enabled(grad_on), _watch_generators() as touched:
-        leaves, spec = run(primals)
+    touched: list = []
+    with mode, torch.set_grad_enabled(grad_on):
+        leaves, spec = run(primals, functools.partial(_WatchingGenerators, touched=touched))
     if touched:
         # (torch.testing's wrapper_set_seed, which a graph calls whole): the traced graph
         # records aten ops, not that, and would draw other numbers than eager
@@ -171,6 +174,46 @@ def _reached_by(outputs: list, leaves: list) -> list:
     return reached
 
 
+class _WatchingGenerators(torch.fx.Interpreter):
+    """Runs the graph, and adds to `touched` the names of the calls that set a random
+    generator's seed or state. Only calls that could are watched (a watch costs every Python
+    call under it, the fake tensors' own included): not aten ops, C functions, tensor methods,
+    torch.nn.functional's functions or functionalization's, which may draw from a generator but
+    never seed one."""
+
+    def __init__(self, gm, touched: list):
+        super().__init__(gm)
+        self.touched = touched
+
+    def call_function(self, target, args, kwargs):
+        if _never_seeds(target):
+            return super().call_function(target, args, kwargs)
+        with _watch_generators() as seen:
+            try:
+                return super().call_function(target, args, kwargs)
+            finally:
+                self.touched += seen
+
+    def call_module(self, target, args, kwargs):
+        with _watch_generators() as seen:
+            try:
+                return super().call_module(target, args, kwargs)
+            finally:
+                self.touched += seen
+
+
+def _never_seeds(target) -> bool:
+    if isinstance(target, (torch._ops.OpOverload, torch._ops.OpOverloadPacket)):
+        return True
+    if isinstance(target, types.BuiltinFunctionType):     # a C function, or a C object's method
+        return not isinstance(getattr(target, "__self__", None), torch.Generator)
+    if isinstance(target, types.MethodDescriptorType):      # torch.Tensor.add
+        return issubclass(target.__objclass__, torch._C.TensorBase)
+    if target in (aliasing.batch_norm_training, aliasing.copy_into, aliasing.overwritten):
+        return True                                     # functionalization's: torch ops only
+    return getattr(target, "__module__", None) in ("torch.nn.functional", "_operator", "operator")
+
+
 @contextlib.contextmanager
 def _watch_generators():
     """The names of the calls that set a random generator's seed or state while the block
@@ -196,16 +239,29 @@ class _ChannelsLastConvolutions(torch.overrides.TorchFunctionMode):
     results for the convolution and everything computed from it (batch norm, ReLU, pooling), in
     the forward and in the backward alike. Lowering stores each value in the layout the graph
     records: without this, the saved values and the backward's, recorded contiguous, are copied
-    out of and back into channels-last around every convolution."""
+    out of and back into channels-last around every convolution.
+
+    A global average pool (to 1 x 1) is traced as the mean over rows and columns it is: ATen's
+    adaptive_avg_pool2d restrides that mean in place where its input is channels-last
+    (`as_strided_`), a write, and the backward of the restride writes too, which would cost the
+    joint graph a second trace through functionalization."""
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
         x = args[0] if args else None
+        if func is F.adaptive_avg_pool2d and isinstance(x, torch.Tensor) and x.dim() == 4 \
+                and _global(args[1] if len(args) > 1 else kwargs.get("output_size")):
+            return x.mean((-2, -1), keepdim=True)
         result = func(*args, **kwargs)
         if func in (torch.conv2d, F.conv2d) and isinstance(x, torch.Tensor) and x.dim() == 4 \
                 and ir.conv_input_channels_last(x.device, x.dtype, result.shape):
             result = func(x.contiguous(memory_format=torch.channels_last), *args[1:], **kwargs)
         return result
+
+
+def _global(output_size) -> bool:
+    """An adaptive pool's output size that is 1 x 1."""
+    return output_size == 1 or (isinstance(output_size, (tuple, list)) and list(output_size) == [1, 1])
 
 
 def _as_laid_out(value, eager):
