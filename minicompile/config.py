@@ -46,9 +46,9 @@ cxx_libs = ["-lmvec"] if sys.platform.startswith("linux") else []
 fallback_random = True
 
 
-# A graph's Triton kernels are compiled by this many worker processes at most (forked; one:
-# in this process, one by one).
-compile_workers = int(os.environ.get("MINICOMPILE_COMPILE_WORKERS", "8"))
+# A graph's Triton kernels are compiled by this many worker processes at most, and by no more
+# than the machine has cores (forked; one: in this process, one by one).
+compile_workers = int(os.environ.get("MINICOMPILE_COMPILE_WORKERS", "16"))
 
 
 # 2-D convolutions are handed their input channels-last (and return their result so): on a
