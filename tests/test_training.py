@@ -506,3 +506,29 @@ def test_only_calls_that_could_seed_a_generator_are_watched():
     for target in (generator.manual_seed, torch.Generator.manual_seed, torch.manual_seed,
                    torch.set_rng_state, torch.random.seed, _seeds_itself, lambda x: x):
         assert not _never_seeds(target), target
+
+
+def test_partition_makes_constants_again_in_the_backward_rather_than_saving_them(kernel_backend):
+    """A Llama's rotary embedding: rotate_half slices and concatenates, and the slices' backward
+    scatters into zeros (`full`), which a scatter (not a pointwise op) reads. Made from no
+    other value, the zeros are made again in the backward, not held from the forward to the
+    backward: what is saved is the inputs and the softmax's result. Gradients are eager's."""
+    from minicompile.autograd import partition, trace_joint
+
+    def rotate_half(x):
+        x1, x2 = x[..., :4], x[..., 4:]
+        return torch.cat((-x2, x1), dim=-1)
+
+    def f(q, cos, sin, w):
+        q = q @ w
+        return torch.softmax(q * cos + rotate_half(q) * sin, -1)
+    q, cos, sin, w = randn(2, 3, 8), randn(3, 8), randn(3, 8), randn(8, 8).requires_grad_()
+    part = partition(trace_joint(torch.fx.symbolic_trace(f), [q, cos, sin, w]))
+    saved = {n.name: n for n in part.backward.graph.nodes if n.op == "placeholder"}
+    assert not any(n.startswith("full") for n in part.saved), part.saved
+    assert part.saved_bytes == (2 * 3 * 8 + 3 * 8 + 3 * 8 + 2 * 3 * 8) * 4, (part.saved, saved)
+    w_twin = w.detach().clone().requires_grad_()
+    compiled = minicompile.compile(f)
+    compiled(q, cos, sin, w).square().sum().backward()
+    f(q, cos, sin, w_twin).square().sum().backward()
+    torch.testing.assert_close(w.grad, w_twin.grad, rtol=1e-4, atol=1e-5)

@@ -15,7 +15,10 @@ default partitioner has it:
 - but not a pointwise value that an extern kernel of the backward reads (the input of a
   linear layer, which its weight's gradient multiplies): recomputed, it would be computed
   again and stored by a kernel of its own in the backward, work the forward did already;
-  saved, it is read as it is. AOTAutograd's partitioner bans that recomputation too.
+  saved, it is read as it is. AOTAutograd's partitioner bans that recomputation too. A value
+  made from no other (`full`: the zeros a slice's backward scatters into) is the exception:
+  the backward makes it again at no cost but its fill, where saved it would be held from the
+  forward to the backward (a Llama's rotary embedding, four per layer).
 
 Which values to save is then a minimum cut. Each value v of the forward is an edge v_in -> v_out
 whose capacity is what saving it costs (`save_cost`: its size in bytes, and a tie-breaker); a
@@ -141,7 +144,7 @@ def partition(joint: Joint) -> Partition:
             flow.add_edge(node.name + "_in", "sink", capacity=math.inf)
             continue
         if node.op == "placeholder" or not recomputable(node) \
-                or (not is_view(node) and read_by_backward_extern(node, reads_tangent)):
+                or (not is_view(node) and node.all_input_nodes and read_by_backward_extern(node, reads_tangent)):
             # available in the forward (an input, or too costly to run again)
             flow.add_edge("source", node.name + "_in", capacity=math.inf)
         flow.add_edge(node.name + "_in", node.name + "_out", capacity=save_cost(node))
