@@ -354,20 +354,26 @@ class CompiledFunction:
             fid = frame.frame_ids[offset]
             seg.compile_id = f"{fid}/{_n_entries(entries)}"
             logs.log("guards", f"[{seg.compile_id}] {where}\n{seg.guard_source}")
-            if offset == 0 and seg.compiled is not None and frame.store_key:
+            if offset == 0 and seg.compiled is not None and self._frame_store(frame):
                 frame_store.save(frame.store_key, seg)
         entries.insert(0, seg)
         return seg
 
-    def _saved_segment(self, frame: "_FrameCache", args, kwargs):
-        """The first of the frame's entries saved by other processes (frame_store.py) whose
-        guard holds for this call, as a new entry; None if there is none. Each saved entry is
-        taken once at most."""
+    def _frame_store(self, frame: "_FrameCache") -> str | None:
+        """The file of the frame's saved entries (None: frames are not saved), and the entries
+        other processes saved there, read on the first call."""
         if frame.saved is None:
             frame.store_key = frame_store.frame_key(self._func, self.backend_name, self._key[2], self.fullgraph,
                                                     self.dynamic)
             frame.saved = [r for r in frame_store.saved(frame.store_key) if r["process"] != frame_store.PROCESS] \
                 if frame.store_key else []
+        return frame.store_key
+
+    def _saved_segment(self, frame: "_FrameCache", args, kwargs):
+        """The first of the frame's entries saved by other processes (frame_store.py) whose
+        guard holds for this call, as a new entry; None if there is none. Each saved entry is
+        taken once at most."""
+        self._frame_store(frame)
         for record in frame.saved:
             found = frame_store.segment(record, self._func, args, kwargs)
             if found is None:
@@ -450,8 +456,8 @@ class _FrameCache:
     # automatic dynamic: (offset, source) -> sizes the last trace saw / dims seen to change
     seen_sizes: dict = field(default_factory=dict)
     auto_dynamic: dict = field(default_factory=dict)
-    # frame_store.py: the file of this frame's saved entries, and those not yet taken (read on
-    # the frame's first miss)
+    # frame_store.py: the file of this frame's saved entries, and those not yet taken
+    # (CompiledFunction._frame_store reads them once)
     store_key: str | None = None
     saved: list | None = None
 

@@ -12,9 +12,10 @@ namespace held by identity (a class, a function, a code object, a module) is sav
 another process finds it by: its module, looked up among those already imported (nothing is
 imported to look), and its qualified name; for a function also a digest of its bytecode,
 defaults and closure (runtime/cache.code_digest), for a class one of its bases and its methods'
-code, so a function or class whose code changed is not taken for the one traced. The C++ tensor check is made again from the tensors' saved properties. Where
-anything cannot be named so (a nested function, an object of the user's, a tensor subclass),
-the frame is not saved, and the `guards` log says why.
+code, so a function or class whose code changed is not taken for the one traced. The C++
+tensor check is made again from the tensors' saved properties. Where anything cannot be named
+so (a nested function, an object of the user's, a tensor subclass), the frame is not saved,
+and the `guards` log says why.
 
 Saved: the first segment of a frame that returns (no graph break), compiled
 by minicompile's own backend into one generated graph (no writes to its inputs, no CUDA

@@ -188,16 +188,15 @@ class _WatchingGenerators(torch.fx.Interpreter):
     def call_function(self, target, args, kwargs):
         if _never_seeds(target):
             return super().call_function(target, args, kwargs)
-        with _watch_generators() as seen:
-            try:
-                return super().call_function(target, args, kwargs)
-            finally:
-                self.touched += seen
+        return self._watched(super().call_function, target, args, kwargs)
 
     def call_module(self, target, args, kwargs):
+        return self._watched(super().call_module, target, args, kwargs)
+
+    def _watched(self, call, *arguments):
         with _watch_generators() as seen:
             try:
-                return super().call_module(target, args, kwargs)
+                return call(*arguments)
             finally:
                 self.touched += seen
 
