@@ -880,6 +880,9 @@ class Program:
     # a reduction already lowered, by (input, dims, type, result): the same one asked for again
     # (a variance's mean and the mean beside it, as var_mean and batch norm compute them) is it
     reductions: dict = field(default_factory=dict)
+    # a matrix product's operand stored with zeros up to aligned sizes, by its FX node: a value
+    # two products read (the logits' gradient in a language model's head) is padded once
+    padded: dict = field(default_factory=dict)
     _names: Any = field(default_factory=lambda: itertools.count())
 
     def new_name(self, prefix: str = "buf") -> str:

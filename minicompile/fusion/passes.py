@@ -78,10 +78,13 @@ class InlinePointwise(FusionPass):
     CALLS = {"sin", "cos", "tanh", "log", "erf", "pow"}
 
     def run(self, state):
+        live = _live(state)
         for box in state.boxes:
             if box.is_realized or not isinstance(box.data, ir.Pointwise):
                 continue
-            readers = len(box.readers)
+            # (a box nothing stored reads does not count: a transpose lowering made that a
+            # product then read padded instead, lower/lowerings.py's _mm)
+            readers = sum(id(r) in live for r in box.readers)
             if readers < 2:
                 continue
             reads = ir.reads_of(box)
@@ -93,6 +96,19 @@ class InlinePointwise(FusionPass):
                     f"computes {', '.join(sorted(calls))}" if calls else f"reads {buffers} buffers"
                 state.log(f"{self.name}: {box.name} ({box.data.data.origin}) read by {readers} "
                           f"consumers and {why}: stored once")
+
+
+def _live(state) -> set:
+    """The ids of the boxes whose values the graph needs: what is stored (extern calls
+    included), the outputs, and every box they read."""
+    todo = [b for b in state.program.nodes if b.is_realized] + list(state.outputs)
+    live: set = set()
+    while todo:
+        box = todo.pop()
+        if id(box) not in live:
+            live.add(id(box))
+            todo.extend(box.reads)
+    return live
 
 
 # --------------------------------------------------------------------------- kernel passes

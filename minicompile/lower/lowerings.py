@@ -11,6 +11,7 @@ when stored).
 """
 from __future__ import annotations
 
+import functools
 import math
 import operator
 import types
@@ -2175,17 +2176,104 @@ def _aligned_count(dtype: torch.dtype) -> int:
 def _padded_rows(weight: TensorBox) -> TensorBox:
     """The (n, k) weight with zero rows appended up to n's next multiple of 16 bytes."""
     n, k = weight.shape
-    align = _aligned_count(weight.dtype)
-    load = weight.make_loader()
+    return _zero_padded(weight, [_aligned_up(n, weight.dtype), k], "zero-padded weight")
+
+
+def _aligned_up(size: int, dtype: torch.dtype) -> int:
+    """size rounded up to a multiple of 16 bytes' elements."""
+    align = _aligned_count(dtype)
+    return -(-size // align) * align
+
+
+def _zero_padded(box: TensorBox, wide: list, origin: str) -> TensorBox:
+    """box with zeros appended in each dim up to the sizes `wide`, stored contiguous."""
+    load = box.make_loader()
 
     def inner_fn(idx):
-        row = ops.index_expr(idx[0], torch.int64)
-        return ops.masked(ops.lt(row, ops.constant(n, torch.int64)), lambda: load(idx),
-                          ops.constant(0.0, compute_dtype(weight.dtype)))
-    wide = -(-n // align) * align
-    box = TensorBox(ir.Pointwise([wide, k], weight.dtype, weight.device, inner_fn, "zero-padded weight"),
-                    weight.program, [weight])
-    return box.realize(ir.contiguous_strides([wide, k]))
+        inside = [ops.lt(ops.index_expr(idx[d], torch.int64), ops.constant(size, torch.int64))
+                  for d, size in enumerate(box.shape) if size != wide[d]]
+        return ops.masked(_all_of(inside), lambda: load(idx), ops.constant(0.0, compute_dtype(box.dtype)))
+    padded = TensorBox(ir.Pointwise(list(wide), box.dtype, box.device, inner_fn, origin), box.program, [box])
+    return padded.realize(ir.contiguous_strides(list(wide)))
+
+
+@register([torch.mm, "mm"], "a, b")
+def _mm(node, values, a, b):
+    """A large product with a size that is not a multiple of 16 bytes, where Triton kernels run.
+    The backward of a language model's head has two: the gradient of its input multiplies the
+    gradient of the logits, 50,257 words long, by the weight (k unaligned), and the gradient
+    of its weight multiplies their transpose (m unaligned, and the leading dimension of a
+    column-major operand). cuBLAS's fast kernels need each matrix's rows (or columns) to
+    start on 16-byte boundaries and k aligned too (timed on the H100 for GPT-2's head: 2.5 ms
+    for the first as it is, 1.0 ms with k padded). So, as Inductor's pad_mm does, the operands
+    get zero rows or columns up to aligned sizes and the result is the view of its first
+    m x n: k's zeros add nothing to the sums.
+
+    An operand that is the transpose of a value is padded untransposed, then transposed: the
+    logits' gradient is padded once for both products (`program.padded`), and the kernel that
+    computes it writes the padded buffer itself. A result of unaligned width is
+    lower/matmul.py's kernel where it applies (see _linear)."""
+    meta = _meta(node, values)
+    if meta is None or not isinstance(a, TensorBox) or not isinstance(b, TensorBox) \
+            or len(a.shape) != 2 or len(b.shape) != 2 or not a.dtype == b.dtype == meta.dtype \
+            or not meta.dtype.is_floating_point or (a.device.type == "cpu" and config.cpu_backend == "cpp") \
+            or any(ir.is_symbolic(s) for s in (*a.shape, *b.shape)):
+        return NotImplemented
+    (m, k), n = a.shape, b.shape[1]
+    if m * k * n < PAD_PRODUCTS_FROM:
+        return NotImplemented
+    align = _aligned_count(meta.dtype)
+    if n % align and matmul.chosen(meta.device, meta.dtype):
+        return lower_fallback(a.program, node, values, matmul.mm, (a, b), {}, stride=ir.contiguous_strides([m, n]))
+    a_of, b_of = _transposed_value(node.args[0], a), _transposed_value(node.args[1], b)
+    # the leading dimensions: a's is k, or m where a is a transpose; b's and the result's n
+    if not (k % align or n % align or (m % align and a_of is not None)):
+        return NotImplemented
+    up = functools.partial(_aligned_up, dtype=meta.dtype)
+    a = _aligned_operand(node.args[0], a, a_of, [up(m) if a_of is not None else m, up(k)])
+    b = _aligned_operand(node.args[1], b, b_of, [up(k), up(n)])
+    wide = [a.shape[0], b.shape[1]]
+    product = lower_fallback(a.program, node, values, torch.mm, (a, b), {},
+                             stride=ir.contiguous_strides(wide), shape=wide)
+    if wide == [m, n]:
+        return product
+    return _view(product, [m, n], lambda idx: idx, "the first rows and columns of a padded product")
+
+
+def _transposed_value(arg, box: TensorBox):
+    """(FX node, box) of the 2-D value that `arg`, a product's operand, is the transpose of;
+    None where it is not a transpose."""
+    if not isinstance(arg, torch.fx.Node) or not arg.args or not isinstance(arg.args[0], torch.fx.Node) \
+            or len(box.reads) != 1 or len(box.reads[0].shape) != 2:
+        return None
+    dims = arg.args[1:]
+    if len(dims) == 1 and isinstance(dims[0], (list, tuple)):      # permute(x, [1, 0])
+        dims = dims[0]
+    if not all(isinstance(d, int) for d in dims):
+        return None
+    dims = [d % 2 for d in dims]
+    swaps = (arg.target in ("t", torch.t) and len(arg.args) == 1) \
+        or (arg.target in ("transpose", torch.transpose) and sorted(dims) == [0, 1]) \
+        or (arg.target in ("permute", torch.permute) and dims == [1, 0])
+    return (arg.args[0], box.reads[0]) if swaps else None
+
+
+def _aligned_operand(arg, box: TensorBox, transposed_of, wide: list) -> TensorBox:
+    """A product's 2-D operand with zeros appended up to the sizes `wide`. A value padded for
+    another product already, to these sizes or more, is read from that buffer."""
+    source, value = (arg, box) if transposed_of is None else transposed_of
+    if transposed_of is not None:
+        wide = wide[::-1]
+    if wide == list(value.shape):
+        return box
+    padded = box.program.padded.get(source)
+    if padded is None or any(have < want for have, want in zip(padded.shape, wide)):
+        padded = box.program.padded[source] = _zero_padded(value, wide, "a product's operand, zero-padded")
+    if list(padded.shape) != wide:
+        padded = _view(padded, wide, lambda idx: idx, "the first rows and columns of a padded operand")
+    if transposed_of is None:
+        return padded
+    return _view(padded, wide[::-1], lambda idx: [idx[1], idx[0]], "a padded operand, transposed")
 
 
 @register([F.scaled_dot_product_attention],
