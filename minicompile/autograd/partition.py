@@ -26,7 +26,7 @@ value's users hang off v_out. The source feeds the inputs and the expensive valu
 available in the forward); the nodes the backward must run (those that read a gradient) drain
 into the sink. A cut separates what the forward
 computes from what the backward computes, and the edges it cuts are the values that cross:
-the saved values, of the fewest bytes in all (networkx's max-flow). Of a view and the value it
+the saved values, of the fewest bytes in all (a maximum flow: `source_side`). Of a view and the value it
 views, equal in bytes, the value is saved (a saved view would be copied out by the forward).
 
 Hands on a `Partition`: the forward graph (primals -> forward outputs, then saved values) and
@@ -125,8 +125,6 @@ def save_cost(node: torch.fx.Node) -> int:
 
 
 def partition(joint: Joint) -> Partition:
-    import networkx as nx
-
     graph = joint.graph.graph
     placeholders = [n for n in graph.nodes if n.op == "placeholder"]
     primals, tangents = placeholders[:joint.num_primals], placeholders[joint.num_primals:]
@@ -136,32 +134,30 @@ def partition(joint: Joint) -> Partition:
     reads_tangent = _descendants(tangents)
     needed_by_bwd = _ancestors([g for g in grads if isinstance(g, torch.fx.Node)])
 
-    flow = nx.DiGraph()
+    flow: dict = {}         # (vertex, vertex) -> capacity: the network of the module docstring
     for node in graph.nodes:
         if node.op == "output" or node not in needed_by_bwd:
             continue
         if node in reads_tangent:               # backward work: must run in the backward
-            flow.add_edge(node.name + "_in", "sink", capacity=math.inf)
+            flow[node.name + "_in", "sink"] = math.inf
             continue
         if node.op == "placeholder" or not recomputable(node) \
                 or (not is_view(node) and node.all_input_nodes and read_by_backward_extern(node, reads_tangent)):
             # available in the forward (an input, or too costly to run again)
-            flow.add_edge("source", node.name + "_in", capacity=math.inf)
-        flow.add_edge(node.name + "_in", node.name + "_out", capacity=save_cost(node))
+            flow["source", node.name + "_in"] = math.inf
+        flow[node.name + "_in", node.name + "_out"] = save_cost(node)
         for user in node.users:
-            flow.add_edge(node.name + "_out", user.name + "_in", capacity=math.inf)
+            flow[node.name + "_out", user.name + "_in"] = math.inf
     for g in grads:
         if isinstance(g, torch.fx.Node) and g not in reads_tangent:
             # a gradient that reads no tangent (angle's of a real input: zeros like it) is
             # still the backward's to hand on: saved, or recomputed from what is saved
-            flow.add_edge(g.name + "_out", "sink", capacity=math.inf)
-    if "sink" in flow and "source" in flow:
-        _, (reachable, _) = nx.minimum_cut(flow, "source", "sink")
-    else:
-        reachable = {"source"} | {n + "_in" for n in flow if n.endswith("_in")}
+            flow[g.name + "_out", "sink"] = math.inf
+    reachable = source_side(flow, "source", "sink")
+    vertices = {v for edge in flow for v in edge}
     by_name = {n.name: n for n in graph.nodes}
-    saved = [by_name[v[:-3]] for v in flow if v.endswith("_in") and v in reachable
-             and v[:-3] + "_out" in flow and v[:-3] + "_out" not in reachable]
+    saved = [by_name[v[:-3]] for v in vertices if v.endswith("_in") and v in reachable
+             and v[:-3] + "_out" in vertices and v[:-3] + "_out" not in reachable]
     order = {n: i for i, n in enumerate(graph.nodes)}
     saved.sort(key=order.get)
 
@@ -178,6 +174,112 @@ def partition(joint: Joint) -> Partition:
     backward = _subgraph(joint.graph, saved + tangents, grads)
     return Partition(forward, backward, [s.name for s in saved],
                      sum(int(nbytes(s)) for s in saved), saved_from)
+
+
+# --------------------------------------------------------------------------- the minimum cut
+
+def source_side(capacity: dict, source, sink) -> set:
+    """The vertices on the source's side of a minimum cut of the network `capacity`
+    ({(u, v): capacity}): after a maximum flow, those that no longer reach the sink through
+    edges with capacity to spare (of equal cuts, the one that computes the most in the
+    forward, as networkx's minimum_cut gives). The network falls apart into parts that only the source and the
+    sink join (a layer's pointwise work between its products), and each part's flow is found
+    on its own (Dinic's algorithm: shortest augmenting paths, a phase at a time)."""
+    parent: dict = {}
+
+    def root(v):
+        while parent.setdefault(v, v) != v:
+            parent[v] = parent[parent[v]]
+            v = parent[v]
+        return v
+    for u, v in capacity:
+        if u != source and v != sink:
+            parent[root(u)] = root(v)
+    parts: dict = {}
+    for (u, v), c in capacity.items():
+        parts.setdefault(root(v if u == source else u), []).append((u, v, c))
+    reached = {source}
+    for edges in parts.values():
+        reached |= _reached_after_max_flow(edges, source, sink)
+    return reached
+
+
+def _reached_after_max_flow(edges: list, source, sink) -> set:
+    index: dict = {}
+    adjacent: list = []                 # vertex -> its edges (and their reverses), by number
+    head, spare = [], []                # edge -> where it goes, how much more it can carry
+    for u, v, c in edges:
+        a, b = (index.setdefault(x, len(index)) for x in (u, v))
+        adjacent.extend([] for _ in range(len(index) - len(adjacent)))
+        adjacent[a].append(len(head))
+        head.append(b)
+        spare.append(c)
+        adjacent[b].append(len(head))   # the reverse edge (number ^ 1): flow sent back
+        head.append(a)
+        spare.append(0)
+    s, t = index.get(source), index.get(sink)
+    if s is not None and t is not None:
+        while True:
+            level = _levels(s, adjacent, head, spare)
+            if level[t] < 0:
+                break
+            _blocking_flow(s, t, adjacent, head, spare, level)
+    # of the minimum cuts, the one nearest the sink: every vertex that can no longer reach it
+    reaching = [False] * len(adjacent)
+    if t is not None:
+        reaching[t], todo = True, [t]
+        for v in todo:
+            for e in adjacent[v]:          # e leaves v; e ^ 1 comes into v from head[e]
+                if spare[e ^ 1] > 0 and not reaching[head[e]]:
+                    reaching[head[e]] = True
+                    todo.append(head[e])
+    return {name for name, v in index.items() if not reaching[v]}
+
+
+def _levels(s: int, adjacent, head, spare) -> list:
+    """Each vertex's distance from s through edges with spare capacity (-1: unreached)."""
+    level = [-1] * len(adjacent)
+    level[s], todo = 0, [s]
+    for u in todo:
+        for e in adjacent[u]:
+            if spare[e] > 0 and level[head[e]] < 0:
+                level[head[e]] = level[u] + 1
+                todo.append(head[e])
+    return level
+
+
+def _blocking_flow(s: int, t: int, adjacent, head, spare, level) -> None:
+    """Augment along shortest paths from s to t (each edge one level further) until none is
+    left: a depth-first walk, each vertex's edges tried once (`tried`)."""
+    tried = [0] * len(adjacent)
+    path: list = []                    # the edges from s to u
+    u = s
+    while True:
+        if u == t:
+            amount = min(spare[e] for e in path)
+            if amount == math.inf:
+                raise AssertionError("partition: a path of unbounded capacity joins the forward and the backward")
+            for e in path:
+                spare[e] -= amount
+                spare[e ^ 1] += amount
+            del path[next(i for i, e in enumerate(path) if spare[e] == 0):]
+            u = head[path[-1]] if path else s
+            continue
+        edges = adjacent[u]
+        while tried[u] < len(edges):
+            e = edges[tried[u]]
+            if spare[e] > 0 and level[head[e]] == level[u] + 1:
+                break
+            tried[u] += 1
+        else:                           # a dead end: back one edge, and past it
+            if not path:
+                return
+            e = path.pop()
+            u = head[e ^ 1]
+            tried[u] += 1
+            continue
+        path.append(e)
+        u = head[e]
 
 
 def _descendants(nodes) -> set:
