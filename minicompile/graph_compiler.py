@@ -20,7 +20,7 @@ import torch
 from . import autocast, config, fusion, logs
 from .autograd import compile_training
 from .capture.output_graph import NodeByNode
-from .codegen import wrapper
+from .codegen import triton as triton_codegen, wrapper
 from .codegen.cpp import KernelCompileError
 from .functionalize import functionalize
 from .lower import lower
@@ -82,7 +82,8 @@ def _compile_training(gm: torch.fx.GraphModule, example_inputs, written=None):
     example's sizes (a dynamic dimension is specialized, and guarded). written: as
     _compile_values takes it (a batch norm's running statistics, written by the forward)."""
     conditions = _specialize(gm, example_inputs)
-    compiled = compile_training(gm, list(example_inputs), _compile_values, written)
+    with triton_codegen.compiling_together():      # the forward's kernels compile meanwhile
+        compiled = compile_training(gm, list(example_inputs), _compile_values, written)
     compiled.shape_guards = conditions
     return compiled
 

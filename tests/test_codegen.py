@@ -13,7 +13,7 @@ import torch.fx
 import torch.nn.functional as F
 
 import minicompile
-from conftest import DEVICE
+from conftest import DEVICE, HAS_TRITON
 from helpers import assert_same, randn
 from minicompile.graph_compiler import compile_graph
 
@@ -698,6 +698,41 @@ def test_a_compile_worker_that_hangs_is_stopped():
     assert time.monotonic() - start < 10
     with pytest.raises(ChildProcessError):      # both reaped: no zombie left behind
         os.waitpid(hung, os.WNOHANG)
+
+
+@pytest.mark.skipif(not hasattr(os, "fork") or not HAS_TRITON, reason="compile workers are forked processes")
+def test_compiling_together_waits_for_the_workers_at_its_end(monkeypatch, tmp_path):
+    # a training step's forward kernels compile while its backward is lowered: inside
+    # compiling_together compile_all returns with its workers still compiling, and its end
+    # waits for them (a tuning run, wait=True, waits at once)
+    import time
+    from minicompile.codegen import triton as triton_codegen
+    monkeypatch.setattr(triton_codegen, "_gpu_target", lambda: None)
+    monkeypatch.setattr(triton_codegen, "_toolchain", lambda: ())
+    monkeypatch.setattr(minicompile.config, "compile_workers", 2)
+
+    class SlowKernel:
+        def __init__(self, name):
+            self.path = tmp_path / name
+
+        def binary_path(self, key):
+            return None
+
+        def compile(self, dtypes, settings, key):
+            time.sleep(0.5)
+            self.path.write_text("compiled")
+
+    kernels = [SlowKernel("a"), SlowKernel("b")]
+    jobs = [(k, [torch.float32], {"XBLOCK": 128}) for k in kernels]
+    with triton_codegen.compiling_together():
+        triton_codegen.compile_all(jobs)
+        assert not any(k.path.exists() for k in kernels)
+    assert all(k.path.exists() for k in kernels)
+    for k in kernels:
+        k.path.unlink()
+    with triton_codegen.compiling_together():
+        triton_codegen.compile_all(jobs, wait=True)
+        assert all(k.path.exists() for k in kernels)
 
 
 def rotary(q, cos, sin, heads=4):

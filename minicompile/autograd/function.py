@@ -111,6 +111,7 @@ def _not_differentiable(grads: tuple, inputs: list) -> tuple:
 def _laid_out(t: torch.Tensor, stride) -> torch.Tensor:
     """t in the layout the backward was compiled for: an extern kernel (attention) may hand the
     compiled forward another layout than the one traced on fake tensors."""
-    if all(a == b or n <= 1 for a, b, n in zip(t.stride(), stride, t.shape)):
+    actual = t.stride()
+    if actual == stride or all(a == b or n <= 1 for a, b, n in zip(actual, stride, t.shape)):
         return t
     return torch.empty_strided(t.shape, stride, dtype=t.dtype, device=t.device).copy_(t)

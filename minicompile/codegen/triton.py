@@ -10,6 +10,7 @@ when it is long. Values are computed in float32 for half inputs and rounded when
 """
 from __future__ import annotations
 
+import contextlib
 import functools
 import glob
 import hashlib
@@ -818,7 +819,7 @@ def precompile(launchers: dict, meta: dict, buffers: dict, meanwhile=None) -> No
     compile_all(jobs, meanwhile)
 
 
-def compile_all(jobs, meanwhile=None) -> None:
+def compile_all(jobs, meanwhile=None, wait: bool = False) -> None:
     """Compile (launcher, argument dtypes, launch settings) jobs not on disk yet, for aligned
     pointers. Triton's front end (Python source to its IR) is Python, so threads would take
     turns at the interpreter lock: the jobs are shared among forked worker processes instead
@@ -826,7 +827,8 @@ def compile_all(jobs, meanwhile=None) -> None:
     exits; launches then load the binaries from disk. A kernel a worker could not compile is
     compiled again at its first launch, which reports the error. `meanwhile()` runs in this
     process while the workers compile (after the fork: a worker must not inherit a compilation
-    half done); what it raises is left to the first launch to report."""
+    half done); what it raises is left to the first launch to report. Inside
+    `compiling_together` the workers are waited for at its end, unless `wait`."""
     todo, seen = [], set()
     for launcher, dtypes, launch in jobs:
         settings = {k: v for k, v in launch.items() if k != "grid"}
@@ -872,7 +874,31 @@ def compile_all(jobs, meanwhile=None) -> None:
                 os._exit(0)
         children.append(pid)
     run_meanwhile()
-    _wait_for(children, deadline=300.0)
+    deferred = None if wait else getattr(_TOGETHER, "children", None)
+    if deferred is not None:        # compiling_together waits for them
+        deferred.extend(children)
+    else:
+        _wait_for(children, deadline=300.0)
+
+
+_TOGETHER = threading.local()
+
+
+@contextlib.contextmanager
+def compiling_together():
+    """Inside it, compile_all leaves its workers compiling and returns: the process goes on to
+    the next graph (a training step's backward is lowered while its forward's kernels
+    compile). The workers are waited for at its end, before anything compiled inside it
+    launches."""
+    if getattr(_TOGETHER, "children", None) is not None:      # (already inside one)
+        yield
+        return
+    _TOGETHER.children = []
+    try:
+        yield
+    finally:
+        children, _TOGETHER.children = _TOGETHER.children, None
+        _wait_for(children, deadline=300.0)
 
 
 def _wait_for(children: list, deadline: float) -> None:
@@ -1051,7 +1077,7 @@ def autotune(source: str, meta: dict, buffers: dict, device: torch.device, log) 
         tuning[name] = (path, [(load(source, {name: (args, c, function)})[name], c) for c in _candidates(launch)])
     # every candidate of every kernel compiled at once (in worker processes), then timed
     compile_all([(launcher, [buffers[a].dtype for a in meta[name][0]], c)
-                 for name, (_, candidates) in tuning.items() for launcher, c in candidates])
+                 for name, (_, candidates) in tuning.items() for launcher, c in candidates], wait=True)
     for name, (path, candidates) in tuning.items():
         args, launch, function = meta[name]
         try:
@@ -1155,24 +1181,28 @@ class LaunchSite:
     the dynamic sizes) alone: cheaper than the dtypes' key, in Python, once per launch, and a
     small model launches over a hundred kernels per call."""
 
-    __slots__ = ("launcher", "binaries", "__name__")
+    __slots__ = ("launcher", "given", "binaries", "__name__")
 
     def __init__(self, launcher: Launcher):
-        self.launcher, self.binaries, self.__name__ = launcher, {}, launcher.name
+        self.launcher, self.given, self.binaries, self.__name__ = launcher, launcher.given, {}, launcher.name
 
     def __getitem__(self, grid):
-        return lambda *args, **kwargs: self.launch(grid, args, kwargs)
+        # (a partial, not a lambda: one Python frame less on every launch)
+        return functools.partial(self.launch, grid)
 
-    def launch(self, grid, args, kwargs):
+    def launch(self, grid, *args, **kwargs):
         pointers = [a.data_ptr() for a in args]
-        given = self.launcher.given
+        given = self.given
         key = (tuple([p & 15 == 0 for p in pointers]), tuple([kwargs[k] for k in given])) if given \
             else tuple([p & 15 == 0 for p in pointers])
         try:
             binary = self.binaries[key]
         except KeyError:
             binary = self.binaries[key] = self.launcher.binary_for(args, pointers, kwargs)
-        self.launcher.run(binary, grid, args, pointers, kwargs)
+        if binary is not None and not _launch_hooks_active():
+            binary.launch(grid, pointers, kwargs)
+        else:
+            self.launcher.run(binary, grid, args, pointers, kwargs)
 
 
 class _Binary:
@@ -1190,18 +1220,24 @@ class _Binary:
         self.settings = [name for i, name in facts["params"] if i >= positional]
         if [i for i, _ in facts["params"]][:len(self.buffers)] != self.buffers:
             raise ValueError(f"{facts['name']}: a setting comes before a buffer in its parameters")
+        # every positional argument is a parameter, in order (the usual case): passed as they are
+        self.every_buffer = self.buffers == list(range(positional))
         self.nulls = (None,) * facts["null_params"]
-        self.launcher = _static_launcher()
+        self.device = device
+        self._launch_kernel = _static_launcher()._launch_kernel
         # (module, function, registers, spills) in recent PyTorch, (function, ...) before
-        self.function = self.launcher._load_kernel(base + ".cubin", facts["name"], self.shared, device)[-3]
+        self.function = _static_launcher()._load_kernel(base + ".cubin", facts["name"], self.shared, device)[-3]
 
     def launch(self, grid, pointers, kwargs):
-        """Launch on the current stream; `pointers`: the positional arguments' addresses."""
-        values = [pointers[i] for i in self.buffers] + [kwargs[name] for name in self.settings]
-        stream = torch._C._cuda_getCurrentRawStream(torch._C._cuda_getDevice())
-        self.launcher._launch_kernel(
+        """Launch on the device's current stream; `pointers`: the positional arguments'
+        addresses. (Once per kernel and call: kept to the few steps it needs.)"""
+        values = pointers if self.every_buffer else [pointers[i] for i in self.buffers]
+        if self.settings:
+            values = values + [kwargs[name] for name in self.settings]
+        self._launch_kernel(
             self.function, grid[0], grid[1] if len(grid) > 1 else 1, grid[2] if len(grid) > 2 else 1,
-            self.num_warps, self.shared, self.types, (*values, *self.nulls), stream)
+            self.num_warps, self.shared, self.types, (*values, *self.nulls),
+            torch._C._cuda_getCurrentRawStream(self.device))
 
 
 # Triton's type names -> the static launcher's codes (pointers are passed as ints: "O")
@@ -1281,14 +1317,16 @@ def _static_launcher():
 
 
 def _launch_hooks_active() -> bool:
-    """Whether a profiler has hooked Triton's launches (they would miss a static launch)."""
-    runtime = _triton_runtime_knobs()
+    """Whether a profiler has hooked Triton's launches (they would miss a static launch).
+    Checked on every launch: a hook is None, a function, or (recent Triton) a chain of calls,
+    empty unless hooked."""
+    runtime = _RUNTIME_KNOBS or _triton_runtime_knobs()
     if runtime is None:
         return False
-    enter, exit_ = runtime.launch_enter_hook, runtime.launch_exit_hook
-    if enter is None and exit_ is None:          # the common case, checked on every launch
-        return False
-    return any(h is not None and not (hasattr(h, "calls") and not h.calls) for h in (enter, exit_))
+    for hook in (runtime.launch_enter_hook, runtime.launch_exit_hook):
+        if hook is not None and getattr(hook, "calls", True):
+            return True
+    return False
 
 
 def _triton_runtime_knobs():
