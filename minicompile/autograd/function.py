@@ -26,6 +26,11 @@ class CompiledTraining:
         placeholders = [n.meta["val"] for n in partition.backward.graph.nodes if n.op == "placeholder"]
         self.saved_strides = [v.stride() for v in placeholders[:len(partition.saved_from)]]
         self.tangents = placeholders[len(partition.saved_from):]
+        # a flat tuple or list of outputs (a model's graph returning its result and the
+        # statistics its batch norms update) is made without pytree, on every call
+        numbers = pytree.tree_unflatten(list(range(joint.output_spec.num_leaves)), joint.output_spec)
+        self.flat = type(numbers) if type(numbers) in (tuple, list) and list(numbers) == list(
+            range(joint.output_spec.num_leaves)) else None
 
     def __call__(self, *args):
         tensors = [a for a, (kind, _) in zip(args, self.joint.inputs) if kind == "tensor"]
@@ -36,7 +41,7 @@ class CompiledTraining:
         if self.joint.grad_mode_after is not None:     # the graph's torch.set_grad_enabled
             torch._C._set_grad_enabled(self.joint.grad_mode_after)
         leaves = [outs[k] if kind == "tensor" else k for kind, k in self.joint.outputs]
-        return pytree.tree_unflatten(leaves, self.joint.output_spec)
+        return self.flat(leaves) if self.flat is not None else pytree.tree_unflatten(leaves, self.joint.output_spec)
 
     @property
     def source(self) -> str:

@@ -2211,8 +2211,9 @@ def _mm(node, values, a, b):
 
     An operand that is the transpose of a value is padded untransposed, then transposed: the
     logits' gradient is padded once for both products (`program.padded`), and the kernel that
-    computes it writes the padded buffer itself. A result of unaligned width is
-    lower/matmul.py's kernel where it applies (see _linear)."""
+    computes it writes the padded buffer itself. (lower/matmul.py's kernel, which _linear
+    calls for a result of unaligned width, is not called here: in a training step's forward
+    its compilation, in this process, held the step's first call up by seconds.)"""
     meta = _meta(node, values)
     if meta is None or not isinstance(a, TensorBox) or not isinstance(b, TensorBox) \
             or len(a.shape) != 2 or len(b.shape) != 2 or not a.dtype == b.dtype == meta.dtype \
@@ -2223,8 +2224,6 @@ def _mm(node, values, a, b):
     if m * k * n < PAD_PRODUCTS_FROM:
         return NotImplemented
     align = _aligned_count(meta.dtype)
-    if n % align and matmul.chosen(meta.device, meta.dtype):
-        return lower_fallback(a.program, node, values, matmul.mm, (a, b), {}, stride=ir.contiguous_strides([m, n]))
     a_of, b_of = _transposed_value(node.args[0], a), _transposed_value(node.args[1], b)
     # the leading dimensions: a's is k, or m where a is a transpose; b's and the result's n
     if not (k % align or n % align or (m % align and a_of is not None)):
