@@ -185,7 +185,7 @@ class CompiledFunction:
     def _key(self):
         # a list option (fusion_passes) is keyed as a tuple of the same items
         options = ((k, tuple(v) if isinstance(v, list) else v) for k, v in self.options.items())
-        return (self._func.__code__, self.backend, tuple(sorted(options)), self.fullgraph)
+        return (self._func.__code__, self.backend, tuple(sorted(options)), self.fullgraph, self.dynamic)
 
     def __call__(self, *args, **kwargs):
         frame = self._frame

@@ -104,6 +104,22 @@ def test_shape_change_recompiles_and_stays_correct():
     assert minicompile.metrics.recompiles == 1
 
 
+def test_compiles_of_one_function_with_other_dynamic_settings_keep_their_own_entries():
+    # the cache is per code object and options: dynamic=False asks for code of static sizes,
+    # which an entry compiled with dynamic=True (any size) is not
+    minicompile.metrics.reset()
+    dynamic = minicompile.compile(relu_chain, dynamic=True)
+    for n in (3, 5):
+        x = randn(n)
+        assert_same(dynamic(x), relu_chain(x))
+    assert minicompile.metrics.graphs == 1
+    static = minicompile.compile(relu_chain, dynamic=False)
+    for n in (3, 5):
+        x = randn(n)
+        assert_same(static(x), relu_chain(x))
+    assert minicompile.metrics.graphs == 3 and minicompile.metrics.recompiles == 1
+
+
 def test_recompile_limit_falls_back_to_eager_with_warning():
     minicompile.config.recompile_limit, limit = 2, minicompile.config.recompile_limit
     try:
