@@ -4,6 +4,7 @@ Graphs come from torch.fx.symbolic_trace (independent of minicompile's capture);
 compared with eager PyTorch on fresh random inputs. Each test runs once per kernel backend that
 this machine can run (C++; Triton through its interpreter on a CPU, for real on a GPU).
 """
+import ctypes
 import os
 import re
 
@@ -698,6 +699,24 @@ def test_a_compile_worker_that_hangs_is_stopped():
     assert time.monotonic() - start < 10
     with pytest.raises(ChildProcessError):      # both reaped: no zombie left behind
         os.waitpid(hung, os.WNOHANG)
+
+
+def test_processes_compiling_the_same_cpp_kernels_at_once_each_load_them_whole(monkeypatch, tmp_path):
+    # the ranks of a distributed job compile the same kernels into one cache at the same time:
+    # none may compile a source file another is writing, or load half a library
+    import shutil
+    from concurrent.futures import ThreadPoolExecutor
+    from minicompile.codegen import cpp
+    if shutil.which(minicompile.config.cxx) is None:
+        pytest.skip("no C++ compiler")
+    monkeypatch.setattr(minicompile.config, "cache_dir", str(tmp_path))
+    source = "".join(f'extern "C" int kernel{i}() {{ return {i}; }}\n' for i in range(200))
+    with ThreadPoolExecutor(max_workers=4) as pool:
+        libraries = list(pool.map(lambda _: cpp.compile_library(source), range(4)))
+    for lib in libraries:
+        lib.kernel199.restype = lib.kernel7.restype = ctypes.c_int
+        assert lib.kernel199() == 199 and lib.kernel7() == 7
+    assert sorted(p.suffix for p in (tmp_path / "cpp").iterdir()) == [".cpp", ".so"]
 
 
 @pytest.mark.skipif(not hasattr(os, "fork") or not HAS_TRITON, reason="compile workers are forked processes")

@@ -668,24 +668,32 @@ def compile_library(source: str) -> ctypes.CDLL:
     os.makedirs(directory, exist_ok=True)
     lib_path = os.path.join(directory, f"k{key}.so")
     if not os.path.exists(lib_path):
+        # the source and the library are written under names of this process's own, then
+        # renamed (atomic): processes compiling the same kernels at once (the ranks of a
+        # distributed job) never compile or load a file another is writing
         src_path = os.path.join(directory, f"k{key}.cpp")
-        with open(src_path, "w") as f:
+        fd, tmp_src = tempfile.mkstemp(suffix=".cpp", dir=directory)
+        with os.fdopen(fd, "w") as f:
             f.write(source)
         fd, tmp_lib = tempfile.mkstemp(suffix=".so", dir=directory)
         os.close(fd)
         try:
-            proc = subprocess.run([*command, src_path, "-o", tmp_lib, *config.cxx_libs],
+            proc = subprocess.run([*command, tmp_src, "-o", tmp_lib, *config.cxx_libs],
                                   capture_output=True, text=True)
         except FileNotFoundError:
+            os.unlink(tmp_src)
+            os.unlink(tmp_lib)
             raise KernelCompileError(
                 f"the C++ compiler '{config.cxx}' was not found: install g++ (or set CXX), "
                 "or run on a GPU, or use minicompile.config.cpu_backend = 'triton'") from None
+        os.replace(tmp_src, src_path)       # kept beside the library, for the reader
         if proc.returncode != 0:
             os.unlink(tmp_lib)
             raise KernelCompileError(
                 f"C++ kernel failed to compile with `{' '.join(command)}` ({src_path}):\n"
-                + "\n".join(proc.stderr.splitlines()[:20]), generated_code=_compiler_works(tuple(command)))
-        os.replace(tmp_lib, lib_path)       # atomic: parallel processes never load half a file
+                + "\n".join(proc.stderr.replace(tmp_src, src_path).splitlines()[:20]),
+                generated_code=_compiler_works(tuple(command)))
+        os.replace(tmp_lib, lib_path)
     return ctypes.CDLL(lib_path)
 
 
