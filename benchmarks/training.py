@@ -11,7 +11,7 @@ Face BERT-base (16 x 128 tokens), GPT-2 with its LM head (8 x 512) and a Llama-s
 (real_models.py's: 1024 wide, 8 layers; 8 x 512), from their configs.
 
 For each model: the first step of each (compilation included, with compile caches made empty
-for this run), medians of steady-state steps after warm-up (CUDA events on a GPU), speedups
+for this run; minicompile's split by stage), medians of steady-state steps after warm-up (CUDA events on a GPU), speedups
 over eager, losses checked equal, each compiler's graph count, minicompile's forward and
 backward kernel counts, and on a GPU the peak memory of one step. Writes training_<device>.json
 to --out, else $OUT, else benchmarks/results/.
@@ -142,7 +142,9 @@ def main():
             "graphs": {"torch.compile": counters["stats"]["unique_graphs"], "minicompile": minicompile.metrics.graphs},
             "minicompile_graph_breaks": minicompile.metrics.graph_breaks,
             "minicompile_kernels": minicompile.metrics.kernels,
-            "minicompile_backward_kernels": minicompile.metrics.backward_kernels}
+            "minicompile_backward_kernels": minicompile.metrics.backward_kernels,
+            # where minicompile's first call went, by stage (minicompile.metrics.compile_seconds)
+            "minicompile_compile_seconds": {k: round(v, 3) for k, v in minicompile.metrics.compile_seconds.items()}}
         r = records
         print(f"{name:<12}{r['eager']['median_ms']:>10.2f}{r['torch.compile']['speedup']:>7.2f}"
               f"{r['minicompile']['speedup']:>7.2f}{r['torch.compile']['first_call_s']:>9.1f}"

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import torch
 
-from . import autocast, config, fusion, logs
+from . import autocast, config, fusion, logs, metrics
 from .autograd import compile_training
 from .capture.output_graph import NodeByNode
 from .codegen import triton as triton_codegen, wrapper
@@ -106,9 +106,12 @@ def _compile_values(gm: torch.fx.GraphModule, example_inputs, written=None) -> w
             compiled.shape_guards, compiled.cache_key = entry["shape_guards"], key
             return compiled
     try:
-        program = lower(gm, list(example_inputs))
-        steps = fusion.schedule(program)
-        compiled = wrapper.build(program, steps, written)
+        with metrics.timed("lowering"):
+            program = lower(gm, list(example_inputs))
+        with metrics.timed("fusion"):
+            steps = fusion.schedule(program)
+        with metrics.timed("code generation"):
+            compiled = wrapper.build(program, steps, written)
         compiled.shape_guards = shape_guards(program)
         if key is not None:
             if compiled.entry is None:

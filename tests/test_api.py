@@ -120,6 +120,25 @@ def test_compiles_of_one_function_with_other_dynamic_settings_keep_their_own_ent
     assert minicompile.metrics.graphs == 3 and minicompile.metrics.recompiles == 1
 
 
+def test_compile_seconds_say_where_a_first_call_went():
+    # as Dynamo's compile_times(): each stage's seconds, a stage inside another counted once
+    import time
+    minicompile.metrics.reset()
+    lin = nn.Linear(24, 8).to(DEVICE)
+
+    def loss(x):
+        return torch.relu(lin(x)).sum()
+    x = randn(5, 24)
+    start = time.perf_counter()
+    minicompile.compile(loss)(x).backward()
+    wall = time.perf_counter() - start
+    seconds = minicompile.metrics.compile_seconds
+    assert {"capture", "joint trace", "partition", "lowering", "fusion", "code generation"} <= set(seconds)
+    assert all(s >= 0 for s in seconds.values()) and sum(seconds.values()) <= wall
+    minicompile.metrics.reset()
+    assert minicompile.metrics.compile_seconds == {}
+
+
 def test_recompile_limit_falls_back_to_eager_with_warning():
     minicompile.config.recompile_limit, limit = 2, minicompile.config.recompile_limit
     try:

@@ -32,7 +32,8 @@ def compile_training(gm: torch.fx.GraphModule, example_inputs, compile_values, w
     written: {output index: input index} of gm, outputs written back into inputs after the
     call (a batch norm's running statistics), which the forward may store straight into them."""
     try:
-        joint = trace_joint(gm, example_inputs)
+        with metrics.timed("joint trace"):
+            joint = trace_joint(gm, example_inputs)
     except NotImplementedError:
         raise
     except Exception as err:
@@ -40,7 +41,8 @@ def compile_training(gm: torch.fx.GraphModule, example_inputs, compile_values, w
         # no fake kernel): the caller runs the graph on PyTorch's kernels, and says why
         raise NotImplementedError(f"the joint forward+backward graph could not be traced: "
                                   f"{type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}") from err
-    part = partition(joint)
+    with metrics.timed("partition"):
+        part = partition(joint)
     _log(part)
     primals = [v for v in example_inputs if isinstance(v, torch.Tensor)]
     forward = compile_values(to_torch(part.forward), primals, _in_forward(joint, written or {}))

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 
 import torch
 
-from .. import config, ir
+from .. import config, ir, metrics
 from ..fusion.kernels import ComboKernel
 from ..ir import Index, use_ops
 from .common import (SCALAR, SYMBOL, KernelWriter, defined_once, plan_loops, reduction_identity, scalars_in,
@@ -775,12 +775,13 @@ def load(source: str, signatures: dict) -> dict:
     prelude, *kernels = source.split(KERNEL_MARK)
     units = max(1, min(os.cpu_count() or 1, len(kernels)))
     chunks = ["".join(KERNEL_MARK + k for k in kernels[i::units]) for i in range(units)]
-    if units == 1:
-        libraries = [compile_library(prelude + chunks[0])]
-    else:
-        from concurrent.futures import ThreadPoolExecutor       # the compiler runs outside Python
-        with ThreadPoolExecutor(max_workers=units) as pool:
-            libraries = list(pool.map(lambda chunk: compile_library(prelude + chunk), chunks))
+    with metrics.timed("kernel compile"):
+        if units == 1:
+            libraries = [compile_library(prelude + chunks[0])]
+        else:
+            from concurrent.futures import ThreadPoolExecutor       # the compiler runs outside Python
+            with ThreadPoolExecutor(max_workers=units) as pool:
+                libraries = list(pool.map(lambda chunk: compile_library(prelude + chunk), chunks))
     out = {}
     for name, (args, function) in signatures.items():
         lib = next(lib for lib, chunk in zip(libraries, chunks) if f"void {function}(" in chunk)

@@ -26,7 +26,7 @@ import warnings
 import numpy as np
 import torch
 
-from .. import config, ir
+from .. import config, ir, metrics
 from ..fusion.kernels import ComboKernel
 from ..ir import Index, use_ops
 from .common import KernelWriter, defined_once, plan_loops, reduction_identity, scalars_in, size_symbols_in
@@ -904,6 +904,11 @@ def compiling_together():
 def _wait_for(children: list, deadline: float) -> None:
     """Wait for the worker processes; any still running after `deadline` seconds is stopped
     (its kernels are then compiled at their first launch)."""
+    with metrics.timed("kernel compile"):
+        _wait(children, deadline)
+
+
+def _wait(children: list, deadline: float) -> None:
     import signal
     import time
     start, running = time.monotonic(), set(children)
