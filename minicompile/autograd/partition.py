@@ -26,8 +26,9 @@ value's users hang off v_out. The source feeds the inputs and the expensive valu
 available in the forward); the nodes the backward must run (those that read a gradient) drain
 into the sink. A cut separates what the forward
 computes from what the backward computes, and the edges it cuts are the values that cross:
-the saved values, of the fewest bytes in all (a maximum flow: `source_side`). Of a view and the value it
-views, equal in bytes, the value is saved (a saved view would be copied out by the forward).
+the saved values, of the fewest bytes in all (a maximum flow: `source_side`). Of a view and
+the value it views, equal in bytes, the value is saved (a saved view would be copied out by
+the forward).
 
 Hands on a `Partition`: the forward graph (primals -> forward outputs, then saved values) and
 the backward graph (saved values, then tangents -> gradients), both aten-level FX graphs.
@@ -182,9 +183,10 @@ def source_side(capacity: dict, source, sink) -> set:
     """The vertices on the source's side of a minimum cut of the network `capacity`
     ({(u, v): capacity}): after a maximum flow, those that no longer reach the sink through
     edges with capacity to spare (of equal cuts, the one that computes the most in the
-    forward, as networkx's minimum_cut gives). The network falls apart into parts that only the source and the
-    sink join (a layer's pointwise work between its products), and each part's flow is found
-    on its own (Dinic's algorithm: shortest augmenting paths, a phase at a time)."""
+    forward, as networkx's minimum_cut gives). The network falls apart into parts that only
+    the source and the sink join (a layer's pointwise work between its products), and each
+    part's flow is found on its own (Dinic's algorithm: shortest augmenting paths, a phase at
+    a time)."""
     parent: dict = {}
 
     def root(v):

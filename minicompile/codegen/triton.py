@@ -904,25 +904,21 @@ def compiling_together():
 def _wait_for(children: list, deadline: float) -> None:
     """Wait for the worker processes; any still running after `deadline` seconds is stopped
     (its kernels are then compiled at their first launch)."""
-    with metrics.timed("kernel compile"):
-        _wait(children, deadline)
-
-
-def _wait(children: list, deadline: float) -> None:
     import signal
     import time
-    start, running = time.monotonic(), set(children)
-    while running:
-        for pid in list(running):
-            if os.waitpid(pid, os.WNOHANG)[0] != 0:
-                running.discard(pid)
-        if running and time.monotonic() - start > deadline:
-            for pid in running:
-                os.kill(pid, signal.SIGKILL)
-                os.waitpid(pid, 0)
-            return
-        if running:
-            time.sleep(0.005)
+    with metrics.timed("kernel compile"):
+        start, running = time.monotonic(), set(children)
+        while running:
+            for pid in list(running):
+                if os.waitpid(pid, os.WNOHANG)[0] != 0:
+                    running.discard(pid)
+            if running and time.monotonic() - start > deadline:
+                for pid in running:
+                    os.kill(pid, signal.SIGKILL)
+                    os.waitpid(pid, 0)
+                return
+            if running:
+                time.sleep(0.005)
 
 
 @functools.lru_cache(None)
@@ -1204,6 +1200,7 @@ class LaunchSite:
             binary = self.binaries[key]
         except KeyError:
             binary = self.binaries[key] = self.launcher.binary_for(args, pointers, kwargs)
+        # Launcher.run's fast path, written here: a call less on every launch
         if binary is not None and not _launch_hooks_active():
             binary.launch(grid, pointers, kwargs)
         else:
@@ -1229,9 +1226,10 @@ class _Binary:
         self.every_buffer = self.buffers == list(range(positional))
         self.nulls = (None,) * facts["null_params"]
         self.device = device
-        self._launch_kernel = _static_launcher()._launch_kernel
+        launcher = _static_launcher()
+        self._launch_kernel = launcher._launch_kernel
         # (module, function, registers, spills) in recent PyTorch, (function, ...) before
-        self.function = _static_launcher()._load_kernel(base + ".cubin", facts["name"], self.shared, device)[-3]
+        self.function = launcher._load_kernel(base + ".cubin", facts["name"], self.shared, device)[-3]
 
     def launch(self, grid, pointers, kwargs):
         """Launch on the device's current stream; `pointers`: the positional arguments'
