@@ -32,7 +32,7 @@ def main():
     args = p.parse_args()
     assert torch.cuda.is_available(), "max-autotune times kernels on a GPU"
     torch.backends.cuda.matmul.allow_tf32 = True
-    results = {}
+    results, choices = {}, {}
     with torch.no_grad():
         for name in args.models:
             model, x = model_and_input(name, "cuda")
@@ -45,12 +45,20 @@ def main():
             for mode in MODES:
                 fns[f"minicompile {mode}"] = minicompile.compile(model, mode=mode)
             # TF32 matrix products (and templates that sum in other orders): checked loosely
+            minicompile.metrics.reset()
             results[name] = bench.compare(fns, [x], repeat=100, warmup=10, rtol=2e-2, atol=2e-2)
+            # what max-autotune timed for its matrix-product templates (the first mode's compile)
+            templates = list(minicompile.metrics.template_choices)
+            for choice in templates:
+                print(f"{name:10s} template {choice['sizes']} {choice['template_ms'] * 1e3:.1f} us against "
+                      f"{choice['pytorch_ms'] * 1e3:.1f} us -> {choice['chosen']}")
             for label, r in results[name].items():
                 print(f"{name:10s} {label:42s} first call {r['first_call_s']:7.2f} s  "
                       f"{r['median_ms'] * 1e3:9.1f} us  {r['speedup']:5.2f}x", flush=True)
+            choices[name] = templates
     gpu = "h100" if "H100" in torch.cuda.get_device_name() else "gpu"
-    print("wrote", bench.save_results(f"max_autotune_{gpu}", {"models": results}, args.out))
+    print("wrote", bench.save_results(f"max_autotune_{gpu}", {"models": results,
+                                                                 "minicompile_template_choices": choices}, args.out))
 
 
 if __name__ == "__main__":

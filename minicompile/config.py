@@ -66,6 +66,11 @@ cudagraph_max_recordings = 8
 # chosen by timing candidates when the graph is compiled (codegen/triton.py autotune), the
 # choices kept in cache_dir/autotune. On a CPU it changes nothing (and the log says so).
 autotune = False
+# Matrix products and the pointwise work after them as one Triton kernel (fusion's
+# matmul-templates): None, in mode="max-autotune" on a GPU, where timing says it is faster than
+# PyTorch's product and a separate kernel; True, wherever Triton kernels run (Triton's
+# interpreter on a CPU too), untimed; False, never.
+matmul_templates = None
 # Time a few replays against a few default calls after each recording, and keep the faster
 # (copying large inputs in and outputs out can cost more than the launches a replay saves).
 cudagraph_keep_faster = True

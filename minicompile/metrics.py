@@ -7,6 +7,7 @@
     minicompile.metrics.backward_kernels   # of those, the kernels of compiled backward graphs
     minicompile.metrics.compile_seconds    # {stage: seconds} spent compiling, as Dynamo's
                                            # compile_times(): where a first call's time went
+    minicompile.metrics.template_choices   # max-autotune's matrix-product templates, as timed
 """
 import contextlib
 import time
@@ -21,6 +22,10 @@ backward_kernels = 0  # kernels of compiled backward graphs (training), counted 
 # compile (waiting for the C++ compiler or Triton's workers). A stage inside another (a graph
 # compiled at a break, during capture) counts in its own stage only.
 compile_seconds: dict = {}
+# each matrix-product template max-autotune timed (codegen/matmul_template.py): {"kernel",
+# "sizes" (m, k, n), "dtype", "template_ms", "settings", "pytorch_ms" (its product and the
+# epilogue kernel), "chosen" ("template" or "pytorch")}
+template_choices: list = []
 _open: list = []        # the stages being timed, innermost last: [stage, start, seconds inside]
 
 
@@ -29,6 +34,7 @@ def reset() -> None:
     graphs = graph_breaks = recompiles = kernels = backward_kernels = 0
     kernel_bytes = []
     compile_seconds.clear()
+    template_choices.clear()
 
 
 @contextlib.contextmanager

@@ -659,15 +659,19 @@ class GuardBuilder:
                   stack=False, others=sources[1:])
 
     def global_state(self):
-        """PyTorch's global state that changes what ops compute: grad mode, and autocast (on
-        which device, to which dtype), as Dynamo's GLOBAL_STATE guard checks them."""
+        """PyTorch's global state that changes what ops compute: grad mode, autocast (on which
+        device, to which dtype), and whether float32 matrix products may use TF32 (a template
+        kernel decides that as it is compiled), as Dynamo's GLOBAL_STATE guard checks them."""
         # torch's functions under names of the guard's own (one lookup, not `torch.` and then
         # the function in torch's module dict)
         self.namespace.update(GRAD_ENABLED=torch.is_grad_enabled,
                               AUTOCAST_ENABLED=torch.is_autocast_enabled,
-                              AUTOCAST_DTYPE=torch.get_autocast_dtype)
+                              AUTOCAST_DTYPE=torch.get_autocast_dtype,
+                              ALLOW_TF32=torch._C._get_cublas_allow_tf32)
         checks = [(f"GRAD_ENABLED() is {torch.is_grad_enabled()}",
-                   "GLOBAL_STATE changed: grad_mode")]
+                   "GLOBAL_STATE changed: grad_mode"),
+                  (f"ALLOW_TF32() is {torch._C._get_cublas_allow_tf32()}",
+                   "GLOBAL_STATE changed: torch.backends.cuda.matmul.allow_tf32")]
         for device, dtype in zip(autocast.DEVICES, autocast.state()):
             on = f"AUTOCAST_ENABLED({device!r})"
             checks.append((f"not {on}" if dtype is None else

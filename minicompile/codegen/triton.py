@@ -27,7 +27,7 @@ import numpy as np
 import torch
 
 from .. import config, ir, metrics
-from ..fusion.kernels import ComboKernel
+from ..fusion.kernels import ComboKernel, TemplateKernel
 from ..ir import Index, use_ops
 from .common import KernelWriter, defined_once, plan_loops, reduction_identity, scalars_in, size_symbols_in
 
@@ -384,14 +384,8 @@ def kernel_source(kernel, buffers):
     x_idx, r_idx = writer.canonical
 
     def store(member, value, row: bool) -> str:
-        index = writer.store_index(member)
-        text = writer.offset(index) if index.variables() else f"{index.render('//')} + 0 * xindex"
-        if value in writer.constants:       # a constant output still needs a block of values
-            shape = "[XBLOCK]" if not kernel.r_sizes else "[XBLOCK, RBLOCK]" if row else "[XBLOCK, 1]"
-            # (an integer constant is a one-element block already: added, not splat)
-            value = f"(tl.zeros({shape}, {TL_TYPES[ir.compute_dtype(member.box.dtype)]}) + {value})"
-        return (f"tl.store({writer.out_name(member.box.name)} + ({text}), "
-                f"({value}).to({TL_TYPES[member.box.dtype]}), {'xmask & rmask' if row else 'xmask'})")
+        shape = "[XBLOCK]" if not kernel.r_sizes else "[XBLOCK, RBLOCK]" if row else "[XBLOCK, 1]"
+        return _store(writer, member, value, shape, "xmask & rmask" if row else "xmask")
 
     def finish(member, result):
         """A reduction's result per row: kept for the members after it, stored if asked."""
@@ -498,10 +492,29 @@ def kernel_source(kernel, buffers):
                       "XBLOCK: tl.constexpr", "RBLOCK: tl.constexpr"]
             launch = {"xnumel": _launch_value(xnumel), "rnumel": _launch_value(rnumel), "XBLOCK": xblock,
                       "RBLOCK": rblock, "num_warps": num_warps, "grid": _grid(xnumel, xblock)}
-    stored = [m.box for m in kernel.members if m.box.name in kernel.stored]
     # an output may be written over an input it replaces (as Inductor's in_out_ptr), except
     # where a row is walked several times: a later walk would read what an earlier one overwrote
     kernel.in_place = writer.in_place_inputs() if not kernel.r_sizes or persistent or walk.walks == 1 else {}
+    return _function(kernel, writer, body, params, launch)
+
+
+def _store(writer, member, value, shape: str, mask: str) -> str:
+    """The line storing `value` as `member`'s element(s); `shape`: the block's, for a constant."""
+    index = writer.store_index(member)
+    text = writer.offset(index) if index.variables() else f"{index.render('//')} + 0 * xindex"
+    if value in writer.constants:       # a constant output still needs a block of values
+        # (an integer constant is a one-element block already: added, not splat)
+        value = f"(tl.zeros({shape}, {TL_TYPES[ir.compute_dtype(member.box.dtype)]}) + {value})"
+    return (f"tl.store({writer.out_name(member.box.name)} + ({text}), "
+            f"({value}).to({TL_TYPES[member.box.dtype]}), {mask})")
+
+
+def _function(kernel, writer, body: list[str], params: list[str], launch: dict):
+    """The @triton.jit function of `body`: its parameters are the buffers it loads, those it
+    stores, the index-error flag where it checks indices on a CPU, the dynamic sizes and floats
+    the body uses, then `params` (the launch settings). -> (source, argument buffer names,
+    launch settings)."""
+    stored = [m.box for m in kernel.members if m.box.name in kernel.stored]
     checked = [ir.INDEX_ERRORS] if writer.checks_indices and not writer.device_asserts else []
     if writer.checks_indices and writer.device_asserts:
         launch.update(DEVICE_ASSERT_OPTIONS)
@@ -510,7 +523,7 @@ def kernel_source(kernel, buffers):
     # launch settings, in the order the launcher passes them
     symbols = size_symbols_in("\n".join(body))
     scalars = scalars_in("\n".join(body))
-    if scalars and any(b.dtype == torch.float64 for b in buffers.values()):
+    if scalars and any(b.dtype == torch.float64 for b in writer.buffers.values()):
         # Triton passes a Python float as float32: exact only for float32 and narrower work
         raise NotImplementedError("a dynamic Python float in a float64 Triton kernel")
     symbols += scalars
@@ -742,7 +755,11 @@ def generate(kernels, buffers) -> tuple[str, dict]:
             sources += [*parts, ""]
             meta[kernel.name] = (args, launch, kernel.name)
             continue
-        src, args, launch = kernel_source(kernel, buffers)
+        if isinstance(kernel, TemplateKernel):
+            from .matmul_template import template_source     # (it builds on this module)
+            src, args, launch = template_source(kernel, buffers)
+        else:
+            src, args, launch = kernel_source(kernel, buffers)
         function = defined_once(defined, kernel.name, src)
         sources += [src, ""] if function == kernel.name else [f"{kernel.name} = {function}  # the same code", ""]
         meta[kernel.name] = (args, launch, function)
@@ -1027,23 +1044,28 @@ def _near(value: int, low: int, high: int) -> list[int]:
     return sorted({value} | {v for v in (value // 2, value * 2) if low <= v <= high})
 
 
-def _time_launch(launcher, args, launch, device) -> float:
+def time_launch(launcher, args, launch) -> float:
     """Median GPU time of one launch in ms (CUDA events), after a warm-up launch."""
     settings = {k: v for k, v in launch.items() if k != "grid"}
     run = launcher[(launch["grid"],)]
-    run(*args, **settings)
+    return time_calls(lambda: run(*args, **settings))
+
+
+def time_calls(call) -> float:
+    """Median GPU time of one call in ms (CUDA events), after a warm-up call."""
+    call()
     times = []
     for _ in range(7):
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         start.record()
-        run(*args, **settings)
+        call()
         end.record()
         end.synchronize()
         times.append(start.elapsed_time(end))
     return sorted(times)[len(times) // 2]
 
 
-def _stand_in(buf, device) -> torch.Tensor:
+def stand_in(buf, device) -> torch.Tensor:
     """A tensor laid out as buffer `buf` (an input, or a computed buffer with its strides):
     floats random, integers 0."""
     stride = getattr(buf, "stride", None)
@@ -1082,8 +1104,8 @@ def autotune(source: str, meta: dict, buffers: dict, device: torch.device, log) 
     for name, (path, candidates) in tuning.items():
         args, launch, function = meta[name]
         try:
-            tensors = [_stand_in(buffers[a], device) for a in args]
-            timed = [(_time_launch(launcher, tensors, c, device), c) for launcher, c in candidates]
+            tensors = [stand_in(buffers[a], device) for a in args]
+            timed = [(time_launch(launcher, tensors, c), c) for launcher, c in candidates]
         except Exception as err:                  # noqa: BLE001 (keep the default settings)
             log(f"{name}: not tuned ({type(err).__name__}: {err})")
             continue

@@ -24,12 +24,12 @@ import torch
 import torch.utils._pytree as pytree
 
 from .. import aliasing, config, ir, logs, metrics
-from ..fusion import ExternCall, Kernel, buffers_by_name
+from ..fusion import ExternCall, Kernel, TemplateKernel, buffers_by_name
 from ..lower import matmul
 from ..lower.boxes import TensorBox
 from ..lower.lowerings import returns_new_memory
 from ..runtime import memory
-from . import cpp, triton as triton_codegen
+from . import cpp, matmul_template, triton as triton_codegen
 
 
 @dataclass
@@ -318,10 +318,14 @@ def has_no_elements(kernel: Kernel) -> bool:
 def build(program: ir.Program, steps: list, written: dict | None = None) -> CompiledGraph:
     """written: {output index: input index}, outputs whose value is written back into an input
     after the graph (plan_memory may store them straight into it)."""
-    kernels = [s for s in steps if isinstance(s, Kernel) and not has_no_elements(s)]
     backend = choose_backend(program.device)
     buffers = buffers_by_name(program)
     buffers[ir.INDEX_ERRORS] = ir.InputBuffer(ir.INDEX_ERRORS, [1], [1], 0, torch.int32, program.device)
+    if backend == "triton" and any(isinstance(s, TemplateKernel) for s in steps):
+        # each matrix-product template kept only where it is the faster (max-autotune times it)
+        steps = matmul_template.choose_templates(steps, buffers, program.device,
+                                                 lambda text: logs.log("autotune", text))
+    kernels = [s for s in steps if isinstance(s, Kernel) and not has_no_elements(s)]
 
     if backend == "cpp":
         kernel_source, meta = cpp.generate(kernels, buffers)

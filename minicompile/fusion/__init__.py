@@ -15,7 +15,11 @@ with a `run` method over the `FusionState` (kernels.py):
    sibling reductions and pointwise kernels over the same data (horizontal fusion), and
    reductions over the same leading dims of one shape (batch norm's statistics per channel).
 4. elide-stores drops the store of a buffer that nothing outside its kernel reads.
-5. combo-kernels launches consecutive independent pointwise kernels as one (a `ComboKernel`:
+5. matmul-templates (mode="max-autotune", on a GPU) makes a matrix product and the pointwise
+   kernel that reads its result one `TemplateKernel` (a Triton matrix product with that
+   work done on each tile before it is stored); code generation keeps it where it is faster
+   than PyTorch's product and the separate kernel.
+6. combo-kernels launches consecutive independent pointwise kernels as one (a `ComboKernel`:
    each part its own sizes and code; an optimizer step's per-parameter updates).
 
 Another list of passes reaches `minicompile.compile` without editing the package:
@@ -29,15 +33,16 @@ import math
 
 from .. import config, ir, logs
 from ..lower.boxes import TensorBox
-from .kernels import ComboKernel, ExternCall, FusionPass, FusionState, Kernel, Member
-from .passes import (ComboKernels, ElideStores, FuseRows, InlinePointwise, MakeKernels, RealizeOutputs,
-                     RealizeReductions, loads)
+from .kernels import ComboKernel, ExternCall, FusionPass, FusionState, Kernel, Member, TemplateKernel
+from .passes import (ComboKernels, ElideStores, FuseRows, InlinePointwise, MakeKernels, MatmulTemplates,
+                     RealizeOutputs, RealizeReductions, loads)
 
-__all__ = ["ComboKernel", "ExternCall", "FusionPass", "FusionState", "Kernel", "Member", "PASSES", "schedule",
+__all__ = ["ComboKernel", "ExternCall", "FusionPass", "FusionState", "Kernel", "Member", "PASSES", "TemplateKernel",
+           "schedule",
            "buffers_by_name", "draw", "format_bytes"]
 
 PASSES: list[FusionPass] = [RealizeReductions(), RealizeOutputs(), InlinePointwise(), MakeKernels(),
-                            FuseRows(), ElideStores(), ComboKernels()]
+                            FuseRows(), ElideStores(), MatmulTemplates(), ComboKernels()]
 
 
 def schedule(program: ir.Program, passes: list[FusionPass] | None = None) -> list:

@@ -101,6 +101,30 @@ class ExternCall:
     box: TensorBox
 
 
+class TemplateKernel(Kernel):
+    """A matrix product and the pointwise kernel that reads its result, as one kernel
+    (matmul-templates): each program multiplies a tile of the product in registers, then
+    computes the epilogue's members on that tile (a bias, an activation, a residual, a cast)
+    and stores them; the product itself is never written to memory. `product` is the extern
+    torch.mm's box, `epilogue` the kernel it replaces; where PyTorch's product is faster,
+    code generation runs those two instead (codegen/triton.py's choose_templates). `settings`:
+    the launch settings chosen for it (None: the template's defaults)."""
+
+    def __init__(self, product: TensorBox, epilogue: Kernel):
+        super().__init__(epilogue.name, epilogue.members, epilogue.x_sizes, stored=set(epilogue.stored))
+        self.product, self.epilogue = product, epilogue
+        self.settings = None
+
+    @property
+    def kind(self) -> str:
+        return "template"
+
+    @property
+    def operands(self) -> list:
+        """The product's two operands (boxes over buffers or strided views of them)."""
+        return list(self.product.data.args)
+
+
 @dataclass
 class FusionState:
     program: ir.Program

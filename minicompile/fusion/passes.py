@@ -9,12 +9,15 @@ reason, goes to the `fusion` log (MINICOMPILE_LOGS=fusion).
 from __future__ import annotations
 
 import math
+import operator
 
-from .. import ir
+import torch
+
+from .. import config, ir
 from ..ir import Index
 from ..lower.boxes import TensorBox
 from ..lower.lowerings import as_view_of_buffer, viewed_value
-from .kernels import ComboKernel, ExternCall, FusionPass, Kernel, Member
+from .kernels import ComboKernel, ExternCall, FusionPass, Kernel, Member, TemplateKernel
 
 
 class RealizeReductions(FusionPass):
@@ -284,6 +287,123 @@ class ElideStores(FusionPass):
                         state.log(f"{self.name}: {m.box.name} stays in {step.name}'s registers")
 
 
+class MatmulTemplates(FusionPass):
+    """A matrix product (PyTorch's torch.mm) and the pointwise kernel that reads its result
+    become one `TemplateKernel`: a Triton matrix product whose programs compute the epilogue
+    (a linear layer's bias and activation, a residual add, a cast) on their tile of the product
+    while it is in registers, so the product is never written to memory and read back. As
+    Inductor, only in mode="max-autotune" (`config.autotune`, on a GPU), where code generation
+    times the template against PyTorch's product followed by the epilogue kernel and keeps the
+    faster, per shape; `config.matmul_templates` True makes templates wherever they apply,
+    without timing (Triton's interpreter on a CPU runs them), False never.
+
+    The epilogue kernel must be pointwise over the product's m x n elements in row-major order,
+    reading the product only at the element it computes, and be the product's only reader (the
+    graph does not return the product). The template runs where the epilogue ran."""
+    name = "matmul-templates"
+
+    def run(self, state):
+        if not _templates_wanted(state.program.device):
+            return
+        outputs = {b.name for b in state.outputs}
+        steps = list(state.steps)
+        read = [loads(s) for s in steps]
+        for i, step in enumerate(steps):
+            if not isinstance(step, ExternCall):
+                continue
+            readers = [k for k in range(len(steps)) if k != i and step.box.name in read[k]]
+            epilogue = steps[readers[0]] if len(readers) == 1 else None
+            why_not = "read by more than one step" if len(readers) > 1 else \
+                "the graph returns it" if step.box.name in outputs else \
+                "nothing reads it" if epilogue is None else template_refused(step, epilogue)
+            if why_not is None:
+                steps[readers[0]] = TemplateKernel(step.box, epilogue)
+                steps[i] = None
+                state.log(f"{self.name}: {step.box.name}'s product and {epilogue.name} become one template kernel")
+            elif _product_call(step.box.data):
+                state.log(f"{self.name}: {step.box.name}'s product keeps its own kernel: {why_not}")
+        state.steps = [s for s in steps if s is not None]
+        renumber(state.steps)
+
+
+def _templates_wanted(device: torch.device) -> bool:
+    if config.matmul_templates is not None:
+        return config.matmul_templates and (device.type == "cuda" or config.cpu_backend == "triton")
+    return config.autotune and device.type == "cuda"
+
+
+def _is_product(step: ExternCall) -> str | None:
+    """None where the extern call is a product a template can compute, else why not."""
+    ext = step.box.data
+    if not _product_call(ext) or ext.kwargs or len(ext.args) != 2:
+        return "not a matrix product"
+    a, b = ext.args
+    if not all(isinstance(x, TensorBox) and len(x.shape) == 2 for x in (a, b)):
+        return "not a matrix product"
+    if ext.dtype not in (torch.float32, torch.float16, torch.bfloat16) or not a.dtype == b.dtype == ext.dtype:
+        return f"a product of {ext.dtype}"
+    if any(ir.is_symbolic(s) for s in (*a.shape, *b.shape)):
+        return "dynamic sizes"
+    if 0 in (*a.shape, b.shape[1]):
+        return "no elements"
+    if any(strided_operand(x) is None for x in (a, b)):
+        return "an operand that is not a strided view of a buffer"
+    if math.prod(ext.shape) >= 2**31 or any(_extent(*strided_operand(x)[1:], x.shape) >= 2**31 for x in (a, b)):
+        return "more elements than 32-bit offsets reach"
+    return None
+
+
+PRODUCTS = (torch.mm, torch.matmul, operator.matmul)          # of two 2-D operands: the same
+
+
+def _product_call(ext: ir.Extern) -> bool:
+    if ext.kind == "method":
+        return ext.op in ("mm", "matmul", "__matmul__")
+    return any(ext.op is p for p in PRODUCTS)
+
+
+def template_refused(step: ExternCall, epilogue) -> str | None:
+    """None where the product and its one reader, `epilogue`, may be one template kernel,
+    else why not."""
+    why_not = _is_product(step)
+    if why_not is not None:
+        return why_not
+    if type(epilogue) is not Kernel or epilogue.r_sizes or any(m.role != "flat" for m in epilogue.members):
+        return f"read by {getattr(epilogue, 'name', 'an extern call')}, which is not a pointwise kernel"
+    m, n = step.box.shape
+    if any(ir.is_symbolic(s) for s in epilogue.x_sizes) or math.prod(epilogue.x_sizes) != m * n:
+        return f"read by {epilogue.name}, which walks {epilogue.x_sizes}, not its {m} x {n} elements"
+    x_idx = [Index.var(f"x{d}") for d in range(len(epilogue.x_sizes))]
+    ranges = {f"x{d}": s for d, s in enumerate(epilogue.x_sizes)}
+    flat = ir.flat_index(x_idx, ir.contiguous_strides(epilogue.x_sizes)).simplify(ranges)
+    for member in epilogue.members:
+        rec = ir.RecordingOps()
+        with ir.use_ops(rec):
+            member.run(x_idx, [])
+        if any(name == step.box.name and index.simplify(ranges) != flat for name, index in rec.loads):
+            return f"{epilogue.name} reads the product at other elements than it computes"
+    return None
+
+
+def strided_operand(box: TensorBox):
+    """(buffer name, [stride of dim 0, of dim 1], offset) of the elements a 2-D operand reads,
+    or None where its loads are not one strided read of a buffer."""
+    rec = ir.RecordingOps()
+    with ir.use_ops(rec):
+        box.make_loader()([Index.var("i0"), Index.var("i1")])
+    if len(rec.loads) != 1 or rec.op_count:
+        return None
+    name, index = rec.loads[0]
+    if not index.is_linear() or index.variables() - {"i0", "i1"} or index.symbols():
+        return None
+    return name, [index.coeff("i0"), index.coeff("i1")], index.const
+
+
+def _extent(strides, offset, shape) -> int:
+    """One past the largest element offset a strided view reaches."""
+    return 1 + offset + sum((size - 1) * abs(stride) for size, stride in zip(shape, strides))
+
+
 class ComboKernels(FusionPass):
     """Consecutive pointwise kernels that do not read what another writes are launched as one
     kernel (Inductor's combo kernels): an optimizer step updating every parameter with one
@@ -337,6 +457,8 @@ def loads(step) -> set[str]:
     if isinstance(step, ExternCall):
         return {r.name for r in step.box.reads}
     own = step.member_names()
+    if isinstance(step, TemplateKernel):        # the operands, not the product it computes
+        return loads(step.epilogue) - {step.product.name} | loads(ExternCall(step.product))
     return {name for m in step.members for name, _ in ir.reads_of(m.comp).loads if name not in own}
 
 
