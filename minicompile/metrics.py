@@ -24,7 +24,8 @@ backward_kernels = 0  # kernels of compiled backward graphs (training), counted 
 compile_seconds: dict = {}
 # each matrix-product template max-autotune timed (codegen/matmul_template.py): {"kernel",
 # "sizes" (m, k, n), "dtype", "template_ms", "settings", "pytorch_ms" (its product and the
-# epilogue kernel), "chosen" ("template" or "pytorch")}
+# epilogue kernel), "chosen" ("template" or "pytorch"), "same_code" (the graph's templates of
+# this code, which the choice serves)}
 template_choices: list = []
 _open: list = []        # the stages being timed, innermost last: [stage, start, seconds inside]
 

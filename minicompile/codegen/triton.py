@@ -1045,23 +1045,26 @@ def _near(value: int, low: int, high: int) -> list[int]:
 
 
 def time_launch(launcher, args, launch) -> float:
-    """Median GPU time of one launch in ms (CUDA events), after a warm-up launch."""
+    """GPU time of one launch in ms (time_calls)."""
     settings = {k: v for k, v in launch.items() if k != "grid"}
     run = launcher[(launch["grid"],)]
     return time_calls(lambda: run(*args, **settings))
 
 
-def time_calls(call) -> float:
-    """Median GPU time of one call in ms (CUDA events), after a warm-up call."""
+def time_calls(call, calls: int = 10, blocks: int = 5) -> float:
+    """GPU time of one call in ms: the median over `blocks` of `calls` calls queued back to
+    back between two CUDA events, after a warm-up call. (Events around one call of a short
+    kernel would time the host's launch too: the GPU waits for it after the first event.)"""
     call()
     times = []
-    for _ in range(7):
+    for _ in range(blocks):
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         start.record()
-        call()
+        for _ in range(calls):
+            call()
         end.record()
         end.synchronize()
-        times.append(start.elapsed_time(end))
+        times.append(start.elapsed_time(end) / calls)
     return sorted(times)[len(times) // 2]
 
 
