@@ -883,6 +883,8 @@ class Program:
     # a matrix product's operand stored with zeros up to aligned sizes, by its FX node: a value
     # two products read (the logits' gradient in a language model's head) is padded once
     padded: dict = field(default_factory=dict)
+    # buffer name -> the input or stored box of that name (lowerings.py's _stored_as)
+    stored_by_name: dict = field(default_factory=dict)
     _names: Any = field(default_factory=lambda: itertools.count())
 
     def new_name(self, prefix: str = "buf") -> str:

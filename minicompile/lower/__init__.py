@@ -185,8 +185,19 @@ def lower(gm: torch.fx.GraphModule, example_inputs) -> ir.Program:
 def _touches_complex(node, values) -> bool:
     """Complex numbers have no lowering (their arithmetic is not modelled in kernels): an op
     that reads or makes a complex tensor runs as PyTorch's."""
-    return any(isinstance(v, torch.Tensor) and v.is_complex()
-               for v in pytree.tree_leaves([values.get(n) for n in (node, *node.all_input_nodes)]))
+    return any(_holds_complex(values.get(n)) for n in (node, *node.all_input_nodes))
+
+
+def _holds_complex(value) -> bool:
+    """A complex tensor, or a list, tuple or dict holding one (checked for every node: a plain
+    walk, where pytree's is several times the cost)."""
+    if isinstance(value, torch.Tensor):
+        return value.is_complex()
+    if isinstance(value, (list, tuple)):
+        return any(_holds_complex(v) for v in value)
+    if isinstance(value, dict):
+        return any(_holds_complex(v) for v in value.values())
+    return False
 
 
 def _nothing_to_compute(box) -> None:

@@ -2491,6 +2491,25 @@ def _strides_agree(shape, stride, traced) -> bool:
     return all(a == b for a, b, n in zip(stride, traced.stride(), shape) if n > 1)
 
 
+def _stored_as(program: ir.Program, name: str):
+    """The input, or the stored box, whose buffer is called `name` (the first, in the program's
+    order); None where there is none. Looked up in `program.stored_by_name`, which is made
+    again where the name is missing or stale (values are stored, and views made of them, as
+    lowering goes): a model's graph has thousands of values, too many to scan per lookup."""
+    def holds(b) -> bool:
+        return getattr(b, "name", None) == name and (not isinstance(b, TensorBox) or b.is_realized)
+    found = program.stored_by_name.get(name)
+    if found is None or not holds(found):
+        program.stored_by_name.clear()
+        for b in [*program.inputs, *program.nodes]:
+            if not isinstance(b, TensorBox) or b.is_realized:
+                b_name = getattr(b, "name", None)
+                if b_name is not None:
+                    program.stored_by_name.setdefault(b_name, b)
+        found = program.stored_by_name.get(name)
+    return found if found is not None and holds(found) else None
+
+
 def as_view_of_buffer(box: TensorBox):
     """If box only re-indexes a buffer in memory (no arithmetic; a linear index once
     divisions are simplified away), that buffer viewed with strides and an offset; else None."""
@@ -2504,8 +2523,7 @@ def as_view_of_buffer(box: TensorBox):
         return None
     name, index = rec.loads[0]
     index = index.simplify({f"i{d}": s for d, s in enumerate(box.shape)})
-    base = next((b for b in [*box.program.inputs, *box.program.nodes]
-                 if getattr(b, "name", None) == name and (not isinstance(b, TensorBox) or b.is_realized)), None)
+    base = _stored_as(box.program, name)
     if base is None or not index.is_linear() or base.dtype != box.dtype:
         return None
     stride = [index.coeff(f"i{d}") for d in range(len(box.shape))]
