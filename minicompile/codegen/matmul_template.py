@@ -30,13 +30,13 @@ import re
 
 import torch
 
-from .. import config, ir, metrics
+from .. import config, metrics
 from ..fusion.kernels import ExternCall, TemplateKernel
 from ..fusion.passes import strided_operand
 from ..ir import use_ops
 from .common import LoopPlan
 from . import triton as triton_codegen
-from .triton import TL_TYPES, TritonWriter, _decompose, _function, _next_pow2, _store
+from .triton import TritonWriter, _decompose, _function, _next_pow2, _store
 
 GROUP_M = 8      # rows of tiles whose programs run together, so the columns of b they read stay in L2
 
