@@ -363,7 +363,10 @@ def _decompose(flat: str, names: list[str], sizes: list[int]) -> list[str]:
     return lines[::-1]
 
 
-def kernel_source(kernel, buffers):
+_UNSET = object()
+
+
+def kernel_source(kernel, buffers, largest=_UNSET):
     """Source of one @triton.jit kernel, the buffers it takes (inputs, then outputs) and its
     launch settings.
 
@@ -375,9 +378,11 @@ def kernel_source(kernel, buffers):
     plan = plan_loops(kernel)
     xnumel = ir.size_expr(math.prod(plan.x_sizes))
     rnumel = ir.size_expr(math.prod(plan.r_sizes))
-    dynamic = ir.is_symbolic(xnumel) or ir.is_symbolic(rnumel) or _largest_offset(buffers) is None
+    if largest is _UNSET:            # (generate works it out once for all of a graph's kernels)
+        largest = _largest_offset(buffers)
+    dynamic = ir.is_symbolic(xnumel) or ir.is_symbolic(rnumel) or largest is None
     # 32-bit indices unless some size could pass 2**31 (a dynamic size could: 64-bit then)
-    big = dynamic or max(xnumel * max(1, rnumel), _largest_offset(buffers)) >= 2**31
+    big = dynamic or max(xnumel * max(1, rnumel), largest) >= 2**31
     pid = "tl.program_id(0).to(tl.int64)" if big else "tl.program_id(0)"
     mask = "xmask & rmask" if kernel.r_sizes else "xmask"
     writer = TritonWriter(kernel, plan, buffers, mask)
@@ -533,7 +538,7 @@ def _function(kernel, writer, body: list[str], params: list[str], launch: dict):
     return "\n".join(lines), writer.args + [b.name for b in stored] + checked, launch
 
 
-def combo_source(combo, buffers, defined: dict) -> tuple[list[str], list[str], dict]:
+def combo_source(combo, buffers, defined: dict, largest=_UNSET) -> tuple[list[str], list[str], dict]:
     """The sources of a combo kernel (fusion's ComboKernel): each part is its kernel's code as
     a function of the program id (`pid`), and one @triton.jit kernel gives the first part's
     grid of programs to the first part, the next ids to the second, and so on. -> (sources,
@@ -541,7 +546,7 @@ def combo_source(combo, buffers, defined: dict) -> tuple[list[str], list[str], d
     sources, args, symbols, branches, start = [], [], [], [], 0
     launch = {"num_warps": 1}
     for i, part in enumerate(combo.parts):
-        src, part_args, part_launch = kernel_source(part, buffers)
+        src, part_args, part_launch = kernel_source(part, buffers, largest)
         name = f"{combo.name}_part{i}"
         src = src.replace(f"def {part.name}(", f"def {name}(pid, ", 1).replace("tl.program_id(0)", "pid")
         function = defined_once(defined, name, src)
@@ -749,9 +754,10 @@ def generate(kernels, buffers) -> tuple[str, dict]:
     of an MLP, say) are defined once, as Inductor does: the others are aliases in the module,
     and Triton compiles that code once."""
     sources, meta, defined = [], {}, {}
+    largest = _largest_offset(buffers)
     for kernel in kernels:
         if isinstance(kernel, ComboKernel):
-            parts, args, launch = combo_source(kernel, buffers, defined)
+            parts, args, launch = combo_source(kernel, buffers, defined, largest)
             sources += [*parts, ""]
             meta[kernel.name] = (args, launch, kernel.name)
             continue
@@ -759,7 +765,7 @@ def generate(kernels, buffers) -> tuple[str, dict]:
             from .matmul_template import template_source     # (it builds on this module)
             src, args, launch = template_source(kernel, buffers)
         else:
-            src, args, launch = kernel_source(kernel, buffers)
+            src, args, launch = kernel_source(kernel, buffers, largest)
         function = defined_once(defined, kernel.name, src)
         sources += [src, ""] if function == kernel.name else [f"{kernel.name} = {function}  # the same code", ""]
         meta[kernel.name] = (args, launch, function)
