@@ -288,8 +288,8 @@ class ElideStores(FusionPass):
 
 
 class MatmulTemplates(FusionPass):
-    """A matrix product (PyTorch's torch.mm) and the pointwise kernel that reads its result
-    become one `TemplateKernel`: a Triton matrix product whose programs compute the epilogue
+    """A matrix product of two 2-D operands (an extern torch.mm, torch.matmul or `@`) and the
+    pointwise kernel that reads its result become one `TemplateKernel`: a Triton matrix product whose programs compute the epilogue
     (a linear layer's bias and activation, a residual add, a cast) on their tile of the product
     while it is in registers, so the product is never written to memory and read back. As
     Inductor, only in mode="max-autotune" (`config.autotune`, on a GPU), where code generation
