@@ -38,8 +38,7 @@ from .passes import (ComboKernels, ElideStores, FuseRows, InlinePointwise, MakeK
                      RealizeOutputs, RealizeReductions, loads)
 
 __all__ = ["ComboKernel", "ExternCall", "FusionPass", "FusionState", "Kernel", "Member", "PASSES", "TemplateKernel",
-           "schedule",
-           "buffers_by_name", "draw", "format_bytes"]
+           "schedule", "buffers_by_name", "draw", "format_bytes"]
 
 PASSES: list[FusionPass] = [RealizeReductions(), RealizeOutputs(), InlinePointwise(), MakeKernels(),
                             FuseRows(), ElideStores(), MatmulTemplates(), ComboKernels()]

@@ -106,9 +106,9 @@ class TemplateKernel(Kernel):
     (matmul-templates): each program multiplies a tile of the product in registers, then
     computes the epilogue's members on that tile (a bias, an activation, a residual, a cast)
     and stores them; the product itself is never written to memory. `product` is the extern
-    torch.mm's box, `epilogue` the kernel it replaces; where PyTorch's product is faster,
-    code generation runs those two instead (codegen/triton.py's choose_templates). `settings`:
-    the launch settings chosen for it (None: the template's defaults)."""
+    product's box, `epilogue` the kernel it replaces; where PyTorch's product is faster, code
+    generation runs those two instead (codegen/matmul_template.py's choose_templates).
+    `settings`: the launch settings chosen for it (None: the template's defaults)."""
 
     def __init__(self, product: TensorBox, epilogue: Kernel):
         super().__init__(epilogue.name, epilogue.members, epilogue.x_sizes, stored=set(epilogue.stored))

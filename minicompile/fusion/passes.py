@@ -289,9 +289,9 @@ class ElideStores(FusionPass):
 
 class MatmulTemplates(FusionPass):
     """A matrix product of two 2-D operands (an extern torch.mm, torch.matmul or `@`) and the
-    pointwise kernel that reads its result become one `TemplateKernel`: a Triton matrix product whose programs compute the epilogue
-    (a linear layer's bias and activation, a residual add, a cast) on their tile of the product
-    while it is in registers, so the product is never written to memory and read back. As
+    pointwise kernel that reads its result become one `TemplateKernel`: a Triton matrix
+    product whose programs compute the epilogue (a linear layer's bias and activation, a
+    residual add, a cast) on their tile of the product while it is in registers, so the product is never written to memory and read back. As
     Inductor, only in mode="max-autotune" (`config.autotune`, on a GPU), where code generation
     times the template against PyTorch's product followed by the epilogue kernel and keeps the
     faster, per shape; `config.matmul_templates` True makes templates wherever they apply,
@@ -346,9 +346,10 @@ def _is_product(step: ExternCall) -> str | None:
         return "dynamic sizes"
     if 0 in (*a.shape, b.shape[1]):
         return "no elements"
-    if any(strided_operand(x) is None for x in (a, b)):
+    views = [strided_operand(x) for x in (a, b)]
+    if None in views:
         return "an operand that is not a strided view of a buffer"
-    if math.prod(ext.shape) >= 2**31 or any(_extent(*strided_operand(x)[1:], x.shape) >= 2**31 for x in (a, b)):
+    if math.prod(ext.shape) >= 2**31 or any(_extent(*v[1:], x.shape) >= 2**31 for v, x in zip(views, (a, b))):
         return "more elements than 32-bit offsets reach"
     return None
 
@@ -456,9 +457,9 @@ def loads(step) -> set[str]:
     """Names of the buffers a step reads from memory (a kernel's own members excluded)."""
     if isinstance(step, ExternCall):
         return {r.name for r in step.box.reads}
-    own = step.member_names()
     if isinstance(step, TemplateKernel):        # the operands, not the product it computes
         return loads(step.epilogue) - {step.product.name} | loads(ExternCall(step.product))
+    own = step.member_names()
     return {name for m in step.members for name, _ in ir.reads_of(m.comp).loads if name not in own}
 
 
