@@ -322,6 +322,27 @@ def test_outputs_are_written_over_dead_inputs_read_at_the_same_positions(kernel_
                 assert signature.count("__restrict__") < signature.count("_ptr"), signature
 
 
+def test_a_buffer_written_over_in_place_is_let_go_of_after_the_kernel(kernel_backend):
+    """The name of a product a kernel writes over in place is deleted after that kernel: kept
+    to the end of the graph, it held the memory after the result was freed (a BERT layer's
+    two products, 150 MB of a training forward's peak on the H100)."""
+    def f(x, w, b):
+        h = torch.relu(x @ w + b)              # written over the product x @ w
+        return (h @ w).sum(0)
+    x, w, b = randn(37, 48), randn(48, 48) / 7, randn(48)
+    compiled = compile_graph(torch.fx.symbolic_trace(f), [x, w, b])
+    assert_same(compiled(x, w, b), f(x, w, b))
+    lines = compiled.wrapper_source.splitlines()
+    overwritten = [(i, m.group(1)) for i, line in enumerate(lines)
+                   if (m := re.search(r"= (\w+)(?:\.as_strided.*)?  # in place", line))]
+    assert overwritten, compiled.wrapper_source
+    for i, name in overwritten:
+        deleted_at = [j for j, line in enumerate(lines) if line.strip().startswith("del ")
+                      and name in line.strip()[4:].split(", ")]
+        # deleted right after the kernel (the line after the overwrite launches it)
+        assert deleted_at and deleted_at[0] <= i + 3, compiled.wrapper_source
+
+
 @pytest.mark.parametrize("case", ["two positions", "read later", "an output", "an input", "a cast",
                                   "a view of an argument"])
 def test_inputs_that_must_keep_their_values_are_not_written_over(kernel_backend, case):
@@ -701,6 +722,39 @@ def test_a_compile_worker_that_hangs_is_stopped():
         os.waitpid(hung, os.WNOHANG)
 
 
+@pytest.mark.skipif(not hasattr(os, "fork") or not os.path.isdir("/proc"), reason="forked workers, /proc")
+def test_the_workers_a_hung_worker_forked_are_stopped_with_it():
+    # compile_all forks one worker, which forks the others into its process group: at the
+    # deadline the whole group is stopped, not only the worker this process waits for
+    import time
+    from minicompile.codegen.triton import _wait_for
+    read, write = os.pipe()
+    first = os.fork()
+    if first == 0:
+        os.setpgid(0, 0)
+        other = os.fork()
+        if other == 0:
+            time.sleep(60)
+            os._exit(0)
+        os.write(write, str(other).encode())
+        os.waitpid(other, 0)
+        os._exit(0)
+    other = int(os.read(read, 32))
+    os.close(read), os.close(write)
+    _wait_for([first], deadline=0.3)
+
+    def running(pid):
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                return f.read().rsplit(")", 1)[1].split()[0] != "Z"      # not a zombie
+        except FileNotFoundError:
+            return False
+    deadline = time.monotonic() + 5
+    while running(other) and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert not running(other)
+
+
 def test_processes_compiling_the_same_cpp_kernels_at_once_each_load_them_whole(monkeypatch, tmp_path):
     # the ranks of a distributed job compile the same kernels into one cache at the same time:
     # none may compile a source file another is writing, or load half a library
@@ -728,7 +782,8 @@ def test_compiling_together_waits_for_the_workers_at_its_end(monkeypatch, tmp_pa
     from minicompile.codegen import triton as triton_codegen
     monkeypatch.setattr(triton_codegen, "_gpu_target", lambda: None)
     monkeypatch.setattr(triton_codegen, "_toolchain", lambda: ())
-    monkeypatch.setattr(minicompile.config, "compile_workers", 2)
+    monkeypatch.setattr(minicompile.config, "compile_workers", 5)
+    monkeypatch.setattr(os, "cpu_count", lambda: 8)
 
     class SlowKernel:
         def __init__(self, name):
@@ -741,7 +796,9 @@ def test_compiling_together_waits_for_the_workers_at_its_end(monkeypatch, tmp_pa
             time.sleep(0.5)
             self.path.write_text("compiled")
 
-    kernels = [SlowKernel("a"), SlowKernel("b")]
+    # five workers, forked as a tree (the first forks two, each of those up to two): every
+    # worker's share is compiled
+    kernels = [SlowKernel(name) for name in "abcdefg"]
     jobs = [(k, [torch.float32], {"XBLOCK": 128}) for k in kernels]
     with triton_codegen.compiling_together():
         triton_codegen.compile_all(jobs)
@@ -885,9 +942,12 @@ def test_looped_members_walk_the_row_together(kernel_backend):
     def argmax_and_max(x):
         return x.argmax(0), x.amax(0), x.sum(0)
     x, w = randn(3, 24, 30, 30).to(memory_format=torch.channels_last), randn(24, 1, 1)
-    cases = [(activation_and_mean, [x, w], 1), (scaled_by_mean, [x, w], 2), (argmax_and_max, [randn(3000, 24)], 1)]
-    for fn, args, loops in cases:
-        check(fn, *args, rtol=1e-5, atol=1e-5)
+    # (a sum of 3000 numbers of size 1 is some 50: float32's rounding in another order is
+    # 1e-5 and more there)
+    cases = [(activation_and_mean, [x, w], 1, 1e-5), (scaled_by_mean, [x, w], 2, 1e-5),
+             (argmax_and_max, [randn(3000, 24)], 1, 1e-4)]
+    for fn, args, loops, atol in cases:
+        check(fn, *args, rtol=1e-5, atol=atol)
         if kernel_backend == "triton":
             source = generated_source(torch.fx.symbolic_trace(fn), args, "triton")
             assert source.count("for roffset in range") == loops, source

@@ -882,20 +882,43 @@ def compile_all(jobs, meanwhile=None, wait: bool = False) -> None:
         return
     _gpu_target(), _toolchain()     # asked of the GPU here: a forked worker must not touch CUDA
     import_triton()
-    children = []
-    for w in range(workers):
-        with warnings.catch_warnings():
-            # Python 3.12 warns of fork in a process with threads (PyTorch's, CUDA's): a worker
-            # runs Triton's compiler only, and one that hangs is stopped (_wait_for)
-            warnings.simplefilter("ignore", DeprecationWarning)
-            pid = os.fork()
-        if pid == 0:                # a worker: its share of the kernels, then exit at once
-            try:
-                for job in todo[w::workers]:
-                    compile_one(job)
-            finally:
-                os._exit(0)
-        children.append(pid)
+
+    def worker(w):
+        """Worker w forks workers 2w + 1 and 2w + 2, compiles its share, and waits for the two."""
+        forked = []
+        for other in (2 * w + 1, 2 * w + 2):
+            if other < workers:
+                pid = os.fork()
+                if pid == 0:
+                    try:
+                        worker(other)
+                    finally:
+                        os._exit(0)
+                forked.append(pid)
+        for job in todo[w::workers]:
+            compile_one(job)
+        for pid in forked:
+            os.waitpid(pid, 0)
+    # This process forks one worker, and the workers fork the others, as a tree: a fork copies
+    # the page tables of all a process maps (a model on a GPU, CUDA's mappings), 15 to 20 ms a
+    # fork on the H100 machine, so forked one by one from here the workers cost this process a
+    # quarter of a second and the last started that late; as a tree, one fork, and the last
+    # starts four forks after the first. The workers are a process group of their own, stopped
+    # together (_wait_for).
+    with warnings.catch_warnings():
+        # Python 3.12 warns of fork in a process with threads (PyTorch's, CUDA's): a worker
+        # runs Triton's compiler only, and one that hangs is stopped (_wait_for)
+        warnings.simplefilter("ignore", DeprecationWarning)
+        first = os.fork()
+    if first == 0:
+        try:
+            os.setpgid(0, 0)
+            worker(0)
+        finally:
+            os._exit(0)
+    with contextlib.suppress(OSError):      # (set on both sides: whichever runs first)
+        os.setpgid(first, first)
+    children = [first]
     run_meanwhile()
     deferred = None if wait else getattr(_TOGETHER, "children", None)
     if deferred is not None:        # compiling_together waits for them
@@ -937,7 +960,10 @@ def _wait_for(children: list, deadline: float) -> None:
                     running.discard(pid)
             if running and time.monotonic() - start > deadline:
                 for pid in running:
-                    os.kill(pid, signal.SIGKILL)
+                    try:                     # the worker and the workers it forked
+                        os.killpg(pid, signal.SIGKILL)
+                    except OSError:          # (not a group's leader)
+                        os.kill(pid, signal.SIGKILL)
                     os.waitpid(pid, 0)
                 return
             if running:

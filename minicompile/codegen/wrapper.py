@@ -392,8 +392,10 @@ def build(program: ir.Program, steps: list, written: dict | None = None) -> Comp
         return f"const{constants}"
 
     plan = plan_memory(program, steps, kernel_args, buffers, written)
-    # a buffer whose memory a later one takes is let go of by the line that takes it
-    taken = {source for how, source in plan.values() if how in ("reuse", "in place")}
+    # a buffer whose memory a later one takes is let go of by the line that takes it; one a
+    # kernel writes over in place is let go of after that kernel (its last reader), as any
+    # dead buffer: kept to the end, its name would hold the memory after the result's is freed
+    taken = {source for how, source in plan.values() if how == "reuse"}
     dead_after = _dead_after(program, steps, kernel_args, kept=taken)
     for i, step in enumerate(steps):
         if isinstance(step, Kernel):
