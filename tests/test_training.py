@@ -285,6 +285,42 @@ def test_partition_saves_weights_and_the_inputs_of_matrix_products():
     assert not any(getattr(o, "target", None) is aten.permute.default for o in forward_outputs)
 
 
+
+def test_a_value_computed_in_every_layer_is_computed_and_saved_once(kernel_backend):
+    """PyTorch's attention turns a boolean mask into an additive one in every call: in the
+    joint graph, one `where` per layer, each read by its layer's attention backward. Merged
+    into one value (common subexpressions), the mask is saved once, not once per layer; random
+    ops, which draw new numbers each call, stay apart (two dropouts of one tensor)."""
+    from minicompile.autograd import partition, trace_joint
+
+    def f(q, k, v, mask):
+        a = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+        a = F.scaled_dot_product_attention(a, k, v, attn_mask=mask)
+        return a, F.dropout(a, 0.5) + F.dropout(a, 0.5), a + 0.0, a + (-0.0), a + 1, a + True
+    args = [randn(2, 4, 16, 8).requires_grad_() for _ in range(3)] + [torch.rand(2, 1, 16, 16, device=DEVICE) > 0.3]
+    joint = trace_joint(torch.fx.symbolic_trace(f), args)
+    nodes = [n for n in joint.graph.graph.nodes if n.op == "call_function"]
+    assert sum(n.target is torch.ops.aten.where.self for n in nodes) == 1
+    random = [n for n in nodes if torch.Tag.nondeterministic_seeded in getattr(n.target, "tags", ())]
+    assert len(random) >= 4            # two attentions and two dropouts, none merged
+    outputs = next(n for n in joint.graph.graph.nodes if n.op == "output").args[0]
+    assert len({o.name for o in outputs[2:6]}) == 4     # a + 0.0, a + -0.0, a + 1, a + True differ
+    part = partition(joint)
+    masks = [s for s in part.saved if s.startswith("where")]
+    assert len(masks) == 1, part.saved
+    # and the results and gradients are eager's
+    ours = [a.detach().clone().requires_grad_(a.requires_grad) for a in args]
+    torch.manual_seed(0)
+    out = minicompile.compile(f)(*ours)
+    torch.manual_seed(0)
+    expected = f(*args)
+    for i in (0, 2, 3, 4, 5):
+        assert_same(out[i], expected[i])
+    out[0].sum().backward()
+    expected[0].sum().backward()
+    for a, b in zip(ours[:3], args[:3]):
+        assert_same(a.grad, b.grad)
+
 @pytest.mark.parametrize("name, forward_kernels", [("mlp", 2), ("gpt_block", 4)])
 def test_forward_kernels_compute_only_what_eager_does(kernel_backend, name, forward_kernels):
     """The compiled forward of a training step copies nothing out for the backward (no weight,

@@ -9,7 +9,8 @@ breaks composite ops into the small set lowering takes (batch norm and layer nor
 backwards, softmax's backward, ReLU's `threshold_backward`... into pointwise ops and
 reductions). Where the decompositions write (batch norm writes its running statistics into the
 clones functionalize.py made), a second trace through `torch.func.functionalize` makes the
-writes values again.
+writes values again. A value the graph computes more than once (a mask each layer's attention
+makes from the same input) is then computed once (`_merge_common_values`).
 
 Hands the partitioner (partition.py) a `Joint`: placeholders are the tensor inputs ("primals")
 then one gradient per differentiable output ("tangents"); outputs are the forward's tensor
@@ -124,10 +125,11 @@ def trace_joint(gm: torch.fx.GraphModule, example_inputs) -> Joint:
         return [o.detach() for o in outs] + [g for g in grads if g is not None]
 
     table = decompositions()
-    graph = make_fx(joint, decomposition_table=table, tracing_mode="fake")(primals, tangents)
-    if _writes(graph):
-        graph = make_fx(torch.func.functionalize(graph, remove="mutations"), decomposition_table=table,
-                        tracing_mode="fake")(primals, tangents)
+    with _lazy_code():
+        graph = make_fx(joint, decomposition_table=table, tracing_mode="fake")(primals, tangents)
+        if _writes(graph):
+            graph = make_fx(torch.func.functionalize(graph, remove="mutations"), decomposition_table=table,
+                            tracing_mode="fake")(primals, tangents)
     if _writes(graph):
         raise NotImplementedError("the joint graph writes an input (functionalization left a copy_ "
                                   "into it)")
@@ -137,10 +139,32 @@ def trace_joint(gm: torch.fx.GraphModule, example_inputs) -> Joint:
             graph.graph.erase_node(node)
     _fold_views(graph)
     graph.graph.eliminate_dead_code()
+    _merge_common_values(graph)
     graph.recompile()
     modes = [n.args[0] for n in gm.graph.nodes if n.target is torch._C._set_grad_enabled]
     return Joint(graph, len(primals), len(tensor_outs), differentiable, list(grad_inputs), reached_by,
                  inputs, outputs, spec, modes[-1] if modes else None)
+
+
+def _lazy_code():
+    """Inside it, make_fx's graph modules write their Python code only when it is asked for
+    (a call, `.code`, a log): the stages after it read the graph's nodes, never its code, and
+    writing and compiling the code of a 12-layer model's joint graph (some 10,000 nodes) took
+    a few tenths of a second of the first call, per graph module made from it."""
+    try:
+        from torch.fx._lazy_graph_module import _use_lazy_graph_module
+    except ImportError:                      # (a PyTorch without it writes the code at once)
+        return contextlib.nullcontext()
+    return _use_lazy_graph_module(True)
+
+
+def graph_module(root: torch.fx.GraphModule, graph: torch.fx.Graph) -> torch.fx.GraphModule:
+    """A graph module of `graph` whose code is written when first asked for (_lazy_code)."""
+    try:
+        from torch.fx._lazy_graph_module import _LazyGraphModule
+    except ImportError:
+        return torch.fx.GraphModule(root, graph)
+    return _LazyGraphModule(root, graph)
 
 
 def _reached_by(outputs: list, leaves: list) -> list:
@@ -295,6 +319,54 @@ def _fold_views(gm: torch.fx.GraphModule) -> None:
                 inner.args = (x, dims, False)
                 inner.meta["val"] = node.meta["val"]
                 node.replace_all_uses_with(inner)
+
+
+def _merge_common_values(gm: torch.fx.GraphModule) -> None:
+    """One node for each value computed more than once (common subexpressions): the same pure
+    op on the same arguments. A model computes some values once per layer: PyTorch's attention
+    turns a boolean mask into an additive one (`where(mask, 0, -inf)`) in every call, and each
+    copy, read by its layer's attention backward, would be saved for the backward on its own
+    (a GPT-2's (8, 1, 512, 512) mask: 8 MB a layer). Random ops draw new numbers each call
+    and are never merged; nor are ops that write, or whose results are uninitialized memory."""
+    first: dict = {}
+    for node in list(gm.graph.nodes):
+        if node.op != "call_function" or not _pure(node.target):
+            continue
+        try:
+            key = (node.target, _key(node.args), _key(node.kwargs))
+        except TypeError:                       # an argument with no value to compare
+            continue
+        same = first.setdefault(key, node)
+        if same is not node:
+            node.replace_all_uses_with(same)
+            gm.graph.erase_node(node)
+
+
+_UNINITIALIZED = {aten.empty.memory_format, aten.empty_like.default, aten.empty_strided.default,
+                  aten.empty_permuted.default, aten.new_empty.default, aten.new_empty_strided.default}
+
+
+def _pure(target) -> bool:
+    return isinstance(target, torch._ops.OpOverload) and not target._schema.is_mutable \
+        and torch.Tag.nondeterministic_seeded not in target.tags and target not in _UNINITIALIZED
+
+
+def _key(value):
+    """An argument as a dictionary key: equal keys, equal arguments. Numbers keep their type
+    (add(x, 1) and add(x, 1.0) differ in the result's dtype) and a float its sign and bits
+    (0.0 and -0.0 are equal to Python, not to a division)."""
+    if isinstance(value, (list, tuple)):
+        return (type(value), tuple(_key(v) for v in value))
+    if isinstance(value, dict):
+        return (dict, tuple((k, _key(v)) for k, v in value.items()))
+    if isinstance(value, float):
+        return (float, value.hex())
+    if isinstance(value, (torch.fx.Node, str, torch.dtype, torch.device, torch.layout, torch.memory_format)) \
+            or value is None:
+        return value
+    if isinstance(value, (bool, int)):
+        return (type(value), value)
+    raise TypeError(f"no key for {type(value).__name__}")
 
 
 def _writes(gm: torch.fx.GraphModule) -> bool:

@@ -42,7 +42,7 @@ from dataclasses import dataclass, field
 import torch
 import torch.fx
 
-from .joint import Joint
+from .joint import Joint, graph_module
 
 aten = torch.ops.aten
 
@@ -331,4 +331,4 @@ def _subgraph(gm: torch.fx.GraphModule, inputs: list, outputs: list, early=froze
     for n in order:
         env[n] = new.node_copy(n, lambda a: env[a])
     new.output([env[o] if isinstance(o, torch.fx.Node) else o for o in outputs])
-    return torch.fx.GraphModule(gm, new)
+    return graph_module(gm, new)

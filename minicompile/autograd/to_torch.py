@@ -18,6 +18,8 @@ import torch
 import torch.fx
 import torch.nn.functional as F
 
+from .joint import graph_module
+
 aten, prims = torch.ops.aten, torch.ops.prims
 
 
@@ -189,7 +191,7 @@ def to_torch(gm: torch.fx.GraphModule) -> torch.fx.GraphModule:
             made.args, made.kwargs = args, kwargs
         made.meta = dict(node.meta)
         env[node] = made
-    return torch.fx.GraphModule(gm, new)
+    return graph_module(gm, new)
 
 
 def _var_mean(g, node, args, kwargs):
