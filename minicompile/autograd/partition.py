@@ -20,6 +20,12 @@ default partitioner has it:
   the backward makes it again at no cost but its fill, where saved it would be held from the
   forward to the backward (a Llama's rotary embedding, four per layer).
 
+A value that only pointwise ops and reductions read lives inside fused kernels: the forward
+would never store it. Saving it costs its bytes twice in the cut (memory the graph would not
+otherwise hold, and a store), as in AOTAutograd's partitioner: of a layer norm's normalized
+input and the input itself with its two statistics, the input is saved (a block's input is
+held anyway) and the backward normalizes again.
+
 Which values to save is then a minimum cut. Each value v of the forward is an edge v_in -> v_out
 whose capacity is what saving it costs (`save_cost`: its size in bytes, and a tie-breaker); a
 value's users hang off v_out. The source feeds the inputs and the expensive values (they are
@@ -122,7 +128,27 @@ def save_cost(node: torch.fx.Node) -> int:
     compute only to save it (a GELU's derivative; a view, which the compiled forward would
     write out as a copy: of a weight and its transpose, the weight is saved)."""
     extra = 1 if not recomputable(node) else 3 if is_view(node) else 2
+    if recomputable(node) and _fused_into_readers(node):
+        # read by pointwise work and reductions alone, the value lives inside fused kernels
+        # and is never stored: saving it takes memory the graph would not otherwise hold, and
+        # a store. It counts double (as in AOTAutograd's partitioner), so that of a layer
+        # norm's normalized input and the input itself (held by the caller, or saved anyway)
+        # with its two statistics, the input is saved, the normalization redone in the backward
+        return 2 * nbytes(node) + extra
     return nbytes(node) + extra
+
+
+def _fused_into_readers(node: torch.fx.Node) -> bool:
+    """Whether every op that reads the value (through views) is pointwise or a reduction: ops
+    whose kernels compute it where they read it, so that it needs no buffer of its own."""
+    todo = list(node.users)
+    while todo:
+        user = todo.pop()
+        if is_view(user):
+            todo.extend(user.users)
+        elif user.op != "call_function" or not (recomputable(user) or user.target in _REDUCTIONS):
+            return False
+    return True
 
 
 def partition(joint: Joint) -> Partition:
