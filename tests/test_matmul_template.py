@@ -36,14 +36,11 @@ def compiled_and_logs(fn, *args, logs=("fusion", "output_code")):
 
 
 def assert_as_close_as_eager(out, eager, fn, inputs):
-    """float32 products of float32 (on a GPU without TF32): within 1e-4 of eager's. Otherwise
-    the product is rounded to its dtype, or summed in TF32, in another order than eager's
-    (a unit in the last place, which GELU and a residual can make relatively large): then as
-    close to the exact result (float64) as eager is."""
+    """As close to the exact result (float64) as eager is. The template sums the product in
+    another order than eager's: in float32 of 256 terms of size 1, a unit in the last place
+    of values of size 10 is 1e-6, and the differences reach 2e-4 (GELU and a residual can make
+    them relatively large); rounded to a half-precision dtype, or summed in TF32, more."""
     assert out.dtype == eager.dtype and out.stride() == eager.stride()
-    if out.dtype == torch.float32 and not (out.is_cuda and torch.backends.cuda.matmul.allow_tf32):
-        torch.testing.assert_close(out, eager, rtol=1e-4, atol=1e-4)
-        return
     exact = fn(*(t.double() for t in inputs))
     assert (out.double() - exact).abs().max() <= 2 * (eager.double() - exact).abs().max()
 
