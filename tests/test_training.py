@@ -341,6 +341,38 @@ def test_partition_saves_a_layer_norms_input_rather_than_its_normalized_value():
     assert len(full) == 1, part.saved         # the output alone, not the normalized input too
 
 
+def test_backward_makes_a_weights_gradient_first_when_that_frees_the_saved_input(kernel_backend):
+    """A linear layer's backward: the product that makes the weight's gradient is the last to
+    read the layer's saved input, bigger than that gradient (more rows than features). It runs
+    before the product that makes the input's gradient, so that the saved input's memory is
+    free for it (autograd's order, with a bias: the input's first). Where the weight's gradient
+    is the bigger (few rows), the order stays."""
+    from minicompile.autograd import partition, trace_joint
+
+    def f(x, w1, w2, b2):
+        return F.linear(F.gelu(F.linear(x, w1)), w2, b2)
+    for rows, first in ((64, "weight"), (2, "input")):
+        args = [randn(rows, 16).requires_grad_(), randn(32, 16).requires_grad_(), randn(8, 32).requires_grad_(),
+                randn(8).requires_grad_()]
+        part = partition(trace_joint(torch.fx.symbolic_trace(f), args))
+        products = [n for n in part.backward.graph.nodes if n.target is torch.ops.aten.mm.default]
+        placeholders = {n.name for n in part.backward.graph.nodes if n.op == "placeholder"}
+        w2 = next(n for n in part.backward.graph.nodes if n.op == "placeholder" and n.meta["val"].shape == (8, 32))
+
+        def reads(node, value):
+            return any(a is value or (a.op == "call_function" and a.args[0] is value) for a in node.all_input_nodes)
+        input_grad = next(i for i, n in enumerate(products) if reads(n, w2))
+        weight_grad = next(i for i, n in enumerate(products) if i != input_grad and any(
+            (a.name in placeholders and a is not w2) or (a.op == "call_function" and a.args[0].name in placeholders
+                                                          and a.args[0] is not w2) for a in n.all_input_nodes))
+        assert (weight_grad < input_grad) == (first == "weight"), [n.format_node() for n in products]
+        ours = [a.detach().clone().requires_grad_() for a in args]
+        minicompile.compile(f)(*ours).sum().backward()
+        f(*args).sum().backward()
+        for a, b in zip(ours, args):
+            assert_same(a.grad, b.grad)
+
+
 @pytest.mark.parametrize("name, forward_kernels", [("mlp", 2), ("gpt_block", 4)])
 def test_forward_kernels_compute_only_what_eager_does(kernel_backend, name, forward_kernels):
     """The compiled forward of a training step copies nothing out for the backward (no weight,

@@ -199,8 +199,69 @@ def partition(joint: Joint) -> Partition:
     only_saved = _ancestors(computed) - _ancestors(fwd_nodes)
     forward = _subgraph(joint.graph, primals, fwd_outs + computed, early=only_saved)
     backward = _subgraph(joint.graph, saved + tangents, grads)
+    _freeing_first(backward.graph)
     return Partition(forward, backward, [s.name for s in saved],
                      sum(int(nbytes(s)) for s in saved), saved_from)
+
+
+def _freeing_first(graph: torch.fx.Graph) -> None:
+    """Each extern op of the backward (a matrix product) that is the last reader of more bytes
+    than it makes runs as soon as its inputs are ready. A linear layer's backward makes the
+    gradient of its input, then its weight's, which is the last to read the layer's saved
+    input: in that order the input's gradient is made while the saved input is still held.
+    Weight's first, the saved input's memory is free for the input's gradient (on the H100, a
+    BERT-base step's peak was 16 MB above torch.compile's, which reorders for memory too)."""
+    output = next(n for n in reversed(graph.nodes) if n.op == "output")
+    kept = set(output.all_input_nodes)
+    for node in list(graph.nodes):
+        if node.op != "call_function" or recomputable(node) or node.target in _REDUCTIONS:
+            continue
+        order = {n: i for i, n in enumerate(graph.nodes)}
+        # the views it reads move with it (a weight's gradient reads the transposed gradient)
+        views = [v for a in node.all_input_nodes for v in _view_chain(a)]
+        freed, after = 0, max((order[a] for a in node.all_input_nodes if a not in views), default=-1)
+        for base in {_base(a) for a in node.all_input_nodes}:
+            after = max(after, order[base])
+            readers = _readers(base)
+            if base in kept or not readers or max(order[r] for r in readers) != order[node]:
+                continue                        # read later too (or handed on): not freed here
+            freed += nbytes(base)
+            after = max([after] + [order[r] for r in readers if r is not node])
+        if freed > nbytes(node) and after + 1 < order[node]:
+            anchor = list(graph.nodes)[after]
+            for v in sorted(views, key=order.get):
+                if order[v] > after:
+                    anchor.append(v)
+                    anchor = v
+            anchor.append(node)
+
+
+def _base(node: torch.fx.Node) -> torch.fx.Node:
+    """The value a view (of a view...) views; a value is its own."""
+    while is_view(node) and isinstance(node.args[0], torch.fx.Node):
+        node = node.args[0]
+    return node
+
+
+def _view_chain(node: torch.fx.Node) -> list:
+    """The views from a value to `node` (none when node is no view), the value excluded."""
+    chain = []
+    while is_view(node) and isinstance(node.args[0], torch.fx.Node):
+        chain.append(node)
+        node = node.args[0]
+    return chain
+
+
+def _readers(node: torch.fx.Node) -> list:
+    """The ops that read the value, directly or through views (the views themselves not)."""
+    found, todo = [], list(node.users)
+    while todo:
+        user = todo.pop()
+        if is_view(user):
+            todo.extend(user.users)
+        else:
+            found.append(user)
+    return found
 
 
 # --------------------------------------------------------------------------- the minimum cut
