@@ -214,8 +214,9 @@ def _freeing_first(graph: torch.fx.Graph) -> None:
     output = next(n for n in reversed(graph.nodes) if n.op == "output")
     kept = set(output.all_input_nodes)
     for node in list(graph.nodes):
-        if node.op != "call_function" or recomputable(node) or node.target in _REDUCTIONS:
-            continue
+        if node.op != "call_function" or recomputable(node) or node.target in _REDUCTIONS \
+                or torch.Tag.nondeterministic_seeded in getattr(node.target, "tags", ()):
+            continue                # (a random op keeps its place in the draws)
         order = {n: i for i, n in enumerate(graph.nodes)}
         # the views it reads move with it (a weight's gradient reads the transposed gradient)
         views = [v for a in node.all_input_nodes for v in _view_chain(a)]
