@@ -373,6 +373,48 @@ def test_backward_makes_a_weights_gradient_first_when_that_frees_the_saved_input
             assert_same(a.grad, b.grad)
 
 
+@pytest.mark.parametrize("shape, kernel, stride, padding, ceil_mode", [
+    ((2, 3, 8, 8), 2, 2, 0, False), ((2, 3, 9, 7), 3, 2, 1, False), ((2, 3, 9, 7), 3, 2, 1, True),
+    ((1, 4, 11, 13), 3, 1, 1, False), ((3, 10, 10), 2, 2, 0, True), ((2, 3, 12, 12), (3, 2), (2, 1), (1, 0), False),
+    ((2, 3, 7, 7), 2, 3, 0, False)])
+def test_max_pooling_backward_is_a_generated_kernel(kernel_backend, monkeypatch, shape, kernel, stride, padding,
+                                                     ceil_mode):
+    """Max pooling's backward gathers, for each input position, the gradient of the windows
+    whose maximum it was: a generated kernel, not PyTorch's fill-then-scatter. Overlapping
+    windows (ResNet's 3 x 3, stride 2), padding, ceil_mode's partial windows, strides larger
+    than the window, channels-last inputs and ties (equal values in a window) give eager's
+    gradients. float16 stays PyTorch's kernel, with eager's gradients too."""
+    def f(x):
+        return F.max_pool2d(torch.relu(x) * 1.5, kernel, stride, padding, ceil_mode=ceil_mode) * 3
+    for dtype, channels_last in ((torch.float32, False), (torch.float32, True), (torch.float16, False)):
+        if dtype == torch.float16 and DEVICE == "cpu" and kernel_backend == "triton":
+            continue
+        x = ((randn(*shape) * 2).round() / 2).to(dtype)          # halves: ties in many windows
+        if channels_last and len(shape) == 4:
+            x = x.to(memory_format=torch.channels_last)
+        ours, theirs = x.clone().requires_grad_(), x.clone().requires_grad_()
+        minicompile.reset()
+        compiled = minicompile.compile(f)
+        out, expected = compiled(ours), f(theirs)
+        g = randn(*expected.shape).to(dtype)
+        out.backward(g)
+        expected.backward(g)
+        assert_same(out, expected, dtype)
+        assert_same(ours.grad, theirs.grad, dtype)
+    # the float32 backward has no call of PyTorch's pooling backward
+    import minicompile.graph_compiler as graph_compiler
+    made = []
+
+    def keep(*args, **kwargs):
+        made.append(compile_training(*args, **kwargs))
+        return made[-1]
+    compile_training = graph_compiler.compile_training
+    monkeypatch.setattr(graph_compiler, "compile_training", keep)
+    minicompile.reset()
+    minicompile.compile(f)(randn(*shape).requires_grad_()).sum().backward()
+    assert "max_pool2d_with_indices_backward" not in made[-1].backward.wrapper_source
+
+
 @pytest.mark.parametrize("name, forward_kernels", [("mlp", 2), ("gpt_block", 4)])
 def test_forward_kernels_compute_only_what_eager_does(kernel_backend, name, forward_kernels):
     """The compiled forward of a training step copies nothing out for the backward (no weight,

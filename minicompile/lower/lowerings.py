@@ -1720,6 +1720,60 @@ def _max_pool2d(node, values, input, kernel_size, stride, padding, dilation, cei
                      input.program, [input])
 
 
+@register([torch.ops.aten.max_pool2d_with_indices_backward.default],
+          "grad_output, input, kernel_size, stride, padding, dilation, ceil_mode, indices")
+def _max_pool2d_backward(node, values, grad_output, input, kernel_size, stride, padding, dilation,
+                         ceil_mode, indices):
+    """Training's max pooling backward: grad_input[..., h, w] is the sum of grad_output over
+    the windows that cover (h, w) and whose maximum was there (`indices` holds h * W + w).
+    Gathered, as a pointwise value (as Inductor does), rather than PyTorch's kernel, which
+    fills the whole gradient with zeros and then scatters into it (on two CPU cores, three
+    quarters of the book CNN's pooling backward was that fill). The windows are visited in eager's
+    order (by row, then column), so overlapping windows sum as eager's do. Dilated windows,
+    and dtypes other than float32 and float64, stay PyTorch's."""
+    meta = _meta(node, values)
+    if meta is None or not all(isinstance(b, TensorBox) for b in (grad_output, indices)) \
+            or meta.dtype not in (torch.float32, torch.float64) or grad_output.dtype != meta.dtype \
+            or len(meta.shape) not in (3, 4) or len(grad_output.shape) != len(meta.shape) \
+            or any(ir.is_symbolic(s) for s in (*meta.shape, *grad_output.shape)) or _pair(dilation) != [1, 1]:
+        return NotImplemented
+    (kh, kw), (ph, pw) = _pair(kernel_size), _pair(padding)
+    sh, sw = _pair(stride) if stride not in (None, (), []) else (kh, kw)
+    width = meta.shape[-1]
+    out_sizes = grad_output.shape[-2:]
+    load_grad, load_index = grad_output.make_loader(), indices.make_loader()
+
+    def windows(i, pad, step, k, out_size):
+        """The windows along one dim that may cover position i, first to last: (the window's
+        index, the conditions under which it exists and covers i)."""
+        found = []
+        for t in reversed(range(-(-k // step))):
+            o = (i + pad) // step + (-t)
+            conditions = [ops.lt(ops.index_expr((i + pad) % step + t * step, torch.int64), _int64(k))] \
+                if t * step + step > k else []
+            if t > 0:
+                conditions.append(ops.ge(ops.index_expr(o, torch.int64), _int64(0)))
+            conditions.append(ops.lt(ops.index_expr(o, torch.int64), _int64(out_size)))
+            found.append((o, conditions))
+        return found
+
+    def inner_fn(idx):
+        *lead, h, w = idx
+        here = ops.index_expr(h * width + w, torch.int64)
+        total = ops.constant(0, meta.dtype)
+        for oh, rows in windows(h, ph, sh, kh, out_sizes[0]):
+            for ow, cols in windows(w, pw, sw, kw, out_sizes[1]):
+                at = [*lead, oh, ow]
+
+                def term(at=at):
+                    chosen = ops.eq(ops.to_dtype(load_index(at), torch.int64, indices.dtype), here)
+                    return ops.where(chosen, load_grad(at), ops.constant(0, meta.dtype))
+                total = ops.add(total, ops.masked(_all_of(rows + cols), term, ops.constant(0, meta.dtype)))
+        return total
+    return TensorBox(ir.Pointwise(ir.shape_of(meta), meta.dtype, meta.device, inner_fn, "max_pool2d_backward"),
+                     grad_output.program, [grad_output, indices])
+
+
 @register([F.pad, torch._C._nn.pad], "input, pad, mode='constant', value=None")
 def _pad(node, values, input, pad, mode, value):
     """out[..., i] = input[..., i - before] where that is inside the input; elsewhere the value
