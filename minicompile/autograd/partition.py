@@ -209,8 +209,8 @@ def _freeing_first(graph: torch.fx.Graph) -> None:
     than it makes runs as soon as its inputs are ready. A linear layer's backward makes the
     gradient of its input, then its weight's, which is the last to read the layer's saved
     input: in that order the input's gradient is made while the saved input is still held.
-    Weight's first, the saved input's memory is free for the input's gradient (on the H100, a
-    BERT-base step's peak was 16 MB above torch.compile's, which reorders for memory too)."""
+    Weight's first, the saved input's memory is free for the input's gradient (Inductor, too,
+    reorders its backward for peak memory)."""
     output = next(n for n in reversed(graph.nodes) if n.op == "output")
     kept = set(output.all_input_nodes)
     for node in list(graph.nodes):

@@ -1727,10 +1727,10 @@ def _max_pool2d_backward(node, values, grad_output, input, kernel_size, stride, 
     """Training's max pooling backward: grad_input[..., h, w] is the sum of grad_output over
     the windows that cover (h, w) and whose maximum was there (`indices` holds h * W + w).
     Gathered, as a pointwise value (as Inductor does), rather than PyTorch's kernel, which
-    fills the whole gradient with zeros and then scatters into it (on two CPU cores, three
-    quarters of the book CNN's pooling backward was that fill). The windows are visited in eager's
-    order (by row, then column), so overlapping windows sum as eager's do. Dilated windows,
-    and dtypes other than float32 and float64, stay PyTorch's."""
+    fills the whole gradient with zeros and then scatters into it (on a CPU the fill is most
+    of its time). The windows are visited in eager's order (by row, then column), so
+    overlapping windows sum as eager's do. Dilated windows, and dtypes other than float32 and
+    float64, stay PyTorch's."""
     meta = _meta(node, values)
     if meta is None or not all(isinstance(b, TensorBox) for b in (grad_output, indices)) \
             or meta.dtype not in (torch.float32, torch.float64) or grad_output.dtype != meta.dtype \
