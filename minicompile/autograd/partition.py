@@ -107,19 +107,24 @@ def is_view(node: torch.fx.Node) -> bool:
         isinstance(node.target, torch._ops.OpOverload) and node.target.is_view))
 
 
-def read_by_backward_extern(node: torch.fx.Node, backward: set) -> bool:
-    """Whether an op of the backward that is neither pointwise nor a reduction (a matrix
-    product, a convolution's backward: an extern kernel) reads the node's value, directly or
-    through views."""
-    todo = list(node.users)
+def _readers(node: torch.fx.Node) -> list:
+    """The ops that read the value, directly or through views (the views themselves not)."""
+    found, todo = [], list(node.users)
     while todo:
         user = todo.pop()
         if is_view(user):
             todo.extend(user.users)
-        elif user in backward and user.op == "call_function" and not recomputable(user) \
-                and user.target not in _REDUCTIONS:
-            return True
-    return False
+        else:
+            found.append(user)
+    return found
+
+
+def read_by_backward_extern(node: torch.fx.Node, backward: set) -> bool:
+    """Whether an op of the backward that is neither pointwise nor a reduction (a matrix
+    product, a convolution's backward: an extern kernel) reads the node's value, directly or
+    through views."""
+    return any(user in backward and user.op == "call_function" and not recomputable(user)
+               and user.target not in _REDUCTIONS for user in _readers(node))
 
 
 def save_cost(node: torch.fx.Node) -> int:
@@ -141,14 +146,8 @@ def save_cost(node: torch.fx.Node) -> int:
 def _fused_into_readers(node: torch.fx.Node) -> bool:
     """Whether every op that reads the value (through views) is pointwise or a reduction: ops
     whose kernels compute it where they read it, so that it needs no buffer of its own."""
-    todo = list(node.users)
-    while todo:
-        user = todo.pop()
-        if is_view(user):
-            todo.extend(user.users)
-        elif user.op != "call_function" or not (recomputable(user) or user.target in _REDUCTIONS):
-            return False
-    return True
+    return all(user.op == "call_function" and (recomputable(user) or user.target in _REDUCTIONS)
+               for user in _readers(node))
 
 
 def partition(joint: Joint) -> Partition:
@@ -213,11 +212,12 @@ def _freeing_first(graph: torch.fx.Graph) -> None:
     reorders its backward for peak memory)."""
     output = next(n for n in reversed(graph.nodes) if n.op == "output")
     kept = set(output.all_input_nodes)
-    for node in list(graph.nodes):
+    nodes = list(graph.nodes)
+    order = {n: i for i, n in enumerate(nodes)}
+    for node in list(nodes):
         if node.op != "call_function" or recomputable(node) or node.target in _REDUCTIONS \
                 or torch.Tag.nondeterministic_seeded in getattr(node.target, "tags", ()):
             continue                # (a random op keeps its place in the draws)
-        order = {n: i for i, n in enumerate(graph.nodes)}
         # the views it reads move with it (a weight's gradient reads the transposed gradient)
         views = [v for a in node.all_input_nodes for v in _view_chain(a)]
         freed, after = 0, max((order[a] for a in node.all_input_nodes if a not in views), default=-1)
@@ -229,19 +229,20 @@ def _freeing_first(graph: torch.fx.Graph) -> None:
             freed += nbytes(base)
             after = max([after] + [order[r] for r in readers if r is not node])
         if freed > nbytes(node) and after + 1 < order[node]:
-            anchor = list(graph.nodes)[after]
+            anchor = nodes[after]
             for v in sorted(views, key=order.get):
                 if order[v] > after:
                     anchor.append(v)
                     anchor = v
             anchor.append(node)
+            nodes = list(graph.nodes)
+            order = {n: i for i, n in enumerate(nodes)}
 
 
 def _base(node: torch.fx.Node) -> torch.fx.Node:
     """The value a view (of a view...) views; a value is its own."""
-    while is_view(node) and isinstance(node.args[0], torch.fx.Node):
-        node = node.args[0]
-    return node
+    chain = _view_chain(node)
+    return chain[-1].args[0] if chain else node
 
 
 def _view_chain(node: torch.fx.Node) -> list:
@@ -251,18 +252,6 @@ def _view_chain(node: torch.fx.Node) -> list:
         chain.append(node)
         node = node.args[0]
     return chain
-
-
-def _readers(node: torch.fx.Node) -> list:
-    """The ops that read the value, directly or through views (the views themselves not)."""
-    found, todo = [], list(node.users)
-    while todo:
-        user = todo.pop()
-        if is_view(user):
-            todo.extend(user.users)
-        else:
-            found.append(user)
-    return found
 
 
 # --------------------------------------------------------------------------- the minimum cut
