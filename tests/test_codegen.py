@@ -922,6 +922,22 @@ def test_reductions_of_the_same_columns_share_a_kernel(kernel_backend):
         assert len(compiled.kernels) == 1, compiled.wrapper_source
 
 
+def test_split_reductions_of_the_same_columns_share_their_partial_sums_kernel(kernel_backend):
+    """Batch norm's backward sums on a GPU, for few channels over many rows: each is a split
+    reduction (partial sums by many programs, then their sum). The second's partial sums do
+    not depend on the first's second stage, so they join the first's partial sums kernel
+    (fuse-rows looks back past it) and g is read once: two kernels, not four."""
+    if kernel_backend == "cpp":
+        pytest.skip("C++ runs a long reduction's loop in parallel itself: no split")
+
+    def backward_sums(x, g):
+        return g.sum(0) + 1, (x * g).sum(0)
+    x, g = randn(8192, 16), randn(8192, 16)
+    compiled = compile_graph(torch.fx.symbolic_trace(backward_sums), [x, g])
+    torch.testing.assert_close(compiled(x, g), backward_sums(x, g), rtol=1e-4, atol=1e-3)
+    assert len(compiled.kernels) == 2, compiled.wrapper_source
+
+
 def test_looped_members_walk_the_row_together(kernel_backend):
     """In a looped reduction (a column reduction's rows are walked in steps), a stored
     pointwise member and the reductions of it share one loop over the row, which loads each

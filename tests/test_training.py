@@ -4,6 +4,7 @@ every step the losses, the gradients, the updated parameters and batch norm's ru
 statistics must be eager's, and the backward must be generated code (its kernels counted).
 Tiny Hugging Face models are trained one step in tests/test_hf_zoo.py."""
 import copy
+import math
 import operator
 import weakref
 import os
@@ -208,6 +209,33 @@ def test_partition_saves_one_value_and_recomputes_the_pointwise_chain():
     x, w = randn(8, 5), randn(5, 4).requires_grad_()
     part = partition(trace_joint(torch.fx.symbolic_trace(f), [x, w]))
     assert len(part.saved) == 2 and part.saved_bytes == (8 * 4 + 8 * 5) * 4, part.saved
+
+
+def test_backward_computes_a_recomputed_value_right_before_it_is_read():
+    """Six layers of a @ w then sigmoid(a) * a: each layer's backward needs sigmoid(a), which
+    the partition recomputes from the saved a. Recomputed where the joint graph has it (its
+    forward part), every layer's sigmoid would be computed at the top of the backward and
+    held until the backward reaches its layer; each is computed right before its first reader,
+    after the gradient work of the layers above it."""
+    from minicompile.autograd import partition, trace_joint
+
+    def f(x, w0, w1, w2, w3, w4, w5):
+        for w in (w0, w1, w2, w3, w4, w5):
+            a = x @ w
+            x = torch.sigmoid(a) * a
+        return x
+    ws = [randn(7, 7).requires_grad_() for _ in range(6)]
+    part = partition(trace_joint(torch.fx.symbolic_trace(f), [randn(5, 7)] + ws))
+    nodes = list(part.backward.graph.nodes)
+    gradient_work = set(n for n in nodes if n.name.startswith("tangents"))
+    for n in nodes:
+        if n.op == "call_function" and any(a in gradient_work for a in n.all_input_nodes):
+            gradient_work.add(n)
+    recomputed = [n for n in nodes if n.op == "call_function" and n not in gradient_work]
+    assert sum(n.target is torch.ops.aten.sigmoid.default for n in recomputed) == 6
+    for n in recomputed:
+        first_reader = min(nodes.index(u) for u in n.users)
+        assert not gradient_work & set(nodes[nodes.index(n) + 1:first_reader]), (n, part.backward.code)
 
 
 def test_partition_saves_an_input_rather_than_a_view_of_it(kernel_backend):
@@ -415,6 +443,43 @@ def test_max_pooling_backward_is_a_generated_kernel(kernel_backend, monkeypatch,
     assert "max_pool2d_with_indices_backward" not in made[-1].backward.wrapper_source
 
 
+@pytest.mark.parametrize("shape, kernel, stride, padding, ceil_mode", [
+    ((2, 3, 9, 7), 3, 2, 1, False), ((2, 3, 9, 7), 3, 2, 1, True), ((3, 10, 10), 2, 2, 0, True),
+    ((2, 3, 12, 12), (3, 2), (2, 1), (1, 0), False)])
+def test_max_pooling_forward_finds_eagers_maximum_and_index(kernel_backend, monkeypatch, shape, kernel, stride,
+                                                             padding, ceil_mode):
+    """In training, max pooling's forward makes the maxima and their indices (which the backward
+    reads) in a generated kernel. The index is eager's: the first of equal maxima, the last NaN
+    of a window, the first element inside the input of a window of -inf alone; so gradients
+    go where eager's do. A window's NaN is the maximum."""
+    def f(x):
+        return F.max_pool2d(x * 1.5, kernel, stride, padding, ceil_mode=ceil_mode) * 3
+    import minicompile.graph_compiler as graph_compiler
+    made = []
+
+    def keep(*args, **kwargs):
+        made.append(compile_training(*args, **kwargs))
+        return made[-1]
+    compile_training = graph_compiler.compile_training
+    monkeypatch.setattr(graph_compiler, "compile_training", keep)
+    for specials in (False, True):
+        x = (randn(*shape) * 2).round() / 2                    # halves: ties in many windows
+        if specials:
+            flat = x.view(-1)
+            picks = torch.randperm(flat.numel(), generator=torch.Generator().manual_seed(3))
+            flat[picks[:4].to(flat.device)] = math.nan
+            flat[picks[4:flat.numel() // 2].to(flat.device)] = -math.inf
+        ours, theirs = x.clone().requires_grad_(), x.clone().requires_grad_()
+        minicompile.reset()
+        out, expected = minicompile.compile(f)(ours), f(theirs)
+        g = randn(*expected.shape)
+        out.backward(g)
+        expected.backward(g)
+        torch.testing.assert_close(out, expected, rtol=1e-4, atol=1e-4, equal_nan=True)
+        assert_same(ours.grad, theirs.grad)
+        assert "max_pool2d_with_indices" not in made[-1].forward.wrapper_source
+
+
 @pytest.mark.parametrize("name, forward_kernels", [("mlp", 2), ("gpt_block", 4)])
 def test_forward_kernels_compute_only_what_eager_does(kernel_backend, name, forward_kernels):
     """The compiled forward of a training step copies nothing out for the backward (no weight,
@@ -437,15 +502,15 @@ def test_forward_kernels_compute_only_what_eager_does(kernel_backend, name, forw
 def test_convolutions_train_channels_last_on_a_cpu(kernel_backend):
     """On a CPU the joint graph records channels-last values around each convolution, so the
     CNN's forward stores them so: no kernel copies a saved convolution output, or the input of
-    max pooling, between layouts (9 launches, with combo kernels: batch norm's statistics in one
-    kernel, its running statistics written by a generated kernel; with Triton kernels one more,
-    which adds the classifier's bias). A 4-D output still comes back in eager's
+    max pooling, between layouts (10 launches, with combo kernels: batch norm's statistics in one
+    kernel, its running statistics written by a generated kernel, max pooling's maxima and their
+    indices in one; with Triton kernels one more, which adds the classifier's bias). A 4-D output still comes back in eager's
     (contiguous) layout, and gradients are eager's. (Inputs large enough for every
     convolution to run channels-last: ir.conv_channels_last.)"""
     model, _ = _model("cnn")
     minicompile.compile(model.train())(randn(3, 3, 20, 20)).square().mean().backward()
     assert minicompile.metrics.kernels - minicompile.metrics.backward_kernels == \
-        (10 if kernel_backend == "triton" else 9)
+        (11 if kernel_backend == "triton" else 10)
 
     torch.manual_seed(6)
     net = nn.Sequential(nn.Conv2d(3, 6, 3, padding=1), nn.BatchNorm2d(6), nn.ReLU()).train()

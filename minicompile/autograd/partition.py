@@ -197,7 +197,10 @@ def partition(joint: Joint) -> Partition:
     fwd_nodes = [o for o in fwd_outs if isinstance(o, torch.fx.Node)]
     only_saved = _ancestors(computed) - _ancestors(fwd_nodes)
     forward = _subgraph(joint.graph, primals, fwd_outs + computed, early=only_saved)
-    backward = _subgraph(joint.graph, saved + tangents, grads)
+    # what the backward computes again from saved values, right before it is first read: at
+    # the top, a value of every layer would be held through the whole backward (twelve
+    # layers' GELUs of a ViT, in one kernel)
+    backward = _subgraph(joint.graph, saved + tangents, grads, late=needed_by_bwd - reads_tangent)
     _freeing_first(backward.graph)
     return Partition(forward, backward, [s.name for s in saved],
                      sum(int(nbytes(s)) for s in saved), saved_from)
@@ -380,10 +383,12 @@ def _closure(nodes, step) -> set:
     return seen
 
 
-def _subgraph(gm: torch.fx.GraphModule, inputs: list, outputs: list, early=frozenset()) -> torch.fx.GraphModule:
+def _subgraph(gm: torch.fx.GraphModule, inputs: list, outputs: list, early=frozenset(),
+              late=frozenset()) -> torch.fx.GraphModule:
     """The nodes of gm that compute `outputs` from `inputs` (which become the placeholders),
-    in gm's order except that those in `early` come right after their last input, with their
-    meta (the fake values lowering reads)."""
+    in gm's order except that those in `early` come right after their last input and those
+    in `late` right before their first reader, with their meta (the fake values lowering
+    reads)."""
     needed, todo = set(), [o for o in outputs if isinstance(o, torch.fx.Node)]
     stop = set(inputs)
     while todo:
@@ -402,10 +407,33 @@ def _subgraph(gm: torch.fx.GraphModule, inputs: list, outputs: list, early=froze
         env[n].meta = dict(n.meta)
     order: list = []
     for n in gm.graph.nodes:
-        if n in needed and n not in env:
+        if n in needed and n not in env and n not in late:
             after = [order.index(a) for a in n.all_input_nodes if a in order] if n in early else None
             order.insert(max(after) + 1 if after else len(order) if after is None else 0, n)
-    for n in order:
-        env[n] = new.node_copy(n, lambda a: env[a])
+    placed = set(env)
+    for n in order + [o for o in outputs if isinstance(o, torch.fx.Node)]:
+        for m in _late_inputs(n, late, placed):
+            env[m] = new.node_copy(m, lambda a: env[a])
+        if n not in placed:
+            placed.add(n)
+            env[n] = new.node_copy(n, lambda a: env[a])
     new.output([env[o] if isinstance(o, torch.fx.Node) else o for o in outputs])
     return graph_module(gm, new)
+
+
+def _late_inputs(node: torch.fx.Node, late, placed: set) -> list:
+    """The nodes of `late` that `node` reads, directly or through others of them, not placed
+    yet: inputs first (a walk without recursion, as a chain of recomputed ops may be long).
+    Marks them placed."""
+    found, stack = [], [(node, iter(node.all_input_nodes))]
+    while stack:
+        current, inputs = stack[-1]
+        child = next((a for a in inputs if a in late and a not in placed), None)
+        if child is None:
+            stack.pop()
+            if current is not node:
+                found.append(current)
+        else:
+            placed.add(child)
+            stack.append((child, iter(child.all_input_nodes)))
+    return found

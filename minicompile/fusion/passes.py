@@ -153,11 +153,16 @@ class FuseRows(FusionPass):
     lets those reads come from registers. Softmax (max, sum of exp, divide), layer norm
     (mean, variance, normalize) and RMS norm become one kernel; two reductions of the same
     rows share one pass over them. Reductions over the same leading dims of one shape (batch
-    norm's mean and variance for each channel, its backward's two sums) share a kernel too."""
+    norm's mean and variance for each channel, its backward's two sums) share a kernel too.
+    A kernel may also join one of the `look_back` kernels before that, where it reads what that
+    one reads and does not depend on the steps between: on a GPU a batch norm's backward sums
+    are split reductions (partial sums, then their sum), and the second one's partial sums
+    join the first's, past the first's second stage, so the gradient is read once, not twice."""
     name = "fuse-rows"
+    look_back = 2
 
     def run(self, state):
-        fuse_consecutive(state, self.name, self.merge)
+        fuse_consecutive(state, self.name, self.merge, self.look_back)
 
     def merge(self, group: Kernel, new: Kernel) -> str | None:
         """Merge `new` into `group`; None when merged, else why not."""
@@ -199,9 +204,12 @@ class FuseRows(FusionPass):
         return None
 
 
-def fuse_consecutive(state, name: str, merge) -> None:
+def fuse_consecutive(state, name: str, merge, look_back: int = 0) -> None:
     """Offer each kernel to the kernel just before it: `merge(prev, kernel)` merges it and returns
-    None, or returns why not; either is logged under the pass's `name`."""
+    None, or returns why not; either is logged under the pass's `name`. With `look_back`, a
+    kernel that does not join the one before is offered to as many earlier kernels that read a
+    buffer it reads, moving it back past steps that neither write what it reads nor read or
+    write what it writes."""
     out = []
     for step in state.steps:
         prev = out[-1] if out else None
@@ -211,9 +219,26 @@ def fuse_consecutive(state, name: str, merge) -> None:
                 state.log(f"{name}: {step.name} ({step.box.name}) joins {prev.name}")
                 continue
             state.log(f"{name}: {step.name} ({step.box.name}) not fused with {prev.name}: {why_not}")
+        if isinstance(step, Kernel) and look_back and _joined_earlier(state, name, merge, out, step, look_back):
+            continue
         out.append(step)
     renumber(out)
     state.steps = out
+
+
+def _joined_earlier(state, name: str, merge, out: list, step: Kernel, look_back: int) -> bool:
+    """Whether `step` merged into one of the `look_back` kernels before the last of `out`."""
+    reads, writes = loads(step), stores(step)
+    for back in range(1, min(look_back, len(out) - 1) + 1):
+        passed = out[-back]                        # the step it would move back past
+        if reads & stores(passed) or writes & (loads(passed) | stores(passed)):
+            return False
+        candidate = out[-back - 1]
+        if isinstance(candidate, Kernel) and reads & loads(candidate) and merge(candidate, step) is None:
+            state.log(f"{name}: {step.name} ({step.box.name}) joins {candidate.name}, "
+                      f"moved back past {back} step(s) (they share reads)")
+            return True
+    return False
 
 
 def merge(group: Kernel, members: list[Member], x_sizes, r_sizes, new: Kernel) -> None:

@@ -651,19 +651,23 @@ def _new_reduction_box(meta, input, dims, keepdim, reduction_type):
     return TensorBox(data, input.program, [input])
 
 
+MULTIPROCESSORS = 132          # an H100's (codegen/triton.py sizes its programs for them too)
+
+
 def _split_factor(rows: int, row_length: int, columns: bool = False) -> int:
     """How many pieces to cut each row into, when there are too few rows to keep a machine
     busy and each is long (a full sum of a large tensor would otherwise run in one program):
     a divisor of the row length, so no piece needs a bound check; 0 for no split. Columns (rows
     next to each other in memory, as a channels-last batch norm's channels) are reduced 8 or
     more to a program (codegen/triton.py's _column_config), so fewer than about a thousand of
-    them leave most of a GPU idle: where there are fewer than 512 columns (64 programs) and
-    long rows, they are split into enough pieces for some 256 programs."""
+    them leave most of a GPU idle: where there are fewer than 8 columns a multiprocessor (132
+    on an H100: under one program each) and long rows, they are split into enough pieces for
+    some 256 programs."""
     if ir.is_symbolic(rows) or ir.is_symbolic(row_length):
         return 0
     if columns:
         programs = max(1, rows // 8)
-        if programs >= 64 or row_length < 4096:
+        if programs >= MULTIPROCESSORS or row_length < 4096:
             return 0
         fits = [p for p in (2, 4, 8, 16, 32, 64, 128, 256) if row_length % p == 0 and row_length // p >= 256]
         enough = [p for p in fits if p * programs >= 256]
@@ -1687,21 +1691,74 @@ def _max_pool2d(node, values, input, kernel_size, stride, padding, dilation, cei
     positions outside the input (padding, ceil_mode's last window) are masked out; a NaN in
     the window gives NaN, as in eager. Large windows (over 25 elements) stay PyTorch's."""
     meta = _meta(node, values)
-    if meta is None or return_indices or not isinstance(input, TensorBox) \
-            or not input.dtype.is_floating_point or len(input.shape) not in (3, 4) \
-            or any(ir.is_symbolic(s) for s in (*input.shape, *meta.shape)):
+    window = None if meta is None or return_indices else _pool_window(input, meta, kernel_size, stride,
+                                                                       padding, dilation)
+    if window is None:
         return NotImplemented
-
-    (kh, kw), (ph, pw), (dh, dw) = _pair(kernel_size), _pair(padding), _pair(dilation)
-    sh, sw = _pair(stride) if stride not in (None, (), []) else (kh, kw)
-    if kh * kw > 25:
-        return NotImplemented
-    sizes, out_sizes, steps = input.shape[-2:], meta.shape[-2:], (sh, sw)
     load, cd = input.make_loader(), compute_dtype(meta.dtype)
 
     def inner_fn(idx):
-        *lead, oh, ow = idx
         result = None
+        for _, value in window(idx, load, ops.constant(-math.inf, cd)):
+            result = value if result is None else ops.maximum(result, value)
+        return result
+    return TensorBox(ir.Pointwise(ir.shape_of(meta), meta.dtype, meta.device, inner_fn, _origin(node)),
+                     input.program, [input])
+
+
+@register([torch.ops.aten.max_pool2d_with_indices.default],
+          "input, kernel_size, stride=(), padding=0, dilation=1, ceil_mode=False")
+def _max_pool2d_with_indices(node, values, input, kernel_size, stride, padding, dilation, ceil_mode):
+    """Training's max pooling: the maximum and where it is (h * W + w, for the backward), as
+    two pointwise values over the same windows (one kernel after fuse-rows). Eager's kernels
+    scan a window by row, then column, and move to an element greater than the maximum so
+    far, or NaN: the first of equal maxima, the last NaN; a window of -inf alone (or padding)
+    points at its first element inside the input. Dilated windows stay PyTorch's."""
+    metas = values[node]
+    if not isinstance(metas, tuple) or _pair(dilation) != [1, 1]:
+        return NotImplemented
+    meta, index_meta = metas
+    window = _pool_window(input, meta, kernel_size, stride, padding, dilation)
+    if window is None or index_meta.dtype != torch.int64:
+        return NotImplemented
+    (ph, pw), width = _pair(padding), input.shape[-1]
+    sh, sw = _pair(stride) if stride not in (None, (), []) else _pair(kernel_size)
+    load, cd = input.make_loader(), compute_dtype(meta.dtype)
+
+    def maximum_and_index(idx):
+        *_, oh, ow = idx
+        first = [ops.maximum(ops.index_expr(o * step + (-pad), torch.int64), _int64(0))
+                 for o, step, pad in ((oh, sh, ph), (ow, sw, pw))]
+        best, where = ops.constant(-math.inf, cd), ops.add(ops.mul(first[0], _int64(width)), first[1])
+        for (h, w), value in window(idx, load, ops.constant(-math.inf, cd)):
+            take = ops.logical_or(ops.gt(value, best), ops.isnan(value))
+            best = ops.where(take, value, best)
+            where = ops.where(take, ops.index_expr(h * width + w, torch.int64), where)
+        return best, where
+    maxima = TensorBox(ir.Pointwise(ir.shape_of(meta), meta.dtype, meta.device,
+                                    lambda idx: maximum_and_index(idx)[0], "max_pool2d"), input.program, [input])
+    indices = TensorBox(ir.Pointwise(ir.shape_of(index_meta), torch.int64, meta.device,
+                                     lambda idx: maximum_and_index(idx)[1], "max_pool2d indices"),
+                        input.program, [input])
+    return maxima, indices
+
+
+def _pool_window(input, meta, kernel_size, stride, padding, dilation):
+    """For a 2-D pooling of `input` to `meta`'s size: window(idx, load, outside) -> for each
+    element of output idx's window, by row then column, ((h, w), its value), the value
+    `outside` where the element lies outside the input. None where the pooling stays PyTorch's
+    (not floating point, not 3 or 4 dims, a dynamic size, a window of over 25 elements)."""
+    if not isinstance(input, TensorBox) or not input.dtype.is_floating_point or len(input.shape) not in (3, 4) \
+            or any(ir.is_symbolic(s) for s in (*input.shape, *meta.shape)):
+        return None
+    (kh, kw), (ph, pw), (dh, dw) = _pair(kernel_size), _pair(padding), _pair(dilation)
+    sh, sw = _pair(stride) if stride not in (None, (), []) else (kh, kw)
+    if kh * kw > 25:
+        return None
+    sizes, out_sizes, steps = input.shape[-2:], meta.shape[-2:], (sh, sw)
+
+    def window(idx, load, outside):
+        *lead, oh, ow = idx
         for i, j in [(i, j) for i in range(kh) for j in range(kw)]:
             pos, conditions = [], []
             for o, offset, step, size, out_size in zip((oh, ow), (i * dh - ph, j * dw - pw), steps, sizes, out_sizes):
@@ -1710,14 +1767,11 @@ def _max_pool2d(node, values, input, kernel_size, stride, padding, dilation, cei
                     p = ops.index_expr(pos[-1], torch.int64)
                     conditions += [ops.ge(p, _int64(0)), ops.lt(p, _int64(size))]
             if conditions:
-                value = ops.masked(_all_of(conditions), lambda pos=pos: load([*lead, *pos]),
-                                   ops.constant(-math.inf, cd))
+                value = ops.masked(_all_of(conditions), lambda pos=pos: load([*lead, *pos]), outside)
             else:
                 value = load([*lead, *pos])
-            result = value if result is None else ops.maximum(result, value)
-        return result
-    return TensorBox(ir.Pointwise(ir.shape_of(meta), meta.dtype, meta.device, inner_fn, _origin(node)),
-                     input.program, [input])
+            yield tuple(pos), value
+    return window
 
 
 @register([torch.ops.aten.max_pool2d_with_indices_backward.default],
