@@ -238,6 +238,39 @@ def test_backward_computes_a_recomputed_value_right_before_it_is_read():
         assert not gradient_work & set(nodes[nodes.index(n) + 1:first_reader]), (n, part.backward.code)
 
 
+def test_backward_does_not_recompute_the_residual_stream_from_the_first_layer(kernel_backend, monkeypatch):
+    """Four pre-norm transformer layers: the residual stream (each layer's sums) could be
+    recomputed from the saved outputs of the projections, but only from the first layer up,
+    so the backward's first layer would make every layer's sum and hold each until the
+    backward reached its layer: as much memory as saving them. The partition saves them
+    instead: no value the backward computes again for another is held across its matrix
+    products. Gradients are eager's."""
+    import minicompile.graph_compiler as graph_compiler
+    partition_module = sys.modules["minicompile.autograd.partition"]
+    made = []
+
+    def keep(*args, **kwargs):
+        made.append(compile_training(*args, **kwargs))
+        return made[-1]
+    compile_training = graph_compiler.compile_training
+    monkeypatch.setattr(graph_compiler, "compile_training", keep)
+    torch.manual_seed(0)
+    model = nn.Sequential(*[nn.TransformerEncoderLayer(32, 4, 64, dropout=0.0, batch_first=True, norm_first=True)
+                            for _ in range(4)]).to(DEVICE).train()
+    twin = copy.deepcopy(model)
+    x = randn(2, 7, 32)
+    minicompile.compile(model)(x).square().mean().backward()
+    twin(x).square().mean().backward()
+    for p, q in zip(model.parameters(), twin.parameters()):
+        torch.testing.assert_close(p.grad, q.grad, rtol=1e-4, atol=1e-5)
+    nodes = list(made[-1].partition.backward.graph.nodes)
+    gradient_work = set(n for n in nodes if n.name.startswith("tangents"))
+    for n in nodes:
+        if n.op == "call_function" and any(a in gradient_work for a in n.all_input_nodes):
+            gradient_work.add(n)
+    assert partition_module._held_across_externs(nodes, gradient_work) == set()
+
+
 def test_partition_saves_an_input_rather_than_a_view_of_it(kernel_backend):
     """x @ w: w's gradient needs x, read in the backward as x.t(). Saving x and saving x.t()
     cost the same bytes, but a saved view is a forward output, written as a copy by an extra
@@ -448,10 +481,12 @@ def test_max_pooling_backward_is_a_generated_kernel(kernel_backend, monkeypatch,
     ((2, 3, 12, 12), (3, 2), (2, 1), (1, 0), False)])
 def test_max_pooling_forward_finds_eagers_maximum_and_index(kernel_backend, monkeypatch, shape, kernel, stride,
                                                              padding, ceil_mode):
-    """In training, max pooling's forward makes the maxima and their indices (which the backward
-    reads) in a generated kernel. The index is eager's: the first of equal maxima, the last NaN
-    of a window, the first element inside the input of a window of -inf alone; so gradients
-    go where eager's do. A window's NaN is the maximum."""
+    """In training, max pooling's forward makes the maxima and where they are in a generated
+    kernel. It saves each one's place in its window (int8), not its index into the input plane
+    (int64: eight times the bytes); the backward turns the places into indices where it
+    gathers. The place is eager's: the first of equal maxima, the last NaN of a window, the
+    first element inside the input of a window of -inf alone; so gradients go where eager's
+    do. A window's NaN is the maximum."""
     def f(x):
         return F.max_pool2d(x * 1.5, kernel, stride, padding, ceil_mode=ceil_mode) * 3
     import minicompile.graph_compiler as graph_compiler
@@ -478,6 +513,25 @@ def test_max_pooling_forward_finds_eagers_maximum_and_index(kernel_backend, monk
         torch.testing.assert_close(out, expected, rtol=1e-4, atol=1e-4, equal_nan=True)
         assert_same(ours.grad, theirs.grad)
         assert "max_pool2d_with_indices" not in made[-1].forward.wrapper_source
+        saved = [n.meta["val"].dtype for n in made[-1].partition.backward.graph.nodes
+                 if n.name in made[-1].partition.saved]
+        assert torch.int8 in saved and torch.int64 not in saved, saved
+        assert "offsets_to_indices" not in made[-1].backward.wrapper_source
+
+
+def test_max_pool_offsets_eager_definitions_are_pytorchs_pooling():
+    """custom_ops.py's ops run as defined where lowering leaves them to PyTorch: the maxima are
+    max_pool2d's, the offsets fit int8 and give back max_pool2d_with_indices's indices."""
+    from minicompile import custom_ops
+    x = randn(2, 3, 9, 7)
+    x[0, 0, :3, :3] = float("nan")
+    for kernel, stride, padding, ceil_mode in (([3, 3], [2, 2], [1, 1], False), ([3, 2], [2, 1], [1, 0], True),
+                                               ([2, 2], [3, 3], [0, 0], True)):
+        maxima, offsets = custom_ops.max_pool2d_offsets(x, kernel, stride, padding, ceil_mode)
+        expected, indices = torch.ops.aten.max_pool2d_with_indices(x, kernel, stride, padding, [1, 1], ceil_mode)
+        torch.testing.assert_close(maxima, expected, equal_nan=True, rtol=0, atol=0)
+        assert offsets.dtype == torch.int8 and 0 <= int(offsets.min()) and int(offsets.max()) < kernel[0] * kernel[1]
+        assert torch.equal(custom_ops.max_pool2d_offsets_to_indices(offsets, kernel, stride, padding, 7), indices)
 
 
 @pytest.mark.parametrize("name, forward_kernels", [("mlp", 2), ("gpt_block", 4)])

@@ -30,7 +30,7 @@ import torch.fx
 import torch.nn.functional as F
 import torch.utils._pytree as pytree
 
-from .. import aliasing, ir
+from .. import aliasing, custom_ops, ir
 
 aten = torch.ops.aten
 
@@ -71,7 +71,23 @@ def decompositions() -> dict:
                aten._scaled_dot_product_flash_attention_for_cpu.default,
                aten.embedding_dense_backward.default):
         table.pop(op, None)
+    table[aten.max_pool2d_with_indices.default] = _max_pool_saving_offsets
     return table
+
+
+def _max_pool_saving_offsets(x, kernel_size, stride=(), padding=0, dilation=1, ceil_mode=False):
+    """Max pooling whose backward reads each maximum's place in its window (int8, which the
+    partition saves) instead of its index into the input plane (int64): custom_ops.py's pair.
+    Where lowering would leave the pooling or its backward to PyTorch (a dilated or large
+    window, a dtype other than float32 and float64), PyTorch's op is recorded as it is."""
+    pair = (lambda v: [v, v] if isinstance(v, int) else list(v) * (2 if len(v) == 1 else 1))
+    kernel = pair(kernel_size)
+    stride, padding = pair(stride) if stride not in (None, (), []) else kernel, pair(padding)
+    if pair(dilation) != [1, 1] or kernel[0] * kernel[1] > 25 or x.dim() not in (3, 4) \
+            or x.dtype not in (torch.float32, torch.float64):
+        return NotImplemented
+    maxima, offsets = custom_ops.max_pool2d_offsets(x, kernel, stride, padding, ceil_mode)
+    return maxima, custom_ops.max_pool2d_offsets_to_indices(offsets, kernel, stride, padding, x.shape[-1])
 
 
 def trace_joint(gm: torch.fx.GraphModule, example_inputs) -> Joint:

@@ -36,6 +36,12 @@ the saved values, of the fewest bytes in all (a maximum flow: `source_side`). Of
 the value it views, equal in bytes, the value is saved (a saved view would be copied out by
 the forward).
 
+The backward computes a recomputed value right before its first reader. Where the cut makes
+it recompute a chain that its first layer needs whole (a transformer's residual stream, from
+the saved outputs of every layer's projections), every layer's value would be made at its start
+and held through its matrix products until the backward reached that layer: the chain's values
+are then held from the forward instead (saved, in a second cut), which costs no more memory.
+
 Hands on a `Partition`: the forward graph (primals -> forward outputs, then saved values) and
 the backward graph (saved values, then tangents -> gradients), both aten-level FX graphs.
 """
@@ -48,6 +54,7 @@ from dataclasses import dataclass, field
 import torch
 import torch.fx
 
+from .. import custom_ops
 from .joint import Joint, graph_module
 
 aten = torch.ops.aten
@@ -101,6 +108,14 @@ _REDUCTIONS = {aten.sum.dim_IntList, aten.sum.default, aten.mean.dim, aten.mean.
                aten.prod.dim_int}
 
 
+def _fuses_its_reads(node: torch.fx.Node) -> bool:
+    """A reduction, or max pooling's backward where its indices come from saved offsets
+    (joint.py records that only where lowering makes the backward a gather of them)."""
+    return node.target in _REDUCTIONS or (
+        node.target is aten.max_pool2d_with_indices_backward.default and len(node.args) > 7
+        and getattr(node.args[7], "target", None) is custom_ops.max_pool2d_offsets_to_indices)
+
+
 def is_view(node: torch.fx.Node) -> bool:
     """A view of another value (an item of split's pieces is one too)."""
     return node.op == "call_function" and (node.target is operator.getitem or (
@@ -124,7 +139,7 @@ def read_by_backward_extern(node: torch.fx.Node, backward: set) -> bool:
     product, a convolution's backward: an extern kernel) reads the node's value, directly or
     through views."""
     return any(user in backward and user.op == "call_function" and not recomputable(user)
-               and user.target not in _REDUCTIONS for user in _readers(node))
+               and not _fuses_its_reads(user) for user in _readers(node))
 
 
 def save_cost(node: torch.fx.Node) -> int:
@@ -146,7 +161,7 @@ def save_cost(node: torch.fx.Node) -> int:
 def _fused_into_readers(node: torch.fx.Node) -> bool:
     """Whether every op that reads the value (through views) is pointwise or a reduction: ops
     whose kernels compute it where they read it, so that it needs no buffer of its own."""
-    return all(user.op == "call_function" and (recomputable(user) or user.target in _REDUCTIONS)
+    return all(user.op == "call_function" and (recomputable(user) or _fuses_its_reads(user))
                for user in _readers(node))
 
 
@@ -159,15 +174,45 @@ def partition(joint: Joint) -> Partition:
 
     reads_tangent = _descendants(tangents)
     needed_by_bwd = _ancestors([g for g in grads if isinstance(g, torch.fx.Node)])
+    # what the backward computes again from saved values comes right before it is first read:
+    # at the top, a value of every layer would be held through the whole backward
+    recomputable_here = needed_by_bwd - reads_tangent
+    held: set = set()
+    for _ in range(3):
+        saved = _min_cut(graph, needed_by_bwd, reads_tangent, grads, held)
+        order = _placed(joint.graph, saved + tangents, grads, late=recomputable_here)
+        longer = _held_across_externs(order, reads_tangent) - held
+        if not longer:
+            break
+        held |= longer
 
-    flow: dict = {}         # (vertex, vertex) -> capacity: the network of the module docstring
+    # the forward computes its outputs and the saved values; a saved primal is passed on as is
+    computed = [s for s in saved if s.op != "placeholder"]
+    saved_from = [("primal", primals.index(s)) if s.op == "placeholder" else ("computed", computed.index(s))
+                  for s in saved]
+    # what the forward computes only to save it (a layer norm's normalized input, which its
+    # weight's gradient reads) is computed as early as it can be, beside the work it comes from
+    # (the same kernel, where it walks the same rows), not after the forward's last output
+    fwd_nodes = [o for o in fwd_outs if isinstance(o, torch.fx.Node)]
+    only_saved = _ancestors(computed) - _ancestors(fwd_nodes)
+    forward = _subgraph(joint.graph, primals, fwd_outs + computed, early=only_saved)
+    backward = _subgraph(joint.graph, saved + tangents, grads, late=recomputable_here)
+    _freeing_first(backward.graph)
+    return Partition(forward, backward, [s.name for s in saved],
+                     sum(int(nbytes(s)) for s in saved), saved_from)
+
+
+def _min_cut(graph: torch.fx.Graph, needed_by_bwd: set, reads_tangent: set, grads: list, held: set) -> list:
+    """The values to save, in graph order: the minimum cut of the module docstring's network.
+    held: values the backward must not compute again (they count as available in the forward)."""
+    flow: dict = {}         # (vertex, vertex) -> capacity
     for node in graph.nodes:
         if node.op == "output" or node not in needed_by_bwd:
             continue
         if node in reads_tangent:               # backward work: must run in the backward
             flow[node.name + "_in", "sink"] = math.inf
             continue
-        if node.op == "placeholder" or not recomputable(node) \
+        if node.op == "placeholder" or not recomputable(node) or node in held \
                 or (not is_view(node) and node.all_input_nodes and read_by_backward_extern(node, reads_tangent)):
             # available in the forward (an input, or too costly to run again)
             flow["source", node.name + "_in"] = math.inf
@@ -185,25 +230,33 @@ def partition(joint: Joint) -> Partition:
     saved = [by_name[v[:-3]] for v in vertices if v.endswith("_in") and v in reachable
              and v[:-3] + "_out" in vertices and v[:-3] + "_out" not in reachable]
     order = {n: i for i, n in enumerate(graph.nodes)}
-    saved.sort(key=order.get)
+    return sorted(saved, key=order.get)
 
-    # the forward computes its outputs and the saved values; a saved primal is passed on as is
-    computed = [s for s in saved if s.op != "placeholder"]
-    saved_from = [("primal", primals.index(s)) if s.op == "placeholder" else ("computed", computed.index(s))
-                  for s in saved]
-    # what the forward computes only to save it (a layer norm's normalized input, which its
-    # weight's gradient reads) is computed as early as it can be, beside the work it comes from
-    # (the same kernel, where it walks the same rows), not after the forward's last output
-    fwd_nodes = [o for o in fwd_outs if isinstance(o, torch.fx.Node)]
-    only_saved = _ancestors(computed) - _ancestors(fwd_nodes)
-    forward = _subgraph(joint.graph, primals, fwd_outs + computed, early=only_saved)
-    # what the backward computes again from saved values, right before it is first read: at
-    # the top, a value of every layer would be held through the whole backward (twelve
-    # layers' GELUs of a ViT, in one kernel)
-    backward = _subgraph(joint.graph, saved + tangents, grads, late=needed_by_bwd - reads_tangent)
-    _freeing_first(backward.graph)
-    return Partition(forward, backward, [s.name for s in saved],
-                     sum(int(nbytes(s)) for s in saved), saved_from)
+
+def _held_across_externs(order: list, reads_tangent: set) -> set:
+    """The chains of values the backward (nodes in `order`) computes again and holds while
+    extern ops (matrix products) run: a value held so, read by another value it computes
+    again that is held so too. A transformer's residual stream, recomputed from the saved
+    outputs of every layer's projections, is such a chain, which the backward's first layer
+    needs whole: every layer's sum would be made at the backward's start and held until it
+    reaches that layer (as much memory as saving them, and the work again). A value held
+    across a product or two within its layer (a SiLU's sigmoid) is not a chain. Values made
+    from no other (a `full`) are not counted."""
+    position = {n: i for i, n in enumerate(order)}
+    externs_before, count = [], 0
+    for n in order:
+        externs_before.append(count)
+        if n.op == "call_function" and not recomputable(n) and not _fuses_its_reads(n):
+            count += 1
+    externs_before.append(count)
+    held = {}
+    for n in order:
+        if n in reads_tangent or n.op != "call_function" or is_view(n) or not n.all_input_nodes:
+            continue
+        readers = [r for r in _readers(n) if r in position]
+        if readers and externs_before[max(position[r] for r in readers)] > externs_before[position[n] + 1]:
+            held[n] = readers
+    return {n for n, readers in held.items() if any(r in held for r in readers)}
 
 
 def _freeing_first(graph: torch.fx.Graph) -> None:
@@ -218,7 +271,7 @@ def _freeing_first(graph: torch.fx.Graph) -> None:
     nodes = list(graph.nodes)
     order = {n: i for i, n in enumerate(nodes)}
     for node in list(nodes):
-        if node.op != "call_function" or recomputable(node) or node.target in _REDUCTIONS \
+        if node.op != "call_function" or recomputable(node) or _fuses_its_reads(node) \
                 or torch.Tag.nondeterministic_seeded in getattr(node.target, "tags", ()):
             continue                # (a random op keeps its place in the draws)
         # the views it reads move with it (a weight's gradient reads the transposed gradient)
@@ -386,9 +439,22 @@ def _closure(nodes, step) -> set:
 def _subgraph(gm: torch.fx.GraphModule, inputs: list, outputs: list, early=frozenset(),
               late=frozenset()) -> torch.fx.GraphModule:
     """The nodes of gm that compute `outputs` from `inputs` (which become the placeholders),
-    in gm's order except that those in `early` come right after their last input and those
-    in `late` right before their first reader, with their meta (the fake values lowering
-    reads)."""
+    in `_placed`'s order, with their meta (the fake values lowering reads)."""
+    new = torch.fx.Graph()
+    env: dict = {}
+    for n in inputs:
+        env[n] = new.placeholder(n.name)
+        env[n].meta = dict(n.meta)
+    for n in _placed(gm, inputs, outputs, early, late):
+        env[n] = new.node_copy(n, lambda a: env[a])
+    new.output([env[o] if isinstance(o, torch.fx.Node) else o for o in outputs])
+    return graph_module(gm, new)
+
+
+def _placed(gm: torch.fx.GraphModule, inputs: list, outputs: list, early=frozenset(), late=frozenset()) -> list:
+    """The nodes of gm that compute `outputs` from `inputs`, in gm's order except that those
+    in `early` come right after their last input and those in `late` right before their first
+    reader."""
     needed, todo = set(), [o for o in outputs if isinstance(o, torch.fx.Node)]
     stop = set(inputs)
     while todo:
@@ -400,25 +466,18 @@ def _subgraph(gm: torch.fx.GraphModule, inputs: list, outputs: list, early=froze
             if n.op == "placeholder":
                 raise AssertionError(f"partition: {n.name} is needed but not an input")
             todo.extend(n.all_input_nodes)
-    new = torch.fx.Graph()
-    env: dict = {}
-    for n in inputs:
-        env[n] = new.placeholder(n.name)
-        env[n].meta = dict(n.meta)
     order: list = []
     for n in gm.graph.nodes:
-        if n in needed and n not in env and n not in late:
+        if n in needed and n not in stop and n not in late:
             after = [order.index(a) for a in n.all_input_nodes if a in order] if n in early else None
             order.insert(max(after) + 1 if after else len(order) if after is None else 0, n)
-    placed = set(env)
+    placed, result = set(inputs), []
     for n in order + [o for o in outputs if isinstance(o, torch.fx.Node)]:
-        for m in _late_inputs(n, late, placed):
-            env[m] = new.node_copy(m, lambda a: env[a])
+        result += _late_inputs(n, late, placed)
         if n not in placed:
             placed.add(n)
-            env[n] = new.node_copy(n, lambda a: env[a])
-    new.output([env[o] if isinstance(o, torch.fx.Node) else o for o in outputs])
-    return graph_module(gm, new)
+            result.append(n)
+    return result
 
 
 def _late_inputs(node: torch.fx.Node, late, placed: set) -> list:

@@ -22,7 +22,7 @@ import torch
 import torch.nn.functional as F
 import torch.utils._pytree as pytree
 
-from .. import aliasing, config, ir
+from .. import aliasing, config, custom_ops, ir
 from ..ir import Index, compute_dtype, ops
 from . import matmul
 from .boxes import TensorBox
@@ -1699,7 +1699,7 @@ def _max_pool2d(node, values, input, kernel_size, stride, padding, dilation, cei
 
     def inner_fn(idx):
         result = None
-        for _, value in window(idx, load, ops.constant(-math.inf, cd)):
+        for _, _, value in window(idx, load, ops.constant(-math.inf, cd)):
             result = value if result is None else ops.maximum(result, value)
         return result
     return TensorBox(ir.Pointwise(ir.shape_of(meta), meta.dtype, meta.device, inner_fn, _origin(node)),
@@ -1710,42 +1710,87 @@ def _max_pool2d(node, values, input, kernel_size, stride, padding, dilation, cei
           "input, kernel_size, stride=(), padding=0, dilation=1, ceil_mode=False")
 def _max_pool2d_with_indices(node, values, input, kernel_size, stride, padding, dilation, ceil_mode):
     """Training's max pooling: the maximum and where it is (h * W + w, for the backward), as
-    two pointwise values over the same windows (one kernel after fuse-rows). Eager's kernels
-    scan a window by row, then column, and move to an element greater than the maximum so
-    far, or NaN: the first of equal maxima, the last NaN; a window of -inf alone (or padding)
-    points at its first element inside the input. Dilated windows stay PyTorch's."""
+    two pointwise values over the same windows (one kernel after fuse-rows). Dilated windows
+    stay PyTorch's."""
+    return _maxima_and_places(node, values, input, kernel_size, stride, padding, dilation, offsets=False)
+
+
+@register([custom_ops.max_pool2d_offsets], "input, kernel_size, stride, padding, ceil_mode")
+def _max_pool2d_offsets(node, values, input, kernel_size, stride, padding, ceil_mode):
+    """The maximum and its place in its window (i * kw + j, int8): custom_ops.py's."""
+    return _maxima_and_places(node, values, input, kernel_size, stride, padding, 1, offsets=True)
+
+
+def _maxima_and_places(node, values, input, kernel_size, stride, padding, dilation, offsets):
+    """Eager's kernels scan a window by row, then column, and move to an element greater
+    than the maximum so far, or NaN: the first of equal maxima, the last NaN; a window of -inf
+    alone (or padding) points at its first element inside the input. The place is that
+    element's index in the input plane, or (offsets) its place in the window."""
     metas = values[node]
     if not isinstance(metas, tuple) or _pair(dilation) != [1, 1]:
         return NotImplemented
-    meta, index_meta = metas
+    meta, place_meta = metas
     window = _pool_window(input, meta, kernel_size, stride, padding, dilation)
-    if window is None or index_meta.dtype != torch.int64:
+    if window is None or place_meta.dtype != (torch.int8 if offsets else torch.int64):
         return NotImplemented
-    (ph, pw), width = _pair(padding), input.shape[-1]
-    sh, sw = _pair(stride) if stride not in (None, (), []) else _pair(kernel_size)
+    (ph, pw), (kh, kw), width = _pair(padding), _pair(kernel_size), input.shape[-1]
+    sh, sw = _pair(stride) if stride not in (None, (), []) else (kh, kw)
     load, cd = input.make_loader(), compute_dtype(meta.dtype)
 
-    def maximum_and_index(idx):
+    def maximum_and_place(idx):
         *_, oh, ow = idx
-        first = [ops.maximum(ops.index_expr(o * step + (-pad), torch.int64), _int64(0))
-                 for o, step, pad in ((oh, sh, ph), (ow, sw, pw))]
-        best, where = ops.constant(-math.inf, cd), ops.add(ops.mul(first[0], _int64(width)), first[1])
-        for (h, w), value in window(idx, load, ops.constant(-math.inf, cd)):
+        start = [ops.index_expr(o * step + (-pad), torch.int64) for o, step, pad in ((oh, sh, ph), (ow, sw, pw))]
+        first = [ops.maximum(s, _int64(0)) for s in start]
+        if offsets:              # the first element inside the input, as a place in the window
+            where = ops.add(ops.mul(ops.sub(first[0], start[0]), _int64(kw)), ops.sub(first[1], start[1]))
+        else:
+            where = ops.add(ops.mul(first[0], _int64(width)), first[1])
+        best = ops.constant(-math.inf, cd)
+        for (i, j), (h, w), value in window(idx, load, ops.constant(-math.inf, cd)):
             take = ops.logical_or(ops.gt(value, best), ops.isnan(value))
             best = ops.where(take, value, best)
-            where = ops.where(take, ops.index_expr(h * width + w, torch.int64), where)
-        return best, where
+            where = ops.where(take, _int64(i * kw + j) if offsets else ops.index_expr(h * width + w, torch.int64),
+                              where)
+        return best, ops.to_dtype(where, torch.int8, torch.int64) if offsets else where
     maxima = TensorBox(ir.Pointwise(ir.shape_of(meta), meta.dtype, meta.device,
-                                    lambda idx: maximum_and_index(idx)[0], "max_pool2d"), input.program, [input])
-    indices = TensorBox(ir.Pointwise(ir.shape_of(index_meta), torch.int64, meta.device,
-                                     lambda idx: maximum_and_index(idx)[1], "max_pool2d indices"),
-                        input.program, [input])
-    return maxima, indices
+                                    lambda idx: maximum_and_place(idx)[0], "max_pool2d"), input.program, [input])
+    places = TensorBox(ir.Pointwise(ir.shape_of(place_meta), place_meta.dtype, meta.device,
+                                    lambda idx: maximum_and_place(idx)[1],
+                                    "max_pool2d offsets" if offsets else "max_pool2d indices"),
+                       input.program, [input])
+    return maxima, places
+
+
+@register([custom_ops.max_pool2d_offsets_to_indices], "offsets, kernel_size, stride, padding, width")
+def _max_pool2d_offsets_to_indices(node, values, offsets, kernel_size, stride, padding, width):
+    """Offsets in windows (i * kw + j) as indices into the input plane, (h0 + i) * W + w0 + j;
+    i counted by comparisons (i >= 1, i >= 2...: the window has a few rows), as integer
+    division is not among the ops."""
+    meta = _meta(node, values)
+    if meta is None or not isinstance(offsets, TensorBox) or len(offsets.shape) < 2 \
+            or any(ir.is_symbolic(s) for s in (*offsets.shape, width)):
+        return NotImplemented
+    (kh, kw), (sh, sw), (ph, pw) = _pair(kernel_size), _pair(stride), _pair(padding)
+    load = offsets.make_loader()
+
+    def inner_fn(idx):
+        *_, oh, ow = idx
+        at = ops.to_dtype(load(list(idx)), torch.int64, offsets.dtype)
+        row = _int64(0)
+        for i in range(1, kh):
+            row = ops.add(row, ops.to_dtype(ops.ge(at, _int64(i * kw)), torch.int64, torch.bool))
+        col = ops.sub(at, ops.mul(row, _int64(kw)))
+        h = ops.add(ops.index_expr(oh * sh + (-ph), torch.int64), row)
+        w = ops.add(ops.index_expr(ow * sw + (-pw), torch.int64), col)
+        return ops.add(ops.mul(h, _int64(width)), w)
+    return TensorBox(ir.Pointwise(ir.shape_of(meta), torch.int64, meta.device, inner_fn, "max_pool2d indices"),
+                     offsets.program, [offsets])
 
 
 def _pool_window(input, meta, kernel_size, stride, padding, dilation):
     """For a 2-D pooling of `input` to `meta`'s size: window(idx, load, outside) -> for each
-    element of output idx's window, by row then column, ((h, w), its value), the value
+    element of output idx's window, by row then column, ((i, j) its place in the window,
+    (h, w) its position in the input, its value), the value
     `outside` where the element lies outside the input. None where the pooling stays PyTorch's
     (not floating point, not 3 or 4 dims, a dynamic size, a window of over 25 elements)."""
     if not isinstance(input, TensorBox) or not input.dtype.is_floating_point or len(input.shape) not in (3, 4) \
@@ -1770,7 +1815,7 @@ def _pool_window(input, meta, kernel_size, stride, padding, dilation):
                 value = ops.masked(_all_of(conditions), lambda pos=pos: load([*lead, *pos]), outside)
             else:
                 value = load([*lead, *pos])
-            yield tuple(pos), value
+            yield (i, j), tuple(pos), value
     return window
 
 
