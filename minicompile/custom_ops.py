@@ -24,6 +24,24 @@ _LIBRARY.define("max_pool2d_offsets_to_indices(Tensor offsets, int[] kernel_size
                 "SymInt width) -> Tensor", tags=(torch.Tag.pointwise,))
 
 
+# the largest window lowering unrolls into its kernels (a larger one stays PyTorch's pooling)
+LARGEST_WINDOW = 25
+
+
+def pair(v) -> list:
+    """A 2-D op's size argument (kernel size, stride, padding...) for both dims: an int, or a
+    sequence of one or two."""
+    v = [v] if isinstance(v, int) else list(v)
+    return v * 2 if len(v) == 1 else v
+
+
+def pooling_sizes(kernel_size, stride, padding) -> tuple[list, list, list]:
+    """A 2-D pooling's window, stride and padding as [rows, columns] each (`pair`); no stride
+    (None or empty) is the window's."""
+    kernel = pair(kernel_size)
+    return kernel, pair(stride) if stride not in (None, (), []) else kernel, pair(padding)
+
+
 def window_starts(out_height: int, out_width: int, stride, padding, device):
     """Each window's first row (as a column) and first column (as a row), padding counted:
     (out_height, 1) and (out_width,) int64 tensors."""

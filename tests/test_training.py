@@ -23,6 +23,20 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "benchmarks"))
 import models  # noqa: E402
 
 
+@pytest.fixture
+def compiled_training(monkeypatch):
+    """The list of what graph_compiler's compile_training made during the test (each graph's
+    partition and its compiled forward and backward), newest last."""
+    import minicompile.graph_compiler as graph_compiler
+    made, compile_training = [], graph_compiler.compile_training
+
+    def keep(*args, **kwargs):
+        made.append(compile_training(*args, **kwargs))
+        return made[-1]
+    monkeypatch.setattr(graph_compiler, "compile_training", keep)
+    return made
+
+
 class ConvBN(nn.Module):
     """A torchvision-style stem: convolution, BatchNorm2d, ReLU(inplace=True), a residual add_."""
 
@@ -238,22 +252,15 @@ def test_backward_computes_a_recomputed_value_right_before_it_is_read():
         assert not gradient_work & set(nodes[nodes.index(n) + 1:first_reader]), (n, part.backward.code)
 
 
-def test_backward_does_not_recompute_the_residual_stream_from_the_first_layer(kernel_backend, monkeypatch):
+def test_backward_does_not_recompute_the_residual_stream_from_the_first_layer(kernel_backend, compiled_training):
     """Four pre-norm transformer layers: the residual stream (each layer's sums) could be
     recomputed from the saved outputs of the projections, but only from the first layer up,
     so the backward's first layer would make every layer's sum and hold each until the
     backward reached its layer: as much memory as saving them. The partition saves them
     instead: no value the backward computes again for another is held across its matrix
     products. Gradients are eager's."""
-    import minicompile.graph_compiler as graph_compiler
     partition_module = sys.modules["minicompile.autograd.partition"]
-    made = []
-
-    def keep(*args, **kwargs):
-        made.append(compile_training(*args, **kwargs))
-        return made[-1]
-    compile_training = graph_compiler.compile_training
-    monkeypatch.setattr(graph_compiler, "compile_training", keep)
+    made = compiled_training
     torch.manual_seed(0)
     model = nn.Sequential(*[nn.TransformerEncoderLayer(32, 4, 64, dropout=0.0, batch_first=True, norm_first=True)
                             for _ in range(4)]).to(DEVICE).train()
@@ -438,8 +445,8 @@ def test_backward_makes_a_weights_gradient_first_when_that_frees_the_saved_input
     ((2, 3, 8, 8), 2, 2, 0, False), ((2, 3, 9, 7), 3, 2, 1, False), ((2, 3, 9, 7), 3, 2, 1, True),
     ((1, 4, 11, 13), 3, 1, 1, False), ((3, 10, 10), 2, 2, 0, True), ((2, 3, 12, 12), (3, 2), (2, 1), (1, 0), False),
     ((2, 3, 7, 7), 2, 3, 0, False)])
-def test_max_pooling_backward_is_a_generated_kernel(kernel_backend, monkeypatch, shape, kernel, stride, padding,
-                                                     ceil_mode):
+def test_max_pooling_backward_is_a_generated_kernel(kernel_backend, compiled_training, shape, kernel, stride,
+                                                     padding, ceil_mode):
     """Max pooling's backward gathers, for each input position, the gradient of the windows
     whose maximum it was: a generated kernel, not PyTorch's fill-then-scatter. Overlapping
     windows (ResNet's 3 x 3, stride 2), padding, ceil_mode's partial windows, strides larger
@@ -463,14 +470,7 @@ def test_max_pooling_backward_is_a_generated_kernel(kernel_backend, monkeypatch,
         assert_same(out, expected, dtype)
         assert_same(ours.grad, theirs.grad, dtype)
     # the float32 backward has no call of PyTorch's pooling backward
-    import minicompile.graph_compiler as graph_compiler
-    made = []
-
-    def keep(*args, **kwargs):
-        made.append(compile_training(*args, **kwargs))
-        return made[-1]
-    compile_training = graph_compiler.compile_training
-    monkeypatch.setattr(graph_compiler, "compile_training", keep)
+    made = compiled_training
     minicompile.reset()
     minicompile.compile(f)(randn(*shape).requires_grad_()).sum().backward()
     assert "max_pool2d_with_indices_backward" not in made[-1].backward.wrapper_source
@@ -479,8 +479,8 @@ def test_max_pooling_backward_is_a_generated_kernel(kernel_backend, monkeypatch,
 @pytest.mark.parametrize("shape, kernel, stride, padding, ceil_mode", [
     ((2, 3, 9, 7), 3, 2, 1, False), ((2, 3, 9, 7), 3, 2, 1, True), ((3, 10, 10), 2, 2, 0, True),
     ((2, 3, 12, 12), (3, 2), (2, 1), (1, 0), False)])
-def test_max_pooling_forward_finds_eagers_maximum_and_index(kernel_backend, monkeypatch, shape, kernel, stride,
-                                                             padding, ceil_mode):
+def test_max_pooling_forward_finds_eagers_maximum_and_index(kernel_backend, compiled_training, shape, kernel,
+                                                             stride, padding, ceil_mode):
     """In training, max pooling's forward makes the maxima and where they are in a generated
     kernel. It saves each one's place in its window (int8), not its index into the input plane
     (int64: eight times the bytes); the backward turns the places into indices where it
@@ -489,14 +489,7 @@ def test_max_pooling_forward_finds_eagers_maximum_and_index(kernel_backend, monk
     do. A window's NaN is the maximum."""
     def f(x):
         return F.max_pool2d(x * 1.5, kernel, stride, padding, ceil_mode=ceil_mode) * 3
-    import minicompile.graph_compiler as graph_compiler
-    made = []
-
-    def keep(*args, **kwargs):
-        made.append(compile_training(*args, **kwargs))
-        return made[-1]
-    compile_training = graph_compiler.compile_training
-    monkeypatch.setattr(graph_compiler, "compile_training", keep)
+    made = compiled_training
     for specials in (False, True):
         x = (randn(*shape) * 2).round() / 2                    # halves: ties in many windows
         if specials:

@@ -80,11 +80,9 @@ def _max_pool_saving_offsets(x, kernel_size, stride=(), padding=0, dilation=1, c
     partition saves) instead of its index into the input plane (int64): custom_ops.py's pair.
     Where lowering would leave the pooling or its backward to PyTorch (a dilated or large
     window, a dtype other than float32 and float64), PyTorch's op is recorded as it is."""
-    pair = (lambda v: [v, v] if isinstance(v, int) else list(v) * (2 if len(v) == 1 else 1))
-    kernel = pair(kernel_size)
-    stride, padding = pair(stride) if stride not in (None, (), []) else kernel, pair(padding)
-    if pair(dilation) != [1, 1] or kernel[0] * kernel[1] > 25 or x.dim() not in (3, 4) \
-            or x.dtype not in (torch.float32, torch.float64):
+    kernel, stride, padding = custom_ops.pooling_sizes(kernel_size, stride, padding)
+    if custom_ops.pair(dilation) != [1, 1] or kernel[0] * kernel[1] > custom_ops.LARGEST_WINDOW \
+            or x.dim() not in (3, 4) or x.dtype not in (torch.float32, torch.float64):
         return NotImplemented
     maxima, offsets = custom_ops.max_pool2d_offsets(x, kernel, stride, padding, ceil_mode)
     return maxima, custom_ops.max_pool2d_offsets_to_indices(offsets, kernel, stride, padding, x.shape[-1])

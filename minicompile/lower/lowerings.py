@@ -455,11 +455,7 @@ def _int64(v):
     return ops.constant(v, torch.int64)
 
 
-def _pair(v) -> list:
-    """A 2-D op's size argument (kernel size, stride, padding...) for both dims: an int, or a
-    sequence of one or two."""
-    v = [v] if isinstance(v, int) else list(v)
-    return v * 2 if len(v) == 1 else v
+_pair = custom_ops.pair
 
 
 def _all_of(conditions):
@@ -1733,8 +1729,7 @@ def _maxima_and_places(node, values, input, kernel_size, stride, padding, dilati
     window = _pool_window(input, meta, kernel_size, stride, padding, dilation)
     if window is None or place_meta.dtype != (torch.int8 if offsets else torch.int64):
         return NotImplemented
-    (ph, pw), (kh, kw), width = _pair(padding), _pair(kernel_size), input.shape[-1]
-    sh, sw = _pair(stride) if stride not in (None, (), []) else (kh, kw)
+    ((kh, kw), (sh, sw), (ph, pw)), width = custom_ops.pooling_sizes(kernel_size, stride, padding), input.shape[-1]
     load, cd = input.make_loader(), compute_dtype(meta.dtype)
 
     def maximum_and_place(idx):
@@ -1770,7 +1765,7 @@ def _max_pool2d_offsets_to_indices(node, values, offsets, kernel_size, stride, p
     if meta is None or not isinstance(offsets, TensorBox) or len(offsets.shape) < 2 \
             or any(ir.is_symbolic(s) for s in (*offsets.shape, width)):
         return NotImplemented
-    (kh, kw), (sh, sw), (ph, pw) = _pair(kernel_size), _pair(stride), _pair(padding)
+    (kh, kw), (sh, sw), (ph, pw) = custom_ops.pooling_sizes(kernel_size, stride, padding)
     load = offsets.make_loader()
 
     def inner_fn(idx):
@@ -1790,15 +1785,14 @@ def _max_pool2d_offsets_to_indices(node, values, offsets, kernel_size, stride, p
 def _pool_window(input, meta, kernel_size, stride, padding, dilation):
     """For a 2-D pooling of `input` to `meta`'s size: window(idx, load, outside) -> for each
     element of output idx's window, by row then column, ((i, j) its place in the window,
-    (h, w) its position in the input, its value), the value
-    `outside` where the element lies outside the input. None where the pooling stays PyTorch's
+    (h, w) its position in the input, its value: `outside` where it lies outside the input). None where the pooling stays PyTorch's
     (not floating point, not 3 or 4 dims, a dynamic size, a window of over 25 elements)."""
     if not isinstance(input, TensorBox) or not input.dtype.is_floating_point or len(input.shape) not in (3, 4) \
             or any(ir.is_symbolic(s) for s in (*input.shape, *meta.shape)):
         return None
-    (kh, kw), (ph, pw), (dh, dw) = _pair(kernel_size), _pair(padding), _pair(dilation)
-    sh, sw = _pair(stride) if stride not in (None, (), []) else (kh, kw)
-    if kh * kw > 25:
+    (kh, kw), (sh, sw), (ph, pw) = custom_ops.pooling_sizes(kernel_size, stride, padding)
+    dh, dw = _pair(dilation)
+    if kh * kw > custom_ops.LARGEST_WINDOW:
         return None
     sizes, out_sizes, steps = input.shape[-2:], meta.shape[-2:], (sh, sw)
 
@@ -1836,8 +1830,7 @@ def _max_pool2d_backward(node, values, grad_output, input, kernel_size, stride, 
             or len(meta.shape) not in (3, 4) or len(grad_output.shape) != len(meta.shape) \
             or any(ir.is_symbolic(s) for s in (*meta.shape, *grad_output.shape)) or _pair(dilation) != [1, 1]:
         return NotImplemented
-    (kh, kw), (ph, pw) = _pair(kernel_size), _pair(padding)
-    sh, sw = _pair(stride) if stride not in (None, (), []) else (kh, kw)
+    (kh, kw), (sh, sw), (ph, pw) = custom_ops.pooling_sizes(kernel_size, stride, padding)
     width = meta.shape[-1]
     out_sizes = grad_output.shape[-2:]
     load_grad, load_index = grad_output.make_loader(), indices.make_loader()
