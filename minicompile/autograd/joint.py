@@ -52,10 +52,12 @@ class Joint:
                                    # in it), which the traced aten graphs do not record
 
 
+@functools.lru_cache(maxsize=None)
 def decompositions() -> dict:
     """PyTorch's core ATen decompositions, plus batch norm's (training and inference) and
     layer norm's forward: what is left is matrix products, convolutions, attention, pointwise
-    ops, reductions, views and a few ops lowering hands to PyTorch."""
+    ops, reductions, views and a few ops lowering hands to PyTorch. Made once per process
+    (tens of milliseconds, which every graph's first call paid); not to be changed."""
     from torch._decomp import core_aten_decompositions, get_decompositions
     table = dict(core_aten_decompositions())
     table.update(get_decompositions([

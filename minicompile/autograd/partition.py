@@ -40,7 +40,8 @@ The backward computes a recomputed value right before its first reader. Where th
 it recompute a chain that its first layer needs whole (a transformer's residual stream, from
 the saved outputs of every layer's projections), every layer's value would be made at its start
 and held through its matrix products until the backward reached that layer: the chain's values
-are then held from the forward instead (saved, in a second cut), which costs no more memory.
+are then held from the forward instead (the cut is made again with them saved), which costs no
+more memory.
 
 Hands on a `Partition`: the forward graph (primals -> forward outputs, then saved values) and
 the backward graph (saved values, then tangents -> gradients), both aten-level FX graphs.
