@@ -468,6 +468,11 @@ def stride_order(stride: Sequence[int]) -> list[int]:
 
 CHANNELS_LAST = (0, 2, 3, 1)      # dim order of a 4-D (N, C, H, W) tensor stored as N, H, W, C
 
+# An H100's streaming multiprocessors: where lowering splits a column reduction
+# (lowerings._split_factor) and how many columns a Triton program takes (codegen/triton.py's
+# _column_config) are sized to keep each of them busy
+GPU_MULTIPROCESSORS = 132
+
 # Output pixels (N * H_out * W_out) from which a CPU convolution runs channels-last.
 CONV_CHANNELS_LAST_PIXELS = 256
 

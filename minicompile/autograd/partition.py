@@ -117,6 +117,12 @@ def _fuses_its_reads(node: torch.fx.Node) -> bool:
         and getattr(node.args[7], "target", None) is custom_ops.max_pool2d_offsets_to_indices)
 
 
+def _extern(node: torch.fx.Node) -> bool:
+    """An op that is neither pointwise, a view nor a reduction (a matrix product, a
+    convolution's backward): an extern kernel, which reads its inputs from memory."""
+    return node.op == "call_function" and not recomputable(node) and not _fuses_its_reads(node)
+
+
 def is_view(node: torch.fx.Node) -> bool:
     """A view of another value (an item of split's pieces is one too)."""
     return node.op == "call_function" and (node.target is operator.getitem or (
@@ -139,8 +145,7 @@ def read_by_backward_extern(node: torch.fx.Node, backward: set) -> bool:
     """Whether an op of the backward that is neither pointwise nor a reduction (a matrix
     product, a convolution's backward: an extern kernel) reads the node's value, directly or
     through views."""
-    return any(user in backward and user.op == "call_function" and not recomputable(user)
-               and not _fuses_its_reads(user) for user in _readers(node))
+    return any(user in backward and _extern(user) for user in _readers(node))
 
 
 def save_cost(node: torch.fx.Node) -> int:
@@ -196,8 +201,9 @@ def partition(joint: Joint) -> Partition:
     # (the same kernel, where it walks the same rows), not after the forward's last output
     fwd_nodes = [o for o in fwd_outs if isinstance(o, torch.fx.Node)]
     only_saved = _ancestors(computed) - _ancestors(fwd_nodes)
-    forward = _subgraph(joint.graph, primals, fwd_outs + computed, early=only_saved)
-    backward = _subgraph(joint.graph, saved + tangents, grads, late=recomputable_here)
+    forward = _subgraph(joint.graph, primals, fwd_outs + computed,
+                        _placed(joint.graph, primals, fwd_outs + computed, early=only_saved))
+    backward = _subgraph(joint.graph, saved + tangents, grads, order)
     _freeing_first(backward.graph)
     return Partition(forward, backward, [s.name for s in saved],
                      sum(int(nbytes(s)) for s in saved), saved_from)
@@ -247,7 +253,7 @@ def _held_across_externs(order: list, reads_tangent: set) -> set:
     externs_before, count = [], 0
     for n in order:
         externs_before.append(count)
-        if n.op == "call_function" and not recomputable(n) and not _fuses_its_reads(n):
+        if _extern(n):
             count += 1
     externs_before.append(count)
     held = {}
@@ -272,8 +278,7 @@ def _freeing_first(graph: torch.fx.Graph) -> None:
     nodes = list(graph.nodes)
     order = {n: i for i, n in enumerate(nodes)}
     for node in list(nodes):
-        if node.op != "call_function" or recomputable(node) or _fuses_its_reads(node) \
-                or torch.Tag.nondeterministic_seeded in getattr(node.target, "tags", ()):
+        if not _extern(node) or torch.Tag.nondeterministic_seeded in getattr(node.target, "tags", ()):
             continue                # (a random op keeps its place in the draws)
         # the views it reads move with it (a weight's gradient reads the transposed gradient)
         views = [v for a in node.all_input_nodes for v in _view_chain(a)]
@@ -437,16 +442,15 @@ def _closure(nodes, step) -> set:
     return seen
 
 
-def _subgraph(gm: torch.fx.GraphModule, inputs: list, outputs: list, early=frozenset(),
-              late=frozenset()) -> torch.fx.GraphModule:
-    """The nodes of gm that compute `outputs` from `inputs` (which become the placeholders),
-    in `_placed`'s order, with their meta (the fake values lowering reads)."""
+def _subgraph(gm: torch.fx.GraphModule, inputs: list, outputs: list, nodes: list) -> torch.fx.GraphModule:
+    """A graph of `nodes` (of gm, in that order: `_placed`'s), which compute `outputs` from
+    `inputs` (which become the placeholders), with their meta (the fake values lowering reads)."""
     new = torch.fx.Graph()
     env: dict = {}
     for n in inputs:
         env[n] = new.placeholder(n.name)
         env[n].meta = dict(n.meta)
-    for n in _placed(gm, inputs, outputs, early, late):
+    for n in nodes:
         env[n] = new.node_copy(n, lambda a: env[a])
     new.output([env[o] if isinstance(o, torch.fx.Node) else o for o in outputs])
     return graph_module(gm, new)

@@ -691,7 +691,7 @@ def _column_config(xnumel: int, rnumel: int) -> tuple[int, int, int]:
     positions of 72 and 120 channels (batch 64): 16 columns a program took 20% and 14% less
     time than 32, within 1.1% of the best of 24 settings (a one-off sweep on an H100; no
     results file holds it)."""
-    programs = 132 if rnumel >= 2048 else 2 * 132
+    programs = ir.GPU_MULTIPROCESSORS if rnumel >= 2048 else 2 * ir.GPU_MULTIPROCESSORS
     xblock = 32
     while xblock > 8 and xnumel // xblock < programs:
         xblock //= 2

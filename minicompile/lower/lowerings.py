@@ -647,9 +647,6 @@ def _new_reduction_box(meta, input, dims, keepdim, reduction_type):
     return TensorBox(data, input.program, [input])
 
 
-MULTIPROCESSORS = 132          # an H100's (codegen/triton.py sizes its programs for them too)
-
-
 def _split_factor(rows: int, row_length: int, columns: bool = False) -> int:
     """How many pieces to cut each row into, when there are too few rows to keep a machine
     busy and each is long (a full sum of a large tensor would otherwise run in one program):
@@ -663,7 +660,7 @@ def _split_factor(rows: int, row_length: int, columns: bool = False) -> int:
         return 0
     if columns:
         programs = max(1, rows // 8)
-        if programs >= MULTIPROCESSORS or row_length < 4096:
+        if programs >= ir.GPU_MULTIPROCESSORS or row_length < 4096:
             return 0
         fits = [p for p in (2, 4, 8, 16, 32, 64, 128, 256) if row_length % p == 0 and row_length // p >= 256]
         enough = [p for p in fits if p * programs >= 256]
