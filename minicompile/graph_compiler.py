@@ -82,7 +82,8 @@ def _compile_training(gm: torch.fx.GraphModule, example_inputs, written=None):
     example's sizes (a dynamic dimension is specialized, and guarded). written: as
     _compile_values takes it (a batch norm's running statistics, written by the forward)."""
     conditions = _specialize(gm, example_inputs)
-    with triton_codegen.compiling_together():      # the forward's kernels compile meanwhile
+    gpu = any(isinstance(t, torch.Tensor) and t.is_cuda for t in example_inputs)
+    with triton_codegen.compiling_together(gpu):      # the forward's kernels compile meanwhile
         compiled = compile_training(gm, list(example_inputs), _compile_values, written)
     compiled.shape_guards = conditions
     return compiled

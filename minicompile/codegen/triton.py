@@ -851,7 +851,8 @@ def compile_all(jobs, meanwhile=None, wait: bool = False) -> None:
     compiled again at its first launch, which reports the error. `meanwhile()` runs in this
     process while the workers compile (after the fork: a worker must not inherit a compilation
     half done); what it raises is left to the first launch to report. Inside
-    `compiling_together` the workers are waited for at its end, unless `wait`."""
+    `compiling_together` the workers are waited for at its end, unless `wait`, and they are
+    forked by its compile server when it has one."""
     todo, seen = [], set()
     for launcher, dtypes, launch in jobs:
         settings = {k: v for k, v in launch.items() if k != "grid"}
@@ -862,12 +863,6 @@ def compile_all(jobs, meanwhile=None, wait: bool = False) -> None:
             todo.append((launcher, dtypes, settings, key))
             seen.add((launcher, key))
 
-    def compile_one(job):
-        launcher, dtypes, settings, key = job
-        try:
-            launcher.compile(dtypes, settings, key)
-        except Exception:           # the real launch compiles again, and reports the error
-            pass
     def run_meanwhile():
         try:
             if meanwhile is not None:
@@ -877,12 +872,48 @@ def compile_all(jobs, meanwhile=None, wait: bool = False) -> None:
     workers = min(len(todo), os.cpu_count() or 1, config.compile_workers)
     if workers <= 1 or not hasattr(os, "fork"):
         for job in todo:
-            compile_one(job)
+            _compile_job(job)
+        run_meanwhile()
+        return
+    server = None if wait else getattr(_TOGETHER, "server", None)
+    if server is not None and server.submit(todo, workers):
         run_meanwhile()
         return
     _gpu_target(), _toolchain()     # asked of the GPU here: a forked worker must not touch CUDA
     import_triton()
+    with warnings.catch_warnings():
+        # Python 3.12 warns of fork in a process with threads (PyTorch's, CUDA's): a worker
+        # runs Triton's compiler only, and one that hangs is stopped (_wait_for)
+        warnings.simplefilter("ignore", DeprecationWarning)
+        first = _fork_workers(todo, workers, own_group=True)
+    with contextlib.suppress(OSError):      # (set on both sides: whichever runs first)
+        os.setpgid(first, first)
+    children = [first]
+    run_meanwhile()
+    deferred = None if wait else getattr(_TOGETHER, "children", None)
+    if deferred is not None:        # compiling_together waits for them
+        deferred.extend(children)
+    else:
+        _wait_for(children, deadline=300.0)
 
+
+def _compile_job(job) -> None:
+    launcher, dtypes, settings, key = job
+    try:
+        launcher.compile(dtypes, settings, key)
+    except Exception:           # noqa: BLE001 (the real launch compiles again, and reports the error)
+        pass
+
+
+def _fork_workers(todo: list, workers: int, own_group: bool) -> int:
+    """Fork the first of `workers` processes that compile `todo` between them; its pid.
+
+    This process forks one worker, and the workers fork the others, as a tree: a fork copies
+    the page tables of all a process maps (a model on a GPU, CUDA's mappings), 15 to 20 ms a
+    fork on the H100 machine, so forked one by one from here the workers cost this process a
+    quarter of a second and the last started that late; as a tree, one fork, and the last
+    starts four forks after the first. `own_group`: the workers are a process group of their
+    own, stopped together (_wait_for); else they stay in this process's group."""
     def worker(w):
         """Worker w forks workers 2w + 1 and 2w + 2, compiles its share, and waits for the two."""
         forked = []
@@ -896,55 +927,153 @@ def compile_all(jobs, meanwhile=None, wait: bool = False) -> None:
                         os._exit(0)
                 forked.append(pid)
         for job in todo[w::workers]:
-            compile_one(job)
+            _compile_job(job)
         for pid in forked:
             os.waitpid(pid, 0)
-    # This process forks one worker, and the workers fork the others, as a tree: a fork copies
-    # the page tables of all a process maps (a model on a GPU, CUDA's mappings), 15 to 20 ms a
-    # fork on the H100 machine, so forked one by one from here the workers cost this process a
-    # quarter of a second and the last started that late; as a tree, one fork, and the last
-    # starts four forks after the first. The workers are a process group of their own, stopped
-    # together (_wait_for).
-    with warnings.catch_warnings():
-        # Python 3.12 warns of fork in a process with threads (PyTorch's, CUDA's): a worker
-        # runs Triton's compiler only, and one that hangs is stopped (_wait_for)
-        warnings.simplefilter("ignore", DeprecationWarning)
-        first = os.fork()
+    first = os.fork()
     if first == 0:
         try:
-            os.setpgid(0, 0)
+            if own_group:
+                os.setpgid(0, 0)
             worker(0)
         finally:
             os._exit(0)
-    with contextlib.suppress(OSError):      # (set on both sides: whichever runs first)
-        os.setpgid(first, first)
-    children = [first]
-    run_meanwhile()
-    deferred = None if wait else getattr(_TOGETHER, "children", None)
-    if deferred is not None:        # compiling_together waits for them
-        deferred.extend(children)
-    else:
-        _wait_for(children, deadline=300.0)
+    return first
+
+
+class _CompileServer:
+    """A process that forks the compile workers for this one, warm.
+
+    A process's first Triton compilation pays for setting Triton's compiler up (LLVM, the
+    backend, its libraries) before its kernel: on the H100 machine a worker forked cold took
+    0.3 to 0.35 s for a small kernel, one forked from a process that had compiled a kernel
+    0.1 to 0.14 s. The server is forked when a graph that will need kernels starts compiling
+    (a training graph, before its joint trace: compiling_together), sets Triton up by compiling
+    a small kernel while this process traces and lowers, and then forks each batch of workers
+    from that state. Jobs travel pickled, through a file (a launcher is rebuilt from its
+    module's path, see Launcher.__reduce__); the pipe carries the file's name."""
+
+    def __init__(self, pid: int, pipe: int):
+        self.pid, self.pipe, self.batches = pid, pipe, 0
+
+    @classmethod
+    def start(cls) -> "_CompileServer | None":
+        _gpu_target(), _toolchain()     # asked of the GPU here: the server must not touch CUDA
+        read, write = os.pipe()
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", DeprecationWarning)     # (as compile_all's fork)
+            pid = os.fork()
+        if pid == 0:
+            try:
+                os.close(write)
+                os.setpgid(0, 0)
+                _serve(read)
+            finally:
+                os._exit(0)
+        os.close(read)
+        with contextlib.suppress(OSError):
+            os.setpgid(pid, pid)
+        return cls(pid, write)
+
+    def submit(self, todo: list, workers: int) -> bool:
+        """Hand the server a batch; False where it cannot take it (this process compiles it)."""
+        import pickle
+        import tempfile
+        try:
+            data = pickle.dumps((todo, workers))
+            with tempfile.NamedTemporaryFile("wb", dir=config.cache_dir, prefix="jobs-", delete=False) as f:
+                f.write(data)
+            os.write(self.pipe, f"{f.name}\n".encode())
+        except (OSError, pickle.PicklingError, AttributeError, TypeError):
+            return False
+        self.batches += 1
+        return True
+
+    def close(self) -> int:
+        """No more batches: the server waits for its workers, then exits. Its pid."""
+        with contextlib.suppress(OSError):
+            os.close(self.pipe)
+        return self.pid
+
+
+def _serve(pipe: int) -> None:
+    """The compile server's life: set Triton up, then fork workers for each batch the pipe
+    names, until it closes; then wait for them all."""
+    with contextlib.suppress(Exception):
+        _set_triton_up()
+    import pickle
+    children = []
+    with os.fdopen(pipe, "rb") as batches:
+        for line in batches:
+            path = line.decode().strip()
+            try:
+                with open(path, "rb") as f:
+                    todo, workers = pickle.load(f)
+                os.unlink(path)
+            except Exception:       # noqa: BLE001 (the first launches compile what it lost)
+                continue
+            children.append(_fork_workers(todo, workers, own_group=False))
+    for pid in children:
+        os.waitpid(pid, 0)
+
+
+WARM_UP_KERNEL = """import triton
+import triton.language as tl
+
+
+@triton.jit
+def warm_up(in_ptr0, out_ptr0, xnumel: tl.constexpr, XBLOCK: tl.constexpr):
+    xindex = tl.program_id(0) * XBLOCK + tl.arange(0, XBLOCK)
+    xmask = xindex < xnumel
+    tmp0 = tl.load(in_ptr0 + xindex, xmask, other=0)
+    tl.store(out_ptr0 + xindex, tl.exp(tmp0) / tl.sum(tl.exp(tmp0), 0), xmask)
+"""
+
+
+def _set_triton_up() -> None:
+    """Compile a small kernel (and keep nothing): what a process's first compilation sets up."""
+    import_triton()
+    path = os.path.join(config.cache_dir, "triton", "warm_up.py")
+    if not os.path.exists(path):
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        tmp = f"{path}.{os.getpid()}.tmp"
+        with open(tmp, "w") as f:
+            f.write(WARM_UP_KERNEL)
+        os.replace(tmp, path)
+    fn = _KernelModule(path, "warm_up").jit_fn("warm_up")
+    _compile_ahead(fn, [torch.float32, torch.float32], {"xnumel": 1000, "XBLOCK": 1024, "num_warps": 4})
 
 
 _TOGETHER = threading.local()
 
 
 @contextlib.contextmanager
-def compiling_together():
+def compiling_together(gpu: bool = False):
     """Inside it, compile_all leaves its workers compiling and returns: the process goes on to
     the next graph (a training step's backward is lowered while its forward's kernels
     compile). The workers are waited for at its end, before anything compiled inside it
-    launches."""
+    launches. `gpu`: the graphs are a GPU's, so a compile server (_CompileServer) is started
+    first, to fork the workers warm."""
     if getattr(_TOGETHER, "children", None) is not None:      # (already inside one)
         yield
         return
     _TOGETHER.children = []
+    _TOGETHER.server = _CompileServer.start() if gpu and _compiles_ahead() else None
     try:
         yield
     finally:
         children, _TOGETHER.children = _TOGETHER.children, None
+        server, _TOGETHER.server = _TOGETHER.server, None
+        if server is not None:
+            children.append(server.close())
         _wait_for(children, deadline=300.0)
+
+
+def _compiles_ahead() -> bool:
+    """Whether compile_all forks workers here: Triton compiles for a GPU, the system forks."""
+    return (hasattr(os, "fork") and config.compile_workers > 1 and (os.cpu_count() or 1) > 1
+            and os.environ.get("TRITON_INTERPRET") != "1" and torch.cuda.is_available()
+            and _static_launcher() is not None and bool(_toolchain()))
 
 
 def _wait_for(children: list, deadline: float) -> None:
@@ -1179,6 +1308,10 @@ class Launcher:
     def __getitem__(self, grid):
         return lambda *args, **kwargs: self.launch(grid, args, kwargs)
 
+    def __reduce__(self):
+        # (to a compile server: the same kernel of the same module file, nothing loaded yet)
+        return _rebuilt_launcher, (self.module.path, self.module.key, self.name, self.positional, dict(self.fixed))
+
     def site(self) -> "LaunchSite":
         """This kernel where one launch of the wrapper calls it."""
         return LaunchSite(self)
@@ -1231,6 +1364,10 @@ class Launcher:
             return _Binary(path, self.positional, args[0].device.index)
         except ValueError:             # parameters in an order the fast launch does not take
             return None
+
+
+def _rebuilt_launcher(path: str, key: str, name: str, positional: int, fixed: dict) -> Launcher:
+    return Launcher(_KernelModule(path, key), name, positional, fixed)
 
 
 class LaunchSite:
