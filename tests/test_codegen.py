@@ -811,6 +811,50 @@ def test_compiling_together_waits_for_the_workers_at_its_end(monkeypatch, tmp_pa
         assert all(k.path.exists() for k in kernels)
 
 
+class _WarmthRecordingKernel:
+    """A kernel whose compilation writes down whether the process compiling it had been set
+    up (picklable: a compile server gets its jobs pickled)."""
+    set_up = False
+
+    def __init__(self, path):
+        self.path = path
+
+    def binary_path(self, key):
+        return None
+
+    def compile(self, dtypes, settings, key):
+        self.path.write_text(f"{os.getpid()} {'warm' if _WarmthRecordingKernel.set_up else 'cold'}")
+
+
+@pytest.mark.skipif(not hasattr(os, "fork") or not HAS_TRITON, reason="compile workers are forked processes")
+def test_a_compile_server_forks_the_workers_once_triton_is_set_up(monkeypatch, tmp_path):
+    # for a GPU's training graph, compiling_together forks a compile server first, which sets
+    # Triton up while this process traces; compile_all hands it its batches, and it forks each
+    # batch's workers from that state. Everything is compiled by the block's end.
+    from minicompile.codegen import triton as triton_codegen
+
+    def set_up():
+        _WarmthRecordingKernel.set_up = True
+    monkeypatch.setattr(triton_codegen, "_set_triton_up", set_up)
+    monkeypatch.setattr(triton_codegen, "_compiles_ahead", lambda: True)
+    monkeypatch.setattr(triton_codegen, "_gpu_target", lambda: None)
+    monkeypatch.setattr(triton_codegen, "_toolchain", lambda: ())
+    monkeypatch.setattr(minicompile.config, "compile_workers", 3)
+    monkeypatch.setattr(minicompile.config, "cache_dir", str(tmp_path))
+    monkeypatch.setattr(os, "cpu_count", lambda: 8)
+    batches = [[_WarmthRecordingKernel(tmp_path / f"{b}{i}") for i in range(4)] for b in "fb"]
+    with triton_codegen.compiling_together(gpu=True):
+        for kernels in batches:
+            triton_codegen.compile_all([(k, [torch.float32], {"XBLOCK": 128}) for k in kernels])
+    results = [k.path.read_text().split() for kernels in batches for k in kernels]
+    assert all(warmth == "warm" for _, warmth in results)
+    assert str(os.getpid()) not in {pid for pid, _ in results}
+    assert not _WarmthRecordingKernel.set_up                   # (set in the server only)
+    assert not list(tmp_path.glob("jobs-*"))                  # the batches' files are gone
+    with triton_codegen.compiling_together(gpu=False):        # a CPU's graphs: no server
+        assert triton_codegen._TOGETHER.server is None
+
+
 def rotary(q, cos, sin, heads=4):
     """A Llama-style attention input: heads split off a linear layer's output, transposed, and
     rotated by halves (rotate_half: a slice and a concatenation of the last dim)."""
@@ -935,6 +979,46 @@ def test_split_reductions_of_the_same_columns_share_their_partial_sums_kernel(ke
     x, g = randn(8192, 16), randn(8192, 16)
     compiled = compile_graph(torch.fx.symbolic_trace(backward_sums), [x, g])
     torch.testing.assert_close(compiled(x, g), backward_sums(x, g), rtol=1e-4, atol=1e-3)
+    assert len(compiled.kernels) == 2, compiled.wrapper_source
+
+
+def test_a_split_mean_is_divided_in_the_kernel_that_sums_its_pieces(kernel_backend):
+    """A mean of few columns over many rows is split (partial sums, then their sum); kept as
+    (1, C, 1, 1), its division by the count is a per-row value of the second kernel (its C
+    rows, with size-1 dims around them), not a kernel of its own: two kernels, and the
+    centred values a third."""
+    if kernel_backend == "cpp":
+        pytest.skip("C++ runs a long reduction's loop in parallel itself: no split")
+
+    def centred(x):
+        m = x.mean((0, 2, 3), keepdim=True)
+        return x - m, m
+    x = (randn(8, 64, 32, 32) * 3 + 10).to(memory_format=torch.channels_last)
+    compiled = compile_graph(torch.fx.symbolic_trace(centred), [x])
+    torch.testing.assert_close(compiled(x), centred(x), rtol=1e-5, atol=1e-5)
+    assert len(compiled.kernels) == 3, compiled.wrapper_source
+
+
+@pytest.mark.parametrize("offset", [0.0, 100.0, 1e4])
+def test_a_split_variance_reads_its_input_in_the_mean_s_kernel(kernel_backend, offset):
+    """A batch norm's statistics on a GPU: the mean and the variance of each of few channels
+    over many rows. The variance is split as the mean is, and computed with it (Chan's
+    parallel variance): each piece's sum of squares about its own mean, in the kernel that sums
+    the piece (a second walk of it), then the pieces' combined over in the kernel that sums
+    them. Two kernels for both statistics (five as two passes), each piece read from memory
+    once; as exact as eager's, far from zero too (no difference of large sums)."""
+    if kernel_backend == "cpp":
+        pytest.skip("C++ runs a long reduction's loop in parallel itself: no split")
+
+    def statistics(x):
+        var, mean = torch.var_mean(x, (0, 2, 3), correction=0, keepdim=True)
+        return var, mean, x.var((0, 2, 3))
+    x = (randn(8, 64, 32, 32) * 3 + offset).to(memory_format=torch.channels_last)
+    compiled = compile_graph(torch.fx.symbolic_trace(statistics), [x])
+    exact = statistics(x.double())
+    for ours, eager, truth in zip(compiled(x), statistics(x), exact):
+        error, eager_error = (ours.double() - truth).abs().max(), (eager.double() - truth).abs().max()
+        assert error <= 4 * eager_error + 1e-6 * truth.abs().max(), (offset, error, eager_error)
     assert len(compiled.kernels) == 2, compiled.wrapper_source
 
 

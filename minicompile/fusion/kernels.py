@@ -17,6 +17,7 @@ class Member:
     reduction loops)."""
     box: TensorBox
     role: str
+    x_dims: tuple = ()      # per row, where the x indices go in its shape when not leading
 
     @property
     def comp(self):
@@ -27,6 +28,11 @@ class Member:
         shape = list(self.box.shape)
         if self.role in ("row", "flat"):
             return list(x_idx) + list(r_idx)
+        if self.x_dims:         # per row, with size-1 dims among the rows' (a keepdim mean)
+            idx = [Index()] * len(shape)
+            for d, i in zip(self.x_dims, x_idx):
+                idx[d] = i
+            return idx
         # per-row: the reduced dims, when kept, are size 1 at the end
         return list(x_idx) + [Index()] * (len(shape) - len(x_idx))
 

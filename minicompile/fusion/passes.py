@@ -187,7 +187,8 @@ class FuseRows(FusionPass):
             else:
                 return f"other rows: reduces {nx} x {nr}, the kernel is pointwise over {gx}"
             role = "x"
-        else:
+        x_dims = ()
+        if not isinstance(comp, ir.Reduction):
             shape = list(member.box.shape)
             if not gr and shape == gx:
                 role = "flat"
@@ -195,9 +196,12 @@ class FuseRows(FusionPass):
                 role = "row"
             elif gr and _per_row_shape(shape, gx):
                 role = "x"
+            elif gr and _rows_among_ones(shape, gx) is not None:
+                role, x_dims = "x", _rows_among_ones(shape, gx)
             else:
                 return f"other shape: {shape}, the kernel walks {gx} x {gr}"
-        members = [Member(m.box, r) for m, r in zip(group.members, roles)] + [Member(member.box, role)]
+        members = [Member(m.box, r, m.x_dims if r == m.role else ()) for m, r in zip(group.members, roles)] \
+            + [Member(member.box, role, x_dims)]
         if not reads_are_local(members, gx, gr):
             return "it reads the kernel's results at other elements or rows (not from registers)"
         merge(group, members, gx, gr, new)
@@ -271,6 +275,19 @@ def _sibling_reductions(group: Kernel, new: Kernel) -> bool:
 def _per_row_shape(shape, x_sizes) -> bool:
     """shape is x_sizes, possibly followed by kept (size 1) reduced dims."""
     return list(shape[:len(x_sizes)]) == list(x_sizes) and all(s == 1 for s in shape[len(x_sizes):])
+
+
+def _rows_among_ones(shape, x_sizes) -> tuple | None:
+    """Where x_sizes's dims are in shape, in order, when every other dim of shape is 1 (a
+    split mean of each channel, (C,), divided into its keepdim shape (1, C, 1, 1)); else None."""
+    positions, d = [], 0
+    for p, size in enumerate(shape):
+        if d < len(x_sizes) and size == x_sizes[d]:
+            positions.append(p)
+            d += 1
+        elif size != 1:
+            return None
+    return tuple(positions) if d == len(x_sizes) else None
 
 
 def reads_are_local(members: list[Member], x_sizes, r_sizes) -> bool:

@@ -621,17 +621,9 @@ def _new_reduction_box(meta, input, dims, keepdim, reduction_type):
         acc = torch.int64
     src_cd = compute_dtype(input.dtype)
 
-    # a GPU needs a long row split to keep its many cores busy; C++ runs one long row's loop in
-    # parallel itself, and unsplit it can share that loop with the work around it
-    cpp = input.device.type == "cpu" and config.cpu_backend == "cpp"
-    split, columns = 0, False
-    if not cpp:
-        rows, length = math.prod(input.shape[d] for d in kept), math.prod(ranges)
-        as_columns, as_rows = _split_factor(rows, length, True), _split_factor(rows, length, False)
-        # (looking at the loads costs a walk of the whole expression: only where it decides)
-        columns = bool(kept) and bool(as_columns or as_rows) and _reads_columns(input, kept, dims)
-        split = as_columns if columns else as_rows
-    if split and reduction_type in ("sum", "mean", "max", "min"):
+    split, columns = _split_choice(input, kept, dims) if reduction_type in ("sum", "mean", "max", "min") \
+        else (0, False)
+    if split:
         return _split_reduction(meta, input, dims, kept, ranges, reduction_type, acc, split, columns)
 
     def inner_fn(idx, ridx):
@@ -645,6 +637,20 @@ def _new_reduction_box(meta, input, dims, keepdim, reduction_type):
                         inner_fn, src_dtype=acc, origin=reduction_type,
                         input_shape=list(input.shape), reduced_dims=dims, keepdim=bool(keepdim))
     return TensorBox(data, input.program, [input])
+
+
+def _split_choice(input: TensorBox, kept: list, dims: list) -> tuple[int, bool]:
+    """(pieces, columns): how a reduction of input over dims is split (0: not split), and
+    whether its rows are columns (next to each other in memory)."""
+    # a GPU needs a long row split to keep its many cores busy; C++ runs one long row's loop in
+    # parallel itself, and unsplit it can share that loop with the work around it
+    if input.device.type == "cpu" and config.cpu_backend == "cpp":
+        return 0, False
+    rows, length = math.prod(input.shape[d] for d in kept), math.prod(input.shape[d] for d in dims)
+    as_columns, as_rows = _split_factor(rows, length, True), _split_factor(rows, length, False)
+    # (looking at the loads costs a walk of the whole expression: only where it decides)
+    columns = bool(kept) and bool(as_columns or as_rows) and _reads_columns(input, kept, dims)
+    return (as_columns if columns else as_rows), columns
 
 
 def _split_factor(rows: int, row_length: int, columns: bool = False) -> int:
@@ -716,12 +722,8 @@ def _split_reduction(meta, input, dims, kept, ranges, reduction_type, acc, piece
         for j, d in enumerate(dims):
             full[d] = position[j]
         return ops.to_dtype(load(full), acc, src_cd)
-    partial = TensorBox(ir.Reduction(kept_shape + [pieces], acc, device, partial_type, [chunk], partial_fn,
-                                     src_dtype=acc, origin=f"{reduction_type} (split)",
-                                     input_shape=kept_shape + [pieces, chunk], reduced_dims=[len(kept) + 1]),
-                        program, [input])
-    if columns:
-        partial.wanted_stride = ir.dense_strides(kept_shape + [pieces], [len(kept)] + list(range(len(kept))))
+    partial = _pieces(partial_fn, kept_shape, pieces, chunk, acc, device, partial_type, f"{reduction_type} (split)",
+                      columns, program, [input])
     load_partial = partial.make_loader()
     total = TensorBox(ir.Reduction(kept_shape, acc, device, partial_type, [pieces],
                                    lambda idx, ridx: load_partial(list(idx) + [ridx[0]]),
@@ -735,8 +737,82 @@ def _split_reduction(meta, input, dims, kept, ranges, reduction_type, acc, piece
         # divided, as PyTorch's mean is (times 1/n can be off by one unit in the last place)
         value = ops.truediv(value, ops.constant(float(count), acc)) if reduction_type == "mean" else value
         return ops.to_dtype(value, meta.dtype, acc)
-    return TensorBox(ir.Pointwise(ir.shape_of(meta), meta.dtype, device, finish, reduction_type),
-                     program, [total])
+    result = TensorBox(ir.Pointwise(ir.shape_of(meta), meta.dtype, device, finish, reduction_type),
+                       program, [total])
+    if reduction_type != "mean":
+        return result
+    # what a variance builds on (_split_squared_deviations): its sums of pieces, in the same pass
+    result.split = types.SimpleNamespace(partial=partial, total=total, element=partial_fn, pieces=pieces,
+                                         chunk=chunk, columns=columns, kept=kept, acc=acc)
+    return result
+
+
+def _pieces(fn, kept_shape, pieces, chunk, acc, device, reduction_type, origin, columns, program, reads):
+    """The first stage of a split reduction: fn(kept index + [piece], [j]) reduced over each
+    piece's `chunk` elements. For columns, stored piece by piece (each piece's columns next to
+    each other), so the programs that compute them read neighbouring columns together."""
+    box = TensorBox(ir.Reduction(kept_shape + [pieces], acc, device, reduction_type, [chunk], fn, src_dtype=acc,
+                                 origin=origin, input_shape=kept_shape + [pieces, chunk],
+                                 reduced_dims=[len(kept_shape) + 1]), program, reads)
+    if columns:
+        box.wanted_stride = ir.dense_strides(kept_shape + [pieces], [len(kept_shape)] + list(range(len(kept_shape))))
+    return box
+
+
+def _squared_deviations(input: TensorBox, mean: TensorBox, dims, keepdim: bool, shape) -> TensorBox:
+    """sum((x - mean)^2) over dims (`shape`: the result's), in the mean's dtype: two walks of
+    each row (the mean, then the squares about it), fused into one kernel; for a split mean, in
+    one pass with its sums (_split_squared_deviations)."""
+    split = _split_squared_deviations(mean, input, shape)
+    if split is not None:
+        return split
+    squares = _pw(input.program, list(input.shape), mean.dtype, input.device,
+                  lambda x, m: ops.mul(ops.sub(x, m), ops.sub(x, m)), [input, mean], "square")
+    return _reduction_box(types.SimpleNamespace(shape=shape, dtype=mean.dtype, device=input.device),
+                          squares, dims, keepdim, "sum")
+
+
+def _split_squared_deviations(mean: TensorBox, input: TensorBox, shape) -> TensorBox | None:
+    """sum((x - mean)^2) over the rows of a split mean (`shape`: the result's), read in one
+    pass with the mean's sums (Chan's parallel variance): each piece's sum of squares about its
+    own mean (a second walk of the piece in the same kernel, where its elements were just read,
+    so they come from the cache), then sum_p m2_p + n_p (mean_p - mean)^2 over the pieces, in
+    the kernel that sums the pieces for the mean. Exact as two passes are (no difference of
+    large sums), and a batch norm's statistics take two kernels instead of five. None where the
+    mean is not split."""
+    split = getattr(mean, "split", None)
+    if split is None:
+        return None
+    kept_shape = [input.shape[d] for d in split.kept]
+    if getattr(split, "squared", None) is None:         # (made once for the mean's rows)
+        split.squared = _chan_total(input, split, kept_shape)
+    load = split.squared.make_loader()
+    out_kept = [d for d in range(len(shape)) if len(shape) == len(kept_shape) or d in split.kept]
+    return TensorBox(ir.Pointwise(list(shape), split.acc, input.device, lambda idx: load([idx[d] for d in out_kept]),
+                                  "squared deviations"), input.program, [split.squared])
+
+
+def _chan_total(input: TensorBox, split, kept_shape: list) -> TensorBox:
+    """Chan's sum of squared deviations over the pieces of a split mean: (kept_shape,)."""
+    program, device, acc, chunk = input.program, input.device, split.acc, split.chunk
+    load_sums = split.partial.make_loader()
+
+    def piece_m2(idx, ridx):
+        d = ops.sub(split.element(idx, ridx), ops.truediv(load_sums(idx), ops.constant(float(chunk), acc)))
+        return ops.mul(d, d)
+    m2 = _pieces(piece_m2, kept_shape, split.pieces, chunk, acc, device, "sum", "squared deviations (split)",
+                 split.columns, program, [input, split.partial])
+    load_m2, load_total = m2.make_loader(), split.total.make_loader()
+    count = chunk * split.pieces
+
+    def total_m2(idx, ridx):
+        piece = list(idx) + [ridx[0]]
+        apart = ops.sub(ops.truediv(load_sums(piece), ops.constant(float(chunk), acc)),
+                        ops.truediv(load_total(idx), ops.constant(float(count), acc)))
+        return ops.add(load_m2(piece), ops.mul(ops.constant(float(chunk), acc), ops.mul(apart, apart)))
+    return TensorBox(ir.Reduction(kept_shape, acc, device, "sum", [split.pieces], total_m2, src_dtype=acc,
+                                  origin="squared deviations", input_shape=kept_shape + [split.pieces],
+                                  reduced_dims=[len(kept_shape)]), program, [m2, split.partial, split.total])
 
 
 def _reg_reduction(rtype, targets):
@@ -914,11 +990,7 @@ def _var(node, values, input, dim, unbiased, keepdim, correction):
     n = math.prod(input.shape[d] for d in dims)
     shape, device, program = list(input.shape), input.device, input.program
     stats = torch.float64 if device.type == "cpu" else compute_dtype(input.dtype)
-    mean = _reduce(input, dims, "mean", stats)
-    centered_sq = _pw(program, shape, stats, device, lambda x, m: ops.mul(ops.sub(x, m), ops.sub(x, m)),
-                      [input, mean], "square")
-    total = _reduction_box(types.SimpleNamespace(shape=list(meta.shape), dtype=stats, device=device),
-                           centered_sq, dims, keepdim, "sum")
+    total = _squared_deviations(input, _reduce(input, dims, "mean", stats), dims, keepdim, list(meta.shape))
     is_std = _origin(node) == "std"
     if ir.is_symbolic(n):
         if not ir.provably_nonneg(n - correction - 1):
@@ -1012,9 +1084,7 @@ def _batch_statistics(input, running_mean, running_var, momentum):
                            lambda idx: [idx[1], idx[0], *idx[2:]], "permute", aliases=False)
     dims = list(range(1, ndim))
     mean = _reduce(channels_first, dims, "mean", stats_dtype)                # (C, 1, ...)
-    squares = _pw(program, list(channels_first.shape), stats_dtype, device,
-                  lambda x, m: ops.mul(ops.sub(x, m), ops.sub(x, m)), [channels_first, mean], "square")
-    total = _reduce(squares, dims, "sum", stats_dtype)
+    total = _squared_deviations(channels_first, mean, dims, True, list(mean.shape))
     per_channel = [Index()] * (ndim - 1)
     if track:
         def update(box, stat, scale):
