@@ -346,6 +346,9 @@ class Index:
         return result._combine_div_mod()
 
     def _combine_div_mod(self) -> "Index":
+        """c*(e % k) + c*k*(e // k) is c*e; and c*(e % k) + c*k*((e // k) % m) is c*(e % (k*m)):
+        a walk of several dims laid out one after another (a channels-last batch norm's rows,
+        n, h and w, unflattened from one position) reads as one index, without a division."""
         terms = dict(self.terms)
         for atom, c in list(terms.items()):
             if isinstance(atom, Mod) and atom in terms:
@@ -353,6 +356,11 @@ class Index:
                 if terms.get(partner) == size_expr(c * atom.k):
                     del terms[atom], terms[partner]
                     return (Index(terms, self.const) + atom.index * c)._combine_div_mod()
+                above = Index({partner: 1})
+                for other, c2 in terms.items():
+                    if isinstance(other, Mod) and other.index == above and c2 == size_expr(c * atom.k):
+                        del terms[atom], terms[other]
+                        return (Index(terms, self.const) + (atom.index % (atom.k * other.k)) * c)._combine_div_mod()
         return self
 
     def is_linear(self) -> bool:

@@ -633,6 +633,21 @@ def test_reshape_through_a_view_of_more_dims_indexes_linearly():
                for a in range(9) for b in range(4))
 
 
+def test_a_walk_of_three_dims_laid_out_in_a_row_indexes_linearly():
+    """A channels-last batch norm's rows, n, h and w, walked as one position r (a piece of a
+    split reduction): C*H*W*(r // (H*W)) + C*W*((r // W) % H) + C*(r % W) is C*r, with no
+    division in the kernel (at 56 x 56 the divisions made the statistics' kernel three times
+    slower than its reads). Equal at every position."""
+    from minicompile.ir import Index, contiguous_strides, flat_index, unflatten
+    r = Index.var("r0")
+    n, c, h, w = 4, 8, 6, 5
+    parts = unflatten(r, [n, h, w])
+    index = flat_index(parts, [h * w * c, w * c, c])
+    assert index.simplify({"r0": n * h * w}) == r * c
+    nested = ((r // w) % h) * w + r % w
+    assert nested.simplify({"r0": n * h * w}) == r % (h * w)
+
+
 @pytest.fixture
 def cpp_backend():
     """C++ kernels (for tests that read their source); they serve CPU tensors only."""
