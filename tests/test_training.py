@@ -108,6 +108,17 @@ def test_batch_norm_training_makes_no_graph_break():
     assert out.graph_count == 1 and out.graph_break_count == 0
 
 
+def test_compiled_halves_return_their_outputs_without_pytree(compiled_training):
+    """A training step's forward returns its outputs and what it saves (a ResNet-50's some 270
+    tensors), its backward the gradients: each as a list built in the wrapper (an FX graph's
+    output list is an immutable_list, rebuilt by pytree leaf by leaf on every call otherwise)."""
+    model, make_input = _model("conv_bn_inplace")
+    model = model.to(DEVICE).train()
+    minicompile.compile(model)(make_input()).sum().backward()
+    for half in (compiled_training[-1].forward, compiled_training[-1].backward):
+        assert "tree_unflatten" not in half.wrapper_source, half.wrapper_source.splitlines()[-1]
+
+
 def test_gradients_of_inputs_noncontiguous_and_broadcast(kernel_backend):
     """Gradients flow to inputs that require grad (not only parameters): a transposed one and
     one that broadcasts; an input that needs no gradient gets none."""

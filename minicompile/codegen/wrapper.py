@@ -78,16 +78,17 @@ def _qualified_name(value) -> str | None:
 def _literal_structure(spec, leaves: list) -> str | None:
     """The expression that rebuilds `spec` (a pytree spec of tuples/lists) from the leaves'
     expressions, or None for anything else (then pytree.tree_unflatten does it at run time)."""
+    from torch.fx.immutable_collections import immutable_list
     it = iter(leaves)
 
     def build(s):
         if s.is_leaf():
             return next(it)
-        if s.type not in (tuple, list):
+        if s.type not in (tuple, list, immutable_list):
             raise ValueError
         children = s.children() if hasattr(s, "children") else s.children_specs
         items = [build(c) for c in children]
-        if s.type is list:
+        if s.type is not tuple:     # (an FX graph's output list is an immutable_list: eager's is a list)
             return "[" + ", ".join(items) + "]"
         return "(" + ", ".join(items) + ("," if len(items) == 1 else "") + ")"
     try:
