@@ -870,6 +870,33 @@ def test_a_compile_server_forks_the_workers_once_triton_is_set_up(monkeypatch, t
         assert triton_codegen._TOGETHER.server is None
 
 
+class _CrashingKernel(_WarmthRecordingKernel):
+    def compile(self, dtypes, settings, key):
+        os._exit(1)
+
+
+@pytest.mark.skipif(not hasattr(os, "fork") or not HAS_TRITON, reason="compile workers are forked processes")
+def test_a_compile_worker_that_dies_does_not_hold_the_others_up(monkeypatch, tmp_path):
+    # a worker that dies compiling (its kernel is then compiled at its first launch, which
+    # reports the error) never answers: the end of compiling_together returns once the others
+    # have compiled the rest and gone, not at the deadline
+    import time
+    from minicompile.codegen import triton as triton_codegen
+    monkeypatch.setattr(triton_codegen, "_set_triton_up", lambda: None)
+    monkeypatch.setattr(triton_codegen, "_compiles_ahead", lambda: True)
+    monkeypatch.setattr(triton_codegen, "_gpu_target", lambda: None)
+    monkeypatch.setattr(triton_codegen, "_toolchain", lambda: ())
+    monkeypatch.setattr(minicompile.config, "compile_workers", 3)
+    monkeypatch.setattr(minicompile.config, "cache_dir", str(tmp_path))
+    monkeypatch.setattr(os, "cpu_count", lambda: 8)
+    kernels = [_CrashingKernel(tmp_path / "crash")] + [_WarmthRecordingKernel(tmp_path / f"k{i}") for i in range(5)]
+    start = time.monotonic()
+    with triton_codegen.compiling_together(gpu=True):
+        triton_codegen.compile_all([(k, [torch.float32], {"XBLOCK": 128}) for k in kernels])
+    assert time.monotonic() - start < 30
+    assert all(k.path.exists() for k in kernels[1:]) and not kernels[0].path.exists()
+
+
 def rotary(q, cos, sin, heads=4):
     """A Llama-style attention input: heads split off a linear layer's output, transposed, and
     rotated by halves (rotate_half: a slice and a concatenation of the last dim)."""
@@ -967,7 +994,9 @@ def test_reductions_of_the_same_columns_share_a_kernel(kernel_backend):
     """Batch norm's statistics (over N, H and W for each channel) and its backward's two sums:
     reductions over the same leading dims of one shape run as one kernel, the second reading
     the first's result per column; a mean asked for twice (var_mean's own and the one beside
-    it) is computed once."""
+    it) is computed once. (The variance's division by the count, a pointwise step over the
+    columns' results, is a small kernel of its own: a kernel of reductions over leading dims
+    takes no pointwise member.)"""
     def backward_sums(x, g, mean):
         return g.sum((0, 2, 3)), (g * (x - mean)).sum((0, 2, 3))
 
@@ -978,7 +1007,8 @@ def test_reductions_of_the_same_columns_share_a_kernel(kernel_backend):
     for fn, args in ((backward_sums, [x, g, randn(1, 3, 1, 1).double()]), (statistics, [x])):
         compiled = compile_graph(torch.fx.symbolic_trace(fn), args)
         assert_same(compiled(*args), fn(*args))
-        assert len(compiled.kernels) == 1, compiled.wrapper_source
+        assert [k.kind for k in compiled.kernels] == (["reduction"] if fn is backward_sums else
+                                                      ["reduction", "pointwise"]), compiled.wrapper_source
 
 
 def test_split_reductions_of_the_same_columns_share_their_partial_sums_kernel(kernel_backend):
@@ -1035,6 +1065,18 @@ def test_a_split_variance_reads_its_input_in_the_mean_s_kernel(kernel_backend, o
         error, eager_error = (ours.double() - truth).abs().max(), (eager.double() - truth).abs().max()
         assert error <= 4 * eager_error + 1e-6 * truth.abs().max(), (offset, error, eager_error)
     assert len(compiled.kernels) == 2, compiled.wrapper_source
+
+
+@pytest.mark.parametrize("call", [lambda x: torch.var_mean(x, 1), lambda x: torch.var_mean(x, False),
+                                  lambda x: torch.var_mean(x, dim=-1, keepdim=True, unbiased=False),
+                                  lambda x: torch.var_mean(x, (0, 2), correction=0)])
+def test_var_mean_is_generated(kernel_backend, call):
+    """torch.var_mean's pair, as eager's (its overloads: dims, unbiased alone, keywords), from
+    generated kernels: no call of PyTorch's op."""
+    x = randn(6, 7, 9) * 3 + 10
+    compiled = compile_graph(torch.fx.symbolic_trace(call), [x])
+    torch.testing.assert_close(compiled(x), call(x), rtol=1e-5, atol=1e-5)
+    assert "var_mean" not in compiled.wrapper_source, compiled.wrapper_source
 
 
 def test_looped_members_walk_the_row_together(kernel_backend):

@@ -977,21 +977,43 @@ def _var(node, values, input, dim, unbiased, keepdim, correction):
     square root. On a CPU, PyTorch accumulates float32 and half statistics in double, so a
     variance of values near 1e19 (squares near 1e38) does not overflow: so do we. (Its CUDA
     kernels accumulate in float32, and so do ours on a GPU.)"""
-    meta = _meta(node, values)
+    return _variance(_meta(node, values), input, dim, unbiased, keepdim, correction, _origin(node) == "std")
+
+
+@register([torch.var_mean, "var_mean"], "input, dim=None, unbiased=None, keepdim=False, *, correction=None")
+def _var_mean(node, values, input, dim, unbiased, keepdim, correction):
+    """(var, mean): the mean the variance is computed about is the one returned (on a GPU; on a
+    CPU the variance's is accumulated in double, eager's too)."""
+    metas = values[node]
+    if isinstance(dim, bool):              # var_mean(x, unbiased): the overload without dim
+        dim, unbiased = None, dim
+    if not (isinstance(metas, tuple) and len(metas) == 2 and all(isinstance(m, torch.Tensor) for m in metas)):
+        return NotImplemented
+    var = _variance(metas[0], input, dim, unbiased, keepdim, correction, False)
+    if var is NotImplemented:
+        return NotImplemented
+    mean = _reduction_box(metas[1], input, _variance_dims(input, dim), keepdim, "mean")
+    return NotImplemented if mean is NotImplemented else (var, mean)
+
+
+def _variance_dims(input: TensorBox, dim) -> list:
+    """The dims a variance reduces: dim None or empty is every dimension (as for sum and mean)."""
+    ndim = len(input.shape)
+    return ir.wrap_dims(dim if dim not in (None, [], ()) else range(ndim), ndim)
+
+
+def _variance(meta, input, dim, unbiased, keepdim, correction, is_std):
     if meta is None or not isinstance(input, TensorBox) or not input.dtype.is_floating_point:
         return NotImplemented
     if isinstance(dim, bool):              # var(x, unbiased): the overload without dim
         dim, unbiased = None, dim
     if correction is None:
         correction = 1 if unbiased is None or unbiased else 0
-    ndim = len(input.shape)
-    # dim None or empty: every dimension (as for sum and mean)
-    dims = ir.wrap_dims(dim if dim not in (None, [], ()) else range(ndim), ndim)
+    dims = _variance_dims(input, dim)
     n = math.prod(input.shape[d] for d in dims)
-    shape, device, program = list(input.shape), input.device, input.program
+    device, program = input.device, input.program
     stats = torch.float64 if device.type == "cpu" else compute_dtype(input.dtype)
     total = _squared_deviations(input, _reduce(input, dims, "mean", stats), dims, keepdim, list(meta.shape))
-    is_std = _origin(node) == "std"
     if ir.is_symbolic(n):
         if not ir.provably_nonneg(n - correction - 1):
             return NotImplemented
