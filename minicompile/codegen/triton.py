@@ -870,13 +870,13 @@ def compile_all(jobs, meanwhile=None, wait: bool = False) -> None:
         except Exception:           # noqa: BLE001 (the first launch compiles, and reports)
             pass
     workers = min(len(todo), os.cpu_count() or 1, config.compile_workers)
+    server = None if wait else getattr(_TOGETHER, "server", None)
+    if todo and server is not None and server.submit(todo):
+        run_meanwhile()
+        return
     if workers <= 1 or not hasattr(os, "fork"):
         for job in todo:
             _compile_job(job)
-        run_meanwhile()
-        return
-    server = None if wait else getattr(_TOGETHER, "server", None)
-    if server is not None and server.submit(todo, workers):
         run_meanwhile()
         return
     _gpu_target(), _toolchain()     # asked of the GPU here: a forked worker must not touch CUDA
@@ -906,19 +906,28 @@ def _compile_job(job) -> None:
 
 
 def _fork_workers(todo: list, workers: int, own_group: bool) -> int:
-    """Fork the first of `workers` processes that compile `todo` between them; its pid.
+    """Fork the first of `workers` processes that compile `todo` between them; its pid. With
+    `own_group` the workers are a process group of their own, stopped together (_wait_for)."""
+    def compile_share(w):
+        for job in todo[w::workers]:
+            _compile_job(job)
+    return _fork_tree(workers, compile_share, own_group)
 
-    This process forks one worker, and the workers fork the others, as a tree: a fork copies
-    the page tables of all a process maps (a model on a GPU, CUDA's mappings), 15 to 20 ms a
-    fork on the H100 machine, so forked one by one from here the workers cost this process a
-    quarter of a second and the last started that late; as a tree, one fork, and the last
-    starts four forks after the first. `own_group`: the workers are a process group of their
-    own, stopped together (_wait_for); else they stay in this process's group."""
+
+def _fork_tree(count: int, work, own_group: bool) -> int:
+    """Fork `count` processes, each running work(its number) then exiting; the first one's pid.
+
+    This process forks one, and they fork the others, as a tree: a fork copies the page tables
+    of all a process maps (a model on a GPU, CUDA's mappings), 15 to 20 ms a fork on the H100
+    machine, so forked one by one from here the workers cost this process a quarter of a
+    second and the last started that late; as a tree, one fork, and the last starts four forks
+    after the first. Each waits for the ones it forked. `own_group`: they are a process group
+    of their own (stopped together, _wait_for); else they stay in this process's."""
     def worker(w):
-        """Worker w forks workers 2w + 1 and 2w + 2, compiles its share, and waits for the two."""
+        """Worker w forks workers 2w + 1 and 2w + 2, does its work, and waits for the two."""
         forked = []
         for other in (2 * w + 1, 2 * w + 2):
-            if other < workers:
+            if other < count:
                 pid = os.fork()
                 if pid == 0:
                     try:
@@ -926,8 +935,7 @@ def _fork_workers(todo: list, workers: int, own_group: bool) -> int:
                     finally:
                         os._exit(0)
                 forked.append(pid)
-        for job in todo[w::workers]:
-            _compile_job(job)
+        work(w)
         for pid in forked:
             os.waitpid(pid, 0)
     first = os.fork()
@@ -942,79 +950,124 @@ def _fork_workers(todo: list, workers: int, own_group: bool) -> int:
 
 
 class _CompileServer:
-    """A process that forks the compile workers for this one, warm.
+    """Compile workers forked warm, and ready before the first kernel is.
 
     A process's first Triton compilation pays for setting Triton's compiler up (LLVM, the
     backend, its libraries) before its kernel: on the H100 machine a worker forked cold took
     0.3 to 0.35 s for a small kernel, one forked from a process that had compiled a kernel
-    0.1 to 0.14 s. The server is forked when a graph that will need kernels starts compiling
-    (a training graph, before its joint trace: compiling_together), sets Triton up by compiling
-    a small kernel while this process traces and lowers, and then forks each batch of workers
-    from that state. Jobs travel pickled, through a file (a launcher is rebuilt from its
-    module's path, see Launcher.__reduce__); the pipe carries the file's name."""
+    0.1 to 0.14 s. So when a graph that will need kernels starts compiling (a training graph,
+    before its joint trace: compiling_together), one process is forked, sets Triton up by
+    compiling a small kernel, and forks the workers from that state, all while this process
+    traces and lowers. Each worker then takes jobs one at a time from a pipe and answers each
+    with a byte on another once its binary is saved: a batch starts compiling the moment it is
+    handed over, and this process knows it is done without waiting for 16 processes to exit
+    (tens of milliseconds each, for processes this large). Jobs travel pickled, through a file
+    per batch (a launcher is rebuilt from its module's path, see Launcher.__reduce__); the
+    pipe carries fixed-size records, batch and job number, each read whole by one worker."""
 
-    def __init__(self, pid: int, pipe: int):
-        self.pid, self.pipe, self.batches = pid, pipe, 0
+    RECORD = 64            # bytes a job's record takes (a divisor of the pipe's atomic write)
+
+    def __init__(self, pid: int, jobs: int, done: int):
+        self.pid, self.jobs, self.done = pid, jobs, done
+        self.expected, self.files = 0, []
 
     @classmethod
-    def start(cls) -> "_CompileServer | None":
+    def start(cls) -> "_CompileServer":
         _gpu_target(), _toolchain()     # asked of the GPU here: the server must not touch CUDA
-        read, write = os.pipe()
+        workers = max(1, min(os.cpu_count() or 1, config.compile_workers))
+        jobs_read, jobs_write = os.pipe()
+        done_read, done_write = os.pipe()
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", DeprecationWarning)     # (as compile_all's fork)
             pid = os.fork()
         if pid == 0:
             try:
-                os.close(write)
+                os.close(jobs_write), os.close(done_read)
                 os.setpgid(0, 0)
-                _serve(read)
+                with contextlib.suppress(Exception):
+                    _set_triton_up()
+                directory = config.cache_dir
+                first = _fork_tree(workers, lambda w: _work(directory, jobs_read, done_write), own_group=False)
+                os.close(jobs_read), os.close(done_write)
+                os.waitpid(first, 0)
             finally:
                 os._exit(0)
-        os.close(read)
+        os.close(jobs_read), os.close(done_write)
         with contextlib.suppress(OSError):
             os.setpgid(pid, pid)
-        return cls(pid, write)
+        return cls(pid, jobs_write, done_read)
 
-    def submit(self, todo: list, workers: int) -> bool:
-        """Hand the server a batch; False where it cannot take it (this process compiles it)."""
+    def submit(self, todo: list) -> bool:
+        """Hand the workers a batch; False where it cannot be handed over (this process then
+        compiles it, as without a server)."""
         import pickle
-        import tempfile
         try:
-            data = pickle.dumps((todo, workers))
-            with tempfile.NamedTemporaryFile("wb", dir=config.cache_dir, prefix="jobs-", delete=False) as f:
-                f.write(data)
-            os.write(self.pipe, f"{f.name}\n".encode())
+            os.makedirs(config.cache_dir, exist_ok=True)
+            path = os.path.join(config.cache_dir, f"jobs-{self.pid}-{len(self.files)}")
+            with open(f"{path}.tmp", "wb") as f:
+                pickle.dump(todo, f)
+            os.replace(f"{path}.tmp", path)
         except (OSError, pickle.PicklingError, AttributeError, TypeError):
             return False
-        self.batches += 1
+        self.files.append(path)
+        name = os.path.basename(path)
+        records = b"".join(f"{name} {i}".encode().ljust(self.RECORD) for i in range(len(todo)))
+        step = 4096 // self.RECORD * self.RECORD      # each write whole (atomic), records unsplit
+        for at in range(0, len(records), step):
+            os.write(self.jobs, records[at:at + step])
+        self.expected += len(todo)
         return True
 
-    def close(self) -> int:
-        """No more batches: the server waits for its workers, then exits. Its pid."""
-        with contextlib.suppress(OSError):
-            os.close(self.pipe)
-        return self.pid
-
-
-def _serve(pipe: int) -> None:
-    """The compile server's life: set Triton up, then fork workers for each batch the pipe
-    names, until it closes; then wait for them all."""
-    with contextlib.suppress(Exception):
-        _set_triton_up()
-    import pickle
-    children = []
-    with os.fdopen(pipe, "rb") as batches:
-        for line in batches:
-            path = line.decode().strip()
-            try:
-                with open(path, "rb") as f:
-                    todo, workers = pickle.load(f)
+    def close(self, deadline: float = 300.0) -> None:
+        """No more batches: wait until every job handed over is compiled (or every worker has
+        gone, or the deadline: then the group is stopped, and what is missing is compiled at
+        its first launch). The workers exit when the pipe is empty; nobody waits for that."""
+        import select
+        import signal
+        import time
+        os.close(self.jobs)
+        with metrics.timed("kernel compile"):
+            start, answered = time.monotonic(), 0
+            while answered < self.expected:
+                left = deadline - (time.monotonic() - start)
+                if left <= 0 or not select.select([self.done], [], [], left)[0]:
+                    with contextlib.suppress(OSError):
+                        os.killpg(self.pid, signal.SIGKILL)
+                    break
+                got = os.read(self.done, 4096)
+                if not got:             # every worker has exited
+                    break
+                answered += len(got)
+        os.close(self.done)
+        for path in self.files:
+            with contextlib.suppress(OSError):
                 os.unlink(path)
-            except Exception:       # noqa: BLE001 (the first launches compile what it lost)
-                continue
-            children.append(_fork_workers(todo, workers, own_group=False))
-    for pid in children:
+        threading.Thread(target=_reap, args=(self.pid,), daemon=True).start()
+
+
+def _reap(pid: int) -> None:
+    with contextlib.suppress(ChildProcessError, OSError):
         os.waitpid(pid, 0)
+
+
+def _work(directory: str, jobs: int, done: int) -> None:
+    """A compile server's worker: take a job's record (its batch's file in `directory`, its
+    number), compile it, answer; until the pipe of jobs is closed and empty."""
+    import pickle
+    batches: dict = {}
+    while True:
+        record = os.read(jobs, _CompileServer.RECORD)
+        if not record:
+            return
+        name, index = record.decode().split()
+        try:
+            if name not in batches:
+                with open(os.path.join(directory, name), "rb") as f:
+                    batches[name] = pickle.load(f)
+            _compile_job(batches[name][int(index)])
+        except Exception:       # noqa: BLE001 (its first launch compiles it, and reports)
+            pass
+        os.write(done, b".")
 
 
 WARM_UP_KERNEL = """import triton
@@ -1065,7 +1118,7 @@ def compiling_together(gpu: bool = False):
         children, _TOGETHER.children = _TOGETHER.children, None
         server, _TOGETHER.server = _TOGETHER.server, None
         if server is not None:
-            children.append(server.close())
+            server.close()
         _wait_for(children, deadline=300.0)
 
 
