@@ -841,15 +841,10 @@ class _WarmthRecordingKernel:
         self.path.write_text(f"{os.getpid()} {'warm' if _WarmthRecordingKernel.set_up else 'cold'}")
 
 
-@pytest.mark.skipif(not hasattr(os, "fork") or not HAS_TRITON, reason="compile workers are forked processes")
-def test_a_compile_server_forks_the_workers_once_triton_is_set_up(monkeypatch, tmp_path):
-    # for a GPU's training graph, compiling_together forks a compile server first, which sets
-    # Triton up while this process traces; compile_all hands it its batches, and it forks each
-    # batch's workers from that state. Everything is compiled by the block's end.
+def _compile_server_here(monkeypatch, tmp_path, set_up):
+    """A compile server on this machine (whatever its GPU): three workers, `set_up` as
+    Triton's set-up, the batches' files in tmp_path."""
     from minicompile.codegen import triton as triton_codegen
-
-    def set_up():
-        _WarmthRecordingKernel.set_up = True
     monkeypatch.setattr(triton_codegen, "_set_triton_up", set_up)
     monkeypatch.setattr(triton_codegen, "_compiles_ahead", lambda: True)
     monkeypatch.setattr(triton_codegen, "_gpu_target", lambda: None)
@@ -857,6 +852,17 @@ def test_a_compile_server_forks_the_workers_once_triton_is_set_up(monkeypatch, t
     monkeypatch.setattr(minicompile.config, "compile_workers", 3)
     monkeypatch.setattr(minicompile.config, "cache_dir", str(tmp_path))
     monkeypatch.setattr(os, "cpu_count", lambda: 8)
+    return triton_codegen
+
+
+@pytest.mark.skipif(not hasattr(os, "fork") or not HAS_TRITON, reason="compile workers are forked processes")
+def test_a_compile_server_forks_the_workers_once_triton_is_set_up(monkeypatch, tmp_path):
+    # for a GPU's training graph, compiling_together forks a compile server first, which sets
+    # Triton up while this process traces, then forks its workers from that state; compile_all
+    # hands them its batches. Everything is compiled by the block's end.
+    def set_up():
+        _WarmthRecordingKernel.set_up = True
+    triton_codegen = _compile_server_here(monkeypatch, tmp_path, set_up)
     batches = [[_WarmthRecordingKernel(tmp_path / f"{b}{i}") for i in range(4)] for b in "fb"]
     with triton_codegen.compiling_together(gpu=True):
         for kernels in batches:
@@ -881,14 +887,7 @@ def test_a_compile_worker_that_dies_does_not_hold_the_others_up(monkeypatch, tmp
     # reports the error) never answers: the end of compiling_together returns once the others
     # have compiled the rest and gone, not at the deadline
     import time
-    from minicompile.codegen import triton as triton_codegen
-    monkeypatch.setattr(triton_codegen, "_set_triton_up", lambda: None)
-    monkeypatch.setattr(triton_codegen, "_compiles_ahead", lambda: True)
-    monkeypatch.setattr(triton_codegen, "_gpu_target", lambda: None)
-    monkeypatch.setattr(triton_codegen, "_toolchain", lambda: ())
-    monkeypatch.setattr(minicompile.config, "compile_workers", 3)
-    monkeypatch.setattr(minicompile.config, "cache_dir", str(tmp_path))
-    monkeypatch.setattr(os, "cpu_count", lambda: 8)
+    triton_codegen = _compile_server_here(monkeypatch, tmp_path, lambda: None)
     kernels = [_CrashingKernel(tmp_path / "crash")] + [_WarmthRecordingKernel(tmp_path / f"k{i}") for i in range(5)]
     start = time.monotonic()
     with triton_codegen.compiling_together(gpu=True):
