@@ -720,6 +720,35 @@ def test_tied_weights_get_the_gradients_of_both_uses(kernel_backend):
     assert_same(model.embed.weight.grad, twin.embed.weight.grad)
 
 
+def test_the_joint_trace_runs_the_graph_once(monkeypatch):
+    """What the joint trace must know before it starts (which outputs carry gradients, their
+    shapes) comes from the values capture recorded: the graph runs once, inside make_fx.
+    Without those values (or when the trace finds otherwise) it runs on fake tensors first, and
+    the gradients are the same."""
+    from minicompile.autograd import joint
+    runs = []
+    interpret = torch.fx.Interpreter.run
+
+    def counted(self, *args, **kwargs):
+        runs.append(type(self).__name__)
+        return interpret(self, *args, **kwargs)
+    monkeypatch.setattr(torch.fx.Interpreter, "run", counted)
+    captured = joint._captured_outputs
+    for record in (True, False):
+        monkeypatch.setattr(joint, "_captured_outputs", captured if record else lambda gm: None)
+        torch.manual_seed(3)
+        width = 8 if record else 9          # (another graph: not the one compiled before)
+        model = nn.Sequential(nn.Linear(6, width), nn.Tanh(), nn.Linear(width, 2)).to(DEVICE)
+        twin = copy.deepcopy(model)
+        x = randn(5, 6)
+        runs.clear()
+        minicompile.compile(model)(x).square().mean().backward()
+        assert runs.count("_WatchingGenerators") + runs.count("Interpreter") == (1 if record else 2), runs
+        twin(x).square().mean().backward()
+        for p, q in zip(model.parameters(), twin.parameters()):
+            assert_same(p.grad, q.grad)
+
+
 def test_the_backward_lets_go_of_each_saved_activation_after_its_last_use(kernel_backend, monkeypatch):
     """The forward's saved activations are held by the backward's list of inputs alone (autograd's
     node lets go of them, as AOTAutograd's does), so the generated backward frees each once it

@@ -4,7 +4,9 @@ that computes the forward outputs and the gradients together.
 Takes functionalize.py's graph (every node computes a new value) and its example inputs. make_fx
 traces a function that runs the graph and asks autograd for the gradients of its outputs
 (`torch.autograd.grad`), so what autograd's backward formulas run is recorded as ops beside the
-forward's. The trace runs on fake tensors (no data, no arithmetic). A decomposition table
+forward's. The trace runs on fake tensors (no data, no arithmetic); the gradients it starts from
+(one per output that carries a gradient, shaped as it) are inputs of the trace, known before it
+from the values capture recorded for the graph's outputs. A decomposition table
 breaks composite ops into the small set lowering takes (batch norm and layer norm, their
 backwards, softmax's backward, ReLU's `threshold_backward`... into pointwise ops and
 reductions). Where the decompositions write (batch norm writes its running statistics into the
@@ -90,7 +92,11 @@ def _max_pool_saving_offsets(x, kernel_size, stride=(), padding=0, dilation=1, c
     return maxima, custom_ops.max_pool2d_offsets_to_indices(offsets, kernel, stride, padding, x.shape[-1])
 
 
-def trace_joint(gm: torch.fx.GraphModule, example_inputs) -> Joint:
+def trace_joint(gm: torch.fx.GraphModule, example_inputs, from_capture: bool = True) -> Joint:
+    """The joint graph of gm (see the module's docstring). What the trace must know before it
+    starts (the outputs' shapes, which carry gradients) comes from the values capture recorded
+    for gm's outputs; where it did not record them, or the trace finds otherwise, from a run of
+    gm on fake tensors first (`from_capture=False`)."""
     from torch._subclasses.fake_tensor import FakeTensorMode
     from torch.fx.experimental.proxy_tensor import make_fx
 
@@ -107,31 +113,40 @@ def trace_joint(gm: torch.fx.GraphModule, example_inputs) -> Joint:
         args = [tensors[k] if kind == "tensor" else k for kind, k in inputs]
         return pytree.tree_flatten(interpreter(gm).run(*args))
 
-    # which outputs carry gradients, and their shapes: one run on fake tensors, from the
-    # caller's grad mode (the graph may switch it)
+    # which outputs carry gradients, and their shapes: as capture ran them (eager's values), or
+    # else from one run on fake tensors, from the caller's grad mode (the graph may switch it)
     grad_on = torch.is_grad_enabled()
     touched: list = []
-    with mode, torch.set_grad_enabled(grad_on):
-        leaves, spec = run(primals, functools.partial(_WatchingGenerators, touched=touched))
-    if touched:
-        # (torch.testing's wrapper_set_seed, which a graph calls whole): the traced graph
-        # records aten ops, not that, and would draw other numbers than eager
-        raise NotImplementedError(f"the graph sets a random generator's {touched[0]} "
-                                  "(torch.manual_seed, set_rng_state)")
+    captured = _captured_outputs(gm) if from_capture else None
+    watching = functools.partial(_WatchingGenerators, touched=touched)
+    if captured is None:
+        with mode, torch.set_grad_enabled(grad_on):
+            leaves, spec = run(primals, watching)
+        _refuse_seeding(touched)
+    else:
+        leaves, spec = captured
     tensor_outs = [i for i, v in enumerate(leaves) if isinstance(v, torch.Tensor)]
     outputs = [("tensor", tensor_outs.index(i)) if i in tensor_outs else ("const", v)
                for i, v in enumerate(leaves)]
     differentiable = [leaves[i].requires_grad for i in tensor_outs]
-    reached_by = _reached_by([leaves[i] for i, d in zip(tensor_outs, differentiable) if d], primals)
+    reached_by = None if captured is not None else \
+        _reached_by([leaves[i] for i, d in zip(tensor_outs, differentiable) if d], primals)
     with mode:
         tangents = [torch.empty(leaves[i].shape, dtype=leaves[i].dtype, device=leaves[i].device)
                     for i, d in zip(tensor_outs, differentiable) if d]
     grad_inputs: list = []
 
     def joint(primals, tangents):
+        nonlocal reached_by
         leafs = [p.detach().requires_grad_(n) for p, n in zip(primals, needs_grad)]
         with torch.set_grad_enabled(grad_on), _ChannelsLastConvolutions():
-            outs, _ = run(leafs)
+            outs, _ = run(leafs, torch.fx.Interpreter if captured is None else watching)
+        if captured is not None:
+            if [isinstance(o, torch.Tensor) for o in outs] != [isinstance(v, torch.Tensor) for v in leaves] \
+                    or [(o.requires_grad, o.shape, o.dtype, o.device) for o in (outs[i] for i in tensor_outs)] \
+                    != [(v.requires_grad, v.shape, v.dtype, v.device) for v in (leaves[i] for i in tensor_outs)]:
+                raise _NotAsCaptured      # (a graph compiled again for other sizes, say)
+            reached_by = _reached_by([outs[i] for i, d in zip(tensor_outs, differentiable) if d], leafs)
         # the outputs in eager's layout (a value computed channels-last is made contiguous)
         outs = [_as_laid_out(outs[i], leaves[i]) for i in tensor_outs]
         wanted = [k for k, n in enumerate(needs_grad) if n]
@@ -142,7 +157,13 @@ def trace_joint(gm: torch.fx.GraphModule, example_inputs) -> Joint:
 
     table = decompositions()
     with _lazy_code():
-        graph = make_fx(joint, decomposition_table=table, tracing_mode="fake")(primals, tangents)
+        try:
+            graph = make_fx(joint, decomposition_table=table, tracing_mode="fake")(primals, tangents)
+        except _NotAsCaptured:
+            return trace_joint(gm, example_inputs, from_capture=False)
+        _refuse_seeding(touched)
+        if captured is not None:        # one tensor passed as several inputs reaches them all
+            reached_by = _reached_by_tied(reached_by, primals)
         if _writes(graph):
             graph = make_fx(torch.func.functionalize(graph, remove="mutations"), decomposition_table=table,
                             tracing_mode="fake")(primals, tangents)
@@ -160,6 +181,51 @@ def trace_joint(gm: torch.fx.GraphModule, example_inputs) -> Joint:
     modes = [n.args[0] for n in gm.graph.nodes if n.target is torch._C._set_grad_enabled]
     return Joint(graph, len(primals), len(tensor_outs), differentiable, list(grad_inputs), reached_by,
                  inputs, outputs, spec, modes[-1] if modes else None)
+
+
+class _NotAsCaptured(Exception):
+    """The trace's outputs are not as capture recorded them (which are tensors, their shapes,
+    dtypes and devices, which carry gradients): trace_joint runs the graph on fake tensors
+    first, as without a record."""
+
+
+def _captured_outputs(gm: torch.fx.GraphModule):
+    """(leaves, spec) of gm's output as capture ran it: its example values (eager's tensors,
+    with their shapes, layouts and whether they carry gradients), or None where a leaf has
+    none, or is a container (its leaves would be flattened further)."""
+    output = next((n for n in reversed(gm.graph.nodes) if n.op == "output"), None)
+    if output is None:
+        return None
+    nodes, spec = pytree.tree_flatten(output.args[0])
+    leaves = []
+    for leaf in nodes:
+        if isinstance(leaf, torch.fx.Node):
+            if "example_value" not in leaf.meta:
+                return None
+            leaf = leaf.meta["example_value"]
+        if isinstance(leaf, (tuple, list, dict)) or (isinstance(leaf, torch.Tensor) and type(leaf) is not torch.Tensor
+                                                     and not isinstance(leaf, torch.nn.Parameter)):
+            return None
+        leaves.append(leaf)
+    return leaves, spec
+
+
+def _refuse_seeding(touched: list) -> None:
+    if touched:
+        # (torch.testing's wrapper_set_seed, which a graph calls whole): the traced graph
+        # records aten ops, not that, and would draw other numbers than eager
+        raise NotImplementedError(f"the graph sets a random generator's {touched[0]} "
+                                  "(torch.manual_seed, set_rng_state)")
+
+
+def _reached_by_tied(reached: list, primals: list) -> list:
+    """reached (per input position, traced with a leaf of its own for each) with the positions
+    that pass one tensor (tied weights: GPT-2's embedding and LM head) reaching what any of them
+    reaches, as _reached_by finds for one fake tensor."""
+    union: dict = {}
+    for p, r in zip(primals, reached):
+        union.setdefault(id(p), set()).update(r)
+    return [set(union[id(p)]) for p in primals]
 
 
 def _lazy_code():
