@@ -7,6 +7,7 @@ this machine can run (C++; Triton through its interpreter on a CPU, for real on 
 import ctypes
 import os
 import re
+import time
 
 import pytest
 import torch
@@ -894,6 +895,29 @@ def test_a_compile_worker_that_dies_does_not_hold_the_others_up(monkeypatch, tmp
         triton_codegen.compile_all([(k, [torch.float32], {"XBLOCK": 128}) for k in kernels])
     assert time.monotonic() - start < 30
     assert all(k.path.exists() for k in kernels[1:]) and not kernels[0].path.exists()
+
+
+@pytest.mark.skipif(not hasattr(os, "fork") or not HAS_TRITON, reason="compile workers are forked processes")
+def test_a_batch_for_a_stopped_compile_server_is_compiled_here(monkeypatch, tmp_path):
+    # the compile server (and its workers) stopped: the pipe to them is broken, and compile_all
+    # compiles the batch in this process instead of raising
+    import signal
+    triton_codegen = _compile_server_here(monkeypatch, tmp_path, lambda: None)
+    kernels = [_WarmthRecordingKernel(tmp_path / f"k{i}") for i in range(3)]
+    with triton_codegen.compiling_together(gpu=True):
+        server = triton_codegen._TOGETHER.server
+        os.killpg(server.pid, signal.SIGKILL)
+        os.waitpid(server.pid, 0)
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline:          # (its workers go with it)
+            try:
+                os.killpg(server.pid, 0)
+            except ProcessLookupError:
+                break
+            time.sleep(0.01)
+        monkeypatch.setattr(minicompile.config, "compile_workers", 1)
+        triton_codegen.compile_all([(k, [torch.float32], {"XBLOCK": 128}) for k in kernels])
+    assert all(k.path.read_text().split()[0] == str(os.getpid()) for k in kernels)
 
 
 def rotary(q, cos, sin, heads=4):

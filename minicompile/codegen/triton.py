@@ -1013,8 +1013,11 @@ class _CompileServer:
         name = os.path.basename(path)
         records = b"".join(f"{name} {i}".encode().ljust(self.RECORD) for i in range(len(todo)))
         step = 4096 // self.RECORD * self.RECORD      # each write whole (atomic), records unsplit
-        for at in range(0, len(records), step):
-            os.write(self.jobs, records[at:at + step])
+        try:
+            for at in range(0, len(records), step):
+                os.write(self.jobs, records[at:at + step])
+        except OSError:         # (no worker left to read them: the server was stopped)
+            return False
         self.expected += len(todo)
         return True
 
