@@ -36,7 +36,7 @@ from ..fusion.passes import strided_operand
 from ..ir import use_ops
 from .common import LoopPlan
 from . import triton as triton_codegen
-from .triton import TritonWriter, _decompose, _function, _next_pow2, _store
+from .triton import TritonWriter, _decompose, _function, _next_pow2, _store, write_whole
 
 GROUP_M = 8      # rows of tiles whose programs run together, so the columns of b they read stay in L2
 
@@ -268,10 +268,7 @@ class _Trial:
             f"against PyTorch's product and {kernel.epilogue.name} {apart_ms * 1e3:.1f} us: "
             + ("the template" if self.chosen else "PyTorch's product")
             + (f" (for {len(self.kernels)} kernels of this code)" if len(self.kernels) > 1 else ""))
-        tmp = f"{self.path}.{os.getpid()}.tmp"
-        with open(tmp, "w") as f:
-            json.dump({"template": self.chosen}, f)
-        os.replace(tmp, self.path)
+        write_whole(self.path, json.dumps({"template": self.chosen}))
 
 
 def _renamed(kernel, name: str, buffers: dict) -> tuple[str, tuple]:

@@ -779,6 +779,15 @@ def generate(kernels, buffers) -> tuple[str, dict]:
     return "\n".join(parts + sources) + "\n", meta
 
 
+def write_whole(path: str, data: str | bytes) -> None:
+    """Write `data` to a file of this process and thread, then rename it to `path`: another
+    process reading the cache (or compiling the same kernels) finds the whole file or none."""
+    tmp = f"{path}.{os.getpid()}.{threading.get_ident()}.tmp"
+    with open(tmp, "wb" if isinstance(data, bytes) else "w") as f:
+        f.write(data)
+    os.replace(tmp, path)
+
+
 def load(source: str, meta: dict) -> dict:
     """Write the module to the cache (Triton reads a kernel's source from its file) and hand
     back one `Launcher` per kernel. Nothing is imported yet: when every kernel's binary is on
@@ -788,10 +797,7 @@ def load(source: str, meta: dict) -> dict:
     os.makedirs(directory, exist_ok=True)
     path = os.path.join(directory, f"k{key}.py")
     if not os.path.exists(path):
-        tmp = f"{path}.{os.getpid()}.tmp"
-        with open(tmp, "w") as f:
-            f.write(source)
-        os.replace(tmp, path)
+        write_whole(path, source)
     module = _KernelModule(path, key)
     launchers, shared = {}, {}
     for name, (args, launch, function) in meta.items():
@@ -953,9 +959,8 @@ class _CompileServer:
     """Compile workers forked warm, and ready before the first kernel is.
 
     A process's first Triton compilation pays for setting Triton's compiler up (LLVM, the
-    backend, its libraries) before its kernel: on the H100 machine a worker forked cold took
-    0.3 to 0.35 s for a small kernel, one forked from a process that had compiled a kernel
-    0.1 to 0.14 s. So when a graph that will need kernels starts compiling (a training graph,
+    backend, its libraries) before its kernel, and a worker forked from a process that has
+    compiled once does not pay it again. So when a graph that will need kernels starts compiling (a training graph,
     before its joint trace: compiling_together), one process is forked, sets Triton up by
     compiling a small kernel, and forks the workers from that state, all while this process
     traces and lowers. Each worker then takes jobs one at a time from a pipe and answers each
@@ -1004,9 +1009,7 @@ class _CompileServer:
         try:
             os.makedirs(config.cache_dir, exist_ok=True)
             path = os.path.join(config.cache_dir, f"jobs-{self.pid}-{len(self.files)}")
-            with open(f"{path}.tmp", "wb") as f:
-                pickle.dump(todo, f)
-            os.replace(f"{path}.tmp", path)
+            write_whole(path, pickle.dumps(todo))
         except (OSError, pickle.PicklingError, AttributeError, TypeError):
             return False
         self.files.append(path)
@@ -1092,10 +1095,7 @@ def _set_triton_up() -> None:
     path = os.path.join(config.cache_dir, "triton", "warm_up.py")
     if not os.path.exists(path):
         os.makedirs(os.path.dirname(path), exist_ok=True)
-        tmp = f"{path}.{os.getpid()}.tmp"
-        with open(tmp, "w") as f:
-            f.write(WARM_UP_KERNEL)
-        os.replace(tmp, path)
+        write_whole(path, WARM_UP_KERNEL)
     fn = _KernelModule(path, "warm_up").jit_fn("warm_up")
     _compile_ahead(fn, [torch.float32, torch.float32], {"xnumel": 1000, "XBLOCK": 1024, "num_warps": 4})
 
@@ -1333,10 +1333,7 @@ def autotune(source: str, meta: dict, buffers: dict, device: torch.device, log) 
         log(f"{name}: {len(timed)} settings timed, best {best_ms * 1e3:.1f} us "
             f"({', '.join(f'{k}={best[k]}' for k in ('XBLOCK', 'RBLOCK', 'num_warps') if k in best)}), "
             f"default {timed[0][0] * 1e3:.1f} us")
-        tmp = f"{path}.{os.getpid()}.tmp"
-        with open(tmp, "w") as f:
-            json.dump(best, f)
-        os.replace(tmp, path)
+        write_whole(path, json.dumps(best))
         meta[name] = (args, best, function)
 
 
@@ -1529,11 +1526,8 @@ def _save_binary(kernel, base: str) -> str | None:
     facts = {"name": metadata.name, "num_warps": metadata.num_warps, "shared": metadata.shared,
              "params": params, "types": types, "null_params": null_params}
     os.makedirs(os.path.dirname(base), exist_ok=True)
-    for suffix, data, mode in ((".cubin", kernel.asm["cubin"], "wb"), (".json", json.dumps(facts), "w")):
-        tmp = f"{base}{suffix}.{os.getpid()}.{id(kernel)}.tmp"
-        with open(tmp, mode) as f:
-            f.write(data)
-        os.replace(tmp, base + suffix)      # the .json last: it says the cubin is complete
+    for suffix, data in ((".cubin", kernel.asm["cubin"]), (".json", json.dumps(facts))):
+        write_whole(base + suffix, data)    # the .json last: it says the cubin is complete
     return base
 
 

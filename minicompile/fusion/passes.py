@@ -196,8 +196,8 @@ class FuseRows(FusionPass):
                 role = "row"
             elif gr and _per_row_shape(shape, gx):
                 role = "x"
-            elif gr and _rows_among_ones(shape, gx) is not None:
-                role, x_dims = "x", _rows_among_ones(shape, gx)
+            elif gr and (x_dims := _rows_among_ones(shape, gx)) is not None:
+                role = "x"
             else:
                 return f"other shape: {shape}, the kernel walks {gx} x {gr}"
         members = [Member(m.box, r, m.x_dims if r == m.role else ()) for m, r in zip(group.members, roles)] \

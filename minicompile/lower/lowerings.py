@@ -2245,9 +2245,7 @@ def _conv2d(node, values, input, weight, bias, stride, padding, dilation, groups
     channels-last too, so the kernels after it read and write that layout (their loops follow
     memory order: codegen/common.py's plan_loops). The copy into channels-last is a generated
     kernel, or no work at all when the input is computed here (it is stored so directly). On a
-    CPU the weight is given channels-last too: oneDNN reorders a contiguous one on every call
-    (the book CNN's 32-to-64-channel 3 x 3 convolution, batch 16 of 16 x 16: 468 us a call with
-    a channels-last weight against 511-602 us, on 2 cores)."""
+    CPU the weight is given channels-last too: oneDNN reorders a contiguous one on every call."""
     meta = _meta(node, values)
     if meta is None or not isinstance(input, TensorBox) or not isinstance(weight, TensorBox) \
             or len(input.shape) != 4 or any(ir.is_symbolic(s) for s in input.shape):
