@@ -119,6 +119,36 @@ def test_compiled_halves_return_their_outputs_without_pytree(compiled_training):
         assert "tree_unflatten" not in half.wrapper_source, half.wrapper_source.splitlines()[-1]
 
 
+
+def test_running_statistics_are_written_in_place_beside_split_statistics(kernel_backend, compiled_training):
+    """A batch norm over few channels and many rows (a ResNet's first layers on a GPU): its
+    statistics are split reductions, and the kernel that combines the pieces walks them twice
+    (the mean first, then the squared deviations about it). The running mean and variance it
+    updates are read once per channel, not along the walked rows: the new values are written
+    over the old ones, not into new memory copied back after the graph (a copy of every
+    running statistic on every step)."""
+    if kernel_backend == "cpp":
+        pytest.skip("C++ runs a long reduction's loop in parallel itself: no split")
+    torch.manual_seed(0)
+    model = nn.BatchNorm2d(8).to(DEVICE).train()
+    x = (randn(16, 8, 128, 128) * 2 + 3).to(memory_format=torch.channels_last)
+    twin, exact = copy.deepcopy(model), copy.deepcopy(model).double()
+    compiled = minicompile.compile(model)
+    for _ in range(2):
+        out = compiled(x)
+        out.square().mean().backward()
+        expected = twin(x)
+        expected.square().mean().backward()
+        exact(x.double())
+        assert_same(out, expected)
+    # (the variance of 2M values: ours as near the float64 one as eager's)
+    for name in ("running_mean", "running_var"):
+        ours, eager, truth = getattr(model, name), getattr(twin, name), getattr(exact, name)
+        assert (ours.double() - truth).abs().max() <= 2 * (eager.double() - truth).abs().max() + 1e-6, name
+    assert model.num_batches_tracked == twin.num_batches_tracked == 2
+    source = compiled_training[-1].forward.wrapper_source
+    in_place = [line for line in source.splitlines() if "# in place:" in line]
+    assert len(in_place) == 3, source        # the count of batches, the running mean and variance
 def test_gradients_of_inputs_noncontiguous_and_broadcast(kernel_backend):
     """Gradients flow to inputs that require grad (not only parameters): a transposed one and
     one that broadcasts; an input that needs no gradient gets none."""

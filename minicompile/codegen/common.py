@@ -162,6 +162,7 @@ class KernelWriter:
         self.ranges = canonical_ranges(kernel)
         self.accesses: list[tuple[str, str, str]] = []   # ("load" | "store", buffer, index), in order
         self.whole_inputs: set[str] = set()   # inputs read at every position (not broadcast)
+        self.row_inputs: set[str] = set()     # inputs read along the reduced dims
 
     # -- code buffer
     def _emit(self, expr: str) -> str:
@@ -207,6 +208,8 @@ class KernelWriter:
             self.accesses.append(("load", name, index.render("//")))
         if set(self.plan.x_vars + self.plan.r_vars) <= index.variables():
             self.whole_inputs.add(name)
+        if not index.variables().isdisjoint(self.plan.r_vars):
+            self.row_inputs.add(name)
         return self._emit(expr)
 
     def store_index(self, member) -> Index:

@@ -498,8 +498,12 @@ def kernel_source(kernel, buffers, largest=_UNSET):
             launch = {"xnumel": _launch_value(xnumel), "rnumel": _launch_value(rnumel), "XBLOCK": xblock,
                       "RBLOCK": rblock, "num_warps": num_warps, "grid": _grid(xnumel, xblock)}
     # an output may be written over an input it replaces (as Inductor's in_out_ptr), except
-    # where a row is walked several times: a later walk would read what an earlier one overwrote
-    kernel.in_place = writer.in_place_inputs() if not kernel.r_sizes or persistent or walk.walks == 1 else {}
+    # an input read along a row walked several times: a later walk would read what an earlier
+    # one overwrote (one read per row, a batch norm's running mean beside its statistics, is
+    # read before its row's value is stored, however many walks come first)
+    kernel.in_place = writer.in_place_inputs()
+    if kernel.r_sizes and not persistent and walk.walks > 1:
+        kernel.in_place = {out: [x for x in over if x not in writer.row_inputs] for out, over in kernel.in_place.items()}
     return _function(kernel, writer, body, params, launch)
 
 
