@@ -258,14 +258,31 @@ def plan_memory(program: ir.Program, steps: list, kernel_args: dict, buffers: di
     return plan
 
 
-def _allocation(name, shape, stride, dtype, device, how, source) -> str:
+def _allocation(name, shape, stride, dtype, device: torch.device, how, source) -> str:
     """The wrapper's line that gives a buffer new memory, or the memory of a dead one."""
     if how == "reuse":
         return f"    {name} = {source}.as_strided({sizes(shape)}, {stride}); del {source}  # reuses {source}'s memory"
+    if how == "torch" and device.type in FAST_ALLOCATION:
+        # PyTorch's allocation on the current device, without a Python call or parsing a
+        # device (a step of a ResNet-50 allocates some 400 buffers); `call` runs on `device`
+        # (_on_its_device)
+        return f"    {name} = empty_strided_{device.type}({sizes(shape)}, {stride}, {dtype})"
     if how == "torch":
-        # PyTorch's own allocation, without a Python call
-        return f"    {name} = torch_empty_strided({sizes(shape)}, {stride}, dtype={dtype}, device={device})"
-    return f"    {name} = empty_strided({sizes(shape)}, {stride}, dtype={dtype}, device={device})"
+        return f"    {name} = torch_empty_strided({sizes(shape)}, {stride}, dtype={dtype}, device={str(device)!r})"
+    return f"    {name} = empty_strided({sizes(shape)}, {stride}, dtype={dtype}, device={str(device)!r})"
+
+
+# TorchDynamo's allocations on the current device of a type, as Inductor's wrapper makes them
+FAST_ALLOCATION = {"cuda": torch._C._dynamo.guards._empty_strided_cuda,
+                   "cpu": torch._C._dynamo.guards._empty_strided_cpu}
+
+
+def _on_its_device(lines: list, device: torch.device) -> list:
+    """The lines of `call`, run with `device` current where it is a GPU (its buffers are
+    allocated on the current one)."""
+    if device.type != "cuda" or device.index is None:
+        return lines
+    return [f"@memory.on_device({device.index})", *lines]
 
 
 def _same_layout(buf, box) -> bool:
@@ -418,7 +435,7 @@ def build(program: ir.Program, steps: list, written: dict | None = None) -> Comp
                 elif how == "reuse" and _same_layout(buffers[source], m.box):
                     lines.append(f"    {m.box.name} = {source}; del {source}  # reuses {source}'s memory")
                 else:
-                    lines.append(_allocation(m.box.name, shape, stride, m.box.dtype, device, how, source))
+                    lines.append(_allocation(m.box.name, shape, stride, m.box.dtype, program.device, how, source))
             if step.name not in kernel_args:          # nothing to compute (has_no_elements)
                 continue
             args = kernel_args[step.name]
@@ -450,7 +467,8 @@ def build(program: ir.Program, steps: list, written: dict | None = None) -> Comp
             ext = step.box.data
             x, w, *bias = [render(a, argument=True) for a in ext.args]
             bias = bias[0] if bias and bias[0] != "None" else None
-            lines.append(_allocation(ext.name, tuple(ext.shape), sizes(ext.stride), ext.dtype, device, *plan[ext.name]))
+            lines.append(_allocation(ext.name, tuple(ext.shape), sizes(ext.stride), ext.dtype, program.device,
+                                     *plan[ext.name]))
             k, n = ext.args[1].shape[1], ext.shape[-1]
             product = f"{x}.reshape(-1, {k}), {w}.t(), out={ext.name}.view(-1, {n})"
             lines.append(f"    torch.addmm({bias}, {product})" if bias else f"    torch.mm({product})")
@@ -483,7 +501,7 @@ def build(program: ir.Program, steps: list, written: dict | None = None) -> Comp
         lines.append(f"    return {literal}")
     else:
         lines.append(f"    return pytree.tree_unflatten([{outs}], output_spec)")
-    source = "\n".join(lines) + "\n"
+    source = "\n".join(_on_its_device(lines, program.device)) + "\n"
     exec(compile(source, "<minicompile wrapper>", "exec"), namespace)
     logs.log("output_code", f"\n{kernel_source}\n{source}")
     try:
@@ -523,10 +541,12 @@ def _namespace(backend: str, kernel_source: str, meta: dict, arg_dtypes: dict, o
     launcher (C++ libraries compiled and loaded; Triton kernels defined, and on a GPU compiled
     ahead for the dtypes of their arguments, lower/matmul.py's products with them)."""
     namespace: dict[str, Any] = {"torch": torch, "operator": operator, "pytree": pytree, "matmul": matmul,
+                                 "memory": memory,
                                  "output_spec": output_spec,
                                  "empty_strided": memory.empty_strided, "as_layout": memory.as_layout,
                                  "reinterpret_tensor": torch._C._dynamo.guards._reinterpret_tensor,
-                                 "torch_empty_strided": torch.empty_strided}
+                                 "torch_empty_strided": torch.empty_strided,
+                                 **{f"empty_strided_{kind}": f for kind, f in FAST_ALLOCATION.items()}}
     if not meta:
         return namespace
     if backend == "cpp":

@@ -1,6 +1,7 @@
 """Buffer allocation for the generated wrapper code.
 
-Takes a shape, strides, dtype and device; hands back an uninitialized tensor.
+Takes a shape, strides, dtype and device; hands back an uninitialized tensor. And `on_device`,
+which runs a GPU graph's wrapper with its device current.
 
 On a CPU, a freshly allocated large tensor costs more than the kernel that fills it: the
 operating system maps its memory lazily and takes a page fault (and zeroes a 4 KiB page) on the
@@ -42,6 +43,20 @@ def empty_strided(shape, stride, dtype, device) -> torch.Tensor:
             if last > first:
                 _madvise(first, last - first, MADV_HUGEPAGE)   # advice only: failure is harmless
     return out
+
+
+def on_device(index: int):
+    """Decorates a GPU graph's `call`: run with GPU `index` the current device (the wrapper
+    allocates its buffers on the current one), the caller's current device back after."""
+    def decorate(call):
+        def on_its_device(args):
+            previous = torch._C._cuda_exchangeDevice(index)
+            try:
+                return call(args)
+            finally:
+                torch._C._cuda_maybeExchangeDevice(previous)
+        return on_its_device
+    return decorate
 
 
 def as_layout(tensor: torch.Tensor, stride: tuple) -> torch.Tensor:
