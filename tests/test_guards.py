@@ -345,3 +345,14 @@ def test_device_change():
     calls = [call(torch.randn(6)), call(torch.randn(6, device="cuda")), call(torch.randn(6)),
              call(torch.randn(6, device="cuda"))]
     assert run_both(pointwise, calls) == (2, 2)
+
+
+def test_the_storage_pattern_sees_memory_shared_through_views_at_offsets():
+    """The guard of a graph that writes an input compares which inputs share memory with the
+    trace's: views at offsets into one storage (of another dtype too) share it, a tensor of its
+    own does not."""
+    from minicompile.capture.guards import storage_pattern
+    base, other = torch.randn(12), torch.randn(3)
+    assert storage_pattern(base[2:], other, base[5:], base.view(torch.int32)[1:], base) == (0, 1, 0, 0, 0)
+    assert storage_pattern(other, base[::2], other[1:].view(1, 2)) == (0, 1, 0)
+    assert storage_pattern(base[:6], base[6:].clone()) == (0, 1)

@@ -172,15 +172,31 @@ def viewed_dict(view) -> dict:
     return gc.get_referents(view.mapping)[0]
 
 
-_STORAGE, _STORAGE_PTR = torch.Tensor.untyped_storage, torch.UntypedStorage.data_ptr
+_DATA_PTR, _STORAGE_OFFSET = torch.Tensor.data_ptr, torch.Tensor.storage_offset
+
+
+def storage_address(t: torch.Tensor):
+    """Where a tensor's memory (its storage) begins; None for a tensor without storage."""
+    try:
+        return t.untyped_storage().data_ptr()
+    except Exception:                    # noqa: BLE001 (a wrapper subclass, a functional tensor)
+        return None
 
 
 def storage_pattern(*tensors) -> tuple:
     """For each tensor, the position of the first one that shares its memory."""
     # run per call over every tensor input (a model's parameters too): the addresses are read
     # by map, with no Python frame per tensor, and the usual answer, no memory shared, is
-    # found by one set
-    ptrs = list(map(_STORAGE_PTR, map(_STORAGE, tensors)))
+    # found by one set. A storage begins storage_offset elements before the tensor's data
+    # (untyped_storage() would make a Python object per tensor, a microsecond each on a GPU).
+    try:
+        ptrs = list(map(_DATA_PTR, tensors))
+        offsets = list(map(_STORAGE_OFFSET, tensors))
+    except Exception:                    # noqa: BLE001 (a tensor without storage)
+        ptrs = [storage_address(t) for t in tensors]
+    else:
+        if any(offsets):
+            ptrs = [p - o * t.element_size() if o else p for p, o, t in zip(ptrs, offsets, tensors)]
     if len(set(ptrs)) == len(ptrs):
         return tuple(range(len(ptrs)))
     first: dict = {}

@@ -35,7 +35,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from .. import aliasing, ir, logs
 from .breaks import Unsupported, never_traced
-from .guards import GuardBuilder, dense_order, viewed_dict
+from .guards import GuardBuilder, dense_order, storage_address, storage_pattern, viewed_dict
 from .sources import AttrSource, HelperSource, ItemSource, LocalSource, RootSource, Source
 from .builtin_calls import _BUILTIN_HANDLERS
 
@@ -140,7 +140,7 @@ class _ExampleOps(TorchDispatchMode):
                     continue
                 value = kwargs.get(arg.name) if arg.kwarg_only or i >= len(args) else args[i]
                 for t in value if isinstance(value, (list, tuple)) else (value,):
-                    if isinstance(t, torch.Tensor) and _storage_ptr(t) in self.storages:
+                    if isinstance(t, torch.Tensor) and storage_address(t) in self.storages:
                         raise _InputWritten(str(func))
         return func(*args, **kwargs)
 
@@ -366,7 +366,7 @@ class OutputGraph:
         self._last_placeholder = node
         self.input_sources.append(source)
         self.input_examples.append(value)
-        self.input_storages.setdefault(_storage_ptr(value), []).append(source)
+        self.input_storages.setdefault(storage_address(value), []).append(source)
         self.guards.tensor(source, value, dynamic)
         return TensorVariable(torch.fx.Proxy(node, self.root_tracer), value, source)
 
@@ -909,7 +909,7 @@ class OutputGraph:
                 # eager raises (a leaf that requires grad, or a view of one, written in place):
                 # run for real at a break, it raises there with eager's message
                 raise self.unsupported(f"in-place {name} on a leaf tensor that requires grad")
-            sources = self.input_storages.get(_storage_ptr(example))
+            sources = self.input_storages.get(storage_address(example))
             if sources is None:
                 continue
             self.written_inputs.update(sources)
@@ -932,8 +932,7 @@ class OutputGraph:
             return
         tensors = [(s, v) for s, v in zip(self.input_sources, self.input_examples)
                    if isinstance(v, torch.Tensor)]
-        first: dict = {}
-        pattern = tuple(first.setdefault(_storage_ptr(v), i) for i, (_, v) in enumerate(tensors))
+        pattern = storage_pattern(*[v for _, v in tensors])
         self.guards.storage_pattern([s for s, _ in tensors], pattern)
 
 
@@ -978,13 +977,6 @@ def _tensors_of(value) -> list:
 def _shape_of(out) -> list:
     """The sizes of the tensors of an `out=` argument (a tensor or a sequence of them)."""
     return [tuple(t.shape) for t in _tensors_of(out)]
-
-
-def _storage_ptr(t: torch.Tensor):
-    try:
-        return t.untyped_storage().data_ptr()
-    except Exception:
-        return None
 
 
 _DICT_VIEWS = (type({}.keys()), type({}.values()), type({}.items()))
