@@ -60,9 +60,13 @@ def decompositions() -> dict:
     layer norm's forward: what is left is matrix products, convolutions, attention, pointwise
     ops, reductions, views and a few ops lowering hands to PyTorch. Made once per process
     (tens of milliseconds, which every graph's first call paid); not to be changed."""
-    from torch._decomp import core_aten_decompositions, get_decompositions
-    table = dict(core_aten_decompositions())
-    table.update(get_decompositions([
+    import torch._decomp as decomp
+    # (core_aten_decompositions() adds the decomposition of every CompositeImplicitAutograd op
+    # of every namespace, found op by op, a tenth of a second: a trace after autograd, as this
+    # one is, decomposes those ops anyway)
+    core = getattr(decomp, "_core_aten_decompositions_post_autograd", decomp.core_aten_decompositions)
+    table = dict(core())
+    table.update(decomp.get_decompositions([
         aten.native_batch_norm, aten._native_batch_norm_legit, aten._native_batch_norm_legit_functional,
         aten._native_batch_norm_legit_no_training, aten.native_layer_norm, aten._softmax,
         aten._log_softmax]))
