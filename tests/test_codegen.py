@@ -877,6 +877,31 @@ def test_a_compile_server_forks_the_workers_once_triton_is_set_up(monkeypatch, t
         assert triton_codegen._TOGETHER.server is None
 
 
+class _LoadRecordingKernel(_WarmthRecordingKernel):
+    """A kernel that writes down, in the process that waits for it, that its binary was loaded
+    (and onto which GPU)."""
+    loaded: list = []
+
+    def load(self, key, device):
+        _LoadRecordingKernel.loaded.append((self.path.name, key, device, os.getpid()))
+
+
+@pytest.mark.skipif(not hasattr(os, "fork") or not HAS_TRITON, reason="compile workers are forked processes")
+def test_a_compile_server_s_answers_have_their_binaries_loaded_while_the_rest_compile(monkeypatch, tmp_path):
+    # each worker's answer names its job: the process waiting at the end of compiling_together
+    # loads that kernel's binary onto the graph's GPU then, not at its first launch (a batch
+    # with no GPU named, a matrix-product template's, is not loaded)
+    triton_codegen = _compile_server_here(monkeypatch, tmp_path, lambda: None)
+    monkeypatch.setattr(_LoadRecordingKernel, "loaded", [])
+    batches = [[_LoadRecordingKernel(tmp_path / f"{b}{i}") for i in range(5)] for b in "fb"]
+    with triton_codegen.compiling_together(gpu=True):
+        triton_codegen.compile_all([(k, [torch.float32], {"XBLOCK": 128}) for k in batches[0]], device=1)
+        triton_codegen.compile_all([(k, [torch.float16], {"XBLOCK": 64}) for k in batches[1]])
+    assert all(k.path.exists() for kernels in batches for k in kernels)
+    key = triton_codegen._spec_key(((torch.float32, True),), ())
+    assert sorted(_LoadRecordingKernel.loaded) == [(f"f{i}", key, 1, os.getpid()) for i in range(5)]
+
+
 class _CrashingKernel(_WarmthRecordingKernel):
     def compile(self, dtypes, settings, key):
         os._exit(1)

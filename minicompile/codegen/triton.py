@@ -19,6 +19,7 @@ import json
 import math
 import os
 import re
+import struct
 import sys
 import threading
 import warnings
@@ -838,21 +839,22 @@ class _KernelModule:
         return getattr(self.module, name)
 
 
-def precompile(launchers: dict, meta: dict, buffers: dict, meanwhile=None) -> None:
+def precompile(launchers: dict, meta: dict, buffers: dict, meanwhile=None, device: int | None = None) -> None:
     """Compile every kernel of a graph at once, instead of one by one at first launch. Each
     kernel is compiled for the specialization its first real launch will ask for: 16-byte-
     aligned pointers. Kernels whose binary is on disk already cost nothing here. `meanwhile`:
-    other compilation for this process to do while the workers compile (see compile_all)."""
+    other compilation for this process to do while the workers compile (see compile_all);
+    `device`: the GPU the kernels run on, where known (see _CompileServer.close)."""
     if os.environ.get("TRITON_INTERPRET") == "1" or not torch.cuda.is_available():
         return
     jobs = []
     for name, launcher in launchers.items():
         args, launch, _ = meta[name]
         jobs.append((launcher, [buffers[a].dtype for a in args], launch))
-    compile_all(jobs, meanwhile)
+    compile_all(jobs, meanwhile, device=device)
 
 
-def compile_all(jobs, meanwhile=None, wait: bool = False) -> None:
+def compile_all(jobs, meanwhile=None, wait: bool = False, device: int | None = None) -> None:
     """Compile (launcher, argument dtypes, launch settings) jobs not on disk yet, for aligned
     pointers. Triton's front end (Python source to its IR) is Python, so threads would take
     turns at the interpreter lock: the jobs are shared among forked worker processes instead
@@ -862,7 +864,8 @@ def compile_all(jobs, meanwhile=None, wait: bool = False) -> None:
     process while the workers compile (after the fork: a worker must not inherit a compilation
     half done); what it raises is left to the first launch to report. Inside
     `compiling_together` the workers are waited for at its end, unless `wait`, and they are
-    forked by its compile server when it has one."""
+    forked by its compile server when it has one, which loads each binary onto GPU `device`
+    (where given) as it is answered."""
     todo, seen = [], set()
     for launcher, dtypes, launch in jobs:
         settings = {k: v for k, v in launch.items() if k != "grid"}
@@ -881,7 +884,7 @@ def compile_all(jobs, meanwhile=None, wait: bool = False) -> None:
             pass
     workers = min(len(todo), os.cpu_count() or 1, config.compile_workers)
     server = None if wait else getattr(_TOGETHER, "server", None)
-    if todo and server is not None and server.submit(todo):
+    if todo and server is not None and server.submit(todo, device):
         run_meanwhile()
         return
     if workers <= 1 or not hasattr(os, "fork"):
@@ -972,13 +975,17 @@ class _CompileServer:
     handed over, and this process knows it is done without waiting for 16 processes to exit
     (tens of milliseconds each, for processes this large). Jobs travel pickled, through a file
     per batch (a launcher is rebuilt from its module's path, see Launcher.__reduce__); the
-    pipe carries fixed-size records, batch and job number, each read whole by one worker."""
+    pipe carries fixed-size records, batch and job number, each read whole by one worker, and
+    each answer names its batch and job. While it waits for the others, this process loads the
+    binary of each job answered onto its GPU (reading the cubin, the driver's module load: a
+    millisecond or so a kernel, which the first launch would pay, after every compile)."""
 
     RECORD = 64            # bytes a job's record takes (a divisor of the pipe's atomic write)
+    ANSWER = struct.Struct("<II")      # a job answered: its batch's number, its own
 
     def __init__(self, pid: int, jobs: int, done: int):
         self.pid, self.jobs, self.done = pid, jobs, done
-        self.expected, self.files = 0, []
+        self.expected, self.files, self.batches = 0, [], []
 
     @classmethod
     def start(cls) -> "_CompileServer":
@@ -1006,17 +1013,18 @@ class _CompileServer:
             os.setpgid(pid, pid)
         return cls(pid, jobs_write, done_read)
 
-    def submit(self, todo: list) -> bool:
-        """Hand the workers a batch; False where it cannot be handed over (this process then
-        compiles it, as without a server)."""
+    def submit(self, todo: list, device: int | None = None) -> bool:
+        """Hand the workers a batch (for GPU `device`, where known); False where it cannot be
+        handed over (this process then compiles it, as without a server)."""
         import pickle
         try:
             os.makedirs(config.cache_dir, exist_ok=True)
-            path = os.path.join(config.cache_dir, f"jobs-{self.pid}-{len(self.files)}")
+            path = os.path.join(config.cache_dir, f"jobs-{self.pid}-{len(self.batches)}")
             write_whole(path, pickle.dumps(todo))
         except (OSError, pickle.PicklingError, AttributeError, TypeError):
             return False
         self.files.append(path)
+        self.batches.append((todo, device))
         name = os.path.basename(path)
         records = b"".join(f"{name} {i}".encode().ljust(self.RECORD) for i in range(len(todo)))
         step = 4096 // self.RECORD * self.RECORD      # each write whole (atomic), records unsplit
@@ -1037,7 +1045,7 @@ class _CompileServer:
         import time
         os.close(self.jobs)
         with metrics.timed("kernel compile"):
-            start, answered = time.monotonic(), 0
+            start, answered, pending = time.monotonic(), 0, b""
             while answered < self.expected:
                 left = deadline - (time.monotonic() - start)
                 if left <= 0 or not select.select([self.done], [], [], left)[0]:
@@ -1047,12 +1055,23 @@ class _CompileServer:
                 got = os.read(self.done, 4096)
                 if not got:             # every worker has exited
                     break
-                answered += len(got)
+                pending += got
+                whole = len(pending) - len(pending) % self.ANSWER.size
+                for batch, job in self.ANSWER.iter_unpack(pending[:whole]):
+                    answered += 1
+                    self._load(batch, job)
+                pending = pending[whole:]
         os.close(self.done)
         for path in self.files:
             with contextlib.suppress(OSError):
                 os.unlink(path)
         threading.Thread(target=_reap, args=(self.pid,), daemon=True).start()
+
+    def _load(self, batch: int, job: int) -> None:
+        todo, device = self.batches[batch]
+        launcher, _, _, key = todo[job]
+        if device is not None:
+            launcher.load(key, device)
 
 
 def _reap(pid: int) -> None:
@@ -1077,7 +1096,7 @@ def _work(directory: str, jobs: int, done: int) -> None:
             _compile_job(batches[name][int(index)])
         except Exception:       # noqa: BLE001 (its first launch compiles it, and reports)
             pass
-        os.write(done, b".")
+        os.write(done, _CompileServer.ANSWER.pack(int(name.rsplit("-", 1)[1]), int(index)))
 
 
 WARM_UP_KERNEL = """import triton
@@ -1415,10 +1434,19 @@ class Launcher:
         if _static_launcher() is None:
             return None
         path = self.binary_path(key) or self.compile(args, kwargs, key)
-        if path is None:
-            return None
+        return None if path is None else self._loaded(path, args[0].device.index)
+
+    def load(self, key, device: int) -> None:
+        """Load the binary saved for `key` onto GPU `device` ahead of the first launch that
+        asks for it (nothing where there is none, or it is loaded)."""
+        if key not in self.binaries:
+            path = self.binary_path(key)
+            if path is not None:
+                self.binaries[key] = self._loaded(path, device)
+
+    def _loaded(self, path: str, device: int):
         try:
-            return _Binary(path, self.positional, args[0].device.index)
+            return _Binary(path, self.positional, device)
         except ValueError:             # parameters in an order the fast launch does not take
             return None
 

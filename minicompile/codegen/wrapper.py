@@ -356,7 +356,8 @@ def build(program: ir.Program, steps: list, written: dict | None = None) -> Comp
                                     lambda text: logs.log("autotune", text))
     arg_dtypes = {name: [buffers[a].dtype if a in buffers else None for a in args]
                   for name, args in kernel_args.items()}
-    namespace = _namespace(backend, kernel_source, meta, arg_dtypes, program.output_spec, _own_products(steps))
+    namespace = _namespace(backend, kernel_source, meta, arg_dtypes, program.output_spec, _own_products(steps),
+                           program.device.index if program.device.type == "cuda" else None)
     lines = ["def call(args):"]
     if program.inputs:
         lines.append(f"    {', '.join(b.name for b in program.inputs)}, = args")
@@ -536,7 +537,7 @@ def _own_products(steps: list) -> list:
 
 
 def _namespace(backend: str, kernel_source: str, meta: dict, arg_dtypes: dict, output_spec,
-               own_products=()) -> dict:
+               own_products=(), gpu: int | None = None) -> dict:
     """What the wrapper's source runs in: torch, the run-time helpers, and each kernel's
     launcher (C++ libraries compiled and loaded; Triton kernels defined, and on a GPU compiled
     ahead for the dtypes of their arguments, lower/matmul.py's products with them)."""
@@ -556,7 +557,8 @@ def _namespace(backend: str, kernel_source: str, meta: dict, arg_dtypes: dict, o
         typed = {a: types.SimpleNamespace(dtype=d) for name, (args, *_) in meta.items()
                  for a, d in zip(args, arg_dtypes[name])}
         triton_codegen.precompile(launchers, meta, typed,
-                                  meanwhile=(lambda: matmul.compile_ahead(own_products)) if own_products else None)
+                                  meanwhile=(lambda: matmul.compile_ahead(own_products)) if own_products else None,
+                                  device=gpu)
         namespace.update({name: launcher.site() for name, launcher in launchers.items()})
     return namespace
 
