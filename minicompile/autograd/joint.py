@@ -179,12 +179,26 @@ def trace_joint(gm: torch.fx.GraphModule, example_inputs, from_capture: bool = T
             node.replace_all_uses_with(node.args[0])
             graph.graph.erase_node(node)
     _fold_views(graph)
-    graph.graph.eliminate_dead_code()
+    graph.graph.eliminate_dead_code(is_impure_node=_impure_by_op())
     _merge_common_values(graph)
     graph.recompile()
     modes = [n.args[0] for n in gm.graph.nodes if n.target is torch._C._set_grad_enabled]
     return Joint(graph, len(primals), len(tensor_outs), differentiable, list(grad_inputs), reached_by,
                  inputs, outputs, spec, modes[-1] if modes else None)
+
+
+def _impure_by_op():
+    """FX's purity test of a node, asked once per ATen op: for an op it reads the op's schema
+    and registrations, the same for each of a model's thousands of nodes."""
+    memo: dict = {}
+
+    def impure(node: torch.fx.Node) -> bool:
+        if node.op != "call_function" or not isinstance(node.target, torch._ops.OpOverload):
+            return node.is_impure()
+        if node.target not in memo:
+            memo[node.target] = node.is_impure()
+        return memo[node.target]
+    return impure
 
 
 class _NotAsCaptured(Exception):
