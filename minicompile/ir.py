@@ -650,7 +650,8 @@ INDEX_ERRORS = "index_errors"
 INDEX_ERROR, RUNTIME_ERROR = 1, 2        # what INDEX_ERRORS holds: the exception eager raises
 
 # The reduction types a Reduction node may have.
-REDUCTIONS = ("sum", "mean", "max", "min", "prod", "argmax", "argmin")
+# ("squared_deviations": sum((v - mean(v))^2) over the row, read once: a split variance's pieces)
+REDUCTIONS = ("sum", "mean", "max", "min", "prod", "argmax", "argmin", "squared_deviations")
 
 # Reductions whose result is a position, not a value: the flat (row-major) index over
 # reduction_ranges of the first greatest (least) value, NaN counting as greatest (least) and

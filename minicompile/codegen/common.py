@@ -376,7 +376,7 @@ def reduction_identity(reduction_type: str, dtype: torch.dtype):
     """The value a row's accumulator starts from: what combined with any x gives x. For max
     and min of integers, the dtype's least and greatest value (-iinfo.max would turn a row of
     int16 -32768 into -32767); for bool, False and True."""
-    if reduction_type in ("sum", "mean"):
+    if reduction_type in ("sum", "mean", "squared_deviations"):
         return 0
     if reduction_type == "prod":
         return 1

@@ -449,10 +449,16 @@ def kernel_source(kernel, buffers, largest=_UNSET):
                     floating = comp.src_dtype.is_floating_point
                     nan_aware = comp.reduction_type in ("max", "min") and floating
                     arg = comp.reduction_type in ir.ARG_REDUCTIONS
+                    deviations = comp.reduction_type == "squared_deviations"
                     if persistent:
                         value = m.run(x_idx, r_idx)
                         block = writer._emit(f"tl.where(xmask & rmask, {value}, {init_value}).to({acc_tl})")
-                        if arg:
+                        if deviations:        # the row is in registers: its mean, then about it
+                            count = writer._emit("tl.sum(tl.where(xmask & rmask, 1.0, 0.0), 1)[:, None]")
+                            mean = writer._emit(f"tl.sum({block}, 1)[:, None] / tl.maximum({count}, 1.0)")
+                            apart = writer._emit(f"tl.where(xmask & rmask, {block} - {mean}, 0.0)")
+                            result = writer._emit(f"tl.sum({apart} * {apart}, 1)[:, None]")
+                        elif arg:
                             positions = writer._emit("tl.where(xmask & rmask, rindex, rnumel)")
                             result = _first_best(writer, reduce_fn, block, positions, floating)
                         else:
@@ -461,6 +467,10 @@ def kernel_source(kernel, buffers, largest=_UNSET):
                         acc, pos, v = f"acc{k}", f"pos{k}", f"v{k}"
                         value = m.run(x_idx, r_idx)
                         writer.lines.append(f"{v} = tl.where(xmask & rmask, {value}, {init_value}).to({acc_tl})")
+                        if deviations:
+                            _welford_lanes(writer, walk, k, v, acc_tl)
+                            walk.after.append(lambda m=m, k=k: finish(m, _merged_lanes(writer, k)))
+                            continue
                         if arg:
                             # per lane, elements come in order: take the first, a NaN over a
                             # number, or a strictly better value (ties keep the earlier one)
@@ -633,6 +643,29 @@ def _mask(axis: str, numel, block: int, shape: str) -> str:
     return f"{axis}mask = {axis}index < {axis}numel"
 
 
+def _welford_lanes(writer, walk, k: int, v: str, acc_tl: str) -> None:
+    """A walked row's sum of squared deviations about its own mean, read once (Welford's
+    update): each lane keeps the count, mean and sum of squared deviations of the elements it
+    has seen; _merged_lanes merges the lanes' at the end. A second walk about a mean found
+    first would read the row again, from memory where the row is large."""
+    seen = "xmask & rmask"
+    writer.lines += [f"count{k} = count{k} + tl.where({seen}, 1.0, 0.0)",
+                     f"delta{k} = {v} - mean{k}",
+                     f"mean{k} = mean{k} + tl.where({seen}, delta{k} / tl.maximum(count{k}, 1.0), 0.0)",
+                     f"acc{k} = acc{k} + tl.where({seen}, delta{k} * ({v} - mean{k}), 0.0)"]
+    walk.before += [f"{name}{k} = tl.full([XBLOCK, RBLOCK], 0, {acc_tl})" for name in ("count", "mean", "acc")]
+
+
+def _merged_lanes(writer, k: int) -> str:
+    """The row's sum of squared deviations from its lanes' (count, mean, sum of squared
+    deviations), Chan's formula for many parts: sum_l m2_l + sum_l n_l (mean_l - mean)^2, mean
+    the lanes' means weighted by their counts (sums of terms of one sign: no cancellation)."""
+    count = writer._emit(f"tl.sum(count{k}, 1)[:, None]")
+    mean = writer._emit(f"tl.sum(mean{k} * count{k}, 1)[:, None] / tl.maximum({count}, 1.0)")
+    apart = writer._emit(f"mean{k} - {mean}")
+    return writer._emit(f"tl.sum(acc{k} + count{k} * {apart} * {apart}, 1)[:, None]")
+
+
 def _row_reduce(writer, reduce_fn: str, block: str, nan_aware: bool) -> str:
     """reduce_fn over each row of a [XBLOCK, RBLOCK] block; NaN where the row holds one when
     nan_aware (tl.max and tl.min skip NaN, PyTorch's amax and amin return it)."""
@@ -652,7 +685,7 @@ def _first_best(writer, reduce_fn: str, block: str, positions: str, nan_aware: b
 
 
 REDUCE_FN = {"sum": "tl.sum", "mean": "tl.sum", "max": "tl.max", "min": "tl.min", "prod": "_prod",
-             "argmax": "tl.max", "argmin": "tl.min"}
+             "argmax": "tl.max", "argmin": "tl.min", "squared_deviations": "tl.sum"}
 COMBINE = {"sum": "{acc} + {v}", "mean": "{acc} + {v}", "prod": "{acc} * {v}",
            "max": "tl.where(({v} != {v}) | ({v} > {acc}), {v}, {acc})",
            "min": "tl.where(({v} != {v}) | ({v} < {acc}), {v}, {acc})"}

@@ -775,10 +775,10 @@ def _squared_deviations(input: TensorBox, mean: TensorBox, dims, keepdim: bool, 
 def _split_squared_deviations(mean: TensorBox, input: TensorBox, shape) -> TensorBox | None:
     """sum((x - mean)^2) over the rows of a split mean (`shape`: the result's), read in one
     pass with the mean's sums (Chan's parallel variance): each piece's sum of squares about its
-    own mean (a second walk of the piece in the same kernel, where its elements were just read,
-    so they come from the cache), then sum_p m2_p + n_p (mean_p - mean)^2 over the pieces, in
-    the kernel that sums the pieces for the mean. Exact as two passes are (no difference of
-    large sums), and a batch norm's statistics take two kernels instead of five. None where the
+    own mean (a "squared_deviations" reduction, Welford's update in the walk that sums the
+    piece), then sum_p m2_p + n_p (mean_p - mean)^2 over the pieces, in the kernel that sums
+    the pieces for the mean. Exact as two passes are (no difference of large sums), and a batch
+    norm's statistics take two kernels instead of five, each element read once. None where the
     mean is not split."""
     split = getattr(mean, "split", None)
     if split is None:
@@ -796,12 +796,8 @@ def _chan_total(input: TensorBox, split, kept_shape: list) -> TensorBox:
     """Chan's sum of squared deviations over the pieces of a split mean: (kept_shape,)."""
     program, device, acc, chunk = input.program, input.device, split.acc, split.chunk
     load_sums = split.partial.make_loader()
-
-    def piece_m2(idx, ridx):
-        d = ops.sub(split.element(idx, ridx), ops.truediv(load_sums(idx), ops.constant(float(chunk), acc)))
-        return ops.mul(d, d)
-    m2 = _pieces(piece_m2, kept_shape, split.pieces, chunk, acc, device, "sum", "squared deviations (split)",
-                 split.columns, program, [input, split.partial])
+    m2 = _pieces(split.element, kept_shape, split.pieces, chunk, acc, device, "squared_deviations",
+                 "squared deviations (split)", split.columns, program, [input])
     load_m2, load_total = m2.make_loader(), split.total.make_loader()
     count = chunk * split.pieces
 
