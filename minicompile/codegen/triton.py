@@ -1104,7 +1104,8 @@ class _CompileServer:
         todo, device = self.batches[batch]
         launcher, _, _, key = todo[job]
         if device is not None:
-            launcher.load(key, device)
+            with contextlib.suppress(Exception):       # (its first launch loads it, and reports)
+                launcher.load(key, device)
 
 
 def _reap(pid: int) -> None:

@@ -540,7 +540,8 @@ def _namespace(backend: str, kernel_source: str, meta: dict, arg_dtypes: dict, o
                own_products=(), gpu: int | None = None) -> dict:
     """What the wrapper's source runs in: torch, the run-time helpers, and each kernel's
     launcher (C++ libraries compiled and loaded; Triton kernels defined, and on a GPU compiled
-    ahead for the dtypes of their arguments, lower/matmul.py's products with them)."""
+    ahead for the dtypes of their arguments, lower/matmul.py's products with them, and loaded
+    onto GPU `gpu` where it is given)."""
     namespace: dict[str, Any] = {"torch": torch, "operator": operator, "pytree": pytree, "matmul": matmul,
                                  "memory": memory,
                                  "output_spec": output_spec,
