@@ -97,7 +97,8 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--models", default=None, help="comma-separated names (default: all for the device)")
-    parser.add_argument("--repeat", type=int, default=20)
+    parser.add_argument("--repeat", type=int, default=50,
+                        help="timed rounds (25 or more: the reported range needs five blocks of five)")
     parser.add_argument("--out", default=os.environ.get("OUT"))
     args = parser.parse_args()
     cuda = args.device == "cuda"
