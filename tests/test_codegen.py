@@ -1115,6 +1115,19 @@ def test_a_split_variance_reads_its_input_in_the_mean_s_kernel(kernel_backend, o
     assert len(compiled.kernels) == 2, compiled.wrapper_source
 
 
+def test_a_split_variance_of_pieces_held_in_registers_is_eager_s(kernel_backend):
+    """A variance of one long row (every element of a large tensor) is split into pieces short
+    enough to be held in registers: each piece's squared deviations about its own mean from the
+    piece read once, then Chan's combination; as exact as eager's, far from zero too."""
+    if kernel_backend == "cpp":
+        pytest.skip("C++ runs a long reduction's loop in parallel itself: no split")
+    x = randn(1 << 20) * 3 + 100
+    compiled = compile_graph(torch.fx.symbolic_trace(lambda x: torch.var(x)), [x])
+    truth = torch.var(x.double())
+    assert (compiled(x).double() - truth).abs() <= 4 * (torch.var(x).double() - truth).abs() + 1e-6 * truth
+    assert "var" not in compiled.wrapper_source and len(compiled.kernels) == 2, compiled.wrapper_source
+
+
 @pytest.mark.parametrize("call", [lambda x: torch.var_mean(x, 1), lambda x: torch.var_mean(x, False),
                                   lambda x: torch.var_mean(x, dim=-1, keepdim=True, unbiased=False),
                                   lambda x: torch.var_mean(x, (0, 2), correction=0)])

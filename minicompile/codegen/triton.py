@@ -1004,7 +1004,7 @@ class _CompileServer:
     before its joint trace: compiling_together), one process is forked, sets Triton up by
     compiling a small kernel, and forks the workers from that state, all while this process
     traces and lowers. Each worker then takes jobs one at a time from a pipe and answers each
-    with a byte on another once its binary is saved: a batch starts compiling the moment it is
+    on another once its binary is saved: a batch starts compiling the moment it is
     handed over, and this process knows it is done without waiting for 16 processes to exit
     (tens of milliseconds each, for processes this large). Jobs travel pickled, through a file
     per batch (a launcher is rebuilt from its module's path, see Launcher.__reduce__); the
@@ -1018,7 +1018,8 @@ class _CompileServer:
 
     def __init__(self, pid: int, jobs: int, done: int):
         self.pid, self.jobs, self.done = pid, jobs, done
-        self.expected, self.files, self.batches = 0, [], []
+        self.expected = 0
+        self.batches: list = []        # (its file, its jobs, their GPU), by batch number
 
     @classmethod
     def start(cls) -> "_CompileServer":
@@ -1056,8 +1057,7 @@ class _CompileServer:
             write_whole(path, pickle.dumps(todo))
         except (OSError, pickle.PicklingError, AttributeError, TypeError):
             return False
-        self.files.append(path)
-        self.batches.append((todo, device))
+        self.batches.append((path, todo, device))
         name = os.path.basename(path)
         records = b"".join(f"{name} {i}".encode().ljust(self.RECORD) for i in range(len(todo)))
         step = 4096 // self.RECORD * self.RECORD      # each write whole (atomic), records unsplit
@@ -1095,13 +1095,13 @@ class _CompileServer:
                     self._load(batch, job)
                 pending = pending[whole:]
         os.close(self.done)
-        for path in self.files:
+        for path, _, _ in self.batches:
             with contextlib.suppress(OSError):
                 os.unlink(path)
         threading.Thread(target=_reap, args=(self.pid,), daemon=True).start()
 
     def _load(self, batch: int, job: int) -> None:
-        todo, device = self.batches[batch]
+        _, todo, device = self.batches[batch]
         launcher, _, _, key = todo[job]
         if device is not None:
             with contextlib.suppress(Exception):       # (its first launch loads it, and reports)
