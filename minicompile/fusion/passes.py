@@ -159,7 +159,7 @@ class FuseRows(FusionPass):
     are split reductions (partial sums, then their sum), and the second one's partial sums
     join the first's, past the first's second stage, so the gradient is read once, not twice."""
     name = "fuse-rows"
-    look_back = 2
+    look_back = 8
 
     def run(self, state):
         fuse_consecutive(state, self.name, self.merge, self.look_back)
@@ -238,11 +238,20 @@ def _joined_earlier(state, name: str, merge, out: list, step: Kernel, look_back:
         if reads & stores(passed) or writes & (loads(passed) | stores(passed)):
             return False
         candidate = out[-back - 1]
-        if isinstance(candidate, Kernel) and reads & loads(candidate) and merge(candidate, step) is None:
+        if not isinstance(candidate, Kernel):
+            continue
+        shared = "they share reads" if reads & loads(candidate) else \
+            "they read one kernel's results" if _makers(out, reads) & _makers(out, loads(candidate)) else None
+        if shared and merge(candidate, step) is None:
             state.log(f"{name}: {step.name} ({step.box.name}) joins {candidate.name}, "
-                      f"moved back past {back} step(s) (they share reads)")
+                      f"moved back past {back} step(s) ({shared})")
             return True
     return False
+
+
+def _makers(steps: list, names: set) -> set:
+    """The ids of the kernels among steps that store any of the buffers named."""
+    return {id(s) for s in steps if isinstance(s, Kernel) and s.stored & names}
 
 
 def merge(group: Kernel, members: list[Member], x_sizes, r_sizes, new: Kernel) -> None:
