@@ -1092,21 +1092,24 @@ def test_a_split_mean_is_divided_in_the_kernel_that_sums_its_pieces(kernel_backe
     assert len(compiled.kernels) == 3, compiled.wrapper_source
 
 
+@pytest.mark.parametrize("shape", [(8, 64, 32, 32), (8, 16, 30, 30)])
 @pytest.mark.parametrize("offset", [0.0, 100.0, 1e4])
-def test_a_split_variance_reads_its_input_in_the_mean_s_kernel(kernel_backend, offset):
+def test_a_split_variance_reads_its_input_in_the_mean_s_kernel(kernel_backend, offset, shape):
     """A batch norm's statistics on a GPU: the mean and the variance of each of few channels
     over many rows. The variance is split as the mean is, and computed with it (Chan's
-    parallel variance): each piece's sum of squares about its own mean, in the kernel that sums
-    the piece (a second walk of it), then the pieces' combined over in the kernel that sums
-    them. Two kernels for both statistics (five as two passes), each piece read from memory
-    once; as exact as eager's, far from zero too (no difference of large sums)."""
+    parallel variance): each piece's squared deviations about its own mean, in the walk that
+    sums the piece (each lane's elements about the first it saw, the lanes then combined), then
+    the pieces' combined in the kernel that sums them. Two kernels for both statistics (five as
+    two passes), each piece read from memory once; as exact as eager's, far from zero too (no
+    difference of large sums). Pieces of 256 rows are walked in one step; of 450 (the second
+    shape), in two, the second partly masked."""
     if kernel_backend == "cpp":
         pytest.skip("C++ runs a long reduction's loop in parallel itself: no split")
 
     def statistics(x):
         var, mean = torch.var_mean(x, (0, 2, 3), correction=0, keepdim=True)
         return var, mean, x.var((0, 2, 3))
-    x = (randn(8, 64, 32, 32) * 3 + offset).to(memory_format=torch.channels_last)
+    x = (randn(*shape) * 3 + offset).to(memory_format=torch.channels_last)
     compiled = compile_graph(torch.fx.symbolic_trace(statistics), [x])
     exact = statistics(x.double())
     for ours, eager, truth in zip(compiled(x), statistics(x), exact):
@@ -1183,3 +1186,59 @@ def test_extern_arguments_are_plain_views_and_products_unchecked(kernel_backend)
     assert_same(compiled(x, w), f(x, w))
     assert "reinterpret_tensor(" in compiled.wrapper_source and "as_layout" not in compiled.wrapper_source, \
         compiled.wrapper_source
+
+
+def test_one_gradient_read_by_two_batch_norms_backward_is_read_twice(kernel_backend):
+    """A ResNet block's last batch norm and its shortcut's take one gradient g (an add and a
+    ReLU's backward of the block's output): each needs g's sum and g * (x - mean)'s per channel,
+    then its input gradient from them. On a GPU the sums are split (partial sums, then their
+    sum), and the first input gradient's convolution (an extern call here, a cumsum) comes
+    between the two batch norms in the graph. The second's partial sums join the first's, its
+    second stage the first's, and its input gradient the first's kernel (fuse-rows moves each
+    back past the steps it does not depend on): g's inputs are read twice (the sums, the
+    gradients), not four times, in three kernels."""
+    if kernel_backend == "cpp":
+        pytest.skip("C++ runs a long reduction's loop in parallel itself: no split")
+
+    def two_batch_norms(out, a, b, x1, m1, x2, m2):
+        g = torch.where(out <= 0, 0, a + b)
+        total = g.sum((0, 2, 3), keepdim=True)
+        d1 = (g * (x1 - m1)).sum((0, 2, 3), keepdim=True)
+        dx1 = torch.cumsum(g - total / 8192 - (x1 - m1) * d1 / 8192, 1)
+        d2 = (g * (x2 - m2)).sum((0, 2, 3), keepdim=True)
+        return dx1, g - total / 8192 - (x2 - m2) * d2 / 8192
+    big = [randn(8, 64, 32, 32).to(memory_format=torch.channels_last) for _ in range(5)]
+    out, a, b, x1, x2 = big
+    args = [out, a, b, x1, randn(1, 64, 1, 1), x2, randn(1, 64, 1, 1)]
+    minicompile.metrics.reset()
+    compiled = compile_graph(torch.fx.symbolic_trace(two_batch_norms), args)
+    torch.testing.assert_close(compiled(*args), two_batch_norms(*args), rtol=1e-4, atol=1e-4)
+    assert len(compiled.kernels) == 3, compiled.wrapper_source
+    read = sum(r for _, r, _ in minicompile.metrics.kernel_bytes)
+    assert read < 2 * sum(t.numel() * 4 for t in big) * 1.01, compiled.wrapper_source
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.int32])
+def test_short_rows_are_reduced_in_a_pointwise_kernel(kernel_backend, dtype):
+    """Rows of at most 8 elements, apart in memory (a grouped-query attention's key gradient
+    summed over the 4 query heads that share each key head) are reduced inside a pointwise
+    kernel, each element loaded in turn: no reduction kernel with a block of mostly masked
+    lanes. Eager's results: sums, means, products, maxima and minima (a NaN wins), in each
+    dtype."""
+    if dtype == torch.float16 and DEVICE == "cpu" and kernel_backend == "triton":
+        pytest.skip("the Triton interpreter computes float16 in numpy's precision")
+
+    def integer_reductions(k):
+        return k.sum(2), k.amax(1), k.amin((0, 2)), k.prod(1)
+
+    def float_reductions(k):
+        return *integer_reductions(k), k.mean(3)
+    reductions = float_reductions if dtype.is_floating_point else integer_reductions
+    k = (randn(2, 6, 3, 5, 4) * 3).to(dtype).transpose(1, 3)
+    if dtype.is_floating_point:
+        k[0, 1, 2, 3] = float("nan")
+    compiled = compile_graph(torch.fx.symbolic_trace(reductions), [k])
+    for ours, eager in zip(compiled(k), reductions(k)):
+        torch.testing.assert_close(ours, eager, equal_nan=True, **({"rtol": 2e-3, "atol": 2e-3}
+                                                                  if dtype == torch.float16 else {}))
+    assert {c.kind for c in compiled.kernels} <= {"pointwise", "combo"}, compiled.wrapper_source

@@ -149,6 +149,8 @@ def test_running_statistics_are_written_in_place_beside_split_statistics(kernel_
     source = compiled_training[-1].forward.wrapper_source
     in_place = [line for line in source.splitlines() if "# in place:" in line]
     assert len(in_place) == 3, source        # the count of batches, the running mean and variance
+
+
 def test_gradients_of_inputs_noncontiguous_and_broadcast(kernel_backend):
     """Gradients flow to inputs that require grad (not only parameters): a transposed one and
     one that broadcasts; an input that needs no gradient gets none."""
@@ -492,7 +494,9 @@ def test_max_pooling_backward_is_a_generated_kernel(kernel_backend, compiled_tra
     whose maximum it was: a generated kernel, not PyTorch's fill-then-scatter. Overlapping
     windows (ResNet's 3 x 3, stride 2), padding, ceil_mode's partial windows, strides larger
     than the window, channels-last inputs and ties (equal values in a window) give eager's
-    gradients. float16 stays PyTorch's kernel, with eager's gradients too."""
+    gradients. float16 stays PyTorch's kernel, with eager's gradients too. The saved maxima's
+    places in their windows are compared with each position's in 32-bit integers (the indices
+    into the input plane they stand for would take 64-bit arithmetic)."""
     def f(x):
         return F.max_pool2d(torch.relu(x) * 1.5, kernel, stride, padding, ceil_mode=ceil_mode) * 3
     for dtype, channels_last in ((torch.float32, False), (torch.float32, True), (torch.float16, False)):
@@ -515,6 +519,8 @@ def test_max_pooling_backward_is_a_generated_kernel(kernel_backend, compiled_tra
     minicompile.reset()
     minicompile.compile(f)(randn(*shape).requires_grad_()).sum().backward()
     assert "max_pool2d_with_indices_backward" not in made[-1].backward.wrapper_source
+    if kernel_backend == "triton":
+        assert "int64" not in made[-1].backward.source
 
 
 @pytest.mark.parametrize("shape, kernel, stride, padding, ceil_mode", [

@@ -188,7 +188,10 @@ class TritonWriter(KernelWriter):
         super().__init__(kernel, plan, buffers)
         self.mask = mask
         # float arithmetic here is float32 (narrower floats compute in it) unless a float64
-        # tensor is involved: then Triton's own `/` and sqrt, which are IEEE for float64
+        # tensor is involved: then Triton's own `/` and sqrt, which are IEEE for float64. A
+        # float64 value made inside the kernel (a CPU's variance accumulates in it, over rows
+        # short enough to be summed in a pointwise kernel) is cast or written as a constant
+        # before anything divides it: `_sees` turns the float64 arithmetic on there
         self.float32_only = not any(b.dtype == torch.float64 for b in buffers.values())
         self.device_asserts = asserts_on_device(kernel.box.device)
         # a pointwise kernel's elements in loop order, as an index over its variables
@@ -276,9 +279,14 @@ class TritonWriter(KernelWriter):
         cd = ir.compute_dtype(dtype)
         return f"{value}.to({TL_TYPES[cd]})" if cd != dtype else value
 
+    def _sees(self, dtype):
+        if dtype == torch.float64:
+            self.float32_only = False
+
     def index_value_expr(self, index, dtype):
         if not index.variables():
             return self.constant_expr(index.const, dtype)
+        self._sees(dtype)
         return f"({index.render('//')}).to({TL_TYPES[dtype]})"
 
     def index_assign(self, var, value):
@@ -298,6 +306,7 @@ class TritonWriter(KernelWriter):
                 f"{var} = tl.where({bad}, 0, {var})"]
 
     def constant_expr(self, value, dtype):
+        self._sees(dtype)
         if isinstance(value, float) and (math.isinf(value) or math.isnan(value)):
             return f"float('{value}')"
         if dtype == torch.bool:
@@ -309,6 +318,7 @@ class TritonWriter(KernelWriter):
         return repr(float(value))
 
     def cast_expr(self, x, dtype):
+        self._sees(dtype)
         if x in self.constants and not x.startswith("tl."):    # a Python float: a block first
             x = f"tl.full([1], {x}, tl.float32)"
         return f"({x}).to({TL_TYPES[dtype]})"
@@ -317,6 +327,7 @@ class TritonWriter(KernelWriter):
         return ir.render_size(size, "//")
 
     def scalar_arg(self, name, dtype):
+        self._sees(ir.compute_dtype(dtype))
         return self._emit(f"tl.full([1], {name}, {TL_TYPES[ir.compute_dtype(dtype)]})")
 
     def size_value(self, size, dtype):
@@ -468,8 +479,8 @@ def kernel_source(kernel, buffers, largest=_UNSET):
                         value = m.run(x_idx, r_idx)
                         writer.lines.append(f"{v} = tl.where(xmask & rmask, {value}, {init_value}).to({acc_tl})")
                         if deviations:
-                            _welford_lanes(writer, walk, k, v, acc_tl)
-                            walk.after.append(lambda m=m, k=k: finish(m, _merged_lanes(writer, k)))
+                            _shifted_lanes(writer, walk, k, v, acc_tl)
+                            walk.after.append(lambda m=m, k=k, acc_tl=acc_tl: finish(m, _merged_lanes(writer, k, acc_tl)))
                             continue
                         if arg:
                             # per lane, elements come in order: take the first, a NaN over a
@@ -643,27 +654,33 @@ def _mask(axis: str, numel, block: int, shape: str) -> str:
     return f"{axis}mask = {axis}index < {axis}numel"
 
 
-def _welford_lanes(writer, walk, k: int, v: str, acc_tl: str) -> None:
-    """A walked row's sum of squared deviations about its own mean, read once (Welford's
-    update): each lane keeps the count, mean and sum of squared deviations of the elements it
-    has seen; _merged_lanes merges the lanes' at the end. A second walk about a mean found
-    first would read the row again, from memory where the row is large."""
+def _shifted_lanes(writer, walk, k: int, v: str, acc_tl: str) -> None:
+    """A walked row's sum of squared deviations about its own mean, read once: each lane sums
+    its elements' differences from the first element it saw (its shift), and their squares.
+    About a shift near the mean the squares' sum loses little to the square of the sum taken
+    from it (_merged_lanes), where the plain sums of squares of values far from zero would lose
+    every digit; and there is no division for each element (Welford's update, one a lane per
+    element, bounded the kernel by its instructions)."""
     seen = "xmask & rmask"
-    writer.lines += [f"count{k} = count{k} + tl.where({seen}, 1.0, 0.0)",
-                     f"delta{k} = {v} - mean{k}",
-                     f"mean{k} = mean{k} + tl.where({seen}, delta{k} / tl.maximum(count{k}, 1.0), 0.0)",
-                     f"acc{k} = acc{k} + tl.where({seen}, delta{k} * ({v} - mean{k}), 0.0)"]
-    walk.before += [f"{name}{k} = tl.full([XBLOCK, RBLOCK], 0, {acc_tl})" for name in ("count", "mean", "acc")]
+    writer.lines += [f"shift{k} = tl.where(roffset == 0, {v}, shift{k})",
+                     f"apart{k} = tl.where({seen}, {v} - shift{k}, 0.0)",
+                     f"sum{k} = sum{k} + apart{k}",
+                     f"acc{k} = acc{k} + apart{k} * apart{k}"]
+    walk.before += [f"{name}{k} = tl.full([XBLOCK, RBLOCK], 0, {acc_tl})" for name in ("shift", "sum", "acc")]
 
 
-def _merged_lanes(writer, k: int) -> str:
-    """The row's sum of squared deviations from its lanes' (count, mean, sum of squared
-    deviations), Chan's formula for many parts: sum_l m2_l + sum_l n_l (mean_l - mean)^2, mean
-    the lanes' means weighted by their counts (sums of terms of one sign: no cancellation)."""
-    count = writer._emit(f"tl.sum(count{k}, 1)[:, None]")
-    mean = writer._emit(f"tl.sum(mean{k} * count{k}, 1)[:, None] / tl.maximum({count}, 1.0)")
-    apart = writer._emit(f"mean{k} - {mean}")
-    return writer._emit(f"tl.sum(acc{k} + count{k} * {apart} * {apart}, 1)[:, None]")
+def _merged_lanes(writer, k: int, acc_tl: str) -> str:
+    """The row's sum of squared deviations from its lanes': each lane's count (the walk's
+    steps that reached it), mean and sum of squared deviations about it, then Chan's formula
+    for many parts: sum_l m2_l + sum_l n_l (mean_l - mean)^2, mean the lanes' means weighted by
+    their counts (sums of terms of one sign: no cancellation)."""
+    count = writer._emit(f"((rnumel - rbase + RBLOCK - 1) // RBLOCK).to({acc_tl})")
+    share = writer._emit(f"sum{k} / tl.maximum({count}, 1.0)")
+    lane_mean = writer._emit(f"shift{k} + {share}")
+    lane_m2 = writer._emit(f"tl.maximum(acc{k} - sum{k} * {share}, 0.0)")
+    mean = writer._emit(f"tl.sum({lane_mean} * {count}, 1)[:, None] / tl.maximum(rnumel, 1.0)")
+    apart = writer._emit(f"{lane_mean} - {mean}")
+    return writer._emit(f"tl.sum({lane_m2} + {count} * {apart} * {apart}, 1)[:, None]")
 
 
 def _row_reduce(writer, reduce_fn: str, block: str, nan_aware: bool) -> str:
@@ -718,22 +735,24 @@ def _reduction_config(xnumel: int, rnumel: int, whole_inputs: int = 1) -> tuple[
 
 def _column_config(xnumel: int, rnumel: int) -> tuple[int, int, int]:
     """(XBLOCK, RBLOCK, num_warps) for a column reduction (its rows far apart in memory, its
-    columns next to each other): a program takes XBLOCK neighbouring columns, at least 8 (a
-    32-byte sector of float32 per row read) and at most 32, fewer where that leaves more
-    programs for the GPU's 132 multiprocessors (one each; two each where the columns are
-    shorter than 2048, whose walk of a few steps gives a program too little work to hide its
-    loads' latency), and walks the rows RBLOCK at a time (tiles of 4096). Swept on the H100:
-    benchmarks/sweep_column_reductions.py, whose results file
-    (results/sweep_column_reductions_h100.json) compares this choice with the best of 30 for
-    long columns. For short ones, MobileNetV3's batch norm, activation and mean over 28 x 28
-    positions of 72 and 120 channels (batch 64): 16 columns a program took 20% and 14% less
-    time than 32, within 1.1% of the best of 24 settings (a one-off sweep on an H100; no
-    results file holds it)."""
+    columns next to each other): a program takes XBLOCK neighbouring columns,
+    `ir.GPU_COLUMN_BLOCK` (32) where that leaves a program for each of the GPU's 132
+    multiprocessors (two each where the columns are shorter than 2048, whose walk of a few steps
+    gives a program too little work to hide its loads' latency), else fewer, down to 8 (a
+    32-byte sector of float32 per row read); it walks the rows RBLOCK at a time (tiles of
+    2048). Long columns come split into enough pieces for 32 a program (lowerings._split_factor).
+    Swept (benchmarks/sweep_column_reductions.py): unsplit columns on the H100
+    (results/sweep_column_reductions_h100.json: there, 8 columns a program in tiles of 2048 was
+    the best of 30 settings or within 4% of it, but for 3072 columns), split ones on the H200
+    (results/sweep_column_reductions_h200.json). For short columns, MobileNetV3's batch norm,
+    activation and mean over 28 x 28 positions of 72 and 120 channels (batch 64): 16 columns a
+    program took 20% and 14% less time than 32, within 1.1% of the best of 24 settings (a
+    one-off sweep on an H100; no results file holds it)."""
     programs = ir.GPU_MULTIPROCESSORS if rnumel >= 2048 else 2 * ir.GPU_MULTIPROCESSORS
-    xblock = 32
+    xblock = ir.GPU_COLUMN_BLOCK
     while xblock > 8 and xnumel // xblock < programs:
         xblock //= 2
-    return xblock, max(16, min(4096 // xblock, _next_pow2(rnumel))), 8
+    return xblock, max(16, min(2048 // xblock, _next_pow2(rnumel))), 8
 
 
 def _pointwise_config(xnumel: int, whole_inputs: int = 1) -> tuple[int, int]:

@@ -12,6 +12,7 @@ when stored).
 from __future__ import annotations
 
 import functools
+import itertools
 import math
 import operator
 import types
@@ -455,6 +456,11 @@ def _int64(v):
     return ops.constant(v, torch.int64)
 
 
+def _int32(v):
+    """An integer constant for index arithmetic known to fit 32 bits (positions in a plane)."""
+    return ops.constant(v, torch.int32)
+
+
 _pair = custom_ops.pair
 
 
@@ -633,10 +639,40 @@ def _new_reduction_box(meta, input, dims, keepdim, reduction_type):
         for j, d in enumerate(dims):
             full[d] = ridx[j]
         return ops.to_dtype(load(full), acc, src_cd)
+    if reduction_type in UNROLLED and all(isinstance(r, int) for r in ranges) and math.prod(ranges) <= UNROLL_LIMIT \
+            and kept and _unit_steps(input, kept, dims)[1] == 0:
+        return _unrolled_reduction(meta, input, ranges, reduction_type, acc, inner_fn)
     data = ir.Reduction(ir.shape_of(meta), meta.dtype, meta.device, reduction_type, ranges,
                         inner_fn, src_dtype=acc, origin=reduction_type,
                         input_shape=list(input.shape), reduced_dims=dims, keepdim=bool(keepdim))
     return TensorBox(data, input.program, [input])
+
+
+# Rows of at most this many elements, none next to another in memory, are reduced inside a
+# pointwise expression, each element loaded and combined in turn (as Inductor's
+# unroll_reductions_threshold): a reduction kernel would hold a block of mostly masked lanes
+# per row, and load the rows' elements (a grouped-query attention's key gradient summed over
+# the query heads that share each key head, 64 floats apart) by neighbouring lanes instead
+# of neighbouring rows' elements. Short contiguous rows (a softmax over 7) stay a reduction
+# kernel: its members read the row's results from registers, where an unrolled softmax's sum
+# would compute its maximum again for each element.
+UNROLL_LIMIT = 8
+UNROLLED = {"sum": "add", "mean": "add", "prod": "mul", "max": "maximum", "min": "minimum"}
+
+
+def _unrolled_reduction(meta, input, ranges, reduction_type, acc, inner_fn) -> TensorBox:
+    """A reduction over short rows as a pointwise value: the row's elements combined in order,
+    in the accumulator's dtype (a mean divided by the row length at the end)."""
+    positions = [[Index.of(p) for p in position] for position in itertools.product(*[range(r) for r in ranges])]
+
+    def row(idx):
+        combine = getattr(ops, UNROLLED[reduction_type])
+        total = inner_fn(idx, positions[0])
+        for position in positions[1:]:
+            total = combine(total, inner_fn(idx, position))
+        return ops.truediv(total, ops.constant(float(len(positions)), acc)) if reduction_type == "mean" else total
+    return TensorBox(ir.Pointwise(ir.shape_of(meta), meta.dtype, meta.device, row, reduction_type),
+                     input.program, [input])
 
 
 def _split_choice(input: TensorBox, kept: list, dims: list) -> tuple[int, bool]:
@@ -657,19 +693,21 @@ def _split_factor(rows: int, row_length: int, columns: bool = False) -> int:
     """How many pieces to cut each row into, when there are too few rows to keep a machine
     busy and each is long (a full sum of a large tensor would otherwise run in one program):
     a divisor of the row length, so no piece needs a bound check; 0 for no split. Columns (rows
-    next to each other in memory, as a channels-last batch norm's channels) are reduced 8 or
-    more to a program (codegen/triton.py's _column_config), so fewer than about a thousand of
-    them leave most of a GPU idle: where there are fewer than 8 columns a multiprocessor (132
-    on an H100: under one program each) and long rows, they are split into enough pieces for
-    some 256 programs."""
+    next to each other in memory, as a channels-last batch norm's channels) are reduced
+    `ir.GPU_COLUMN_BLOCK` to a program where there are enough of them; long ones are split into
+    enough pieces of at least 256 for two such programs a multiprocessor, each piece's columns
+    side by side (a ResNet-50's batch norms at batch 32: 64 channels of 401,408 in 256 pieces,
+    256 channels of 100,352 in 64). On the H200, this took a batch norm's backward sums 40%
+    less time than 8 columns a program over pieces a quarter as many
+    (benchmarks/results/sweep_column_reductions_h200.json)."""
     if ir.is_symbolic(rows) or ir.is_symbolic(row_length):
         return 0
     if columns:
-        programs = max(1, rows // 8)
-        if programs >= ir.GPU_MULTIPROCESSORS or row_length < 4096:
+        programs, wanted = -(-rows // ir.GPU_COLUMN_BLOCK), 2 * ir.GPU_MULTIPROCESSORS
+        if programs >= wanted or row_length < 4096:
             return 0
-        fits = [p for p in (2, 4, 8, 16, 32, 64, 128, 256) if row_length % p == 0 and row_length // p >= 256]
-        enough = [p for p in fits if p * programs >= 256]
+        fits = [2**k for k in range(1, 11) if row_length % 2**k == 0 and row_length // 2**k >= 256]
+        enough = [p for p in fits if p * programs >= wanted]
         return enough[0] if enough else (fits[-1] if fits else 0)
     if rows > 64 or row_length < 2**16:
         return 0
@@ -683,6 +721,13 @@ def _reads_columns(input: TensorBox, kept: list, dims: list) -> bool:
     """Whether more of the loads of a reduction's input step through memory along the kept
     dims than along the reduced ones (a reduction over the leading dims of a channels-last or
     row-major value: its rows are next to each other)."""
+    along_kept, along_reduced = _unit_steps(input, kept, dims)
+    return along_kept > along_reduced
+
+
+def _unit_steps(input: TensorBox, kept: list, dims: list) -> tuple[int, int]:
+    """(along kept, along reduced): how many of the loads that compute a reduction's input
+    step through memory one element at a time along a kept dim, and along a reduced one."""
     rec = ir.RecordingOps()
     # a value that reads a reduction not stored yet (a variance reads its mean) cannot be
     # loaded now: the same-shaped values it is computed from are looked at instead
@@ -700,7 +745,7 @@ def _reads_columns(input: TensorBox, kept: list, dims: list) -> bool:
             rec, boxes = ir.RecordingOps(), boxes + box.reads
     along_kept = sum(any(index.coeff(f"i{d}") == 1 for d in kept) for _, index in rec.loads)
     along_reduced = sum(any(index.coeff(f"i{d}") == 1 for d in dims) for _, index in rec.loads)
-    return along_kept > along_reduced
+    return along_kept, along_reduced
 
 
 def _split_reduction(meta, input, dims, kept, ranges, reduction_type, acc, pieces, columns=False):
@@ -1863,8 +1908,10 @@ def _max_pool2d_offsets_to_indices(node, values, offsets, kernel_size, stride, p
         h = ops.add(ops.index_expr(oh * sh + (-ph), torch.int64), row)
         w = ops.add(ops.index_expr(ow * sw + (-pw), torch.int64), col)
         return ops.add(ops.mul(h, _int64(width)), w)
-    return TensorBox(ir.Pointwise(ir.shape_of(meta), torch.int64, meta.device, inner_fn, "max_pool2d indices"),
-                     offsets.program, [offsets])
+    indices = TensorBox(ir.Pointwise(ir.shape_of(meta), torch.int64, meta.device, inner_fn, "max_pool2d indices"),
+                        offsets.program, [offsets])
+    indices.window_offsets = types.SimpleNamespace(offsets=offsets, kernel=(kh, kw), stride=(sh, sw), padding=(ph, pw))
+    return indices
 
 
 def _pool_window(input, meta, kernel_size, stride, padding, dilation):
@@ -1918,7 +1965,15 @@ def _max_pool2d_backward(node, values, grad_output, input, kernel_size, stride, 
     (kh, kw), (sh, sw), (ph, pw) = custom_ops.pooling_sizes(kernel_size, stride, padding)
     width = meta.shape[-1]
     out_sizes = grad_output.shape[-2:]
-    load_grad, load_index = grad_output.make_loader(), indices.make_loader()
+    # the maxima's places in their windows, where the indices were computed from them (a
+    # training graph's, autograd/joint.py): (h, w) was window (oh, ow)'s maximum where its place
+    # there, (h - oh * sh + ph) * kw + (w - ow * sw + pw), is the one saved. One int32 multiply-add
+    # against the indices' int64 arithmetic, which bounded the kernel by its instructions
+    source = getattr(indices, "window_offsets", None)
+    if source is not None and (source.kernel, source.stride, source.padding) != ((kh, kw), (sh, sw), (ph, pw)):
+        source = None
+    places = source.offsets if source is not None else indices
+    load_grad, load_place = grad_output.make_loader(), places.make_loader()
 
     def windows(i, pad, step, k, out_size):
         """The windows along one dim that may cover position i, first to last: (the window's
@@ -1926,29 +1981,34 @@ def _max_pool2d_backward(node, values, grad_output, input, kernel_size, stride, 
         found = []
         for t in reversed(range(-(-k // step))):
             o = (i + pad) // step + (-t)
-            conditions = [ops.lt(ops.index_expr((i + pad) % step + t * step, torch.int64), _int64(k))] \
+            conditions = [ops.lt(ops.index_expr((i + pad) % step + t * step, torch.int32), _int32(k))] \
                 if t * step + step > k else []
             if t > 0:
-                conditions.append(ops.ge(ops.index_expr(o, torch.int64), _int64(0)))
-            conditions.append(ops.lt(ops.index_expr(o, torch.int64), _int64(out_size)))
+                conditions.append(ops.ge(ops.index_expr(o, torch.int32), _int32(0)))
+            conditions.append(ops.lt(ops.index_expr(o, torch.int32), _int32(out_size)))
             found.append((o, conditions))
         return found
 
+    def chosen(at, h, w, oh, ow):
+        """Whether input element (h, w) is window `at`'s maximum."""
+        if source is not None:
+            place = (h + oh * -sh + ph) * kw + w + ow * -sw + pw
+            return ops.eq(ops.to_dtype(load_place(at), torch.int32, places.dtype), ops.index_expr(place, torch.int32))
+        return ops.eq(ops.to_dtype(load_place(at), torch.int64, places.dtype), ops.index_expr(h * width + w, torch.int64))
+
     def inner_fn(idx):
         *lead, h, w = idx
-        here = ops.index_expr(h * width + w, torch.int64)
         total = ops.constant(0, meta.dtype)
         for oh, rows in windows(h, ph, sh, kh, out_sizes[0]):
             for ow, cols in windows(w, pw, sw, kw, out_sizes[1]):
                 at = [*lead, oh, ow]
 
-                def term(at=at):
-                    chosen = ops.eq(ops.to_dtype(load_index(at), torch.int64, indices.dtype), here)
-                    return ops.where(chosen, load_grad(at), ops.constant(0, meta.dtype))
+                def term(at=at, oh=oh, ow=ow):
+                    return ops.where(chosen(at, h, w, oh, ow), load_grad(at), ops.constant(0, meta.dtype))
                 total = ops.add(total, ops.masked(_all_of(rows + cols), term, ops.constant(0, meta.dtype)))
         return total
     return TensorBox(ir.Pointwise(ir.shape_of(meta), meta.dtype, meta.device, inner_fn, "max_pool2d_backward"),
-                     grad_output.program, [grad_output, indices])
+                     grad_output.program, [grad_output, places])
 
 
 @register([F.pad, torch._C._nn.pad], "input, pad, mode='constant', value=None")
