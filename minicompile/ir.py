@@ -480,9 +480,9 @@ CHANNELS_LAST = (0, 2, 3, 1)      # dim order of a 4-D (N, C, H, W) tensor store
 # (lowerings._split_factor) and how many columns a Triton program takes (codegen/triton.py's
 # _column_config) are sized to keep each of them busy
 GPU_MULTIPROCESSORS = 132
-# The columns a Triton program of a column reduction takes where there are enough to keep the
-# multiprocessors busy (128 bytes of float32 along each row it reads): lowering splits long
-# columns into pieces so that there are
+# The columns a Triton program of a column reduction takes where there are enough of them to
+# keep the multiprocessors busy (128 bytes of float32 along each row it reads); lowering splits
+# long columns into enough pieces for that
 GPU_COLUMN_BLOCK = 32
 
 # Output pixels (N * H_out * W_out) from which a CPU convolution runs channels-last.

@@ -480,7 +480,7 @@ def kernel_source(kernel, buffers, largest=_UNSET):
                         writer.lines.append(f"{v} = tl.where(xmask & rmask, {value}, {init_value}).to({acc_tl})")
                         if deviations:
                             _shifted_lanes(writer, walk, k, v, acc_tl)
-                            walk.after.append(lambda m=m, k=k, acc_tl=acc_tl: finish(m, _merged_lanes(writer, k, acc_tl)))
+                            walk.after.append(lambda m=m, k=k, t=acc_tl: finish(m, _merged_lanes(writer, k, t)))
                             continue
                         if arg:
                             # per lane, elements come in order: take the first, a NaN over a
@@ -746,10 +746,9 @@ def _column_config(xnumel: int, rnumel: int) -> tuple[int, int, int]:
     the best of 30 settings or within 4% of it, but for 3072 columns), split ones on the H200
     (results/sweep_split_columns_h200.json: 32 columns in tiles of 2048 over the pieces chosen
     was within 1% of the best of 15 settings at a ResNet-50's three largest batch-norm shapes).
-    For short columns, MobileNetV3's batch norm,
-    activation and mean over 28 x 28 positions of 72 and 120 channels (batch 64): 16 columns a
-    program took 20% and 14% less time than 32, within 1.1% of the best of 24 settings (a
-    one-off sweep on an H100; no results file holds it)."""
+    For short columns, MobileNetV3's batch norm, activation and mean over 28 x 28 positions of 72
+    and 120 channels (batch 64): 16 columns a program took 20% and 14% less time than 32, within
+    1.1% of the best of 24 settings (a one-off sweep on an H100; no results file holds it)."""
     programs = ir.GPU_MULTIPROCESSORS if rnumel >= 2048 else 2 * ir.GPU_MULTIPROCESSORS
     xblock = ir.GPU_COLUMN_BLOCK
     while xblock > 8 and xnumel // xblock < programs:

@@ -154,10 +154,13 @@ class FuseRows(FusionPass):
     (mean, variance, normalize) and RMS norm become one kernel; two reductions of the same
     rows share one pass over them. Reductions over the same leading dims of one shape (batch
     norm's mean and variance for each channel, its backward's two sums) share a kernel too.
-    A kernel may also join one of the `look_back` kernels before that, where it reads what that
-    one reads and does not depend on the steps between: on a GPU a batch norm's backward sums
-    are split reductions (partial sums, then their sum), and the second one's partial sums
-    join the first's, past the first's second stage, so the gradient is read once, not twice."""
+    A kernel may also join one of the `look_back` steps before that, where it reads what that
+    one reads (or another result of a kernel that one reads) and does not depend on the steps
+    between: on a GPU a batch norm's backward sums are split reductions (partial sums, then
+    their sum), and the second one's partial sums join the first's, past the first's second
+    stage, so the gradient is read once, not twice. Where one gradient feeds two batch norms (a
+    ResNet block's last and its shortcut's), the second's partial sums, their sum and its input
+    gradient join the first's, past that gradient's convolution."""
     name = "fuse-rows"
     look_back = 8
 

@@ -698,8 +698,8 @@ def _split_factor(rows: int, row_length: int, columns: bool = False) -> int:
     enough pieces of at least 256 for two such programs a multiprocessor, each piece's columns
     side by side (a ResNet-50's batch norms at batch 32: 64 channels of 401,408 in 256 pieces,
     256 channels of 100,352 in 64). On the H200 (benchmarks/results/sweep_split_columns_h200.json)
-    their backward sums took 20% less time so than 8 columns a program over a quarter as many
-    pieces, within 2% of torch.compile's at every shape swept."""
+    their backward sums took 20% less time than with 8 columns a program over a quarter as many
+    pieces, and were within 2% of torch.compile's at every shape swept."""
     if ir.is_symbolic(rows) or ir.is_symbolic(row_length):
         return 0
     if columns:
@@ -820,9 +820,9 @@ def _squared_deviations(input: TensorBox, mean: TensorBox, dims, keepdim: bool, 
 def _split_squared_deviations(mean: TensorBox, input: TensorBox, shape) -> TensorBox | None:
     """sum((x - mean)^2) over the rows of a split mean (`shape`: the result's), read in one
     pass with the mean's sums (Chan's parallel variance): each piece's sum of squares about its
-    own mean (a "squared_deviations" reduction, in the walk that sums the piece: code
-    generation's to compute), then sum_p m2_p + n_p (mean_p - mean)^2 over the pieces, in the kernel that sums
-    the pieces for the mean. Exact as two passes are (no difference of large sums), and a batch
+    own mean (a "squared_deviations" reduction, computed by code generation in the walk that
+    sums the piece), then sum_p m2_p + n_p (mean_p - mean)^2 over the pieces, in the kernel that
+    sums the pieces for the mean. Exact as two passes are (no difference of large sums), and a batch
     norm's statistics take two kernels instead of five, each element read once. None where the
     mean is not split."""
     split = getattr(mean, "split", None)
@@ -1994,7 +1994,8 @@ def _max_pool2d_backward(node, values, grad_output, input, kernel_size, stride, 
         if source is not None:
             place = (h + oh * -sh + ph) * kw + w + ow * -sw + pw
             return ops.eq(ops.to_dtype(load_place(at), torch.int32, places.dtype), ops.index_expr(place, torch.int32))
-        return ops.eq(ops.to_dtype(load_place(at), torch.int64, places.dtype), ops.index_expr(h * width + w, torch.int64))
+        here = ops.index_expr(h * width + w, torch.int64)
+        return ops.eq(ops.to_dtype(load_place(at), torch.int64, places.dtype), here)
 
     def inner_fn(idx):
         *lead, h, w = idx
