@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Everything checked and measured on a GPU machine, in one call (see .library device notes):
 # the unit tests (Triton kernels compiled for real, capture on that machine's Python) and the
-# benchmarks. Results land in $OUT. Usage: benchmarks/gpu_run.sh [tests] [why] [memory] [models] [realmodels] [dynamic] [firstcall] [sweep] [training] [modes] [optimizer] [columns] [unaligned] [decode] [nbval]
+# benchmarks. Results land in $OUT. Usage: benchmarks/gpu_run.sh [tests] [why] [memory] [models] [realmodels] [dynamic] [firstcall] [sweep] [training] [modes] [optimizer] [columns] [splitcolumns] [unaligned] [decode] [nbval]
 # nbval: the notebooks NOTEBOOKS (default all) under nbval; jupyter and nbval must be importable
 # (on the device machine: wheels installed into a folder on PYTHONPATH, which is kept)
 set -u
@@ -27,6 +27,7 @@ if [[ $what == *" firstcall "* ]]; then python3 benchmarks/first_call.py --devic
 if [[ $what == *" modes "* ]]; then python3 benchmarks/modes.py --out "$OUT" 2>&1 | grep -v Warning | tail -24; fi
 if [[ $what == *" training "* ]]; then python3 benchmarks/training.py --device cuda --out "$OUT" 2>&1 | grep -v Warning | tail -16; fi
 if [[ $what == *" columns "* ]]; then python3 benchmarks/sweep_column_reductions.py --out "$OUT" 2>&1 | grep -v Warning | tail -6; fi
+if [[ $what == *" splitcolumns "* ]]; then python3 benchmarks/sweep_column_reductions.py --split --out "$OUT" 2>&1 | grep -v Warning | tail -9; fi
 if [[ $what == *" optimizer "* ]]; then python3 benchmarks/optimizer.py --device cuda --out "$OUT" 2>&1 | grep -v "Warning\|record_function" | tail -24; fi
 if [[ $what == *" decode "* ]]; then python3 benchmarks/decode.py --out "$OUT" ${MODELS:+--models $MODELS} 2>&1 | grep -v "Warning\|token_id" | tail -16; fi
 if [[ $what == *" unaligned "* ]]; then python3 benchmarks/unaligned_matmul.py --out "$OUT" 2>&1 | grep -v Warning | tail -90; fi
