@@ -11,9 +11,11 @@ Face BERT-base (16 x 128 tokens), GPT-2 with its LM head (8 x 512) and a Llama-s
 (real_models.py's: 1024 wide, 8 layers; 8 x 512), from their configs.
 
 For each model: the first step of each (compilation included, with compile caches made empty
-for this run; minicompile's split by stage), medians of steady-state steps after warm-up (CUDA events on a GPU), speedups
-over eager, losses checked equal, each compiler's graph count, minicompile's forward and
-backward kernel counts, and on a GPU the peak memory of one step. Writes training_<device>.json
+for this run; minicompile's split by stage; minicompile's taken before torch.compile's, so that
+what a first call warms in the process, PyTorch's fake-tensor caches and Triton's runtime among
+it, helps torch.compile's and not minicompile's), medians of steady-state steps after warm-up
+(CUDA events on a GPU), speedups over eager, losses checked equal, each compiler's graph count,
+minicompile's forward and backward kernel counts, and on a GPU the peak memory of one step. Writes training_<device>.json
 to --out, else $OUT, else benchmarks/results/.
 """
 import argparse
@@ -126,8 +128,8 @@ def main():
         minicompile.reset()
         minicompile.metrics.reset()
         steps = {"eager": training_step(copies["eager"], copies["eager"]),
-                 "torch.compile": training_step(copies["torch.compile"], torch.compile(copies["torch.compile"])),
-                 "minicompile": training_step(copies["minicompile"], minicompile.compile(copies["minicompile"]))}
+                 "minicompile": training_step(copies["minicompile"], minicompile.compile(copies["minicompile"])),
+                 "torch.compile": training_step(copies["torch.compile"], torch.compile(copies["torch.compile"]))}
         try:
             records = bench.compare(steps, [x], repeat=args.repeat, **tolerance)
             if cuda:
