@@ -1018,6 +1018,7 @@ def _var(node, values, input, dim, unbiased, keepdim, correction):
     square root. On a CPU, PyTorch accumulates float32 and half statistics in double, so a
     variance of values near 1e19 (squares near 1e38) does not overflow: so do we. (Its CUDA
     kernels accumulate in float32, and so do ours on a GPU.)"""
+    dim, unbiased = _without_dim(dim, unbiased)
     return _variance(_meta(node, values), input, dim, unbiased, keepdim, correction, _origin(node) == "std")
 
 
@@ -1026,8 +1027,7 @@ def _var_mean(node, values, input, dim, unbiased, keepdim, correction):
     """(var, mean): the mean the variance is computed about is the one returned (on a GPU; on a
     CPU the variance's is accumulated in double, eager's too)."""
     metas = values[node]
-    if isinstance(dim, bool):              # var_mean(x, unbiased): the overload without dim
-        dim, unbiased = None, dim
+    dim, unbiased = _without_dim(dim, unbiased)
     if not (isinstance(metas, tuple) and len(metas) == 2 and all(isinstance(m, torch.Tensor) for m in metas)):
         return NotImplemented
     var = _variance(metas[0], input, dim, unbiased, keepdim, correction, False)
@@ -1035,6 +1035,12 @@ def _var_mean(node, values, input, dim, unbiased, keepdim, correction):
         return NotImplemented
     mean = _reduction_box(metas[1], input, _variance_dims(input, dim), keepdim, "mean")
     return NotImplemented if mean is NotImplemented else (var, mean)
+
+
+def _without_dim(dim, unbiased) -> tuple:
+    """(dim, unbiased) of var(x, unbiased), std(x, unbiased) and var_mean(x, unbiased), the
+    overloads without dim, whose bool lands in dim's place: (None, that bool)."""
+    return (None, dim) if isinstance(dim, bool) else (dim, unbiased)
 
 
 def _variance_dims(input: TensorBox, dim) -> list:
@@ -1046,8 +1052,6 @@ def _variance_dims(input: TensorBox, dim) -> list:
 def _variance(meta, input, dim, unbiased, keepdim, correction, is_std):
     if meta is None or not isinstance(input, TensorBox) or not input.dtype.is_floating_point:
         return NotImplemented
-    if isinstance(dim, bool):              # var(x, unbiased): the overload without dim
-        dim, unbiased = None, dim
     if correction is None:
         correction = 1 if unbiased is None or unbiased else 0
     dims = _variance_dims(input, dim)
