@@ -14,8 +14,10 @@ with a `run` method over the `FusionState` (kernels.py):
    pointwise work that reads its result (softmax: max, sum and the division in one kernel),
    sibling reductions and pointwise kernels over the same data (horizontal fusion), and
    reductions over the same leading dims of one shape (batch norm's statistics per channel);
-   a kernel also joins one a step or two before it that reads the same buffers, where it does
-   not depend on the steps between (the partial sums of two split reductions).
+   a kernel also joins one up to eight steps before it that reads the same buffers (or
+   results of the same kernel), where it does not depend on the steps between (the partial
+   sums of two split reductions; two batch norms' backward work on one gradient, past a
+   convolution).
 4. elide-stores drops the store of a buffer that nothing outside its kernel reads.
 5. matmul-templates (mode="max-autotune", on a GPU) makes a matrix product and the pointwise
    kernel that reads its result one `TemplateKernel` (a Triton matrix product with that
