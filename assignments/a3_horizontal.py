@@ -1,7 +1,8 @@
 """Assignment 3: horizontal fusion of siblings across an extern call (notebook 43).
 
-`fuse-rows` merges a kernel only into the kernel just before it. Two reductions of the same
-rows with a matrix product between them (`x.sum(-1)`, `x @ w`, `x.amax(-1)`) stay two kernels,
+The task starts from a `fuse-rows` that merges a kernel only into the kernel just before it
+(the package's own looks back a few steps, as this pass does). Two reductions of the same rows
+with a matrix product between them (`x.sum(-1)`, `x @ w`, `x.amax(-1)`) stay two kernels there,
 and x is read twice. `FuseSiblings` tries to move each kernel up into an earlier kernel over the
 same rows (`FuseRows().merge` checks the rows and the reads); moving it past the steps between
 is only right when it does not need their results. Write `why_not_move`.

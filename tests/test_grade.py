@@ -27,6 +27,19 @@ def test_the_solution_gets_full_marks(number):
     assert all(r.correct == "yes" for r in rows)
 
 
+@pytest.mark.task3
+def test_horizontal_fusion_starts_from_siblings_apart():
+    """Task 3 starts from the package's passes with a fuse-rows that merges a kernel only into
+    the one just before it (the package's own looks back past other steps, which is what the
+    student writes): the siblings example is two kernels there, one after the solution."""
+    task = grade.TASKS[3]
+    siblings = task.examples[0]
+    steps = grade.schedule_of(siblings, task.before())
+    assert sum(isinstance(s, grade.Kernel) for s in steps) == 2
+    steps = grade.schedule_of(siblings, task.plan(a3_horizontal.FuseSiblings()))
+    assert sum(isinstance(s, grade.Kernel) for s in steps) == siblings.kernels == 1
+
+
 @pytest.mark.parametrize("number", TASKS)
 def test_the_stub_gets_zero_with_its_message(number):
     rows = grade.grade_task(number)
