@@ -1242,3 +1242,21 @@ def test_short_rows_are_reduced_in_a_pointwise_kernel(kernel_backend, dtype):
         torch.testing.assert_close(ours, eager, equal_nan=True, **({"rtol": 2e-3, "atol": 2e-3}
                                                                   if dtype == torch.float16 else {}))
     assert {c.kind for c in compiled.kernels} <= {"pointwise", "combo"}, compiled.wrapper_source
+
+
+def test_a_layer_norm_weight_gradient_is_a_column_reduction(kernel_backend):
+    """A layer norm's weight gradient sums g * (x - mean) * rstd over the tokens for each
+    channel: g and x are read along the channels (columns, next to each other in memory),
+    mean and rstd once per token, the same for every channel. Those have no say in how the
+    rows are walked: on a GPU the sum is a split column reduction (partial sums of many
+    tokens for neighbouring channels, then their sum), not a walk of each channel's column
+    down 4096 rows, 256 floats apart."""
+    if kernel_backend == "cpp":
+        pytest.skip("C++ runs a long reduction's loop in parallel itself: no split")
+
+    def weight_gradient(g, x, mean, rstd):
+        return (g * (x - mean) * rstd).sum(0)
+    args = [randn(4096, 256), randn(4096, 256), randn(4096, 1), randn(4096, 1)]
+    compiled = compile_graph(torch.fx.symbolic_trace(weight_gradient), args)
+    torch.testing.assert_close(compiled(*args), weight_gradient(*args), rtol=1e-4, atol=1e-3)
+    assert len(compiled.kernels) == 2, compiled.wrapper_source

@@ -107,7 +107,10 @@ def plan_loops(kernel) -> LoopPlan:
 
 
 def _column_loads(loads: list, kernel) -> bool:
-    """Whether more of the loads that walk the rows (r) are contiguous along x than along r."""
+    """Whether more of the loads that walk the rows (r) are contiguous along x than along r.
+    A load the same for every row (a layer norm's mean per token, in its weight's gradient: a
+    sum over tokens for each channel) comes from cache after the first row reads it: it has
+    no say, as a per-row value has none."""
     rvars = [f"r{d}" for d in range(len(kernel.r_sizes)) if kernel.r_sizes[d] != 1]
     xvars = [f"x{d}" for d in range(len(kernel.x_sizes)) if kernel.x_sizes[d] != 1]
     along_r = along_x = 0
@@ -115,6 +118,8 @@ def _column_loads(loads: list, kernel) -> bool:
         walks = index.nonlinear_variables()       # (a row of several dims, unflattened from r)
         if not any(index.coeff(v) != 0 or v in walks for v in rvars):
             continue                              # a per-row value: read once per row
+        if not any(index.coeff(v) != 0 or v in walks for v in xvars):
+            continue                              # the same for every row
         if any(index.coeff(v) == 1 for v in rvars):
             along_r += 1
         elif any(index.coeff(v) == 1 for v in xvars):

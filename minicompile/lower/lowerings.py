@@ -727,7 +727,10 @@ def _reads_columns(input: TensorBox, kept: list, dims: list) -> bool:
 
 def _unit_steps(input: TensorBox, kept: list, dims: list) -> tuple[int, int]:
     """(along kept, along reduced): how many of the loads that compute a reduction's input
-    step through memory one element at a time along a kept dim, and along a reduced one."""
+    step through memory one element at a time along a kept dim, and along a reduced one. A
+    load that only the kept dims or only the reduced ones index (a layer norm's mean per
+    token, in its weight's gradient) is the same along the others and comes from cache: it
+    is not counted."""
     rec = ir.RecordingOps()
     # a value that reads a reduction not stored yet (a variance reads its mean) cannot be
     # loaded now: the same-shaped values it is computed from are looked at instead
@@ -743,8 +746,13 @@ def _unit_steps(input: TensorBox, kept: list, dims: list) -> tuple[int, int]:
             break
         except NotImplementedError:
             rec, boxes = ir.RecordingOps(), boxes + box.reads
-    along_kept = sum(any(index.coeff(f"i{d}") == 1 for d in kept) for _, index in rec.loads)
-    along_reduced = sum(any(index.coeff(f"i{d}") == 1 for d in dims) for _, index in rec.loads)
+    kept_vars, reduced_vars = {f"i{d}" for d in kept}, {f"i{d}" for d in dims}
+    # (a gathered load's index holds a value read first: it may vary along any dim)
+    walking = [index for _, index in rec.loads
+               if (index.variables() & kept_vars and index.variables() & reduced_vars)
+               or index.variables() - kept_vars - reduced_vars]
+    along_kept = sum(any(index.coeff(f"i{d}") == 1 for d in kept) for index in walking)
+    along_reduced = sum(any(index.coeff(f"i{d}") == 1 for d in dims) for index in walking)
     return along_kept, along_reduced
 
 
