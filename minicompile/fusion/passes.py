@@ -236,15 +236,23 @@ def fuse_consecutive(state, name: str, merge, look_back: int = 0) -> None:
 def _joined_earlier(state, name: str, merge, out: list, step: Kernel, look_back: int) -> bool:
     """Whether `step` merged into one of the `look_back` kernels before the last of `out`."""
     reads, writes = loads(step), stores(step)
+    candidate_reads = None                         # a candidate is the step passed next: read once
+    made_what_it_reads = None                      # found where the first candidate shares no read
     for back in range(1, min(look_back, len(out) - 1) + 1):
         passed = out[-back]                        # the step it would move back past
-        if reads & stores(passed) or writes & (loads(passed) | stores(passed)):
+        if reads & stores(passed) or writes & stores(passed) \
+                or writes & (candidate_reads if candidate_reads is not None else loads(passed)):
             return False
-        candidate = out[-back - 1]
+        candidate, candidate_reads = out[-back - 1], None
         if not isinstance(candidate, Kernel):
             continue
-        shared = "they share reads" if reads & loads(candidate) else \
-            "they read one kernel's results" if _makers(out, reads) & _makers(out, loads(candidate)) else None
+        candidate_reads = loads(candidate)
+        if reads & candidate_reads:
+            shared = "they share reads"
+        else:
+            if made_what_it_reads is None:
+                made_what_it_reads = _makers(out, reads)
+            shared = "they read one kernel's results" if made_what_it_reads & _makers(out, candidate_reads) else None
         if shared and merge(candidate, step) is None:
             state.log(f"{name}: {step.name} ({step.box.name}) joins {candidate.name}, "
                       f"moved back past {back} step(s) ({shared})")
