@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Everything checked and measured on a GPU machine, in one call (see .library device notes):
 # the unit tests (Triton kernels compiled for real, capture on that machine's Python) and the
-# benchmarks. Results land in $OUT. Usage: benchmarks/gpu_run.sh [tests] [why] [memory] [models] [realmodels] [dynamic] [firstcall] [sweep] [training] [modes] [optimizer] [columns] [splitcolumns] [unaligned] [decode] [nbval]
+# benchmarks. Results land in $OUT. Usage: benchmarks/gpu_run.sh [tests] [why] [memory] [models] [realmodels] [dynamic] [firstcall] [sweep] [heavysweep] [training] [modes] [optimizer] [columns] [splitcolumns] [unaligned] [decode] [nbval]
 # nbval: the notebooks NOTEBOOKS (default all) under nbval; jupyter and nbval must be importable
 # (on the device machine: wheels installed into a folder on PYTHONPATH, which is kept)
 set -u
@@ -18,6 +18,7 @@ if [[ $what == *" testsubset "* ]]; then
 fi
 if [[ $what == *" fusionlog "* ]]; then python3 benchmarks/fusion_log.py 2>&1 | tee "$OUT/fusion_log.txt" | tail -30; fi
 if [[ $what == *" sweep "* ]]; then python3 benchmarks/sweep_configs.py --out "$OUT"; fi
+if [[ $what == *" heavysweep "* ]]; then python3 benchmarks/sweep_configs.py --heavy --out "$OUT" 2>&1 | grep -v Warning | tail -14; fi
 if [[ $what == *" why "* ]]; then python3 benchmarks/why_compile.py --device cuda --out "$OUT" 2>&1 | tail -8; fi
 if [[ $what == *" memory "* ]]; then python3 benchmarks/memory_bound.py --device cuda --repeat 200 --out "$OUT" 2>&1 | tail -9; fi
 if [[ $what == *" models "* ]]; then python3 benchmarks/models_bench.py --device cuda --out "$OUT" 2>&1 | tail -5; fi

@@ -114,8 +114,9 @@ def compare(fns: dict[str, Callable], args: Sequence, *, warmup: int = 5, repeat
     fns maps a label ("eager", "torch.compile", "minicompile", ...) to a callable. Each
     callable's first call is timed on its own (for a compiled callable: its compile time). With
     check=True every result must equal the first callable's. Then the timed calls go round-robin
-    (one call of each, `repeat` times), so a slow drift of the machine (another process, clock
-    changes) affects every version alike. Returns {label: {"first_call_s", "median_ms",
+    (one call of each, `repeat` times; on a GPU each turn an untimed call, then a timed one),
+    so a slow drift of the machine (another process, clock changes) affects every version
+    alike. Returns {label: {"first_call_s", "median_ms",
     "median_ms_range", "speedup"}}, speedup over the first label; the range (the least and the
     largest median of five blocks of the calls) says how finely this run can tell two versions
     apart (see `verdict`).
@@ -138,10 +139,15 @@ def compare(fns: dict[str, Callable], args: Sequence, *, warmup: int = 5, repeat
         time_calls(fn, *args, warmup=warmup, repeat=0, device=device)
     times: dict[str, list[float]] = {label: [] for label in fns}
     if torch.device(device).type == "cuda":
-        # events for every call, queued back to back; one synchronization at the end
+        # events for every call, queued back to back; one synchronization at the end. Each
+        # turn makes one call untimed first: a call queues behind the one before it, and after
+        # a version whose host work outlasts its GPU work (eager's many small launches) the GPU
+        # has run dry, so the next version's call would be timed at its host's pace, not its
+        # GPU's; the untimed call fills the queue again, whichever version ran before
         events = []
         for _ in range(repeat):
             for label, fn in fns.items():
+                fn(*args)
                 start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
                 start.record()
                 fn(*args)

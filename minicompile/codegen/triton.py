@@ -32,6 +32,7 @@ from ..fusion.kernels import ComboKernel, TemplateKernel
 from ..ir import Index, use_ops
 from .common import KernelWriter, defined_once, plan_loops, reduction_identity, scalars_in, size_symbols_in
 
+_LOAD_LINE = re.compile(r"\w+ = tl\.load\(")
 TL_TYPES = {torch.float32: "tl.float32", torch.float16: "tl.float16", torch.bfloat16: "tl.bfloat16",
             torch.float64: "tl.float64", torch.int64: "tl.int64", torch.int32: "tl.int32",
             torch.int16: "tl.int16", torch.int8: "tl.int8", torch.uint8: "tl.uint8", torch.bool: "tl.int1"}
@@ -262,6 +263,33 @@ class TritonWriter(KernelWriter):
 
     def assign(self, var, expr):
         return f"{var} = {expr}"
+
+    def load(self, name, index):
+        written = len(self.lines)
+        var = super().load(name, index)
+        if len(self.lines) == written + 1 and self.lines[-1].startswith(f"{var} = tl.load("):
+            self._hoist_last_load()
+        return var
+
+    def _hoist_last_load(self) -> None:
+        """Moves the load just written up to the first place its operands allow, after the
+        loads already there, as Inductor writes its loads before its arithmetic: a load made
+        after a long expression (the tanh GELU's backward reads g after computing tanh) waits
+        for memory again, where made first its wait overlaps the other's. It never moves
+        above a loop (its value would be held in registers through it) nor above a line that
+        defines a name it uses (a gathered index, a mask)."""
+        line = self.lines.pop()
+        used = set(re.findall(r"\b[A-Za-z_]\w*\b", line.split(" = ", 1)[1]))
+        at = len(self.lines)
+        while at > 0:
+            before = self.lines[at - 1]
+            defined = re.match(r"(\w+) = ", before)
+            if before.startswith((" ", "for ")) or defined and defined[1] in used:
+                break
+            at -= 1
+        while at < len(self.lines) and _LOAD_LINE.match(self.lines[at]):
+            at += 1        # loads keep their order
+        self.lines.insert(at, line)
 
     def load_expr(self, name, index, dtype):
         ptr = self.arg_name(name)
