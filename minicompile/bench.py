@@ -11,6 +11,7 @@ ratio never mixes two runs. Results are saved with the device, versions and date
 from __future__ import annotations
 
 import datetime as _dt
+import gc
 import json
 import os
 import platform
@@ -89,9 +90,14 @@ def median_ms(fn: Callable, *args, **kwargs) -> float:
 
 def first_call_seconds(fn: Callable, *args) -> float:
     """Wall-clock seconds of one call, synchronized: for a fresh compiled function this is
-    capture + compilation + the first run."""
+    capture + compilation + the first run. Python's cycle collector runs first: a full
+    collection comes when enough objects have outlived younger ones, so one that earlier work
+    in the process made due (another model's compilation) would otherwise land in whichever
+    first call came next, and cost it a walk of the whole heap (about a second, for a process
+    that has compiled a few large models)."""
     device = next((a.device for a in args if isinstance(a, torch.Tensor)), None)
     _sync(device)
+    gc.collect()
     t0 = time.perf_counter()
     fn(*args)
     _sync(device)

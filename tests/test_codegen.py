@@ -491,8 +491,9 @@ def test_masks_are_constant_when_blocks_divide_the_sizes(rows, cols):
 def test_loads_come_before_the_arithmetic():
     # The tanh GELU's backward reads g only for its last product: written there, the load
     # waits for memory after the tanh (on the H200, 87 us for 3 x 2^23 float32 elements against
-    # torch.compile's 71; results/sweep_heavy_pointwise_h200.json). Loads go first, in order;
-    # a gathered load stays after the index it needs, and a reduction's loads stay in its loop.
+    # torch.compile's 71: results/sweep_heavy_pointwise_h200_loads_where_used.json; 75 with the
+    # loads first). Loads go first, in order; a gathered load stays after the index it needs,
+    # and a reduction's loads stay in its loop.
     from minicompile.codegen.triton import PERSISTENT_RBLOCK_LIMIT
     from minicompile.graph_compiler import generated_source
 

@@ -92,5 +92,7 @@ def test_opinfo_case_as_eager(ops, name, dtype, kind, index, expected, backend):
     minicompile.config.cpu_backend = backend
     op, grad = ops[name], kind == "bwd"
     samples = dict(opinfo_sweep.samples_of(op, getattr(torch, dtype), grad, 40))
+    if index not in samples:        # the cases were picked from the samples of the torch pinned here
+        pytest.skip(f"torch {torch.__version__}'s OpInfo gives {name} no sample {index}")
     result = opinfo_sweep.run_case(op, samples[index], grad)
     assert result["outcome"] == expected, result
