@@ -120,7 +120,7 @@ def compare(fns: dict[str, Callable], args: Sequence, *, warmup: int = 5, repeat
     fns maps a label ("eager", "torch.compile", "minicompile", ...) to a callable. Each
     callable's first call is timed on its own (for a compiled callable: its compile time). With
     check=True every result must equal the first callable's. Then the timed calls go round-robin
-    (one call of each, `repeat` times; on a GPU each turn an untimed call, then a timed one),
+    (one call of each, `repeat` times; each turn an untimed call, then a timed one),
     so a slow drift of the machine (another process, clock changes) affects every version
     alike. Returns {label: {"first_call_s", "median_ms",
     "median_ms_range", "speedup"}}, speedup over the first label; the range (the least and the
@@ -163,9 +163,11 @@ def compare(fns: dict[str, Callable], args: Sequence, *, warmup: int = 5, repeat
         for label, start, end in events:
             times[label].append(start.elapsed_time(end))
     else:
+        # an untimed call first here too: the timed one then finds the caches, and the memory
+        # the allocator has free, as its own calls leave them, not as the version before did
         for _ in range(repeat):
             for label, fn in fns.items():
-                times[label] += time_calls(fn, *args, warmup=0, repeat=1, device=device)
+                times[label] += time_calls(fn, *args, warmup=1, repeat=1, device=device)
     for label, rec in records.items():
         rec["median_ms"] = statistics.median(times[label])
         # the run's resolution: medians of five consecutive blocks of the calls

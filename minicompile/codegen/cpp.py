@@ -491,27 +491,33 @@ def _across_rows_fits(kernel, plan, writer, buffers) -> bool:
     nothing else, whose every input that varies along the row is contiguous along the
     innermost row (x) loop: a mean over H and W of a channels-last (N, C, H, W) tensor, whose
     rows (n, c) are side by side in memory and whose row elements are C apart; batch norm's
-    statistics of such a tensor; the column sums of an (R, N) gradient that give a bias its
-    gradient. With outer x loops, those run in parallel and the innermost must be short."""
+    statistics of such a tensor (its variance's sum of squared deviations reads the mean); the
+    column sums of an (R, N) gradient that give a bias its gradient, or a layer norm's weight
+    its gradient (with the norm's mean and rstd per row, one value across all columns). With
+    outer x loops, those run in parallel and the innermost must be short."""
     if not plan.x_sizes or not plan.r_sizes:
         return False
     inner = plan.x_sizes[-1]
     if ir.is_symbolic(inner) or (len(plan.x_sizes) > 1 and inner > CARRY_LIMIT) \
             or not _all_float32(kernel, buffers, also=(torch.float64,)):
         return False
-    if not all(isinstance(m.comp, ir.Reduction) and m.comp.reduction_type in ("sum", "mean", "max", "min")
-               for m in kernel.members):
-        return False
+    reductions = [m for m in kernel.members if isinstance(m.comp, ir.Reduction)]
+    if not reductions or any(m.comp.reduction_type not in ("sum", "mean", "max", "min") for m in reductions) \
+            or any(m.role == "row" for m in kernel.members if m not in reductions):
+        return False          # (besides reductions, only values per row: a variance from its sum)
     rec = ir.RecordingOps()
     with use_ops(rec):
         for m in kernel.members:
             m.run(*writer.canonical)
-    if any(name in kernel.member_names() for name, _ in rec.loads):     # one reads another's result
-        return False
-    loads = [plan.apply(index.simplify(writer.ranges)) for _, index in rec.loads]
+    # (a member may read an earlier one's result, one value per row: a later walk of the rows)
+    members = kernel.member_names()
+    loads = [plan.apply(index.simplify(writer.ranges)) for name, index in rec.loads if name not in members]
     along = [i for i in loads if any(i.coeff(r) != 0 for r in plan.r_vars)]
-    return bool(along) and not rec.indirect and all(
-        i.is_linear() and i.coeff(plan.x_vars[-1]) == 1 for i in along)
+    # each of those contiguous across the rows, or one value for all of them (a layer norm's
+    # mean and rstd per token, in its weight's gradient: the same in every lane)
+    across = [i for i in along if i.is_linear() and i.coeff(plan.x_vars[-1]) == 1]
+    shared = [i for i in along if i.is_linear() and all(i.coeff(x) == 0 for x in plan.x_vars)]
+    return bool(across) and not rec.indirect and len(across) + len(shared) == len(along)
 
 
 ACROSS_BLOCK = 128          # columns per parallel block when a lone x loop is cut into blocks
@@ -524,7 +530,11 @@ def _across_rows(writer, xs, rs, store, parallel_if) -> list[str]:
     row and reduction (vector loads along x); then each row's results are stored. A lone x
     loop runs in blocks of ACROSS_BLOCK rows, in parallel; a lone short one (batch norm's
     channels) has its rows' elements cut into ACROSS_CHUNKS chunks instead, reduced in
-    parallel and then combined in chunk order (the same result on any number of cores)."""
+    parallel and then combined in chunk order (the same result on any number of cores).
+    A reduction that reads an earlier one's result (the squared deviations from a mean) walks
+    the rows again after it, reading that result from an array of one value per row; a value
+    per row (a variance from its sum of squared deviations) is computed after the walk whose
+    results it reads."""
     (xi, n), outer = xs[-1], xs[:-1]
     blocked = not outer and n > ACROSS_BLOCK
     width, lo, hi = (ACROSS_BLOCK, f"{xi}_lo", f"{xi}_hi") if blocked else (n, "0", n)
@@ -533,39 +543,75 @@ def _across_rows(writer, xs, rs, store, parallel_if) -> list[str]:
     def over_x(body):
         return ["#pragma omp simd", f"for (int64_t {xi} = {lo}; {xi} < {hi}; {xi}++) {{",
                 *["    " + line for line in body], "}"]
-    decls, inits, finals, parts, combine = [], [], [], [], []
-    with writer.scope() as body:
-        for k, member in enumerate(writer.kernel.members):
-            comp = member.comp
-            acc, nan = f"acc{k}[{at}]", f"nan{k}[{at}]"
-            value = member.run(*writer.canonical)
-            reduce = REDUCE[comp.reduction_type][0]
-            body.append(reduce.format(acc=acc, v=value, nan=nan))
-            init = writer.constant_expr(reduction_identity(comp.reduction_type, comp.src_dtype), comp.src_dtype)
-            decls += [f"{accumulator_type(comp)} acc{k}[{width}];", f"int nan{k}[{width}];"]
-            inits += [f"{acc} = {init};", f"{nan} = 0;"]
-            finals.append(store(member, _finish(comp, acc, nan, writer)))
-            part, part_nan = f"part{k}[chunk][{xi}]", f"part_nan{k}[chunk][{xi}]"
-            parts.append((f"{accumulator_type(comp)} part{k}[{ACROSS_CHUNKS}][{n}];",
-                          f"int part_nan{k}[{ACROSS_CHUNKS}][{n}];", f"{part} = {acc}; {part_nan} = {nan};"))
-            combine.append(reduce.format(acc=acc, v=part, nan=nan) + f" {nan} |= {part_nan};")
+    grouped = _walks(list(enumerate(writer.kernel.members)))
+    walk_of = {m.box.name: w for w, walk in enumerate(grouped) for _, m in walk}
+    read_later = {name for w, walk in enumerate(grouped) for _, m in walk
+                  for name, _ in ir.reads_of(m.comp).loads if walk_of.get(name, w) < w}
+    results, walks = [], []             # arrays of the results later walks read; each walk's lines
+    for walk in grouped:
+        decls, inits, parts, combine = [], [], [], []
+        with writer.scope() as body:
+            for k, member in walk:
+                comp = member.comp
+                if not isinstance(comp, ir.Reduction):
+                    continue            # a value per row: once the walk is done
+                acc, nan = f"acc{k}[{at}]", f"nan{k}[{at}]"
+                reduce = REDUCE[comp.reduction_type][0]
+                body.append(reduce.format(acc=acc, v=member.run(*writer.canonical), nan=nan))
+                init = writer.constant_expr(reduction_identity(comp.reduction_type, comp.src_dtype), comp.src_dtype)
+                decls += [f"{accumulator_type(comp)} acc{k}[{width}];", f"int nan{k}[{width}];"]
+                inits += [f"{acc} = {init};", f"{nan} = 0;"]
+                part, part_nan = f"part{k}[chunk][{xi}]", f"part_nan{k}[chunk][{xi}]"
+                parts.append((f"{accumulator_type(comp)} part{k}[{ACROSS_CHUNKS}][{n}];",
+                              f"int part_nan{k}[{ACROSS_CHUNKS}][{n}];", f"{part} = {acc}; {part_nan} = {nan};"))
+                combine.append(reduce.format(acc=acc, v=part, nan=nan) + f" {nan} |= {part_nan};")
+        with writer.scope() as finals:
+            for k, member in walk:
+                if isinstance(member.comp, ir.Reduction):
+                    result = _finish(member.comp, f"acc{k}[{at}]", f"nan{k}[{at}]", writer)
+                    result = writer.rounded_as_stored(writer._emit(result), member.box.dtype)
+                else:
+                    result = member.run(*writer.canonical)
+                writer.row_values[member.box.name] = result
+                if member.box.name in read_later:
+                    results.append(f"{ctype(ir.compute_dtype(member.box.dtype))} result{k}[{width}];")
+                    finals.append(f"result{k}[{at}] = {result};")
+                if member.box.name in writer.kernel.stored:
+                    finals.append(store(member, result))
+        for k, member in walk:          # later walks read a result from its array
+            writer.row_values[member.box.name] = f"result{k}[{at}]"
+        if blocked or outer:
+            walks.append([*decls, *over_x(inits), *_nest(rs, over_x(body)), *over_x(finals)])
+            continue
+        (r, size), inner = rs[0], rs[1:]
+        size = ir.render_size(size, "/")
+        chunk = [*decls, *over_x(inits),
+                 f"for (int64_t {r} = {size} * chunk / {ACROSS_CHUNKS}; {r} < {size} * (chunk + 1) / {ACROSS_CHUNKS}; {r}++) {{",
+                 *["    " + line for line in _nest(inner, over_x(body))], "}",
+                 *over_x([p[2] for p in parts])]
+        walks.append([*[line for p in parts for line in p[:2]],
+                      *_nest([("chunk", ACROSS_CHUNKS)], chunk, outer_pragma=f"#pragma omp parallel for {parallel_if}"),
+                      *decls, *over_x(inits), *_nest([("chunk", ACROSS_CHUNKS)], over_x(combine)), *over_x(finals)])
+    lines = [*results, *(line for walk in walks for line in walk)]
     if blocked:
         blocks = -(-n // ACROSS_BLOCK)
-        lines = [f"int64_t {lo} = {ACROSS_BLOCK} * {xi}_block, {hi} = std::min<int64_t>({lo} + {ACROSS_BLOCK}, {n});",
-                 *decls, *over_x(inits), *_nest(rs, over_x(body)), *over_x(finals)]
+        lines.insert(0, f"int64_t {lo} = {ACROSS_BLOCK} * {xi}_block, {hi} = std::min<int64_t>({lo} + {ACROSS_BLOCK}, {n});")
         return _nest([(f"{xi}_block", blocks)], lines, outer_pragma=f"#pragma omp parallel for {parallel_if}")
     if outer:
-        lines = [*decls, *over_x(inits), *_nest(rs, over_x(body)), *over_x(finals)]
         return _nest(outer, lines, outer_pragma=f"#pragma omp parallel for {parallel_if}", collapse=True)
-    (r, size), inner = rs[0], rs[1:]
-    size = ir.render_size(size, "/")
-    chunk = [*decls, *over_x(inits),
-             f"for (int64_t {r} = {size} * chunk / {ACROSS_CHUNKS}; {r} < {size} * (chunk + 1) / {ACROSS_CHUNKS}; {r}++) {{",
-             *["    " + line for line in _nest(inner, over_x(body))], "}",
-             *over_x([p[2] for p in parts])]
-    return [*[line for p in parts for line in p[:2]],
-            *_nest([("chunk", ACROSS_CHUNKS)], chunk, outer_pragma=f"#pragma omp parallel for {parallel_if}"),
-            *decls, *over_x(inits), *_nest([("chunk", ACROSS_CHUNKS)], over_x(combine)), *over_x(finals)]
+    return lines
+
+
+def _walks(members: list) -> list[list]:
+    """Consecutive (k, member) pairs cut where a reduction reads the result of a member before
+    it in the same group: each group is one walk of the rows (its values per row follow it)."""
+    walks: list[list] = [[]]
+    for k, member in members:
+        reads = {name for name, _ in ir.reads_of(member.comp).loads}
+        if isinstance(member.comp, ir.Reduction) and any(m.box.name in reads for _, m in walks[-1]):
+            walks.append([])
+        walks[-1].append((k, member))
+    return walks
 
 
 def _emit_pass(writer, members, rs, store, position, parallel_if) -> None:
