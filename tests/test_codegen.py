@@ -756,6 +756,20 @@ def test_a_variance_of_columns_walks_them_twice_across_rows(cpp_backend, shape, 
         assert "acc0[" in source and not re.search(r"\b(double|float) acc\d+ =", source), source
 
 
+def test_a_mask_shared_by_the_channels_is_one_value_across_them(cpp_backend):
+    """Rows (n, c) of a channels-last tensor summed over H and W, weighted by a mask per (n, h,
+    w) that every channel shares: the mask is the same in every lane of the channel loop, so
+    the sums still vectorize across the channels."""
+    def f(x, m):
+        return (x * m).sum((2, 3)), (x * m).amax((2, 3))
+    x, m = randn(3, 40, 6, 7).to(memory_format=torch.channels_last), randn(3, 1, 6, 7)
+    compiled = compile_graph(torch.fx.symbolic_trace(f), [x, m])
+    for actual, expected in zip(compiled(x, m), f(x, m)):
+        torch.testing.assert_close(actual, expected, rtol=1e-5, atol=1e-5)
+    source = compiled.kernel_source
+    assert "acc0[" in source and not re.search(r"\b(double|float) acc\d+ =", source), source
+
+
 def test_an_extern_reads_a_view_of_a_value_the_graph_also_returns(kernel_backend):
     """A value read by a matrix product through a reshape and also returned (a layer norm's
     output, saved for the backward): computed and stored once, the product reading it as a

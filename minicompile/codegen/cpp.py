@@ -516,7 +516,7 @@ def _across_rows_fits(kernel, plan, writer, buffers) -> bool:
     # each of those contiguous across the rows, or one value for all of them (a layer norm's
     # mean and rstd per token, in its weight's gradient: the same in every lane)
     across = [i for i in along if i.is_linear() and i.coeff(plan.x_vars[-1]) == 1]
-    shared = [i for i in along if i.is_linear() and all(i.coeff(x) == 0 for x in plan.x_vars)]
+    shared = [i for i in along if i.is_linear() and i.coeff(plan.x_vars[-1]) == 0]
     return bool(across) and not rec.indirect and len(across) + len(shared) == len(along)
 
 
