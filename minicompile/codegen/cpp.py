@@ -543,10 +543,11 @@ def _across_rows(writer, xs, rs, store, parallel_if) -> list[str]:
     def over_x(body):
         return ["#pragma omp simd", f"for (int64_t {xi} = {lo}; {xi} < {hi}; {xi}++) {{",
                 *["    " + line for line in body], "}"]
-    grouped = _walks(list(enumerate(writer.kernel.members)))
+    reads = {m.box.name: {name for name, _ in ir.reads_of(m.comp).loads} for m in writer.kernel.members}
+    grouped = _walks(list(enumerate(writer.kernel.members)), reads)
     walk_of = {m.box.name: w for w, walk in enumerate(grouped) for _, m in walk}
     read_later = {name for w, walk in enumerate(grouped) for _, m in walk
-                  for name, _ in ir.reads_of(m.comp).loads if walk_of.get(name, w) < w}
+                  for name in reads[m.box.name] if walk_of.get(name, w) < w}
     results, walks = [], []             # arrays of the results later walks read; each walk's lines
     for walk in grouped:
         decls, inits, parts, combine = [], [], [], []
@@ -579,7 +580,8 @@ def _across_rows(writer, xs, rs, store, parallel_if) -> list[str]:
                 if member.box.name in writer.kernel.stored:
                     finals.append(store(member, result))
         for k, member in walk:          # later walks read a result from its array
-            writer.row_values[member.box.name] = f"result{k}[{at}]"
+            if member.box.name in read_later:
+                writer.row_values[member.box.name] = f"result{k}[{at}]"
         if blocked or outer:
             walks.append([*decls, *over_x(inits), *_nest(rs, over_x(body)), *over_x(finals)])
             continue
@@ -602,13 +604,13 @@ def _across_rows(writer, xs, rs, store, parallel_if) -> list[str]:
     return lines
 
 
-def _walks(members: list) -> list[list]:
-    """Consecutive (k, member) pairs cut where a reduction reads the result of a member before
-    it in the same group: each group is one walk of the rows (its values per row follow it)."""
+def _walks(members: list, reads: dict) -> list[list]:
+    """Consecutive (k, member) pairs cut where a reduction reads (`reads`: member name -> the
+    names it loads) the result of a member before it in the same group: each group is one walk
+    of the rows (its values per row follow it)."""
     walks: list[list] = [[]]
     for k, member in members:
-        reads = {name for name, _ in ir.reads_of(member.comp).loads}
-        if isinstance(member.comp, ir.Reduction) and any(m.box.name in reads for _, m in walks[-1]):
+        if isinstance(member.comp, ir.Reduction) and any(m.box.name in reads[member.box.name] for _, m in walks[-1]):
             walks.append([])
         walks[-1].append((k, member))
     return walks
