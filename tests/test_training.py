@@ -886,3 +886,29 @@ def test_partition_makes_constants_again_in_the_backward_rather_than_saving_them
     compiled(q, cos, sin, w).square().sum().backward()
     f(q, cos, sin, w_twin).square().sum().backward()
     torch.testing.assert_close(w.grad, w_twin.grad, rtol=1e-4, atol=1e-5)
+
+
+def test_partition_recomputes_a_concatenation_rather_than_saving_it(kernel_backend):
+    """A Llama's rotary angles: freqs = positions x inverse frequencies (a product of a column
+    and a row), emb = cat((freqs, freqs)), and q is rotated by emb's cos and sin. The backward
+    needs cos and sin; lowering makes a concatenation a pointwise value, so the backward
+    computes the cat again from what is saved, and the forward does not hold emb (twice
+    freqs' bytes) from the forward to the backward. Gradients are eager's."""
+    from minicompile.autograd import partition, trace_joint
+
+    def f(q, inv_freq, positions, w):
+        freqs = positions[:, None].float() @ inv_freq[None, :]
+        emb = torch.cat((freqs, freqs), dim=-1)
+        q = q @ w
+        return q * emb.cos() + q.flip(-1) * emb.sin()
+    q, w = randn(2, 9, 8), randn(8, 8).requires_grad_()
+    inv_freq, positions = torch.rand(4) + 0.1, torch.arange(9)
+    part = partition(trace_joint(torch.fx.symbolic_trace(f), [q, inv_freq, positions, w]))
+    nodes = {n.name: n for n in part.backward.graph.nodes}
+    assert not any(nodes[s].op == "placeholder" and getattr(nodes[s].meta.get("val"), "shape", None) == (9, 8)
+                   for s in part.saved), part.saved
+    assert any(n.target is torch.ops.aten.cat.default for n in part.backward.graph.nodes), part.backward.code
+    w_twin = w.detach().clone().requires_grad_()
+    minicompile.compile(f)(q, inv_freq, positions, w).square().sum().backward()
+    f(q, inv_freq, positions, w_twin).square().sum().backward()
+    torch.testing.assert_close(w.grad, w_twin.grad, rtol=1e-4, atol=1e-5)

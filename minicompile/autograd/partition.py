@@ -60,11 +60,15 @@ from .joint import Joint, graph_module
 
 aten = torch.ops.aten
 
-# cheap ops that are not tagged pointwise: the backward may recompute them
+# cheap ops that are not tagged pointwise: the backward may recompute them. A concatenation
+# is one too: lowering makes it a pointwise value (each position reads one of its pieces), so
+# recomputed it costs what a copy costs, and saved it costs the bytes of all its pieces (a
+# Llama's rotary angles, cat((freqs, freqs)): saving freqs and recomputing the cat and its
+# cos and sin holds half the bytes)
 _CHEAP = {aten.alias.default, aten.detach.default, aten.clone.default, aten._to_copy.default,
           aten.expand.default, aten.scalar_tensor.default, aten.full.default, aten.zeros.default,
           aten.ones.default, aten.full_like.default, aten.zeros_like.default, aten.ones_like.default,
-          aten.copy.default, operator.getitem}
+          aten.copy.default, aten.cat.default, aten.stack.default, operator.getitem}
 
 
 @dataclass
