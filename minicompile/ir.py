@@ -189,12 +189,21 @@ class Index:
     """sum(coeff * atom) + const, with atoms that are loop variables (str) or
     FloorDiv/Mod atoms. Immutable; + and * by ints fold as they go."""
 
-    __slots__ = ("terms", "const")
+    __slots__ = ("terms", "const", "_hash")
 
     def __init__(self, terms: dict | None = None, const=0):
-        terms = {k: size_expr(v) if is_symbolic(v) else v for k, v in (terms or {}).items()}
-        self.terms = {k: v for k, v in terms.items() if v != 0}
-        self.const = size_expr(const) if is_symbolic(const) else const
+        # (lowering and code generation make hundreds of thousands of these for a large model:
+        # plain ints, the common case, skip the symbolic check)
+        kept = {}
+        if terms:
+            for k, v in terms.items():
+                if type(v) is not int and is_symbolic(v):
+                    v = size_expr(v)
+                if v != 0:
+                    kept[k] = v
+        self.terms = kept
+        self.const = size_expr(const) if type(const) is not int and is_symbolic(const) else const
+        self._hash = None
 
     @staticmethod
     def var(name: str) -> "Index":
@@ -205,7 +214,13 @@ class Index:
         return value if isinstance(value, Index) else Index({}, size_expr(value))
 
     def __add__(self, other):
+        if type(other) is int:
+            if other == 0:
+                return self
+            return Index(self.terms, self.const + other)
         other = Index.of(other)
+        if not other.terms:
+            return Index(self.terms, self.const + other.const)
         terms = dict(self.terms)
         for k, v in other.terms.items():
             terms[k] = terms.get(k, 0) + v
@@ -215,6 +230,8 @@ class Index:
 
     def __mul__(self, k):
         assert isinstance(k, (int, sympy.Basic)), k
+        if type(k) is int and k == 1:
+            return self
         return Index({a: c * k for a, c in self.terms.items()}, self.const * k)
 
     __rmul__ = __mul__
@@ -398,7 +415,13 @@ class Index:
         return isinstance(other, Index) and self.terms == other.terms and self.const == other.const
 
     def __hash__(self):
-        return hash((frozenset(self.terms.items()), self.const))
+        if self._hash is None:
+            self._hash = hash((frozenset(self.terms.items()), self.const))
+        return self._hash
+
+    def __reduce__(self):
+        # (a hash kept from another process would be wrong here: strings hash per process)
+        return Index, (self.terms, self.const)
 
 
 def _split_below(inner: Index, k, ranges: dict):

@@ -683,6 +683,30 @@ def test_a_walk_of_three_dims_laid_out_in_a_row_indexes_linearly():
     assert nested.simplify({"r0": n * h * w}) == r % (h * w)
 
 
+def test_an_index_is_a_value_that_keeps_its_hash_and_crosses_processes():
+    """Index keeps its hash once computed (a large model's lowering hashes the same indices
+    thousands of times). Equal indices hash equally however they were made; a pickled one
+    computes its hash again where it is loaded (a string hashes differently in each process),
+    so it is found in that process's dicts. Adding 0 or multiplying by 1 hands back the same
+    index; zero terms vanish."""
+    import pickle
+    import subprocess
+    import sys
+    from minicompile.ir import FloorDiv, Index
+    x0, x1 = Index.var("x0"), Index.var("x1")
+    a, b = x0 * 3 + x1 + 2, Index({"x1": 1, "x0": 3, "x2": 0}, 2)
+    assert a == b and hash(a) == hash(b) and {a: 1}[b] == 1 and "x2" not in b.terms
+    assert a + 0 is a and a * 1 is a and (a + x0 * -3).terms == {"x1": 1}
+    nested = Index({FloorDiv(a, 4): 2}, 1)
+    assert hash(nested) == hash(Index({FloorDiv(b, 4): 2}, 1))
+    code = ("import pickle, sys; from minicompile.ir import Index, FloorDiv; "
+            "i = pickle.loads(sys.stdin.buffer.read()); x0, x1 = Index.var('x0'), Index.var('x1'); "
+            "print({Index({FloorDiv(x0 * 3 + x1 + 2, 4): 2}, 1): 'found'}.get(i, 'missing'))")
+    run = subprocess.run([sys.executable, "-c", code], input=pickle.dumps(nested), capture_output=True,
+                         cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    assert run.stdout.decode().strip() == "found", run.stderr.decode()[-2000:]
+
+
 @pytest.fixture
 def cpp_backend():
     """C++ kernels (for tests that read their source); they serve CPU tensors only."""

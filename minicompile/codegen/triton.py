@@ -23,6 +23,7 @@ import struct
 import sys
 import threading
 import warnings
+from typing import NamedTuple
 
 import numpy as np
 import torch
@@ -185,15 +186,16 @@ class TritonWriter(KernelWriter):
         "rand": "tl.rand({0}, {1})", "randn": "tl.randn({0}, {1})", "opaque": "{0}",
     }
 
-    def __init__(self, kernel, plan, buffers, mask: str):
+    def __init__(self, kernel, plan, buffers, mask: str, float64: bool | None = None):
         super().__init__(kernel, plan, buffers)
         self.mask = mask
         # float arithmetic here is float32 (narrower floats compute in it) unless a float64
-        # tensor is involved: then Triton's own `/` and sqrt, which are IEEE for float64. A
+        # tensor is in the graph (`float64`: generate finds that once per graph; else it is
+        # found here): then Triton's own `/` and sqrt, which are IEEE for float64. A
         # float64 value made inside the kernel (a CPU's variance accumulates in it, over rows
         # short enough to be summed in a pointwise kernel) is cast or written as a constant
         # before anything divides it: `_sees` turns the float64 arithmetic on there
-        self.float32_only = not any(b.dtype == torch.float64 for b in buffers.values())
+        self.float32_only = not (_GraphFacts.of(buffers).float64 if float64 is None else float64)
         self.device_asserts = asserts_on_device(kernel.box.device)
         # a pointwise kernel's elements in loop order, as an index over its variables
         self.flat = None
@@ -403,10 +405,8 @@ def _decompose(flat: str, names: list[str], sizes: list[int]) -> list[str]:
     return lines[::-1]
 
 
-_UNSET = object()
 
-
-def kernel_source(kernel, buffers, largest=_UNSET):
+def kernel_source(kernel, buffers, graph=None):
     """Source of one @triton.jit kernel, the buffers it takes (inputs, then outputs) and its
     launch settings.
 
@@ -418,14 +418,14 @@ def kernel_source(kernel, buffers, largest=_UNSET):
     plan = plan_loops(kernel)
     xnumel = ir.size_expr(math.prod(plan.x_sizes))
     rnumel = ir.size_expr(math.prod(plan.r_sizes))
-    if largest is _UNSET:            # (generate works it out once for all of a graph's kernels)
-        largest = _largest_offset(buffers)
+    graph = graph or _GraphFacts.of(buffers)     # (generate works it out once for all its kernels)
+    largest = graph.largest
     dynamic = ir.is_symbolic(xnumel) or ir.is_symbolic(rnumel) or largest is None
     # 32-bit indices unless some size could pass 2**31 (a dynamic size could: 64-bit then)
     big = dynamic or max(xnumel * max(1, rnumel), largest) >= 2**31
     pid = "tl.program_id(0).to(tl.int64)" if big else "tl.program_id(0)"
     mask = "xmask & rmask" if kernel.r_sizes else "xmask"
-    writer = TritonWriter(kernel, plan, buffers, mask)
+    writer = TritonWriter(kernel, plan, buffers, mask, graph.float64)
     x_idx, r_idx = writer.canonical
 
     def store(member, value, row: bool) -> str:
@@ -592,7 +592,7 @@ def _function(kernel, writer, body: list[str], params: list[str], launch: dict):
     return "\n".join(lines), writer.args + [b.name for b in stored] + checked, launch
 
 
-def combo_source(combo, buffers, defined: dict, largest=_UNSET) -> tuple[list[str], list[str], dict]:
+def combo_source(combo, buffers, defined: dict, graph=None) -> tuple[list[str], list[str], dict]:
     """The sources of a combo kernel (fusion's ComboKernel): each part is its kernel's code as
     a function of the program id (`pid`), and one @triton.jit kernel gives the first part's
     grid of programs to the first part, the next ids to the second, and so on. -> (sources,
@@ -600,7 +600,7 @@ def combo_source(combo, buffers, defined: dict, largest=_UNSET) -> tuple[list[st
     sources, args, symbols, branches, start = [], [], [], [], 0
     launch = {"num_warps": 1}
     for i, part in enumerate(combo.parts):
-        src, part_args, part_launch = kernel_source(part, buffers, largest)
+        src, part_args, part_launch = kernel_source(part, buffers, graph)
         name = f"{combo.name}_part{i}"
         src = src.replace(f"def {part.name}(", f"def {name}(pid, ", 1).replace("tl.program_id(0)", "pid")
         function = defined_once(defined, name, src)
@@ -809,10 +809,16 @@ def _next_pow2(n: int) -> int:
     return 1 << max(0, (n - 1).bit_length())
 
 
-def _largest_offset(buffers):
-    """The most elements any buffer has; None when some size is dynamic."""
-    sizes = [ir.size_expr(math.prod(b.shape)) for b in buffers.values()]
-    return None if any(ir.is_symbolic(n) for n in sizes) else max(sizes + [0])
+class _GraphFacts(NamedTuple):
+    """What every kernel of a graph asks of all its buffers, found once per graph."""
+    largest: int | None         # the most elements any buffer has; None when some size is dynamic
+    float64: bool               # whether any buffer is float64 (see TritonWriter.float32_only)
+
+    @staticmethod
+    def of(buffers) -> "_GraphFacts":
+        sizes = [ir.size_expr(math.prod(b.shape)) for b in buffers.values()]
+        largest = None if any(ir.is_symbolic(n) for n in sizes) else max(sizes + [0])
+        return _GraphFacts(largest, any(b.dtype == torch.float64 for b in buffers.values()))
 
 
 def _launch_value(size):
@@ -840,10 +846,10 @@ def generate(kernels, buffers) -> tuple[str, dict]:
     of an MLP, say) are defined once, as Inductor does: the others are aliases in the module,
     and Triton compiles that code once."""
     sources, meta, defined = [], {}, {}
-    largest = _largest_offset(buffers)
+    graph = _GraphFacts.of(buffers)
     for kernel in kernels:
         if isinstance(kernel, ComboKernel):
-            parts, args, launch = combo_source(kernel, buffers, defined, largest)
+            parts, args, launch = combo_source(kernel, buffers, defined, graph)
             sources += [*parts, ""]
             meta[kernel.name] = (args, launch, kernel.name)
             continue
@@ -851,7 +857,7 @@ def generate(kernels, buffers) -> tuple[str, dict]:
             from .matmul_template import template_source     # (it builds on this module)
             src, args, launch = template_source(kernel, buffers)
         else:
-            src, args, launch = kernel_source(kernel, buffers, largest)
+            src, args, launch = kernel_source(kernel, buffers, graph)
         function = defined_once(defined, kernel.name, src)
         sources += [src, ""] if function == kernel.name else [f"{kernel.name} = {function}  # the same code", ""]
         meta[kernel.name] = (args, launch, function)
