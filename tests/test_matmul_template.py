@@ -39,10 +39,13 @@ def assert_as_close_as_eager(out, eager, fn, inputs):
     """As close to the exact result (float64) as eager is. The template sums the product in
     another order than eager's: in float32 of 256 terms of size 1, a unit in the last place
     of values of size 10 is 1e-6, and the differences reach 2e-4 (GELU and a residual can make
-    them relatively large); rounded to a half-precision dtype, or summed in TF32, more."""
+    them relatively large); rounded to a half-precision dtype, or summed in TF32, more. Four
+    units in the last place of the largest value are allowed besides: where eager's own error
+    happens to be tiny (fresh inputs each run), the order of the sum alone can double it."""
     assert out.dtype == eager.dtype and out.stride() == eager.stride()
     exact = fn(*(t.double() for t in inputs))
-    assert (out.double() - exact).abs().max() <= 2 * (eager.double() - exact).abs().max()
+    ulp = torch.finfo(out.dtype).eps * exact.abs().max()
+    assert (out.double() - exact).abs().max() <= 2 * (eager.double() - exact).abs().max() + 4 * ulp
 
 
 def linear_gelu_residual(x, w, b, r):

@@ -902,7 +902,7 @@ def test_partition_recomputes_a_concatenation_rather_than_saving_it(kernel_backe
         q = q @ w
         return q * emb.cos() + q.flip(-1) * emb.sin()
     q, w = randn(2, 9, 8), randn(8, 8).requires_grad_()
-    inv_freq, positions = torch.rand(4) + 0.1, torch.arange(9)
+    inv_freq, positions = torch.rand(4, device=q.device) + 0.1, torch.arange(9, device=q.device)
     part = partition(trace_joint(torch.fx.symbolic_trace(f), [q, inv_freq, positions, w]))
     nodes = {n.name: n for n in part.backward.graph.nodes}
     assert not any(nodes[s].op == "placeholder" and getattr(nodes[s].meta.get("val"), "shape", None) == (9, 8)
