@@ -405,7 +405,6 @@ def _decompose(flat: str, names: list[str], sizes: list[int]) -> list[str]:
     return lines[::-1]
 
 
-
 def kernel_source(kernel, buffers, graph=None):
     """Source of one @triton.jit kernel, the buffers it takes (inputs, then outputs) and its
     launch settings.
