@@ -432,7 +432,7 @@ def kernel_source(kernel, buffers: dict[str, ir.IRNode]) -> tuple[str, list[str]
                     continue
                 reads = {name for name, _ in ir.reads_of(comp).loads}
                 ordered = isinstance(comp, ir.Reduction) and comp.reduction_type in ir.ARG_REDUCTIONS
-                if any(isinstance(c.comp, ir.Reduction) and c.box.name in reads for _, c in current) \
+                if _needs_the_walk_done(reads, current) \
                         or ordered or any(isinstance(c.comp, ir.Reduction) and c.comp.reduction_type
                                           in ir.ARG_REDUCTIONS for _, c in current):
                     flush()
@@ -610,10 +610,18 @@ def _walks(members: list, reads: dict) -> list[list]:
     of the rows (its values per row follow it)."""
     walks: list[list] = [[]]
     for k, member in members:
-        if isinstance(member.comp, ir.Reduction) and any(m.box.name in reads[member.box.name] for _, m in walks[-1]):
+        if isinstance(member.comp, ir.Reduction) and _needs_the_walk_done(reads[member.box.name], walks[-1]):
             walks.append([])
         walks[-1].append((k, member))
     return walks
+
+
+def _needs_the_walk_done(reads: set, walk: list) -> bool:
+    """Whether a member that loads `reads` needs a value the walk of the rows under way (its
+    (k, member) pairs) has only once it is done: a reduction's result, or a value per row
+    computed from such results after the walk. (A value along the row is at hand, computed at
+    the same position.)"""
+    return any(m.box.name in reads and (isinstance(m.comp, ir.Reduction) or m.role != "row") for _, m in walk)
 
 
 def _emit_pass(writer, members, rs, store, position, parallel_if) -> None:
