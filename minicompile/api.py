@@ -11,6 +11,7 @@ import contextlib
 import copy
 import functools
 import gc
+import inspect
 import itertools
 import sys
 import types
@@ -23,6 +24,7 @@ import torch
 from . import config, distributed, frame_store, ir, logs, metrics, optim
 from .capture import SUPPORTED_VERSIONS, Unsupported
 from .capture.breaks import DISABLE_MARK, never_traced
+from .capture.calls import MODULE_CALLS
 from .capture.frame import ResumeSegment
 from .capture.guards import frame_target
 
@@ -399,6 +401,8 @@ class CompiledFunction:
             # (FSDP2's FSDP<Name>) is judged by its forward
             inner = distributed.user_module(fn)
             forward = getattr(type(inner), "forward", None)
+            if _own_call(inner) is not None:          # its class's __call__ (its hooks inside)
+                return self._callee(_own_call(inner))(inner, *args, **kwargs)
             if isinstance(forward, types.FunctionType) and getattr(inner.forward, "__func__", None) is forward:
                 target, pre = forward, [inner]
         elif (opt := optim.step_method(fn)) is not None:
@@ -411,6 +415,15 @@ class CompiledFunction:
                 never_traced(fn) is not None or never_traced(target) is not None or \
                 target.__code__.co_flags & 0x2A0:          # generators, coroutines
             return fn(*args, **kwargs)
+        callee = self._callee(target)
+        if isinstance(fn, torch.nn.Module) and distributed.runs_around(fn):
+            # a wrapper's forward and the hooks (FSDP's gather the parameters) run as Python
+            return distributed.call_around(fn, functools.partial(callee, *pre), args, kwargs,
+                                           self._around_logged)
+        return callee(*pre, *args, **kwargs)
+
+    def _callee(self, target) -> "CompiledFunction":
+        """A function called at a graph break, compiled on its own (once)."""
         callee = self._callees.get(target)
         if callee is None:
             callee = CompiledFunction(target, fullgraph=False, backend=self._backend_arg,
@@ -418,11 +431,7 @@ class CompiledFunction:
             callee.backend, callee.backend_name = self.backend, self.backend_name
             callee.quiet = True
             self._callees[target] = callee
-        if isinstance(fn, torch.nn.Module) and distributed.runs_around(fn):
-            # a wrapper's forward and the hooks (FSDP's gather the parameters) run as Python
-            return distributed.call_around(fn, functools.partial(callee, *pre), args, kwargs,
-                                           self._around_logged)
-        return callee(*pre, *args, **kwargs)
+        return callee
 
     def _optimizer_step(self, fn, opt) -> Callable:
         """`opt.step` (fn) as minicompile's compiled step, made once per optimizer; the
@@ -648,6 +657,14 @@ def describe_segment(seg, name: str) -> str:
     return "\n".join(lines)
 
 
+def _own_call(mod: torch.nn.Module):
+    """The __call__ of mod's class where the class has its own, not nn.Module's (a Hugging Face
+    layer that checkpoints itself there), as a Python function; else None. Eager runs it, and
+    it runs the module's hooks and forward through super().__call__."""
+    call = inspect.getattr_static(type(mod), "__call__", None)
+    return call if isinstance(call, types.FunctionType) and call not in MODULE_CALLS else None
+
+
 def _function_of(method):
     """The function a bound method runs (what a module's forward is, whichever object)."""
     return getattr(method, "__func__", method)
@@ -662,15 +679,22 @@ class CompiledModule(torch.nn.Module):
         self._orig_mod = mod
         # under DDP or FSDP1, the wrapped module's forward (distributed.py says why)
         inner = distributed.user_module(mod)
-        self._compiled_forward = CompiledFunction(inner.forward, **options)
+        own_call = _own_call(inner)
+        # a class with its own __call__: that is compiled, as eager runs it (hooks and forward
+        # are inside it, through super().__call__)
+        self._compiled_forward = CompiledFunction(inner.forward if own_call is None else
+                                                  types.MethodType(own_call, inner), **options)
         self._around_logged: set = set()
         # read on every call, so kept as plain attributes (a submodule is found through
         # nn.Module.__getattr__); whether `mod` is a wrapper is a matter of its class
         self.__dict__["_mod"], self.__dict__["_wrapper"] = mod, inner is not mod
         self.__dict__["_inner"], self.__dict__["_options"] = inner, options
         self.__dict__["_forward_fn"] = _function_of(inner.forward)
+        self.__dict__["_own_call"] = own_call is not None
 
     def forward(self, *args, **kwargs):
+        if self._own_call:
+            return self._compiled_forward(*args, **kwargs)
         forward = self._inner.forward
         if _function_of(forward) is not self._forward_fn:
             # forward was rebound (on the module's class or on it) since: the one it is now,

@@ -618,6 +618,39 @@ def test_functions_with_a_cache_are_called_once_as_in_eager():
     no_break(calls_cached, x)
 
 
+class Warner:
+    """transformers' logger.warning_once: a method wrapped in functools.lru_cache, whose cache
+    key holds the object it is called on."""
+    def __init__(self):
+        self.said = []
+
+    @functools.lru_cache(None)
+    def say_once(self, message):
+        self.said.append(message)
+        return len(message)
+
+
+def test_a_cached_method_runs_once_per_object_as_in_eager():
+    first, second = Warner(), Warner()
+
+    def f(x, warner):
+        return x * warner.say_once("careful")
+    x = torch.randn(3)
+    compiled = minicompile.compile(f, backend="eager")
+    for warner in (first, first, second, second, first):
+        assert_same(compiled(x, warner), x * 7)
+    assert first.said == ["careful"] and second.said == ["careful"]
+    assert minicompile.metrics.graphs == 2          # one per object: a new bound method each read is the same method
+    no_break(f, x, Warner())
+
+    def made_here(x):          # a new object each call: the method runs each time (in Python)
+        warner = Warner()
+        return x * warner.say_once("hi"), warner.said
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        assert_same(minicompile.compile(made_here, backend="eager")(x), (x * 2, ["hi"]))
+
+
 @pytest.mark.filterwarnings("ignore:minicompile")       # (the frame runs eagerly, and says so)
 def test_a_call_that_reads_its_callers_frame_runs_in_the_users_frame():
     import inspect
@@ -1303,3 +1336,73 @@ def test_an_attribute_of_none():
     x = torch.randn(3)
     assert_same(minicompile.compile(reads_an_attribute_it_may_not_have)(x), x * 2)
     assert minicompile.metrics.graph_breaks == 0 and minicompile.metrics.graphs == 1
+
+
+def test_isinstance_of_iterators_as_in_eager():
+    import collections.abc
+    import types
+    layer = torch.nn.Linear(3, 2)
+
+    def f(x):
+        kinds = (types.GeneratorType, collections.abc.Iterator, list, map, torch.Tensor)
+        its = [layer.parameters(), iter([x, x]), (t for t in (x,)), map(abs, [x]), zip([x], [x]),
+               enumerate([x])]
+        return x + 1, [[isinstance(it, k) for k in kinds] for it in its]
+    x = torch.randn(3)
+    assert_same(minicompile.compile(f, backend="eager")(x), f(x))
+    no_break(f, x)
+
+
+def test_forward_hooks_run_around_an_inlined_forward_as_in_eager():
+    """Pre-hooks and forward hooks (with and without kwargs) of a submodule are inlined: one
+    graph, eager's values; a hook removed or added is a new graph (guarded); a backward hook,
+    which the compiled backward would not call, is a graph break, and runs."""
+    class Net(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.a, self.b = torch.nn.Linear(4, 4), torch.nn.Linear(4, 4)
+
+        def forward(self, x):
+            return self.b(torch.relu(self.a(x)))
+    net, seen = Net(), []
+    handles = [net.a.register_forward_pre_hook(lambda m, args: (args[0] * 2,)),
+               net.a.register_forward_hook(lambda m, args, out: out + 1),
+               net.b.register_forward_pre_hook(lambda m, args, kwargs: ((args[0] - 1,), kwargs), with_kwargs=True),
+               net.b.register_forward_hook(lambda m, args, kwargs, out: out * 3, with_kwargs=True)]
+    x = torch.randn(3, 4)
+    compiled = minicompile.compile(net)
+    assert_same(compiled(x), net(x))
+    no_break(net, x)
+    handles[1].remove()
+    assert_same(compiled(x), net(x))
+    net.b.register_forward_hook(lambda m, args, out: seen.append(out.shape))
+    assert_same(compiled(x), net(x))
+    assert seen == [(3, 4), (3, 4)] and minicompile.metrics.recompiles == 2
+    net.a.register_full_backward_hook(lambda m, grad_in, grad_out: seen.append("backward"))
+    compiled(x.requires_grad_()).sum().backward()
+    assert seen[-1] == "backward"
+    assert "backward hooks" in str(minicompile.explain(net)(x).break_reasons[0])
+
+
+class Doubled(torch.nn.Linear):
+    """A module class with its own __call__ (Hugging Face's checkpointing layers have one)."""
+
+    def __call__(self, *args, **kwargs):
+        return super().__call__(*args, **kwargs) * 2
+
+
+def test_a_modules_own_call_runs_as_in_eager():
+    class Outer(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.inner = Doubled(3, 3)
+
+        def forward(self, x):
+            return self.inner(x) + 1
+    x = torch.randn(2, 3)
+    for model in (Outer(), Doubled(3, 3)):            # a submodule's, the compiled module's
+        model.register_forward_hook(lambda m, args, out: out - 5)
+        compiled = minicompile.compile(model)
+        assert_same(compiled(x), model(x))
+        assert_same(compiled(x), model(x))
+    no_break(Outer(), x)

@@ -172,6 +172,35 @@ def test_training_loop_with_backward_and_step():
             assert q.grad is None
 
 
+def test_clipping_gradients_of_a_parameters_generator_as_eager(recwarn):
+    """clip_grad_norm_(model.parameters()) inside the compiled step: the generator is drained
+    once, by the clipping (a trace that ran it on the real generator left it empty for the
+    call made at the graph break: no clipping, a norm of 0)."""
+    torch.manual_seed(2)
+    model = torch.nn.Sequential(torch.nn.Linear(9, 17), torch.nn.GELU(), torch.nn.Linear(17, 3)).to(DEVICE)
+    twin = copy.deepcopy(model)
+    eager_opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    opt = torch.optim.SGD(twin.parameters(), lr=0.1)
+
+    def train_step(m, o, x):
+        loss = m(x).square().mean() * 100
+        loss.backward()
+        norm = torch.nn.utils.clip_grad_norm_(m.parameters(), 0.5)
+        o.step()
+        o.zero_grad()
+        return loss, norm
+
+    step = minicompile.compile(train_step)
+    for _ in range(3):
+        x = randn(6, 9)
+        ours, theirs = step(twin, opt, x), train_step(model, eager_opt, x)
+        assert ours[1] > 0.5
+        assert_same(ours, theirs)
+        for p, q in zip(model.parameters(), twin.parameters()):
+            assert_same(q, p)
+    assert not [w for w in recwarn if "empty generator" in str(w.message)]
+
+
 def test_unmodelled_options_run_pytorchs_step(capsys):
     params = _params()
     opt = torch.optim.Adam(params, lr=0.01, fused=True)

@@ -28,7 +28,7 @@ import torch.fx
 from .breaks import ObservedException, Unsupported
 from .sources import AttrSource, GenericAttrSource, ItemSource, Source
 from .values import (DELETED, BaseListVariable, BuiltinVariable, ConstantVariable, DictVariable,
-                     DictViewVariable, IteratorVariable, LazyIteratorVariable, ListVariable,
+                     DictViewVariable, GeneratorVariable, IteratorVariable, LazyIteratorVariable, ListVariable,
                      ModelOutputVariable,
                      NNModuleVariable, PythonModuleVariable, SymIntVariable, TensorVariable,
                      TupleVariable, TypeVariable, UserObjectVariable, VariableTracker, example_of,
@@ -66,8 +66,26 @@ def _builtin_isinstance(tx, args, kwargs):
     obj, cls = args
     if not isinstance(cls, (TypeVariable, ConstantVariable, TupleVariable, BuiltinVariable)):
         raise tx.unsupported(f"isinstance() with {cls.describe()}")
+    if isinstance(obj, (IteratorVariable, GeneratorVariable, LazyIteratorVariable)):
+        return ConstantVariable(_iterator_isinstance(tx, obj, cls.as_example()))
     # (example_of: a symbolic size is an int without making it static)
     return ConstantVariable(isinstance(example_of(obj), cls.as_example()))
+
+
+# what an iterator of the trace may be in eager where the trace does not know (iter() of an
+# object's items): isinstance() is answered where all of these agree
+_SOME_ITERATOR_TYPES = (type(iter([])), type(iter(())), type(iter(range(0))), type(iter({})),
+                        type(iter("")), types.GeneratorType)
+
+
+def _iterator_isinstance(tx, it, cls) -> bool:
+    """isinstance(it, cls) for an iterator the trace holds as its items (no real object):
+    by the type eager's would have (clip_grad_norm_ asks whether it was given a generator)."""
+    known = it.python_type
+    answers = {issubclass(t, cls) for t in ([known] if known is not None else _SOME_ITERATOR_TYPES)}
+    if len(answers) > 1:
+        raise tx.unsupported(f"isinstance() of {it.describe()}, whose type in eager the trace does not know")
+    return answers.pop()
 
 
 def _builtin_issubclass(tx, args, kwargs):

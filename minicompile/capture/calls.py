@@ -78,6 +78,11 @@ def _default_source(func, fn_source, name: str, value):
                       names.index(name) - (code.co_argcount - len(func.__defaults__)))
 
 
+# nn.Module's own __call__ and what it calls: a module called through one of these runs its
+# hooks and forward (call_module)
+MODULE_CALLS = (torch.nn.Module.__call__, torch.nn.Module._wrapped_call_impl, torch.nn.Module._call_impl)
+
+
 def _made_by(result: VariableTracker, fn, args, kwargs) -> VariableTracker:
     """A generator a call made remembers the call: where it outlives the trace before it
     started, the call is made again for a real one."""
@@ -138,7 +143,9 @@ class CallsMixin:
                 return PartialVariable(func.func, func.args + rest, {**func.keywords, **kwargs})
             return PartialVariable(func, rest, kwargs)
         if isinstance(fn, UserFunctionVariable) and isinstance(fn.value, functools._lru_cache_wrapper):
-            return self.call_cached(fn, args, kwargs)
+            return self.call_cached(fn.value, args, kwargs)
+        if isinstance(fn, BoundMethodVariable) and isinstance(fn.func, functools._lru_cache_wrapper):
+            return self.call_cached(fn.func, args, kwargs, owner=fn.self_var)
         if isinstance(fn, _NoOpCallable):
             return ConstantVariable(None)
         if isinstance(fn, ExceptionInitVariable):
@@ -206,6 +213,9 @@ class CallsMixin:
             if fn.value is torch.cond:
                 from .higher_order import call_cond
                 return call_cond(self, args, kwargs)
+            if fn.value is torch.utils.checkpoint.checkpoint:
+                from .higher_order import call_checkpoint
+                return call_checkpoint(self, args, kwargs)
             try:
                 return out.call("call_function", fn.value, args, kwargs)
             except Unsupported as err:
@@ -214,6 +224,8 @@ class CallsMixin:
             # a Python helper of torch's that answers a question about tensors (their device,
             # whether they require grad): its code is traced, as Dynamo inlines torch.nn's
             return self.inline_call(fn.value, args, kwargs)
+        if isinstance(fn, TensorMethodVariable) and fn.name == "requires_grad_":
+            return self.requires_grad_(fn.tensor, args, kwargs)
         if isinstance(fn, TensorMethodVariable):
             return out.call("call_method", fn.name, [fn.tensor] + list(args), kwargs)
         if isinstance(fn, _UnboundTensorMethod):
@@ -247,6 +259,8 @@ class CallsMixin:
         if isinstance(fn, BoundMethodVariable) and isinstance(fn.self_var, NNModuleVariable) and \
                 fn.func is torch.nn.Module.to:
             return self.module_to(fn.self_var, args, kwargs)
+        if isinstance(fn, BoundMethodVariable) and fn.func in MODULE_CALLS and isinstance(fn.self_var, NNModuleVariable):
+            return self.module_call(fn.self_var, args, kwargs)      # super().__call__(...) of an override
         if isinstance(fn, BoundMethodVariable) and is_apply(fn):
             return call_apply(self, fn.self_var.value, args, kwargs)
         if isinstance(fn, BoundMethodVariable) and fn.func is torch.nn.Module.__init__ and \
@@ -296,6 +310,18 @@ class CallsMixin:
         name = getattr(value, "__qualname__", None) or fn.describe()
         raise self.unsupported(f"call to {name}", "the capture cannot model this callable yet")
 
+    def requires_grad_(self, t: VariableTracker, args, kwargs) -> VariableTracker:
+        """t.requires_grad_(flag) where t already is so (a Hugging Face model's hook that makes
+        the embeddings require grad for checkpointing): nothing to do. Else it changes what
+        autograd records, which runs as Python, at a graph break."""
+        flag = args[0] if args else kwargs.get("requires_grad", ConstantVariable(True))
+        if not (isinstance(t, TensorVariable) and flag.is_constant()):
+            raise self.unsupported("requires_grad_() with a flag that is not a constant")
+        if t.example.requires_grad != bool(flag.as_example()):
+            raise self.unsupported(f"requires_grad_({flag.as_example()}) of a tensor whose flag it changes",
+                                   "what autograd records is changed as Python, at a graph break")
+        return t
+
     def call_getter(self, fn, args, kwargs) -> VariableTracker:
         """operator.itemgetter/attrgetter/methodcaller applied to its one argument."""
         (obj,) = args
@@ -313,20 +339,32 @@ class CallsMixin:
         values = [get(k) for k in fn.args]
         return values[0] if len(values) == 1 else TupleVariable(values)
 
-    def call_cached(self, fn: UserFunctionVariable, args, kwargs) -> VariableTracker:
+    def call_cached(self, cached, args, kwargs, owner: Optional[VariableTracker] = None) -> VariableTracker:
         """A call of a functools.lru_cache (or cache) function with constant arguments: made
         for real now, as eager's first call makes it (its effects happen then, once, and its
-        result is cached as eager caches it); what it returns is a constant of the trace."""
+        result is cached as eager caches it); what it returns is a constant of the trace.
+        owner: the object a cached method is called on (transformers' `logger.warning_once`),
+        part of the cache's key: an object read from outside the frame, guarded to be the same
+        object, since another would miss the cache and run the method again."""
+        name = cached.__qualname__
         values = list(args) + list(kwargs.values())
         if not all(v.is_constant() for v in values):
-            raise self.unsupported(f"call to cached function {fn.value.__qualname__} with arguments "
-                                   "that are not constants")
-        result = fn.value(*[a.as_example() for a in args], **{k: v.as_example() for k, v in kwargs.items()})
+            raise self.unsupported(f"call to cached function {name} with arguments that are not constants")
+        real = [a.as_example() for a in args]
+        if owner is not None:
+            obj = getattr(owner, "module", None) if isinstance(owner, NNModuleVariable) else getattr(owner, "value", None)
+            if owner.source is None or obj is None:
+                raise self.unsupported(f"call to cached method {name} of {owner.describe()}",
+                                       "the object is part of the cache's key: only objects read "
+                                       "from outside the frame are modelled")
+            self.output.guards.identity(owner.source, obj, f"the object cached method {name} is called on")
+            real.insert(0, obj)
+        result = cached(*real, **{k: v.as_example() for k, v in kwargs.items()})
         if is_constant_value(result):
             return ConstantVariable(result)
         if isinstance(result, (types.FunctionType, type, types.ModuleType)):
             return self.output.wrap(result, None)
-        raise self.unsupported(f"cached function {fn.value.__qualname__} returned a {type(result).__name__}",
+        raise self.unsupported(f"cached function {name} returned a {type(result).__name__}",
                                "a cached object may be changed by whoever else holds it")
 
     def private_copy(self, v: VariableTracker, how) -> VariableTracker:
@@ -370,7 +408,7 @@ class CallsMixin:
                 src = module_member_source(src, last_kind if i == len(parts) - 1 else "_modules", part)
             var = self.output.wrap(value, src)
             items.append(TupleVariable([ConstantVariable(full_name), var]) if name.startswith("named_") else var)
-        return IteratorVariable(items)
+        return IteratorVariable(items, python_type=types.GeneratorType)     # (eager's is a generator)
 
     def module_to(self, mv: NNModuleVariable, args, kwargs) -> VariableTracker:
         """module.to(dtype or device) that changes none of the module's tensors (Switch
@@ -610,15 +648,60 @@ class CallsMixin:
                                "modelled yet")
 
     def call_module(self, mv: NNModuleVariable, args, kwargs) -> VariableTracker:
-        mod = mv.module
-        hooks = (mod._forward_hooks or mod._forward_pre_hooks or
-                 torch.nn.modules.module._global_forward_hooks or
-                 torch.nn.modules.module._global_forward_pre_hooks)
-        if hooks:
-            raise self.unsupported(f"call to {type(mod).__name__} with forward hooks",
-                                   "hooks are not inlined yet")
+        """module(*args, **kwargs): the __call__ of its class where the class has its own (a
+        Hugging Face layer's, which checkpoints it; guarded), else as Module.__call__ makes it."""
+        call = class_attr(type(mv.module), "__call__")
+        if call in MODULE_CALLS:
+            return self.module_call(mv, args, kwargs)
+        if not isinstance(call, types.FunctionType):
+            raise self.unsupported(f"{type(mv.module).__name__}.__call__ is not a Python function")
+        self.class_member(type(mv.module), "__call__")
+        return self.inline_call(call, [mv] + list(args), kwargs)
+
+    def module_call(self, mv: NNModuleVariable, args, kwargs) -> VariableTracker:
+        """module(*args, **kwargs) as Module.__call__ makes it: its forward pre-hooks, its
+        forward, its forward hooks (each hook inlined, with what it is given in eager)."""
+        mod, everyone = mv.module, torch.nn.modules.module
+        if everyone._global_forward_hooks or everyone._global_forward_pre_hooks:
+            raise self.unsupported(f"call to {type(mod).__name__} with global forward hooks",
+                                   "hooks registered for every module are not inlined")
+        if mod._backward_hooks or mod._backward_pre_hooks or everyone._global_backward_hooks or \
+                everyone._global_backward_pre_hooks:
+            raise self.unsupported(f"call to {type(mod).__name__} with backward hooks",
+                                   "a backward hook runs in autograd's backward, which the "
+                                   "compiled backward does not call")
+        pre, post = mod._forward_pre_hooks, mod._forward_hooks
+        if (pre or post) and mv.source is None:
+            raise self.unsupported(f"call to {type(mod).__name__} made in the trace, with forward hooks")
         if mv.source is not None:
-            self.output.guards.no_hooks(mv.source)
+            self.output.guards.forward_hooks(mv.source, mod)
+        args = list(args)
+        for key, hook in pre.items():
+            hook = self.output.wrap(hook, ItemSource(AttrSource(mv.source, "_forward_pre_hooks"), key))
+            if key in mod._forward_pre_hooks_with_kwargs:
+                got = self.call_function(hook, [mv, TupleVariable(args), DictVariable(kwargs)], {})
+                if not _is_none(got):
+                    if not (isinstance(got, TupleVariable) and len(got.items) == 2
+                            and isinstance(got.items[1], DictVariable)):
+                        raise self.unsupported("a forward pre-hook with kwargs that returns other "
+                                               "than (args, kwargs)")
+                    args, kwargs = list(self.iterate(got.items[0])), dict(got.items[1].items)
+            else:
+                got = self.call_function(hook, [mv, TupleVariable(args)], {})
+                if not _is_none(got):
+                    args = list(got.items) if isinstance(got, TupleVariable) else [got]
+        result = self.call_forward(mv, args, kwargs)
+        for key, hook in post.items():
+            hook = self.output.wrap(hook, ItemSource(AttrSource(mv.source, "_forward_hooks"), key))
+            given = [mv, TupleVariable(args)] + ([DictVariable(kwargs)] if key in mod._forward_hooks_with_kwargs else [])
+            got = self.call_function(hook, given + [result], {})
+            if not _is_none(got):
+                result = got
+        return result
+
+    def call_forward(self, mv: NNModuleVariable, args, kwargs) -> VariableTracker:
+        """The module's forward, inlined (its instance's own where it has one)."""
+        mod = mv.module
         if "forward" in mod.__dict__:          # replaced on the instance: that one runs
             return self.call_function(self.load_module_attr(mv, "forward"), args, kwargs)
         if mv.source is not None:

@@ -616,20 +616,33 @@ class GuardBuilder:
                   [("{e1} is %s" % mod.training, f"{display(e)}.training == {mod.training}")],
                   f"{e}.training", others=[AttrSource(source, "training")])
 
-    def no_hooks(self, source: Source):
-        """A module whose forward the trace inlined: no forward hooks, its own or global, which
-        the inlined call did not run. (A frame's own `self` may have hooks: its hooks ran
-        around the compiled forward, as Python.)"""
+    def forward_hooks(self, source: Source, mod: torch.nn.Module):
+        """A module whose forward the trace inlined: the forward hooks it ran around it, which
+        the module has still (the same keys, in order, each with or without kwargs; each hook
+        is guarded where the trace read it), or none, and none global or for the backward.
+        (A frame's own `self` may have hooks: its hooks ran around the compiled forward, as
+        Python.)"""
         e = source.expr()
         d = display(e)
-        self._add(("hooks", e), source,
-                  [("not ({e1} or {e2})",
-                    f"{d} has forward hooks now (its forward was inlined without them)")],
-                  f"{e}: forward was inlined, so no hooks",
-                  others=[AttrSource(source, "_forward_hooks"), AttrSource(source, "_forward_pre_hooks")])
+        backward = [AttrSource(source, "_backward_hooks"), AttrSource(source, "_backward_pre_hooks")]
+        if mod._forward_hooks or mod._forward_pre_hooks:
+            for name in ("_forward_pre_hooks", "_forward_hooks", "_forward_pre_hooks_with_kwargs",
+                         "_forward_hooks_with_kwargs"):
+                self.mapping_keys(AttrSource(source, name), getattr(mod, name))
+            self._add(("hooks", e), source,
+                      [("not ({e1} or {e2})", f"{d} has backward hooks now (its forward was inlined)")],
+                      f"{e}: forward was inlined with its hooks, and it has no backward hooks",
+                      others=backward)
+        else:
+            self._add(("hooks", e), source,
+                      [("not ({e1} or {e2} or {e3} or {e4})",
+                        f"{d} has hooks now (its forward was inlined without them)")],
+                      f"{e}: forward was inlined, so no hooks",
+                      others=[AttrSource(source, "_forward_hooks"), AttrSource(source, "_forward_pre_hooks")] + backward)
         self.namespace["HOOKS"] = torch.nn.modules.module
         self._add(("global_hooks",), None,
-                  [("not (HOOKS._global_forward_hooks or HOOKS._global_forward_pre_hooks)",
+                  [("not (HOOKS._global_forward_hooks or HOOKS._global_forward_pre_hooks or "
+                    "HOOKS._global_backward_hooks or HOOKS._global_backward_pre_hooks)",
                     "global module hooks were registered")],
                   "no global module hooks", stack=False)
 

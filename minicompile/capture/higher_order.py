@@ -274,3 +274,57 @@ def call_cond(tx, args, kwargs):
         n.meta.update({k: node.meta[k] for k in ("source", "stack_trace") if k in node.meta})
     result = out._wrap_result(torch.fx.Proxy(node, out.tracer), example)
     return _unflatten(t_struct, list(result.items))
+
+
+# the node meta key that marks what a checkpointed function computed, with the value Dynamo's
+# tag_activation_checkpoint gives it; make_fx copies it onto the aten nodes each one becomes
+# (torch.fx.proxy's _COPY_META_FIELDS), and the partitioner recomputes those in the backward
+# instead of saving them
+RECOMPUTE, REGION = "recompute", "ac_graph_id"
+
+
+def call_checkpoint(tx, args, kwargs):
+    """torch.utils.checkpoint.checkpoint(function, *args, use_reentrant=..., **kwargs): the
+    function inlined into the graph, its nodes marked `recompute`: the values are eager's, and
+    what the checkpoint saves memory by (the backward computes the function's values again
+    from its inputs) is the partitioner's to do, as AOTAutograd's does with Dynamo's
+    tag_activation_checkpoint. What the graph cannot model as eager runs it breaks on."""
+    if not args:
+        raise tx.unsupported("torch.utils.checkpoint.checkpoint without a function")
+    kwargs = dict(kwargs)
+    options = {k: kwargs.pop(k) for k in ("use_reentrant", "context_fn", "determinism_check",
+                                          "debug", "early_stop", "preserve_rng_state") if k in kwargs}
+    if not all(v.is_constant() for k, v in options.items() if k != "context_fn"):
+        raise tx.unsupported("checkpoint options that are not constants")
+    reentrant = options["use_reentrant"].as_example() if "use_reentrant" in options else None
+    if reentrant is None:
+        raise tx.unsupported("checkpoint without use_reentrant",
+                             "eager warns and picks the reentrant variant, at a graph break",
+                             "pass use_reentrant=False (or True) to keep the graph whole")
+    if "context_fn" in options or options.get("debug", ConstantVariable(False)).as_example():
+        raise tx.unsupported("checkpoint with a context_fn or debug", "it runs as eager's, at a graph break")
+    if not options.get("preserve_rng_state", ConstantVariable(True)).as_example():
+        # eager's recomputation draws new random numbers for the backward; the graph's one
+        # function draws once
+        raise tx.unsupported("checkpoint with preserve_rng_state=False", "it runs as eager's, at a graph break")
+    function, fn_args = args[0], list(args[1:])
+    if reentrant:
+        if kwargs:
+            raise tx.unsupported("reentrant checkpoint with keyword arguments (eager raises)")
+        if torch.is_grad_enabled() and not any(
+                isinstance(a, TensorVariable) and a.example.requires_grad for a in fn_args):
+            # no input needs gradients: eager's outputs need none either, and the function's
+            # parameters get none (with a warning)
+            raise tx.unsupported("reentrant checkpoint whose inputs need no gradients",
+                                 "its outputs need none in eager, at a graph break")
+    out = tx.output
+    before = set(out.graph.nodes)
+    # each call its own region (a checkpoint inside another is part of the outer one): what
+    # leaves a region is saved, as eager saves the inputs of the checkpoint that reads it
+    region = 1 + max((n.meta.get(REGION, 0) for n in before), default=0)
+    result = tx.call_function(function, fn_args, kwargs)
+    for node in out.graph.nodes:
+        if node not in before and node.op in ("call_function", "call_method", "call_module"):
+            node.meta[RECOMPUTE] = torch.utils.checkpoint.CheckpointPolicy.PREFER_RECOMPUTE
+            node.meta[REGION] = region
+    return result

@@ -24,8 +24,9 @@ from typing import List, Optional
 
 from .breaks import ObservedException, Yield
 from .builtin_calls import class_attr
-from .values import (ConstantVariable, ExceptionVariable, GeneratorVariable, IteratorVariable,
-                     LazyIteratorVariable, TupleVariable, UserObjectVariable, VariableTracker)
+from .values import (BaseListVariable, ConstantVariable, DictVariable, ExceptionVariable, GeneratorVariable,
+                     IteratorVariable, LazyIteratorVariable, TupleVariable, UserObjectVariable,
+                     VariableTracker)
 
 ITERATORS = (IteratorVariable, GeneratorVariable, LazyIteratorVariable)
 
@@ -39,7 +40,18 @@ def iter_of(tx, v: VariableTracker) -> VariableTracker:
         it = user_iter(tx, v)
         if it is not None:
             return it
-    return IteratorVariable(tx.iterate(v))
+    return IteratorVariable(tx.iterate(v), python_type=_iterator_type(v))
+
+
+def _iterator_type(v: VariableTracker) -> Optional[type]:
+    """The type of iter(v) in eager (list_iterator...), where v's own type is known."""
+    if isinstance(v, BaseListVariable):
+        return type(iter(v.python_type()))
+    if isinstance(v, DictVariable):
+        return type(iter({}))
+    if isinstance(v, ConstantVariable) and isinstance(v.value, (str, tuple, range, frozenset, bytes)):
+        return type(iter(v.value))
+    return None
 
 
 def user_iter(tx, v: UserObjectVariable) -> Optional[VariableTracker]:

@@ -566,7 +566,7 @@ class OutputGraph:
             remaining = list(copy.copy(value))
             g.sequence(items_src, remaining)
             return IteratorVariable([self.wrap(v, ItemSource(items_src, i)) for i, v in enumerate(remaining)],
-                                    source=source)
+                                    source=source, python_type=type(value))
         if type(value) is functools.partial:
             # its function and arguments, each read (and guarded) through the partial's source
             if source is not None:
@@ -630,6 +630,16 @@ class OutputGraph:
             err = self.unsupported(f"{name}() takes a Python function ({python_fn.describe()})",
                                    "the call runs as Python, at a graph break")
             err.python_result = True          # (a Python helper of torch's is traced instead)
+            raise err
+        opaque = next((v for v in _leaves(list(args) + list(kwargs.values())) if not _has_graph_form(v)), None)
+        if opaque is not None:
+            # (clip_grad_norm_(model.parameters())): run on the examples, the call would act on
+            # the real object (a generator drained, gradients scaled) and then have no node to
+            # record; a Python function of torch's is traced instead, anything else runs as
+            # Python at a graph break, once, as in eager
+            err = self.unsupported(f"{name}() with {opaque.describe()}, which a graph cannot hold",
+                                   "the call runs as Python, at a graph break")
+            err.python_result = True
             raise err
         if args and isinstance(args[0], TensorVariable) and self.has_dynamic_inputs():
             sized = self._dynamic_size_call(kind, target, args, kwargs)
@@ -947,6 +957,15 @@ def _leaves(vars_) -> list:
         else:
             out.append(v)
     return out
+
+
+def _has_graph_form(v: VariableTracker) -> bool:
+    """Whether a graph node can take v as an argument (a tensor, a size, a constant...)."""
+    try:
+        v.as_proxy()
+    except NotImplementedError:
+        return False
+    return True
 
 
 def _graph_arg(v: VariableTracker):

@@ -625,9 +625,10 @@ class InstructionTranslator(CallsMixin):
         read through the instance, so that the guard sees the class change or an instance
         attribute hide it. None for anything else (another descriptor)."""
         source = obj.source
-        if isinstance(attr, (types.FunctionType, property, staticmethod, classmethod)):
+        if isinstance(attr, (types.FunctionType, property, staticmethod, classmethod, functools._lru_cache_wrapper)):
             self.class_member(type(obj.as_example()), name)
-        if isinstance(attr, types.FunctionType):
+        if isinstance(attr, (types.FunctionType, functools._lru_cache_wrapper)):
+            # (a method with a cache binds as a function does: a new bound method each read)
             return BoundMethodVariable(attr, obj)
         if isinstance(attr, property) and attr.fget is not None:
             return self.inline_call(attr.fget, [obj], {})

@@ -19,6 +19,7 @@ generators and exceptions save theirs with `state()`).
 """
 from __future__ import annotations
 
+import itertools
 import types
 from typing import Any, Callable, Dict, List, Optional
 
@@ -400,10 +401,12 @@ class IteratorVariable(VariableTracker):
     """An iterator over already-known items (iter(list), range, enumerate, zip, map, a
     ModuleList): loops are unrolled, so every item is known when the iterator is made."""
 
-    def __init__(self, items: List[VariableTracker], index: int = 0, source: Optional[Source] = None):
+    def __init__(self, items: List[VariableTracker], index: int = 0, source: Optional[Source] = None,
+                 python_type: Optional[type] = None):
         self.items = list(items)
         self.index = index
         self.source = source       # read from outside the frame: advanced for real after the graph
+        self.python_type = python_type     # what eager's would be, where known (isinstance)
 
     def remaining(self) -> List[VariableTracker]:
         return self.items[self.index:]
@@ -439,6 +442,8 @@ class GeneratorVariable(VariableTracker):
         t.pc, t.stack, t.locals, t.lazy_locals, t.with_depth, self.started, self.done, \
             self.return_value = state
 
+    python_type = types.GeneratorType
+
     def describe(self):
         return f"generator({self.tx.code.co_name})"
 
@@ -459,6 +464,11 @@ class LazyIteratorVariable(VariableTracker):
 
     def restore(self, state):
         self.count = state
+
+    @property
+    def python_type(self) -> type:
+        return {"map": map, "filter": filter, "zip": zip, "enumerate": enumerate,
+                "islice": itertools.islice}[self.kind]
 
     def describe(self):
         return f"{self.kind} object"
