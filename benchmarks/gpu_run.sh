@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Everything checked and measured on a GPU machine, in one call (see .library device notes):
 # the unit tests (Triton kernels compiled for real, capture on that machine's Python) and the
-# benchmarks. Results land in $OUT. Usage: benchmarks/gpu_run.sh [tests] [why] [memory] [models] [realmodels] [dynamic] [firstcall] [sweep] [heavysweep] [training] [modes] [optimizer] [columns] [splitcolumns] [unaligned] [decode] [nbval]
+# benchmarks. Results land in $OUT. Usage: benchmarks/gpu_run.sh [tests] [why] [memory] [models] [realmodels] [dynamic] [firstcall] [sweep] [heavysweep] [training] [checkpointed] [modes] [optimizer] [columns] [splitcolumns] [unaligned] [decode] [nbval]
 # nbval: the notebooks NOTEBOOKS (default all) under nbval; jupyter and nbval must be importable
 # (on the device machine: wheels installed into a folder on PYTHONPATH, which is kept)
 set -u
@@ -27,6 +27,7 @@ if [[ $what == *" dynamic "* ]]; then python3 benchmarks/dynamic_shapes.py --dev
 if [[ $what == *" firstcall "* ]]; then python3 benchmarks/first_call.py --device cuda --out "$OUT" 2>&1 | tail -9; fi
 if [[ $what == *" modes "* ]]; then python3 benchmarks/modes.py --out "$OUT" 2>&1 | grep -v Warning | tail -24; fi
 if [[ $what == *" training "* ]]; then python3 benchmarks/training.py --device cuda --out "$OUT" 2>&1 | grep -v Warning | tail -16; fi
+if [[ $what == *" checkpointed "* ]]; then python3 benchmarks/training.py --device cuda --checkpoint --out "$OUT" ${MODELS:+--models $MODELS} 2>&1 | grep -v Warning | tail -10; fi
 if [[ $what == *" columns "* ]]; then python3 benchmarks/sweep_column_reductions.py --out "$OUT" 2>&1 | grep -v Warning | tail -6; fi
 if [[ $what == *" splitcolumns "* ]]; then python3 benchmarks/sweep_column_reductions.py --split --out "$OUT" 2>&1 | grep -v Warning | tail -9; fi
 if [[ $what == *" optimizer "* ]]; then python3 benchmarks/optimizer.py --device cuda --out "$OUT" 2>&1 | grep -v "Warning\|record_function" | tail -24; fi

@@ -8,7 +8,8 @@ same batch. On a CPU: the book's MLP, CNN and GPT block (benchmarks/models.py, b
 CPU can run). On a GPU (fp32, TF32 matrix products, random weights): the book's three at full
 size, torchvision ResNet-50 (batch 32) and ViT-L/16 (batch 8) when torchvision imports, Hugging
 Face BERT-base (16 x 128 tokens), GPT-2 with its LM head (8 x 512) and a Llama-style model
-(real_models.py's: 1024 wide, 8 layers; 8 x 512), from their configs.
+(real_models.py's: 1024 wide, 8 layers; 8 x 512), from their configs. With --checkpoint: the
+Hugging Face three with activation checkpointing on (every layer through torch.utils.checkpoint).
 
 For each model: the first step of each (compilation included, with compile caches made empty
 for this run; minicompile's split by stage; minicompile's taken before torch.compile's, so that
@@ -66,6 +67,9 @@ GPU_MODELS = {"mlp": _book("mlp", 1), "cnn": _book("cnn", 1), "gpt_block": _book
                                  num_key_value_heads=4, vocab_size=32000)}
 
 
+HF_MODELS = ("bert_base", "gpt2", "llama_style")
+
+
 def main_output(out):
     if isinstance(out, torch.Tensor):
         return out
@@ -102,11 +106,17 @@ def main():
     parser.add_argument("--repeat", type=int, default=50,
                         help="timed rounds (25 or more: the reported range needs five blocks of five)")
     parser.add_argument("--out", default=os.environ.get("OUT"))
+    parser.add_argument("--checkpoint", action="store_true",
+                        help="the Hugging Face models with activation checkpointing "
+                             "(gradient_checkpointing_enable, use_reentrant=False); "
+                             "writes training_<device>_checkpointed.json")
     args = parser.parse_args()
     cuda = args.device == "cuda"
     torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = True
     zoo = GPU_MODELS if cuda else CPU_MODELS
     names = args.models.split(",") if args.models else list(zoo)
+    if args.checkpoint:
+        names = [n for n in names if n in HF_MODELS]
     tolerance = dict(rtol=2e-2, atol=2e-2) if cuda else dict(rtol=1e-3, atol=1e-3)
     results = {}
     print(f"{'model':<12}{'eager ms':>10}{'tc x':>7}{'mc x':>7}{'tc 1st s':>9}{'mc 1st s':>9}"
@@ -122,6 +132,8 @@ def main():
         model.train()
         if hasattr(model, "config"):
             model.config.use_cache = False
+        if args.checkpoint:
+            model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         copies = {label: copy.deepcopy(model) for label in ("eager", "torch.compile", "minicompile")}
         torch._dynamo.reset()
         torch._dynamo.utils.counters.clear()
@@ -160,12 +172,13 @@ def main():
         del copies, steps, model
         if cuda:
             torch.cuda.empty_cache()
-        save(results, cuda, args.out)        # after each model: a run cut short keeps what it measured
+        save(results, cuda, args.out, args.checkpoint)        # after each model: a run cut short keeps what it measured
 
 
-def save(results, cuda, out):
+def save(results, cuda, out, checkpointed=False):
     device = "cpu" if not cuda else torch.cuda.get_device_name().split()[1].lower()
-    path = bench.save_results(f"training_{device}", {"models": results}, out)
+    path = bench.save_results(f"training_{device}" + ("_checkpointed" if checkpointed else ""),
+                              {"models": results, "activation_checkpointing": checkpointed}, out)
     print(f"wrote {path}", flush=True)
 
 

@@ -7,6 +7,7 @@ caches included. Its graph count is set beside torch._dynamo.explain's on the sa
 forward and backward with gradients on, whose gradients must be eager's. Last, greedy decoding
 with a KV cache from a compiled Llama and GPT-2: the same tokens as eager, with the growing
 length handled by dynamic shapes (a few compiles, not one per token)."""
+import copy
 import logging
 import warnings
 
@@ -94,6 +95,34 @@ def test_forward_and_backward_as_eager(name):
             assert q.grad is None, pname
             continue
         torch.testing.assert_close(q.grad, p.grad, rtol=1e-4, atol=1e-5, msg=pname)
+
+
+@pytest.mark.parametrize("name", ["llama", "gpt2", "bert"])
+def test_gradient_checkpointing_is_one_graph_as_eager(name):
+    """model.gradient_checkpointing_enable(): a forward hook on the embeddings (their output
+    made to require grad) and each layer through torch.utils.checkpoint. One graph, no break;
+    the layers' values are computed again in the compiled backward; gradients are eager's."""
+    model, make_inputs = make(name)
+    model.train()
+    model.gradient_checkpointing_enable()
+    reference = copy.deepcopy(model)
+    compiled = minicompile.compile(model)
+    for step in range(2):
+        torch.manual_seed(7 + step)
+        args, kwargs = make_inputs()
+        for m in (compiled, reference):
+            torch.manual_seed(11 + step)         # (its dropout draws eager's numbers)
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                sum((t.float() ** 2).mean() for t in _tensors(m(*args, **kwargs)) if t.is_floating_point()).backward()
+        scale = max(p.grad.abs().max() for p in reference.parameters() if p.grad is not None)
+        for (pname, p), q in zip(reference.named_parameters(), model.parameters()):
+            assert (p.grad is None) == (q.grad is None), pname
+            if p.grad is not None:
+                torch.testing.assert_close(q.grad, p.grad, rtol=1e-4, atol=1e-5 * scale, msg=pname)
+        model.zero_grad(), reference.zero_grad()
+    assert minicompile.metrics.graph_breaks == 0 and minicompile.metrics.graphs == 1
+    assert minicompile.metrics.backward_kernels > 0
 
 
 def _tensors(out):

@@ -912,3 +912,117 @@ def test_partition_recomputes_a_concatenation_rather_than_saving_it(kernel_backe
     minicompile.compile(f)(q, inv_freq, positions, w).square().sum().backward()
     f(q, inv_freq, positions, w_twin).square().sum().backward()
     torch.testing.assert_close(w.grad, w_twin.grad, rtol=1e-4, atol=1e-5)
+
+
+class _Checkpointed(nn.Module):
+    """Pre-norm MLP blocks, each through torch.utils.checkpoint (or not)."""
+
+    def __init__(self, width=24, blocks=3, use_reentrant=False, checkpointed=True):
+        super().__init__()
+        self.blocks = nn.ModuleList(nn.Sequential(nn.LayerNorm(width), nn.Linear(width, 3 * width), nn.GELU(),
+                                                  nn.Linear(3 * width, width)) for _ in range(blocks))
+        self.use_reentrant, self.checkpointed = use_reentrant, checkpointed
+
+    def forward(self, x):
+        from torch.utils.checkpoint import checkpoint
+        for block in self.blocks:
+            x = x + (checkpoint(block, x, use_reentrant=self.use_reentrant) if self.checkpointed else block(x))
+        return x
+
+
+@pytest.mark.parametrize("use_reentrant", [False, True])
+def test_activation_checkpointing_saves_what_eager_saves(kernel_backend, compiled_training, use_reentrant):
+    """torch.utils.checkpoint inside the compiled graph (one graph, no break): the backward
+    computes each checkpointed call's values again, matrix products included, from what the
+    call was given; the forward saves the calls' inputs and no value computed inside them.
+    Gradients are eager's (of the checkpointed model, run eagerly)."""
+    torch.manual_seed(0)
+    model = _Checkpointed(use_reentrant=use_reentrant).to(DEVICE)
+    twin = copy.deepcopy(model)
+    for step in range(2):
+        x = randn(5, 7, 24).requires_grad_()
+        x2 = x.detach().clone().requires_grad_()
+        minicompile.compile(model)(x).square().mean().backward()
+        twin(x2).square().mean().backward()
+        torch.testing.assert_close(x.grad, x2.grad, rtol=1e-4, atol=1e-6)
+        for p, q in zip(model.parameters(), twin.parameters()):
+            torch.testing.assert_close(p.grad, q.grad, rtol=1e-4, atol=1e-6)
+            p.grad = q.grad = None
+    assert minicompile.metrics.graph_breaks == 0 and minicompile.metrics.graphs == 1
+    part = compiled_training[-1].partition
+    saved = {n.name: n for n in part.forward.graph.nodes if n.name in part.saved}
+    aten = torch.ops.aten
+    computed = [n for n in saved.values() if n.op == "call_function"]
+    # the block's sums (x after each block but the last, which the backward does not read)
+    assert len(computed) == 2 and all(n.target is aten.add.Tensor for n in computed), part.saved
+    backward_products = [n for n in part.backward.graph.nodes if n.target in (aten.addmm.default, aten.mm.default)]
+    unchecked = _Checkpointed(checkpointed=False).to(DEVICE)
+    minicompile.compile(unchecked)(randn(5, 7, 24)).square().mean().backward()
+    plain = compiled_training[-1].partition
+    assert part.saved_bytes < plain.saved_bytes
+    # the backward's products: the gradients' (dx, dW), and each block's first again (no
+    # gradient reads the second's result, which eager's checkpoint computes again too)
+    assert len(backward_products) == len([n for n in plain.backward.graph.nodes
+                                          if n.target in (aten.addmm.default, aten.mm.default)]) + 3
+
+
+def test_checkpointing_with_dropout_keeps_the_forwards_mask(kernel_backend, compiled_training):
+    """A random op inside a checkpointed call is not drawn again: its mask is saved (eager's
+    checkpoint replays the generator to draw the same numbers), so the gradient is the one
+    of the forward's output."""
+    torch.manual_seed(0)
+    layer = nn.Sequential(nn.Linear(16, 16), nn.Dropout(0.5)).to(DEVICE)
+    from torch.utils.checkpoint import checkpoint
+
+    def f(x):
+        return checkpoint(layer, x, use_reentrant=False)
+    x = randn(8, 16).requires_grad_()
+    out = minicompile.compile(f)(x)
+    out.backward(torch.ones_like(out))
+    zeroed = out == 0
+    # the gradient of x through a dropout: zero where the output was dropped
+    expected = (torch.ones_like(out) * (~zeroed) * 2) @ layer[0].weight
+    torch.testing.assert_close(x.grad, expected, rtol=1e-5, atol=1e-6)
+    drawn = [n for n in compiled_training[-1].partition.forward.graph.nodes if isinstance(
+        n.target, torch._ops.OpOverload) and torch.Tag.nondeterministic_seeded in n.target.tags]
+    assert drawn and not any(n.target in {d.target for d in drawn}
+                             for n in compiled_training[-1].partition.backward.graph.nodes)
+
+
+def test_checkpoint_without_use_reentrant_runs_as_eagers(recwarn):
+    """Eager warns and picks the reentrant variant: a graph break, with eager's warning."""
+    from torch.utils.checkpoint import checkpoint
+    layer = nn.Linear(4, 4).to(DEVICE)
+
+    def f(x):
+        return checkpoint(layer, x) * 2
+    x = randn(3, 4).requires_grad_()
+    torch.testing.assert_close(minicompile.compile(f)(x), f(x))
+    assert any("use_reentrant" in str(w.message) for w in recwarn)
+    assert "without use_reentrant" in str(minicompile.explain(f)(x).break_reasons[0])
+
+
+def test_a_layer_that_checkpoints_itself_in_its_own_call(kernel_backend, compiled_training):
+    """Hugging Face's checkpointing layers (some versions) override __call__ with
+    checkpoint(partial(super().__call__, **kwargs), *args): the compiled model checkpoints as
+    eager does (nothing inside a layer saved), instead of calling the layer's forward."""
+    import functools
+    from torch.utils.checkpoint import checkpoint
+
+    class Layer(nn.Sequential):
+        def __call__(self, *args, **kwargs):
+            if self.training:
+                return checkpoint(functools.partial(super().__call__, **kwargs), *args, use_reentrant=False)
+            return super().__call__(*args, **kwargs)
+    torch.manual_seed(0)
+    model = nn.Sequential(*[Layer(nn.Linear(24, 72), nn.GELU(), nn.Linear(72, 24)) for _ in range(3)]).to(DEVICE)
+    twin = copy.deepcopy(model)
+    x = randn(5, 24).requires_grad_()
+    minicompile.compile(model)(x).square().mean().backward()
+    twin(x.detach()).square().mean().backward()
+    for p, q in zip(model.parameters(), twin.parameters()):
+        torch.testing.assert_close(p.grad, q.grad, rtol=1e-4, atol=1e-6)
+    part = compiled_training[-1].partition
+    computed = [n for n in part.forward.graph.nodes if n.name in part.saved and n.op == "call_function"]
+    # the results of the first two layers (the next layers' inputs), nothing inside a layer
+    assert len(computed) == 2 and all(n.target is torch.ops.aten.addmm.default for n in computed), part.saved

@@ -33,6 +33,7 @@ import torch.nn.functional as F
 import torch.utils._pytree as pytree
 
 from .. import aliasing, custom_ops, ir
+from ..capture.higher_order import RECOMPUTE
 
 aten = torch.ops.aten
 
@@ -160,7 +161,11 @@ def trace_joint(gm: torch.fx.GraphModule, example_inputs, from_capture: bool = T
         return [o.detach() for o in outs] + [g for g in grads if g is not None]
 
     table = decompositions()
-    with _lazy_code():
+    # a checkpointed function's nodes (capture marks them) mark the aten nodes they become, for
+    # the partitioner; only then, as it costs a copy of each node's meta
+    marks = torch.fx.traceback.preserve_node_meta() if any(
+        RECOMPUTE in n.meta for n in gm.graph.nodes) else contextlib.nullcontext()
+    with _lazy_code(), marks:
         try:
             graph = make_fx(joint, decomposition_table=table, tracing_mode="fake")(primals, tangents)
         except _NotAsCaptured:
@@ -169,7 +174,9 @@ def trace_joint(gm: torch.fx.GraphModule, example_inputs, from_capture: bool = T
         if captured is not None:        # one tensor passed as several inputs reaches them all
             reached_by = _reached_by_tied(reached_by, primals)
         if _writes(graph):
-            graph = make_fx(torch.func.functionalize(graph, remove="mutations"), decomposition_table=table,
+            # (run by an interpreter where nodes are marked, which hands each node's marks on)
+            again = graph if isinstance(marks, contextlib.nullcontext) else torch.fx.Interpreter(graph).run
+            graph = make_fx(torch.func.functionalize(again, remove="mutations"), decomposition_table=table,
                             tracing_mode="fake")(primals, tangents)
     if _writes(graph):
         raise NotImplementedError("the joint graph writes an input (functionalization left a copy_ "

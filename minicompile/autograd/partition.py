@@ -43,6 +43,13 @@ and held through its matrix products until the backward reached that layer: the 
 are then held from the forward instead (the cut is made again with them saved), which costs no
 more memory.
 
+What a checkpointed function computed (torch.utils.checkpoint: capture marks its nodes) is
+never saved, matrix products included: the cut goes through the function's inputs, and the
+backward computes the rest again, which is what checkpointing trades time for. Its results,
+read by the forward after it (by the next checkpointed call), are saved instead, as the next
+call in eager saves its inputs. Its random ops are saved too: the numbers drawn must be the
+forward's.
+
 Hands on a `Partition`: the forward graph (primals -> forward outputs, then saved values) and
 the backward graph (saved values, then tangents -> gradients), both aten-level FX graphs.
 """
@@ -56,6 +63,7 @@ import torch
 import torch.fx
 
 from .. import custom_ops
+from ..capture.higher_order import RECOMPUTE, REGION
 from .joint import Joint, graph_module
 
 aten = torch.ops.aten
@@ -90,6 +98,46 @@ def nbytes(node: torch.fx.Node) -> int | float:
     if isinstance(val, (int, float, bool, torch.SymInt)) or val is None:
         return 0
     return math.inf
+
+
+_RECOMPUTED = (torch.utils.checkpoint.CheckpointPolicy.MUST_RECOMPUTE,
+               torch.utils.checkpoint.CheckpointPolicy.PREFER_RECOMPUTE)
+
+
+def _checkpointed(node: torch.fx.Node) -> bool:
+    """Computed by a checkpointed function (torch.utils.checkpoint), so never saved: the
+    backward computes it again, matrix products included; but not a random op, whose numbers
+    the forward's must be (eager's checkpoint replays the generator for them)."""
+    if node.op != "call_function" or node.meta.get(RECOMPUTE) not in _RECOMPUTED:
+        return False
+    if node.target is operator.getitem:              # an item of a result: as the result
+        return _checkpointed(node.args[0])
+    return not _draws_random(node)
+
+
+def _draws_random(node: torch.fx.Node) -> bool:
+    """An op that draws random numbers: tagged so, but for one whose dropout_p is 0
+    (attention without dropout), which draws none."""
+    t = node.target
+    if not (isinstance(t, torch._ops.OpOverload) and torch.Tag.nondeterministic_seeded in t.tags):
+        return False
+    names = [a.name for a in t._schema.arguments]
+    if "dropout_p" not in names:
+        return True
+    at = names.index("dropout_p")
+    dropout = node.kwargs.get("dropout_p", node.args[at] if len(node.args) > at else
+                              t._schema.arguments[at].default_value)
+    return dropout != 0
+
+
+def _leaves_its_checkpoint(node: torch.fx.Node, forward: set) -> bool:
+    """Whether the forward (the values its outputs are made from) reads the value outside the
+    checkpointed call that computed it (its result, read by the next call): saved, as eager's
+    next checkpoint saves its input, and not computed again (else the backward would compute
+    every call's values again from the first call's input, and hold them all)."""
+    region = node.meta.get(REGION)
+    return any(user.op == "output" or user in forward and (
+        user.meta.get(RECOMPUTE) not in _RECOMPUTED or user.meta.get(REGION) != region) for user in node.users)
 
 
 def recomputable(node: torch.fx.Node) -> bool:
@@ -188,10 +236,14 @@ def partition(joint: Joint) -> Partition:
     # at the top, a value of every layer would be held through the whole backward
     recomputable_here = needed_by_bwd - reads_tangent
     held: set = set()
+    # what a checkpointed call returns to the forward after it is saved (_leaves_its_checkpoint)
+    checkpointed = [n for n in needed_by_bwd if _checkpointed(n)]
+    forward = _ancestors([o for o in fwd_outs if isinstance(o, torch.fx.Node)]) if checkpointed else set()
+    leaving = {n for n in checkpointed if _leaves_its_checkpoint(n, forward)}
     for _ in range(3):
-        saved = _min_cut(graph, needed_by_bwd, reads_tangent, grads, held)
+        saved = _min_cut(graph, needed_by_bwd, reads_tangent, grads, held | leaving)
         order = _placed(joint.graph, saved + tangents, grads, late=recomputable_here)
-        longer = _held_across_externs(order, reads_tangent) - held
+        longer = {n for n in _held_across_externs(order, reads_tangent) - held - leaving if not _checkpointed(n)}
         if not longer:
             break
         held |= longer
@@ -223,11 +275,13 @@ def _min_cut(graph: torch.fx.Graph, needed_by_bwd: set, reads_tangent: set, grad
         if node in reads_tangent:               # backward work: must run in the backward
             flow[node.name + "_in", "sink"] = math.inf
             continue
-        if node.op == "placeholder" or not recomputable(node) or node in held \
-                or (not is_view(node) and node.all_input_nodes and read_by_backward_extern(node, reads_tangent)):
+        checkpointed = _checkpointed(node) and node not in held
+        if node.op == "placeholder" or node in held or not (checkpointed or recomputable(node)) \
+                or (not checkpointed and not is_view(node) and node.all_input_nodes
+                    and read_by_backward_extern(node, reads_tangent)):
             # available in the forward (an input, or too costly to run again)
             flow["source", node.name + "_in"] = math.inf
-        flow[node.name + "_in", node.name + "_out"] = save_cost(node)
+        flow[node.name + "_in", node.name + "_out"] = math.inf if checkpointed else save_cost(node)
         for user in node.users:
             flow[node.name + "_out", user.name + "_in"] = math.inf
     for g in grads:
