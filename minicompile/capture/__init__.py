@@ -19,7 +19,7 @@ through them (TorchDynamo's layout):
     frame.py         a frame as a chain of segments: graph, break run for real, resume point
     resume.py        the rest of a frame as a real Python function (a break never fails)
     bytecode.py      instruction decoding, Python versions, the opcode registry, operators
-    higher_order.py  torch.cond; tracing code aside and undoing it (trial)
+    higher_order.py  torch.cond; checkpoint's marks; tracing code aside and undoing it (trial)
     autograd_function.py  torch.autograd.Function.apply
 """
 from .breaks import Unsupported, UnsupportedPythonVersion

@@ -25,6 +25,10 @@ trace time, as Dynamo specializes it.
 
 `trial` traces code aside and undoes it, to learn whether it can be traced without effects
 outside it (an autograd.Function's forward and backward, an nn.Module's __init__).
+
+`torch.utils.checkpoint.checkpoint(fn, *args)` is not a subgraph: `fn` is inlined like any call
+and the nodes it adds are marked (`node.meta["recompute"]`, and a region per call), for the
+partitioner of training graphs (autograd/partition.py) to compute them again in the backward.
 """
 from __future__ import annotations
 
