@@ -401,8 +401,8 @@ class CompiledFunction:
             # (FSDP2's FSDP<Name>) is judged by its forward
             inner = distributed.user_module(fn)
             forward = getattr(type(inner), "forward", None)
-            if _own_call(inner) is not None:          # its class's __call__ (its hooks inside)
-                return self._callee(_own_call(inner))(inner, *args, **kwargs)
+            if (own_call := _own_call(inner)) is not None:     # its class's __call__ (hooks inside)
+                return self._callee(own_call)(inner, *args, **kwargs)
             if isinstance(forward, types.FunctionType) and getattr(inner.forward, "__func__", None) is forward:
                 target, pre = forward, [inner]
         elif (opt := optim.step_method(fn)) is not None:

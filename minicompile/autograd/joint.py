@@ -163,9 +163,8 @@ def trace_joint(gm: torch.fx.GraphModule, example_inputs, from_capture: bool = T
     table = decompositions()
     # a checkpointed function's nodes (capture marks them) mark the aten nodes they become, for
     # the partitioner; only then, as it costs a copy of each node's meta
-    marks = torch.fx.traceback.preserve_node_meta() if any(
-        RECOMPUTE in n.meta for n in gm.graph.nodes) else contextlib.nullcontext()
-    with _lazy_code(), marks:
+    marked = any(RECOMPUTE in n.meta for n in gm.graph.nodes)
+    with _lazy_code(), torch.fx.traceback.preserve_node_meta() if marked else contextlib.nullcontext():
         try:
             graph = make_fx(joint, decomposition_table=table, tracing_mode="fake")(primals, tangents)
         except _NotAsCaptured:
@@ -175,7 +174,7 @@ def trace_joint(gm: torch.fx.GraphModule, example_inputs, from_capture: bool = T
             reached_by = _reached_by_tied(reached_by, primals)
         if _writes(graph):
             # (run by an interpreter where nodes are marked, which hands each node's marks on)
-            again = graph if isinstance(marks, contextlib.nullcontext) else torch.fx.Interpreter(graph).run
+            again = torch.fx.Interpreter(graph).run if marked else graph
             graph = make_fx(torch.func.functionalize(again, remove="mutations"), decomposition_table=table,
                             tracing_mode="fake")(primals, tangents)
     if _writes(graph):

@@ -352,11 +352,11 @@ class CallsMixin:
             raise self.unsupported(f"call to cached function {name} with arguments that are not constants")
         real = [a.as_example() for a in args]
         if owner is not None:
-            obj = getattr(owner, "module", None) if isinstance(owner, NNModuleVariable) else getattr(owner, "value", None)
-            if owner.source is None or obj is None:
+            if owner.source is None:
                 raise self.unsupported(f"call to cached method {name} of {owner.describe()}",
                                        "the object is part of the cache's key: only objects read "
                                        "from outside the frame are modelled")
+            obj = owner.as_example()
             self.output.guards.identity(owner.source, obj, f"the object cached method {name} is called on")
             real.insert(0, obj)
         result = cached(*real, **{k: v.as_example() for k, v in kwargs.items()})

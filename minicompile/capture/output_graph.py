@@ -621,24 +621,21 @@ class OutputGraph:
             # x.__setitem__(i, v), x.__iadd__(y): the operator they stand for (the same write)
             kind, target = "call_function", getattr(operator, target)
         name = target if kind == "call_method" else getattr(target, "__name__", str(target))
-        python_fn = next((v for v in _leaves(list(args) + list(kwargs.values())) if isinstance(
+        # an argument a graph node cannot hold: a Python function (associative_scan...: run on
+        # the examples, it would run once more than eager runs it), or another object
+        # (clip_grad_norm_(model.parameters()): run on the examples, the call would act on the
+        # real one, a generator drained, gradients scaled, and then have no node to record). A
+        # Python helper of torch's is traced instead; anything else runs as Python at a graph
+        # break, once, as in eager
+        leaves = _leaves(list(args) + list(kwargs.values()))
+        python_fn = next((v for v in leaves if isinstance(
             v, (UserFunctionVariable, NestedFunctionVariable, BoundMethodVariable, PartialVariable,
                 NNModuleVariable))), None)
-        if python_fn is not None:
-            # (torch.utils.checkpoint, associative_scan...): running it on the examples would
-            # run the Python function once more than eager does, and a graph cannot hold it
-            err = self.unsupported(f"{name}() takes a Python function ({python_fn.describe()})",
-                                   "the call runs as Python, at a graph break")
-            err.python_result = True          # (a Python helper of torch's is traced instead)
-            raise err
-        opaque = next((v for v in _leaves(list(args) + list(kwargs.values())) if not _has_graph_form(v)), None)
+        opaque = python_fn or next((v for v in leaves if not _has_graph_form(v)), None)
         if opaque is not None:
-            # (clip_grad_norm_(model.parameters())): run on the examples, the call would act on
-            # the real object (a generator drained, gradients scaled) and then have no node to
-            # record; a Python function of torch's is traced instead, anything else runs as
-            # Python at a graph break, once, as in eager
-            err = self.unsupported(f"{name}() with {opaque.describe()}, which a graph cannot hold",
-                                   "the call runs as Python, at a graph break")
+            what = f"takes a Python function ({opaque.describe()})" if python_fn is not None else \
+                f"with {opaque.describe()}, which a graph cannot hold"
+            err = self.unsupported(f"{name}() {what}", "the call runs as Python, at a graph break")
             err.python_result = True
             raise err
         if args and isinstance(args[0], TensorVariable) and self.has_dynamic_inputs():
