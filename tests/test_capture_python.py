@@ -965,6 +965,18 @@ def test_python_values_without_breaks():
     no_break(python_values, *args[0])
 
 
+def test_members_of_torchs_own_enums_are_constants():
+    """An Enum class of torch's (torch.nn.utils.parametrizations' _OrthMaps, which the
+    orthogonal parametrization compares with on every call) gives its members as a user's
+    Enum does: no graph break."""
+    from torch.nn.utils import parametrizations
+    layer = parametrizations.orthogonal(torch.nn.Linear(4, 4))
+    x = torch.randn(3, 4)
+    out = no_break(layer, x)
+    assert out.graph_count == 1
+    torch.testing.assert_close(minicompile.compile(layer)(x), layer(x))
+
+
 class CodeError(Exception):
     def __init__(self, code):
         super().__init__(f"code {code}")

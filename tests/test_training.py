@@ -209,6 +209,34 @@ def test_cross_entropy_and_embedding_training(kernel_backend):
         assert_same(p.grad, q.grad)
 
 
+class _Recurrent(nn.Module):
+    """An embedding (its output needs no gradient) into a recurrent layer; the output and the
+    last hidden state both reach the loss."""
+
+    def __init__(self, layer):
+        super().__init__()
+        self.embed, self.layer = nn.Embedding(19, 8), layer
+
+    def forward(self, tokens):
+        out, hidden = self.layer(self.embed(tokens))
+        hidden = hidden[0] if isinstance(hidden, tuple) else hidden
+        return torch.cat([out.flatten(), hidden.flatten()])
+
+
+@pytest.mark.parametrize("layer", [
+    lambda: nn.LSTM(8, 6, batch_first=True),
+    lambda: nn.LSTM(8, 6, num_layers=2, bidirectional=True),
+    lambda: nn.GRU(8, 6, batch_first=True, bidirectional=True),
+    lambda: nn.RNN(8, 6, nonlinearity="relu")], ids=["lstm", "lstm_2_layers_both_ways", "gru", "rnn"])
+def test_recurrent_layers_train_as_eager(kernel_backend, layer):
+    """On a CPU, PyTorch's LSTM decomposition picks oneDNN's kernel when the input needs no
+    gradient, whose backward reads a workspace that kernel keeps only under grad mode (which the
+    compiled forward is not): the joint graph traces the cells' ops instead."""
+    torch.manual_seed(6)
+    train_side_by_side(_Recurrent(layer()), lambda: torch.randint(0, 19, (3, 5), device=DEVICE))
+    assert minicompile.metrics.graph_breaks == 0 and minicompile.metrics.backward_kernels > 0
+
+
 def test_aot_graphs_log(capsys):
     minicompile.set_logs(aot_graphs=True)
     try:

@@ -13,6 +13,8 @@ from __future__ import annotations
 import torch
 import torch.utils._pytree as pytree
 
+from ..runtime.memory import as_layout
+
 
 class CompiledTraining:
     """Call it with the graph's inputs: its outputs, recorded by autograd as one node whose
@@ -55,7 +57,7 @@ class _Function(torch.autograd.Function):
         joint, part = plan.joint, plan.partition
         result = plan.forward(*tensors)
         outs, computed = list(result[:joint.num_outputs]), list(result[joint.num_outputs:])
-        ctx.save_for_backward(*[tensors[k] if kind == "primal" else _laid_out(computed[k], stride)
+        ctx.save_for_backward(*[tensors[k] if kind == "primal" else as_layout(computed[k], stride)
                                 for (kind, k), stride in zip(part.saved_from, plan.saved_strides)])
         ctx.plan = plan
         ctx.set_materialize_grads(False)       # an output the caller did not use: None
@@ -71,7 +73,7 @@ class _Function(torch.autograd.Function):
         # activations read early, instead of adding to them
         ctx.maybe_clear_saved_tensors()
         differentiable = torch.is_grad_enabled()
-        needing = [t for t in saved if t.requires_grad] if differentiable else []
+        needing = [t for t in saved if t is not None and t.requires_grad] if differentiable else []
         with torch.no_grad():
             grads = _Function._gradients(ctx, saved, grad_outputs)
         if differentiable:
@@ -111,12 +113,3 @@ def _not_differentiable(grads: tuple, inputs: list) -> tuple:
         b"create_graph=True, then a gradient of a gradient)", len(grads) + len(inputs))
     outs = error(*[g.detach().requires_grad_() if g is not None else None for g in grads], *inputs)
     return tuple(outs[:len(grads)])
-
-
-def _laid_out(t: torch.Tensor, stride) -> torch.Tensor:
-    """t in the layout the backward was compiled for: an extern kernel (attention) may hand the
-    compiled forward another layout than the one traced on fake tensors."""
-    actual = t.stride()
-    if actual == stride or all(a == b or n <= 1 for a, b, n in zip(actual, stride, t.shape)):
-        return t
-    return torch.empty_strided(t.shape, stride, dtype=t.dtype, device=t.device).copy_(t)

@@ -144,7 +144,7 @@ def trace_joint(gm: torch.fx.GraphModule, example_inputs, from_capture: bool = T
     def joint(primals, tangents):
         nonlocal reached_by
         leafs = [p.detach().requires_grad_(n) for p, n in zip(primals, needs_grad)]
-        with torch.set_grad_enabled(grad_on), _ChannelsLastConvolutions():
+        with torch.set_grad_enabled(grad_on), _AsCompiledCodeComputes():
             outs, _ = run(leafs, torch.fx.Interpreter if captured is None else watching)
         if captured is not None:
             if [isinstance(o, torch.Tensor) for o in outs] != [isinstance(v, torch.Tensor) for v in leaves] \
@@ -361,8 +361,11 @@ def _watch_generators():
         sys.setprofile(previous)
 
 
-class _ChannelsLastConvolutions(torch.overrides.TorchFunctionMode):
-    """Inductor's layout optimization: a 2-D convolution's input is made channels-last where
+class _AsCompiledCodeComputes(torch.overrides.TorchFunctionMode):
+    """Torch functions traced as the compiled code will compute them, where eager's choice of
+    kernel would record something else.
+
+    Inductor's layout optimization: a 2-D convolution's input is made channels-last where
     lowering gives it that layout (ir.conv_input_channels_last: oneDNN's fast kernels on a CPU,
     cuDNN's on a GPU), so the traced graph records, as eager would compute them, channels-last
     results for the convolution and everything computed from it (batch norm, ReLU, pooling), in
@@ -373,7 +376,13 @@ class _ChannelsLastConvolutions(torch.overrides.TorchFunctionMode):
     A global average pool (to 1 x 1) is traced as the mean over rows and columns it is: ATen's
     adaptive_avg_pool2d restrides that mean in place where its input is channels-last
     (`as_strided_`), a write, and the backward of the restride writes too, which would cost the
-    joint graph a second trace through functionalization."""
+    joint graph a second trace through functionalization.
+
+    An LSTM whose weights need gradients is traced as its cells' ops. PyTorch's decomposition
+    of it picks oneDNN's LSTM kernel on a CPU whenever the *input* needs no gradient (an
+    embedding's output does not, a model's first layer's input); that kernel keeps the
+    workspace its backward reads only when called with grad mode on, and the compiled forward
+    runs with it off (inside autograd.Function.forward)."""
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
@@ -381,6 +390,12 @@ class _ChannelsLastConvolutions(torch.overrides.TorchFunctionMode):
         if func is F.adaptive_avg_pool2d and isinstance(x, torch.Tensor) and x.dim() == 4 \
                 and _global(args[1] if len(args) > 1 else kwargs.get("output_size")):
             return x.mean((-2, -1), keepdim=True)
+        if func is torch.lstm and torch.is_grad_enabled() and torch._C._get_mkldnn_enabled():
+            torch._C._set_mkldnn_enabled(False)      # (flags() would also set TF32, and warn)
+            try:
+                return func(*args, **kwargs)
+            finally:
+                torch._C._set_mkldnn_enabled(True)
         result = func(*args, **kwargs)
         if func in (torch.conv2d, F.conv2d) and isinstance(x, torch.Tensor) and x.dim() == 4 \
                 and ir.conv_input_channels_last(x.device, x.dtype, result.shape):

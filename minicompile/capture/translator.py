@@ -552,9 +552,11 @@ class InstructionTranslator(CallsMixin):
             if obj.value in (torch.Tensor,) and callable(getattr(torch.Tensor, name, None)):
                 return _UnboundTensorMethod(name)
             if isinstance(obj, TypeVariable) and (not obj.value.__module__.startswith(("torch", "builtins"))
-                                                  or issubclass(obj.value, torch.nn.Module)):
-                # an attribute of a Python class (`type(self).forward`): through the class's
-                # source where it has one, so the guard sees it change
+                                                  or issubclass(obj.value, torch.nn.Module)
+                                                  or isinstance(obj.value, enum.EnumMeta)):
+                # an attribute of a Python class (`type(self).forward`, an Enum's member, torch's
+                # enums among them): through the class's source where it has one, so the guard
+                # sees it change
                 written = out.class_write(obj.value, name)
                 if written is not None:
                     return written

@@ -60,11 +60,14 @@ def on_device(index: int):
 
 
 def as_layout(tensor: torch.Tensor, stride: tuple) -> torch.Tensor:
-    """`tensor` with the given strides: itself when it already has them (dims of size 1 aside),
+    """`tensor` with the given strides: itself when it already has them (dims of size 1 or 0 aside),
     else a copy laid out so. Generated kernels index an extern op's result with the strides
-    predicted at compile time; this makes the prediction a guarantee."""
+    predicted at compile time; this makes the prediction a guarantee. An output the op left
+    undefined (None: an LSTM's workspace on a CPU, an empty tensor to the trace) stays None."""
+    if tensor is None:
+        return None
     actual = tensor.stride()
-    if actual == stride or all(a == b or n == 1 for a, b, n in zip(actual, stride, tensor.shape)):
+    if actual == stride or all(a == b or n <= 1 for a, b, n in zip(actual, stride, tensor.shape)):
         return tensor
     out = torch.empty_strided(tensor.shape, stride, dtype=tensor.dtype, device=tensor.device)
     return out.copy_(tensor)
