@@ -211,7 +211,7 @@ class CompiledFunction:
         if self._pre_kw:
             k = {**self._pre_kw, **kwargs}
         # the newest entry of the frame's start whose guard holds: the common case, one graph
-        for seg in () if frame.skipped else frame.segments.get((0, False), ()):
+        for seg in frame.segments.get((0, False), ()):
             inputs = seg.check(F, a, k)
             if inputs is not None:
                 break
@@ -246,7 +246,7 @@ class CompiledFunction:
         one; its graph's inputs where its guard fetched them, else None). (args, kwargs): the
         call as the frame's function takes them (a method's self first)."""
         F = self._func
-        if not eager and offset in frame.skipped:
+        if not eager and frame.skips(offset, F, args, kwargs):
             eager = True
         entries = frame.segments.get((offset, eager))
         if entries is None:
@@ -300,7 +300,9 @@ class CompiledFunction:
                 # Dynamo skips the frame (here: from this segment on): it runs eagerly, its
                 # calls to user functions are compiled on their own
                 metrics.graph_breaks += 1
-                frame.skipped[offset] = err
+                frame.skipped.setdefault(offset, []).append(
+                    (getattr(err, "skip_guard", None) if len(frame.skipped.get(offset, ())) < config.recompile_limit
+                     else None, err))
                 _record(None, err)
                 logs.log("graph_breaks", f"frame {where} runs eagerly: "
                          f"{getattr(err, 'frame_skip', '')}\n{err}")
@@ -457,7 +459,10 @@ class CompiledFunction:
 class _FrameCache:
     """Everything compiled for one code object: segments per (offset, eager), newest first."""
     segments: dict = field(default_factory=dict)
-    skipped: dict = field(default_factory=dict)      # offset -> why the rest runs eagerly
+    # offset -> [(guard, why)]: the calls for which the rest of the frame runs eagerly (a
+    # trace from there stopped where Dynamo skips a frame), each guarded by what that trace
+    # relied on (another instance of a class is traced on its own); None: every call
+    skipped: dict = field(default_factory=dict)
     eager_reason: Any = None
     logged_bytecode: bool = False
     frame_ids: dict = field(default_factory=dict)    # offset -> Dynamo-style frame id
@@ -469,6 +474,10 @@ class _FrameCache:
     # (CompiledFunction._frame_store reads them once)
     store_key: str | None = None
     saved: list | None = None
+
+    def skips(self, offset: int, F, args, kwargs) -> bool:
+        """Whether the frame runs eagerly from `offset` for this call."""
+        return any(guard is None or guard(F, args, kwargs) for guard, _ in self.skipped.get(offset, ()))
 
     def saw(self, offset: int, source: str, value) -> tuple:
         """Remember the sizes of a tensor input (the value of a number input) a trace met at

@@ -135,6 +135,24 @@ def test_sequentials_of_other_lengths():
     assert n[0] == 2
 
 
+def test_a_frame_skipped_for_one_instance_is_traced_for_another():
+    """A graph break inside a loop skips the frame (as Dynamo does), for the calls whose guard
+    matches the trace that stopped: a Sequential holding a lazy layer (whose uninitialized
+    parameter the capture cannot trace) runs eagerly on its first call, but another
+    Sequential, and the same one once its layers are initialized, are compiled."""
+    torch.manual_seed(0)
+    lazy = nn.Sequential(nn.LazyLinear(6), nn.Tanh(), nn.LazyLinear(3)).to(DEVICE)
+    other = nn.Sequential(nn.Linear(9, 6), nn.Tanh(), nn.Linear(6, 3)).to(DEVICE)
+    compiled_lazy, compiled_other = minicompile.compile(lazy), minicompile.compile(other)
+    x = randn(4, 9)
+    compiled_lazy(x)                           # initializes the lazy layers, eagerly
+    assert minicompile.metrics.graphs == 0 and minicompile.metrics.graph_breaks == 1
+    assert_same(compiled_lazy(x), lazy(x))     # its layers are Linear now: compiled
+    assert minicompile.metrics.graphs == 1
+    assert_same(compiled_other(x), other(x))   # (one structure: the same graph serves it)
+    assert minicompile.metrics.graphs == 1 and minicompile.metrics.graph_breaks == 1
+
+
 class Block(nn.Module):
     def __init__(self, width=12):
         super().__init__()

@@ -200,6 +200,7 @@ def trace_segment(fn, args: tuple, kwargs: dict, offset: int = 0, *, breaks: boo
                     why = "graph break in a for/while loop: the frame is skipped, as Dynamo does"
                 if why is not None:
                     reason.frame_skip = why
+                    reason.skip_guard = _guard_so_far(output, binding)
                     raise reason
                 builder = F.TemplateBuilder(tx, source_fn)
                 live = F.live_locals(tx, inst.index)
@@ -235,6 +236,17 @@ def trace_segment(fn, args: tuple, kwargs: dict, offset: int = 0, *, breaks: boo
     seg.guard_builder, seg.binding = output.guards, binding
     seg.use(output.guards.build(binding, input_exprs))
     return seg
+
+
+def _guard_so_far(output: OutputGraph, binding) -> Optional[Callable]:
+    """The guard of what a trace that stops (a frame it skips) relied on up to there:
+    guard(F, args, kwargs) -> bool. Where it holds, a new trace would stop there too; where it
+    fails (another instance of a class, a lazy module since initialized), the frame is traced
+    again. None where it cannot be built (the skip then holds for every call)."""
+    try:
+        return output.guards.build(binding, [s.expr() for s in output.input_sources]).guard
+    except Exception:            # (a guard for a trace cut short: a skip that always holds)
+        return None
 
 
 def capture(fn, args: tuple, kwargs: dict) -> Capture:
