@@ -262,3 +262,27 @@ def test_a_convolution_with_few_output_pixels_reads_its_input_contiguous(monkeyp
     for k in range(3):                                     # the same input for other values
         args[0] = randn(2, 3, 12, 11)
         assert_same(compiled(*args), f(*args))
+
+
+@torch.library.custom_op("minicompile_tests::contiguous_only", mutates_args=())
+def _contiguous_only(x: torch.Tensor) -> torch.Tensor:
+    """An op whose kernel takes contiguous input only, as a GPU's native_group_norm does."""
+    if not x.is_contiguous():
+        raise RuntimeError("contiguous_only: expected a contiguous input")
+    return x * 2
+
+
+@_contiguous_only.register_fake
+def _(x):
+    return torch.empty_like(x, memory_format=torch.contiguous_format)
+
+
+def test_an_op_left_to_pytorch_gets_its_input_laid_out_as_traced():
+    """x + conv(x): eager's sum is contiguous (its first operand's layout), the convolution's
+    result channels-last (a CPU's oneDNN layout, a GPU's cuDNN one). Where lowering would store
+    the sum channels-last, an op it leaves to PyTorch still gets it contiguous, as traced
+    (timm's MobileViTv2 on a GPU: GroupNorm of a residual sum)."""
+    def f(x, w):
+        return _contiguous_only(x + F.conv2d(torch.sin(x), w))
+    x, w = randn(4, 64, 4, 256), randn(64, 64, 1, 1)
+    assert_same(minicompile.compile(f)(x, w), f(x, w))

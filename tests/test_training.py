@@ -231,10 +231,12 @@ class _Recurrent(nn.Module):
 def test_recurrent_layers_train_as_eager(kernel_backend, layer):
     """On a CPU, PyTorch's LSTM decomposition picks oneDNN's kernel when the input needs no
     gradient, whose backward reads a workspace that kernel keeps only under grad mode (which the
-    compiled forward is not): the joint graph traces the cells' ops instead."""
+    compiled forward is not): the joint graph traces the cells' ops instead, and the backward is
+    generated kernels. (On a GPU the graph keeps cuDNN's recurrent op and its backward.)"""
     torch.manual_seed(6)
     train_side_by_side(_Recurrent(layer()), lambda: torch.randint(0, 19, (3, 5), device=DEVICE))
-    assert minicompile.metrics.graph_breaks == 0 and minicompile.metrics.backward_kernels > 0
+    assert minicompile.metrics.graph_breaks == 0
+    assert minicompile.metrics.backward_kernels > 0 or DEVICE == "cuda"
 
 
 def test_aot_graphs_log(capsys):

@@ -2685,15 +2685,21 @@ def lower_fallback(program: ir.Program, node, values, target, args, kwargs, stri
 
     def realize(x):
         if isinstance(x, TensorBox):
+            traced = traced_args.get(id(x))
             if pure:
                 _realize_viewed(x)
                 view = as_view_of_buffer(x)
                 # a transpose or slice of a buffer: pass a strided view, if laid out as the
                 # traced argument was (an internal op may need the contiguous copy the traced
                 # graph made: _embedding_bag's indices)
-                if view is not None and _strides_agree(view.shape, view.stride, traced_args.get(id(x))):
+                if view is not None and _strides_agree(view.shape, view.stride, traced):
                     x.data = view
-            boxes.append(x.realize())
+            # stored as the traced argument was where that layout was dense: the op's kernel
+            # may take no other (a GPU's native_group_norm takes contiguous input only, and a
+            # value lowering would store channels-last is then copied)
+            stride = _dense_traced_strides(x.shape, traced)
+            x = x.laid_out(stride) if stride is not None else x.realize()
+            boxes.append(x)
         return x
     args = torch.fx.node.map_aggregate(args, realize)
     kwargs = torch.fx.node.map_aggregate(kwargs, realize)
@@ -2787,6 +2793,17 @@ def _traced_arguments(node, values, mapped) -> dict:
         return {}
     return {id(b): values.get(n) for n, b in zip(nodes, boxes)
             if isinstance(b, TensorBox) and isinstance(n, torch.fx.Node)}
+
+
+def _dense_traced_strides(shape, traced):
+    """The traced argument's strides, where it was a dense tensor of this shape (contiguous,
+    channels-last...) with static sizes (plain ints: a fake tensor's may be SymInts); else
+    None."""
+    if not isinstance(traced, torch.Tensor) or list(traced.shape) != list(shape) \
+            or not all(type(v) is int for v in (*shape, *traced.stride())) \
+            or not ir.is_dense(shape, traced.stride()):
+        return None
+    return list(traced.stride())
 
 
 def _strides_agree(shape, stride, traced) -> bool:
