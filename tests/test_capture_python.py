@@ -8,6 +8,7 @@ import enum
 import functools
 import itertools
 import operator
+import typing
 import warnings
 
 import numpy as np
@@ -975,6 +976,66 @@ def test_members_of_torchs_own_enums_are_constants():
     out = no_break(layer, x)
     assert out.graph_count == 1
     torch.testing.assert_close(minicompile.compile(layer)(x), layer(x))
+
+
+def _as_int(name, value):
+    return 1
+
+
+def _as_seq(name, value):
+    return 2
+
+
+HANDLERS = {int: _as_int, typing.Union: _as_seq, collections.abc.Sequence: _as_seq}
+
+
+def by_origin(x, annotations):
+    """A dispatch table keyed by classes and typing forms (huggingface_hub's field validators,
+    which a Hugging Face config runs when a model sets `config.problem_type`)."""
+    total = 0
+    for t in annotations:
+        origin = typing.get_origin(t) or t
+        handler = HANDLERS.get(origin)
+        total += handler("x", x) if handler is not None else 10
+    return x * total + (int in HANDLERS) + (typing.get_origin(annotations[1]) is typing.Union)
+
+
+def test_a_dict_keyed_by_classes_is_read_without_a_break():
+    x = torch.randn(3)
+    annotations = [int, typing.Optional[str], typing.Sequence[int], "str | None"]
+    no_break(by_origin, x, annotations)
+    compiled = minicompile.compile(by_origin)
+    assert_same(compiled(x, annotations), by_origin(x, annotations))
+    HANDLERS[int] = _as_seq                  # a value the trace read changes: the guard sees it
+    try:
+        assert_same(compiled(x, annotations), by_origin(x, annotations))
+    finally:
+        HANDLERS[int] = _as_int
+
+
+def keys_of_handlers(x):
+    return x * len([k for k in HANDLERS]), list(HANDLERS)
+
+
+def adds_a_handler(x):
+    HANDLERS[float] = _as_int
+    return x + len(HANDLERS)
+
+
+def test_a_dict_keyed_by_classes_read_out_or_changed_runs_as_eager():
+    """Its keys as values, or a change to it: not modelled, a graph break (eager's result)."""
+    x = torch.randn(3)
+    got, keys = minicompile.compile(keys_of_handlers)(x)
+    want, want_keys = keys_of_handlers(x)
+    assert_same(got, want)
+    assert keys == want_keys
+    try:
+        got = minicompile.compile(adds_a_handler)(x)
+        assert float in HANDLERS
+        HANDLERS.pop(float)
+        assert_same(got, adds_a_handler(x))
+    finally:
+        HANDLERS.pop(float, None)
 
 
 class CodeError(Exception):

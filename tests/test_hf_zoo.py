@@ -154,3 +154,31 @@ def test_greedy_decoding_with_a_kv_cache(name):
         assert torch.equal(greedy(minicompile.compile(model), ids), greedy(model, ids))
     # the prompt, the first step (the cache's length then changes), then one graph generic in it
     assert minicompile.metrics.graphs <= 3, minicompile.metrics.graphs
+
+
+def test_a_classifier_given_labels_sets_its_problem_type_without_a_break():
+    """A *ForSequenceClassification model given labels sets `config.problem_type` on its first
+    call, which runs the config's field validators (a dispatch table keyed by types): one graph,
+    no break, eager's loss and gradients; the second call is a graph of its own (the branch
+    that set it is not taken again), as in eager."""
+    def make():
+        torch.manual_seed(0)
+        return transformers.BertForSequenceClassification(transformers.BertConfig(
+            hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=37,
+            vocab_size=99, num_labels=3, hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)).train()
+    model, reference = make(), make()
+    compiled = minicompile.compile(model)
+    for step in range(2):
+        torch.manual_seed(step)
+        tokens, labels = torch.randint(0, 99, (2, 7)), torch.randint(0, 3, (2,))
+        got = compiled(input_ids=tokens, labels=labels).loss
+        want = reference(input_ids=tokens, labels=labels).loss
+        torch.testing.assert_close(got, want)
+        got.backward()
+        want.backward()
+        if step == 0:
+            assert minicompile.metrics.graphs == 1 and minicompile.metrics.graph_breaks == 0
+    assert model.config.problem_type == reference.config.problem_type == "single_label_classification"
+    assert minicompile.metrics.graphs == 2 and minicompile.metrics.graph_breaks == 0
+    for (name, p), q in zip(model.named_parameters(), reference.parameters()):
+        torch.testing.assert_close(p.grad, q.grad, rtol=1e-4, atol=1e-5, msg=name)

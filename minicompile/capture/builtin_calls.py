@@ -32,7 +32,7 @@ from .values import (DELETED, BaseListVariable, BuiltinVariable, ConstantVariabl
                      ModelOutputVariable,
                      NNModuleVariable, PythonModuleVariable, SymIntVariable, TensorVariable,
                      TupleVariable, TypeVariable, UserObjectVariable, VariableTracker, example_of,
-                     _contains_tensor, is_constant_value)
+                     _contains_tensor, is_constant_value, key_variable)
 
 
 # ----------------------------------------------------------------------------------------
@@ -146,7 +146,7 @@ def _builtin_container(kind):
         if isinstance(x, ConstantVariable) and isinstance(x.value, (tuple, list, torch.Size, range)):
             return kind([ConstantVariable(v) for v in x.value])
         if isinstance(x, DictVariable):
-            return kind([ConstantVariable(k) for k in x.items])
+            return kind([key_variable(k) for k in x.items])
         if isinstance(x, TensorVariable):
             return kind(tx.unpack_tensor(x, len(x.example)))
         return kind(tx.iterate(x))

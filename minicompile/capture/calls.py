@@ -43,7 +43,7 @@ from .values import (BaseListVariable, BoundMethodVariable, BuiltinVariable, Con
                      TorchFunctionVariable, TupleVariable, TypeVariable, UserFunctionVariable,
                      UserObjectVariable, VariableTracker, WithExitVariable, _constant_result, _hashable,
                      _DictFromKeys, _NoOpCallable, _UnboundTensorMethod, is_constant_value,
-                     is_model_output_class)
+                     is_model_output_class, dict_key, NO_KEY)
 
 
 MAX_INLINE_DEPTH = 32
@@ -637,9 +637,9 @@ class CallsMixin:
                 return ConstantVariable(None)
             k, v = obj.items.popitem()
             return TupleVariable([ConstantVariable(k), v])
-        if isinstance(obj, DictVariable) and fn.name == "get" and args and args[0].is_constant():
+        if isinstance(obj, DictVariable) and fn.name == "get" and args and dict_key(args[0]) is not NO_KEY:
             default = args[1] if len(args) > 1 else ConstantVariable(None)
-            return obj.items.get(args[0].as_example(), default)
+            return obj.items.get(dict_key(args[0]), default)
         if isinstance(obj, BaseListVariable) and fn.name in ("index", "count") \
                 and all(a.is_constant() for a in args) and obj.is_constant():
             return ConstantVariable(getattr(obj.as_example(), fn.name)(*[a.as_example() for a in args]))

@@ -59,6 +59,7 @@ import torch
 
 from .. import autocast, config
 from .sources import AttrSource, GenericAttrSource, HelperSource, ItemSource, Source
+from .values import is_constant_value
 
 
 try:
@@ -538,10 +539,13 @@ class GuardBuilder:
     def dict_keys(self, source: Source, value: dict):
         e = source.expr()
         d = display(e)
+        keys = list(value.keys())
+        # keys that are not constants (classes, typing forms) are held in the namespace
+        expected = repr(keys) if all(is_constant_value(k) for k in keys) else self._ref(keys, "KEYS_")
         self._add(("dict", e), source,
                   [("type({e}) is dict", f"type({d}) is dict"),
-                   (f"list({{e}}.keys()) == {list(value.keys())!r}",
-                    f"list({d}.keys()) == {list(value.keys())!r}")],
+                   (f"list({{e}}.keys()) == {expected}",
+                    f"list({d}.keys()) == {keys!r}")],
                   f"{e}: dict type and keys")
 
     def module_walk(self, source: Source, call: str, names: list):

@@ -27,7 +27,7 @@ from .values import (DELETED, NULL, BaseListVariable, BoundMethodVariable, Built
                      NestedFunctionVariable, NNModuleVariable, PythonModuleVariable, SetVariable,
                      SliceVariable, SuperVariable, SymIntVariable, TensorVariable, TupleVariable,
                      TypeVariable, UserObjectVariable, WithExitVariable,
-                     AutocastVariable, NullContextVariable)
+                     AutocastVariable, NullContextVariable, dict_key, NO_KEY)
 
 
 # ===================================================================================
@@ -676,6 +676,8 @@ def _is_op(tx, inst):
         r = True
     elif a.is_constant() and b.is_constant():
         r = a.as_example() is b.as_example()
+    elif dict_key(a) is not NO_KEY and dict_key(b) is not NO_KEY:
+        r = dict_key(a) is dict_key(b)     # classes, functions, typing forms: each is itself
     elif _is_singleton(a) and not b.is_constant() or _is_singleton(b) and not a.is_constant():
         r = False              # None, True, False...: never an object the trace tracks
     elif isinstance(a, NNModuleVariable) and isinstance(b, NNModuleVariable):
@@ -714,8 +716,8 @@ def _contains_op(tx, inst):
     item = tx.pop()
     if item.is_constant() and container.is_constant():
         r = item.as_example() in container.as_example()
-    elif item.is_constant() and isinstance(container, DictVariable):
-        r = item.as_example() in container.items
+    elif isinstance(container, DictVariable) and dict_key(item) is not NO_KEY:
+        r = dict_key(item) in container.items
     elif item.is_constant() and isinstance(container, DictViewVariable) and container.kind == "keys":
         r = item.as_example() in container.dict_var.items
     elif item.is_constant() and isinstance(container, NNModuleVariable) and \

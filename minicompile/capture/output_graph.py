@@ -36,7 +36,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from .. import aliasing, ir, logs
 from .breaks import Unsupported, never_traced
 from .guards import GuardBuilder, dense_order, storage_address, storage_pattern, viewed_dict
-from .sources import AttrSource, HelperSource, ItemSource, LocalSource, RootSource, Source
+from .sources import AttrSource, DictValueSource, HelperSource, ItemSource, LocalSource, RootSource, Source
 from .builtin_calls import _BUILTIN_HANDLERS
 
 if TYPE_CHECKING:
@@ -49,7 +49,7 @@ from .values import (NULL, BaseListVariable, BoundMethodVariable, BuiltinVariabl
                      TorchFunctionVariable,
                      TupleVariable, TypeVariable, UserFunctionVariable, UserObjectVariable,
                      VariableTracker, example_of, _contains_tensor, _contains_tensor_value,
-                     _hashable, is_constant_value, is_model_output_class, sym_leaves)
+                     _hashable, is_constant_value, is_identity_key, is_model_output_class, sym_leaves)
 
 
 # Tensor attributes that are metadata: read as Python constants (valid because every input's
@@ -532,12 +532,13 @@ class OutputGraph:
             return ModelOutputVariable(type(value), {k: self.wrap(value[k], AttrSource(source, k))
                                                      for k in value.keys()}, source)
         if type(value) is dict:
-            if not all(is_constant_value(k) for k in value):
+            if not all(is_constant_value(k) or is_identity_key(k) for k in value):
                 raise self.unsupported("a dict with non-constant keys")
             if source is not None:
                 g.dict_keys(source, value)
-            return DictVariable({k: self.wrap(v, ItemSource(source, k) if source else None)
-                                 for k, v in value.items()}, source)
+            return DictVariable({k: self.wrap(v, None if source is None else ItemSource(source, k)
+                                              if is_constant_value(k) else DictValueSource(source, i))
+                                 for i, (k, v) in enumerate(value.items())}, source)
         from .frame import NULL_VALUE
         if value is NULL_VALUE:
             return NULL

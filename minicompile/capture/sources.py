@@ -92,6 +92,17 @@ class ItemSource(Source):
 
 
 @dataclass(frozen=True, eq=True)
+class DictValueSource(Source):
+    """The value at a dict's `position`-th key, for a key the guard's code cannot write (a
+    class: values.is_identity_key); the dict's keys, in order, are guarded."""
+    base: Source
+    position: int
+
+    def _expr(self):
+        return f"list({self.base.expr()}.values())[{self.position}]"
+
+
+@dataclass(frozen=True, eq=True)
 class HelperSource(Source):
     """What a function of the guard's namespace reads from `base` without changing it:
     REMAINING, the items an iterator has not yet given (from a copy of it); VIEWED_DICT, the

@@ -50,7 +50,7 @@ from .values import (DELETED, NULL, BaseListVariable, BoundMethodVariable, Built
                      TensorVariable,
                      TorchFunctionVariable, TupleVariable, TypeVariable, UserFunctionVariable,
                      UserObjectVariable, VariableTracker, _constant_result, _DictFromKeys,
-                     _NoOpCallable, _UnboundTensorMethod, is_constant_value)
+                     _NoOpCallable, _UnboundTensorMethod, is_constant_value, dict_key, NO_KEY, key_variable)
 from .calls import CallsMixin
 from .iterators import ITERATORS, drain, user_iter
 from . import instructions  # noqa: F401  (registers the opcode handlers)
@@ -359,7 +359,7 @@ class InstructionTranslator(CallsMixin):
         elif isinstance(v, TensorVariable):
             items = self.unpack_tensor(v, n if n is not None else len(v.example))
         elif isinstance(v, DictVariable):
-            items = [ConstantVariable(k) for k in v.items]
+            items = [key_variable(k) for k in v.items]
         else:
             raise self.unsupported(f"unpacking {v.describe()}")
         self.check_unpacked(items, n)
@@ -1031,7 +1031,8 @@ class InstructionTranslator(CallsMixin):
         inlined call), and a list or dict from outside the frame gets the change made on the
         real one after the graph, as Dynamo replays its side effects."""
         if obj.source is not None:
-            if not isinstance(obj, (ListVariable, DictVariable)) or isinstance(obj, ModelOutputVariable):
+            if not isinstance(obj, (ListVariable, DictVariable)) or isinstance(obj, ModelOutputVariable) \
+                    or isinstance(obj, DictVariable) and not all(is_constant_value(k) for k in obj.items):
                 raise self.unsupported(f"mutation of {obj.describe()} that came from outside the frame",
                                        "changing Python state outside the frame is done for real "
                                        "at a graph break")
@@ -1081,8 +1082,8 @@ class InstructionTranslator(CallsMixin):
         if isinstance(obj, ModelOutputVariable) and idx.is_constant() and not isinstance(idx.as_example(), str):
             items = list(obj.items.values())[idx.as_example()]         # an int or a slice: as a tuple
             return TupleVariable(items) if isinstance(items, list) else items
-        if isinstance(obj, DictVariable) and idx.is_constant():
-            key = idx.as_example()
+        if isinstance(obj, DictVariable) and dict_key(idx) is not NO_KEY:
+            key = dict_key(idx)
             if key not in obj.items and obj.factory is not None:     # a defaultdict's new key
                 value = self.call_function(obj.factory, [], {})
                 self.mutate(obj)

@@ -27,6 +27,7 @@ import numpy as np
 import torch
 import torch.fx
 
+from .breaks import Unsupported
 from .sources import Source
 
 
@@ -97,6 +98,23 @@ def is_constant_value(v) -> bool:
     if isinstance(v, (tuple, frozenset)) and not isinstance(v, torch.Size):
         return all(is_constant_value(x) for x in v)
     return isinstance(v, CONSTANT_TYPES)
+
+
+def is_identity_key(k) -> bool:
+    """A dict key that is no constant but stands for itself and no trace changes it: a class,
+    a function, a typing form (a dispatch table keyed by types, as huggingface_hub's field
+    validators look theirs up). Such a dict is held with its keys as they are; a key is looked
+    up by what the variable stands for (dict_key)."""
+    return isinstance(k, (type, types.FunctionType, types.BuiltinFunctionType, types.UnionType,
+                          types.GenericAlias)) or type(k).__module__ == "typing"
+
+
+def key_variable(k) -> "VariableTracker":
+    """The variable for one of a dict's keys, read out of it (iteration, items())."""
+    if is_constant_value(k):
+        return ConstantVariable(k)
+    raise Unsupported(f"reading the keys of a dict keyed by {type(k).__name__} objects",
+                      "only a dict's constant keys become variables")
 
 
 class ConstantVariable(VariableTracker):
@@ -484,10 +502,10 @@ class DictViewVariable(VariableTracker):
     def items_now(self) -> List[VariableTracker]:
         d = self.dict_var.items
         if self.kind == "keys":
-            return [ConstantVariable(k) for k in d]
+            return [key_variable(k) for k in d]
         if self.kind == "values":
             return list(d.values())
-        return [TupleVariable([ConstantVariable(k), v]) for k, v in d.items()]
+        return [TupleVariable([key_variable(k), v]) for k, v in d.items()]
 
     def describe(self):
         return f"dict_{self.kind}"
@@ -787,3 +805,18 @@ def _contains_tensor_value(v) -> bool:
     if isinstance(v, (tuple, list)):
         return any(_contains_tensor_value(x) for x in v)
     return False
+
+
+NO_KEY = object()
+
+
+def dict_key(v: VariableTracker):
+    """The dict key a variable stands for: a constant's value, or an identity key's object
+    (is_identity_key: a class, a function, a typing form); NO_KEY for anything else."""
+    if v.is_constant():
+        return v.as_example()
+    value = getattr(v, "value", NO_KEY)
+    if isinstance(v, (TypeVariable, BuiltinVariable, UserFunctionVariable, UserObjectVariable)) \
+            and value is not NO_KEY and is_identity_key(value):
+        return value
+    return NO_KEY
