@@ -203,13 +203,13 @@ class CompiledFunction:
                 return self.fn(*args, **kwargs)
             frame = self._frame = _CACHES.setdefault(self._key, _FrameCache())
             self._frame_generation = _GENERATION
-        if frame.eager_reason is not None:
-            return self.fn(*args, **kwargs)
         F, a, k = self._func, args, kwargs
         if self._pre:
             a = self._pre + args
         if self._pre_kw:
             k = {**self._pre_kw, **kwargs}
+        if frame.eager_calls and frame.runs_eagerly(F, a, k):
+            return self.fn(*args, **kwargs)
         # the newest entry of the frame's start whose guard holds: the common case, one graph
         for seg in frame.segments.get((0, False), ()):
             inputs = seg.check(F, a, k)
@@ -300,15 +300,13 @@ class CompiledFunction:
                 # Dynamo skips the frame (here: from this segment on): it runs eagerly, its
                 # calls to user functions are compiled on their own
                 metrics.graph_breaks += 1
-                frame.skipped.setdefault(offset, []).append(
-                    (getattr(err, "skip_guard", None) if len(frame.skipped.get(offset, ())) < config.recompile_limit
-                     else None, err))
+                _note_eager(frame.skipped.setdefault(offset, []), err)
                 _record(None, err)
                 logs.log("graph_breaks", f"frame {where} runs eagerly: "
                          f"{getattr(err, 'frame_skip', '')}\n{err}")
                 return self._segment(frame, offset, args, kwargs, True)[0]
             if offset == 0:
-                frame.eager_reason = err
+                _note_eager(frame.eager_calls, err)
                 self.eager_reason = err
                 if self.quiet:               # a callee compiled on its own: the logs say it
                     logs.log("graph_breaks", f"{where} runs eagerly: {err}")
@@ -455,6 +453,18 @@ class CompiledFunction:
         return step
 
 
+def _note_eager(entries: list, err) -> None:
+    """Calls like this one run eagerly (`entries`: a frame's skipped[offset] or eager_calls),
+    guarded by what the trace that stopped relied on (err.skip_guard); past the recompile
+    limit, or with no such guard, every call does."""
+    guard = getattr(err, "skip_guard", None) if len(entries) < config.recompile_limit else None
+    entries.append((guard, err))
+
+
+def _holds(entries: list, F, args, kwargs) -> bool:
+    return any(guard is None or guard(F, args, kwargs) for guard, _ in entries)
+
+
 @dataclass
 class _FrameCache:
     """Everything compiled for one code object: segments per (offset, eager), newest first."""
@@ -463,7 +473,9 @@ class _FrameCache:
     # trace from there stopped where Dynamo skips a frame), each guarded by what that trace
     # relied on (another instance of a class is traced on its own); None: every call
     skipped: dict = field(default_factory=dict)
-    eager_reason: Any = None
+    # [(guard, why)]: the calls that run the whole frame eagerly (a trace of it, eager, could
+    # not go on), each guarded as `skipped`'s; None: every call
+    eager_calls: list = field(default_factory=list)
     logged_bytecode: bool = False
     frame_ids: dict = field(default_factory=dict)    # offset -> Dynamo-style frame id
     limit_warned: set = field(default_factory=set)
@@ -475,9 +487,13 @@ class _FrameCache:
     store_key: str | None = None
     saved: list | None = None
 
+    def runs_eagerly(self, F, args, kwargs) -> bool:
+        """Whether this call runs the whole frame eagerly."""
+        return _holds(self.eager_calls, F, args, kwargs)
+
     def skips(self, offset: int, F, args, kwargs) -> bool:
         """Whether the frame runs eagerly from `offset` for this call."""
-        return any(guard is None or guard(F, args, kwargs) for guard, _ in self.skipped.get(offset, ()))
+        return _holds(self.skipped.get(offset, ()), F, args, kwargs)
 
     def saw(self, offset: int, source: str, value) -> tuple:
         """Remember the sizes of a tensor input (the value of a number input) a trace met at

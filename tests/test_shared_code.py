@@ -153,6 +153,33 @@ def test_a_frame_skipped_for_one_instance_is_traced_for_another():
     assert minicompile.metrics.graphs == 1 and minicompile.metrics.graph_breaks == 1
 
 
+class Guarded(nn.Module):
+    """Its forward runs in a context manager of its own: a lock (which the capture does not
+    model: the frame runs eagerly) or contextlib.nullcontext (modelled)."""
+
+    def __init__(self, context):
+        super().__init__()
+        self.fc, self.context = nn.Linear(6, 6), context
+
+    def forward(self, x):
+        with self.context:
+            return torch.relu(self.fc(x))
+
+
+@pytest.mark.filterwarnings("ignore:minicompile")        # (the locked one runs eagerly, and says so)
+def test_a_frame_run_eagerly_for_one_instance_is_compiled_for_another():
+    import contextlib
+    import threading
+    locked, plain = Guarded(threading.Lock()).to(DEVICE), Guarded(contextlib.nullcontext()).to(DEVICE)
+    x = randn(3, 6)
+    assert_same(minicompile.compile(locked)(x), locked(x))
+    assert minicompile.metrics.graphs == 0
+    assert_same(minicompile.compile(plain)(x), plain(x))
+    assert minicompile.metrics.graphs == 1
+    assert_same(minicompile.compile(locked)(x), locked(x))      # still eager: its guard holds
+    assert minicompile.metrics.graphs == 1
+
+
 class Block(nn.Module):
     def __init__(self, width=12):
         super().__init__()
