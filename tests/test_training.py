@@ -1056,3 +1056,37 @@ def test_a_layer_that_checkpoints_itself_in_its_own_call(kernel_backend, compile
     computed = [n for n in part.forward.graph.nodes if n.name in part.saved and n.op == "call_function"]
     # the results of the first two layers (the next layers' inputs), nothing inside a layer
     assert len(computed) == 2 and all(n.target is torch.ops.aten.addmm.default for n in computed), part.saved
+
+
+class _LeafInside(nn.Module):
+    """wav2vec2's feature encoder: a view of the input made to require grad (so that
+    checkpointing has something to differentiate), then convolutions."""
+
+    def __init__(self, give_back=False):
+        super().__init__()
+        self.conv, self.give_back = nn.Conv1d(1, 4, 3), give_back
+
+    def forward(self, x):
+        h = x[:, None]
+        h.requires_grad = True
+        out = torch.tanh(self.conv(h))
+        return (out, h) if self.give_back else out
+
+
+@pytest.mark.filterwarnings("ignore:minicompile")       # (the second model's frame runs eagerly)
+def test_a_tensor_made_to_require_grad_inside_the_graph(kernel_backend):
+    """`t.requires_grad = True` on a tensor the graph computed: one graph, eager's gradients.
+    Where that leaf leaves the graph (returned: its .grad could be read) the frame runs
+    eagerly, and its gradient is eager's."""
+    torch.manual_seed(8)
+    train_side_by_side(_LeafInside(), lambda: randn(2, 9))
+    assert minicompile.metrics.graphs == 1 and minicompile.metrics.graph_breaks == 0
+    minicompile.reset()
+    model = _LeafInside(give_back=True).to(DEVICE)
+    x = randn(2, 9)
+    out, leaf = minicompile.compile(model)(x)
+    out.sum().backward()
+    assert leaf.is_leaf and leaf.requires_grad
+    twin_out, twin_leaf = model(x)
+    twin_out.sum().backward()
+    assert_same(leaf.grad, twin_leaf.grad)

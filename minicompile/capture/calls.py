@@ -311,16 +311,24 @@ class CallsMixin:
         raise self.unsupported(f"call to {name}", "the capture cannot model this callable yet")
 
     def requires_grad_(self, t: VariableTracker, args, kwargs) -> VariableTracker:
-        """t.requires_grad_(flag) where t already is so (a Hugging Face model's hook that makes
-        the embeddings require grad for checkpointing): nothing to do. Else it changes what
-        autograd records, which runs as Python, at a graph break."""
+        """t.requires_grad_(flag), and `t.requires_grad = flag`. Where t already is so (a
+        Hugging Face model's hook that makes the embeddings require grad for checkpointing):
+        nothing to do. A tensor the graph computed, untracked, made to require grad (wav2vec2's
+        feature encoder, T5's zero position bias): from here on the variable stands for a leaf
+        of the graph's own (higher_order.leaf_requiring_grad). Else it changes what autograd
+        records of the caller's tensors, which runs as Python, at a graph break."""
         flag = args[0] if args else kwargs.get("requires_grad", ConstantVariable(True))
         if not (isinstance(t, TensorVariable) and flag.is_constant()):
             raise self.unsupported("requires_grad_() with a flag that is not a constant")
-        if t.example.requires_grad != bool(flag.as_example()):
-            raise self.unsupported(f"requires_grad_({flag.as_example()}) of a tensor whose flag it changes",
-                                   "what autograd records is changed as Python, at a graph break")
-        return t
+        if t.example.requires_grad == bool(flag.as_example()):
+            return t
+        if flag.as_example() and t.source is None and t.example.grad_fn is None:
+            from .higher_order import leaf_requiring_grad
+            made = self.output.call("call_function", leaf_requiring_grad, [t], {})
+            t.proxy, t.example = made.proxy, made.example      # every reference to t sees it
+            return t
+        raise self.unsupported(f"requires_grad_({flag.as_example()}) of a tensor whose flag it changes",
+                               "what autograd records is changed as Python, at a graph break")
 
     def call_getter(self, fn, args, kwargs) -> VariableTracker:
         """operator.itemgetter/attrgetter/methodcaller applied to its one argument."""

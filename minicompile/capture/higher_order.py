@@ -332,3 +332,16 @@ def call_checkpoint(tx, args, kwargs):
             node.meta[RECOMPUTE] = torch.utils.checkpoint.CheckpointPolicy.PREFER_RECOMPUTE
             node.meta[REGION] = region
     return result
+
+
+# --------------------------------------------------------------------------------------
+# A leaf made in the graph: `t.requires_grad = True` on a tensor the graph computed
+# --------------------------------------------------------------------------------------
+def leaf_requiring_grad(t: torch.Tensor) -> torch.Tensor:
+    """What `t.requires_grad = True` (or `t.requires_grad_()`) makes of a tensor the graph
+    computed and autograd does not track (wav2vec2's feature encoder does it to its input's
+    view, T5 to a zero position bias): the same memory as a leaf that requires grad, so that
+    what is computed from it records gradients. The capture records a call to this; the joint
+    trace (autograd/joint.py) runs it, and nothing asks for the leaf's own gradient, which no
+    one can read as long as the leaf stays inside the graph (capture checks that)."""
+    return t.detach().requires_grad_()

@@ -577,9 +577,11 @@ class OutputGraph:
             args = [ConstantVariable(a) for a in args.value] if args.is_constant() else args.items
             keywords = self.wrap(value.keywords, part("keywords"))
             return PartialVariable(self.wrap(value.func, part("func")), args, keywords.items, source)
-        known = (isinstance(value, (types.ModuleType, types.FunctionType, types.MethodType, type,
-                                    functools._lru_cache_wrapper))
-                 or _is_torch_callable(value) or (_hashable(value) and value in _BUILTIN_HANDLERS))
+        # (a method of a Cython class, numpy.random.rand: a bound method whose function has a
+        # code object with no bytecode, is an object like any other: called, a graph break)
+        python_method = isinstance(value, types.MethodType) and isinstance(value.__func__, types.FunctionType)
+        known = (isinstance(value, (types.ModuleType, types.FunctionType, type, functools._lru_cache_wrapper))
+                 or python_method or _is_torch_callable(value) or (_hashable(value) and value in _BUILTIN_HANDLERS))
         if source is None and not known and not isinstance(value, _BUILTIN_CALLABLES):
             # an object the trace reached by no path a guard can follow again (a global of a
             # Python helper of torch's, a default argument): the guard holds the object itself,
@@ -599,7 +601,7 @@ class OutputGraph:
             return TorchFunctionVariable(value, source)
         if isinstance(value, (types.FunctionType, functools._lru_cache_wrapper)):
             return UserFunctionVariable(value, source)
-        if isinstance(value, types.MethodType):
+        if python_method:
             self_var = self.wrap(value.__self__, AttrSource(source, "__self__") if source else None)
             return BoundMethodVariable(value.__func__, self_var, source)
         if isinstance(value, type):

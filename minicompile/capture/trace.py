@@ -18,6 +18,7 @@ import torch.fx
 
 from .. import aliasing, autocast, ir
 from .breaks import GraphBreak, ObservedException, Unsupported
+from .higher_order import leaf_requiring_grad
 from .bytecode import check_python_version
 from .guards import ArgBinding, bind_arguments, frame_target
 from .sources import ItemSource, LocalSource, RootSource
@@ -223,6 +224,7 @@ def trace_segment(fn, args: tuple, kwargs: dict, offset: int = 0, *, breaks: boo
         torch._C._set_grad_enabled(grad)
     output.tx = tx
     output.graph.output(tuple(p.node for p in builder.proxies))
+    _leaves_stay_inside(output, builder, binding)
     output.graph.eliminate_dead_code(is_impure_node=_is_impure)
     gm = torch.fx.GraphModule(output.root_module, output.graph)
     output.guard_written_inputs()
@@ -236,6 +238,28 @@ def trace_segment(fn, args: tuple, kwargs: dict, offset: int = 0, *, breaks: boo
     seg.guard_builder, seg.binding = output.guards, binding
     seg.use(output.guards.build(binding, input_exprs))
     return seg
+
+
+def _leaves_stay_inside(output: OutputGraph, builder, binding) -> None:
+    """A leaf the graph made (`t.requires_grad = True`: higher_order.leaf_requiring_grad) is
+    modelled while it stays inside the graph and gradients flow from the graph's inputs too:
+    returned or stored, the caller could read its `.grad` (a compiled graph's output is no
+    leaf); with no input that requires grad, the compiled graph's outputs would carry none.
+    Else the frame runs eagerly (a skip guarded as any)."""
+    made = [n for n in output.graph.nodes if n.target is leaf_requiring_grad]
+    if not made:
+        return
+    leaving = {p.node for p in builder.proxies}
+    why = None
+    if any(n in leaving for n in made):
+        why = "a tensor made to require grad (requires_grad = True) leaves the graph"
+    elif not any(isinstance(t, torch.Tensor) and t.requires_grad for t in output.input_examples):
+        why = "a tensor made to require grad (requires_grad = True) in a graph no input of which does"
+    if why is not None:
+        err = Unsupported(why, "its gradient could be read, or the graph's outputs would carry none")
+        err.frame_skip = why
+        err.skip_guard = _guard_so_far(output, binding)
+        raise err
 
 
 def _guard_so_far(output: OutputGraph, binding) -> Optional[Callable]:

@@ -1022,6 +1022,9 @@ class InstructionTranslator(CallsMixin):
             var.items[name] = value
             self.output.add_side_effect(var)
             return
+        if isinstance(obj, TensorVariable) and name == "requires_grad":
+            self.requires_grad_(obj, [value], {})
+            return
         raise self.unsupported(f"setting attribute .{name} of {obj.describe()}",
                                "a side effect on an object outside the graph",
                                "it runs for real at a graph break")
