@@ -1038,6 +1038,24 @@ def test_a_dict_keyed_by_classes_read_out_or_changed_runs_as_eager():
         HANDLERS.pop(float, None)
 
 
+def draws_with_numpy(x):
+    y = x * 2
+    scale = np.random.rand(1).item()            # a method of a Cython class (numpy's RandomState)
+    return y * scale
+
+
+def test_a_method_of_a_cython_class_is_called_at_a_graph_break():
+    """numpy.random.rand is a bound method whose function is Cython's, with a code object but no
+    bytecode: it is called as Python, at a graph break (eager's draw), never inlined."""
+    x = torch.randn(3)
+    out = minicompile.explain(draws_with_numpy)(x)
+    assert out.graph_count >= 1 and any("RandomState.rand" in str(b) for b in out.break_reasons)
+    np.random.seed(0)
+    got = minicompile.compile(draws_with_numpy)(x)
+    np.random.seed(0)
+    assert_same(got, draws_with_numpy(x))
+
+
 class CodeError(Exception):
     def __init__(self, code):
         super().__init__(f"code {code}")
