@@ -11,7 +11,6 @@ import contextlib
 import copy
 import functools
 import gc
-import inspect
 import itertools
 import sys
 import types
@@ -24,7 +23,7 @@ import torch
 from . import config, distributed, frame_store, ir, logs, metrics, optim
 from .capture import SUPPORTED_VERSIONS, Unsupported
 from .capture.breaks import DISABLE_MARK, never_traced
-from .capture.calls import MODULE_CALLS
+from .capture.calls import own_call as _class_own_call
 from .capture.frame import ResumeSegment
 from .capture.guards import frame_target
 
@@ -401,7 +400,7 @@ class CompiledFunction:
             # (FSDP2's FSDP<Name>) is judged by its forward
             inner = distributed.user_module(fn)
             forward = getattr(type(inner), "forward", None)
-            if (own_call := _own_call(inner)) is not None:     # its class's __call__ (hooks inside)
+            if (own_call := _class_own_call(type(inner))) is not None:     # its class's __call__ (hooks inside)
                 return self._callee(own_call)(inner, *args, **kwargs)
             if isinstance(forward, types.FunctionType) and getattr(inner.forward, "__func__", None) is forward:
                 target, pre = forward, [inner]
@@ -682,14 +681,6 @@ def describe_segment(seg, name: str) -> str:
     return "\n".join(lines)
 
 
-def _own_call(mod: torch.nn.Module):
-    """The __call__ of mod's class where the class has its own, not nn.Module's (a Hugging Face
-    layer that checkpoints itself there), as a Python function; else None. Eager runs it, and
-    it runs the module's hooks and forward through super().__call__."""
-    call = inspect.getattr_static(type(mod), "__call__", None)
-    return call if isinstance(call, types.FunctionType) and call not in MODULE_CALLS else None
-
-
 def _function_of(method):
     """The function a bound method runs (what a module's forward is, whichever object)."""
     return getattr(method, "__func__", method)
@@ -704,7 +695,7 @@ class CompiledModule(torch.nn.Module):
         self._orig_mod = mod
         # under DDP or FSDP1, the wrapped module's forward (distributed.py says why)
         inner = distributed.user_module(mod)
-        own_call = _own_call(inner)
+        own_call = _class_own_call(type(inner))
         # a class with its own __call__: that is compiled, as eager runs it (hooks and forward
         # are inside it, through super().__call__)
         self._compiled_forward = CompiledFunction(inner.forward if own_call is None else

@@ -28,7 +28,7 @@ from .. import optim
 from .autograd_function import call_apply, is_apply
 from .breaks import ObservedException, Unsupported, never_traced
 from .sources import AttrSource, HelperSource, ItemSource, RootSource, module_member_source
-from .builtin_calls import (_BUILTIN_HANDLERS, _COMPILING_QUERIES, ContainerReadVariable, class_attr, sort_order,
+from .builtin_calls import (_BUILTIN_HANDLERS, _COMPILING_QUERIES, ContainerReadVariable, class_attr, python_method, sort_order,
                             _builtin_dict, _constant_state, _is_none, _is_plain_user_class,
                             _runs_for_real)
 from .output_graph import _is_internal_module_name
@@ -81,6 +81,14 @@ def _default_source(func, fn_source, name: str, value):
 # nn.Module's own __call__ and what it calls: a module called through one of these runs its
 # hooks and forward (call_module)
 MODULE_CALLS = (torch.nn.Module.__call__, torch.nn.Module._wrapped_call_impl, torch.nn.Module._call_impl)
+
+
+def own_call(cls: type):
+    """The __call__ of a module class where the class has its own, not nn.Module's (a Hugging
+    Face layer that checkpoints itself there), as a Python function; else None. Eager runs
+    it, and it runs the module's hooks and forward through super().__call__."""
+    call = python_method(cls, "__call__")
+    return call if call not in MODULE_CALLS else None
 
 
 def _made_by(result: VariableTracker, fn, args, kwargs) -> VariableTracker:
@@ -645,9 +653,9 @@ class CallsMixin:
                 return ConstantVariable(None)
             k, v = obj.items.popitem()
             return TupleVariable([ConstantVariable(k), v])
-        if isinstance(obj, DictVariable) and fn.name == "get" and args and dict_key(args[0]) is not NO_KEY:
+        if isinstance(obj, DictVariable) and fn.name == "get" and args and (key := dict_key(args[0])) is not NO_KEY:
             default = args[1] if len(args) > 1 else ConstantVariable(None)
-            return obj.items.get(dict_key(args[0]), default)
+            return obj.items.get(key, default)
         if isinstance(obj, BaseListVariable) and fn.name in ("index", "count") \
                 and all(a.is_constant() for a in args) and obj.is_constant():
             return ConstantVariable(getattr(obj.as_example(), fn.name)(*[a.as_example() for a in args]))

@@ -676,8 +676,8 @@ def _is_op(tx, inst):
         r = True
     elif a.is_constant() and b.is_constant():
         r = a.as_example() is b.as_example()
-    elif dict_key(a) is not NO_KEY and dict_key(b) is not NO_KEY:
-        r = dict_key(a) is dict_key(b)     # classes, functions, typing forms: each is itself
+    elif (key_a := dict_key(a)) is not NO_KEY and (key_b := dict_key(b)) is not NO_KEY:
+        r = key_a is key_b                 # classes, functions, typing forms: each is itself
     elif _is_singleton(a) and not b.is_constant() or _is_singleton(b) and not a.is_constant():
         r = False              # None, True, False...: never an object the trace tracks
     elif isinstance(a, NNModuleVariable) and isinstance(b, NNModuleVariable):
@@ -716,8 +716,8 @@ def _contains_op(tx, inst):
     item = tx.pop()
     if item.is_constant() and container.is_constant():
         r = item.as_example() in container.as_example()
-    elif isinstance(container, DictVariable) and dict_key(item) is not NO_KEY:
-        r = dict_key(item) in container.items
+    elif isinstance(container, DictVariable) and (key := dict_key(item)) is not NO_KEY:
+        r = key in container.items
     elif item.is_constant() and isinstance(container, DictViewVariable) and container.kind == "keys":
         r = item.as_example() in container.dict_var.items
     elif item.is_constant() and isinstance(container, NNModuleVariable) and \

@@ -200,9 +200,7 @@ def trace_segment(fn, args: tuple, kwargs: dict, offset: int = 0, *, breaks: boo
                 elif not eager and F.maybe_has_backedge(tx):
                     why = "graph break in a for/while loop: the frame is skipped, as Dynamo does"
                 if why is not None:
-                    reason.frame_skip = why
-                    reason.skip_guard = _guard_so_far(output, binding)
-                    raise reason
+                    raise _skipping(reason, why, output, binding)
                 builder = F.TemplateBuilder(tx, source_fn)
                 live = F.live_locals(tx, inst.index)
                 stack_t = [builder.build(v) for v in gb.stack]
@@ -256,10 +254,15 @@ def _leaves_stay_inside(output: OutputGraph, builder, binding) -> None:
     elif not any(isinstance(t, torch.Tensor) and t.requires_grad for t in output.input_examples):
         why = "a tensor made to require grad (requires_grad = True) in a graph no input of which does"
     if why is not None:
-        err = Unsupported(why, "its gradient could be read, or the graph's outputs would carry none")
-        err.frame_skip = why
-        err.skip_guard = _guard_so_far(output, binding)
-        raise err
+        raise _skipping(Unsupported(why, "its gradient could be read, or the graph's outputs would carry none"),
+                        why, output, binding)
+
+
+def _skipping(err: Unsupported, why: str, output: OutputGraph, binding) -> Unsupported:
+    """err, marked as a frame skip (`why`), guarded by what the trace relied on so far."""
+    err.frame_skip = why
+    err.skip_guard = _guard_so_far(output, binding)
+    return err
 
 
 def _guard_so_far(output: OutputGraph, binding) -> Optional[Callable]:

@@ -1085,8 +1085,7 @@ class InstructionTranslator(CallsMixin):
         if isinstance(obj, ModelOutputVariable) and idx.is_constant() and not isinstance(idx.as_example(), str):
             items = list(obj.items.values())[idx.as_example()]         # an int or a slice: as a tuple
             return TupleVariable(items) if isinstance(items, list) else items
-        if isinstance(obj, DictVariable) and dict_key(idx) is not NO_KEY:
-            key = dict_key(idx)
+        if isinstance(obj, DictVariable) and (key := dict_key(idx)) is not NO_KEY:
             if key not in obj.items and obj.factory is not None:     # a defaultdict's new key
                 value = self.call_function(obj.factory, [], {})
                 self.mutate(obj)
