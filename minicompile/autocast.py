@@ -66,7 +66,7 @@ def explicit_casts(gm: torch.fx.GraphModule, example_inputs) -> torch.fx.GraphMo
     current = before = state()
 
     def fake(v):
-        return mode.from_tensor(v) if isinstance(v, torch.Tensor) else v
+        return ir.fake_of(mode, v) if isinstance(v, torch.Tensor) else v
 
     def cast(arg, dtype, user):
         """arg as `dtype`: one `.to` node per input and dtype, before its first user."""

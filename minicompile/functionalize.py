@@ -38,7 +38,7 @@ import torch.fx
 import torch.utils._pytree as pytree
 from torch.multiprocessing.reductions import StorageWeakRef
 
-from . import aliasing
+from . import aliasing, ir
 
 
 # ---------------------------------------------------------------------------------------
@@ -176,6 +176,24 @@ def _shares_storage(a, b) -> bool:
         return False
     sa = _storage(a)
     return sa is not None and sa == _storage(b)
+
+
+def _fills_a_mask(x, index, value) -> bool:
+    """Is `x[index] = value` a masked fill: index a bool tensor over x's leading dims, value
+    one for every place (a number, or a tensor that broadcasts to what one place holds)?"""
+    x, index, value = _example(x), _example(index), _example(value)
+    if not (isinstance(x, torch.Tensor) and isinstance(index, torch.Tensor) and index.dtype == torch.bool
+            and index.dim() <= x.dim() and tuple(index.shape) == tuple(x.shape[:index.dim()])):
+        return False
+    if isinstance(value, (bool, int, float)):
+        return True
+    if not isinstance(value, torch.Tensor) or value.dim() > x.dim():
+        return False
+    place = x.shape[index.dim():]
+    lead = value.shape[:max(0, value.dim() - len(place))]
+    tail = value.shape[len(lead):]
+    return all(d == 1 for d in lead) and \
+        all(v == 1 or v == p for v, p in zip(tail, place[len(place) - len(tail):]))
 
 
 def _is_tensor_node(a) -> bool:
@@ -379,6 +397,12 @@ class _Functionalizer:
             return [self._cast(value, targets[0])], "same"
         if kind == "call_function" and target is torch.nn.functional.batch_norm:
             return self._batch_norm(node, where)
+        if single and kind == "call_function" and target is operator.setitem and _fills_a_mask(*node.args):
+            # x[mask] = v, v the same for every place the mask picks: where(mask, v, x), a
+            # pointwise value (no count of the places, which depends on the mask's values)
+            spread = (Ellipsis,) + (None,) * (_example(node.args[0]).dim() - _example(node.args[1]).dim())
+            mask = self._new("call_function", operator.getitem, [args[1], spread])
+            return [self._cast(self._new("call_function", torch.where, [mask, args[2], args[0]]), targets[0])], None
         # any other write: run by PyTorch on copies of what it writes
         run = aliasing.on_a_copy(kind, target, where)
         copies = self._new("call_function", run, args, kwargs)
@@ -509,7 +533,7 @@ def _fill_examples(gm: torch.fx.GraphModule, example_inputs) -> None:
         return
     from torch._subclasses.fake_tensor import FakeTensorMode
     mode = FakeTensorMode(allow_non_fake_inputs=True)
-    fakes = [mode.from_tensor(t) if isinstance(t, torch.Tensor) else t for t in example_inputs]
+    fakes = [ir.fake_of(mode, t) if isinstance(t, torch.Tensor) else t for t in example_inputs]
 
     class Recorder(torch.fx.Interpreter):
         def run_node(self, n):

@@ -42,11 +42,15 @@ def _compile_functional(gm: torch.fx.GraphModule, example_inputs, training: bool
     functional, epilogue = functionalize(gm, list(example_inputs))
     # the new value of an input the graph writes may be stored straight into it (the
     # epilogue's copy is then of memory onto itself); where CUDA graphs record, only into a
-    # static input (the recording's own copy of any other is not the caller's tensor)
-    written = {} if epilogue is None else {k: i for i, k in epilogue.copies if not config.cudagraphs
-                                           or cudagraphs.is_static(example_inputs[i])}
+    # static input (the recording's own copy of any other is not the caller's tensor). Not in
+    # training into one that requires grad: the epilogue's copy_ is what autograd records
+    written = {} if epilogue is None else {
+        k: i for i, k in epilogue.copies
+        if (not config.cudagraphs or cudagraphs.is_static(example_inputs[i]))
+        and not (training and getattr(example_inputs[i], "requires_grad", False))}
     if training:
-        compiled = _compile_training(functional, example_inputs, written)
+        compiled = _compile_training(functional, example_inputs, written,
+                                     {i for i, _ in epilogue.copies} if epilogue is not None else set())
     else:
         compiled = _compile_values(functional, example_inputs, written)
     if config.cudagraphs:
@@ -77,14 +81,15 @@ class WithEpilogue:
         return getattr(self.compiled, name)
 
 
-def _compile_training(gm: torch.fx.GraphModule, example_inputs, written=None):
+def _compile_training(gm: torch.fx.GraphModule, example_inputs, written=None, overwritten=frozenset()):
     """The forward and backward of a graph that records gradients (autograd/), compiled for the
     example's sizes (a dynamic dimension is specialized, and guarded). written: as
-    _compile_values takes it (a batch norm's running statistics, written by the forward)."""
+    _compile_values takes it (a batch norm's running statistics, written by the forward);
+    overwritten: the indices of the inputs the graph writes."""
     conditions = _specialize(gm, example_inputs)
     gpu = any(isinstance(t, torch.Tensor) and t.is_cuda for t in example_inputs)
     with triton_codegen.compiling_together(gpu):      # the forward's kernels compile meanwhile
-        compiled = compile_training(gm, list(example_inputs), _compile_values, written)
+        compiled = compile_training(gm, list(example_inputs), _compile_values, written, overwritten)
     compiled.shape_guards = conditions
     return compiled
 

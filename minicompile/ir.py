@@ -30,6 +30,7 @@ from __future__ import annotations
 import contextlib
 import itertools
 import math
+import warnings
 from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
 
@@ -157,6 +158,21 @@ def fake_mode():
     return FakeTensorMode(shape_env=ShapeEnv(), allow_non_fake_inputs=True)
 
 
+@contextlib.contextmanager
+def quiet_grad_reads():
+    """Making a fake tensor reads the tensor's .grad, for which PyTorch warns where it is not a
+    leaf: nothing the user did, so not shown (nor raised, under warnings-as-errors)."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="The .grad attribute of a Tensor that is not a leaf")
+        yield
+
+
+def fake_of(mode, value, **kwargs):
+    """A fake tensor of `value` in `mode`."""
+    with quiet_grad_reads():
+        return mode.from_tensor(value, **kwargs)
+
+
 def symbolic_fake(mode, value, dims, name: str):
     """`value` in `mode` with the dims in `dims` as size symbols: a tensor becomes a fake tensor,
     an int (with non-empty dims) a symbolic int, anything else stays as it is."""
@@ -168,8 +184,8 @@ def symbolic_fake(mode, value, dims, name: str):
                                                                        DimDynamic.DYNAMIC)
         return value
     sizes = [DimDynamic.DYNAMIC if d in dims else DimDynamic.STATIC for d in range(value.dim())]
-    return mode.from_tensor(value, source=ConstantSource(name),
-                            symbolic_context=StatelessSymbolicContext(dynamic_sizes=sizes))
+    return fake_of(mode, value, source=ConstantSource(name),
+                   symbolic_context=StatelessSymbolicContext(dynamic_sizes=sizes))
 
 
 @contextlib.contextmanager

@@ -520,3 +520,95 @@ def test_a_value_overwritten_in_place_keeps_its_gradient(overwrite):
         results.append((a.detach(), b.detach(), x.grad, y.grad))
     for got, want in zip(*results):
         torch.testing.assert_close(got, want)
+
+
+# --- x[mask] = v: a masked fill -------------------------------------------------------------
+MASK_FILLS = {
+    "rows of an input, a vector": (lambda x, m, v: x.__setitem__(m, v), (7, 5), (7,), (5,)),
+    "every element, a number": (lambda x, m, v: x.__setitem__(m, 2.5), (6, 3), (6, 3), (1,)),
+    "leading dims, a [1, 5] tensor": (lambda x, m, v: x.__setitem__(m, v), (2, 7, 5), (2, 7), (1, 5)),
+    "a copy, returned": (lambda x, m, v: (lambda y: (y.__setitem__(m, v * 2), y.sin())[1])(x * 3), (4, 6), (4,), (6,)),
+    "a transposed view": (lambda x, m, v: x.t().__setitem__(m, v), (5, 7), (7,), (5,)),
+}
+
+
+@pytest.mark.parametrize("name", list(MASK_FILLS))
+def test_a_masked_fill_by_item_assignment(kernel_backend, name):
+    """x[mask] = v with one v for every place the mask picks: a pointwise where(), as eager's
+    (the effects on the inputs, and the result)."""
+    fn, xs, ms, vs = MASK_FILLS[name]
+    assert_same_effects(fn, lambda: (randn(*xs), torch.rand(ms, device=DEVICE) > 0.5, randn(*vs)))
+
+
+def test_a_masked_fill_trains_without_counting_the_places():
+    """Its joint graph is traced (no data-dependent count of the mask's places, which made the
+    graph run on PyTorch's kernels) and the gradients are eager's, the filled value's too."""
+    def fn(h, mask, v):
+        h = h * 2
+        h[mask] = v
+        return h.sin()
+    h0, v0, mask = torch.randn(2, 7, 5), torch.randn(5), torch.rand(2, 7) > 0.5
+    results = []
+    minicompile.reset()
+    minicompile.metrics.reset()
+    for f in (fn, minicompile.compile(fn)):
+        h, v = h0.clone().requires_grad_(), v0.clone().requires_grad_()
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            out = f(h, mask, v)
+        (out * out).sum().backward()
+        results.append((out.detach(), h.grad, v.grad))
+    for got, want in zip(results[1], results[0]):
+        torch.testing.assert_close(got, want)
+    assert minicompile.metrics.backward_kernels >= 1
+
+
+def test_an_output_the_code_made_as_a_view_can_be_written_in_training():
+    """A training graph's output that the generated code made as a view of its own buffer (a
+    transpose), one of several outputs: the caller may write into it, as into eager's."""
+    def fn(x, w):
+        h = (x @ w).transpose(1, 2)
+        return h, h.sum()
+    x0, w0 = torch.randn(2, 5, 4), torch.randn(4, 3)
+    results = []
+    for f in (fn, minicompile.compile(fn)):
+        x, w = x0.clone().requires_grad_(), w0.clone().requires_grad_()
+        h, s = f(x, w)
+        h[:, 0] = 1.0
+        ((h * h).sum() + s).backward()
+        results.append((h.detach(), x.grad, w.grad))
+    for got, want in zip(results[1], results[0]):
+        torch.testing.assert_close(got, want)
+
+
+WRITES_WITH_GRADIENTS = {
+    "h.add_(w)": lambda h, w, m: h.add_(w),
+    "h[:, 1] = w": lambda h, w, m: h.__setitem__((slice(None), 1), w),
+    "h[m] = w": lambda h, w, m: h.__setitem__(m, w.to(h.dtype)),
+    "h[0].mul_(w)": lambda h, w, m: h[0].mul_(w),
+}
+
+
+@pytest.mark.parametrize("name", list(WRITES_WITH_GRADIENTS))
+def test_a_write_into_an_input_that_requires_grad_is_recorded_by_autograd(name):
+    """An input computed by the caller (not a leaf), written in the graph with a value that
+    needs gradients: the write is autograd's (the epilogue's copy_), not made by the generated
+    code straight into the input's memory, where autograd did not see it (the value written
+    got no gradient, and the input's went through as if unwritten)."""
+    write = WRITES_WITH_GRADIENTS[name]
+
+    def fn(h, w, m):
+        write(h, w, m)
+        return h.cos()
+    x0, w0, m = torch.randn(2, 7, 5), torch.randn(5), torch.rand(2, 7) > 0.5
+    results = []
+    minicompile.reset()
+    for f in (fn, minicompile.compile(fn)):
+        x, w = x0.clone().requires_grad_(), w0.clone().requires_grad_()
+        h = x * 2
+        out = f(h, w, m)
+        (out * out).sum().backward()
+        results.append((out.detach(), h.detach(), x.grad, w.grad))
+    for got, want in zip(results[1], results[0]):
+        assert got is not None
+        torch.testing.assert_close(got, want)

@@ -27,10 +27,12 @@ from .partition import Partition, partition
 from .to_torch import to_torch
 
 
-def compile_training(gm: torch.fx.GraphModule, example_inputs, compile_values, written=None) -> CompiledTraining:
+def compile_training(gm: torch.fx.GraphModule, example_inputs, compile_values, written=None,
+                     overwritten=frozenset()) -> CompiledTraining:
     """gm's forward and backward, compiled by `compile_values(gm, example_inputs, written)`.
     written: {output index: input index} of gm, outputs written back into inputs after the
-    call (a batch norm's running statistics), which the forward may store straight into them."""
+    call (a batch norm's running statistics), which the forward may store straight into them.
+    overwritten: the indices of gm's inputs that get new values (those and any others)."""
     try:
         with metrics.timed("joint trace"):
             joint = trace_joint(gm, example_inputs)
@@ -49,15 +51,21 @@ def compile_training(gm: torch.fx.GraphModule, example_inputs, compile_values, w
     backward_inputs = [n.meta["val"] for n in part.backward.graph.nodes if n.op == "placeholder"]
     backward = compile_values(to_torch(part.backward), backward_inputs)
     metrics.backward_kernels += len(getattr(backward, "kernels", ()))
-    return CompiledTraining(joint, part, forward, backward)
+    primal = _primal_index(joint)
+    return CompiledTraining(joint, part, forward, backward, {primal[i] for i in overwritten if i in primal})
 
 
 def _in_forward(joint: Joint, written: dict) -> dict:
     """gm's {output index: input index} as the forward graph's: its outputs are gm's tensor
     outputs (then the saved values), its inputs gm's tensor inputs."""
-    primal = {i: p for p, i in enumerate(i for i, (kind, _) in enumerate(joint.inputs) if kind == "tensor")}
+    primal = _primal_index(joint)
     return {joint.outputs[k][1]: primal[i] for k, i in written.items()
             if joint.outputs[k][0] == "tensor" and i in primal}
+
+
+def _primal_index(joint: Joint) -> dict:
+    """gm's input index -> the forward graph's (its tensor inputs only)."""
+    return {i: p for p, i in enumerate(i for i, (kind, _) in enumerate(joint.inputs) if kind == "tensor")}
 
 
 def _log(part: Partition) -> None:

@@ -20,10 +20,13 @@ class CompiledTraining:
     """Call it with the graph's inputs: its outputs, recorded by autograd as one node whose
     backward is the compiled backward graph."""
 
-    def __init__(self, joint, partition, forward, backward):
+    def __init__(self, joint, partition, forward, backward, overwritten=frozenset()):
         self.joint, self.partition = joint, partition
         self.forward, self.backward = forward, backward
         self.shape_guards: list = []
+        # inputs the backward reads as they were, which get new values (by the forward, or
+        # after it): saved as copies made before the forward runs
+        self.saved_overwritten = {k for kind, k in partition.saved_from if kind == "primal" and k in overwritten}
         # the layout the backward was compiled for, per saved value
         placeholders = [n.meta["val"] for n in partition.backward.graph.nodes if n.op == "placeholder"]
         self.saved_strides = [v.stride() for v in placeholders[:len(partition.saved_from)]]
@@ -55,14 +58,16 @@ class _Function(torch.autograd.Function):
     @staticmethod
     def forward(ctx, plan: CompiledTraining, *tensors):
         joint, part = plan.joint, plan.partition
+        before = {k: tensors[k].clone() for k in plan.saved_overwritten}
         result = plan.forward(*tensors)
         outs, computed = list(result[:joint.num_outputs]), list(result[joint.num_outputs:])
-        ctx.save_for_backward(*[tensors[k] if kind == "primal" else as_layout(computed[k], stride)
+        primals = [before.get(k, t) for k, t in enumerate(tensors)] if before else tensors
+        ctx.save_for_backward(*[primals[k] if kind == "primal" else as_layout(computed[k], stride)
                                 for (kind, k), stride in zip(part.saved_from, plan.saved_strides)])
         ctx.plan = plan
         ctx.set_materialize_grads(False)       # an output the caller did not use: None
         ctx.mark_non_differentiable(*[o for o, d in zip(outs, joint.differentiable) if not d])
-        return tuple(outs)
+        return tuple(_own_tensor(o, tensors) for o in outs)
 
     @staticmethod
     def backward(ctx, *grad_outputs):
@@ -102,6 +107,18 @@ class _Function(torch.autograd.Function):
         for k, g in zip(joint.grad_inputs, grads):
             result[k] = g if joint.reached_by[k] & used else None
         return (None, *result)
+
+
+def _own_tensor(out: torch.Tensor, inputs) -> torch.Tensor:
+    """An output the generated code made as a view of one of its own buffers (a transpose it
+    did not copy), as a tensor of its own: autograd forbids writing in place into a view that
+    is one of several outputs of a Function, where eager's result (a view of a value the graph
+    does not return, or no view at all) may be written. Views of the inputs, and of other
+    outputs, are made again outside (functionalize.Epilogue)."""
+    base = out._base
+    if base is None or any(base is t or base is t._base for t in inputs):
+        return out
+    return out.detach()
 
 
 def _not_differentiable(grads: tuple, inputs: list) -> tuple:

@@ -112,7 +112,7 @@ def trace_joint(gm: torch.fx.GraphModule, example_inputs, from_capture: bool = T
               for i, v in enumerate(example_inputs)]
 
     mode = FakeTensorMode(allow_non_fake_inputs=True)
-    primals = [mode.from_tensor(example_inputs[i]) for i in tensor_at]
+    primals = [ir.fake_of(mode, example_inputs[i]) for i in tensor_at]
 
     def run(tensors, interpreter=torch.fx.Interpreter):
         args = [tensors[k] if kind == "tensor" else k for kind, k in inputs]
@@ -164,7 +164,8 @@ def trace_joint(gm: torch.fx.GraphModule, example_inputs, from_capture: bool = T
     # a checkpointed function's nodes (capture marks them) mark the aten nodes they become, for
     # the partitioner; only then, as it costs a copy of each node's meta
     marked = any(RECOMPUTE in n.meta for n in gm.graph.nodes)
-    with _lazy_code(), torch.fx.traceback.preserve_node_meta() if marked else contextlib.nullcontext():
+    with _lazy_code(), ir.quiet_grad_reads(), \
+            torch.fx.traceback.preserve_node_meta() if marked else contextlib.nullcontext():
         try:
             graph = make_fx(joint, decomposition_table=table, tracing_mode="fake")(primals, tangents)
         except _NotAsCaptured:
