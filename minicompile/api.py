@@ -224,7 +224,9 @@ class CompiledFunction:
             result = seg.run(F, a, k, self._call_for_real, inputs)
             if result[0] == "return":
                 return result[1]
-            _, offset, state = result
+            kind, offset, state = result
+            if kind == "raised":         # at a break in a try body: on at its handler, as Python
+                return ResumeSegment(self._func.__code__, offset, state, _AT_HANDLER).run(F, (), state, None)[1]
             a, k, eager = (), state, eager or seg.eager
             seg, inputs = self._segment(frame, offset, a, k, eager)
             if seg is None:
@@ -450,6 +452,10 @@ class CompiledFunction:
             step = self._steps[opt] = optim.CompiledStep(opt, compile_update,
                                                            scheduled=not isinstance(fn, types.MethodType))
         return step
+
+
+_AT_HANDLER = Unsupported("an exception raised at a graph break in a try block",
+                          "the frame goes on at its handler, which runs as Python")
 
 
 def _note_eager(entries: list, err) -> None:

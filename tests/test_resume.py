@@ -10,8 +10,11 @@ import os
 import shutil
 import subprocess
 import sys
+import threading
+import traceback
 import warnings
 
+import numpy as np
 import pytest
 import torch
 
@@ -238,5 +241,197 @@ def test_grad_mode_after_the_call(fn, outer, requires_grad):
             assert len(got) == len(expected)
             for g, e in zip(got, expected):
                 assert (torch.equal(g, e) if isinstance(e, torch.Tensor) else g == e)
+    finally:
+        torch.set_grad_enabled(prev)
+
+
+# --- a graph break in a try body or a with body: resumed, its exceptions handled -----------
+LOG = []
+LOCK = threading.Lock()              # a context manager of C's: entered for real
+
+
+def breaks_inside(x, fail):
+    """A user function with a graph break inside; raises after it where `fail` says."""
+    y = x.sin() * 2
+    quiet_break()
+    LOG.append("callee")
+    if fail == "value":
+        raise ValueError("bad value")
+    if fail == "key":
+        raise KeyError("k")
+    return y.cos()
+
+
+def try_finally(x, fail):
+    LOG.append("enter")
+    try:
+        out = breaks_inside(x, fail)
+    finally:
+        LOG.append("finally")
+    return out + 1
+
+
+def try_except(x, fail):
+    y = x * 3
+    try:
+        out = breaks_inside(y, fail)
+        LOG.append("after")
+    except ValueError as e:
+        LOG.append(str(e))
+        out = y - 1
+    return out * 2
+
+
+def nested_tries(x, fail):
+    try:
+        try:
+            out = breaks_inside(x, fail)
+        finally:
+            LOG.append("inner finally")
+        out = out + breaks_inside(out, None)
+    except (ValueError, KeyError) as e:
+        LOG.append(type(e).__name__)
+        out = x
+    return out
+
+
+def with_a_lock(x, fail):
+    with LOCK:
+        out = breaks_inside(x, fail)
+        LOG.append(LOCK.locked())
+    return out + LOCK.locked()
+
+
+@pytest.mark.parametrize("fn", [try_finally, try_except, nested_tries, with_a_lock])
+@pytest.mark.parametrize("fail", [None, "value", "key"])
+def test_a_break_in_a_try_or_with_body_is_resumed(fn, fail):
+    """The frame is not run eagerly whole: the callee that breaks is compiled on its own, and an
+    exception it raises goes to the frame's handler (finally, except, a with's __exit__) as in
+    eager, which the side effects' order shows."""
+    x = torch.randn(5)
+    LOG.clear()
+    expected = outcome(fn, x, fail)
+    want_log = list(LOG)
+    for _ in range(2):
+        LOG.clear()
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")           # nothing runs eagerly whole
+            got = outcome(minicompile.compile(fn), x, fail)
+        assert got[0] == expected[0] and (got[1:] == expected[1:] if got[0] == "raise" else
+                                          torch.allclose(got[1], expected[1])), (got, expected)
+        assert LOG == want_log
+        assert not LOCK.locked()
+    ex = minicompile.explain(fn)(x, None)
+    assert ex.graph_count >= 2           # the frame's own graph and the callee's
+
+
+def test_a_reraised_exception_points_at_the_user_line():
+    """The exception a call at a graph break raised is raised again at that call, in the rest of
+    the frame run as Python: its traceback names the frame's line, as eager's."""
+    def lines(fn):
+        try:
+            fn(torch.randn(3), "value")
+        except ValueError as e:
+            return [(frame.f_code.co_name, line) for frame, line in traceback.walk_tb(e.__traceback__)
+                    if frame.f_code.co_name in ("try_finally", "breaks_inside")]
+    want = lines(try_finally)
+    minicompile.reset()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        got = lines(minicompile.compile(try_finally))
+    assert got[0] == want[0] == ("try_finally", try_finally.__code__.co_firstlineno + 3)
+
+
+def ambiguous_condition(x):
+    try:
+        if x > 0:                      # a jump on a tensor of 4 values: RuntimeError
+            return x
+    except RuntimeError as e:
+        LOG.append(str(e)[:20])
+        return x * 2
+    return x
+
+
+def numpy_sizes_differ(x):
+    y = x * 2
+    try:
+        LOG.append(y.sum().item() > 100)          # (a break: the frame goes on from here)
+        z = np.ones(3) + np.ones(int(y.shape[0]))  # ValueError, at an instruction run for real
+    except ValueError:
+        z = 5
+    return y + 1, z
+
+
+@pytest.mark.parametrize("fn", [ambiguous_condition, numpy_sizes_differ])
+def test_an_instruction_at_a_break_that_raises_goes_to_the_handler(fn):
+    """Not a call: CPython goes on at the handler, with the stack cut to its depth and the
+    instruction's position where it asks (resume.RaisedAt)."""
+    x = torch.randn(4)
+    LOG.clear()
+    want, want_log = fn(x), list(LOG)
+    minicompile.reset()
+    for _ in range(2):
+        LOG.clear()
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            got = minicompile.compile(fn)(x)
+        torch.testing.assert_close(got, want)
+        assert LOG == want_log
+
+
+def callee_breaks(x):
+    y = x.sin() * 2
+    quiet_break()
+    return y.cos() + y.requires_grad
+
+
+def in_no_grad(x, w):
+    with torch.no_grad():
+        out = callee_breaks(x)
+    return out, torch.is_grad_enabled()
+
+
+def in_set_grad_enabled(x, w):
+    with torch.set_grad_enabled(False):
+        out = callee_breaks(x)
+    return out * 2, torch.is_grad_enabled()
+
+
+def in_autocast(x, w):
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        out = callee_breaks(x @ w)
+    return out, out.dtype
+
+
+def in_nested_blocks(x, w):
+    with torch.no_grad():
+        with torch.enable_grad():
+            out = callee_breaks(x)
+        out = out + callee_breaks(out)
+    return out, torch.is_grad_enabled()
+
+
+@pytest.mark.parametrize("fn", [in_no_grad, in_set_grad_enabled, in_autocast, in_nested_blocks])
+@pytest.mark.parametrize("outer", [True, False], ids=["grad_on", "grad_off"])
+def test_a_callee_that_breaks_inside_a_grad_mode_or_autocast_block(fn, outer):
+    """The frame runs eagerly (a break inside a block the capture models), entering the block
+    for real: the callee is compiled on its own and called in the block's state (grad mode,
+    autocast), and the state after the block is eager's."""
+    x, w = torch.randn(4, 4, requires_grad=True), torch.randn(4, 4)
+    prev = torch.is_grad_enabled()
+    try:
+        torch.set_grad_enabled(outer)
+        want = fn(x, w)
+        assert torch.is_grad_enabled() == outer
+        minicompile.reset()
+        for _ in range(2):
+            with warnings.catch_warnings():
+                warnings.simplefilter("error")
+                got = minicompile.compile(fn)(x, w)
+            assert torch.is_grad_enabled() == outer
+            torch.testing.assert_close(got[0].float(), want[0].float())
+            assert got[0].dtype == want[0].dtype and got[0].requires_grad == want[0].requires_grad
+            assert got[1] == want[1]
+        assert minicompile.explain(fn)(x, w).graph_count >= 2       # the callee's graphs
     finally:
         torch.set_grad_enabled(prev)

@@ -107,6 +107,20 @@ def decode(code: types.CodeType) -> Tuple[List[Instruction], Dict[int, int]]:
     return insts, {ins.offset: ins.index for ins in insts}
 
 
+@functools.lru_cache(maxsize=4096)
+def exception_table(code: types.CodeType) -> tuple:
+    """The code object's exception table (3.11+): entries (start, end, target, depth, lasti)
+    that say where CPython goes on when an instruction in [start, end) raises."""
+    return tuple(dis._parse_exception_table(code))
+
+
+def handler_at(code: types.CodeType, offset: int):
+    """The exception-table entry covering the instruction at `offset` (None: an exception
+    there leaves the frame). CPython goes on at its `target` with the value stack cut to its
+    `depth`, then the instruction's position pushed where `lasti` is set, then the exception."""
+    return next((e for e in exception_table(code) if e.start <= offset < e.end), None)
+
+
 # BINARY_OP's argument indexes this table (same numbering in 3.11, 3.12 and 3.13).
 BINARY_OP_SYMBOLS: List[str] = [sym for _name, sym in dis._nb_ops]
 

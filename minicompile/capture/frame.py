@@ -37,8 +37,10 @@ import torch
 
 from . import values as V
 from .breaks import Unsupported
-from .bytecode import BINARY_OP_SYMBOLS, BINARY_OPS, COMPARE_OPS, _cmp_symbol, current_version
+from .bytecode import (BINARY_OP_SYMBOLS, BINARY_OPS, COMPARE_OPS, _cmp_symbol, current_version,
+                       exception_table, handler_at)
 from .output_graph import NodeByNode
+from .resume import RaisedAt, call_resumed
 
 NULL_VALUE = type("NULL_VALUE", (), {"__repr__": lambda self: "NULL"})()
 VERSION = current_version()
@@ -82,7 +84,7 @@ def live_locals(tx, start_index: int) -> set:
     insts, seen, todo, names = tx.instructions, set(), [start_index], set()
     # an exception raised in a try or with block goes on at its handler (a with block's
     # __exit__ may swallow it and the code after the block runs)
-    handlers = [(e.start, e.end, e.target) for e in dis._parse_exception_table(tx.code)]
+    handlers = [(e.start, e.end, e.target) for e in exception_table(tx.code)]
     while todo:
         i = todo.pop()
         while i < len(insts) and i not in seen:
@@ -338,7 +340,11 @@ class TemplateBuilder:
         if isinstance(v, V.BoundMethodVariable):
             return ["bound", v.func, self.build(v.self_var)]
         if isinstance(v, V.GradModeVariable):
-            return ["grad", v.enabled]
+            src = self._source_fn(v.source) if getattr(v, "source", None) is not None else None
+            return ["src", src] if src is not None else ["grad", v.enabled, v.before]
+        if isinstance(v, V.AutocastVariable):
+            return ["new", torch.autocast, [["const", v.device_type]],
+                    [(k, ["const", getattr(v, k)]) for k in ("dtype", "enabled", "cache_enabled")]]
         if isinstance(v, V.NestedFunctionVariable):
             # its cells: a new one holding the value of a local of the frame, or a real cell
             cells = [["newcell", self.build(c.tx.load_local(c.name))] if isinstance(c, V.CellVariable)
@@ -435,7 +441,11 @@ def rebuild(t, outs, env, memo=None):
         r = functools.partial(rebuild(t[1], outs, env, memo), *[rebuild(a, outs, env, memo) for a in t[2]],
                               **{k: rebuild(a, outs, env, memo) for k, a in t[3]})
     elif kind == "grad":
-        r = torch.enable_grad() if t[1] else torch.no_grad()
+        if t[2] is None:
+            r = torch.enable_grad() if t[1] else torch.no_grad()
+        else:          # set_grad_enabled(mode): made (the mode set) already, `before` to restore
+            r = object.__new__(torch.set_grad_enabled)
+            r.prev, r.mode = t[2], t[1]
     elif kind == "nested":
         v = t[1]
         defaults = rebuild(t[2], outs, env, memo) if t[2] is not None else None
@@ -483,6 +493,7 @@ class Segment:
     reason: Optional[Unsupported] = None
     break_inst: Any = None
     kw_names: tuple = ()
+    handler: Any = None               # the exception-table entry covering break_inst (a try body)
     offset_to_index: dict = None
     instructions: list = None
     n_calls: int = 0                  # call nodes: a graph without any is not compiled (Dynamo)
@@ -560,12 +571,71 @@ class Segment:
             return ("return", result)
         if self.end == "raise":            # the frame raised it (its effects are made)
             raise result
-        nxt = execute(self.break_inst, stack, f_locals, env["G"], self.kw_names, call,
-                      self.offset_to_index)
-        state = dict(f_locals)
-        for i, v in enumerate(stack):
-            state[f"___stack{i}"] = v
-        return ("resume", self.instructions[nxt].offset, state)
+        if self.handler is None:
+            nxt = execute(self.break_inst, stack, f_locals, env["G"], self.kw_names, call,
+                          self.offset_to_index)
+        else:
+            before = list(stack)
+            try:
+                nxt = execute(self.break_inst, stack, f_locals, env["G"], self.kw_names, call,
+                              self.offset_to_index)
+            except BaseException as exc:
+                # the frame's handler takes it: the rest of the frame runs as Python (resume.py)
+                return ("raised", *self._raised(exc, before, f_locals))
+        return ("resume", self.instructions[nxt].offset, _live_state(f_locals, stack))
+
+    def _raised(self, exc: BaseException, before: list, f_locals: dict) -> tuple:
+        """(offset, live state) from which the rest of the frame, run as Python, goes on as
+        CPython would after the breaking instruction raised `exc` in a try or with body."""
+        inst = self.break_inst
+        if inst.opname in CALL_OPS:
+            # from the call itself, its callable swapped for one that raises exc: CPython
+            # routes it and the traceback names the frame's line, as in eager
+            stack = list(before)
+            stack[_callable_slot(inst, before)] = _Raises(exc)
+            first = inst.index
+            while self.instructions[first - 1].opname in ("PRECALL", "KW_NAMES"):
+                first -= 1          # (3.11, 3.12: they set up the call; dis counts its stack there)
+            return self.instructions[first].offset, _live_state(f_locals, stack)
+        # as CPython unwinds: on at the handler, the stack cut to its depth, where it asks the
+        # raising instruction's position (resume.RaisedAt), then the exception
+        h = self.handler
+        stack = before[:h.depth] + ([RaisedAt(inst.offset)] if h.lasti else []) + [exc]
+        return h.target, _live_state(f_locals, stack)
+
+
+def _callable_slot(inst, stack: list) -> int:
+    """Where the callable of call instruction `inst` is on the value stack before it runs
+    (3.11/3.12: below its arguments, NULL or the method's function then the callable or self;
+    3.13: the callable, then self or NULL; CALL_KW's names and CALL_FUNCTION_EX's argument tuple
+    and dict on top)."""
+    if inst.opname == "CALL_FUNCTION_EX":
+        above = 1 + (inst.arg & 1)
+        return len(stack) - above - (2 if VERSION >= (3, 13) else 1)
+    above = inst.arg + (inst.opname == "CALL_KW")
+    low = len(stack) - above - 2
+    if VERSION >= (3, 13) or stack[low] is not NULL_VALUE:
+        return low
+    return low + 1
+
+
+class _Raises:
+    """Stands for the callable of a call that raised at a graph break (Segment._raised)."""
+
+    def __init__(self, exc: BaseException):
+        self.exc = exc
+
+    def __call__(self, *args, **kwargs):
+        exc, self.exc = self.exc, None
+        raise exc
+
+
+def _live_state(f_locals: dict, stack: list) -> dict:
+    """The state a resume point takes: locals by name, the value stack as ___stack0, ..."""
+    state = dict(f_locals)
+    for i, v in enumerate(stack):
+        state[f"___stack{i}"] = v
+    return state
 
 
 class ResumeSegment:
@@ -587,7 +657,6 @@ class ResumeSegment:
         return () if self.guard(F, args, kwargs) else None
 
     def run(self, F, args, kwargs, call, inputs=None):
-        from .resume import call_resumed
         f_locals = {k: v for k, v in kwargs.items() if not k.startswith("___stack")}
         stack = [kwargs[f"___stack{i}"] for i in range(len(self.shape[1]))]
         ok, value = call_resumed(F, self.offset, f_locals, stack, NULL_VALUE)

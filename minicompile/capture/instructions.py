@@ -354,6 +354,11 @@ def _end_for(tx, inst):
 def _before_with(tx, inst):
     ctx = tx.pop()
     entered = ConstantVariable(None)
+    if not tx.output.inline_user_calls and isinstance(ctx, (GradModeVariable, AutocastVariable)):
+        # a frame that runs eagerly enters it for real (a break here, the manager made again):
+        # a break inside the block then calls the callee in its state, as eager
+        raise tx.unsupported(f"with-block on {ctx.describe()} in a frame that runs eagerly",
+                             "entered for real, so that a call in the block runs in its state")
     if isinstance(ctx, GradModeVariable):
         prev = torch.is_grad_enabled() if ctx.before is None else ctx.before
         tx.set_grad(ctx.enabled)

@@ -544,7 +544,9 @@ class OutputGraph:
             return NULL
         if type(value) in (torch.no_grad, torch.enable_grad):
             # a grad-mode context manager object (@torch.no_grad() on a method keeps one)
-            return GradModeVariable(type(value) is torch.enable_grad)
+            var = GradModeVariable(type(value) is torch.enable_grad)
+            var.source = source          # (entered: a break passes on this very object)
+            return var
         if isinstance(value, _DICT_VIEWS) and source is not None:
             # a dict's keys()/values()/items() from outside the frame: a view of its dict
             # (the dict's own variable where the trace has it already: a change made to it in

@@ -209,16 +209,28 @@ def _resume_code(code, offset, bound, stack_nulls):
     )
 
 
+class RaisedAt:
+    """A stack value standing for the position of the instruction at `offset` (the original
+    code's), which CPython pushes below an exception for a handler that re-raises it
+    (RERAISE reads the raising instruction's position back from it)."""
+
+    def __init__(self, offset: int):
+        self.offset = offset
+
+
 def call_resumed(func: types.FunctionType, offset: int, f_locals: dict, stack: list, null):
     """Run func's code from `offset` with these locals (name -> value; absent: unbound) and
-    value stack (bottom first; `null` marks CPython's NULL). -> (True, what the frame returns),
-    or (False, None) where no resume function can be written. Exceptions propagate."""
+    value stack (bottom first; `null` marks CPython's NULL; a RaisedAt, the position CPython
+    would push there). -> (True, what the frame returns), or (False, None) where no resume
+    function can be written. Exceptions propagate."""
     code = func.__code__
     stack_nulls = tuple(v is null for v in stack)
     bound = frozenset(f_locals)
     new = resume_code(code, offset, bound, stack_nulls)
     if new is None:
         return False, None
+    units = (len(new.co_code) - len(code.co_code)) // 2        # the prologue's code units
+    stack = [units + v.offset // 2 if isinstance(v, RaisedAt) else v for v in stack]
     varnames = new.co_varnames
     args = []
     for name in varnames:

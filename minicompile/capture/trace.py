@@ -7,7 +7,6 @@ templates that rebuild the Python values after the graph, the side effects to re
 """
 from __future__ import annotations
 
-import dis
 import inspect
 import types
 from dataclasses import dataclass
@@ -19,7 +18,7 @@ import torch.fx
 from .. import aliasing, autocast, ir
 from .breaks import GraphBreak, ObservedException, Unsupported
 from .higher_order import leaf_requiring_grad
-from .bytecode import check_python_version
+from .bytecode import check_python_version, handler_at
 from .guards import ArgBinding, bind_arguments, frame_target
 from .sources import ItemSource, LocalSource, RootSource
 from .values import (DELETED, NULL, DictVariable, GlobalWritesVariable, IteratorVariable, ListVariable,
@@ -42,14 +41,6 @@ class Capture:
     code: types.CodeType
     get_inputs_source: str = ""
     input_sources: Optional[List[str]] = None
-
-
-def _in_exception_block(code: types.CodeType, offset: int) -> bool:
-    """Is `offset` covered by the code's exception table (a try body, a with body, a handler)?"""
-    parse = getattr(dis, "_parse_exception_table", None)
-    if parse is None:
-        return False
-    return any(e.start <= offset < e.end for e in parse(code))
 
 
 def _is_impure(node: torch.fx.Node) -> bool:
@@ -179,20 +170,17 @@ def trace_segment(fn, args: tuple, kwargs: dict, offset: int = 0, *, breaks: boo
             except GraphBreak as gb:
                 reason, inst = gb.unsupported, gb.inst
                 ok = inst.opname in (F.EXECUTABLE if eager else F.RESUMABLE)
-                if eager and offset == 0 and inst.opname == "BEFORE_WITH":
-                    # an unmodelled context manager met before any break: the whole frame runs
-                    # for real, so that Python routes exceptions through its __exit__ (entering it
-                    # for real is the fallback when the frame has already been split)
-                    ok = False
                 why = None
                 if getattr(reason, "internal", False):
                     why = "minicompile's interpreter failed here: the rest runs as Python"
                 elif getattr(reason, "own_frame", False):
                     why = "a call that reads its caller's frame: the rest runs as Python"
-                elif _in_exception_block(code, inst.offset):
-                    # the chain of segments cannot route an exception to the frame's handler (a
-                    # try block, or the __exit__ of a `with` block): the frame runs for real
-                    why = "a graph break inside a try or with block: the frame runs eagerly"
+                elif tx.exc_info is not None:
+                    # CPython's exception state (sys.exc_info(), a bare `raise`) cannot be
+                    # handed to the rest of the frame. (A break in a try body or in the body of
+                    # a `with` entered for real is resumed: an exception the breaking
+                    # instruction raises goes to the frame's handler, Segment.run)
+                    why = "a graph break inside an exception handler: the frame runs eagerly"
                 elif tx.with_depth:
                     why = "a graph break inside a `with` block is not resumed"
                 elif not ok:
@@ -205,10 +193,11 @@ def trace_segment(fn, args: tuple, kwargs: dict, offset: int = 0, *, breaks: boo
                 live = F.live_locals(tx, inst.index)
                 stack_t = [builder.build(v) for v in gb.stack]
                 locals_t = {}
-                for name, v in tx.locals.items():
+                lazy = list(tx.lazy_locals.items())      # (building a template may read a lazy one)
+                for name, v in list(tx.locals.items()):
                     if name in live:
                         locals_t[name] = builder.build(v)
-                for name, (value, src) in tx.lazy_locals.items():
+                for name, (value, src) in lazy:
                     if name in live:
                         locals_t[name] = ["src", source_fn(src)]
                 template = [stack_t, locals_t]
@@ -231,6 +220,7 @@ def trace_segment(fn, args: tuple, kwargs: dict, offset: int = 0, *, breaks: boo
     seg = F.Segment(code=code, offset=offset, gm=gm, example_inputs=list(output.input_examples),
                     end=end, template=template, reason=reason,
                     break_inst=inst, kw_names=kw,
+                    handler=handler_at(code, inst.offset) if end == "break" else None,
                     offset_to_index=tx.offset_to_index, instructions=tx.instructions,
                     n_calls=n_calls, eager=eager, input_sources=input_exprs, effects=effects)
     seg.guard_builder, seg.binding = output.guards, binding

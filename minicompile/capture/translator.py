@@ -17,7 +17,6 @@ from __future__ import annotations
 import abc
 import builtins
 import collections.abc
-import dis
 import enum
 import functools
 import inspect
@@ -30,7 +29,8 @@ import torch.fx
 
 from .. import aliasing, autocast
 from .breaks import GraphBreak, ObservedException, Return, Unsupported, Yield, source_line
-from .bytecode import BINARY_OPS, COMPARE_OPS, Instruction, current_version, decode, dispatch_table
+from .bytecode import (BINARY_OPS, COMPARE_OPS, Instruction, current_version, decode, dispatch_table,
+                       handler_at)
 from .sources import (AttrSource, ClosureCellSource, ItemSource, LocalSource, Source,
                       module_member_source)
 from .builtin_calls import (_BUILTIN_HANDLERS, ContainerReadVariable, _builtin_type, _constant_state,
@@ -183,8 +183,7 @@ class InstructionTranslator(CallsMixin):
         object's exception table, as CPython unwinds: the stack cut to the handler's depth,
         the instruction's offset pushed where it asks, then the exception), or raise it out of
         the frame, to the frame that called this one."""
-        entry = next((e for e in _exception_table(self.code)
-                      if e.start <= self.current.offset < e.end), None)
+        entry = handler_at(self.code, self.current.offset)
         if entry is None:
             raise ObservedException(exc)
         del self.stack[entry.depth:]
@@ -1163,10 +1162,6 @@ _OPERATOR_METHODS = {
 
 
 @functools.lru_cache(maxsize=4096)
-def _exception_table(code) -> tuple:
-    return tuple(dis._parse_exception_table(code))
-
-
 def _is_python_class(cls) -> bool:
     """A class of the user's (not torch's, not a builtin), whose attributes may be set."""
     return isinstance(cls, type) and type(cls) in (type, abc.ABCMeta) and \
