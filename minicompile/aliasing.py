@@ -194,6 +194,24 @@ def overwritten(dest, value):
     return torch.where(torch.ones_like(dest, dtype=torch.bool), value, dest)
 
 
+class _WrittenUnseen(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, dest, value):
+        return value.clone()
+
+    @staticmethod
+    def backward(ctx, grad):
+        return grad, None
+
+
+def written_unseen(dest, value):
+    """dest's new value `value`, written under no_grad: autograd goes on seeing dest (a later
+    use's gradient flows into dest's history unchanged), as eager's tensor keeps its own.
+    (Run where the graph's grad mode is off, for the uses after, where it is on.)"""
+    with torch.enable_grad():
+        return _WrittenUnseen.apply(dest, value)
+
+
 def on_a_copy(kind: str, target, written_at):
     """A function that runs an in-place call on copies of what it writes and returns what the
     call returns, then the new values (one per locator in `written_at`): the functional form of

@@ -54,6 +54,7 @@ class Epilogue:
     copies: list                   # (input index i, output index k): inputs[i].copy_(outs[k])
     description: list = field(default_factory=list)   # for the logs and the book
     read: frozenset | None = None  # the outputs the user's output is made from (None: any)
+    unseen: frozenset = frozenset()   # inputs written under no_grad only: copied so too
 
     def __call__(self, compiled: Callable, inputs):
         outs = compiled(*inputs)
@@ -77,7 +78,11 @@ class Epilogue:
                 torch._foreach_copy_(xs, values)
         else:
             for x, value in zip(into, new):
-                x.copy_(value)
+                if self.unseen and any(x is inputs[i] for i in self.unseen):
+                    with torch.no_grad():        # (as eager's write: a leaf's included)
+                        x.copy_(value)
+                else:
+                    x.copy_(value)
         made: dict = {}
         return pytree.tree_unflatten([self._leaf(leaf, outs, inputs, made) for leaf in self.leaves],
                                      self.spec)
@@ -233,8 +238,8 @@ class _Functionalizer:
     now (`value`) and how many writes it has had (`version`). `same` maps a call that returns
     what it wrote (`y = x.add_(1)`) to that tensor."""
 
-    def __init__(self, gm: torch.fx.GraphModule):
-        self.gm = gm
+    def __init__(self, gm: torch.fx.GraphModule, training: bool = False):
+        self.gm, self.training = gm, training
         self.graph = torch.fx.Graph()
         self.env: dict = {}            # old node -> new node, for values that are not tensors
         self.root: dict = {}
@@ -245,6 +250,8 @@ class _Functionalizer:
         self.made: dict = {}           # old view node -> (root version, new node)
         self.same: dict = {}
         self.inputs: list = []
+        self.grad = torch.is_grad_enabled()       # the grad mode at this point of the graph
+        self.seen_writes: set = set()              # roots written with grad mode on
 
     def resolve(self, a):
         while a in self.same:
@@ -307,6 +314,8 @@ class _Functionalizer:
         return self._outputs(out)
 
     def _call(self, node):
+        if node.target is torch._C._set_grad_enabled:
+            self.grad = bool(node.args[0])
         where = aliasing.written(node.op, node.target, node.args, node.kwargs, _is_tensor_node)
         if where:
             if aliasing.writes_metadata(node.op, node.target):
@@ -353,6 +362,12 @@ class _Functionalizer:
                                           "is not a tensor of the graph")
         new_values, result = self._functional(node, where, targets)
         for t, v in zip(targets, new_values):
+            if self.training and not self.grad and getattr(_example(t), "requires_grad", False):
+                # written under no_grad: eager's tensor keeps its history (a later use is
+                # differentiated into it), its new value unseen by autograd
+                v = self._new("call_function", aliasing.written_unseen, [self.current(t), v])
+            elif self.grad:
+                self.seen_writes.add(self.root[t])
             self._assign(t, v)
         if result == "same":                    # x.add_(y) returns x
             self.same[node] = targets[0]
@@ -512,17 +527,19 @@ class _Functionalizer:
                  f" ({' -> '.join(str(v.target) if isinstance(v.target, str) else getattr(v.target, '__name__', '?') for v in l[2].chain)})"
                  for j, l in enumerate(result) if l[0] == "view"]
         said += [f"output {j} is input {self.inputs[l[1]].name} itself" for j, l in enumerate(result) if l[0] == "input"]
-        return gm, Epilogue(spec, result, copies, said, read)
+        unseen = frozenset(position[p] for p in written if p not in self.seen_writes)
+        return gm, Epilogue(spec, result, copies, said, read, unseen)
 
 
-def functionalize(gm: torch.fx.GraphModule, example_inputs):
+def functionalize(gm: torch.fx.GraphModule, example_inputs, training: bool = False):
     """-> (a functional GraphModule, the Epilogue that completes it), or (gm, None) when the
     graph writes nothing and returns no view; raises NotImplementedError with the reason where
-    a write cannot be made a value."""
+    a write cannot be made a value. training: the graph's gradients will be taken (a write
+    under no_grad into a tensor that requires grad is then marked: aliasing.written_unseen)."""
     _fill_examples(gm, example_inputs)
     if not needs_functionalization(gm):
         return gm, None
-    return _Functionalizer(gm).run()
+    return _Functionalizer(gm, training).run()
 
 
 def _fill_examples(gm: torch.fx.GraphModule, example_inputs) -> None:

@@ -39,7 +39,7 @@ def compile_graph(gm: torch.fx.GraphModule, example_inputs, training: bool = Fal
 
 
 def _compile_functional(gm: torch.fx.GraphModule, example_inputs, training: bool = False):
-    functional, epilogue = functionalize(gm, list(example_inputs))
+    functional, epilogue = functionalize(gm, list(example_inputs), training)
     # the new value of an input the graph writes may be stored straight into it (the
     # epilogue's copy is then of memory onto itself); where CUDA graphs record, only into a
     # static input (the recording's own copy of any other is not the caller's tensor). Not in

@@ -6,6 +6,7 @@ caller can observe is compared: the results' values, sizes, strides and storage 
 results share memory with which input or with each other, and which result *is* an input; the
 inputs' values after the call. Writes stay in one graph (no graph break), as in TorchDynamo.
 """
+import copy
 import re
 import warnings
 
@@ -612,3 +613,64 @@ def test_a_write_into_an_input_that_requires_grad_is_recorded_by_autograd(name):
     for got, want in zip(results[1], results[0]):
         assert got is not None
         torch.testing.assert_close(got, want)
+
+
+class ClampsItsWeight(nn.Module):
+    """Writes its own parameter in forward, under no_grad (a weight constraint)."""
+
+    def __init__(self):
+        super().__init__()
+        self.lin = nn.Linear(6, 6)
+
+    def forward(self, x):
+        with torch.no_grad():
+            self.lin.weight.clamp_(-0.2, 0.2)
+        return F.gelu(self.lin(x))
+
+
+def halves_an_input_unseen(x, w):
+    with torch.no_grad():
+        w.mul_(0.5)
+    return (x @ w).tanh()
+
+
+def clamps_a_value_unseen(x, w):
+    y = x @ w
+    with torch.no_grad():
+        y.clamp_(-0.1, 0.1)
+    return y * 2
+
+
+@pytest.mark.parametrize("fn", [halves_an_input_unseen, clamps_a_value_unseen])
+def test_a_write_under_no_grad_keeps_the_tensors_history(fn):
+    """Written under no_grad, a tensor that requires grad keeps its history in eager: a later
+    use is differentiated into it, at its new value (the compiled graph's output carried no
+    gradient: backward() raised)."""
+    results = []
+    minicompile.reset()
+    for f in (fn, minicompile.compile(fn)):
+        torch.manual_seed(0)
+        x, w0 = torch.randn(4, 3), torch.randn(3, 3, requires_grad=True)
+        w = w0 * 1.0
+        out = f(x, w)
+        (out * out).sum().backward()
+        results.append((out.detach(), w.detach(), w0.grad))
+    for got, want in zip(results[1], results[0]):
+        torch.testing.assert_close(got, want)
+
+
+def test_a_module_that_clamps_its_weight_in_forward_trains_as_eager():
+    torch.manual_seed(0)
+    model = ClampsItsWeight()
+    twin = copy.deepcopy(model)
+    compiled = minicompile.compile(model)
+    opts = [torch.optim.SGD(m.parameters(), lr=0.5) for m in (model, twin)]
+    for step in range(3):
+        x = torch.randn(5, 6)
+        for f, opt in zip((compiled, twin), opts):
+            f(x).square().mean().backward()
+            opt.step()
+            opt.zero_grad()
+        for p, q in zip(model.parameters(), twin.parameters()):
+            torch.testing.assert_close(p, q)
+    assert minicompile.metrics.backward_kernels >= 1
