@@ -1497,3 +1497,39 @@ def test_a_modules_own_call_runs_as_in_eager():
         assert_same(compiled(x), model(x))
         assert_same(compiled(x), model(x))
     no_break(Outer(), x)
+
+
+def named_range(x, name):
+    with torch.profiler.record_function(f"block {name}"):
+        y = x.sin() * 2
+    with torch.autograd.profiler.record_function("tail"):
+        return y + 1
+
+
+def test_a_profiler_range_is_traced_as_a_null_context():
+    """torch.profiler.record_function: no break (compiled code names no range, as Dynamo's
+    by default); eager's values, and eager's error for a bad name."""
+    x = torch.randn(5)
+    no_break(named_range, x, "a")
+    assert_same(minicompile.compile(named_range)(x, "a"), named_range(x, "a"))
+
+    def bad(x):
+        with torch.profiler.record_function("a", "b", "c"):
+            return x
+    with pytest.raises(TypeError):
+        minicompile.compile(bad)(x)
+
+
+def optional_dependency(x):
+    try:
+        import a_module_that_is_not_installed  # noqa: F401
+        scale = 2.0
+    except ImportError as e:
+        scale = len(e.name)
+    return x * scale
+
+
+def test_an_optional_dependency_that_is_not_installed_raises_import_error_in_the_trace():
+    x = torch.randn(3)
+    no_break(optional_dependency, x)
+    assert_same(minicompile.compile(optional_dependency)(x), optional_dependency(x))

@@ -99,6 +99,14 @@ def _made_by(result: VariableTracker, fn, args, kwargs) -> VariableTracker:
     return result
 
 
+# the modules of DDP's and FSDP1's wrapper classes (FSDP2's run hooks instead)
+_DISTRIBUTED_WRAPPERS = ("torch.nn.parallel.distributed", "torch.distributed.fsdp.fully_sharded_data_parallel")
+
+# torch.profiler.record_function (torch.autograd.profiler's is the same class): a with-block
+# that names a range in a profiler's trace
+_PROFILER_RANGES = (torch.profiler.record_function,)
+
+
 class CallsMixin:
     def make_autocast(self, cls, args, kwargs) -> AutocastVariable:
         """torch.autocast(...) (or its cuda/cpu subclasses) with constant arguments."""
@@ -187,6 +195,15 @@ class CallsMixin:
         if isinstance(fn, TypeVariable) and fn.value is contextlib.nullcontext:
             bound = inspect.signature(contextlib.nullcontext).bind(*args, **kwargs).arguments
             return NullContextVariable(bound.get("enter_result", ConstantVariable(None)))
+        if isinstance(fn, TypeVariable) and fn.value in _PROFILER_RANGES and \
+                all(a.is_constant() for a in [*args, *kwargs.values()]):
+            # a profiler's named range: compiled code has none, as in Dynamo (which leaves it
+            # out unless config.capture_profiler_record_function); eager's values either way
+            try:
+                inspect.signature(fn.value).bind(*args, **kwargs)
+            except TypeError as e:
+                raise self.observed(e)
+            return NullContextVariable(ConstantVariable(None))
         if isinstance(fn, TypeVariable) and isinstance(fn.value, type) and \
                 issubclass(fn.value, torch.amp.autocast):
             return self.make_autocast(fn.value, args, kwargs)
@@ -678,6 +695,10 @@ class CallsMixin:
         """module(*args, **kwargs) as Module.__call__ makes it: its forward pre-hooks, its
         forward, its forward hooks (each hook inlined, with what it is given in eager)."""
         mod, everyone = mv.module, torch.nn.modules.module
+        if type(mod).__module__ in _DISTRIBUTED_WRAPPERS:
+            raise self.unsupported(f"call to {type(mod).__name__}",
+                                   "torch.distributed's wrapper communicates in its forward: it is "
+                                   "called for real, the module it wraps compiled on its own")
         if everyone._global_forward_hooks or everyone._global_forward_pre_hooks:
             raise self.unsupported(f"call to {type(mod).__name__} with global forward hooks",
                                    "hooks registered for every module are not inlined")

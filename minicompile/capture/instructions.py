@@ -9,6 +9,7 @@ attributes and items, operators, calls and functions, control flow, with-blocks,
 from __future__ import annotations
 
 import collections.abc
+import importlib.util
 import operator
 import sys
 import types
@@ -505,6 +506,9 @@ def _import_name(tx, inst):
         base = package.rsplit(".", level - 1)[0] if level > 1 else package
         name = f"{base}.{name}" if name else base
     module = sys.modules.get(name)
+    if module is None and "." not in name and importlib.util.find_spec(name) is None:
+        # an optional dependency that is not installed (`try: import x except ImportError:`)
+        raise tx.observed(ModuleNotFoundError(f"No module named {name!r}", name=name))
     if module is None:
         raise tx.unsupported(f"import of {name}, not imported yet",
                                "a first import runs the module's code: it runs for real")

@@ -560,8 +560,13 @@ class ExceptionVariable(VariableTracker):
 
     @staticmethod
     def of(exc: BaseException) -> "ExceptionVariable":
-        """A real exception (one Python raised on constants: KeyError('b')) as a variable."""
-        return ExceptionVariable(type(exc), [ConstantVariable(a) for a in exc.args])
+        """A real exception (one Python raised on constants: KeyError('b')) as a variable,
+        with its attributes (an ImportError's name and path are C members, not in its dict)."""
+        attrs = dict(getattr(exc, "__dict__", {}))
+        if isinstance(exc, ImportError):
+            attrs.update(name=exc.name, path=exc.path)
+        return ExceptionVariable(type(exc), [ConstantVariable(a) for a in exc.args],
+                                 {k: ConstantVariable(v) for k, v in attrs.items() if is_constant_value(v)})
 
     def as_example(self):
         return make_exception(self.cls, [a.as_example() for a in self.args],
