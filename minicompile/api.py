@@ -23,7 +23,7 @@ import torch
 from . import config, distributed, frame_store, ir, logs, metrics, optim
 from .capture import SUPPORTED_VERSIONS, Unsupported
 from .capture.breaks import DISABLE_MARK, never_traced
-from .capture.calls import own_call as _class_own_call
+from .capture.calls import own_call as _class_own_call, torch_container
 from .capture.frame import ResumeSegment
 from .capture.guards import frame_target
 
@@ -412,7 +412,8 @@ class CompiledFunction:
             target, pre = fn.__func__, [fn.__self__]
         elif isinstance(fn, types.FunctionType):
             target = fn
-        if target is None or _is_torch_internal(target.__module__ or "") or \
+        if target is None or _is_torch_internal(target.__module__ or "") and not (
+                isinstance(fn, torch.nn.Module) and torch_container(fn)) or \
                 never_traced(fn) is not None or never_traced(target) is not None or \
                 target.__code__.co_flags & 0x2A0:          # generators, coroutines
             return fn(*args, **kwargs)

@@ -2,6 +2,7 @@
 than grad mode: each compared with eager (fresh inputs) and with torch._dynamo.explain (graph
 count, break count, ops per graph)."""
 import contextlib
+import copy
 import dataclasses
 import os
 import sys
@@ -221,3 +222,49 @@ def test_module_cast_to_the_dtype_it_has():
     minicompile.metrics.reset()
     minicompile.compile(CastsItsClassifier())(*one())
     assert minicompile.metrics.graph_breaks == 0
+
+
+class Doubler(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.lin, self.norm = nn.Linear(8, 8), nn.LayerNorm(8)
+
+    def forward(self, x):
+        return x * 2 + self.lin(self.norm(x)).tanh()
+
+
+class LockedStack(nn.Module):
+    """Its forward is skipped (an unmodelled context manager) and calls torch.nn containers."""
+
+    def __init__(self):
+        super().__init__()
+        self.blocks = nn.Sequential(Doubler(), Doubler())
+        self.encoder = nn.TransformerEncoder(nn.TransformerEncoderLayer(8, 2, 16, dropout=0.0, batch_first=True),
+                                             1, enable_nested_tensor=False)
+
+    def forward(self, x):
+        with LOCK:
+            return self.encoder(self.blocks(x))
+
+
+def test_torch_containers_called_from_a_skipped_frame_are_compiled_on_their_own():
+    """As TorchDynamo's frame hook compiles torch.nn's frames: an nn.Sequential of the user's
+    blocks (which ran as plain Python: its forward is torch's) and an nn.TransformerEncoder
+    (whose ops ran eagerly in the skipped frame) are each compiled, in training too."""
+    import minicompile
+    torch.manual_seed(0)
+    model = LockedStack()
+    twin = copy.deepcopy(model)
+    minicompile.reset()
+    minicompile.metrics.reset()
+    compiled = minicompile.compile(model)
+    for _ in range(2):
+        x = torch.randn(2, 5, 8)
+        got, want = compiled(x), twin(x)
+        torch.testing.assert_close(got, want)
+        got.square().sum().backward()
+        want.square().sum().backward()
+    for p, q in zip(model.parameters(), twin.parameters()):
+        torch.testing.assert_close(p.grad, q.grad)
+    assert minicompile.metrics.graphs == 2 and minicompile.metrics.backward_kernels > 0
+    assert not LOCK.locked()

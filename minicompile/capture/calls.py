@@ -99,6 +99,16 @@ def _made_by(result: VariableTracker, fn, args, kwargs) -> VariableTracker:
     return result
 
 
+def torch_container(module) -> bool:
+    """A module whose forward is torch.nn's, with modules inside (nn.Sequential,
+    nn.TransformerEncoder, nn.MultiheadAttention): called from a frame that runs eagerly, it is
+    compiled on its own, as TorchDynamo's frame hook compiles torch.nn's frames (a single layer,
+    nn.Linear, is traced into the frame)."""
+    forward = getattr(type(module), "forward", None)
+    return (getattr(forward, "__module__", None) or "").startswith("torch.nn.modules") and \
+        next(module.children(), None) is not None
+
+
 # the modules of DDP's and FSDP1's wrapper classes (FSDP2's run hooks instead)
 _DISTRIBUTED_WRAPPERS = ("torch.nn.parallel.distributed", "torch.distributed.fsdp.fully_sharded_data_parallel")
 
@@ -684,6 +694,9 @@ class CallsMixin:
         """module(*args, **kwargs): the __call__ of its class where the class has its own (a
         Hugging Face layer's, which checkpoints it; guarded), else as Module.__call__ makes it."""
         call = class_attr(type(mv.module), "__call__")
+        if not self.output.inline_user_calls and torch_container(mv.module):
+            raise self.unsupported(f"call to {type(mv.module).__name__} from a frame that runs eagerly",
+                                   "a container of torch.nn's: compiled on its own")
         if call in MODULE_CALLS:
             return self.module_call(mv, args, kwargs)
         if not isinstance(call, types.FunctionType):
