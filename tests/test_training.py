@@ -400,6 +400,26 @@ def test_double_backward_raises_instead_of_dropping_second_order_terms(kernel_ba
         penalty.backward()
 
 
+def test_double_backward_through_an_input_the_forward_did_not_save_raises():
+    """A meta-learning step (MAML's): the gradient of a compiled loss with create_graph=True,
+    then a gradient of that. The loss's forward saves what it computed (out - y), not its
+    input `out`, whose history leads to the parameters: the second-order terms through `out`
+    were silently left out (a gradient 20% off); now differentiating raises, as above."""
+    torch.manual_seed(7)
+    lin = nn.Linear(4, 3).to(DEVICE)
+
+    def loss_of(out, y):
+        return ((out - y) ** 2).mean()
+    compiled = minicompile.compile(loss_of)
+    x, y = randn(5, 4), randn(5, 3)
+    g = torch.autograd.grad(compiled(lin(x), y), list(lin.parameters()), create_graph=True)
+    expected = torch.autograd.grad(loss_of(lin(x), y), list(lin.parameters()), create_graph=True)
+    for a, b in zip(g, expected):
+        assert_same(a, b)
+    with pytest.raises(RuntimeError, match="not differentiable"):
+        torch.autograd.grad(sum(t.square().sum() for t in g), list(lin.parameters()))
+
+
 def test_partition_saves_weights_and_the_inputs_of_matrix_products():
     """Two linear layers with a GELU between. The backward multiplies by W.t().t(), which is W:
     the weight itself is saved (an input passed on as it is, never copied out by the forward).

@@ -65,6 +65,9 @@ class _Function(torch.autograd.Function):
         ctx.save_for_backward(*[primals[k] if kind == "primal" else as_layout(computed[k], stride)
                                 for (kind, k), stride in zip(part.saved_from, plan.saved_strides)])
         ctx.plan = plan
+        # the inputs that need gradients, which a gradient of the gradients would reach: the
+        # node that raises for one (_not_differentiable) reads them all, not only those saved
+        ctx.needing = [t for t in tensors if t.requires_grad]
         ctx.set_materialize_grads(False)       # an output the caller did not use: None
         ctx.mark_non_differentiable(*[o for o, d in zip(outs, joint.differentiable) if not d])
         return tuple(_own_tensor(o, tensors) for o in outs)
@@ -78,14 +81,15 @@ class _Function(torch.autograd.Function):
         # activations read early, instead of adding to them
         ctx.maybe_clear_saved_tensors()
         differentiable = torch.is_grad_enabled()
-        needing = [t for t in saved if t is not None and t.requires_grad] if differentiable else []
         with torch.no_grad():
             grads = _Function._gradients(ctx, saved, grad_outputs)
         if differentiable:
             # create_graph=True: these gradients may be differentiated, but the compiled backward
             # has no backward of its own. Asking for one raises, as in torch.compile, rather
-            # than a gradient penalty silently losing its second-order terms.
-            return _not_differentiable(grads, needing)
+            # than a gradient penalty or a meta-learning step silently losing its second-order
+            # terms (through every input that needs a gradient: one the forward did not save,
+            # whose own history leads to the parameters, included)
+            return _not_differentiable(grads, ctx.needing)
         return grads
 
     @staticmethod
@@ -123,8 +127,8 @@ def _own_tensor(out: torch.Tensor, inputs) -> torch.Tensor:
 
 def _not_differentiable(grads: tuple, inputs: list) -> tuple:
     """The gradients, each with a backward that raises (as torch's @once_differentiable). The
-    node also reads `inputs`, the saved values that need gradients (inputs passed on as they
-    are), so that a gradient asked of them reaches it and raises too."""
+    node also reads `inputs`, the Function's inputs that need gradients, so that a gradient
+    asked of them, or of what they were computed from, reaches it and raises too."""
     error = torch._C._functions.DelayedError(
         b"minicompile: the compiled backward is not differentiable (double backward: "
         b"create_graph=True, then a gradient of a gradient)", len(grads) + len(inputs))
