@@ -377,10 +377,11 @@ def test_partition_saves_an_input_rather_than_a_view_of_it(kernel_backend):
     assert minicompile.metrics.kernels - minicompile.metrics.backward_kernels == 1
 
 
-def test_double_backward_raises_instead_of_dropping_second_order_terms(kernel_backend):
-    """A gradient penalty: the gradient of x, taken with create_graph=True, is right; the
-    compiled backward is not itself differentiable, so differentiating that gradient raises
-    (as torch.compile does) instead of silently leaving the penalty's terms out."""
+def test_a_gradient_penalty_differentiates_the_gradient_as_eager(kernel_backend):
+    """A gradient penalty (WGAN-GP's): the gradient of x, taken with create_graph=True, then
+    differentiated. The compiled backward has no backward of its own: a differentiable backward
+    runs the graph again with PyTorch's autograd, whose gradients are eager's, second-order
+    terms and all (it raised before, as torch.compile does)."""
     torch.manual_seed(6)
     lin = nn.Linear(4, 1).to(DEVICE)
     twin = copy.deepcopy(lin)
@@ -389,22 +390,21 @@ def test_double_backward_raises_instead_of_dropping_second_order_terms(kernel_ba
         return torch.tanh(m(x)).sum()
     x = randn(6, 4).requires_grad_()
     compiled = minicompile.compile(f)
-    out = compiled(lin, x)
-    (g,) = torch.autograd.grad(out, x, create_graph=True)
-    (expected,) = torch.autograd.grad(f(twin, x), x, create_graph=True)
-    assert_same(g, expected)
-    penalty = out + g.square().sum()
-    with pytest.raises(RuntimeError, match="not differentiable"):
-        torch.autograd.grad(penalty, lin.weight, retain_graph=True)
-    with pytest.raises(RuntimeError, match="not differentiable"):
-        penalty.backward()
+    results = []
+    for fn, m in ((compiled, lin), (f, twin)):
+        out = fn(m, x)
+        (g,) = torch.autograd.grad(out, x, create_graph=True)
+        (out + g.square().sum()).backward()
+        results.append((g.detach(), m.weight.grad, m.bias.grad))
+    for got, want in zip(*results):
+        assert_same(got, want)
 
 
-def test_double_backward_through_an_input_the_forward_did_not_save_raises():
-    """A meta-learning step (MAML's): the gradient of a compiled loss with create_graph=True,
-    then a gradient of that. The loss's forward saves what it computed (out - y), not its
-    input `out`, whose history leads to the parameters: the second-order terms through `out`
-    were silently left out (a gradient 20% off); now differentiating raises, as above."""
+def test_a_meta_learning_step_through_an_input_the_forward_did_not_save():
+    """MAML's step: the gradient of a compiled loss with create_graph=True, then a gradient of
+    that. The loss's forward saves what it computed (out - y), not its input `out`, whose
+    history leads to the parameters: the second-order terms through `out` were silently left
+    out (a gradient 20% off); they are eager's now."""
     torch.manual_seed(7)
     lin = nn.Linear(4, 3).to(DEVICE)
 
@@ -412,12 +412,28 @@ def test_double_backward_through_an_input_the_forward_did_not_save_raises():
         return ((out - y) ** 2).mean()
     compiled = minicompile.compile(loss_of)
     x, y = randn(5, 4), randn(5, 3)
-    g = torch.autograd.grad(compiled(lin(x), y), list(lin.parameters()), create_graph=True)
-    expected = torch.autograd.grad(loss_of(lin(x), y), list(lin.parameters()), create_graph=True)
-    for a, b in zip(g, expected):
-        assert_same(a, b)
+    results = []
+    for fn in (compiled, loss_of):
+        g = torch.autograd.grad(fn(lin(x), y), list(lin.parameters()), create_graph=True)
+        second = torch.autograd.grad(sum(t.square().sum() for t in g), list(lin.parameters()))
+        results.append(list(g) + list(second))
+    for got, want in zip(*results):
+        assert_same(got, want)
+
+
+def test_double_backward_of_a_graph_that_draws_random_numbers_raises():
+    """Run again, dropout would draw other masks than the forward's: differentiating the
+    gradients raises (as torch.compile does) rather than give another mask's terms."""
+    torch.manual_seed(8)
+    lin = nn.Linear(4, 4).to(DEVICE)
+
+    def f(m, x):
+        return torch.nn.functional.dropout(m(x), 0.5).tanh().sum()
+    x = randn(6, 4).requires_grad_()
+    out = minicompile.compile(f)(lin, x)
+    (g,) = torch.autograd.grad(out, x, create_graph=True)
     with pytest.raises(RuntimeError, match="not differentiable"):
-        torch.autograd.grad(sum(t.square().sum() for t in g), list(lin.parameters()))
+        (out + g.square().sum()).backward()
 
 
 def test_partition_saves_weights_and_the_inputs_of_matrix_products():

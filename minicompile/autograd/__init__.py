@@ -52,7 +52,7 @@ def compile_training(gm: torch.fx.GraphModule, example_inputs, compile_values, w
     backward = compile_values(to_torch(part.backward), backward_inputs)
     metrics.backward_kernels += len(getattr(backward, "kernels", ()))
     primal = _primal_index(joint)
-    return CompiledTraining(joint, part, forward, backward, {primal[i] for i in overwritten if i in primal})
+    return CompiledTraining(joint, part, forward, backward, {primal[i] for i in overwritten if i in primal}, gm)
 
 
 def _in_forward(joint: Joint, written: dict) -> dict:

@@ -5,14 +5,16 @@ contract a callable with the user's graph's inputs and outputs. Each call runs t
 forward inside a `torch.autograd.Function`, which keeps the saved values for the backward
 (through `ctx.save_for_backward`, so that a later in-place write to one of them raises, as in
 eager, instead of giving a wrong gradient); `loss.backward()` then runs the compiled backward,
-which returns the gradients of the inputs that need them. The compiled backward has no backward
-of its own: a gradient of those gradients (double backward) raises.
+which returns the gradients of the inputs that need them. A backward asked to be differentiable
+itself (create_graph=True: a gradient penalty, a meta-learning step) computes the gradients from
+the graph run again by PyTorch, whose own backward then serves: the compiled backward has none.
 """
 from __future__ import annotations
 
 import torch
 import torch.utils._pytree as pytree
 
+from .. import autocast, ir
 from ..runtime.memory import as_layout
 
 
@@ -20,9 +22,13 @@ class CompiledTraining:
     """Call it with the graph's inputs: its outputs, recorded by autograd as one node whose
     backward is the compiled backward graph."""
 
-    def __init__(self, joint, partition, forward, backward, overwritten=frozenset()):
+    def __init__(self, joint, partition, forward, backward, overwritten=frozenset(), values_graph=None):
         self.joint, self.partition = joint, partition
         self.forward, self.backward = forward, backward
+        # the values-only graph, which a differentiable backward runs again with PyTorch's
+        # autograd (not where it draws random numbers: the draws would not be the forward's)
+        self.values_graph = values_graph if values_graph is not None and not any(
+            ir.draws_random_numbers(n) for n in values_graph.graph.nodes) else None
         self.shape_guards: list = []
         # inputs the backward reads as they were, which get new values (by the forward, or
         # after it): saved as copies made before the forward runs
@@ -65,9 +71,9 @@ class _Function(torch.autograd.Function):
         ctx.save_for_backward(*[primals[k] if kind == "primal" else as_layout(computed[k], stride)
                                 for (kind, k), stride in zip(part.saved_from, plan.saved_strides)])
         ctx.plan = plan
-        # the inputs that need gradients, which a gradient of the gradients would reach: the
-        # node that raises for one (_not_differentiable) reads them all, not only those saved
-        ctx.needing = [t for t in tensors if t.requires_grad]
+        # what a differentiable backward reads: the inputs (the graph run again), or those that
+        # need gradients, for the node that raises (_not_differentiable): all, not those saved
+        ctx.inputs = tensors if plan.values_graph is not None else [t for t in tensors if t.requires_grad]
         ctx.set_materialize_grads(False)       # an output the caller did not use: None
         ctx.mark_non_differentiable(*[o for o, d in zip(outs, joint.differentiable) if not d])
         return tuple(_own_tensor(o, tensors) for o in outs)
@@ -81,16 +87,40 @@ class _Function(torch.autograd.Function):
         # activations read early, instead of adding to them
         ctx.maybe_clear_saved_tensors()
         differentiable = torch.is_grad_enabled()
+        if differentiable and ctx.plan.values_graph is not None:
+            saved.clear()
+            return _Function._differentiable_gradients(ctx, grad_outputs)
         with torch.no_grad():
             grads = _Function._gradients(ctx, saved, grad_outputs)
         if differentiable:
-            # create_graph=True: these gradients may be differentiated, but the compiled backward
-            # has no backward of its own. Asking for one raises, as in torch.compile, rather
-            # than a gradient penalty or a meta-learning step silently losing its second-order
-            # terms (through every input that needs a gradient: one the forward did not save,
-            # whose own history leads to the parameters, included)
-            return _not_differentiable(grads, ctx.needing)
+            # create_graph=True on a graph that draws random numbers: these gradients may be
+            # differentiated, but the compiled backward has no backward of its own. Asking for
+            # one raises, as in torch.compile, rather than losing the second-order terms (through
+            # every input that needs a gradient: one the forward did not save, whose own history
+            # leads to the parameters, included)
+            return _not_differentiable(grads, ctx.inputs)
         return grads
+
+    @staticmethod
+    def _differentiable_gradients(ctx, grad_outputs):
+        """The gradients as PyTorch's autograd computes them from the graph run again on the
+        same inputs (create_graph: its backward is differentiable, the inputs' history kept)."""
+        plan, inputs = ctx.plan, ctx.inputs
+        joint = plan.joint
+        args = [inputs[k] if kind == "tensor" else k for kind, k in joint.inputs]
+        with torch.enable_grad(), autocast.off():
+            leaves = pytree.tree_flatten(plan.values_graph(*args))[0]
+        outs = [leaves[i] for i, v in enumerate(leaves) if isinstance(v, torch.Tensor)]
+        pairs = [(o, g) for o, g, d in zip(outs, grad_outputs, joint.differentiable)
+                 if d and g is not None and o.requires_grad]
+        wanted = [k for k, t in enumerate(inputs) if ctx.needs_input_grad[k + 1]]
+        result = [None] * len(inputs)
+        if pairs and wanted:
+            grads = torch.autograd.grad([o for o, _ in pairs], [inputs[k] for k in wanted],
+                                        [g for _, g in pairs], allow_unused=True, create_graph=True)
+            for k, g in zip(wanted, grads):
+                result[k] = g
+        return (None, *result)
 
     @staticmethod
     def _gradients(ctx, saved: list, grad_outputs):
