@@ -436,6 +436,20 @@ def test_double_backward_of_a_graph_that_draws_random_numbers_raises():
         (out + g.square().sum()).backward()
 
 
+def test_double_backward_of_a_graph_that_writes_its_inputs_raises():
+    """A spectral-normed critic writes its power iteration's vector in forward: run again for a
+    differentiable backward, the graph would read the vector written, not the one the forward
+    read (the penalty's gradient was slightly off): differentiating the gradients raises."""
+    torch.manual_seed(9)
+    critic = nn.Sequential(nn.utils.parametrizations.spectral_norm(nn.Linear(4, 8)), nn.Tanh(),
+                           nn.Linear(8, 1)).to(DEVICE)
+    x = randn(6, 4).requires_grad_()
+    out = minicompile.compile(critic)(x).sum()
+    (g,) = torch.autograd.grad(out, x, create_graph=True)
+    with pytest.raises(RuntimeError, match="not differentiable"):
+        (out + g.square().sum()).backward()
+
+
 def test_partition_saves_weights_and_the_inputs_of_matrix_products():
     """Two linear layers with a GELU between. The backward multiplies by W.t().t(), which is W:
     the weight itself is saved (an input passed on as it is, never copied out by the forward).

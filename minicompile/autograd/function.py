@@ -26,8 +26,9 @@ class CompiledTraining:
         self.joint, self.partition = joint, partition
         self.forward, self.backward = forward, backward
         # the values-only graph, which a differentiable backward runs again with PyTorch's
-        # autograd (not where it draws random numbers: the draws would not be the forward's)
-        self.values_graph = values_graph if values_graph is not None and not any(
+        # autograd: not where it draws random numbers (the draws would not be the forward's),
+        # nor where it writes its inputs (run again, it would read the values written)
+        self.values_graph = values_graph if values_graph is not None and not overwritten and not any(
             ir.draws_random_numbers(n) for n in values_graph.graph.nodes) else None
         self.shape_guards: list = []
         # inputs the backward reads as they were, which get new values (by the forward, or
