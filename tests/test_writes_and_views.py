@@ -674,3 +674,17 @@ def test_a_module_that_clamps_its_weight_in_forward_trains_as_eager():
         for p, q in zip(model.parameters(), twin.parameters()):
             torch.testing.assert_close(p, q)
     assert minicompile.metrics.backward_kernels >= 1
+
+
+def test_a_non_differentiable_output_made_as_a_view_stays_non_differentiable():
+    """An output that carries no gradient (h.detach().t(): a batch norm's new running
+    statistics are such outputs) and that the generated code made as a view of its own buffer:
+    handed out as a tensor of its own, it must still be marked non-differentiable (it required
+    grad, and a running statistic copied from it then required grad: the next step raised)."""
+    def f(x, w):
+        h = (x @ w).sin()
+        return h * 2, h.detach().t()
+    x, w = torch.randn(4, 3), torch.randn(3, 5, requires_grad=True)
+    got, want = minicompile.compile(f)(x, w), f(x, w)
+    assert [t.requires_grad for t in got] == [t.requires_grad for t in want] == [True, False]
+    torch.testing.assert_close(got[1], want[1])

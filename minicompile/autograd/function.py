@@ -67,7 +67,8 @@ class _Function(torch.autograd.Function):
         joint, part = plan.joint, plan.partition
         before = {k: tensors[k].clone() for k in plan.saved_overwritten}
         result = plan.forward(*tensors)
-        outs, computed = list(result[:joint.num_outputs]), list(result[joint.num_outputs:])
+        outs = [_own_tensor(o, tensors) for o in result[:joint.num_outputs]]
+        computed = list(result[joint.num_outputs:])
         primals = [before.get(k, t) for k, t in enumerate(tensors)] if before else tensors
         ctx.save_for_backward(*[primals[k] if kind == "primal" else as_layout(computed[k], stride)
                                 for (kind, k), stride in zip(part.saved_from, plan.saved_strides)])
@@ -77,7 +78,7 @@ class _Function(torch.autograd.Function):
         ctx.inputs = tensors if plan.values_graph is not None else [t for t in tensors if t.requires_grad]
         ctx.set_materialize_grads(False)       # an output the caller did not use: None
         ctx.mark_non_differentiable(*[o for o, d in zip(outs, joint.differentiable) if not d])
-        return tuple(_own_tensor(o, tensors) for o in outs)
+        return tuple(outs)
 
     @staticmethod
     def backward(ctx, *grad_outputs):
