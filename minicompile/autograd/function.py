@@ -95,11 +95,11 @@ class _Function(torch.autograd.Function):
         with torch.no_grad():
             grads = _Function._gradients(ctx, saved, grad_outputs)
         if differentiable:
-            # create_graph=True on a graph that draws random numbers: these gradients may be
-            # differentiated, but the compiled backward has no backward of its own. Asking for
-            # one raises, as in torch.compile, rather than losing the second-order terms (through
-            # every input that needs a gradient: one the forward did not save, whose own history
-            # leads to the parameters, included)
+            # create_graph=True on a graph not run again (it draws random numbers or writes its
+            # inputs): these gradients may be differentiated, but the compiled backward has no
+            # backward of its own. Asking for one raises, as in torch.compile, rather than losing
+            # the second-order terms (through every input that needs a gradient: one the forward
+            # did not save, whose own history leads to the parameters, included)
             return _not_differentiable(grads, ctx.inputs)
         return grads
 
