@@ -58,13 +58,14 @@ class Epilogue:
 
     def __call__(self, compiled: Callable, inputs):
         outs = compiled(*inputs)
-        into, new = [], []
+        into, new, at = [], [], []
         for i, k in self.copies:
             x, value = inputs[i], outs[k]
             # (a kernel may have stored the new value straight into the input: nothing to copy)
             if value is not x and (value.data_ptr() != x.data_ptr() or value.stride() != x.stride()):
                 into.append(x)
                 new.append(value)
+                at.append(i)
         if len(into) > 1 and not any(t.requires_grad for t in into + new):
             # one call per device and dtype pair (a launch or a few on a GPU, where each copy_
             # is one): a ResNet's 106 running statistics and 53 counts of batches (a write
@@ -77,8 +78,8 @@ class Epilogue:
             for xs, values in groups.values():
                 torch._foreach_copy_(xs, values)
         else:
-            for x, value in zip(into, new):
-                if self.unseen and any(x is inputs[i] for i in self.unseen):
+            for x, value, i in zip(into, new, at):
+                if i in self.unseen:
                     with torch.no_grad():        # (as eager's write: a leaf's included)
                         x.copy_(value)
                 else:
