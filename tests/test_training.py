@@ -102,6 +102,20 @@ def test_sgd_steps_match_eager(kernel_backend, name):
     assert minicompile.metrics.backward_kernels > 0
 
 
+@pytest.mark.parametrize("name", ["mlp", "cnn", "conv_bn_inplace", "gpt_block"])
+def test_the_book_models_train_without_make_fx(name, monkeypatch):
+    """Every joint graph of the book's models is recorded by autograd/record.py (make_fx, which
+    traces what it does not model, refuses here): eager's losses, gradients and parameters."""
+    import torch.fx.experimental.proxy_tensor as proxy_tensor
+
+    def refused(*args, **kwargs):
+        raise AssertionError("make_fx was asked to trace a joint graph")
+    monkeypatch.setattr(proxy_tensor, "make_fx", refused)
+    model, make_input = _model(name)
+    train_side_by_side(model, make_input, steps=2)
+    assert minicompile.metrics.backward_kernels > 0
+
+
 def test_batch_norm_training_makes_no_graph_break():
     model, make_input = _model("conv_bn_inplace")
     out = minicompile.explain(model.to(DEVICE).train())(make_input())

@@ -6,8 +6,9 @@ and the function that compiles a values-only graph (lowering, fusion, code gener
 graph_compiler's), and hands back a callable with the graph's inputs and outputs whose
 results autograd differentiates with minicompile's generated code:
 
-    joint.py      the joint forward+backward graph, traced by make_fx on fake tensors,
-                  decomposed to what lowering takes, functionalized
+    joint.py      the joint forward+backward graph, traced on fake tensors, decomposed
+                  to what lowering takes, functionalized
+    record.py     the recorder that traces it: a lean make_fx
     partition.py  forward graph and backward graph, split by a min-cut over bytes: what the
                   forward saves for the backward, what the backward recomputes
     to_torch.py   each half's aten ops -> the torch-level calls the lowering table knows

@@ -1,8 +1,9 @@
 """The joint graph: a values-only FX graph whose inputs need gradients -> one aten-level graph
 that computes the forward outputs and the gradients together.
 
-Takes functionalize.py's graph (every node computes a new value) and its example inputs. make_fx
-traces a function that runs the graph and asks autograd for the gradients of its outputs
+Takes functionalize.py's graph (every node computes a new value) and its example inputs.
+record.py (a lean make_fx; make_fx itself for what it does not model) records the aten ops of a
+function that runs the graph and asks autograd for the gradients of its outputs
 (`torch.autograd.grad`), so what autograd's backward formulas run is recorded as ops beside the
 forward's. The trace runs on fake tensors (no data, no arithmetic); the gradients it starts from
 (one per output that carries a gradient, shaped as it) are inputs of the trace, known before it
@@ -32,7 +33,8 @@ import torch.fx
 import torch.nn.functional as F
 import torch.utils._pytree as pytree
 
-from .. import aliasing, custom_ops, ir
+from .. import aliasing, custom_ops, ir, logs
+from . import record
 from ..capture.higher_order import RECOMPUTE
 
 aten = torch.ops.aten
@@ -103,7 +105,6 @@ def trace_joint(gm: torch.fx.GraphModule, example_inputs, from_capture: bool = T
     for gm's outputs; where it did not record them, or the trace finds otherwise, from a run of
     gm on fake tensors first (`from_capture=False`)."""
     from torch._subclasses.fake_tensor import FakeTensorMode
-    from torch.fx.experimental.proxy_tensor import make_fx
 
     example_inputs = list(example_inputs)
     tensor_at = [i for i, v in enumerate(example_inputs) if isinstance(v, torch.Tensor)]
@@ -167,7 +168,7 @@ def trace_joint(gm: torch.fx.GraphModule, example_inputs, from_capture: bool = T
     with _lazy_code(), ir.quiet_grad_reads(), \
             torch.fx.traceback.preserve_node_meta() if marked else contextlib.nullcontext():
         try:
-            graph = make_fx(joint, decomposition_table=table, tracing_mode="fake")(primals, tangents)
+            graph = _trace(joint, primals, tangents, table, lean=not marked)
         except _NotAsCaptured:
             return trace_joint(gm, example_inputs, from_capture=False)
         _refuse_seeding(touched)
@@ -176,8 +177,8 @@ def trace_joint(gm: torch.fx.GraphModule, example_inputs, from_capture: bool = T
         if _writes(graph):
             # (run by an interpreter where nodes are marked, which hands each node's marks on)
             again = torch.fx.Interpreter(graph).run if marked else graph
-            graph = make_fx(torch.func.functionalize(again, remove="mutations"), decomposition_table=table,
-                            tracing_mode="fake")(primals, tangents)
+            graph = _trace(torch.func.functionalize(again, remove="mutations"), primals, tangents, table,
+                           lean=not marked)
     if _writes(graph):
         raise NotImplementedError("the joint graph writes an input (functionalization left a copy_ "
                                   "into it)")
@@ -192,6 +193,20 @@ def trace_joint(gm: torch.fx.GraphModule, example_inputs, from_capture: bool = T
     modes = [n.args[0] for n in gm.graph.nodes if n.target is torch._C._set_grad_enabled]
     return Joint(graph, len(primals), len(tensor_outs), differentiable, list(grad_inputs), reached_by,
                  inputs, outputs, spec, modes[-1] if modes else None)
+
+
+def _trace(joint, primals: list, tangents: list, table: dict, lean: bool) -> torch.fx.GraphModule:
+    """joint's aten graph: recorded by record.py, or where it cannot (or where nodes carry marks
+    make_fx hands on: a checkpointed function's), traced by make_fx."""
+    from torch.fx.experimental.proxy_tensor import make_fx
+    if lean:
+        try:
+            return record.record(joint, primals, tangents, table, graph_module)
+        except record.NotRecorded as err:
+            if isinstance(err.__cause__, _NotAsCaptured):
+                raise err.__cause__ from None
+            logs.log("aot_graphs", f"the joint graph is traced by make_fx: {str(err).splitlines()[0][:200]}")
+    return make_fx(joint, decomposition_table=table, tracing_mode="fake")(primals, tangents)
 
 
 def _impure_by_op():

@@ -1,0 +1,222 @@
+"""A lean make_fx: the aten ops a function runs on fake tensors, recorded into an FX graph.
+
+Takes a function of lists of fake tensors (joint.py's: the captured graph run forward, then
+`torch.autograd.grad`), the fake tensors and a decomposition table; hands back the aten-level
+graph module make_fx would make of it, named as make_fx names it (placeholders `primals_1`...,
+`tangents_1`..., each node's fake value in `meta["val"]`).
+
+Why not make_fx itself: it traces for every use PyTorch has (symbolic sizes, pre-dispatch
+graphs, module stacks, stack traces, proxies for every tensor and number), and that costs about
+as much per op again as the fake tensors' own shape computation; a joint trace is most of a
+training graph's first call. Here one dispatch mode sits above the fake tensors': each op that
+reaches it is decomposed (the table first, then the op's own CompositeImplicitAutograd
+decomposition, as make_fx does after autograd) or run on the fake tensors and recorded as one
+node whose arguments are the nodes that made its tensor arguments. A tensor no node made (a
+constant of the graph) becomes an attribute read by a `get_attr` node.
+
+Each node keeps its value as make_fx does, a detached copy made when it is recorded: an op that
+later changes the tensor's sizes in place (`t_`, `as_strided_`) leaves it as it was. What it
+does not model, it does not guess: an op that gives a tensor other memory (`resize_`, `set_`),
+a result nested deeper than a tuple of tensors, a tensor it cannot place, or an error anywhere in
+the trace raises `NotRecorded`, and the caller traces with make_fx instead. The recorder's own
+bookkeeping raises nothing inside the dispatch (a failure is noted, and raised after the trace):
+PyTorch asks fake tensors for their device from C++ code that cannot pass a Python error on
+(the process would stop).
+"""
+from __future__ import annotations
+
+import operator
+import weakref
+
+import torch
+import torch.fx
+import torch.utils._pytree as pytree
+from torch.utils._python_dispatch import TorchDispatchMode
+
+try:                                     # (where PyTorch has it: a detach without a dispatch)
+    from torch._subclasses.fake_impls import fast_detach as _fast_detach
+except ImportError:                      # pragma: no cover
+    _fast_detach = None
+
+aten = torch.ops.aten
+
+
+class NotRecorded(Exception):
+    """The trace met something this recorder does not model; make_fx traces it instead."""
+
+
+def record(fn, primals: list, tangents: list, table: dict, root_graph):
+    """`fn(primals, tangents)`'s aten ops as a graph module (see the module's docstring):
+    placeholders for the primals then the tangents, and one output, the list fn returns.
+    `root_graph(root, graph)` makes the graph module (joint.graph_module's lazy one)."""
+    recorder = _Recorder(table)
+    for prefix, tensors in (("primals", primals), ("tangents", tangents)):
+        for k, t in enumerate(tensors):
+            node = recorder.graph.placeholder(f"{prefix}_{k + 1}")
+            node.meta["val"] = t
+            recorder.track(t, node)
+    mode = recorder.mode = _fake_mode(primals + tangents)
+    try:
+        with mode, recorder:
+            outs = fn(primals, tangents)
+        if recorder.failed:
+            raise NotRecorded(recorder.failed)
+        recorder.graph.output([recorder.node(o) for o in outs])
+        # called as make_fx's is: gm(primals, tangents) -> the list fn returned
+        recorder.graph._codegen = torch.fx.graph._PyTreeCodeGen(torch.fx.graph._PyTreeInfo(
+            ["primals", "tangents"], pytree.tree_structure((primals, tangents)), pytree.tree_structure(outs)))
+    except NotRecorded:
+        raise
+    except Exception as err:             # (make_fx gets to say what is wrong, or to trace it)
+        raise NotRecorded(f"{type(err).__name__}: {err}") from err
+    return root_graph(recorder.root, recorder.graph)
+
+
+def _fake_mode(tensors: list):
+    modes = {id(t.fake_mode): t.fake_mode for t in tensors if hasattr(t, "fake_mode")}
+    if len(modes) != 1:
+        raise NotRecorded("the inputs are not fake tensors of one mode")
+    return next(iter(modes.values()))
+
+
+# ops that give a tensor other memory (its storage swapped, or grown): not modelled
+_RESIZES = {aten.resize_.default, aten.resize_as_.default, aten.set_.source_Tensor,
+            aten.set_.source_Storage, aten.set_.source_Storage_storage_offset, aten.set_.default}
+
+
+class _Recorder(TorchDispatchMode):
+    def __init__(self, table: dict):
+        super().__init__()
+        self.table = table
+        self.graph = torch.fx.Graph()
+        self.root = torch.nn.Module()
+        # id(tensor) -> (a weak reference to it, the node that made it); weak, as make_fx's:
+        # a tensor held here would be copied by autograd where it wraps a new result (an
+        # empty_like's), and the copy recorded as one more op
+        self.nodes: dict = {}
+        self.mode = None
+        self.constants = 0
+        self.failed = ""
+
+    def node(self, t: torch.Tensor) -> torch.fx.Node:
+        entry = self.nodes.get(id(t))
+        if entry is not None and entry[0]() is t:
+            return entry[1]
+        if isinstance(t, torch._subclasses.FakeTensor) or type(t) not in (torch.Tensor, torch.nn.Parameter):
+            raise NotRecorded(f"a {type(t).__name__} no recorded op made")
+        name = f"_tensor_constant{self.constants}"        # a real tensor: the graph's constant
+        self.constants += 1
+        setattr(self.root, name, t)
+        node = self.graph.get_attr(name)
+        node.meta["val"] = self.mode.from_tensor(t)
+        self.track(t, node)
+        return node
+
+    def track(self, t: torch.Tensor, node: torch.fx.Node) -> None:
+        self.nodes[id(t)] = (weakref.ref(t), node)
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if func.namespace == "prim":     # (the device of a fake tensor, asked from C++)
+            return func(*args, **kwargs)
+        decomposition = self.table.get(func)
+        if decomposition is not None:
+            with self:
+                out = decomposition(*args, **kwargs)
+            if out is not NotImplemented:
+                return out
+        if _decomposed_by_autograd(func, args, kwargs):
+            with self:
+                out = func.decompose(*args, **kwargs)
+            if out is not NotImplemented:
+                return out
+        if func is aten.lift_fresh.default:     # (its input is a constant: the graph copies it)
+            func = aten.lift_fresh_copy.default
+        out = func(*args, **kwargs)
+        if not self.failed:
+            try:
+                self._add(func, args, kwargs, out)
+            except Exception as err:     # noqa: BLE001 (never raised here: see the docstring)
+                self.failed = f"{func}: {type(err).__name__}: {err}"
+        return out
+
+    def _add(self, func, args, kwargs, out) -> None:
+        if func in _RESIZES:
+            raise NotRecorded(f"{func} gives a tensor other memory")
+        if isinstance(out, torch.Tensor):
+            outputs = [out]
+        elif isinstance(out, (tuple, list)):
+            outputs = list(out)
+            if any(isinstance(o, (tuple, list)) for o in outputs):
+                raise NotRecorded(f"{func}'s result is nested")
+        else:
+            return                       # a number or None: no node (make_fx's would be dead)
+        if not any(isinstance(o, torch.Tensor) for o in outputs):
+            return
+        node = self.graph.create_node("call_function", func, self._args(args), self._args(kwargs),
+                                      name=func.overloadpacket.__name__)
+        if isinstance(out, torch.Tensor):
+            node.meta["val"] = self._snapshot(out)
+            self.track(out, node)
+            return
+        node.meta["val"] = type(out)(self._snapshot(o) if isinstance(o, torch.Tensor) else o for o in outputs)
+        for k, (o, val) in enumerate(zip(outputs, node.meta["val"])):
+            if isinstance(o, torch.Tensor):
+                item = self.graph.create_node("call_function", operator.getitem, (node, k), {})
+                item.meta["val"] = val
+                self.track(o, item)
+
+    def _args(self, a):
+        if isinstance(a, torch.Tensor):
+            return self.node(a)
+        if isinstance(a, (tuple, list)):
+            return type(a)(self._args(v) for v in a)
+        if isinstance(a, dict):
+            return {k: self._args(v) for k, v in a.items()}
+        if isinstance(a, torch.SymInt):
+            raise NotRecorded("a symbolic size")
+        return a
+
+    def _snapshot(self, t: torch.Tensor) -> torch.Tensor:
+        """The value a node keeps (make_fx's): t detached, a tensor of its own, so that the
+        trace's own tensor is not held (see `nodes`)."""
+        if _fast_detach is not None:
+            return _fast_detach(self.mode, t)
+        return t.detach()                # pragma: no cover (the fake mode, under this one)
+
+
+_DECOMPOSED: dict = {}                   # (op, device type) -> _decomposed_by_autograd's answer
+
+
+def _decomposed_by_autograd(func, args, kwargs) -> bool:
+    """Whether autograd, had this op passed it, would have run its CompositeImplicitAutograd
+    decomposition (an op that reaches a dispatch mode without passing autograd: called by
+    another decomposition, or under no_grad): it has one, and no kernel of its own for the
+    device of its first tensor argument (make_fx's test)."""
+    if func in (aten.size.default, aten.stride.default, aten.storage_offset.default):
+        return False
+    first = _first_tensor((args, kwargs))
+    key = (func, None if first is None else first.device.type)
+    answer = _DECOMPOSED.get(key)
+    if answer is None:
+        name = func.name()
+        answer = torch._C._dispatch_has_kernel_for_dispatch_key(
+            name, torch._C.DispatchKey.CompositeImplicitAutograd)
+        if answer and first is not None:
+            backend = torch._C._parse_dispatch_key(torch._C._dispatch_key_for_device(first.device.type))
+            answer = backend is None or not torch._C._dispatch_has_kernel_for_dispatch_key(name, backend)
+        _DECOMPOSED[key] = answer
+    return answer
+
+
+def _first_tensor(a):
+    if isinstance(a, torch.Tensor):
+        return a
+    if isinstance(a, (tuple, list)):
+        for v in a:
+            t = _first_tensor(v)
+            if t is not None:
+                return t
+    elif isinstance(a, dict):
+        return _first_tensor(list(a.values()))
+    return None
