@@ -985,6 +985,33 @@ def test_a_compile_server_forks_the_workers_once_triton_is_set_up(monkeypatch, t
         assert triton_codegen._TOGETHER.server is None
 
 
+@pytest.mark.skipif(not hasattr(os, "fork") or not HAS_TRITON, reason="compile workers are forked processes")
+def test_the_end_of_a_gpu_s_graphs_leaves_the_next_graphs_a_server_set_up(monkeypatch, tmp_path):
+    # a server's Triton set-up takes longer than a small graph's joint trace: the end of
+    # compiling_together starts the next graphs' server, which the next block takes, set up by
+    # then; one that saves elsewhere (the cache directory changed) is let go, and one started
+    def set_up():
+        _WarmthRecordingKernel.set_up = True
+    triton_codegen = _compile_server_here(monkeypatch, tmp_path, set_up)
+    monkeypatch.setattr(triton_codegen, "_SPARE", [])
+    used, left = [], []
+    for block in range(3):
+        if block == 2:
+            monkeypatch.setattr(minicompile.config, "cache_dir", str(tmp_path / "elsewhere"))
+        kernels = [_WarmthRecordingKernel(tmp_path / f"{block}-{i}") for i in range(3)]
+        with triton_codegen.compiling_together(gpu=True):
+            used.append(triton_codegen._TOGETHER.server.pid)
+            triton_codegen.compile_all([(k, [torch.float32], {"XBLOCK": 128}) for k in kernels])
+        assert all(k.path.read_text().split()[1] == "warm" for k in kernels)
+        assert len(triton_codegen._SPARE) == 1
+        left.append(triton_codegen._SPARE[0].pid)
+    assert used[1] == left[0]                 # taken
+    assert used[2] not in left                # let go: it saves into the old directory
+    spare = triton_codegen._SPARE.pop()
+    assert spare.running()
+    spare.discard()
+
+
 class _LoadRecordingKernel(_WarmthRecordingKernel):
     """A kernel that writes down, in the process that waits for it, that its binary was loaded
     (and onto which GPU)."""

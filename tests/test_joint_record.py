@@ -197,3 +197,19 @@ def test_a_size_changed_in_place_is_recorded_as_make_fx_records_it(monkeypatch):
     x, w = randn(3, 4).requires_grad_(), randn(4, 5).requires_grad_()
     recorded, traced = _both(torch.fx.symbolic_trace(f), [x, w], monkeypatch)
     assert _signature(recorded.graph) == _signature(traced.graph)
+
+
+@pytest.mark.parametrize("case", range(4), ids=["block", "conv_bn", "attention", "dropout"])
+def test_results_made_from_the_layouts_seen_before_are_the_fake_mode_s(case, monkeypatch):
+    """An op seen before with arguments of the same layouts has its results made from what the
+    fake tensors' mode answered then (record._MADE), views of the same memory where they are
+    views: the joint graph recorded with that memo empty, full, and not used is one graph."""
+    module, args = list(_cases())[case]
+    gm, inputs = _captured(module.to(DEVICE).train(), args)
+    monkeypatch.setattr(record, "_MADE", {})
+    empty = trace_joint(gm, inputs)
+    assert record._MADE
+    full = trace_joint(gm, inputs)
+    monkeypatch.setattr(record, "_kind", lambda func: None)
+    unused = trace_joint(gm, inputs)
+    assert _signature(empty.graph) == _signature(full.graph) == _signature(unused.graph)

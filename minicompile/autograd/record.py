@@ -14,6 +14,11 @@ decomposition, as make_fx does after autograd) or run on the fake tensors and re
 node whose arguments are the nodes that made its tensor arguments. A tensor no node made (a
 constant of the graph) becomes an attribute read by a `get_attr` node.
 
+The fake tensors' mode costs about as much per op again (its cache of results included): an op
+it has answered before for arguments of the same layouts (sizes, strides, dtypes, devices) and
+the same other arguments is answered here from its first answer (`_MADE`), new tensors made
+from the sizes and strides it gave, views as views of the same memory, as the mode makes them.
+
 Each node keeps its value as make_fx does, a detached copy made when it is recorded: an op that
 later changes the tensor's sizes in place (`t_`, `as_strided_`) leaves it as it was. What it
 does not model, it does not guess: an op that gives a tensor other memory (`resize_`, `set_`),
@@ -31,6 +36,7 @@ import weakref
 import torch
 import torch.fx
 import torch.utils._pytree as pytree
+from torch._subclasses.fake_tensor import FakeTensor, in_kernel_invocation_manager, unset_fake_temporarily
 from torch.utils._python_dispatch import TorchDispatchMode
 
 try:                                     # (where PyTorch has it: a detach without a dispatch)
@@ -132,13 +138,82 @@ class _Recorder(TorchDispatchMode):
                 return out
         if func is aten.lift_fresh.default:     # (its input is a constant: the graph copies it)
             func = aten.lift_fresh_copy.default
-        out = func(*args, **kwargs)
+        out = self._run(func, args, kwargs)
         if not self.failed:
             try:
                 self._add(func, args, kwargs, out)
             except Exception as err:     # noqa: BLE001 (never raised here: see the docstring)
                 self.failed = f"{func}: {type(err).__name__}: {err}"
         return out
+
+    def _run(self, func, args, kwargs):
+        """func on the fake tensors. An op that makes new tensors (no view, no write) from fake
+        tensors of the same sizes, strides, dtypes and devices and the same other arguments
+        makes tensors of the same sizes and strides: the second time, they are made from what
+        the fake tensors' mode answered the first time (`_MADE`), without asking it again (its
+        own cache costs about as much per op as the rest of the recording)."""
+        kind = _kind(func)
+        key = self._key(func, args, kwargs) if kind is not None else None
+        if key is not None:
+            made = _MADE.get(key)
+            if made is not None:
+                return self._fresh(made) if kind == "new" else self._views(args[0], made)
+        out = func(*args, **kwargs)
+        if key is not None:
+            made = _layouts(out, args[0] if kind == "view" else None)
+            if made is not None:
+                _MADE[key] = made
+        return out
+
+    def _key(self, func, args, kwargs):
+        """The arguments as a key (a fake tensor by its layout, a number with its type, as
+        2 and 2.0 give other dtypes), or None where one is not a fake tensor of this trace's
+        mode without a known value, nor a number, a dtype, a device or None."""
+        try:
+            key = [func, len(args), torch.get_default_dtype()]     # (2 + int tensor: its dtype)
+            fake = False
+            for a in list(args) + [v for kv in kwargs.items() for v in kv]:
+                if isinstance(a, (tuple, list)):
+                    for v in a:
+                        part = self._part(v)
+                        key.append(part)
+                        fake = fake or part[0] == "t"
+                    key.append(len(a))
+                else:
+                    part = self._part(a)
+                    key.append(part)
+                    fake = fake or part[0] == "t"
+            return tuple(key) if fake else None
+        except _NotKeyed:
+            return None
+
+    def _part(self, a):
+        if isinstance(a, torch.Tensor):
+            if type(a) is not FakeTensor or a.fake_mode is not self.mode \
+                    or a.constant is not None or a.layout is not torch.strided:
+                raise _NotKeyed
+            return ("t", tuple(a.shape), a.stride(), a.storage_offset(), a.dtype, a.device, a.is_conj(), a.is_neg())
+        if a is None or isinstance(a, (bool, int, float, str, torch.dtype, torch.device, torch.layout,
+                                       torch.memory_format)):
+            return (type(a), a)
+        raise _NotKeyed
+
+    def _fresh(self, made):
+        with unset_fake_temporarily():
+            metas = [torch.empty_strided(shape, stride, dtype=dtype, device="meta")
+                     for shape, stride, _, dtype, _ in made[1]]
+        return self._wrapped(metas, made)
+
+    def _views(self, base, made):
+        """Views of base's memory, as the fake tensors' mode makes them: its meta kernel run on
+        the fake tensor as the meta tensor it holds."""
+        with in_kernel_invocation_manager(self.mode):
+            metas = [aten.as_strided.default(base, shape, stride, offset) for shape, stride, offset, _, _ in made[1]]
+        return self._wrapped(metas, made)
+
+    def _wrapped(self, metas, made):
+        tensors = [FakeTensor(self.mode, meta, device) for meta, (*_, device) in zip(metas, made[1])]
+        return tensors[0] if made[0] is None else made[0](tensors)
 
     def _add(self, func, args, kwargs, out) -> None:
         if func in _RESIZES:
@@ -183,6 +258,49 @@ class _Recorder(TorchDispatchMode):
         if _fast_detach is not None:
             return _fast_detach(self.mode, t)
         return t.detach()                # pragma: no cover (the fake mode, under this one)
+
+
+class _NotKeyed(Exception):
+    pass
+
+
+# an op's arguments (_Recorder._key) -> (None for one tensor, or the sequence type of several;
+# each tensor's sizes, strides, storage offset, dtype and device)
+_MADE: dict = {}
+_KINDS: dict = {}                        # op -> _kind's answer
+
+
+def _kind(func):
+    """"new": an aten op that writes none of its arguments and returns new tensors only (no
+    number); "view": one that returns views of its first argument only; whose results' sizes
+    follow from its arguments' sizes, not from their values (nonzero's do not). Else None."""
+    if func in _KINDS:
+        return _KINDS[func]
+    schema, kind = func._schema, None
+    if func.namespace == "aten" and not schema.is_mutable and schema.returns and schema.arguments \
+            and all(str(r.type) in ("Tensor", "Tensor[]") for r in schema.returns) \
+            and not {torch.Tag.dynamic_output_shape, torch.Tag.data_dependent_output,
+                     torch.Tag.inplace_view} & set(func.tags):
+        first = schema.arguments[0].alias_info
+        if all(r.alias_info is None for r in schema.returns):
+            kind = "new"
+        elif first is not None and not first.is_write and all(
+                r.alias_info is not None and not r.alias_info.is_write
+                and r.alias_info.before_set == first.before_set for r in schema.returns):
+            kind = "view"
+    _KINDS[func] = kind
+    return kind
+
+
+def _layouts(out, base=None):
+    """What _MADE keeps of an op's result, or None where it is not fake tensors alone (of
+    base's dtype, where they are views of base)."""
+    outs = [out] if isinstance(out, torch.Tensor) else list(out) if isinstance(out, (tuple, list)) else None
+    if not outs or not all(type(o) is FakeTensor and o.constant is None and o.layout is torch.strided
+                           and (base is None or o.dtype == base.dtype) for o in outs):
+        return None
+    return (None if isinstance(out, torch.Tensor) else type(out),
+            [(tuple(o.shape), o.stride(), o.storage_offset(), o.dtype, o.device) for o in outs])
 
 
 _DECOMPOSED: dict = {}                   # (op, device type) -> _decomposed_by_autograd's answer

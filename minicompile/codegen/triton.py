@@ -1073,6 +1073,42 @@ class _CompileServer:
         self.pid, self.jobs, self.done = pid, jobs, done
         self.expected = 0
         self.batches: list = []        # (its file, its jobs, their GPU), by batch number
+        self.directory = config.cache_dir          # where its workers save the binaries
+
+    @classmethod
+    def take(cls) -> "_CompileServer":
+        """A server for the graphs about to compile: the one the last graphs' end started
+        (leave_one_started), set up by now, where it is still running and saves where this
+        process looks; else one started now. Its Triton set-up (a few tenths of a second)
+        was then paid while the process ran the last graphs, not while this graph's first
+        kernels wait for workers."""
+        while _SPARE:
+            server = _SPARE.pop()
+            if server.directory == config.cache_dir and server.running():
+                return server
+            server.discard()
+        return cls.start()
+
+    @classmethod
+    def leave_one_started(cls) -> None:
+        """Start the next graphs' server now (torch.compile keeps its pool of compile workers
+        warm so too); nothing where the system cannot fork one."""
+        if not _SPARE:
+            with contextlib.suppress(OSError):
+                _SPARE.append(cls.start())
+
+    def running(self) -> bool:
+        try:
+            return os.waitpid(self.pid, os.WNOHANG) == (0, 0)
+        except ChildProcessError:
+            return False
+
+    def discard(self) -> None:
+        """Let an unused server go: its workers find the pipe of jobs closed, and exit."""
+        for fd in (self.jobs, self.done):
+            with contextlib.suppress(OSError):
+                os.close(fd)
+        threading.Thread(target=_reap, args=(self.pid,), daemon=True).start()
 
     @classmethod
     def start(cls) -> "_CompileServer":
@@ -1161,6 +1197,9 @@ class _CompileServer:
                 launcher.load(key, device)
 
 
+_SPARE: list = []          # the compile server started for the next graphs (take, leave_one_started)
+
+
 def _reap(pid: int) -> None:
     with contextlib.suppress(ChildProcessError, OSError):
         os.waitpid(pid, 0)
@@ -1224,7 +1263,7 @@ def compiling_together(gpu: bool = False):
         yield
         return
     _TOGETHER.children = []
-    _TOGETHER.server = _CompileServer.start() if gpu and _compiles_ahead() else None
+    _TOGETHER.server = _CompileServer.take() if gpu and _compiles_ahead() else None
     try:
         yield
     finally:
@@ -1232,6 +1271,7 @@ def compiling_together(gpu: bool = False):
         server, _TOGETHER.server = _TOGETHER.server, None
         if server is not None:
             server.close()
+            _CompileServer.leave_one_started()
         _wait_for(children, deadline=300.0)
 
 
