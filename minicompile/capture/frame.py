@@ -110,19 +110,37 @@ def live_locals(tx, start_index: int) -> set:
 # ---------------------------------------------------------------------------------------
 # Executing one instruction for real
 # ---------------------------------------------------------------------------------------
-def _call_layout(stack, argc, kw_names):
-    args = stack[len(stack) - argc:] if argc else []
-    del stack[len(stack) - argc:]
-    b = stack.pop()
-    a = stack.pop()
+def _call_slots(inst, stack: list) -> tuple:
+    """Where call instruction `inst`'s values sit on the value stack before it runs: (the index
+    of the first value it pops, of its callable, of the self it passes first or None).
+    3.11/3.12: NULL, or the method's function, then the callable or self; 3.13: the callable,
+    then self or NULL; then the arguments; CALL_KW's names, CALL_FUNCTION_EX's argument tuple
+    (and dict) on top."""
+    if inst.opname == "CALL_FUNCTION_EX":
+        first = len(stack) - (1 + (inst.arg & 1)) - 2
+        return first, (first if VERSION >= (3, 13) else first + 1), None
+    first = len(stack) - inst.arg - (inst.opname == "CALL_KW") - 2
     if VERSION >= (3, 13):
-        fn = a
-        if b is not NULL_VALUE:
-            args = [b] + args
-    elif a is NULL_VALUE:
-        fn = b
-    else:
-        fn, args = a, [b] + args
+        return first, first, (None if stack[first + 1] is NULL_VALUE else first + 1)
+    if stack[first] is NULL_VALUE:
+        return first, first + 1, None
+    return first, first, first + 1
+
+
+def _pop_call(inst, stack: list, kw_names) -> tuple:
+    """Pop call instruction `inst`'s values (_call_slots): -> (callable, args, kwargs).
+    kw_names: the names KW_NAMES set before a 3.11/3.12 CALL."""
+    first, fn_at, self_at = _call_slots(inst, stack)
+    values = stack[first:]
+    del stack[first:]
+    fn = values[fn_at - first]
+    if inst.opname == "CALL_FUNCTION_EX":
+        return fn, list(values[2]), dict(values[3]) if inst.arg & 1 else {}
+    if inst.opname == "CALL_KW":
+        kw_names = tuple(values.pop())
+    elif VERSION >= (3, 13):
+        kw_names = ()
+    args = ([values[self_at - first]] if self_at is not None else []) + values[2:]
     nkw = len(kw_names)
     kwargs = dict(zip(kw_names, args[len(args) - nkw:])) if nkw else {}
     return fn, (args[:len(args) - nkw] if nkw else args), kwargs
@@ -133,19 +151,8 @@ def execute(inst, stack: list, f_locals: dict, f_globals: dict, kw_names, call: 
     """Run `inst` on real values (mutating `stack`); -> the index of the next instruction."""
     op = inst.opname
     nxt = inst.index + 1
-    if op == "CALL":
-        fn, args, kwargs = _call_layout(stack, inst.arg, () if VERSION >= (3, 13) else kw_names)
-        stack.append(call(fn, args, kwargs))
-    elif op == "CALL_KW":
-        names = stack.pop()
-        fn, args, kwargs = _call_layout(stack, inst.arg, tuple(names))
-        stack.append(call(fn, args, kwargs))
-    elif op == "CALL_FUNCTION_EX":
-        kwargs = stack.pop() if inst.arg & 1 else {}
-        args = stack.pop()
-        a, b = stack.pop(), stack.pop()
-        fn = b if VERSION >= (3, 13) else a
-        stack.append(call(fn, list(args), dict(kwargs)))
+    if op in CALL_OPS:
+        stack.append(call(*_pop_call(inst, stack, kw_names)))
     elif op in JUMP_OPS:
         v = stack[-1]
         if "NONE" in op:
@@ -592,7 +599,7 @@ class Segment:
             # from the call itself, its callable swapped for one that raises exc: CPython
             # routes it and the traceback names the frame's line, as in eager
             stack = list(before)
-            stack[_callable_slot(inst, before)] = _Raises(exc)
+            stack[_call_slots(inst, before)[1]] = _Raises(exc)
             first = inst.index
             while self.instructions[first - 1].opname in ("PRECALL", "KW_NAMES"):
                 first -= 1          # (3.11, 3.12: they set up the call; dis counts its stack there)
@@ -602,21 +609,6 @@ class Segment:
         h = self.handler
         stack = before[:h.depth] + ([RaisedAt(inst.offset)] if h.lasti else []) + [exc]
         return h.target, _live_state(f_locals, stack)
-
-
-def _callable_slot(inst, stack: list) -> int:
-    """Where the callable of call instruction `inst` is on the value stack before it runs
-    (3.11/3.12: below its arguments, NULL or the method's function then the callable or self;
-    3.13: the callable, then self or NULL; CALL_KW's names and CALL_FUNCTION_EX's argument tuple
-    and dict on top)."""
-    if inst.opname == "CALL_FUNCTION_EX":
-        above = 1 + (inst.arg & 1)
-        return len(stack) - above - (2 if VERSION >= (3, 13) else 1)
-    above = inst.arg + (inst.opname == "CALL_KW")
-    low = len(stack) - above - 2
-    if VERSION >= (3, 13) or stack[low] is not NULL_VALUE:
-        return low
-    return low + 1
 
 
 class _Raises:
