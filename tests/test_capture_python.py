@@ -1120,6 +1120,38 @@ def test_exceptions_raised_and_caught_in_the_graph():
     no_break(raises_out, x, [])
 
 
+def _checked(x):
+    if x.shape[-1] != 4:
+        raise ValueError(f"expected 4 features, got {x.shape[-1]}")
+    return x
+
+
+def raises_in_a_callee(x):
+    y = x * 2
+    _checked(y)
+    return y + 1
+
+
+def test_an_exception_the_traced_code_raises_names_the_user_s_lines():
+    """Raised out of a compiled frame, from minicompile's code: a note gives the lines that
+    raised it (the caller's call, then the callee's raise), which eager's traceback shows."""
+    import traceback
+    compiled = minicompile.compile(raises_in_a_callee)
+    with pytest.raises(ValueError, match="got 5") as info:
+        compiled(torch.randn(3, 5))
+    (note,) = info.value.__notes__
+    lines = note.splitlines()
+    assert lines[1].endswith(f"line {raises_in_a_callee.__code__.co_firstlineno + 2}, in raises_in_a_callee")
+    assert lines[2].strip() == "_checked(y)"
+    assert lines[3].endswith(f"line {_checked.__code__.co_firstlineno + 2}, in _checked")
+    assert "raise ValueError" in lines[4]
+    assert __file__ in lines[1]
+    with pytest.raises(ValueError) as again:             # (a fresh exception each call: one note)
+        compiled(torch.randn(3, 5))
+    assert len(again.value.__notes__) == 1
+    assert "raised in the compiled function" in "".join(traceback.format_exception(again.value))
+
+
 class Swallow:
     def __enter__(self):
         LOG.append("enter")

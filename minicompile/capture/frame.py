@@ -509,6 +509,8 @@ class Segment:
     node_by_node: Any = None          # how it runs where not compiled (made on its first run)
     input_sources: List[str] = field(default_factory=list)
     effects: list = field(default_factory=list)   # side effects replayed after the graph
+    raised_at: list = field(default_factory=list)  # end "raise": (file, line, text, function) of
+                                                   # the user's frames that raised, outermost first
     guard: Callable = None            # (F, args, kwargs) -> bool
     guard_source: str = ""
     get_inputs: Callable = None       # (F, args, kwargs) -> the graph's inputs
@@ -577,6 +579,7 @@ class Segment:
         if self.end == "return":
             return ("return", result)
         if self.end == "raise":            # the frame raised it (its effects are made)
+            _note_where(result, self.raised_at)
             raise result
         if self.handler is None:
             nxt = execute(self.break_inst, stack, f_locals, env["G"], self.kw_names, call,
@@ -609,6 +612,18 @@ class Segment:
         h = self.handler
         stack = before[:h.depth] + ([RaisedAt(inst.offset)] if h.lasti else []) + [exc]
         return h.target, _live_state(f_locals, stack)
+
+
+def _note_where(exc, user_stack: list) -> None:
+    """Raised from here, the exception's traceback shows minicompile's frames: a note gives the
+    user's lines that raised it, as eager's traceback would show them."""
+    if not user_stack or not isinstance(exc, BaseException) or not hasattr(exc, "add_note"):
+        return
+    note = "raised in the compiled function, by:\n" + "\n".join(
+        f'  File "{filename}", line {lineno}, in {name}' + (f"\n    {text.strip()}" if text else "")
+        for filename, lineno, text, name in user_stack)
+    if note not in getattr(exc, "__notes__", ()):
+        exc.add_note(note)
 
 
 class _Raises:

@@ -222,7 +222,8 @@ def trace_segment(fn, args: tuple, kwargs: dict, offset: int = 0, *, breaks: boo
                     break_inst=inst, kw_names=kw,
                     handler=handler_at(code, inst.offset) if end == "break" else None,
                     offset_to_index=tx.offset_to_index, instructions=tx.instructions,
-                    n_calls=n_calls, eager=eager, input_sources=input_exprs, effects=effects)
+                    n_calls=n_calls, eager=eager, input_sources=input_exprs, effects=effects,
+                    raised_at=(getattr(ret, "raised_at", None) or []) if end == "raise" else [])
     seg.guard_builder, seg.binding = output.guards, binding
     seg.use(output.guards.build(binding, input_exprs))
     return seg

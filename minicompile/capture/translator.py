@@ -183,6 +183,8 @@ class InstructionTranslator(CallsMixin):
         object's exception table, as CPython unwinds: the stack cut to the handler's depth,
         the instruction's offset pushed where it asks, then the exception), or raise it out of
         the frame, to the frame that called this one."""
+        if getattr(exc, "raised_at", None) is None:       # (the innermost frame sees it first)
+            exc.raised_at = self.full_stack()
         entry = handler_at(self.code, self.current.offset)
         if entry is None:
             raise ObservedException(exc)
