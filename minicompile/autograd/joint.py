@@ -113,7 +113,8 @@ def trace_joint(gm: torch.fx.GraphModule, example_inputs, from_capture: bool = T
               for i, v in enumerate(example_inputs)]
 
     mode = FakeTensorMode(allow_non_fake_inputs=True)
-    primals = [ir.fake_of(mode, example_inputs[i]) for i in tensor_at]
+    with ir.quiet_grad_reads():            # (one warnings filter for a model's hundreds of weights)
+        primals = [mode.from_tensor(example_inputs[i]) for i in tensor_at]
 
     def run(tensors, interpreter=torch.fx.Interpreter):
         args = [tensors[k] if kind == "tensor" else k for kind, k in inputs]
