@@ -213,3 +213,17 @@ def test_results_made_from_the_layouts_seen_before_are_the_fake_mode_s(case, mon
     monkeypatch.setattr(record, "_kind", lambda func: None)
     unused = trace_joint(gm, inputs)
     assert _signature(empty.graph) == _signature(full.graph) == _signature(unused.graph)
+
+
+def test_the_memo_of_results_stays_bounded(monkeypatch):
+    """A process that traces ever new sizes does not grow record._MADE without end: past its
+    bound it starts again, and the graph is the same."""
+    module, args = list(_cases())[0]
+    gm, inputs = _captured(module.to(DEVICE).train(), args)
+    monkeypatch.setattr(record, "_MADE", {})
+    unbounded = trace_joint(gm, inputs)
+    monkeypatch.setattr(record, "_MADE", {})
+    monkeypatch.setattr(record, "_MADE_AT_MOST", 5)
+    bounded = trace_joint(gm, inputs)
+    assert 0 < len(record._MADE) <= 5
+    assert _signature(bounded.graph) == _signature(unbounded.graph)

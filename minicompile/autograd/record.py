@@ -162,6 +162,8 @@ class _Recorder(TorchDispatchMode):
         if key is not None:
             made = _layouts(out, args[0] if kind == "view" else None)
             if made is not None:
+                if len(_MADE) >= _MADE_AT_MOST:      # (a process tracing ever new sizes)
+                    _MADE.clear()
                 _MADE[key] = made
         return out
 
@@ -267,6 +269,7 @@ class _NotKeyed(Exception):
 # an op's arguments (_Recorder._key) -> (None for one tensor, or the sequence type of several;
 # each tensor's sizes, strides, storage offset, dtype and device)
 _MADE: dict = {}
+_MADE_AT_MOST = 200_000                 # entries (a few hundred bytes each)
 _KINDS: dict = {}                        # op -> _kind's answer
 
 
