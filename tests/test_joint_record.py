@@ -1,8 +1,8 @@
 """The joint trace's recorder (minicompile/autograd/record.py), a lean make_fx: on the graphs a
 training step makes, the joint graph it records must be make_fx's, op for op (the same aten
 ops, in the same order, on the same arguments, with the same values' sizes, strides, dtypes
-and devices); what it does not model must go to make_fx (tests/test_training.py trains the book's models
-with make_fx refused)."""
+and devices); what it does not model must go to make_fx (tests/test_training.py trains the
+book's models with make_fx refused)."""
 
 import pytest
 import torch
@@ -115,18 +115,26 @@ def _captured(module, args) -> tuple:
     step (its parameters are inputs that need gradients)."""
     import minicompile.graph_compiler as graph_compiler
     seen = []
-    compile_training = graph_compiler.compile_training
+    with pytest.MonkeyPatch.context() as patch:
+        compile_training = graph_compiler.compile_training
 
-    def keep(gm, example_inputs, *rest, **kwargs):
-        seen.append((gm, list(example_inputs)))
-        return compile_training(gm, example_inputs, *rest, **kwargs)
-    graph_compiler.compile_training = keep
-    try:
+        def keep(gm, example_inputs, *rest, **kwargs):
+            seen.append((gm, list(example_inputs)))
+            return compile_training(gm, example_inputs, *rest, **kwargs)
+        patch.setattr(graph_compiler, "compile_training", keep)
         minicompile.compile(module)(*args)
-    finally:
-        graph_compiler.compile_training = compile_training
     assert len(seen) == 1
     return seen[0]
+
+
+def _fakes(primal_shapes, tangent_shapes) -> tuple:
+    """(primals, tangents): fake tensors of one mode, the primals of fresh random values."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    mode = FakeTensorMode(allow_non_fake_inputs=True)
+    primals = [mode.from_tensor(randn(*shape)) for shape in primal_shapes]
+    with mode:
+        tangents = [torch.empty(*shape, device=DEVICE) for shape in tangent_shapes]
+    return primals, tangents
 
 
 @pytest.mark.parametrize("case", range(4), ids=["block", "conv_bn", "attention", "dropout"])
@@ -142,11 +150,7 @@ def test_the_recorded_joint_graph_is_make_fx_s(case, monkeypatch):
 def test_a_recorded_graph_is_called_as_make_fx_s():
     """gm(primals, tangents) -> the list the function returned, as make_fx's graph module is
     called (a second trace, through functionalization, calls it so)."""
-    from torch._subclasses.fake_tensor import FakeTensorMode
-    mode = FakeTensorMode(allow_non_fake_inputs=True)
-    primals = [mode.from_tensor(randn(3, 4)), mode.from_tensor(randn(4))]
-    with mode:
-        tangents = [torch.empty(3, 4, device=DEVICE)]
+    primals, tangents = _fakes([(3, 4), (4,)], [(3, 4)])
 
     def fn(primals, tangents):
         x, b = (p.detach().requires_grad_() for p in primals)
@@ -165,17 +169,12 @@ def test_a_recorded_graph_is_called_as_make_fx_s():
 def test_what_the_recorder_does_not_model_goes_to_make_fx():
     """An op that gives a tensor other memory (resize_): NotRecorded, and trace_joint's graph
     is make_fx's."""
-    from torch._subclasses.fake_tensor import FakeTensorMode
-
     def f(x, w):
         y = x @ w
         scratch = torch.empty(0, device=y.device)
         scratch.resize_(y.shape)
         return y.sin() * scratch.copy_(y.detach())
-    mode = FakeTensorMode(allow_non_fake_inputs=True)
-    primals = [mode.from_tensor(randn(3, 4)), mode.from_tensor(randn(4, 5))]
-    with mode:
-        tangents = [torch.empty(3, 5, device=DEVICE)]
+    primals, tangents = _fakes([(3, 4), (4, 5)], [(3, 5)])
 
     def fn(primals, tangents):
         x, w = (p.detach().requires_grad_() for p in primals)

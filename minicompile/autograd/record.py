@@ -173,19 +173,12 @@ class _Recorder(TorchDispatchMode):
         mode without a known value, nor a number, a dtype, a device or None."""
         try:
             key = [func, len(args), torch.get_default_dtype()]     # (2 + int tensor: its dtype)
-            fake = False
             for a in list(args) + [v for kv in kwargs.items() for v in kv]:
                 if isinstance(a, (tuple, list)):
-                    for v in a:
-                        part = self._part(v)
-                        key.append(part)
-                        fake = fake or part[0] == "t"
-                    key.append(len(a))
+                    key += [self._part(v) for v in a] + [len(a)]
                 else:
-                    part = self._part(a)
-                    key.append(part)
-                    fake = fake or part[0] == "t"
-            return tuple(key) if fake else None
+                    key.append(self._part(a))
+            return tuple(key) if any(type(p) is tuple and p[0] == "t" for p in key) else None
         except _NotKeyed:
             return None
 
