@@ -227,6 +227,10 @@ class CompiledFunction:
             kind, offset, state = result
             if kind == "raised":         # at a break in a try body: on at its handler, as Python
                 return ResumeSegment(self._func.__code__, offset, state, _AT_HANDLER).run(F, (), state, None)[1]
+            if kind == "rerun":          # the graph raised: the segment again, as Python
+                if offset == 0:
+                    return self.fn(*args, **kwargs)
+                return ResumeSegment(self._func.__code__, offset, state, _GRAPH_RAISED).run(F, (), state, None)[1]
             a, k, eager = (), state, eager or seg.eager
             seg, inputs = self._segment(frame, offset, a, k, eager)
             if seg is None:
@@ -457,6 +461,8 @@ class CompiledFunction:
 
 _AT_HANDLER = Unsupported("an exception raised at a graph break in a try block",
                           "the frame goes on at its handler, which runs as Python")
+_GRAPH_RAISED = Unsupported("a graph that raised at run time",
+                            "the frame runs again from the graph's start, as Python")
 
 
 def _note_eager(entries: list, err) -> None:

@@ -676,14 +676,23 @@ def preserved_rng():
     """PyTorch's generators (the CPU's, and each GPU's once CUDA is initialized) as they were
     before the block: tracing and compiling run ops on example values, and whatever they draw
     must not be missing from the program's own stream."""
-    cpu = torch.get_rng_state()
-    cuda = torch.cuda.get_rng_state_all() if torch.cuda.is_initialized() else None
+    states = rng_states()
     try:
         yield
     finally:
-        torch.set_rng_state(cpu)
-        if cuda is not None:
-            torch.cuda.set_rng_state_all(cuda)
+        set_rng_states(states)
+
+
+def rng_states() -> tuple:
+    """PyTorch's generators' states: the CPU's, and each GPU's once CUDA is initialized."""
+    return torch.get_rng_state(), (torch.cuda.get_rng_state_all() if torch.cuda.is_initialized() else None)
+
+
+def set_rng_states(states: tuple) -> None:
+    cpu, cuda = states
+    torch.set_rng_state(cpu)
+    if cuda is not None:
+        torch.cuda.set_rng_state_all(cuda)
 
 
 # The one-element int32 buffer kernels with indirect indexing report an out-of-range index in

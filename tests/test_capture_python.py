@@ -1152,6 +1152,87 @@ def test_an_exception_the_traced_code_raises_names_the_user_s_lines():
     assert "raised in the compiled function" in "".join(traceback.format_exception(again.value))
 
 
+def catches_a_bad_index(x, i):
+    y = x + 1
+    try:
+        z = y[i] * 2
+    except IndexError:
+        z = y[:3] * 0 - 1
+    return z.sum() + y
+
+
+def logs_then_indexes(x, i, log):
+    log.append("before")
+    y = x.sin()
+    log.append(len(log))
+    return y[i]
+
+
+def _index_or_zeros(y, i):
+    try:
+        return y[i]
+    except IndexError:
+        return torch.rand(3) * 0
+
+
+def prints_then_calls(x, i):
+    print("once")
+    z = x.sin() + torch.rand(10)
+    return _index_or_zeros(z, i) * 2
+
+
+def suppressed(x, i):
+    out = x.cos()
+    with contextlib.suppress(IndexError):
+        out = out[i].exp()
+    return out
+
+
+@pytest.mark.parametrize("fn", [catches_a_bad_index, logs_then_indexes, prints_then_calls, suppressed])
+def test_a_graph_that_raises_at_run_time_does_what_eager_does(fn, capsys):
+    """The index is read at run time, so a graph compiled for good indices raises for a bad
+    one: where the frame catches it (its try or with body, or an inlined callee's), or side
+    effects come before it, the frame runs again from the graph's start as Python: eager's
+    handler, effects, prints and random numbers."""
+    x, good, bad = torch.randn(10), torch.tensor([1, 2, 3]), torch.tensor([1, 12, 2])
+    compiled = minicompile.compile(fn)
+
+    def call(f, i):
+        log = []
+        torch.manual_seed(0)
+        args = (x, i, log) if fn is logs_then_indexes else (x, i)
+        try:
+            return f(*args), log, capsys.readouterr().out
+        except IndexError as e:
+            return type(e), log, capsys.readouterr().out
+    for i in (good, bad, good, bad):
+        (want, want_log, want_out), (got, got_log, got_out) = call(fn, i), call(compiled, i)
+        assert got_log == want_log and got_out == want_out
+        if isinstance(want, torch.Tensor):
+            torch.testing.assert_close(got, want)
+        else:
+            assert got is want
+
+
+def writes_then_indexes(x, i):
+    x.add_(1)
+    try:
+        return x[i]
+    except IndexError:
+        return x[:3]
+
+
+def test_a_graph_that_writes_its_inputs_raises_rather_than_writing_twice():
+    """Its kernels may have written an input before the raise: run again, the frame would
+    write it twice, so the exception goes on as the compiled graph raised it (eager's handler
+    would have taken it: a known limit, named in frame.Segment)."""
+    compiled = minicompile.compile(writes_then_indexes)
+    x = torch.randn(10)
+    compiled(x, torch.tensor([1, 2]))
+    with pytest.raises(IndexError):
+        compiled(x, torch.tensor([1, 12]))
+
+
 class Swallow:
     def __enter__(self):
         LOG.append("enter")

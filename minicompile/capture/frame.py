@@ -35,6 +35,7 @@ from typing import Any, Callable, Dict, List, Optional
 
 import torch
 
+from .. import ir, logs
 from . import values as V
 from .breaks import Unsupported
 from .bytecode import (BINARY_OP_SYMBOLS, BINARY_OPS, COMPARE_OPS, _cmp_symbol, current_version,
@@ -511,6 +512,12 @@ class Segment:
     effects: list = field(default_factory=list)   # side effects replayed after the graph
     raised_at: list = field(default_factory=list)  # end "raise": (file, line, text, function) of
                                                    # the user's frames that raised, outermost first
+    # the graph raised at run time: where the frame would catch it (ops_under_handler) or
+    # side effects come before it, the frame runs again from `offset` as Python (api.py) and
+    # does what eager does; not where the graph writes its inputs (they may be written)
+    rerun_on_raise: bool = False
+    rerun_draws: bool = False         # ... and the graph draws random numbers: the generators'
+                                      # states are kept, for the rerun to draw eager's
     guard: Callable = None            # (F, args, kwargs) -> bool
     guard_source: str = ""
     get_inputs: Callable = None       # (F, args, kwargs) -> the graph's inputs
@@ -527,16 +534,29 @@ class Segment:
         self.make_env, self.check = code.make_env, code.check
 
     def run(self, F, args, kwargs, call, inputs=None):
-        """-> ("return", value) or ("resume", offset, state); raises what the frame raised.
+        """-> ("return", value), ("resume", offset, state), ("raised", offset, state) (a break
+        in a try body raised: on at its handler), ("rerun", offset, state) (the graph raised:
+        run again from its start as Python); raises what the frame raised.
         `inputs`: the graph's inputs, where the caller has them (from `check`)."""
         if inputs is None:
             inputs = self.get_inputs(F, args, kwargs)
-        if self.compiled is not None:
-            outs = self.compiled(*inputs)
-        else:      # not compiled (no ops, or a frame run eagerly): node by node
-            if self.node_by_node is None:
-                self.node_by_node = NodeByNode(self.gm)
-            outs = self.node_by_node(*inputs)
+        rng = ir.rng_states() if self.rerun_draws else None
+        try:
+            if self.compiled is not None:
+                outs = self.compiled(*inputs)
+            else:      # not compiled (no ops, or a frame run eagerly): node by node
+                if self.node_by_node is None:
+                    self.node_by_node = NodeByNode(self.gm)
+                outs = self.node_by_node(*inputs)
+        except Exception as exc:
+            if not self.rerun_on_raise:
+                raise
+            if rng is not None:
+                ir.set_rng_states(rng)
+            logs.log("graph_breaks", f"the graph of {self.code.co_name} from offset {self.offset} raised "
+                     f"{type(exc).__name__} at run time ({exc}): the frame runs again from there as "
+                     "Python, where a handler or the side effects before the raise are eager's")
+            return ("rerun", self.offset, kwargs)
         if self.end == "return" and not self.effects and self.template[0] == "out":
             return ("return", outs[self.template[1]])       # one of the graph's outputs
         env = self.make_env(F, args, kwargs)

@@ -231,6 +231,9 @@ class OutputGraph:
         # and the sources of inputs whose memory the trace writes (guard_written_inputs)
         self.input_storages: Dict[Any, List[Source]] = {}
         self.written_inputs: set = set()
+        # an op was traced where the frame catches what it raises (a try or with body, here
+        # or in a caller inlined): see Segment.rerun_on_raise
+        self.ops_under_handler = False
         self.module_sources: set = set()       # sources of the modules read (their ints stay static)
         # the captured frame's globals: read as `G` (the called function's own) by the guard
         self.root_globals = root_func.__globals__
@@ -871,6 +874,8 @@ class OutputGraph:
             fn, lineno, text = self.tx.location()
             node.meta["source"] = (fn, lineno, text)
             node.meta["function"] = self.tx.code.co_name
+            if not self.ops_under_handler:
+                self.ops_under_handler = self.tx.under_handler()
             node.meta["stack_trace"] = "".join(
                 f'  File "{f}", line {l}, in {n}\n    {t}\n' for f, l, t, n in self.tx.full_stack())
 

@@ -223,7 +223,9 @@ def trace_segment(fn, args: tuple, kwargs: dict, offset: int = 0, *, breaks: boo
                     handler=handler_at(code, inst.offset) if end == "break" else None,
                     offset_to_index=tx.offset_to_index, instructions=tx.instructions,
                     n_calls=n_calls, eager=eager, input_sources=input_exprs, effects=effects,
-                    raised_at=(getattr(ret, "raised_at", None) or []) if end == "raise" else [])
+                    raised_at=(getattr(ret, "raised_at", None) or []) if end == "raise" else [],
+                    rerun_on_raise=(output.ops_under_handler or bool(effects)) and not output.written_inputs)
+    seg.rerun_draws = seg.rerun_on_raise and any(ir.draws_random_numbers(n) for n in gm.graph.nodes)
     seg.guard_builder, seg.binding = output.guards, binding
     seg.use(output.guards.build(binding, input_exprs))
     return seg

@@ -109,6 +109,16 @@ class InstructionTranslator(CallsMixin):
             tx = tx.parent
         return frames[::-1]
 
+    def under_handler(self) -> bool:
+        """Whether this frame, or a frame inlined into, catches what the current instruction
+        raises (its code object's exception table covers the instruction: a try or with body)."""
+        tx = self
+        while tx is not None:
+            if tx.current is not None and handler_at(tx.code, tx.current.offset) is not None:
+                return True
+            tx = tx.parent
+        return False
+
     def user_stack(self):
         return [(f, l, t) for f, l, t, _ in self.full_stack()]
 
