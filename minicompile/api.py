@@ -182,6 +182,11 @@ class CompiledFunction:
         if not hasattr(self, "__name__"):            # a partial, a callable object
             self.__name__ = getattr(self._func, "__name__", None) or type(fn).__name__
 
+    def __get__(self, obj, objtype=None):
+        """Decorating a method in a class body: read from an instance, bound to it (as a
+        function is), so `obj.method(x)` passes obj as self."""
+        return self if obj is None else types.MethodType(self, obj)
+
     @property
     def _key(self):
         # a list option (fusion_passes) is keyed as a tuple of the same items

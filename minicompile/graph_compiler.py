@@ -16,6 +16,7 @@ from __future__ import annotations
 
 
 import torch
+from torch.fx.experimental.symbolic_shapes import GuardOnDataDependentSymNode
 
 from . import autocast, config, fusion, logs, metrics
 from .autograd import compile_training
@@ -134,7 +135,8 @@ def _compile_values(gm: torch.fx.GraphModule, example_inputs, written=None) -> w
         logs.log("output_code", reason)
         logs.warn(f"minicompile: {reason}")
         return on_pytorch_kernels(gm, reason)
-    except (TypeError, NotImplementedError) as err:
+    except (TypeError, NotImplementedError, GuardOnDataDependentSymNode) as err:
+        # (GuardOnDataDependentSymNode: an op's sizes depend on a value, `x[x.argmax()]`)
         dynamic = _dynamic_dims(gm)
         if not dynamic:
             raise

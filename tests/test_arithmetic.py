@@ -14,6 +14,7 @@ import warnings
 import pytest
 import torch
 import torch.fx
+import torch.nn.functional as F
 from hypothesis import HealthCheck, given, settings, strategies as st
 
 import minicompile
@@ -447,6 +448,35 @@ def test_half_precision_rounds_after_every_op_as_eager(kernel_backend, dtype):
     y = torch.cat([torch.randn(200, device=DEVICE), t([16.0, -16.0, 1e-7, 7.0, 3.0], torch.float32)]).to(dtype)
     check_compiled(lambda x, y: (x * y + x, (x + y) - y, x / y * y, (x - y) * 0.1 + 1, x.float() * 3,
                                  (x * 3).float()), x, y, exact=True)
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_numbers_with_half_tensors_as_eagers_kernels_take_them(kernel_backend, dtype):
+    """The comparisons convert a Python number to the tensor's dtype first (x == 0.1
+    compares with float16's 0.1), as does pow's exponent, and on a CPU add and sub too (x +
+    1000.7 adds bfloat16's 1000; on a GPU they take it as it is); mul and div take it as it is;
+    number / x is x's reciprocal times the number."""
+    x = torch.cat([torch.randn(300, device=DEVICE), t([0.1, 1 / 3, 0.0999, 300.0, -2.265625], torch.float32)]).to(dtype)
+    check_compiled(lambda x: (x + 1000.7, x - 0.1, 3.14159 - x, 1e-4 / x, x * 0.1, x == 0.1, x < 1 / 3,
+                              x >= 0.1, x ** 1.0024, x + 1001), x, exact=True)
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_half_layer_norm_and_softmax_keep_float32_statistics(kernel_backend, dtype):
+    """A row's mean, variance, exponentials and their sum stay float32, rounded once in the
+    result, as eager's kernels keep them: rows about 1000 (bfloat16's step there is 4) keep
+    their deviations."""
+    x = (torch.randn(4, 1000, device=DEVICE) * 4 + 1000).to(dtype)
+    w, b = torch.randn(1000, device=DEVICE).to(dtype), torch.randn(1000, device=DEVICE).to(dtype)
+
+    def f(x, w, b):
+        return F.layer_norm(x, (1000,)), F.layer_norm(x, (1000,), w, b), (x - 1000).softmax(-1), \
+            (x - 1000).log_softmax(-1)
+    exact = f(x.double(), w.double(), b.double())
+    for got, want, best in zip(minicompile.compile(f)(x, w, b), f(x, w, b), exact):
+        # eager's error from the float64 result, give or take a unit in the last place
+        error, eagers = (got.double() - best).abs().max(), (want.double() - best).abs().max()
+        assert error <= eagers + 2 * torch.finfo(dtype).eps * best.abs().max(), (error, eagers)
 
 
 def test_half_precision_reduction_read_again_in_its_kernel(kernel_backend):

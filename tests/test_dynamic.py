@@ -428,3 +428,20 @@ def test_a_view_of_a_dividend_with_a_nonnegative_rest_is_simplified():
     minicompile.metrics.reset()
     assert_same(minicompile.compile(merge_heads)(y, w), merge_heads(y, w))
     assert minicompile.metrics.kernels == 0
+
+
+def at_the_largest(x):
+    y = x.clone()
+    y[y.argmax()] = 0
+    return x[x.argmax()] * 2, y
+
+
+def test_an_index_the_graph_computes_with_dynamic_sizes():
+    """x[x.argmax()]: the fake run that makes size-generic code cannot index by a value, so
+    the graph is compiled for the example's sizes (and guarded), not failed."""
+    for dynamic in (None, True):
+        minicompile.reset()
+        compiled = minicompile.compile(at_the_largest, dynamic=dynamic)
+        for n in (5, 7, 9):
+            x = torch.randn(n, device=DEVICE)
+            assert_same(compiled(x), at_the_largest(x))

@@ -688,3 +688,21 @@ def test_a_non_differentiable_output_made_as_a_view_stays_non_differentiable():
     got, want = minicompile.compile(f)(x, w), f(x, w)
     assert [t.requires_grad for t in got] == [t.requires_grad for t in want] == [True, False]
     torch.testing.assert_close(got[1], want[1])
+
+
+def test_a_view_as_another_dtype_reinterprets_the_bits():
+    """x.view(torch.int32) is x's bits read as int32 (PyTorch's kernel makes it), not x's
+    values converted; of another size, the last dimension grows or shrinks."""
+    x = randn(5, 3)
+    i = torch.randint(0, 2**30, (4,), dtype=torch.int32, device=DEVICE)
+    h = randn(6).half()
+    for f, a in [(lambda x: x.view(torch.int32) + 1, x), (lambda x: (x * 2).view(torch.uint8), x),
+                 (lambda i: (i + 1).view(torch.float32), i), (lambda h: (h * 2).view(torch.int16) & 0x7FFF, h)]:
+        got, want = minicompile.compile(f)(a), f(a)
+        assert got.dtype == want.dtype and torch.equal(got.view(torch.uint8), want.view(torch.uint8))
+
+
+def test_true_as_an_index_adds_a_dimension():
+    x = randn(2, 3)
+    for f in (lambda x: x[True] * 1, lambda x: x[None, True] * 1, lambda x: x[:, True] + 1):
+        torch.testing.assert_close(minicompile.compile(f)(x), f(x))

@@ -28,7 +28,7 @@ import torch.fx
 from .breaks import ObservedException, Unsupported
 from .sources import AttrSource, GenericAttrSource, ItemSource, Source
 from .values import (DELETED, BaseListVariable, BuiltinVariable, ConstantVariable, DictVariable,
-                     DictViewVariable, GeneratorVariable, IteratorVariable, LazyIteratorVariable, ListVariable,
+                     DictViewVariable, GeneratorVariable, IteratorVariable, LazyIteratorVariable, ListVariable, ModuleSliceVariable,
                      ModelOutputVariable,
                      NNModuleVariable, PythonModuleVariable, SymIntVariable, TensorVariable,
                      TupleVariable, TypeVariable, UserObjectVariable, VariableTracker, example_of,
@@ -120,7 +120,8 @@ def _attribute_present(tx, obj: VariableTracker, name: str) -> bool:
         return True
     traced = isinstance(obj, UserObjectVariable) and (python_method(type(obj.value), "__getattribute__") or
                                                       python_method(type(obj.value), "__getattr__"))
-    if isinstance(obj, (NNModuleVariable, UserObjectVariable, PythonModuleVariable)) \
+    own = isinstance(obj, TensorVariable) and not hasattr(torch.Tensor, name)   # x.counter = ...
+    if (own or isinstance(obj, (NNModuleVariable, UserObjectVariable, PythonModuleVariable))) \
             and source is not None and not traced:
         present = hasattr(obj.as_example(), name)
         tx.output.guards.has_attr(source, name, present)
@@ -223,6 +224,16 @@ def _itertools(fn):
             return v if isinstance(v, VariableTracker) else ConstantVariable(v)
         return IteratorVariable([variable(t) for t in itertools.islice(out, 100_000)])
     return impl
+
+
+def _itertools_repeat(tx, args, kwargs):
+    """itertools.repeat(obj, times): the one variable, `times` times (obj is an item, not an
+    iterable; without `times` the iterator never ends, which a trace cannot unroll)."""
+    bound = dict(zip(("object", "times"), args), **kwargs)
+    times = bound.get("times")
+    if "object" not in bound or times is None or not times.is_constant() or len(bound) != len(args) + len(kwargs):
+        raise tx.unsupported("itertools.repeat() without a constant number of times")
+    return IteratorVariable([bound["object"]] * max(times.as_example(), 0))
 
 
 def _functools_reduce(tx, args, kwargs):
@@ -369,6 +380,8 @@ def _builtin_type(tx, args, kwargs):
     v = args[0]
     if isinstance(v, TensorVariable):
         return tx.output.wrap(type(v.example), None)
+    if isinstance(v, ModuleSliceVariable):
+        return tx.output.wrap(v.module_cls, None)
     if isinstance(v, BaseListVariable):
         return tx.output.wrap(v.python_type, None)
     # an object's type is guarded; read from a source, so are the class attributes read from it
@@ -410,8 +423,9 @@ _BUILTIN_HANDLERS: Dict[Any, Callable] = {
 }
 for _f in (itertools.product, itertools.chain, itertools.chain.from_iterable, itertools.combinations,
            itertools.combinations_with_replacement, itertools.permutations,
-           itertools.zip_longest, itertools.pairwise, itertools.repeat):
+           itertools.zip_longest, itertools.pairwise):
     _BUILTIN_HANDLERS[_f] = _itertools(_f)
+_BUILTIN_HANDLERS[itertools.repeat] = _itertools_repeat
 _BUILTIN_HANDLERS[itertools.islice] = _islice
 for _f in (int, float, bool, str, abs, pow, round, range, slice, divmod, hash, repr, chr, ord,
            set, frozenset, complex, format, ascii, bin, hex, oct):

@@ -36,7 +36,7 @@ from .values import (BaseListVariable, BoundMethodVariable, BuiltinVariable, Con
                      AutocastVariable, ConstantVariable, DictVariable, DictViewVariable, ExceptionInitVariable,
                      ExceptionVariable,
                      GeneratorVariable, GradModeVariable, NullContextVariable,
-                     IteratorVariable, ListVariable, ModelOutputVariable, NamedTupleVariable,
+                     IteratorVariable, ListVariable, ModuleSliceVariable, ModelOutputVariable, NamedTupleVariable,
                      NestedFunctionVariable, NNModuleVariable, NullVariable, ObjectMethodVariable,
                      OpaqueConstantVariable, OperatorGetterVariable, PartialVariable,
                      SetVariable, SuperVariable, TensorMethodVariable, TensorVariable,
@@ -115,6 +115,20 @@ _DISTRIBUTED_WRAPPERS = ("torch.nn.parallel.distributed", "torch.distributed.fsd
 # torch.profiler.record_function (torch.autograd.profiler's is the same class): a with-block
 # that names a range in a profiler's trace
 _PROFILER_RANGES = (torch.profiler.record_function,)
+
+
+_RESHAPED_IN_PLACE = {"t_": "t", "transpose_": "transpose", "squeeze_": "squeeze", "unsqueeze_": "unsqueeze",
+                      "swapdims_": "swapdims", "swapaxes_": "swapaxes"}
+
+
+def _makes_a_leaf(kwargs: dict) -> bool:
+    """A factory's requires_grad=True: its tensor is a leaf that requires grad."""
+    flag = kwargs.get("requires_grad")
+    return flag is not None and flag.is_constant() and flag.as_example() is True
+
+
+def _without_requires_grad(kwargs: dict) -> dict:
+    return {k: v for k, v in kwargs.items() if k != "requires_grad"}
 
 
 class CallsMixin:
@@ -251,6 +265,9 @@ class CallsMixin:
             if fn.value is torch.utils.checkpoint.checkpoint:
                 from .higher_order import call_checkpoint
                 return call_checkpoint(self, args, kwargs)
+            if _makes_a_leaf(kwargs):           # torch.ones(3, requires_grad=True)
+                made = out.call("call_function", fn.value, args, _without_requires_grad(kwargs))
+                return self.requires_grad_(made, [], {})
             try:
                 return out.call("call_function", fn.value, args, kwargs)
             except Unsupported as err:
@@ -261,6 +278,18 @@ class CallsMixin:
             return self.inline_call(fn.value, args, kwargs)
         if isinstance(fn, TensorMethodVariable) and fn.name == "requires_grad_":
             return self.requires_grad_(fn.tensor, args, kwargs)
+        if isinstance(fn, TensorMethodVariable) and fn.name in _RESHAPED_IN_PLACE and fn.tensor.source is None \
+                and fn.tensor.identity() is fn.tensor:
+            # a tensor the graph computed, given another shape in place (BigBird's
+            # `band_mask.unsqueeze_(1)`): its variable stands for the view from here on (a view
+            # taken before keeps its own shape, as in eager)
+            t = fn.tensor
+            made = out.call("call_method", _RESHAPED_IN_PLACE[fn.name], [t] + list(args), kwargs)
+            t.proxy, t.example = made.proxy, made.example
+            return t
+        if isinstance(fn, TensorMethodVariable) and _makes_a_leaf(kwargs):    # x.new_ones(3, requires_grad=True)
+            made = out.call("call_method", fn.name, [fn.tensor] + list(args), _without_requires_grad(kwargs))
+            return self.requires_grad_(made, [], {})
         if isinstance(fn, TensorMethodVariable):
             return out.call("call_method", fn.name, [fn.tensor] + list(args), kwargs)
         if isinstance(fn, _UnboundTensorMethod):
@@ -305,12 +334,18 @@ class CallsMixin:
             return _made_by(self.inline_call(fn.func, [fn.self_var] + list(args), kwargs), fn, args, kwargs)
         if isinstance(fn, NNModuleVariable):
             return self.call_module(fn, args, kwargs)
+        if isinstance(fn, ModuleSliceVariable) and issubclass(fn.module_cls, torch.nn.Sequential) \
+                and len(args) == 1 and not kwargs:
+            out = args[0]                                  # Sequential.forward, over the slice
+            for module in fn.items:
+                out = self.call_function(module, [out], {})
+            return out
         if isinstance(fn, UserObjectVariable) and isinstance(fn.value, weakref.ReferenceType) and \
                 not args and not kwargs:
             # ref(): what it refers to now (or None), read through it by the guard too
             return self.output.wrap(fn.value(), HelperSource("DEREF", fn.source) if fn.source else None)
         if isinstance(fn, UserObjectVariable):
-            call = class_attr(type(fn.value), "__call__")
+            call = self.class_member(type(fn.value), "__call__")
             if isinstance(call, types.FunctionType):          # an object with a Python __call__
                 return self.inline_call(call, [fn] + list(args), kwargs)
         if isinstance(fn, BuiltinVariable):
@@ -403,6 +438,7 @@ class CallsMixin:
             self.output.guards.identity(owner.source, obj, f"the object cached method {name} is called on")
             real.insert(0, obj)
         result = cached(*real, **{k: v.as_example() for k, v in kwargs.items()})
+        self.output.guards.cache_kept(cached)
         if is_constant_value(result):
             return ConstantVariable(result)
         if isinstance(result, (types.FunctionType, type, types.ModuleType)):
@@ -498,7 +534,15 @@ class CallsMixin:
             bound[k] = v
         first = bound.get(names[0])
         rest_none = all(_is_none(bound.get(n)) for n in names[1:])
-        if rest_none and first is not None and not _is_none(first) and not isinstance(first, TensorVariable):
+        items = first.items if isinstance(first, BaseListVariable) else None
+        # (a tuple of tensors, BackboneOutput(feature_maps=(t,)), is the field itself: its
+        # __post_init__ reads key/value pairs only from an iterable whose first item is one)
+        head = None if not items else items[0].as_example() if items[0].is_constant() else \
+            items[0].items if isinstance(items[0], BaseListVariable) else None
+        pairs = not items or isinstance(head, (tuple, list)) and len(head) == 2 and (
+            isinstance(head[0], str) or isinstance(head[0], ConstantVariable) and isinstance(head[0].value, str))
+        if rest_none and first is not None and not _is_none(first) and not isinstance(first, TensorVariable) \
+                and pairs:
             raise self.unsupported(f"{cls.__name__}() built from a {first.describe()}",
                                    "a ModelOutput whose only field is not a tensor reads it as "
                                    "key/value pairs")

@@ -308,6 +308,8 @@ class TemplateBuilder:
         if isinstance(v, V.IteratorVariable):
             if v.source is not None and self._source_fn(v.source) is not None:
                 return ["src", self._source_fn(v.source)]     # the real one, advanced (an effect)
+            if isinstance(v.over, V.ListVariable):            # over the list itself, from where it is
+                return ["listiter", self.build(v.over), v.index]
             return ["iter", [self.build(i) for i in v.remaining()]]
         if isinstance(v, V.ExceptionVariable):
             return ["exception", v.cls, [self.build(a) for a in v.args],
@@ -355,7 +357,10 @@ class TemplateBuilder:
                     [(k, ["const", getattr(v, k)]) for k in ("dtype", "enabled", "cache_enabled")]]
         if isinstance(v, V.NestedFunctionVariable):
             # its cells: a new one holding the value of a local of the frame, or a real cell
-            cells = [["newcell", self.build(c.tx.load_local(c.name))] if isinstance(c, V.CellVariable)
+            # (one per local of the captured frame itself, shared by every function made from
+            # it: what a call of theirs writes there is read back, Segment.run)
+            cells = [["newcell", self.build(c.tx.load_local(c.name)), c.name if c.tx.parent is None else None]
+                     if isinstance(c, V.CellVariable)
                      else self.build(c) for c in (v.closure.items if v.closure is not None else [])]
             kwdefaults = v.kwdefaults.items.items() if v.kwdefaults is not None else ()
             return ["nested", v, self.build(v.defaults) if v.defaults is not None else None, cells,
@@ -385,6 +390,19 @@ class SourceRead:
 
     def __call__(self, env):
         return eval(self._code, self.namespace, env)
+
+
+def _frame_cell(t, outs, env, memo) -> types.CellType:
+    """A cell for a function made in the frame: the one of its local t[2], where it is the
+    captured frame's (memo["cells"]: name -> cell), else a new one."""
+    _, value, name = t
+    cells = memo.setdefault("cells", {})
+    if name is None or name not in cells:
+        cell = types.CellType(rebuild(value, outs, env, memo))
+        if name is None:
+            return cell
+        cells[name] = cell
+    return cells[name]
 
 
 def rebuild(t, outs, env, memo=None):
@@ -428,6 +446,10 @@ def rebuild(t, outs, env, memo=None):
         r = t[1](**{k: rebuild(x, outs, env, memo) for k, x in t[2]})
     elif kind == "iter":
         r = iter([rebuild(x, outs, env, memo) for x in t[1]])
+    elif kind == "listiter":
+        r = iter(rebuild(t[1], outs, env, memo))
+        for _ in range(t[2]):
+            next(r)
     elif kind == "dictview":
         r = getattr(rebuild(t[1], outs, env, memo), t[2])()
     elif kind == "attr":
@@ -457,7 +479,7 @@ def rebuild(t, outs, env, memo=None):
     elif kind == "nested":
         v = t[1]
         defaults = rebuild(t[2], outs, env, memo) if t[2] is not None else None
-        cells = tuple(types.CellType(rebuild(c[1], outs, env, memo)) if c[0] == "newcell"
+        cells = tuple(_frame_cell(c, outs, env, memo) if c[0] == "newcell"
                       else rebuild(c, outs, env, memo) for c in t[3]) or None
         # made in the captured frame: it takes the called function's globals
         f_globals = env.get("G", v.f_globals) if t[4] else v.f_globals
@@ -611,7 +633,9 @@ class Segment:
                               self.offset_to_index)
             except BaseException as exc:
                 # the frame's handler takes it: the rest of the frame runs as Python (resume.py)
+                _read_cells(f_locals, memo)
                 return ("raised", *self._raised(exc, before, f_locals))
+        _read_cells(f_locals, memo)
         return ("resume", self.instructions[nxt].offset, _live_state(f_locals, stack))
 
     def _raised(self, exc: BaseException, before: list, f_locals: dict) -> tuple:
@@ -632,6 +656,14 @@ class Segment:
         h = self.handler
         stack = before[:h.depth] + ([RaisedAt(inst.offset)] if h.lasti else []) + [exc]
         return h.target, _live_state(f_locals, stack)
+
+
+def _read_cells(f_locals: dict, memo: dict) -> None:
+    """The frame's locals that functions made in it hold cells of (`nonlocal n; n = 5` in a
+    nested function, a comprehension's walrus): the cells themselves from here on, which the
+    call run for real wrote and later calls of those functions will."""
+    for name, cell in memo.get("cells", {}).items():
+        f_locals[name] = cell          # (trace_segment reads and writes it as that cell)
 
 
 def _note_where(exc, user_stack: list) -> None:

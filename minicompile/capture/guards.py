@@ -48,6 +48,7 @@ from __future__ import annotations
 import functools
 import heapq
 import inspect
+import math
 import os
 import re
 import sys
@@ -182,6 +183,29 @@ def storage_address(t: torch.Tensor):
         return t.untyped_storage().data_ptr()
     except Exception:                    # noqa: BLE001 (a wrapper subclass, a functional tensor)
         return None
+
+
+def same_constant(value, expected) -> bool:
+    """value == expected, with the same types all through: the trace specialized on both
+    (1.0 is not 1 nor True, -0.0 is not 0.0, a NaN is the NaN it was), and a tensor where a
+    number was is a miss, not a tensor's truth."""
+    if type(value) is not type(expected):
+        return False
+    if isinstance(expected, (tuple, list)):
+        return len(value) == len(expected) and all(map(same_constant, value, expected))
+    if isinstance(expected, (set, frozenset)):
+        return len(value) == len(expected) and all(any(same_constant(v, x) for v in value) for x in expected)
+    if isinstance(expected, float):
+        return same_float(value, expected)
+    if isinstance(expected, complex):
+        return same_float(value.real, expected.real) and same_float(value.imag, expected.imag)
+    return value == expected
+
+
+def same_float(value: float, expected: float) -> bool:
+    if expected != expected:
+        return value != value
+    return value == expected and (expected != 0.0 or math.copysign(1.0, value) == math.copysign(1.0, expected))
 
 
 def storage_pattern(*tensors) -> tuple:
@@ -488,10 +512,11 @@ class GuardBuilder:
             if dynamic:
                 # any value (as in TorchDynamo); the backend adds `>= 2` if it used an int as a size
                 check.parts = [(f"type({{e}}) is {kind}", f"type({d}) is {kind}")]
+                if kind == "int":        # (the kernels take int64: a larger one is eager's OverflowError)
+                    check.parts.append((f"-{2**63} <= {{e}} < {2**63}", f"{d} fits in int64"))
                 check.comment = f"{e}: a {kind} graph input (dynamic)"
             else:
-                check.parts = [(f"type({{e}}) is {kind}", f"type({d}) is {kind}"),
-                               (f"{{e}} == {_literal(value, self.namespace)}", f"{d} == {value!r}")]
+                check.parts = [(f"type({{e}}) is {kind}", f"type({d}) is {kind}"), self._equals(value, d)]
                 check.comment = f"{e}: a {kind} graph input, specialized by value"
         check.refresh = refresh
         refresh()
@@ -517,9 +542,16 @@ class GuardBuilder:
             parts = [(f"{{e}} is {value}", f"{d} is None" if value is None else f"{d} == {value}")]
         else:
             tn = self._type_name(type(value))
-            parts = [(f"type({{e}}) is {tn}", f"type({d}) is {type(value).__name__}"),
-                     (f"{{e}} == {_literal(value, self.namespace)}", f"{d} == {value!r}")]
+            parts = [(f"type({{e}}) is {tn}", f"type({d}) is {type(value).__name__}"), self._equals(value, d)]
         self._add(("const", e), source, parts, f"{e}: constant, specialized by value")
+
+    def _equals(self, value, d: str) -> tuple:
+        """The check that a value of value's type (checked before) is value: by == where
+        that is exact, else by same_constant (a container's items, a zero's sign, a NaN)."""
+        if type(value) in (int, str, bytes) or (type(value) is float and value == value and value != 0.0):
+            return (f"{{e}} == {_literal(value, self.namespace)}", f"{d} == {value!r}")
+        self.namespace["SAME_CONSTANT"] = same_constant
+        return (f"SAME_CONSTANT({{e}}, {_literal(value, self.namespace)})", f"{d} == {value!r}")
 
     def _type_name(self, ty) -> str:
         if ty in (int, float, str, tuple, list, dict, complex):
@@ -542,10 +574,13 @@ class GuardBuilder:
         keys = list(value.keys())
         # keys that are not constants (classes, typing forms) are held in the namespace
         expected = repr(keys) if all(is_constant_value(k) for k in keys) else self._ref(keys, "KEYS_")
+        check = f"list({{e}}.keys()) == {expected}"
+        if any(type(k) is not str and is_constant_value(k) for k in keys):
+            self.namespace["SAME_CONSTANT"] = same_constant      # (1.0 is the key 1 too)
+            check = f"SAME_CONSTANT(list({{e}}.keys()), {expected})"
         self._add(("dict", e), source,
                   [("type({e}) is dict", f"type({d}) is dict"),
-                   (f"list({{e}}.keys()) == {expected}",
-                    f"list({d}.keys()) == {keys!r}")],
+                   (check, f"list({d}.keys()) == {keys!r}")],
                   f"{e}: dict type and keys")
 
     def module_walk(self, source: Source, call: str, names: list):
@@ -674,6 +709,25 @@ class GuardBuilder:
                     f"not hasattr(type({{e}}), {name!r})", f"{display(e)} has an attribute {name!r} now")],
                   f"{e}: no attribute {name!r} of its own")
 
+    def cache_kept(self, cached):
+        """The trace took a cached function's result: its cache is not cleared since
+        (cache_clear() empties it and zeroes its counts; a later call runs it again)."""
+        ref = self._ref(cached, "CACHED_")
+        misses = cached.cache_info().misses
+        self._add(("cache", ref), None,
+                  [(f"{ref}.cache_info().misses >= {misses}", f"{cached.__qualname__}.cache_clear() was called")],
+                  f"{cached.__qualname__}: its cache kept")
+
+    def not_own_attr(self, source: Source, name: str, plain: bool):
+        """The object has no attribute `name` in its own dict, which would hide its class's
+        method. plain: its class reads `__dict__` as object does (no __getattribute__ of its
+        own), so the guard may too."""
+        e = source.expr()
+        own = "{e}.__dict__" if plain else "object.__getattribute__({e}, '__dict__')"
+        self._add(("own", e, name), source,
+                  [(f"{name!r} not in {own}", f"{display(e)}.{name} was set on the instance")],
+                  f"{e}: {name} is its class's")
+
     def has_attr(self, source: Source, name: str, present: bool):
         """The trace relied on whether an attribute exists (`hasattr`, `getattr` with a default)."""
         e = source.expr()
@@ -692,17 +746,20 @@ class GuardBuilder:
                   stack=False, others=sources[1:])
 
     def global_state(self):
-        """PyTorch's global state that changes what ops compute: grad mode, autocast (on which
-        device, to which dtype), and whether float32 matrix products may use TF32 (a template
+        """PyTorch's global state that changes what ops compute: grad mode, the default dtype,
+        autocast (on which device, to which dtype), and whether float32 matrix products may use TF32 (a template
         kernel decides that as it is compiled), as Dynamo's GLOBAL_STATE guard checks them."""
         # torch's functions under names of the guard's own (one lookup, not `torch.` and then
         # the function in torch's module dict)
         self.namespace.update(GRAD_ENABLED=torch.is_grad_enabled,
                               AUTOCAST_ENABLED=torch.is_autocast_enabled,
                               AUTOCAST_DTYPE=torch.get_autocast_dtype,
-                              ALLOW_TF32=torch._C._get_cublas_allow_tf32)
+                              ALLOW_TF32=torch._C._get_cublas_allow_tf32,
+                              DEFAULT_DTYPE=torch.get_default_dtype)
         checks = [(f"GRAD_ENABLED() is {torch.is_grad_enabled()}",
                    "GLOBAL_STATE changed: grad_mode"),
+                  (f"DEFAULT_DTYPE() is {torch.get_default_dtype()}",      # (factories, 2 * int tensor)
+                   "GLOBAL_STATE changed: default_dtype"),
                   (f"ALLOW_TF32() is {torch._C._get_cublas_allow_tf32()}",
                    "GLOBAL_STATE changed: torch.backends.cuda.matmul.allow_tf32")]
         for device, dtype in zip(autocast.DEVICES, autocast.state()):

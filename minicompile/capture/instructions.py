@@ -555,6 +555,21 @@ def _load_deref(tx, inst):
         tx.push(tx.load_local(name))        # a cell variable of this frame
 
 
+class FrameLocals:
+    """A frame's locals as the trace's undo log keeps them (OutputGraph.record_mutation)."""
+
+    def __init__(self, tx):
+        self.tx = tx
+
+    def state(self):
+        return dict(self.tx.locals), dict(self.tx.lazy_locals)
+
+    def restore(self, state):
+        for now, then in zip((self.tx.locals, self.tx.lazy_locals), state):
+            now.clear()
+            now.update(then)
+
+
 @handles("STORE_DEREF")
 def _store_deref(tx, inst):
     name = inst.argval
@@ -562,6 +577,8 @@ def _store_deref(tx, inst):
     if isinstance(cell, CellVariable):
         if cell.tx.parent is None and cell.tx is not tx and cell.tx.output is not tx.output:
             raise tx.unsupported("nonlocal assignment to another frame")
+        if cell.tx is not tx:           # a caller's local, from an inlined call: rolled back
+            tx.output.record_mutation(FrameLocals(cell.tx))     # with it if the call breaks
         cell.tx.lazy_locals.pop(cell.name, None)
         cell.tx.locals[cell.name] = tx.pop()
     elif isinstance(cell, ClosureCellVariable):
@@ -683,6 +700,14 @@ def _is_op(tx, inst):
     a = tx.pop()
     if a is b:
         r = True
+    elif isinstance(a, _OBJECTS) and isinstance(b, _OBJECTS) and \
+            getattr(a, "source", None) is not None and getattr(b, "source", None) is not None:
+        # two of the call's objects (lists, dicts, objects): one read under two sources is
+        # one variable (OutputGraph.wrap), so these are two, and stay two by a guard
+        if not (tx.output.is_container(a) and tx.output.is_container(b)):
+            raise tx.unsupported(f"'is' between {a.describe()} and {b.describe()}")
+        r = False
+        tx.output.guards.same_object(a.source, b.source, False)
     elif a.is_constant() and b.is_constant():
         r = a.as_example() is b.as_example()
     elif (key_a := dict_key(a)) is not NO_KEY and (key_b := dict_key(b)) is not NO_KEY:
@@ -691,10 +716,6 @@ def _is_op(tx, inst):
         r = False              # None, True, False...: never an object the trace tracks
     elif isinstance(a, NNModuleVariable) and isinstance(b, NNModuleVariable):
         r = tx.output.same_module(a, b)
-    elif isinstance(a, UserObjectVariable) and isinstance(b, UserObjectVariable) and \
-            a.source is not None and b.source is not None:
-        r = a.value is b.value                 # a relation between the call's own objects
-        tx.output.guards.same_object(a.source, b.source, r)
     elif isinstance(a, TensorVariable) and isinstance(b, TensorVariable):
         a, b = a.identity(), b.identity()
         if a is b:
@@ -878,6 +899,12 @@ def _dict_merge(tx, inst):
     d = tx.stack[-inst.arg]
     if not isinstance(v, DictVariable) or not isinstance(d, DictVariable):
         raise tx.unsupported(f"{inst.opname} with {v.describe()}")
+    if inst.opname == "DICT_MERGE" and (twice := next((k for k in v.items if k in d.items), None)) is not None:
+        # f(**a, **b) with a key in both: CPython's TypeError, naming the function called
+        fn = tx.stack[-inst.arg - (3 if sys.version_info >= (3, 13) else 2)]    # (3.13: self or NULL between)
+        real = getattr(fn, "value", None)
+        name = f"{real.__module__}.{real.__qualname__}()" if hasattr(real, "__qualname__") else "function"
+        raise tx.observed(TypeError(f"{name} got multiple values for keyword argument '{twice}'"))
     tx.mutate(d)
     d.items.update(v.items)
 

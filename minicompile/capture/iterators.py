@@ -24,9 +24,9 @@ from typing import List, Optional
 
 from .breaks import ObservedException, Yield
 from .builtin_calls import class_attr
-from .values import (BaseListVariable, ConstantVariable, DictVariable, ExceptionVariable, GeneratorVariable,
-                     IteratorVariable, LazyIteratorVariable, TupleVariable, UserObjectVariable,
-                     VariableTracker)
+from .values import (BaseListVariable, ConstantVariable, DictVariable, DictViewVariable, ExceptionVariable,
+                     GeneratorVariable, IteratorVariable, LazyIteratorVariable, ListVariable, TupleVariable,
+                     UserObjectVariable, VariableTracker, key_variable)
 
 ITERATORS = (IteratorVariable, GeneratorVariable, LazyIteratorVariable)
 
@@ -40,7 +40,18 @@ def iter_of(tx, v: VariableTracker) -> VariableTracker:
         it = user_iter(tx, v)
         if it is not None:
             return it
+    if type(v) is ListVariable:                                   # read as the loop goes
+        return IteratorVariable([], python_type=_iterator_type(v), over=v)
+    if isinstance(v, DictVariable):
+        return IteratorVariable([key_variable(k) for k in v.items], python_type=_iterator_type(v), over=v)
+    if isinstance(v, DictViewVariable):
+        keys = [key_variable(k) for k in v.dict_var.items]
+        return IteratorVariable(keys, python_type=_view_iterator_type(v), over=v)
     return IteratorVariable(tx.iterate(v), python_type=_iterator_type(v))
+
+
+def _view_iterator_type(v) -> type:
+    return type(iter(getattr({}, v.kind)()))
 
 
 def _iterator_type(v: VariableTracker) -> Optional[type]:
@@ -68,12 +79,18 @@ def next_item(tx, it: VariableTracker, sent: Optional[VariableTracker] = None) -
     send() and `yield from`), or None where it is exhausted."""
     out = tx.output
     if isinstance(it, IteratorVariable):
+        d = it.dict_of(it.over)
+        if d is not None and len(d.items) != it.size:         # (checked first, as CPython does)
+            raise tx.observed(RuntimeError("dictionary changed size during iteration"))
         if it.index >= len(it.items):
+            if it.over is not None:     # CPython's lets go of its container: exhausted for good
+                out.record_mutation(it)
+                it.index, it._items, it.over = len(it.items), list(it.items), None
             return None
         out.record_mutation(it)
         out.advanced(it)
         it.index += 1
-        return it.items[it.index - 1]
+        return it.item(it.index - 1)
     if isinstance(it, GeneratorVariable):
         return _resume(tx, it, sent)
     if isinstance(it, LazyIteratorVariable):
@@ -178,8 +195,13 @@ def _run(gen: GeneratorVariable) -> Optional[VariableTracker]:
         gen.return_value = gen.tx.run()
     except Yield as y:
         return y.value
-    except ObservedException:
+    except ObservedException as e:
         gen.done = True                  # an exception ends a generator (and goes to its reader)
+        if issubclass(e.exc.cls, StopIteration):
+            # PEP 479: a StopIteration out of a generator's body is a RuntimeError
+            error = ExceptionVariable(RuntimeError, [ConstantVariable("generator raised StopIteration")])
+            error.items["__cause__"] = e.exc
+            raise ObservedException(error) from None
         raise
     gen.done = True
     return None

@@ -317,6 +317,11 @@ class OutputGraph:
         if var not in self.side_effects:
             self.side_effects.append(var)
 
+    def is_container(self, var: VariableTracker) -> bool:
+        """Whether `var` is an object of the call that wrap keeps one variable for, however
+        many sources it is read under."""
+        return any(v is var for _, v in self._containers.values())
+
     def guard_container_aliasing(self) -> None:
         """An object the trace changed (a list, a dict, an object's attributes) is no other
         object of its type the trace read: a later call that passes one list twice (where the
@@ -895,8 +900,10 @@ class OutputGraph:
                 elif is_constant_value(r):
                     items.append(ConstantVariable(r))
                 else:
-                    raise self.unsupported(f"an operation returned a {type(r).__name__} inside a "
+                    err = self.unsupported(f"an operation returned a {type(r).__name__} inside a "
                                            f"{type(result).__name__}")
+                    err.python_result = True        # (a Python helper of torch's is traced)
+                    raise err
             if isinstance(result, list):
                 return ListVariable(items)
             if type(result) is tuple:

@@ -218,6 +218,18 @@ class RaisedAt:
         self.offset = offset
 
 
+def _cell(f_locals: dict, name: str) -> types.CellType:
+    """The cell of cell variable `name`: the one passed (a function made before holds it),
+    else a new one holding its value (empty: unbound)."""
+    value = f_locals.get(name, _UNBOUND)
+    if isinstance(value, types.CellType):
+        return value
+    return types.CellType() if value is _UNBOUND else types.CellType(value)
+
+
+_UNBOUND = object()
+
+
 def call_resumed(func: types.FunctionType, offset: int, f_locals: dict, stack: list, null):
     """Run func's code from `offset` with these locals (name -> value; absent: unbound) and
     value stack (bottom first; `null` marks CPython's NULL; a RaisedAt, the position CPython
@@ -236,10 +248,9 @@ def call_resumed(func: types.FunctionType, offset: int, f_locals: dict, stack: l
     for name in varnames:
         value = f_locals.get(name)
         if name in code.co_cellvars:
-            value = types.CellType(f_locals[name]) if name in f_locals else types.CellType()
+            value = _cell(f_locals, name)
         args.append(value)
-    cells = [types.CellType(f_locals[c]) if c in f_locals else types.CellType()
-             for c in code.co_cellvars if c not in varnames]
+    cells = [_cell(f_locals, c) for c in code.co_cellvars if c not in varnames]
     args[0] = (args[0], *cells, *[v for v in stack if v is not null])
     resumed = types.FunctionType(new, func.__globals__, func.__name__, None, func.__closure__)
     return True, resumed(*args)

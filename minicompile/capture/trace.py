@@ -20,9 +20,9 @@ from .breaks import GraphBreak, ObservedException, Unsupported
 from .higher_order import leaf_requiring_grad
 from .bytecode import check_python_version, handler_at
 from .guards import ArgBinding, bind_arguments, frame_target
-from .sources import ItemSource, LocalSource, RootSource
-from .values import (DELETED, NULL, DictVariable, GlobalWritesVariable, IteratorVariable, ListVariable,
-                     UserObjectVariable)
+from .sources import AttrSource, ItemSource, LocalSource, RootSource
+from .values import (DELETED, NULL, ClosureCellVariable, DictVariable, GlobalWritesVariable, IteratorVariable,
+                     ListVariable, UserObjectVariable)
 from .output_graph import OutputGraph, _is_internal_module_name
 from .translator import InstructionTranslator
 
@@ -141,6 +141,13 @@ def trace_segment(fn, args: tuple, kwargs: dict, offset: int = 0, *, breaks: boo
     tx = InstructionTranslator(output, func, {}, lazy, parent=None, globals_source=gsrc)
     for name, (value, src) in fresh.items():
         tx.locals[name] = DictVariable({k: output.wrap(v, ItemSource(src, k)) for k, v in value.items()})
+    for name in code.co_cellvars if offset else ():
+        if isinstance(values.get(name), types.CellType):
+            # a cell a function made before a break holds (frame.Segment.run passes it on):
+            # read and written as that cell, which the function's calls read and write too
+            cell, src = values[name], tx.lazy_locals.pop(name)[1]
+            tx.closure_cells[name] = output.cells[id(cell)] = ClosureCellVariable(
+                cell, src, AttrSource(src, "cell_contents"))
     grad, autocast_state = torch.is_grad_enabled(), autocast.state()
     ns = output.guards.namespace
 
@@ -200,6 +207,9 @@ def trace_segment(fn, args: tuple, kwargs: dict, offset: int = 0, *, breaks: boo
                 for name, (value, src) in lazy:
                     if name in live:
                         locals_t[name] = ["src", source_fn(src)]
+                for name, cell in tx.closure_cells.items():
+                    if isinstance(cell, ClosureCellVariable) and cell.source is not None and name in live:
+                        locals_t[name] = ["src", source_fn(cell.source)]      # the cell itself
                 template = [stack_t, locals_t]
                 end, kw = "break", gb.kw_names
                 effects = _effect_templates(output, builder, source_fn)

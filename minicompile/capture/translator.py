@@ -42,7 +42,7 @@ from .values import (DELETED, NULL, BaseListVariable, BoundMethodVariable, Built
                      DictVariable, DictViewVariable, ExceptionInitVariable, ExceptionVariable,
                      GeneratorVariable, GradModeVariable,
                      IteratorVariable,
-                     LazyIteratorVariable, ListVariable,
+                     LazyIteratorVariable, ListVariable, ModuleSliceVariable,
                      ModelOutputVariable, NamedTupleVariable, NestedFunctionVariable,
                      NNModuleVariable, NullVariable, ObjectMethodVariable, OpaqueConstantVariable,
                      PartialVariable, PythonModuleVariable,
@@ -259,6 +259,8 @@ class InstructionTranslator(CallsMixin):
         b = self.f_globals.get("__builtins__", builtins)
         b = b.__dict__ if isinstance(b, types.ModuleType) else b
         if name in b:
+            if self.globals_source is not None:    # a global of that name would hide it (`len = ...`)
+                self.output.guards.has_key(self.globals_source, name, False)
             return self.output.wrap(b[name], None)
         raise self.observed(NameError(f"name '{name}' is not defined"))
 
@@ -547,6 +549,8 @@ class InstructionTranslator(CallsMixin):
                 return obj.items[idx]
             if name == "_fields" and hasattr(obj.tuple_cls, "_fields"):
                 return ConstantVariable(obj.tuple_cls._fields)
+            if not hasattr(obj.tuple_cls, name):
+                raise self.observed(AttributeError(f"'{obj.tuple_cls.__name__}' object has no attribute '{name}'"))
         if isinstance(obj, ConstantVariable):
             attr = self.read_attribute(obj.value, name)      # (None.x: the code's AttributeError)
             if callable(attr):
@@ -639,7 +643,13 @@ class InstructionTranslator(CallsMixin):
         attribute hide it. None for anything else (another descriptor)."""
         source = obj.source
         if isinstance(attr, (types.FunctionType, property, staticmethod, classmethod, functools._lru_cache_wrapper)):
-            self.class_member(type(obj.as_example()), name)
+            cls = type(obj.as_example())
+            self.class_member(cls, name)
+            if source is not None and not isinstance(obj, TypeVariable) and not isinstance(attr, property) \
+                    and hasattr(obj.as_example(), "__dict__"):
+                # an instance attribute of that name would hide it (`obj.method = other`)
+                self.output.guards.not_own_attr(source, name, class_attr(cls, "__getattribute__") in (
+                    object.__getattribute__, torch.nn.Module.__getattribute__))
         if isinstance(attr, (types.FunctionType, functools._lru_cache_wrapper)):
             # (a method with a cache binds as a function does: a new bound method each read)
             return BoundMethodVariable(attr, obj)
@@ -718,6 +728,11 @@ class InstructionTranslator(CallsMixin):
             return written
         attr = class_attr(type(mod), name, _MISSING)
         if attr is _MISSING:
+            fallback = python_method(type(mod), "__getattr__")
+            if fallback is not None and fallback is not torch.nn.Module.__getattr__:
+                # a wrapper's own __getattr__ (on to a wrapped module's attributes)
+                self.class_member(type(mod), "__getattr__")
+                return self.inline_call(fallback, [obj, ConstantVariable(name)], {})
             raise self.observed(AttributeError(f"'{type(mod).__name__}' object has no attribute '{name}'"))
         found = self.class_attribute(obj, name, attr)
         if found is not None:
@@ -968,6 +983,10 @@ class InstructionTranslator(CallsMixin):
             if hasattr(type(attr), "__set__") and not isinstance(attr, types.MemberDescriptorType):
                 raise self.unsupported(f"setting .{name} of {obj.describe()} through a "
                                        f"{type(attr).__name__}")
+        if isinstance(obj, UserObjectVariable) and not hasattr(obj.value, "__dict__") and \
+                not hasattr(type(class_attr(type(obj.value), name, None)), "__set__"):
+            # __slots__ without the name, and no __dict__ to hold it
+            raise self.observed(AttributeError(f"'{type(obj.value).__name__}' object has no attribute '{name}'"))
         if value is DELETED and isinstance(obj, UserObjectVariable) and obj.source is None and \
                 obj.snapshot is None:                     # an object made in the frame: its own
             if obj.items.get(name, DELETED) is DELETED:
@@ -1106,13 +1125,21 @@ class InstructionTranslator(CallsMixin):
             return obj.items[key]
         if isinstance(obj, ConstantVariable) and idx.is_constant():
             return ConstantVariable(self.on_constants(operator.getitem, obj.value, idx.as_example()))
+        if isinstance(obj, (BuiltinVariable, TypeVariable)) and isinstance(obj.value, type) and \
+                not isinstance(obj.value, enum.EnumMeta) and hasattr(obj.value, "__class_getitem__"):
+            # an annotation (list[Any], dict[str, int]): a typing form, evaluated as Python does
+            parts = idx.items if isinstance(idx, TupleVariable) else [idx]
+            forms = [p.value if isinstance(p, (TypeVariable, BuiltinVariable)) else p.as_example()
+                     for p in parts if isinstance(p, (TypeVariable, BuiltinVariable)) or p.is_constant()]
+            if len(forms) == len(parts):
+                return self.output.wrap(obj.value[tuple(forms) if isinstance(idx, TupleVariable) else forms[0]], None)
         if isinstance(obj, TypeVariable) and isinstance(obj.value, enum.EnumMeta) and idx.is_constant():
             return self.output.wrap(obj.value[idx.as_example()], None)          # Color["RED"]
         if isinstance(obj, NNModuleVariable) and idx.is_constant() and isinstance(idx.as_example(), slice) \
                 and isinstance(obj.module, (torch.nn.ModuleList, torch.nn.Sequential)):
             # a slice of a ModuleList (`self.layers[:n]`): its modules, each through its source
             names = list(self.output.members(obj))[idx.as_example()]
-            return ListVariable([self.load_module_attr(obj, k) for k in names])
+            return ModuleSliceVariable([self.load_module_attr(obj, k) for k in names], type(obj.module))
         if isinstance(obj, NNModuleVariable) and idx.is_constant():
             sub = obj.module[idx.as_example()]
             if isinstance(sub, torch.nn.Module):

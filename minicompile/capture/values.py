@@ -163,6 +163,16 @@ class ListVariable(BaseListVariable):
     python_type = list
 
 
+class ModuleSliceVariable(ListVariable):
+    """A slice of an nn.Sequential or nn.ModuleList (`self.features[:4]`): its modules, each
+    read through its source. Eager makes a new container of the class: called, a Sequential's
+    slice runs its modules in order; type() is the class."""
+
+    def __init__(self, items, module_cls: type):
+        super().__init__(items)
+        self.module_cls = module_cls
+
+
 class SizeVariable(TupleVariable):
     """A torch.Size with symbolic sizes in it (`x.shape` with dynamic shapes); in the graph
     it is a tuple of sizes."""
@@ -420,20 +430,42 @@ class IteratorVariable(VariableTracker):
     ModuleList): loops are unrolled, so every item is known when the iterator is made."""
 
     def __init__(self, items: List[VariableTracker], index: int = 0, source: Optional[Source] = None,
-                 python_type: Optional[type] = None):
-        self.items = list(items)
+                 python_type: Optional[type] = None, over: Optional[VariableTracker] = None):
+        self._items = list(items)
         self.index = index
         self.source = source       # read from outside the frame: advanced for real after the graph
         self.python_type = python_type     # what eager's would be, where known (isinstance)
+        # iter() of a list: its items read as the loop goes, as CPython's list iterator does (a
+        # write or an append during the loop is seen); of a dict or a view of one: its keys
+        # as they were, its values as they are, and a change of its size raises
+        self.over = over
+        self.size = len(self.dict_of(over).items) if self.dict_of(over) is not None else None
+
+    @staticmethod
+    def dict_of(over) -> Optional["DictVariable"]:
+        return over if isinstance(over, DictVariable) else \
+            over.dict_var if isinstance(over, DictViewVariable) else None
+
+    @property
+    def items(self) -> List[VariableTracker]:
+        return self.over.items if isinstance(self.over, ListVariable) else self._items
+
+    def item(self, i: int) -> VariableTracker:
+        """The i-th item, as the iterator gives it now (a view's value read from its dict)."""
+        item = self.items[i]
+        if isinstance(self.over, DictViewVariable) and self.over.kind != "keys":
+            value = self.over.dict_var.items[dict_key(item)]
+            return value if self.over.kind == "values" else TupleVariable([item, value])
+        return item
 
     def remaining(self) -> List[VariableTracker]:
-        return self.items[self.index:]
+        return [self.item(i) for i in range(self.index, len(self.items))]
 
     def state(self):                          # (what OutputGraph.record_mutation saves)
-        return self.index
+        return self.index, self._items, self.over
 
     def restore(self, state):
-        self.index = state
+        self.index, self._items, self.over = state
 
     def describe(self):
         return f"iterator({len(self.items) - self.index} left)"

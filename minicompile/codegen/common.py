@@ -367,10 +367,13 @@ def scalars_in(source: str) -> list[str]:
 
 def wrapped(value, dtype: torch.dtype):
     """A Python number as a constant of an integer dtype holds it: wrapped into its range
-    (uint8 300 is 44, as PyTorch converts `x + 300` for a uint8 x), bool as 0 or 1. Floats
-    and other dtypes: unchanged."""
+    (uint8 300 is 44, as PyTorch converts `x + 300` for a uint8 x), bool as 0 or 1; of a
+    subclass of int or float (an IntEnum's member), the plain number. Floats and other
+    dtypes: unchanged."""
     if dtype == torch.bool:
         return int(bool(value))
+    if isinstance(value, (int, float)) and type(value) not in (int, float, bool):
+        value = (float if isinstance(value, float) else int)(value)     # an IntEnum's member: its number
     if dtype.is_floating_point or not isinstance(value, int):
         return value
     info = torch.iinfo(dtype)

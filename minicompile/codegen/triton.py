@@ -339,6 +339,10 @@ class TritonWriter(KernelWriter):
         self._sees(dtype)
         if isinstance(value, float) and (math.isinf(value) or math.isnan(value)):
             return f"float('{value}')"
+        if isinstance(value, float) and value == 0 and math.copysign(1.0, value) < 0 and dtype.is_floating_point:
+            # -0.0 by its bits: Triton's front end folds a literal -0.0 (or float('-0.0')) to 0.0
+            bits = 64 if dtype == torch.float64 else 32
+            return f"tl.full([1], {-2 ** (bits - 1)}, tl.int{bits}).to(tl.float{bits}, bitcast=True)"
         if dtype == torch.bool:
             return "1" if value else "0"
         if isinstance(value, bool):          # a Python bool in arithmetic: 1 or 0

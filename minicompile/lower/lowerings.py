@@ -176,8 +176,20 @@ def _binary(names_targets, fn, compare=False):
         if not isinstance(input, TensorBox) and not isinstance(other, TensorBox):
             return NotImplemented
         common = _promoted(input, other) if compare else None
+        if compare:
+            input, other = _number_as(input, common), _number_as(other, common)
         return _pointwise_box(node, values, fn, [input, other], common=common)
     return lower
+
+
+def _number_as(x, dtype):
+    """A Python number operand of a float16 or bfloat16 op as eager's kernels of the
+    comparisons and pow's exponent take it, and on a CPU those of add and sub too: converted
+    to that dtype first (x == 0.1 compares with float16's 0.1; x + 1000.7 adds bfloat16's 1000
+    on a CPU). Theirs of mul and div, and add and sub on a GPU, take it as it is."""
+    if dtype in (torch.float16, torch.bfloat16) and type(x) in (int, float):
+        return torch.tensor(x, dtype=dtype).item()
+    return x
 
 
 # Arithmetic whose result is bool is logic, as in PyTorch (True + True is True): said so,
@@ -238,8 +250,30 @@ def _arith(op, targets):
     def lower(node, values, input, other):
         if not isinstance(input, TensorBox) and not isinstance(other, TensorBox):
             return NotImplemented
+        if op == "truediv" and not isinstance(input, TensorBox):
+            return _number_over(node, values, input, other)
+        if op == "truediv" and type(other) in (int, float) and other != 0 and (meta := _meta(node, values)) \
+                is not None and meta.device.type == "cuda" and meta.dtype.is_floating_point:
+            # eager's CUDA kernel multiplies by the number's reciprocal, taken in double and
+            # held in the compute dtype
+            inverse = torch.tensor(1.0 / other, dtype=torch.float64).to(compute_dtype(meta.dtype)).item()
+            return _arith_box(node, values, "mul", [input, inverse])
+        if op in ("add", "sub") and (meta := _meta(node, values)) is not None and meta.device.type == "cpu":
+            input, other = _number_as(input, meta.dtype), _number_as(other, meta.dtype)
         return _arith_box(node, values, op, [input, other])
     return lower
+
+
+def _number_over(node, values, number, x):
+    """number / x as eager computes it (Tensor.__rtruediv__): x's reciprocal, in x's dtype,
+    times the number."""
+    meta = _meta(node, values)
+    if meta is None or not meta.dtype.is_floating_point or type(number) not in (int, float):
+        return NotImplemented
+    dt = meta.dtype
+    return _pointwise_box(node, values, lambda v: ops.mul(ops.round_to(ops.reciprocal(v), dt), ops.constant(
+        number, compute_dtype(dt))) if dt in (torch.float16, torch.bfloat16) else ops.mul(ops.reciprocal(v), ops.constant(
+            number, compute_dtype(dt))), [x])
 
 
 _arith("add", [operator.add, operator.iadd, "__radd__"])
@@ -271,7 +305,7 @@ def _pow(node, values, input, exponent):
         return _pointwise_box(node, values, ops.pow, [input, exponent])
     if not isinstance(exponent, (int, float)):
         return NotImplemented
-    k = exponent
+    k = _number_as(exponent, meta.dtype)
     if k == 0:
         return _pointwise_box(node, values, lambda x: ops.constant(1, cd), [input])
     if k == 1:
@@ -314,14 +348,14 @@ for _op, _targets in [("eq", [operator.eq, torch.eq, "eq"]), ("ne", [operator.ne
 def _add(node, values, input, other, alpha):
     if not isinstance(alpha, (int, float)) or alpha != 1:
         return _scaled(node, values, ops.add, input, other, alpha)
-    return _arith_box(node, values, "add", [input, other])
+    return LOWERINGS[operator.add](node, values, input, other)
 
 
 @register([torch.sub, torch.Tensor.sub, "sub", torch.subtract], "input, other, *, alpha=1", pointwise=True)
 def _sub(node, values, input, other, alpha):
     if not isinstance(alpha, (int, float)) or alpha != 1:
         return _scaled(node, values, ops.sub, input, other, alpha)
-    return _arith_box(node, values, "sub", [input, other])
+    return LOWERINGS[operator.sub](node, values, input, other)
 
 
 def _scaled(node, values, op, input, other, alpha):
@@ -329,6 +363,8 @@ def _scaled(node, values, op, input, other, alpha):
     meta = _meta(node, values)
     if meta is None or not meta.dtype.is_floating_point or isinstance(alpha, bool):
         return NotImplemented
+    if meta.device.type == "cpu":
+        alpha = _number_as(alpha, meta.dtype)        # (as eager's CPU kernel takes it)
     return _pointwise_box(node, values, lambda a, k, b: op(a, ops.mul(k, b)), [input, alpha, other])
 
 
@@ -986,15 +1022,20 @@ def _softmax_like(node, values, input, dim, dtype, log):
     if dim is None or dtype is not None or meta is None or not meta.dtype.is_floating_point:
         return NotImplemented
     shape, device, program = list(input.shape), input.device, input.program
+    # in the compute dtype, rounded once at the end, as eager's kernels keep a float16 or
+    # bfloat16 row's exponentials and their sum
+    cd = compute_dtype(meta.dtype)
     m = _reduce(input, dim, "max")
-    shifted = _pw(program, shape, meta.dtype, device, ops.sub, [input, m], "sub")
-    e = _pw(program, shape, meta.dtype, device, ops.exp, [shifted], "exp")
+    shifted = _pw(program, shape, cd, device, ops.sub, [input, m], "sub")
+    e = _pw(program, shape, cd, device, ops.exp, [shifted], "exp")
     s = _reduce(e, dim, "sum")
     if log:
-        return _pw(program, shape, meta.dtype, device, lambda a, b: ops.sub(a, ops.log(b)), [shifted, s], "log_softmax")
+        return _pw(program, shape, meta.dtype, device, lambda a, b: ops.sub(a, ops.log(b)), [shifted, s], "log_softmax",
+                   common=cd)
     # times the reciprocal of the row's sum, as ATen's CPU kernel: one division per row
     # (hoisted out of the row's loop), not one per element
-    return _pw(program, shape, meta.dtype, device, lambda a, b: ops.mul(a, ops.reciprocal(b)), [e, s], "softmax")
+    return _pw(program, shape, meta.dtype, device, lambda a, b: ops.mul(a, ops.reciprocal(b)), [e, s], "softmax",
+               common=cd)
 
 
 @register([F.layer_norm], "input, normalized_shape, weight=None, bias=None, eps=1e-05")
@@ -1004,17 +1045,21 @@ def _layer_norm(node, values, input, normalized_shape, weight, bias, eps):
         return NotImplemented
     shape, device, program, dt = list(input.shape), input.device, input.program, meta.dtype
     dims = list(range(len(shape) - len(normalized_shape), len(shape)))
-    mean = _reduce(input, dims, "mean")
-    centered = _pw(program, shape, dt, device, ops.sub, [input, mean], "sub")
-    var = _reduce(_pw(program, shape, dt, device, lambda c: ops.mul(c, c), [centered], "square"), dims, "mean")
-    out = _pw(program, shape, dt, device,
-              lambda c, v: ops.mul(c, ops.rsqrt(ops.add(v, ops.constant(eps, compute_dtype(dt))))),
+    # in the compute dtype throughout, rounded once at the end: eager's kernels keep a float16
+    # or bfloat16 row's mean and variance in float32 (rounded, a row about 1000 loses its
+    # deviations)
+    cd = compute_dtype(dt)
+    mean = _reduce(input, dims, "mean", cd)
+    centered = _pw(program, shape, cd, device, ops.sub, [input, mean], "sub")
+    var = _reduce(_pw(program, shape, cd, device, lambda c: ops.mul(c, c), [centered], "square"), dims, "mean")
+    out = _pw(program, shape, cd, device,
+              lambda c, v: ops.mul(c, ops.rsqrt(ops.add(v, ops.constant(eps, cd)))),
               [centered, var], "normalize")
     if weight is not None:
-        out = _pw(program, shape, dt, device, ops.mul, [out, weight], "mul")
+        out = _pw(program, shape, cd, device, ops.mul, [out, weight], "mul")
     if bias is not None:
-        out = _pw(program, shape, dt, device, ops.add, [out, bias], "add")
-    return out
+        out = _pw(program, shape, cd, device, ops.add, [out, bias], "add")
+    return out if cd == dt else _pw(program, shape, dt, device, lambda v: v, [out], "to_dtype", common=cd)
 
 
 @register([torch.var, torch.Tensor.var, "var", torch.std, torch.Tensor.std, "std"],
@@ -1372,8 +1417,8 @@ def _reshape(node, values, input, args, shape, start_dim, end_dim, dim, sizes, o
     """The result's sizes are the traced value's, however the call gave them (flatten's
     start_dim=1 by keyword, as a classifier's head writes it)."""
     meta = _meta(node, values)
-    if meta is None or not isinstance(input, TensorBox):
-        return NotImplemented
+    if meta is None or not isinstance(input, TensorBox) or meta.dtype != input.dtype:
+        return NotImplemented         # (x.view(torch.int32): the same bits as another dtype)
     return _view_box(node, values, input, _reshape_map(list(input.shape), ir.shape_of(meta)))
 
 
@@ -1491,8 +1536,8 @@ def _getitem(node, values, input, item):
     if any(isinstance(i, TensorBox) for i in items) \
             and all(isinstance(i, TensorBox) or i == slice(None) for i in items):
         return _indexed_by_tensors(node, values, input, items)
-    if not all(isinstance(i, (int, slice, type(None), type(Ellipsis))) for i in items):
-        return NotImplemented
+    if not all(isinstance(i, (int, slice, type(None), type(Ellipsis))) and not isinstance(i, bool) for i in items):
+        return NotImplemented        # (x[True] is a new dim of size 1, not x[1])
     shape = list(input.shape)
     n_real = sum(1 for i in items if i is not None and i is not Ellipsis)
     if Ellipsis in items:

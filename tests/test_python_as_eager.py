@@ -1,0 +1,481 @@
+"""Python that users write around tensors, run compiled and eagerly: the same results, the same
+changes to what the call was given, the same exceptions, call after call as what the trace
+relied on changes (an alias, a type, an instance's attribute, a cache, a container iterated)."""
+import contextlib
+import functools
+import itertools
+
+import pytest
+import torch
+
+import minicompile
+
+
+def assert_same(a, b):
+    """Equal values (NaN where eager has NaN, zeros of eager's sign) of the same types."""
+    if isinstance(a, torch.Tensor):
+        assert isinstance(b, torch.Tensor) and a.dtype == b.dtype
+        torch.testing.assert_close(a, b, equal_nan=True)
+        assert torch.equal(a.signbit(), b.signbit())
+    elif isinstance(a, (tuple, list, dict)):
+        assert type(a) is type(b) and len(a) == len(b), (a, b)
+        for x, y in (zip(a.values(), b.values()) if isinstance(a, dict) else zip(a, b)):
+            assert_same(x, y)
+        if isinstance(a, dict):
+            assert list(a) == list(b)
+    else:
+        assert type(a) is type(b) and a == b, (a, b)
+
+
+def outcome(fn, *args, **kwargs):
+    """What a call gives: its result, or the type of what it raised."""
+    try:
+        return fn(*args, **kwargs)
+    except Exception as e:
+        return type(e)
+
+
+def same_calls(fn, calls):
+    """Each call (a function of `fn` returning what to compare) gives eager's outcome."""
+    compiled = minicompile.compile(fn)
+    for call in calls:
+        assert_same(outcome(call, compiled), outcome(call, fn))
+
+
+X = torch.randn(3)
+
+
+def is_(x, a, b):
+    return x + 1, a is b
+
+
+def test_is_between_two_of_the_calls_lists_is_guarded():
+    one = [1]
+    same_calls(is_, [lambda f: f(X, one, one), lambda f: f(X, one, [1]), lambda f: f(X, one, one)])
+
+
+def scaled(x, t):
+    return x * t[0], type(t[0]).__name__
+
+
+def times(x, s):
+    return x * s
+
+
+def keys(x, d):
+    return x + 1, list(d)
+
+
+def test_constants_are_guarded_by_type_sign_and_nan():
+    """1, 1.0 and True are equal, -0.0 equals 0.0, NaN equals nothing: the guard tells them
+    apart (a tensor in the tuple is a miss, not its truth value)."""
+    same_calls(scaled, [lambda f, t=t: f(X, t) for t in [(1,), (1.0,), (True,), (torch.tensor(2.0),), (1,)]])
+    same_calls(times, [lambda f, s=s: f(X, s) for s in [0.0, -0.0, float("nan"), float("nan"), 0.0]])
+    same_calls(keys, [lambda f, d=d: f(X, d) for d in [{1: 1}, {1.0: 1}, {True: 1}]])
+
+
+def products(x, *args):
+    out = x
+    for a in args:
+        out = out * a
+    return out
+
+
+def test_varargs_that_change_from_numbers_to_tensors():
+    same_calls(products, [lambda f: f(X, 2), lambda f: f(X, X, 2.5), lambda f: f(X, 2)])
+
+
+def repeats(x):
+    return list(itertools.repeat(x, 2)), list(itertools.repeat([1, 2], 2)), list(itertools.repeat(x, times=0))
+
+
+def test_itertools_repeat_repeats_its_object():
+    same_calls(repeats, [lambda f: f(X)])
+
+
+def counts(x):
+    x.counter = getattr(x, "counter", 0) + 1
+    return x + x.counter
+
+
+def test_an_attribute_a_tensor_is_given_is_read_again_each_call():
+    t, u = torch.zeros(2), torch.zeros(2)
+    compiled = minicompile.compile(counts)
+    for _ in range(3):
+        assert_same(compiled(t), counts(u))
+    assert t.counter == u.counter == 3
+
+
+class Adds:
+    def go(self, x):
+        return x + 1
+
+    def __call__(self, x):
+        return x + 2
+
+
+class UsesHelper(torch.nn.Module):
+    def forward(self, x):
+        return self.helper(x)
+
+    def helper(self, x):
+        return x + 1
+
+
+def goes(x, obj):
+    return obj.go(x), obj(x)
+
+
+def test_a_method_set_on_the_instance_or_a_call_patched_on_the_class_is_seen():
+    a, b = Adds(), Adds()
+    same_calls(goes, [lambda f: f(X, a)])
+    a.go = b.go = lambda v: v - 7
+    same_calls(goes, [lambda f: f(X, a)])
+    saved = Adds.__call__
+    try:
+        Adds.__call__ = lambda self, x: x * 0 + 9
+        same_calls(goes, [lambda f: f(X, b)])
+    finally:
+        Adds.__call__ = saved
+    m = UsesHelper()
+    compiled = minicompile.compile(m)
+    assert_same(compiled(X), X + 1)
+    m.helper = lambda v: v * 3
+    assert_same(compiled(X), X * 3)
+
+
+def factory(x):
+    return torch.zeros(2).dtype, (x * torch.tensor(1.5)).dtype
+
+
+def test_the_default_dtype_is_part_of_the_guard():
+    compiled = minicompile.compile(factory)
+    x = torch.ones(2, dtype=torch.int64)
+    assert compiled(x) == factory(x)
+    with contextlib.ExitStack() as stack:
+        torch.set_default_dtype(torch.float64)
+        stack.callback(torch.set_default_dtype, torch.float32)
+        assert compiled(x) == factory(x) == (torch.float64, torch.float64)
+
+
+SCALE = {"k": 2}
+
+
+@functools.lru_cache(maxsize=None)
+def cached_scale(n):
+    return SCALE["k"] * n
+
+
+def cached(x):
+    return x * cached_scale(3)
+
+
+def test_a_cached_function_is_called_again_after_its_cache_is_cleared():
+    compiled = minicompile.compile(cached)
+    assert_same(compiled(X), X * 6)
+    SCALE["k"] = 10
+    cached_scale.cache_clear()
+    try:
+        assert_same(compiled(X), X * 30)
+    finally:
+        SCALE["k"] = 2
+        cached_scale.cache_clear()
+
+
+def takes(x, **kw):
+    return kw
+
+
+def merges(x, d):
+    return takes(x, **d, **{"a": 3})
+
+
+class Slots:
+    __slots__ = ("a",)
+
+    def __init__(self, a):
+        self.a = a
+
+
+def sets_a_slot(x, s):
+    try:
+        s.b = 5
+    except AttributeError:
+        return x - 1
+    return x + 1
+
+
+def test_errors_python_raises_are_raised():
+    """A key given twice to a call; an attribute a __slots__ class has no slot for."""
+    same_calls(merges, [lambda f: f(X, {"a": 1}), lambda f: f(X, {"b": 1})])
+    same_calls(sets_a_slot, [lambda f: f(X, Slots(1))])
+
+
+class Slices(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.seq = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.Tanh(), torch.nn.ReLU())
+        self.layers = torch.nn.ModuleList([torch.nn.ReLU(), torch.nn.Tanh()])
+
+    def forward(self, x):
+        return self.seq[1:](self.seq[:1](x)), type(self.layers[1:]).__name__, type(self.seq[:2]).__name__
+
+
+class Wrapper(torch.nn.Module):
+    """Forwards what it lacks to the module it wraps (a common adapter's __getattr__)."""
+
+    def __init__(self):
+        super().__init__()
+        self.inner = torch.nn.Linear(4, 4)
+
+    def __getattr__(self, name):
+        try:
+            return super().__getattr__(name)
+        except AttributeError:
+            return getattr(self.inner, name)
+
+    def forward(self, x):
+        return x @ self.weight.t() + self.bias
+
+
+class Decorated:
+    def __init__(self, k):
+        self.k = k
+
+    @minicompile.compile
+    def scale(self, x):
+        return x * self.k
+
+
+@pytest.mark.parametrize("make", [Slices, Wrapper])
+def test_modules_that_slice_sequentials_or_forward_attributes(make):
+    m = make()
+    x = torch.randn(2, 4)
+    assert_same(minicompile.compile(m)(x), m(x))
+
+
+def test_a_method_decorated_in_its_class_is_bound_to_its_instance():
+    assert_same(Decorated(3).scale(X), X * 3)
+
+
+def grows(x, items):
+    for v in items:
+        if len(items) < 5:
+            items.append(v + 1)
+    return x + len(items), items
+
+
+def writes_ahead(x, items):
+    out = []
+    for v in items:
+        items[-1] = v * 10
+        out.append(v)
+    return out
+
+
+def updates_values(x, d):
+    out = []
+    for k, v in d.items():
+        out.append(v)
+        d["b"] = 100
+    return out
+
+
+def adds_keys(x, d):
+    try:
+        for k in d:
+            d[k + "x"] = 1
+    except RuntimeError:
+        return x - 1
+    return x + 1
+
+
+def after_the_end(x, d, items):
+    it, li = iter(d), iter(items)
+    a, b = list(it), list(li)
+    d["new"], _ = 1, items.append(5)
+    return x + len(a), next(it, None), b, next(li, None)
+
+
+def returns_an_iterator(x, items):
+    return iter(items)
+
+
+@pytest.mark.parametrize("fn, make", [
+    (grows, lambda: ([1],)), (writes_ahead, lambda: ([1, 2, 3],)),
+    (updates_values, lambda: ({"a": 1, "b": 2},)), (adds_keys, lambda: ({"a": 1},)),
+    (after_the_end, lambda: ({"a": 1}, [1, 2]))])
+def test_loops_see_the_container_as_it_changes(fn, make):
+    """A list's iterator reads it as the loop goes; a dict's raises if its size changes; a
+    view's values are read when reached; an exhausted iterator stays so."""
+    mine, theirs = make(), make()
+    assert_same(outcome(minicompile.compile(fn), X, *mine), outcome(fn, X, *theirs))
+    assert_same(list(mine), list(theirs))
+
+
+def test_an_iterator_over_a_list_returned_from_the_frame_is_the_lists():
+    items = [1, 2]
+    it = minicompile.compile(returns_an_iterator)(X, items)
+    assert next(it) == 1
+    items.append(3)
+    assert list(it) == [2, 3]
+
+
+def makes_a_leaf(x):
+    w = torch.ones(3, requires_grad=True)
+    return (w * x).sum(), w, torch.full((2,), 2.0, requires_grad=True), x.new_zeros(2, requires_grad=True)
+
+
+def test_a_factory_asked_for_requires_grad_makes_a_leaf():
+    """torch.ones(3, requires_grad=True) and x.new_zeros(..., requires_grad=True): leaves whose
+    gradient the caller reads."""
+    x = torch.randn(3)
+    with pytest.warns(UserWarning, match="runs eagerly"):    # (the leaves leave the graph)
+        loss, w, full, zeros = minicompile.compile(makes_a_leaf)(x)
+    assert w.requires_grad and w.is_leaf and full.requires_grad and zeros.requires_grad
+    loss.backward()
+    assert_same(w.grad, x)
+
+
+Pair = __import__("collections").namedtuple("Pair", ["first", "second"])
+
+
+def asks_a_pair(x):
+    p = Pair(x * 2, None)
+    buckets = p.buckets if hasattr(p, "buckets") else None      # (Reformer's attention outputs)
+    return (x + 1 if buckets is None else x - 1), hasattr(p, "first"), p.count(None)
+
+
+def test_a_named_tuple_made_in_the_frame_has_only_its_fields_and_methods():
+    same_calls(asks_a_pair, [lambda f: f(X)])
+
+
+def nonlocal_then_print(x):
+    n, z = 0, None
+
+    def inner():
+        nonlocal n, z
+        n, z = 5, x.sum()
+        print("in inner")                 # a break inside the inlined call
+        n += 1
+        return x * 2
+    r = inner()
+    return r, n, z
+
+
+def counts_across_a_break(x):
+    n = 0
+
+    def inc():
+        nonlocal n
+        n += 1
+    inc()
+    print("break")
+    inc()
+    later = lambda: n * 10               # made after the break: the same cell
+    return x + n, later()
+
+
+def walrus_in_a_filter(x):
+    z, count = None, 0
+    r = [y for y in [x, x * 2] if (z := y.sum()) > 0 and (count := count + 1)]
+    return len(r), z, count
+
+
+@pytest.mark.parametrize("fn", [nonlocal_then_print, counts_across_a_break, walrus_in_a_filter])
+def test_cells_written_by_nested_functions_across_graph_breaks(fn, capsys):
+    """A nested function's (or a comprehension's) writes to the frame's cells, before and
+    after a graph break, are the frame's: the break's call runs for real on the same cells."""
+    same_calls(fn, [lambda f: f(torch.arange(4.0)), lambda f: f(-torch.arange(4.0)), lambda f: f(torch.arange(4.0))])
+
+
+def uses_len(x, items):
+    return x + len(items)
+
+
+def test_a_global_that_hides_a_builtin_is_seen():
+    compiled = minicompile.compile(uses_len)
+    assert_same(compiled(X, [1, 2]), X + 2)
+    globals()["len"] = lambda items: 7
+    try:
+        assert_same(compiled(X, [1, 2]), X + 7)
+    finally:
+        del globals()["len"]
+    assert_same(compiled(X, [1, 2]), X + 2)
+
+
+def stops_inside(it):
+    yield 1
+    yield next(it)              # exhausted: StopIteration inside the generator's body
+
+
+def drains(x):
+    try:
+        return list(stops_inside(iter([])))
+    except RuntimeError:
+        return x - 1
+
+
+def shows(x, s):
+    return x * s, str(s)
+
+
+def adds(x, n):
+    return x + n
+
+
+def test_pep_479_the_sign_of_zero_and_ints_past_int64():
+    """A StopIteration out of a generator's body is a RuntimeError; a float specialized by
+    value tells -0.0 from 0.0; an int past int64 is eager's OverflowError, not wrapped."""
+    same_calls(drains, [lambda f: f(X)])
+    same_calls(shows, [lambda f, s=s: f(X, s) for s in (1.0, 0.0, -0.0, 0.0)])
+    xi = torch.arange(3)
+    same_calls(adds, [lambda f, n=n: f(xi, n) for n in (5, 6, 2**64 + 1, 7)])
+
+
+class Level(__import__("enum").IntEnum):
+    HIGH = 3
+
+
+def scales_by_a_level(x):
+    return x * Level.HIGH + 1
+
+
+def test_an_int_enum_member_in_a_kernel_is_its_number():
+    minicompile.metrics.reset()
+    assert_same(minicompile.compile(scales_by_a_level)(X), X * 3 + 1)
+    assert minicompile.metrics.kernels == 1
+
+
+def reshapes_in_place(x):
+    mask = x > 0
+    first = mask[0]
+    mask.unsqueeze_(1)                  # (BigBird's band mask)
+    y = (x * 2).t_()
+    held = [y]
+    y.unsqueeze_(0)
+    return mask.float() * 3, first, y + 1, held[0].shape
+
+
+def annotated(x, items: list[int]):
+    def helper(v: dict[str, int], w: "tuple[int, ...]" = ()) -> list[float]:
+        return [v["a"] * 1.0]
+    return x + helper({"a": len(items)})[0]
+
+
+def backbone(x):
+    from transformers.modeling_outputs import BackboneOutput
+    out = BackboneOutput(feature_maps=(x.relu(), x.sigmoid()))
+    return out.feature_maps[1] + 1, len(out)
+
+
+@pytest.mark.parametrize("fn", [reshapes_in_place, annotated, backbone])
+def test_in_one_graph(fn):
+    """A tensor the graph made, reshaped in place; a function made with annotations that
+    subscript builtins; a ModelOutput whose one field is a tuple of tensors."""
+    if fn is backbone:
+        pytest.importorskip("transformers.modeling_outputs")
+    args = (torch.randn(3, 4),) + (([1, 2],) if fn is annotated else ())
+    minicompile.metrics.reset()
+    assert_same(minicompile.compile(fn)(*args), fn(*args))
+    assert minicompile.metrics.graph_breaks == 0
