@@ -479,3 +479,18 @@ def test_in_one_graph(fn):
     minicompile.metrics.reset()
     assert_same(minicompile.compile(fn)(*args), fn(*args))
     assert minicompile.metrics.graph_breaks == 0
+
+
+def reversed_then_shrunk(x, items):
+    r = reversed(items)
+    items.pop()
+    out = []
+    for v in reversed(items):
+        out.append(v)
+        if len(items) > 1:
+            items.pop(0)
+    return x + 1, list(r), out
+
+
+def test_reversed_reads_the_list_as_it_goes():
+    same_calls(reversed_then_shrunk, [lambda f: f(X, [1, 2, 3, 4])])

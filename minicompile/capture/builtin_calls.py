@@ -28,7 +28,8 @@ import torch.fx
 from .breaks import ObservedException, Unsupported
 from .sources import AttrSource, GenericAttrSource, ItemSource, Source
 from .values import (DELETED, BaseListVariable, BuiltinVariable, ConstantVariable, DictVariable,
-                     DictViewVariable, GeneratorVariable, IteratorVariable, LazyIteratorVariable, ListVariable, ModuleSliceVariable,
+                     DictViewVariable, GeneratorVariable, IteratorVariable, LazyIteratorVariable, ListVariable,
+                     ModuleSliceVariable,
                      ModelOutputVariable,
                      NNModuleVariable, PythonModuleVariable, SymIntVariable, TensorVariable,
                      TupleVariable, TypeVariable, UserObjectVariable, VariableTracker, example_of,
@@ -184,6 +185,8 @@ def _builtin_iter(kind):
         if kind == "reversed":
             if isinstance(args[0], ITERATORS):
                 raise tx.unsupported(f"reversed() of {args[0].describe()}", "it is not reversible")
+            if type(args[0]) is ListVariable:       # from its last item down, read as it goes
+                return IteratorVariable([], over=args[0], backward=True, python_type=type(reversed([])))
             return IteratorVariable(list(reversed(tx.iterate(args[0]))))
         if kind == "enumerate":
             start = args[1] if len(args) > 1 else kwargs.get("start", ConstantVariable(0))

@@ -308,7 +308,7 @@ class TemplateBuilder:
         if isinstance(v, V.IteratorVariable):
             if v.source is not None and self._source_fn(v.source) is not None:
                 return ["src", self._source_fn(v.source)]     # the real one, advanced (an effect)
-            if isinstance(v.over, V.ListVariable):            # over the list itself, from where it is
+            if isinstance(v.over, V.ListVariable) and not v.backward:     # over the list, from where it is
                 return ["listiter", self.build(v.over), v.index]
             return ["iter", [self.build(i) for i in v.remaining()]]
         if isinstance(v, V.ExceptionVariable):

@@ -82,6 +82,15 @@ def next_item(tx, it: VariableTracker, sent: Optional[VariableTracker] = None) -
         d = it.dict_of(it.over)
         if d is not None and len(d.items) != it.size:         # (checked first, as CPython does)
             raise tx.observed(RuntimeError("dictionary changed size during iteration"))
+        if it.backward:
+            if not 0 <= it.index < len(it.items):
+                if it.over is not None:          # exhausted for good
+                    out.record_mutation(it)
+                    it.index, it._items, it.over = -1, [], None
+                return None
+            out.record_mutation(it)
+            it.index -= 1
+            return it.items[it.index + 1]
         if it.index >= len(it.items):
             if it.over is not None:     # CPython's lets go of its container: exhausted for good
                 out.record_mutation(it)

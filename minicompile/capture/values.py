@@ -430,9 +430,15 @@ class IteratorVariable(VariableTracker):
     ModuleList): loops are unrolled, so every item is known when the iterator is made."""
 
     def __init__(self, items: List[VariableTracker], index: int = 0, source: Optional[Source] = None,
-                 python_type: Optional[type] = None, over: Optional[VariableTracker] = None):
+                 python_type: Optional[type] = None, over: Optional[VariableTracker] = None,
+                 backward: bool = False):
         self._items = list(items)
         self.index = index
+        # reversed() of a list: `index` counts down from its last item then, as CPython's
+        # reversed iterator does (an item the list no longer has ends it)
+        self.backward = backward
+        if backward:
+            self.index = len(over.items) - 1
         self.source = source       # read from outside the frame: advanced for real after the graph
         self.python_type = python_type     # what eager's would be, where known (isinstance)
         # iter() of a list: its items read as the loop goes, as CPython's list iterator does (a
@@ -459,6 +465,9 @@ class IteratorVariable(VariableTracker):
         return item
 
     def remaining(self) -> List[VariableTracker]:
+        if self.backward:
+            return [self.items[i] for i in range(min(self.index, len(self.items) - 1), -1, -1)] \
+                if self.index < len(self.items) else []
         return [self.item(i) for i in range(self.index, len(self.items))]
 
     def state(self):                          # (what OutputGraph.record_mutation saves)
@@ -468,7 +477,7 @@ class IteratorVariable(VariableTracker):
         self.index, self._items, self.over = state
 
     def describe(self):
-        return f"iterator({len(self.items) - self.index} left)"
+        return f"iterator({len(self.remaining())} left)"
 
 
 class GeneratorVariable(VariableTracker):

@@ -271,9 +271,13 @@ def _number_over(node, values, number, x):
     if meta is None or not meta.dtype.is_floating_point or type(number) not in (int, float):
         return NotImplemented
     dt = meta.dtype
-    return _pointwise_box(node, values, lambda v: ops.mul(ops.round_to(ops.reciprocal(v), dt), ops.constant(
-        number, compute_dtype(dt))) if dt in (torch.float16, torch.bfloat16) else ops.mul(ops.reciprocal(v), ops.constant(
-            number, compute_dtype(dt))), [x])
+
+    def fn(v):
+        inverse = ops.reciprocal(v)
+        if dt in (torch.float16, torch.bfloat16):
+            inverse = ops.round_to(inverse, dt)
+        return ops.mul(inverse, ops.constant(number, compute_dtype(dt)))
+    return _pointwise_box(node, values, fn, [x])
 
 
 _arith("add", [operator.add, operator.iadd, "__radd__"])
