@@ -12,11 +12,14 @@ What is checked, and why:
   trace, since Dynamo, which binds arguments before guarding, would not recompile either);
 - every tensor input (parameters and buffers too): exact type, dtype, device, sizes, strides,
   requires_grad: the graph was specialized to all of these (static shapes);
-- Python scalars, strings, None, dtypes: by value (they were baked into the graph);
+- Python scalars, strings, None, dtypes: by value and type (they were baked into the graph;
+  1.0 is not 1, -0.0 is not 0.0, a NaN is a NaN: `same_constant`);
 - tuples/lists/dicts: type and length/keys (their items are guarded one by one);
 - nn.Modules: type, `.training`, and that no forward hooks appeared (forward was inlined);
 - globals and closure cells read: identity for functions/modules/classes, value for scalars;
-- grad mode.
+  a builtin read: that no global of its name hides it; an instance's method: that no
+  attribute of the instance hides it;
+- grad mode, the default dtype, autocast, TF32 (`global_state`).
 Each check is a plain expression, evaluated in order, failing fast. The tensors' checks are
 the one exception: a guard's tensors with static shapes are checked together, by ONE call of
 TorchDynamo's own C++ `TensorGuards` (type, dispatch keys, dtype, device, sizes, strides,
