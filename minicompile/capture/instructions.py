@@ -901,7 +901,7 @@ def _dict_merge(tx, inst):
         raise tx.unsupported(f"{inst.opname} with {v.describe()}")
     if inst.opname == "DICT_MERGE" and (twice := next((k for k in v.items if k in d.items), None)) is not None:
         # f(**a, **b) with a key in both: CPython's TypeError, naming the function called
-        fn = tx.stack[-inst.arg - (3 if sys.version_info >= (3, 13) else 2)]    # (3.13: self or NULL between)
+        fn = tx.stack[-inst.arg - (3 if tx.version >= (3, 13) else 2)]    # (3.13: self or NULL between)
         real = getattr(fn, "value", None)
         name = f"{real.__module__}.{real.__qualname__}()" if hasattr(real, "__qualname__") else "function"
         raise tx.observed(TypeError(f"{name} got multiple values for keyword argument '{twice}'"))

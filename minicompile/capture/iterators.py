@@ -42,16 +42,10 @@ def iter_of(tx, v: VariableTracker) -> VariableTracker:
             return it
     if type(v) is ListVariable:                                   # read as the loop goes
         return IteratorVariable([], python_type=_iterator_type(v), over=v)
-    if isinstance(v, DictVariable):
-        return IteratorVariable([key_variable(k) for k in v.items], python_type=_iterator_type(v), over=v)
-    if isinstance(v, DictViewVariable):
-        keys = [key_variable(k) for k in v.dict_var.items]
-        return IteratorVariable(keys, python_type=_view_iterator_type(v), over=v)
+    d = IteratorVariable.dict_of(v)
+    if d is not None:                                             # a dict or a view of one
+        return IteratorVariable([key_variable(k) for k in d.items], python_type=_iterator_type(v), over=v)
     return IteratorVariable(tx.iterate(v), python_type=_iterator_type(v))
-
-
-def _view_iterator_type(v) -> type:
-    return type(iter(getattr({}, v.kind)()))
 
 
 def _iterator_type(v: VariableTracker) -> Optional[type]:
@@ -60,6 +54,8 @@ def _iterator_type(v: VariableTracker) -> Optional[type]:
         return type(iter(v.python_type()))
     if isinstance(v, DictVariable):
         return type(iter({}))
+    if isinstance(v, DictViewVariable):
+        return type(iter(getattr({}, v.kind)()))
     if isinstance(v, ConstantVariable) and isinstance(v.value, (str, tuple, range, frozenset, bytes)):
         return type(iter(v.value))
     return None
@@ -82,24 +78,16 @@ def next_item(tx, it: VariableTracker, sent: Optional[VariableTracker] = None) -
         d = it.dict_of(it.over)
         if d is not None and len(d.items) != it.size:         # (checked first, as CPython does)
             raise tx.observed(RuntimeError("dictionary changed size during iteration"))
-        if it.backward:
-            if not 0 <= it.index < len(it.items):
-                if it.over is not None:          # exhausted for good
-                    out.record_mutation(it)
-                    it.index, it._items, it.over = -1, [], None
-                return None
-            out.record_mutation(it)
-            it.index -= 1
-            return it.items[it.index + 1]
-        if it.index >= len(it.items):
+        i = it.index
+        if not 0 <= i < len(it.items):
             if it.over is not None:     # CPython's lets go of its container: exhausted for good
                 out.record_mutation(it)
-                it.index, it._items, it.over = len(it.items), list(it.items), None
+                it._items, it.over = [], None
             return None
         out.record_mutation(it)
         out.advanced(it)
-        it.index += 1
-        return it.item(it.index - 1)
+        it.index += -1 if it.backward else 1
+        return it.item(i)
     if isinstance(it, GeneratorVariable):
         return _resume(tx, it, sent)
     if isinstance(it, LazyIteratorVariable):

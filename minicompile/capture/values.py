@@ -466,8 +466,7 @@ class IteratorVariable(VariableTracker):
 
     def remaining(self) -> List[VariableTracker]:
         if self.backward:
-            return [self.items[i] for i in range(min(self.index, len(self.items) - 1), -1, -1)] \
-                if self.index < len(self.items) else []
+            return self.items[self.index::-1] if 0 <= self.index < len(self.items) else []
         return [self.item(i) for i in range(self.index, len(self.items))]
 
     def state(self):                          # (what OutputGraph.record_mutation saves)
