@@ -306,6 +306,7 @@ class CompiledFunction:
         except Unsupported as err:
             if self.fullgraph:
                 raise
+            err.kept()
             if not eager:
                 # Dynamo skips the frame (here: from this segment on): it runs eagerly, its
                 # calls to user functions are compiled on their own

@@ -1,9 +1,11 @@
 """Python that users write around tensors, run compiled and eagerly: the same results, the same
 changes to what the call was given, the same exceptions, call after call as what the trace
 relied on changes (an alias, a type, an instance's attribute, a cache, a container iterated)."""
+import collections
 import contextlib
 import functools
 import itertools
+import math
 
 import pytest
 import torch
@@ -404,6 +406,28 @@ def test_a_global_that_hides_a_builtin_is_seen():
     assert_same(compiled(X, [1, 2]), X + 2)
 
 
+def torch_and_math(x):
+    return torch.nn.functional.relu(x - 0.5) * math.sqrt(4)
+
+
+@pytest.mark.parametrize("owner, name, patch", [
+    (torch.nn.functional, "relu", lambda v: v * 100),
+    (math, "sqrt", lambda v: 10.0),
+])
+def test_a_function_of_torch_or_math_replaced_by_the_user_is_seen(owner, name, patch):
+    """Torch's own code is trusted, but what the user's code reads of torch's modules (and of
+    the standard library's) is guarded: a user may replace it, as a test's monkeypatch does."""
+    compiled = minicompile.compile(torch_and_math)
+    assert_same(compiled(X), torch_and_math(X))
+    original = getattr(owner, name)
+    setattr(owner, name, patch)
+    try:
+        assert_same(compiled(X), torch_and_math(X))
+    finally:
+        setattr(owner, name, original)
+    assert_same(compiled(X), torch_and_math(X))
+
+
 def stops_inside(it):
     yield 1
     yield next(it)              # exhausted: StopIteration inside the generator's body
@@ -494,3 +518,114 @@ def reversed_then_shrunk(x, items):
 
 def test_reversed_reads_the_list_as_it_goes():
     same_calls(reversed_then_shrunk, [lambda f: f(X, [1, 2, 3, 4])])
+
+
+@contextlib.contextmanager
+def logged(log, name):
+    log.append(f"enter {name}")
+    try:
+        yield
+    finally:
+        log.append(f"exit {name}")
+
+
+def counting(x, log, name="gen"):
+    with logged(log, name):
+        yield x
+        yield x + 1
+    log.append("unreached")
+
+
+def breaks_out(x, log):
+    for v in counting(x, log):
+        break
+    log.append("after the loop")
+    return v
+
+
+def returns_from_the_loop(x, log):
+    for v in counting(x, log):
+        return v * 2
+
+
+def helper_keeps_one_in_a_local(x, log):
+    g = counting(x, log, "inner")
+    return next(g) * 3          # returns: its local goes, the generator is closed
+
+
+def calls_the_helper(x, log):
+    y = helper_keeps_one_in_a_local(x, log)
+    log.append("helper returned")
+    return y
+
+
+def keeps_it(x, log, kept):
+    g = counting(x, log)
+    first = next(g)
+    kept.append(g)               # still referenced: not closed
+    return first
+
+
+def returns_it(x, log):
+    g = counting(x, log)
+    next(g)
+    return g
+
+
+@pytest.mark.parametrize("fn", [breaks_out, returns_from_the_loop, calls_the_helper])
+def test_a_generator_let_go_of_is_closed_then(fn):
+    """CPython closes a generator when its last reference goes (a loop left by break or
+    return, a frame's locals as it returns): its finally blocks and with-exits run then."""
+    logs = []
+    same_calls(fn, [lambda f: (f(X, log := []), log, logs.append(log))[:2]] * 2)
+    assert logs[0][-1] in ("after the loop", "exit gen", "helper returned")
+
+
+def test_a_generator_still_referenced_is_not_closed():
+    for fn in (keeps_it, returns_it):
+        compiled = minicompile.compile(fn)
+        for _ in range(2):
+            eager_log, log, eager_kept, kept = [], [], [], []
+            args = (eager_kept,) if fn is keeps_it else ()
+            eager_out = fn(X, eager_log, *args)
+            out = compiled(X, log, *((kept,) if fn is keeps_it else ()))
+            assert log == eager_log == ["enter gen"]
+            rest = (kept[0] if kept else out), (eager_kept[0] if eager_kept else eager_out)
+            assert_same(next(rest[0]), next(rest[1]))      # it goes on where it was
+            assert log == eager_log == ["enter gen"]
+
+
+def closes_with_a_print(x):
+    for v in counting_and_printing(x):
+        return v + 1
+
+
+def counting_and_printing(x):
+    try:
+        yield x
+    finally:
+        print("closed")
+
+
+def test_a_generator_closed_at_a_graph_break_runs_its_finally_once(capsys):
+    compiled = minicompile.compile(closes_with_a_print)
+    for _ in range(2):
+        assert_same(compiled(X), X + 1)
+        assert capsys.readouterr().out == "closed\n"
+
+
+Pair = collections.namedtuple("Pair", "first second")
+
+
+def types_of(x):
+    found, pair = torch.max(x, 0), Pair(x, 1)
+    return (found.values + 1, type(found).__name__, isinstance(found, torch.return_types.max),
+            type(pair).__name__, isinstance(pair, Pair), isinstance(found, tuple),
+            [type(it).__name__ for it in (iter(pair), iter((x,)), iter([x]), iter({1: 2}), iter("ab"),
+                                          iter(range(3)), reversed([1]), enumerate([1]), zip([1]))])
+
+
+def test_types_of_named_results_and_iterators_are_eagers():
+    """torch.max's result is a torch.return_types.max, a namedtuple made in the frame is of its
+    class, and an iterator over a tuple a tuple_iterator (not a plain tuple, a list_iterator)."""
+    same_calls(types_of, [lambda f: f(X)])

@@ -706,3 +706,20 @@ def test_true_as_an_index_adds_a_dimension():
     x = randn(2, 3)
     for f in (lambda x: x[True] * 1, lambda x: x[None, True] * 1, lambda x: x[:, True] + 1):
         torch.testing.assert_close(minicompile.compile(f)(x), f(x))
+
+
+def max_into(x, values, indices):
+    found = torch.max(x, 1, out=(values, indices))
+    return found.values * 2, found.indices, type(found).__name__
+
+
+def test_an_out_pair_comes_back_as_the_ops_result_type():
+    """torch.max(..., out=(v, i)) returns torch.return_types.max_out, fields by name, holding
+    the very tensors given (written)."""
+    x = randn(4, 5)
+    compiled = minicompile.compile(max_into)
+    outs = [torch.empty(4), torch.empty(4, dtype=torch.long)]
+    doubled, indices, kind = compiled(x, *outs)
+    assert kind == "max_out" and indices is outs[1]
+    torch.testing.assert_close(doubled, x.max(1).values * 2)
+    torch.testing.assert_close(outs[0], x.max(1).values)

@@ -53,6 +53,13 @@ class Unsupported(Exception):
         self.user_stack = list(user_stack or [])
         super().__init__(reason)
 
+    def kept(self) -> "Unsupported":
+        """Itself, as a cache keeps it to explain a break: without the frames it was raised
+        through and the exceptions it was raised while handling, which hold the call's values
+        (a generator there would not be closed while they live)."""
+        self.__traceback__ = self.__cause__ = self.__context__ = None
+        return self
+
     def __str__(self) -> str:
         lines = [f"Unsupported: {self.reason}"]
         if self.explanation:

@@ -397,6 +397,8 @@ def _builtin_type(tx, args, kwargs):
         return TypeVariable(type(v.module), source)
     if isinstance(v, UserObjectVariable):
         return TypeVariable(type(v.value), source)
+    if isinstance(v, (IteratorVariable, GeneratorVariable, LazyIteratorVariable)) and v.python_type is not None:
+        return tx.output.wrap(v.python_type, None)         # (eager's: tuple_iterator...)
     if v.is_constant():
         return tx.output.wrap(type(v.as_example()), None)
     raise tx.unsupported(f"type() of {v.describe()}")

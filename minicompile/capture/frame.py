@@ -310,7 +310,7 @@ class TemplateBuilder:
                 return ["src", self._source_fn(v.source)]     # the real one, advanced (an effect)
             if isinstance(v.over, V.ListVariable) and not v.backward:     # over the list, from where it is
                 return ["listiter", self.build(v.over), v.index]
-            return ["iter", [self.build(i) for i in v.remaining()]]
+            return ["iter", [self.build(i) for i in v.remaining()], v.python_type]
         if isinstance(v, V.ExceptionVariable):
             return ["exception", v.cls, [self.build(a) for a in v.args],
                     [(k, self.build(a)) for k, a in v.items.items()]]
@@ -445,7 +445,7 @@ def rebuild(t, outs, env, memo=None):
     elif kind == "modeloutput":
         r = t[1](**{k: rebuild(x, outs, env, memo) for k, x in t[2]})
     elif kind == "iter":
-        r = iter([rebuild(x, outs, env, memo) for x in t[1]])
+        r = _iterator_of(t[2], [rebuild(x, outs, env, memo) for x in t[1]])
     elif kind == "listiter":
         r = iter(rebuild(t[1], outs, env, memo))
         for _ in range(t[2]):
@@ -493,6 +493,19 @@ def rebuild(t, outs, env, memo=None):
         raise AssertionError(kind)
     memo[key] = r
     return r
+
+
+def _iterator_of(python_type, items: list):
+    """An iterator over `items` of eager's type where one can be made so (over a tuple, a str,
+    a dict's keys, a reversed list), else a list's."""
+    makers = {type(iter(())): tuple, type(iter("")): "".join, type(iter("\u0100")): "".join,
+              type(iter({})): dict.fromkeys, type(reversed([])): lambda xs: reversed(xs[::-1])}
+    maker = makers.get(python_type)
+    try:
+        made = iter(maker(items)) if maker is not None else None
+    except TypeError:                                  # (items a str's iterator cannot hold)
+        made = None
+    return made if made is not None and type(made) is python_type else iter(items)
 
 
 def _lazy_iterator(kind, fn, iterators, count, strict, bounds):
@@ -547,6 +560,10 @@ class Segment:
     make_env: Callable = None         # (F, args, kwargs) -> the namespace templates read
     check: Callable = None            # (F, args, kwargs) -> the graph's inputs if the guard holds
     guard_code: Any = None            # the guards.GuardCode they come from
+
+    def __post_init__(self):
+        if self.reason is not None:
+            self.reason.kept()
 
     def use(self, code) -> None:
         """Take the generated functions of a guards.GuardCode."""

@@ -17,6 +17,8 @@ What is checked, and why:
 - tuples/lists/dicts: type and length/keys (their items are guarded one by one);
 - nn.Modules: type, `.training`, and that no forward hooks appeared (forward was inlined);
 - globals and closure cells read: identity for functions/modules/classes, value for scalars;
+  what the user's code reads of a module, torch's and the standard library's too (`F.relu`,
+  `math.sqrt`: a test may patch them; torch's own code reading its modules is trusted);
   a builtin read: that no global of its name hides it; an instance's method: that no
   attribute of the instance hides it;
 - grad mode, the default dtype, autocast, TF32 (`global_state`).

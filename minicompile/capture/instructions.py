@@ -21,7 +21,7 @@ import torch.fx
 from .breaks import ObservedException, Return, Yield
 from .bytecode import BINARY_OP_SYMBOLS, COMPARE_OPS, _cmp_symbol, handles
 from .builtin_calls import _is_singleton, class_attr
-from .iterators import iter_of, next_item
+from .iterators import dropped, iter_of, next_item
 from .values import (DELETED, NULL, BaseListVariable, BoundMethodVariable, BuiltinVariable, CellVariable,
                      ClosureCellVariable, ConstantVariable, DictVariable, DictViewVariable, ExceptionVariable,
                      GeneratorVariable, GradModeVariable, ListVariable, ModelOutputVariable,
@@ -487,12 +487,18 @@ def _load_const(tx, inst):
 @handles("RETURN_VALUE")
 def _return_value(tx, inst):
     tx.return_value = tx.pop()
-    raise Return()
+    _returns(tx)
 
 
 @handles("RETURN_CONST", versions=[(3, 12), (3, 13)])
 def _return_const(tx, inst):
     tx.return_value = ConstantVariable(inst.argval)
+    _returns(tx)
+
+
+def _returns(tx):
+    """The frame ends: generators only its locals held are closed (as its locals go)."""
+    dropped(tx, list(tx.locals.values()), [tx.return_value], leaving=True)
     raise Return()
 
 
@@ -663,7 +669,7 @@ def _call_function_ex(tx, inst):
 
 @handles("POP_TOP")
 def _pop_top(tx, inst):
-    tx.pop()
+    dropped(tx, [tx.pop()], [tx])
 
 
 @handles("COPY")

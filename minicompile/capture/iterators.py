@@ -14,7 +14,9 @@ would do it:
   underlying iterator per item asked for, the function called on it then.
 
 Each step is recorded (OutputGraph.record_mutation: the iterator's state), so a graph break
-inside an inlined call rolls iterators back with everything else.
+inside an inlined call rolls iterators back with everything else. A generator the frame lets
+go of part way (a loop left by break or return, a returning frame's local) is closed then, as
+CPython's reference counting closes it (`dropped`): its finally blocks run in the trace.
 """
 from __future__ import annotations
 
@@ -51,7 +53,7 @@ def iter_of(tx, v: VariableTracker) -> VariableTracker:
 def _iterator_type(v: VariableTracker) -> Optional[type]:
     """The type of iter(v) in eager (list_iterator...), where v's own type is known."""
     if isinstance(v, BaseListVariable):
-        return type(iter(v.python_type()))
+        return type(iter(v.python_type() if not isinstance(v, TupleVariable) else ()))
     if isinstance(v, DictVariable):
         return type(iter({}))
     if isinstance(v, DictViewVariable):
@@ -172,6 +174,44 @@ def close(tx, gen: GeneratorVariable) -> None:
         return
     if item is not None:
         raise tx.observed(RuntimeError("generator ignored GeneratorExit"))
+
+
+def dropped(tx, gens, roots, leaving: bool = False) -> None:
+    """Generators the frame lets go of (the iterator a loop's `break` or `return` pops, a
+    frame's locals as it returns): CPython closes one when its last reference goes, so that its
+    finally blocks and `with` exits run then. Closed here in that order, unless something the
+    trace still has reaches it (`roots`, the frames running but the one `leaving`, what the
+    trace changed outside)."""
+    gens = [g for g in gens if isinstance(g, GeneratorVariable) and g.started and not g.done]
+    if not gens:
+        return
+    out = tx.output
+    running = [t for t in out.running if not (leaving and t is tx)]
+    reachable = _reachable(list(roots) + running + out.side_effects + list(out.cells.values())
+                           + list(out._global_writes.values()) + [v for _, v in out._containers.values()])
+    for gen in gens:
+        if id(gen) not in reachable:
+            close(tx, gen)
+
+
+def _reachable(roots) -> set:
+    """The ids of the trace's objects (variables, frames, their containers) that `roots` reach."""
+    seen, todo = set(), list(roots)
+    while todo:
+        obj = todo.pop()
+        if obj is None or id(obj) in seen:
+            continue
+        seen.add(id(obj))
+        if isinstance(obj, (list, tuple, set, frozenset)):
+            todo.extend(obj)
+        elif isinstance(obj, dict):
+            todo.extend(obj.keys())
+            todo.extend(obj.values())
+        elif type(obj).__module__.startswith(__package__) and hasattr(obj, "__dict__"):
+            # a variable or a frame of the trace (not the OutputGraph: its tables are roots; not
+            # a frame's caller: one running is a root, and a generator's creator may be gone)
+            todo.extend(v for k, v in vars(obj).items() if k not in ("output", "parent"))
+    return seen
 
 
 def _resume(tx, gen: GeneratorVariable, sent: Optional[VariableTracker]) -> Optional[VariableTracker]:

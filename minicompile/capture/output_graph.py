@@ -24,6 +24,7 @@ import os
 import re
 import sys
 import types
+import weakref
 from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
@@ -237,7 +238,8 @@ class OutputGraph:
         self.module_sources: set = set()       # sources of the modules read (their ints stay static)
         # the captured frame's globals: read as `G` (the called function's own) by the guard
         self.root_globals = root_func.__globals__
-        self.tx: Optional["InstructionTranslator"] = None     # the frame running now
+        self._tx = None                                         # the frame running now (tx)
+        self.running: List["InstructionTranslator"] = []      # it and those waiting on it
         # in-place changes to containers made in the trace: (variable, old items), so that
         # a graph break inside an inlined call can roll the trace back to the call site
         self.undo_log: List[Tuple[VariableTracker, Any]] = []
@@ -258,6 +260,16 @@ class OutputGraph:
         self.dynamic_policy: Optional[Callable] = None
         self.breaks_allowed = False          # root-frame Unsupported -> GraphBreak
         self.instruction_budget = 200_000     # unrolled loops: a bound, not a hang
+
+    @property
+    def tx(self) -> Optional["InstructionTranslator"]:
+        return self._tx() if self._tx is not None else None
+
+    @tx.setter
+    def tx(self, tx) -> None:
+        # held weakly: the frame holds the graph, and a cycle back would keep what the trace
+        # read (a generator, the call's tensors) alive past the trace, until a collection
+        self._tx = weakref.ref(tx) if tx is not None else None
 
     def record_mutation(self, var: VariableTracker):
         if hasattr(var, "state"):                 # an iterator: its position
@@ -666,7 +678,7 @@ class OutputGraph:
             raise self.unsupported(f"{name}() with an explicit torch.Generator",
                                    "random numbers from a generator object run as Python")
         writes = has_tensor and self._writes(kind, target, args, kwargs, ex_args, ex_kwargs)
-        out_given = ex_kwargs.get("out")
+        out_given, returned = ex_kwargs.get("out"), None
         if out_given is not None:
             # written on copies, and back only if the sizes stay: an `out=` of other sizes is
             # resized by PyTorch, which the graph cannot model (and the examples must not see)
@@ -699,7 +711,7 @@ class OutputGraph:
             for given, written in zip(_tensors_of(out_given), _tensors_of(ex_kwargs["out"])):
                 given.copy_(written)
             if result is not None and aliasing.returns_written(kind, target, args, kwargs, _constant):
-                result = out_given
+                returned, result = result, out_given
         if writes and (result is None or aliasing.returns_written(kind, target, args, kwargs, _constant)):
             # kept in the graph for its write; what it returns is what it wrote (`x.add_(1)`
             # is x: the same variable, so `y is x` and `self.buf += 1` hold as in eager), or
@@ -714,7 +726,11 @@ class OutputGraph:
             if result is None:
                 return ConstantVariable(None)
             where = aliasing.written(kind, target, args, kwargs, lambda v: isinstance(v, TensorVariable), _constant)
-            return aliasing.locate(where[0], args, kwargs)
+            written = aliasing.locate(where[0], args, kwargs)
+            if isinstance(returned, tuple) and type(returned) is not tuple and isinstance(written, TupleVariable):
+                # out=(values, indices): the same tensors, in the op's own result type (max_out)
+                return NamedTupleVariable(list(written.items), type(returned))
+            return written
         if not _contains_tensor_value(result):
             for sym in sym_leaves(list(args) + list(kwargs.values())):
                 sym.as_example()                 # a Python result of a size: specialized

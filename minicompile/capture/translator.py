@@ -130,6 +130,7 @@ class InstructionTranslator(CallsMixin):
         prev_tx = self.output.tx
         self.output.tx = self
         out = self.output
+        out.running.append(self)
         root = self.parent is None and out.breaks_allowed
         try:
             while True:
@@ -186,6 +187,7 @@ class InstructionTranslator(CallsMixin):
             return self.return_value
         finally:
             self.output.tx = prev_tx
+            out.running.pop()
 
     # -- exceptions the traced code raises and catches ------------------------------------
     def handle_exception(self, exc: VariableTracker) -> None:
@@ -539,9 +541,10 @@ class InstructionTranslator(CallsMixin):
             mod = obj.value
             if not hasattr(mod, name):
                 raise self.observed(AttributeError(f"module '{mod.__name__}' has no attribute '{name}'"))
-            src = None
-            if obj.source is not None and not _is_internal_module_name(mod.__name__):
-                src = AttrSource(obj.source, name)
+            # reached from the user's globals (`F.relu`, `math.sqrt`), the attribute is guarded
+            # even on torch's own modules: a user may replace it; torch's code reading its own
+            # modules has no source (trusted)
+            src = AttrSource(obj.source, name) if obj.source is not None else None
             return out.wrap(getattr(mod, name), src)
         if isinstance(obj, NamedTupleVariable):
             idx = obj.field_index(name)

@@ -142,11 +142,15 @@ class BaseListVariable(VariableTracker):
         self.items = list(items)
         self.source = source
 
+    def holding(self, values):
+        """A container of its kind holding `values` (a graph's or an example's)."""
+        return self.python_type(values)
+
     def as_proxy(self):
-        return self.python_type(i.as_proxy() for i in self.items)
+        return self.holding(i.as_proxy() for i in self.items)
 
     def as_example(self):
-        return self.python_type(i.as_example() for i in self.items)
+        return self.holding(i.as_example() for i in self.items)
 
     def is_constant(self):
         return all(i.is_constant() for i in self.items)
@@ -187,7 +191,13 @@ class NamedTupleVariable(TupleVariable):
 
     def __init__(self, items, tuple_cls, source=None):
         super().__init__(items, source)
-        self.tuple_cls = tuple_cls
+        self.tuple_cls = self.python_type = tuple_cls        # (type() and isinstance see it)
+
+    def holding(self, values):
+        return make_named_tuple(self.tuple_cls, list(values))
+
+    def as_proxy(self):
+        return tuple(i.as_proxy() for i in self.items)          # in a graph, a plain tuple
 
     def field_index(self, name: str) -> Optional[int]:
         # namedtuples have _fields; torch.return_types structseqs have __match_args__
@@ -380,7 +390,7 @@ def example_of(v: VariableTracker):
     if isinstance(v, SymIntVariable):
         return v.example
     if isinstance(v, BaseListVariable):
-        return v.python_type(example_of(i) for i in v.items)
+        return v.holding(example_of(i) for i in v.items)
     if isinstance(v, DictVariable):
         return {k: example_of(i) for k, i in v.items.items()}
     if isinstance(v, SliceVariable):
