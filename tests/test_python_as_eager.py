@@ -3,9 +3,11 @@ changes to what the call was given, the same exceptions, call after call as what
 relied on changes (an alias, a type, an instance's attribute, a cache, a container iterated)."""
 import collections
 import contextlib
+import copy
 import functools
 import itertools
 import math
+import operator
 
 import pytest
 import torch
@@ -629,3 +631,109 @@ def test_types_of_named_results_and_iterators_are_eagers():
     """torch.max's result is a torch.return_types.max, a namedtuple made in the frame is of its
     class, and an iterator over a tuple a tuple_iterator (not a plain tuple, a list_iterator)."""
     same_calls(types_of, [lambda f: f(X)])
+
+
+def operator_statements(x, items, table):
+    operator.setitem(items, 0, 9)
+    operator.delitem(table, "a")
+    grown = operator.iadd(items, [x])
+    return (x + items[0] + len(table), operator.is_(items, items), operator.is_not(items, table),
+            operator.contains(table, "b"), grown is items, functools.reduce(operator.add, [x, x]))
+
+
+def test_operator_functions_do_what_their_statements_do():
+    """operator.setitem/delitem write the call's list and dict, operator.is_ compares objects:
+    as `l[0] = v`, `del d[k]`, `a is b` do (they ran on copies of the values)."""
+    same_calls(operator_statements, [lambda f: (f(X, items := [1, 2], table := {"a": 1, "b": 2}), items, table)] * 2)
+
+
+class Settings:
+    def __init__(self):
+        self.layers, self.options, self.depth = [8], {"act": "relu"}, 2
+
+    def total(self):
+        return sum(self.layers) + self.depth
+
+
+def copied_settings(x, settings):
+    deep, shallow = copy.deepcopy(settings), copy.copy(settings)
+    deep.layers.append(16)           # the copy's own list
+    shallow.options["norm"] = "ln"   # the original's very dict
+    return x + deep.total() + len(settings.options), deep.layers, shallow.options is settings.options
+
+
+def copied_lists(x, items, table):
+    a, b, c = copy.copy(items), copy.copy(table), copy.deepcopy([[1], 2])
+    a[0].append(x)                   # shared with items[0]
+    b["new"] = 1
+    c[0].append(3)
+    return a, b, c
+
+
+def test_copies_are_as_deep_as_eagers():
+    """copy.deepcopy's lists are the copy's own (a change to them was lost); copy.copy's are the
+    original's very ones (a change through the copy is a change of the original's)."""
+    settings = lambda f: (f(X, s := Settings()), vars(s))      # noqa: E731
+    same_calls(copied_settings, [settings] * 2)
+    same_calls(copied_lists, [lambda f: (f(X, items := [[1]], table := {"k": 1}), items, table)] * 2)
+
+
+class Plain:
+    pass
+
+
+def through_the_dict(x, obj):
+    own = obj.__dict__
+    before = len(own)
+    obj.z = 4                         # seen in the dict read before
+    own["w"] = 2                      # seen as an attribute
+    del vars(obj)["a"]
+    return x + before + len(own) + obj.w + obj.z, hasattr(obj, "a"), sorted(vars(obj))
+
+
+def with_a(f):
+    obj = Plain()
+    obj.a = 1
+    return f(X, obj), vars(obj)
+
+
+def test_an_instances_dict_and_its_attributes_see_each_other():
+    same_calls(through_the_dict, [with_a] * 2)
+
+
+class Counting:
+    """A descriptor whose __get__ counts its reads."""
+    reads = 0
+
+    def __get__(self, obj, owner=None):
+        Counting.reads += 1
+        return Counting.reads
+
+
+class Holder:
+    counted = Counting()
+
+    def __init__(self):
+        self.side = 2
+
+    @functools.cached_property
+    def area(self):
+        return self.side * self.side
+
+
+def descriptors(x, holder):
+    holder.side = 3
+    return x + holder.counted + holder.area, holder.area
+
+
+def test_python_descriptors_run_once_per_read_and_cached_properties_cache():
+    """A Python descriptor's __get__ ran when traced and in the guard on every call (a counter
+    in it counted twice a call); a cached_property was computed from the object as the call
+    found it (not from the frame's writes) and never stored."""
+    for _ in range(2):
+        results = []
+        for fn in (descriptors, minicompile.compile(descriptors)):
+            Counting.reads = 0
+            holder = Holder()
+            results.append(([fn(X, holder) for _ in range(3)], Counting.reads, vars(holder)))
+        assert_same(results[1], results[0])

@@ -526,6 +526,28 @@ def test_a_value_computed_in_every_layer_is_computed_and_saved_once(kernel_backe
     for a, b in zip(ours[:3], args[:3]):
         assert_same(a.grad, b.grad)
 
+def statistic_and_value(x, w):
+    with torch.no_grad():
+        scale = (x * w).abs().amax()         # a statistic, not differentiated
+    return scale, (x * w).abs().amax(), x * w, (x * w).detach()
+
+
+def test_one_expression_returned_with_and_without_its_gradient_stays_two_tensors(kernel_backend):
+    """The same expression under no_grad and with grad (or detached): merged as common
+    subexpressions, the two outputs were one tensor, and the differentiable one lost its
+    gradient (w.grad missed y's part)."""
+    x, weight = randn(5), randn(5)
+    results = []
+    for fn in (statistic_and_value, minicompile.compile(statistic_and_value)):
+        w = weight.clone().requires_grad_()
+        outs = fn(x, w)
+        (outs[1] + outs[2].sum()).backward()
+        results.append(([o.requires_grad for o in outs], w.grad, outs))
+    assert results[0][0] == results[1][0] == [False, True, True, False]
+    assert_same(results[1][1], results[0][1])
+    assert results[1][2][2] is not results[1][2][3]
+
+
 def test_partition_saves_a_layer_norms_input_rather_than_its_normalized_value():
     """The normalized input (x - mean) * rstd is read only by pointwise work: no forward kernel
     would store it. Saved, it would take memory of its own; the input is held anyway (on the

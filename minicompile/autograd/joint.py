@@ -465,8 +465,12 @@ def _merge_common_values(gm: torch.fx.GraphModule) -> None:
     turns a boolean mask into an additive one (`where(mask, 0, -inf)`) in every call, and each
     copy, read by its layer's attention backward, would be saved for the backward on its own
     (a GPT-2's (8, 1, 512, 512) mask: 8 MB a layer). Random ops draw new numbers each call
-    and are never merged; nor are ops that write, or whose results are uninitialized memory."""
+    and are never merged; nor are ops that write, or whose results are uninitialized memory;
+    nor two outputs: eager's are two tensors (one may carry a gradient and the other not, the
+    same expression computed under no_grad and with grad; a write into one is not seen in the
+    other)."""
     first: dict = {}
+    outputs = {n for n in pytree.tree_leaves(gm.graph.output_node().args) if isinstance(n, torch.fx.Node)}
     for node in list(gm.graph.nodes):
         if node.op != "call_function" or not _pure(node.target):
             continue
@@ -475,9 +479,12 @@ def _merge_common_values(gm: torch.fx.GraphModule) -> None:
         except TypeError:                       # an argument with no value to compare
             continue
         same = first.setdefault(key, node)
-        if same is not node:
-            node.replace_all_uses_with(same)
-            gm.graph.erase_node(node)
+        if same is node or same in outputs and node in outputs:
+            continue
+        if node in outputs:
+            outputs.add(same)
+        node.replace_all_uses_with(same)
+        gm.graph.erase_node(node)
 
 
 _UNINITIALIZED = {aten.empty.memory_format, aten.empty_like.default, aten.empty_strided.default,

@@ -100,7 +100,9 @@ def _builtin_vars(tx, args, kwargs):
     """vars(obj) of an object read from outside the frame: its very __dict__."""
     if len(args) != 1 or not isinstance(args[0], UserObjectVariable) or args[0].source is None:
         raise tx.unsupported("vars() of a value that is not an object from outside the frame")
-    return tx.output.wrap(vars(args[0].value), AttrSource(args[0].source, "__dict__"))
+    own = tx.output.wrap(vars(args[0].value), AttrSource(args[0].source, "__dict__"))
+    tx.mirror_in_dict(args[0], args[0].items)          # the attributes the trace set so far
+    return own
 
 
 def _builtin_getattr(tx, args, kwargs):
@@ -117,10 +119,12 @@ def _attribute_present(tx, obj: VariableTracker, name: str) -> bool:
     """hasattr(obj, name) of a value read from outside the frame, guarded (another instance
     of the class may have it or not); other values answer from the trace."""
     source = getattr(obj, "source", None)
-    if name in getattr(obj, "overrides", ()):       # set in the trace
-        return True
+    if name in getattr(obj, "overrides", ()):       # set (or deleted) in the trace
+        return obj.overrides[name] is not DELETED
+    # (a class's own attribute logic, or an instance __dict__ the trace wrote: as the trace reads)
     traced = isinstance(obj, UserObjectVariable) and (python_method(type(obj.value), "__getattribute__") or
-                                                      python_method(type(obj.value), "__getattr__"))
+                                                      python_method(type(obj.value), "__getattr__") or
+                                                      tx.output.instance_dict(obj) in tx.output.side_effects)
     own = isinstance(obj, TensorVariable) and not hasattr(torch.Tensor, name)   # x.counter = ...
     if (own or isinstance(obj, (NNModuleVariable, UserObjectVariable, PythonModuleVariable))) \
             and source is not None and not traced:

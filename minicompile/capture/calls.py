@@ -27,6 +27,7 @@ import torch.fx
 from .. import optim
 from .autograd_function import call_apply, is_apply
 from .breaks import ObservedException, Unsupported, never_traced
+from .bytecode import BINARY_OPS, COMPARE_OPS
 from .sources import AttrSource, HelperSource, ItemSource, RootSource, module_member_source
 from .builtin_calls import (_BUILTIN_HANDLERS, _COMPILING_QUERIES, ContainerReadVariable, class_attr, python_method, sort_order,
                             _builtin_dict, _constant_state, _is_none, _is_plain_user_class,
@@ -42,7 +43,7 @@ from .values import (BaseListVariable, BoundMethodVariable, BuiltinVariable, Con
                      SetVariable, SuperVariable, TensorMethodVariable, TensorVariable,
                      TorchFunctionVariable, TupleVariable, TypeVariable, UserFunctionVariable,
                      UserObjectVariable, VariableTracker, WithExitVariable, _constant_result, _hashable,
-                     _DictFromKeys, _NoOpCallable, _UnboundTensorMethod, is_constant_value,
+                     _DictFromKeys, _NoOpCallable, _UnboundTensorMethod, example_of, is_constant_value,
                      is_model_output_class, dict_key, NO_KEY)
 
 
@@ -129,6 +130,35 @@ def _makes_a_leaf(kwargs: dict) -> bool:
 
 def _without_requires_grad(kwargs: dict) -> dict:
     return {k: v for k, v in kwargs.items() if k != "requires_grad"}
+
+
+_OPERATOR_SYMBOLS = {op: sym for sym, op in {**BINARY_OPS, **COMPARE_OPS}.items()}
+
+
+def _operator_statement(tx, fn, args, kwargs) -> Optional[VariableTracker]:
+    """A function of `operator` on the trace's Python values does what the statement it stands
+    for does (operator.setitem(l, 0, v) writes the frame's list, operator.is_ compares two of
+    its objects), not an op run on copies of them; None where an op does it (tensors)."""
+    if kwargs or not _hashable(fn):
+        return None
+    from .instructions import contains, delete_item, identical, store_item
+    if fn is operator.setitem and len(args) == 3:
+        store_item(tx, *args)
+    elif fn is operator.delitem and len(args) == 2:
+        delete_item(tx, *args)
+    elif fn in (operator.is_, operator.is_not) and len(args) == 2:
+        return ConstantVariable(identical(tx, *args) == (fn is operator.is_))
+    elif fn is operator.contains and len(args) == 2:
+        return ConstantVariable(contains(tx, *args))
+    elif any(isinstance(a, TensorVariable) for a in args):
+        return None
+    elif fn is operator.getitem and len(args) == 2:
+        return tx.subscript(*args)
+    elif fn in _OPERATOR_SYMBOLS and len(args) == 2:
+        return tx.binary(_OPERATOR_SYMBOLS[fn], *args)
+    else:
+        return None
+    return ConstantVariable(None)
 
 
 class CallsMixin:
@@ -265,6 +295,9 @@ class CallsMixin:
             if fn.value is torch.utils.checkpoint.checkpoint:
                 from .higher_order import call_checkpoint
                 return call_checkpoint(self, args, kwargs)
+            statement = _operator_statement(self, fn.value, args, kwargs)
+            if statement is not None:
+                return statement
             if _makes_a_leaf(kwargs):           # torch.ones(3, requires_grad=True)
                 made = out.call("call_function", fn.value, args, _without_requires_grad(kwargs))
                 return self.requires_grad_(made, [], {})
@@ -449,16 +482,27 @@ class CallsMixin:
     def private_copy(self, v: VariableTracker, how) -> VariableTracker:
         """copy.deepcopy / copy.copy of an object read from outside the frame whose state is
         constants (a config): made for real, the original's state guarded as a whole; the copy
-        is the frame's own (UserObjectVariable with a snapshot)."""
+        is the frame's own (UserObjectVariable with a snapshot). Its lists and dicts are the
+        frame's own too (deepcopy), or the original's very ones (copy: a change made through
+        the copy is a change of the original's)."""
+        shallow = how is copy.copy
+        if shallow and type(v) in (ListVariable, DictVariable):   # a new container, the same items
+            return ListVariable(list(v.items)) if type(v) is ListVariable else \
+                DictVariable(dict(v.items), cls=v.cls, factory=v.factory)
         if v.is_constant():
-            return ConstantVariable(how(v.as_example()))
+            return self.output.wrap(how(v.as_example()), None)     # (a list of them: the frame's)
         if not (isinstance(v, UserObjectVariable) and v.source is not None and not v.items
                 and _constant_state(v.value)):
             raise self.unsupported(f"{how.__name__} of {v.describe()}",
                                    "only copies of objects whose state is constants are modelled")
         self.output.guards.state_equals(v.source, copy.deepcopy(v.value.__dict__))
         made = how(v.value)
-        return UserObjectVariable(made, None, snapshot=copy.deepcopy(made))
+        var = UserObjectVariable(made, None, snapshot=copy.deepcopy(made))
+        for name, value in vars(made).items():
+            if isinstance(value, (list, dict)):
+                var.overrides[name] = self.output.wrap(value, AttrSource(v.source, name)) if shallow \
+                    else self.output.wrap(value, None)
+        return var
 
     def walk_module(self, fn: BoundMethodVariable, args, kwargs) -> VariableTracker:
         """module.modules(), .named_parameters() and the like (generator methods): the walk is
@@ -512,6 +556,9 @@ class CallsMixin:
         outside the frame can see the copy). It must leave the copy as it found it, and give
         back constants."""
         obj = fn.self_var.value
+        for name, var in fn.self_var.overrides.items():       # its lists and dicts as they are now
+            if isinstance(var, (ListVariable, DictVariable)):
+                setattr(obj, name, example_of(var))
         before = copy.deepcopy(obj.__dict__)
         result = fn.func(obj, *[a.as_example() for a in args], **{k: v.as_example() for k, v in kwargs.items()})
         if obj.__dict__ != before:

@@ -390,7 +390,7 @@ def _before_with(tx, inst):
 def _store_subscr(tx, inst):
     idx = tx.pop()
     obj = tx.pop()
-    _store_item(tx, obj, idx, tx.pop())
+    store_item(tx, obj, idx, tx.pop())
 
 
 @handles("STORE_SLICE", versions=[(3, 12), (3, 13)])
@@ -398,10 +398,11 @@ def _store_slice(tx, inst):
     end = tx.pop()
     start = tx.pop()
     obj = tx.pop()
-    _store_item(tx, obj, _slice_of(start, end), tx.pop())        # obj[start:end] = value
+    store_item(tx, obj, _slice_of(start, end), tx.pop())        # obj[start:end] = value
 
 
-def _store_item(tx, obj, idx, value):
+def store_item(tx, obj, idx, value):
+    """obj[idx] = value (also operator.setitem)."""
     if isinstance(obj, TensorVariable):
         tx.output.call("call_function", operator.setitem, [obj, idx, value], {})
     elif isinstance(obj, (ListVariable, DictVariable)) and idx.is_constant():
@@ -417,7 +418,11 @@ def _store_item(tx, obj, idx, value):
 @handles("DELETE_SUBSCR")
 def _delete_subscr(tx, inst):
     idx = tx.pop()
-    obj = tx.pop()
+    delete_item(tx, tx.pop(), idx)
+
+
+def delete_item(tx, obj, idx):
+    """del obj[idx] (also operator.delitem)."""
     if isinstance(obj, (ListVariable, DictVariable)) and idx.is_constant():
         tx.mutate(obj)
         del obj.items[idx.as_example()]
@@ -704,6 +709,11 @@ def _compare_op(tx, inst):
 def _is_op(tx, inst):
     b = tx.pop()
     a = tx.pop()
+    tx.push(ConstantVariable(identical(tx, a, b) != bool(inst.arg)))
+
+
+def identical(tx, a, b) -> bool:
+    """`a is b` (also operator.is_), guarded where it depends on the call."""
     if a is b:
         r = True
     elif isinstance(a, _OBJECTS) and isinstance(b, _OBJECTS) and \
@@ -738,7 +748,7 @@ def _is_op(tx, inst):
         r = False                  # one made in the frame: only itself (a is b, above) is it
     else:
         raise tx.unsupported(f"'is' between {a.describe()} and {b.describe()}")
-    tx.push(ConstantVariable(r != bool(inst.arg)))
+    return r
 
 
 # values whose identity the trace knows: one made in the frame is only itself
@@ -750,6 +760,11 @@ _OBJECTS = (UserObjectVariable, ModelOutputVariable, DictVariable, ListVariable,
 def _contains_op(tx, inst):
     container = tx.pop()
     item = tx.pop()
+    tx.push(ConstantVariable(contains(tx, container, item) != bool(inst.arg)))
+
+
+def contains(tx, container, item) -> bool:
+    """`item in container` (also operator.contains)."""
     if item.is_constant() and container.is_constant():
         r = item.as_example() in container.as_example()
     elif isinstance(container, DictVariable) and (key := dict_key(item)) is not NO_KEY:
@@ -767,7 +782,7 @@ def _contains_op(tx, inst):
         if special is None or not special.is_constant():
             raise tx.unsupported(f"'in' on {container.describe()}")
         r = bool(special.as_example())
-    tx.push(ConstantVariable(r != bool(inst.arg)))
+    return r
 
 
 @handles("UNARY_NEGATIVE")

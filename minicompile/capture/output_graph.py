@@ -37,7 +37,8 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from .. import aliasing, ir, logs
 from .breaks import Unsupported, never_traced
 from .guards import GuardBuilder, dense_order, storage_address, storage_pattern, viewed_dict
-from .sources import AttrSource, DictValueSource, HelperSource, ItemSource, LocalSource, RootSource, Source
+from .sources import (AttrSource, DictValueSource, GenericAttrSource, HelperSource, ItemSource, LocalSource,
+                      RootSource, Source)
 from .builtin_calls import _BUILTIN_HANDLERS
 
 if TYPE_CHECKING:
@@ -328,6 +329,16 @@ class OutputGraph:
         real object after the graph runs."""
         if var not in self.side_effects:
             self.side_effects.append(var)
+
+    def instance_dict(self, obj: VariableTracker) -> Optional[VariableTracker]:
+        """The variable of obj's own __dict__ where the trace read it (`obj.__dict__`, vars()).
+        Attributes the trace sets are kept apart from it (obj's overrides): callers refuse to
+        let the two disagree."""
+        if getattr(obj, "source", None) is None:
+            return None
+        return next((self._by_source[s.expr()] for s in (AttrSource(obj.source, "__dict__"),
+                                                         GenericAttrSource(obj.source, "__dict__"))
+                     if s.expr() in self._by_source), None)
 
     def is_container(self, var: VariableTracker) -> bool:
         """Whether `var` is an object of the call that wrap keeps one variable for, however

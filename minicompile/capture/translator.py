@@ -63,6 +63,14 @@ from . import instructions  # noqa: F401  (registers the opcode handlers)
 # ----------------------------------------------------------------------------------------
 
 
+# descriptors whose __get__ only reads (a __slots__ member, an instance's __dict__, an Enum
+# member's name and value, a C method bound): read for real by the trace and by the guard. A
+# Python descriptor's __get__ may do anything, and would run in the guard on every call: a
+# graph break instead
+_PURE_DESCRIPTORS = (types.MemberDescriptorType, types.GetSetDescriptorType, types.DynamicClassAttribute,
+                     types.MethodDescriptorType, types.WrapperDescriptorType, types.ClassMethodDescriptorType)
+
+
 class InstructionTranslator(CallsMixin):
     def __init__(self, output: OutputGraph, func: types.FunctionType,
                  locals_: Dict[str, VariableTracker], lazy_locals: Dict[str, Tuple[Any, Source]],
@@ -509,9 +517,14 @@ class InstructionTranslator(CallsMixin):
                     return out.wrap(attr, None)          # read only: a trace value of constants
                 raise self.unsupported(f"attribute .{name} of a copied {type(value).__name__}: "
                                        f"a {type(attr).__name__}")
-            d = _instance_dict(value)
-            if d is not None and name in d and obj.source is not None:
-                return out.wrap(d[name], attr_source(obj, name))
+            own = out.instance_dict(obj)
+            if own is not None and own in out.side_effects:       # written through obj.__dict__
+                if name in own.items:
+                    return own.items[name]
+            else:
+                d = _instance_dict(value)
+                if d is not None and name in d and obj.source is not None:
+                    return out.wrap(d[name], attr_source(obj, name))
             written = out.class_write(type(value), name)
             if written is not None:
                 return written
@@ -664,11 +677,33 @@ class InstructionTranslator(CallsMixin):
             return BoundMethodVariable(attr.__func__, TypeVariable(type(obj.as_example())))
         if is_constant_value(attr) or source is not None and not hasattr(type(attr), "__get__"):
             return self.output.wrap(attr, attr_source(obj, name))
-        if source is not None and not isinstance(obj, TypeVariable):
+        if isinstance(attr, functools.cached_property) and isinstance(obj, UserObjectVariable):
+            # computed once, into the instance's __dict__ (where a later read finds it first)
+            value = self.inline_call(attr.func, [obj], {})
+            self.store_attr(obj, attr.attrname or name, value)
+            return value
+        if source is not None and not isinstance(obj, TypeVariable) and isinstance(attr, _PURE_DESCRIPTORS):
             # another descriptor (a __slots__ member, an Enum member's name and value): what it
             # gives the instance, read as Python reads it, and by the guard the same way
-            return self.output.wrap(self.read_attribute(obj.as_example(), name), attr_source(obj, name))
+            read = self.output.wrap(self.read_attribute(obj.as_example(), name), attr_source(obj, name))
+            if name == "__dict__" and isinstance(obj, UserObjectVariable):
+                self.mirror_in_dict(obj, obj.items)        # the attributes the trace set so far
+            return read
         return None
+
+    def mirror_in_dict(self, obj: UserObjectVariable, attributes: dict) -> None:
+        """Attributes the trace sets on an object from outside the frame are kept as its
+        overrides, replayed after the graph; where the trace also holds the object's __dict__
+        (`obj.__dict__`, vars(obj)), they are written there too, so that each sees the other."""
+        own = self.output.instance_dict(obj)
+        if own is None or not attributes:
+            return
+        self.mutate(own)
+        for name, value in attributes.items():
+            if value is DELETED:
+                own.items.pop(name, None)
+            else:
+                own.items[name] = value
 
     def load_super_attr(self, sup: "SuperVariable", name: str) -> VariableTracker:
         """super(cls, obj).name: the first class after `cls` in obj's MRO that defines it."""
@@ -1032,6 +1067,7 @@ class InstructionTranslator(CallsMixin):
             return
         if isinstance(obj, UserObjectVariable) and obj.source is not None and \
                 not isinstance(value, (NNModuleVariable,)):
+            self.mirror_in_dict(obj, {name: value})
             # replayed with setattr after the graph; later reads in the trace see the new value
             self.output.record_mutation(obj)
             obj.overrides[name] = value
