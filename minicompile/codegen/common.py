@@ -252,7 +252,11 @@ class KernelWriter:
             return x
         if x in self.constants and dtype.is_floating_point:
             return x
-        return self._emit(self.cast_expr(x, ir.compute_dtype(dtype)))
+        return self._emit(self.convert_expr(x, ir.compute_dtype(dtype), src_dtype))
+
+    def convert_expr(self, x: str, dtype: torch.dtype, src_dtype: torch.dtype | None) -> str:
+        """A value of src_dtype (None: not known) as one of dtype, as eager converts it."""
+        return self.cast_expr(x, dtype)
 
     def round_to(self, x: str, dtype: torch.dtype) -> str:
         """x (a float32 value) rounded to `dtype`'s precision, still held as float32."""

@@ -314,6 +314,23 @@ class CppWriter(KernelWriter):
     def cast_expr(self, x, dtype):
         return f"static_cast<{ctype(dtype)}>({x})"
 
+    def convert_expr(self, x, dtype, src_dtype):
+        t = ctype(dtype)
+        if src_dtype is not None and dtype.is_floating_point and not src_dtype.is_floating_point:
+            # through double: GCC (-fno-trapping-math) folds float(int(x)) into trunc(x), -0.0
+            # for x in (-1, 0), where the types on both sides match. Exact for 32-bit integers;
+            # an int64 past 2**53 would be rounded twice, and is converted straight (no trunc()
+            # of a float that large differs from it)
+            via_double = f"static_cast<{t}>(static_cast<double>({x}))"
+            if src_dtype.itemsize < 8:
+                return via_double
+            size = f"std::abs({x})" if src_dtype.is_signed else x
+            return f"({size} <= (int64_t(1) << 53) ? {via_double} : static_cast<{t}>({x}))"
+        if src_dtype is not None and src_dtype.is_floating_point and dtype in (torch.int8, torch.uint8, torch.int16):
+            # through a wide integer, as eager's conversion wraps (300.0 -> int8 44)
+            return f"static_cast<{t}>(static_cast<int64_t>({x}))"
+        return self.cast_expr(x, dtype)
+
     def render_size(self, size):
         return ir.render_size(size, "/")
 

@@ -16,6 +16,7 @@ and leaves realization to the fusion passes.
 """
 from __future__ import annotations
 
+import logging
 from typing import Any
 
 import torch
@@ -71,8 +72,21 @@ def _symbolic_example_values(gm: torch.fx.GraphModule, example_inputs):
             values[n] = out
             return out
 
-    with ir.running_symbolically(mode):
-        Recorder(gm).run(*fakes)
+    quiet = logging.getLogger("torch._subclasses.fake_tensor")     # (it logs what it raises)
+    level = quiet.level
+    quiet.setLevel(logging.CRITICAL)
+    try:
+        with ir.running_symbolically(mode):
+            Recorder(gm).run(*fakes)
+    except NotImplementedError:
+        raise
+    except Exception as err:
+        # an op that cannot run on size symbols (torch.tensor of a list of tensors reads their
+        # data; a meta function that checks a dtype): code for the example's sizes instead
+        raise NotImplementedError(f"the graph does not run on symbolic sizes: {type(err).__name__}: "
+                                  f"{str(err).splitlines()[0] if str(err) else ''}") from err
+    finally:
+        quiet.setLevel(level)
     return values, mode.shape_env
 
 
