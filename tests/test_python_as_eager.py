@@ -737,3 +737,64 @@ def test_python_descriptors_run_once_per_read_and_cached_properties_cache():
             holder = Holder()
             results.append(([fn(X, holder) for _ in range(3)], Counting.reads, vars(holder)))
         assert_same(results[1], results[0])
+
+
+class RaisesOnExit:
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        raise KeyError("from __exit__")
+
+
+def reraises():
+    raise                         # the exception its caller is handling
+
+
+def exception_context(x):
+    try:
+        with RaisesOnExit():
+            raise ValueError("body")
+    except KeyError as e:
+        context = type(e.__context__).__name__
+    try:
+        try:
+            raise IndexError("first")
+        except IndexError:
+            reraises()
+    except IndexError as e:
+        again = str(e)
+    try:
+        raise ValueError("b")
+    except ValueError as e:
+        has_traceback = e.__traceback__ is not None
+    return x + 1, context, again, has_traceback
+
+
+def test_exceptions_see_the_exception_their_callers_handle():
+    """An exception raised in a `with`'s __exit__ while another propagates has it as its
+    __context__; a bare `raise` in a function called from an except block re-raises what that
+    block handles; a caught exception has its traceback (a graph break: the trace has none)."""
+    same_calls(exception_context, [lambda f: f(X)] * 2)
+
+
+class Adds:
+    def step(self, x):
+        return x + 1
+
+
+class Subtracts:
+    def step(self, x):
+        return x - 50
+
+
+def test_a_class_whose_bases_change_finds_its_methods_anew():
+    class Stepper(Adds):
+        pass
+
+    def step(x, obj):
+        return obj.step(x)
+    compiled, obj = minicompile.compile(step), Stepper()
+    assert_same(compiled(X, obj), X + 1)
+    Stepper.__bases__ = (Subtracts,)
+    assert_same(compiled(X, obj), X - 50)

@@ -641,8 +641,10 @@ class GuardBuilder:
         which their type checks do not see."""
         mro = cls.__mro__
         owner = next(k for k in mro if name in k.__dict__)
-        parts = [(f"{name!r} not in {self._class_dict(k)}", f"{k.__qualname__}.{name} was added")
-                 for k in mro[:mro.index(owner)]]
+        parts = [(f"{self._ref(cls, 'CLS_')}.__mro__ == {self._ref(mro, 'MRO_')}",
+                  f"{cls.__qualname__}'s bases were changed")]
+        parts += [(f"{name!r} not in {self._class_dict(k)}", f"{k.__qualname__}.{name} was added")
+                  for k in mro[:mro.index(owner)]]
         parts.append((f"{self._class_dict(owner)}.get({name!r}) is {self._ref(value, 'OBJ_')}",
                       f"{owner.__qualname__}.{name} was rebound"))
         self._add(("member", id(cls), name), None, parts, f"{cls.__qualname__}.{name}: as traced")

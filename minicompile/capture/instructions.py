@@ -190,18 +190,19 @@ def _build_string(tx, inst):
 # exceptions: raised ones go to the frame's handler (InstructionTranslator.handle_exception) -----
 @handles("RAISE_VARARGS")
 def _raise_varargs(tx, inst):
+    handled = tx.handled_exception()
     if inst.arg == 0:                                      # a bare `raise` in a handler
-        if tx.exc_info is None:
+        if handled is None:
             raise tx.observed(RuntimeError("No active exception to reraise"))
-        raise ObservedException(tx.exc_info)
+        raise ObservedException(handled)
     cause = tx.pop() if inst.arg == 2 else None
     exc = tx.make_exception(tx.pop())
     tx.output.record_mutation(exc)
     if cause is not None:                                  # raise ... from cause
         exc.items["__cause__"] = cause if _is_singleton(cause) else tx.make_exception(cause)
         exc.items["__suppress_context__"] = ConstantVariable(True)
-    if tx.exc_info is not None and "__context__" not in exc.items:
-        exc.items["__context__"] = tx.exc_info             # raised while handling another
+    if handled is not None and handled is not exc and "__context__" not in exc.items:
+        exc.items["__context__"] = handled                 # raised while handling another
     raise ObservedException(exc)
 
 

@@ -214,6 +214,14 @@ class InstructionTranslator(CallsMixin):
         self.push(exc)
         self.pc = self.offset_to_index[entry.target]
 
+    def handled_exception(self) -> Optional[VariableTracker]:
+        """The exception being handled here, or in a caller this frame runs inside (an
+        `except` block that called it, a `with` whose __exit__ it is), as sys.exc_info() sees."""
+        tx = self
+        while tx is not None and tx.exc_info is None:
+            tx = tx.parent
+        return tx.exc_info if tx is not None else None
+
     def make_exception(self, v: VariableTracker) -> ExceptionVariable:
         """What `raise v` raises: v, or v() of an exception class."""
         if isinstance(v, TypeVariable) and isinstance(v.value, type) and issubclass(v.value, BaseException):
@@ -478,6 +486,9 @@ class InstructionTranslator(CallsMixin):
                 return obj.items[name]
             if name == "args":
                 return TupleVariable(list(obj.args))
+            if name == "__traceback__" and getattr(obj, "raised_at", None) is not None:
+                raise self.unsupported("the traceback of an exception raised in the trace",
+                                       "the trace has no frames to make one of")
             if name in ("__cause__", "__context__", "__traceback__"):
                 return ConstantVariable(None)
             if name == "__class__":
