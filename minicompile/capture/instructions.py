@@ -21,7 +21,7 @@ import torch.fx
 from .breaks import ObservedException, Return, Yield
 from .bytecode import BINARY_OP_SYMBOLS, COMPARE_OPS, _cmp_symbol, handles
 from .builtin_calls import _is_singleton, class_attr
-from .iterators import dropped, iter_of, next_item
+from .iterators import dropped, iter_of, next_item, pep_479
 from .values import (DELETED, NULL, BaseListVariable, BoundMethodVariable, BuiltinVariable, CellVariable,
                      ClosureCellVariable, ConstantVariable, DictVariable, DictViewVariable, ExceptionVariable,
                      GeneratorVariable, GradModeVariable, ListVariable, ModelOutputVariable,
@@ -820,6 +820,8 @@ def _call_intrinsic_1(tx, inst):
         tx.push(TupleVariable(tx.unpack(v)))
     elif inst.argrepr == "INTRINSIC_UNARY_POSITIVE":
         tx._unary(operator.pos, "unary +")
+    elif inst.argrepr == "INTRINSIC_STOPITERATION_ERROR":
+        tx.push(pep_479(tx.pop()))
     else:
         raise tx.unsupported(f"CALL_INTRINSIC_1 {inst.argrepr}")
 

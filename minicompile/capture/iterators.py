@@ -234,14 +234,19 @@ def _run(gen: GeneratorVariable) -> Optional[VariableTracker]:
         return y.value
     except ObservedException as e:
         gen.done = True                  # an exception ends a generator (and goes to its reader)
-        if issubclass(e.exc.cls, StopIteration):
-            # PEP 479: a StopIteration out of a generator's body is a RuntimeError
-            error = ExceptionVariable(RuntimeError, [ConstantVariable("generator raised StopIteration")])
-            error.items["__cause__"] = e.exc
-            raise ObservedException(error) from None
-        raise
+        raise ObservedException(pep_479(e.exc)) from None
     gen.done = True
     return None
+
+
+def pep_479(exc: VariableTracker) -> VariableTracker:
+    """What leaves a generator's body for `exc` raised in it: a StopIteration becomes a
+    RuntimeError (PEP 479; 3.12's bytecode says so itself: INTRINSIC_STOPITERATION_ERROR)."""
+    if isinstance(exc, ExceptionVariable) and issubclass(exc.cls, StopIteration):
+        error = ExceptionVariable(RuntimeError, [ConstantVariable("generator raised StopIteration")])
+        error.items["__cause__"] = exc
+        return error
+    return exc
 
 
 def _is_none(v) -> bool:
