@@ -4,6 +4,7 @@ relied on changes (an alias, a type, an instance's attribute, a cache, a contain
 import collections
 import contextlib
 import copy
+import enum
 import functools
 import itertools
 import math
@@ -798,3 +799,39 @@ def test_a_class_whose_bases_change_finds_its_methods_anew():
     assert_same(compiled(X, obj), X + 1)
     Stepper.__bases__ = (Subtracts,)
     assert_same(compiled(X, obj), X - 50)
+
+
+class Mode(str, enum.Enum):
+    A = "a"
+    B = "b"
+
+
+class Tier(enum.IntEnum):
+    LOW = 1
+    HIGH = 2
+
+
+SCALES = {Mode.A: 2.0, Mode.B: 3.0}
+LEVELS = collections.OrderedDict({Tier.LOW: 0.5, Tier.HIGH: 4.0})
+
+
+def scaled_by_mode(x, mode):
+    for key in SCALES:
+        if key == mode:
+            return x * SCALES[key] + LEVELS[Tier.HIGH] + LEVELS.get(Tier.LOW)
+    return x
+
+
+def test_dicts_keyed_by_enum_members_are_guarded_in_python():
+    """Their keys' repr (`<Mode.A: 'a'>`) is no Python: the guard was a SyntaxError. Read
+    through the member's plain value (equal, same hash), the keys held by the guard."""
+    compiled = minicompile.compile(scaled_by_mode)
+    assert_same(compiled(X, Mode.B), scaled_by_mode(X, Mode.B))
+    graphs = minicompile.metrics.graphs
+    assert_same(compiled(X, Mode.B), scaled_by_mode(X, Mode.B))
+    assert minicompile.metrics.graphs == graphs                 # the guard holds
+    SCALES[Mode.B], LEVELS[Tier.HIGH] = 5.0, 1.0
+    try:
+        assert_same(compiled(X, Mode.B), scaled_by_mode(X, Mode.B))
+    finally:
+        SCALES[Mode.B], LEVELS[Tier.HIGH] = 3.0, 4.0

@@ -64,7 +64,7 @@ from typing import Any, Callable, Dict, List, Optional, Tuple
 import torch
 
 from .. import autocast, config
-from .sources import AttrSource, GenericAttrSource, HelperSource, ItemSource, Source
+from .sources import AttrSource, GenericAttrSource, HelperSource, ItemSource, Source, key_literal
 from .values import is_constant_value
 
 
@@ -277,6 +277,13 @@ def _name_locals(lines: List[str], reuse: bool) -> List[str]:
             if last_read[n] == i and names[n][0] == "v":
                 heapq.heappush(free, int(names[n][1:]))
     return out
+
+
+def _plain_key(key) -> bool:
+    """A constant key its repr writes as Python (not an Enum member, a NaN or an infinity)."""
+    if type(key) is tuple:
+        return all(_plain_key(k) for k in key)
+    return type(key) in (str, int, bool, bytes, type(None)) or type(key) is float and math.isfinite(key)
 
 
 def _literal(value, ns: Dict[str, Any]) -> str:
@@ -577,8 +584,9 @@ class GuardBuilder:
         e = source.expr()
         d = display(e)
         keys = list(value.keys())
-        # keys that are not constants (classes, typing forms) are held in the namespace
-        expected = repr(keys) if all(is_constant_value(k) for k in keys) else self._ref(keys, "KEYS_")
+        # keys that are not constants written as Python (classes, typing forms, Enum members)
+        # are held in the namespace
+        expected = repr(keys) if all(_plain_key(k) for k in keys) else self._ref(keys, "KEYS_")
         check = f"list({{e}}.keys()) == {expected}"
         if any(type(k) is not str and is_constant_value(k) for k in keys):
             self.namespace["SAME_CONSTANT"] = same_constant      # (1.0 is the key 1 too)
@@ -600,9 +608,10 @@ class GuardBuilder:
     def mapping_keys(self, source: Source, value):
         """The keys of a mapping (a dict subclass such as a ModelOutput), in order."""
         e = source.expr()
+        keys = list(value.keys())
+        expected = repr(keys) if all(_plain_key(k) for k in keys) else self._ref(keys, "KEYS_")
         self._add(("keys", e), source,
-                  [(f"list({{e}}.keys()) == {list(value.keys())!r}",
-                    f"list({display(e)}.keys()) == {list(value.keys())!r}")],
+                  [(f"list({{e}}.keys()) == {expected}", f"list({display(e)}.keys()) == {keys!r}")],
                   f"{e}: its keys")
 
     def state_equals(self, source: Source, state: dict):
@@ -641,8 +650,8 @@ class GuardBuilder:
         which their type checks do not see."""
         mro = cls.__mro__
         owner = next(k for k in mro if name in k.__dict__)
-        parts = [(f"{self._ref(cls, 'CLS_')}.__mro__ == {self._ref(mro, 'MRO_')}",
-                  f"{cls.__qualname__}'s bases were changed")]
+        classes = "".join(f"{self._ref(k, 'CLS_')}, " for k in mro)
+        parts = [(f"{self._ref(cls, 'CLS_')}.__mro__ == ({classes})", f"{cls.__qualname__}'s bases were changed")]
         parts += [(f"{name!r} not in {self._class_dict(k)}", f"{k.__qualname__}.{name} was added")
                   for k in mro[:mro.index(owner)]]
         parts.append((f"{self._class_dict(owner)}.get({name!r}) is {self._ref(value, 'OBJ_')}",
@@ -870,7 +879,7 @@ class GuardBuilder:
             elif isinstance(src, AttrSource):
                 rhs = f"{local(src.base, out)}.{src.attr}"
             elif isinstance(src, ItemSource):
-                rhs = f"{local(src.base, out)}[{src.index!r}]"
+                rhs = f"{local(src.base, out)}[{key_literal(src.index)}]"
             elif isinstance(src, HelperSource):
                 rhs = f"{src.helper}({local(src.base, out)})"
             elif isinstance(src, GenericAttrSource):

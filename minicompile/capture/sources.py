@@ -82,13 +82,26 @@ class GenericAttrSource(Source):
         return f"object.__getattribute__({self.base.expr()}, {self.attr!r})"
 
 
+def key_literal(key) -> str:
+    """A dict key (or index) as Python that finds the same item: its repr, or for a member of
+    an Enum with a str or int mixin (`<Mode.A: 'a'>` is no Python) its plain value, which is
+    equal to it and hashes the same."""
+    if type(key) in (str, int, float, bool, bytes, type(None), tuple):
+        return repr(key)
+    for base, plain in ((bool, bool), (int, int.__index__), (float, float), (str, str.__str__),
+                        (bytes, bytes)):
+        if isinstance(key, base):
+            return repr(plain(key))
+    return repr(key)
+
+
 @dataclass(frozen=True, eq=True)
 class ItemSource(Source):
     base: Source
     index: object      # int or str (dict key / module name)
 
     def _expr(self):
-        return f"{self.base.expr()}[{self.index!r}]"
+        return f"{self.base.expr()}[{key_literal(self.index)}]"
 
 
 @dataclass(frozen=True, eq=True)
