@@ -835,3 +835,15 @@ def test_dicts_keyed_by_enum_members_are_guarded_in_python():
         assert_same(compiled(X, Mode.B), scaled_by_mode(X, Mode.B))
     finally:
         SCALES[Mode.B], LEVELS[Tier.HIGH] = 3.0, 4.0
+
+
+def names_given(x, **kwargs):
+    given, frozen = set(kwargs.keys()), frozenset(k for k in kwargs)
+    return x + len(given), sorted(given), "scale" in frozen, type(frozen).__name__
+
+
+def test_a_set_of_a_dicts_keys_whose_values_are_tensors_is_one_graph():
+    """set(kwargs.keys()) (Hugging Face's generation config) was a graph break: its items are
+    names, whatever the values are."""
+    same_calls(names_given, [lambda f: f(X, scale=X, bias=2)] * 2)
+    assert minicompile.explain(names_given)(X, scale=X, bias=2).graph_break_count == 0

@@ -31,7 +31,7 @@ from .values import (DELETED, BaseListVariable, BuiltinVariable, ConstantVariabl
                      DictViewVariable, GeneratorVariable, IteratorVariable, LazyIteratorVariable, ListVariable,
                      ModuleSliceVariable,
                      ModelOutputVariable,
-                     NNModuleVariable, PythonModuleVariable, SymIntVariable, TensorVariable,
+                     NNModuleVariable, PythonModuleVariable, SetVariable, SymIntVariable, TensorVariable,
                      TupleVariable, TypeVariable, UserObjectVariable, VariableTracker, example_of,
                      _contains_tensor, is_constant_value, key_variable)
 
@@ -170,6 +170,11 @@ def _builtin_const(fn):
                                                     **{k: v.as_example() for k, v in kwargs.items()}))
         if fn in (abs, pow) and _contains_tensor(list(args)):
             return tx.output.call("call_function", fn, args, kwargs)
+        if fn in (set, frozenset) and len(args) == 1 and not kwargs:
+            items = tx.iterate(args[0])             # (a dict's keys, a list of names...)
+            if all(i.is_constant() for i in items):
+                made = {i.as_example() for i in items}
+                return SetVariable.of(made) if fn is set else ConstantVariable(frozenset(made))
         raise tx.unsupported(f"builtin {fn.__name__}() on non-constant arguments",
                              hint="it would need the tensor's values")
     return impl
