@@ -9,6 +9,7 @@ import functools
 import itertools
 import math
 import operator
+import typing
 
 import pytest
 import torch
@@ -847,3 +848,39 @@ def test_a_set_of_a_dicts_keys_whose_values_are_tensors_is_one_graph():
     names, whatever the values are."""
     same_calls(names_given, [lambda f: f(X, scale=X, bias=2)] * 2)
     assert minicompile.explain(names_given)(X, scale=X, bias=2).graph_break_count == 0
+
+
+ODD_KEYS = {float("inf"): 2.0, float("-inf"): 3.0, torch.device("cpu"): 4.0, (Tier.LOW, "a"): 5.0}
+
+
+def by_odd_keys(x, key):
+    for k in ODD_KEYS:
+        if k == key:
+            return x * ODD_KEYS[k]
+    return x
+
+
+@pytest.mark.parametrize("key", list(ODD_KEYS))
+def test_dicts_keyed_by_infinities_devices_and_tuples_of_members(key):
+    """Keys whose repr is no Python (inf, device(type='cpu'), a tuple holding an Enum member):
+    the guard writes them as calls, item by item, or reads the item by its position."""
+    same_calls(by_odd_keys, [lambda f: f(X, key)] * 3)
+
+
+class RopeSettings(typing.TypedDict):
+    theta: float
+
+
+def first_type_that_fits(x, value):
+    for kind in (RopeSettings, dict):         # as huggingface_hub's union validator
+        try:
+            if isinstance(value, kind):
+                return x + 1, kind.__name__
+        except TypeError:                     # a TypedDict refuses isinstance()
+            continue
+    return x, None
+
+
+def test_a_class_that_refuses_isinstance_raises_in_the_frame():
+    same_calls(first_type_that_fits, [lambda f: f(X, {"theta": 1.0})] * 2)
+    assert minicompile.explain(first_type_that_fits)(X, {"theta": 1.0}).graph_break_count == 0

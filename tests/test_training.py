@@ -1176,3 +1176,27 @@ def test_a_tensor_made_to_require_grad_inside_the_graph(kernel_backend):
     twin_out, twin_leaf = model(x)
     twin_out.sum().backward()
     assert_same(leaf.grad, twin_leaf.grad)
+
+
+def clipped(model):
+    return torch.nn.utils.clip_grad_norm_(model.parameters(), 0.1), model.bias.grad is None
+
+
+@pytest.mark.parametrize("grads", ["all", "some", "none"])
+def test_gradients_of_parameters_are_read_in_the_graph(grads):
+    """clip_grad_norm_ reads p.grad of each parameter: a graph input (or None), not a break at
+    the read; the clipped gradients and the norm are eager's."""
+    results = []
+    for fn in (clipped, minicompile.compile(clipped)):
+        torch.manual_seed(0)
+        model = nn.Linear(4, 3).to(DEVICE)
+        if grads != "none":
+            model(randn(2, 4)).pow(2).sum().backward()
+        if grads == "some":
+            model.bias.grad = None
+        norm, no_bias_grad = fn(model)
+        results.append((norm, no_bias_grad, model.weight.grad))
+    assert_same(results[1][0], results[0][0])
+    assert results[1][1] == results[0][1]
+    if results[0][2] is not None:
+        assert_same(results[1][2], results[0][2])

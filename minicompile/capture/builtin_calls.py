@@ -26,7 +26,7 @@ import torch.fx
 
 
 from .breaks import ObservedException, Unsupported
-from .sources import AttrSource, GenericAttrSource, ItemSource, Source
+from .sources import AttrSource, GenericAttrSource, ItemSource, Source, item_source, key_literal
 from .values import (DELETED, BaseListVariable, BuiltinVariable, ConstantVariable, DictVariable,
                      DictViewVariable, GeneratorVariable, IteratorVariable, LazyIteratorVariable, ListVariable,
                      ModuleSliceVariable,
@@ -69,8 +69,9 @@ def _builtin_isinstance(tx, args, kwargs):
         raise tx.unsupported(f"isinstance() with {cls.describe()}")
     if isinstance(obj, (IteratorVariable, GeneratorVariable, LazyIteratorVariable)):
         return ConstantVariable(_iterator_isinstance(tx, obj, cls.as_example()))
-    # (example_of: a symbolic size is an int without making it static)
-    return ConstantVariable(isinstance(example_of(obj), cls.as_example()))
+    # (example_of: a symbolic size is an int without making it static; a class that refuses
+    # the check, a TypedDict's, raises the TypeError the code may catch)
+    return ConstantVariable(tx.on_constants(isinstance, example_of(obj), cls.as_example()))
 
 
 # what an iterator of the trace may be in eager where the trace does not know (iter() of an
@@ -93,7 +94,7 @@ def _builtin_issubclass(tx, args, kwargs):
     cls, classinfo = args
     if not all(isinstance(a, (TypeVariable, TupleVariable, ConstantVariable, BuiltinVariable)) for a in args):
         raise tx.unsupported(f"issubclass() of {cls.describe()}")
-    return ConstantVariable(issubclass(cls.as_example(), classinfo.as_example()))
+    return ConstantVariable(tx.on_constants(issubclass, cls.as_example(), classinfo.as_example()))
 
 
 def _builtin_vars(tx, args, kwargs):
@@ -487,7 +488,9 @@ class ContainerReadVariable(VariableTracker):
             if self.method is collections.abc.Mapping.__contains__:
                 return ConstantVariable(present)
             if present:
-                return out.wrap(real[key], ItemSource(source, key))
+                if key_literal(key) is None:
+                    out.guards.mapping_keys(source, real)          # (read by its position)
+                return out.wrap(real[key], item_source(source, key, list(real).index(key)))
             return args[1] if len(args) == 2 else ConstantVariable(None)
         if kwargs or not all(a.is_constant() for a in args):
             raise tx.unsupported(f"{self.describe()} with arguments that are not constants")
@@ -500,7 +503,8 @@ class ContainerReadVariable(VariableTracker):
         name = self.method.__name__
         if name in ("get", "__getitem__") and values and not isinstance(values[0], slice) and \
                 (values[0] in real if isinstance(real, dict) else True):
-            return out.wrap(result, ItemSource(source, values[0]))
+            return out.wrap(result, item_source(source, values[0], list(real).index(values[0]))
+                            if isinstance(real, dict) else ItemSource(source, values[0]))
         if is_constant_value(result):
             return ConstantVariable(result)
         raise tx.unsupported(f"{self.describe()} returned a {type(result).__name__}")

@@ -37,8 +37,8 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from .. import aliasing, ir, logs
 from .breaks import Unsupported, never_traced
 from .guards import GuardBuilder, dense_order, storage_address, storage_pattern, viewed_dict
-from .sources import (AttrSource, DictValueSource, GenericAttrSource, HelperSource, ItemSource, LocalSource,
-                      RootSource, Source)
+from .sources import (AttrSource, GenericAttrSource, HelperSource, ItemSource, LocalSource, RootSource, Source,
+                      item_source)
 from .builtin_calls import _BUILTIN_HANDLERS
 
 if TYPE_CHECKING:
@@ -567,8 +567,7 @@ class OutputGraph:
                 raise self.unsupported("a dict with non-constant keys")
             if source is not None:
                 g.dict_keys(source, value)
-            return DictVariable({k: self.wrap(v, None if source is None else ItemSource(source, k)
-                                              if is_constant_value(k) else DictValueSource(source, i))
+            return DictVariable({k: self.wrap(v, None if source is None else item_source(source, k, i))
                                  for i, (k, v) in enumerate(value.items())}, source)
         from .frame import NULL_VALUE
         if value is NULL_VALUE:
@@ -589,7 +588,8 @@ class OutputGraph:
                 return DictViewVariable(self.wrap(viewed_dict(value), HelperSource("VIEWED_DICT", source)), kind)
             mapping, map_src = value.mapping, AttrSource(source, "mapping")
             g.mapping_keys(map_src, mapping)
-            d = DictVariable({k: self.wrap(v, ItemSource(map_src, k)) for k, v in mapping.items()}, map_src)
+            d = DictVariable({k: self.wrap(v, item_source(map_src, k, i)) for i, (k, v) in enumerate(mapping.items())},
+                             map_src)
             return DictViewVariable(d, kind)
         if type(value) in _READABLE_ITERATORS and source is not None:
             # an iterator from outside the frame (or across a graph break): its remaining items

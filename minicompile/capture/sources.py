@@ -12,8 +12,12 @@ closure cell) is an object held by the generated function under a label chosen b
 """
 from __future__ import annotations
 
+import math
 import re
 from dataclasses import dataclass
+from typing import Optional
+
+import torch
 
 
 class Source:
@@ -82,17 +86,25 @@ class GenericAttrSource(Source):
         return f"object.__getattribute__({self.base.expr()}, {self.attr!r})"
 
 
-def key_literal(key) -> str:
-    """A dict key (or index) as Python that finds the same item: its repr, or for a member of
-    an Enum with a str or int mixin (`<Mode.A: 'a'>` is no Python) its plain value, which is
-    equal to it and hashes the same."""
-    if type(key) in (str, int, float, bool, bytes, type(None), tuple):
+def key_literal(key) -> Optional[str]:
+    """A dict key (or index) as Python that finds the same item, or None where none does: its
+    repr; for a member of an Enum with a str or int mixin (`<Mode.A: 'a'>` is no Python) its
+    plain value, which is equal to it and hashes the same; an infinity or a device by the call
+    that makes it; a tuple item by item."""
+    if type(key) is tuple:
+        items = [key_literal(k) for k in key]
+        return None if None in items else "(" + "".join(f"{i}, " for i in items) + ")"
+    if isinstance(key, float) and not math.isfinite(key):
+        return None if math.isnan(key) else f"float({str(float(key))!r})"
+    if isinstance(key, torch.device):
+        return f"torch.device({str(key)!r})"
+    if type(key) in (str, int, float, bool, bytes, type(None)):
         return repr(key)
     for base, plain in ((bool, bool), (int, int.__index__), (float, float), (str, str.__str__),
                         (bytes, bytes)):
         if isinstance(key, base):
             return repr(plain(key))
-    return repr(key)
+    return None
 
 
 @dataclass(frozen=True, eq=True)
@@ -101,7 +113,16 @@ class ItemSource(Source):
     index: object      # int or str (dict key / module name)
 
     def _expr(self):
-        return f"{self.base.expr()}[{key_literal(self.index)}]"
+        literal = key_literal(self.index)
+        if literal is None:             # (callers read such an item by position: DictValueSource)
+            raise ValueError(f"no Python reads the item at key {self.index!r}")
+        return f"{self.base.expr()}[{literal}]"
+
+
+def item_source(base: Source, key, position: int) -> Source:
+    """Where the guard reads a dict's item: by its key where Python can write the key, else by
+    its position (the dict's keys, in order, are then guarded by the caller)."""
+    return ItemSource(base, key) if key_literal(key) is not None else DictValueSource(base, position)
 
 
 @dataclass(frozen=True, eq=True)

@@ -463,6 +463,10 @@ class InstructionTranslator(CallsMixin):
                 return out.call("call_function", getattr, [obj, ConstantVariable(name)], {})
             if callable(getattr(torch.Tensor, name, None)):
                 return TensorMethodVariable(obj, name)
+            if name == "grad" and obj.source is not None and obj.example.is_leaf:
+                # a leaf's gradient from outside the frame (clip_grad_norm_ over parameters):
+                # a graph input, or None, guarded as any
+                return out.wrap(obj.example.grad, AttrSource(obj.source, "grad"))
             raise self.unsupported(f"tensor attribute .{name}")
         if name == "__class__" and isinstance(obj, GradModeVariable):
             return TypeVariable(torch.enable_grad if obj.enabled else torch.no_grad)
