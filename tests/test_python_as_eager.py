@@ -884,3 +884,22 @@ def first_type_that_fits(x, value):
 def test_a_class_that_refuses_isinstance_raises_in_the_frame():
     same_calls(first_type_that_fits, [lambda f: f(X, {"theta": 1.0})] * 2)
     assert minicompile.explain(first_type_that_fits)(X, {"theta": 1.0}).graph_break_count == 0
+
+
+class Color(enum.Enum):
+    RED = 1
+    BLUE = 2
+
+
+WEIGHTS = {Color.RED: 2.0, Color.BLUE: 3.0}
+
+
+def weighted_by_color(x, color):
+    return x * WEIGHTS[color] + WEIGHTS.get(Color.RED, 0.0), color in WEIGHTS
+
+
+def test_dicts_keyed_by_plain_enum_members_are_looked_up_in_the_graph():
+    """A plain Enum's members stand for themselves as keys: looked up in the trace (the frame
+    ran eagerly), each member an argument guarded by identity."""
+    same_calls(weighted_by_color, [lambda f, c=c: f(X, c) for c in (Color.BLUE, Color.RED, Color.BLUE)])
+    assert minicompile.explain(weighted_by_color)(X, Color.RED).graph_break_count == 0

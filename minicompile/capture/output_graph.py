@@ -621,7 +621,11 @@ class OutputGraph:
             # and checks what the trace reads of it as for any other object
             source = self.root_source(value, f"OBJ_{type(value).__name__}")
         if source is not None and not known:
-            g.type_check(source, type(value))     # its attributes are guarded one by one
+            if is_identity_key(value):
+                # an Enum's member (a typing form): it may stand for itself, a dict's key
+                g.identity(source, value, type(value).__name__)
+            else:
+                g.type_check(source, type(value))     # its attributes are guarded one by one
             return UserObjectVariable(value, source)
         # callables and modules: guarded by identity when read from a guardable place
         if source is not None:

@@ -20,6 +20,7 @@ generators and exceptions save theirs with `state()`).
 from __future__ import annotations
 
 import itertools
+import enum
 import types
 from typing import Any, Callable, Dict, List, Optional
 
@@ -103,10 +104,10 @@ def is_constant_value(v) -> bool:
 def is_identity_key(k) -> bool:
     """A dict key that is no constant but stands for itself and no trace changes it: a class,
     a function, a typing form (a dispatch table keyed by types, as huggingface_hub's field
-    validators look theirs up). Such a dict is held with its keys as they are; a key is looked
+    validators look theirs up), an Enum's member. Such a dict is held with its keys as they are; a key is looked
     up by what the variable stands for (dict_key)."""
     return isinstance(k, (type, types.FunctionType, types.BuiltinFunctionType, types.UnionType,
-                          types.GenericAlias)) or type(k).__module__ == "typing"
+                          types.GenericAlias, enum.Enum)) or type(k).__module__ == "typing"
 
 
 def key_variable(k) -> "VariableTracker":
