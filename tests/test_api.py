@@ -352,3 +352,21 @@ def test_the_cycle_collector_is_paused_only_while_compiling(monkeypatch):
     with pytest.raises(AttributeError):
         minicompile.compile(bad)(torch.randn(3))
     assert gc.isenabled()
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU beside the CPU")
+@pytest.mark.parametrize("fn", [lambda x: torch.tensor([x[0], x[1]]) + 1,
+                                lambda x: (x.cpu() * 2 + 1, x * 3),
+                                lambda x: torch.ones(3) * 2 + x.sum().cpu()])
+def test_values_on_the_cpu_in_a_gpu_graph_stay_on_the_cpu(fn):
+    """A graph with tensors on two devices runs on PyTorch's kernels: one program's kernels are
+    made for one device (its CPU tensors came back on the GPU)."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        compiled = minicompile.compile(fn)
+        for n in (5, 6):
+            x = torch.arange(float(n), device="cuda") - 1
+            expected, got = fn(x), compiled(x)
+            for e, g in zip(torch.utils._pytree.tree_leaves(expected), torch.utils._pytree.tree_leaves(got)):
+                assert g.device == e.device
+                torch.testing.assert_close(g, e)

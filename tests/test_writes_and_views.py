@@ -718,7 +718,7 @@ def test_an_out_pair_comes_back_as_the_ops_result_type():
     the very tensors given (written)."""
     x = randn(4, 5)
     compiled = minicompile.compile(max_into)
-    outs = [torch.empty(4), torch.empty(4, dtype=torch.long)]
+    outs = [torch.empty(4, device=DEVICE), torch.empty(4, dtype=torch.long, device=DEVICE)]
     doubled, indices, kind = compiled(x, *outs)
     assert kind == "max_out" and indices is outs[1]
     torch.testing.assert_close(doubled, x.max(1).values * 2)

@@ -90,13 +90,26 @@ def _symbolic_example_values(gm: torch.fx.GraphModule, example_inputs):
     return values, mode.shape_env
 
 
+def _one_device(example_inputs, values) -> torch.device:
+    """The device the graph computes on: its inputs', else its values'. A graph with tensors
+    on two (`x.cpu()` in a GPU graph, a CPU factory beside CUDA inputs) runs on PyTorch's
+    kernels, which leave each tensor where eager has it: one program's kernels are made for
+    one device."""
+    tensors = [v for v in example_inputs if isinstance(v, torch.Tensor)] + \
+        [t for v in values.values() for t in pytree.tree_leaves(v) if isinstance(t, torch.Tensor)]
+    devices = {torch.device(t.device) for t in tensors}
+    if len(devices) > 1:
+        raise NotImplementedError(f"the graph holds tensors on {len(devices)} devices "
+                                  f"({', '.join(sorted(str(d) for d in devices))})")
+    return tensors[0].device if tensors else torch.device("cpu")
+
+
 def lower(gm: torch.fx.GraphModule, example_inputs) -> ir.Program:
     values, shape_env = _symbolic_example_values(gm, example_inputs)
     if values is None:
         values = _example_values(gm, example_inputs)
     placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
-    devices = [v.device for v in example_inputs if isinstance(v, torch.Tensor)]
-    device = devices[0] if devices else torch.device("cpu")
+    device = _one_device(example_inputs, values)
     program = ir.Program(inputs=[], nodes=[], outputs=[], device=device)
     program.shape_env = shape_env
 
