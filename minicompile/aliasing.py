@@ -101,12 +101,12 @@ def written(kind: str, target, args, kwargs, is_tensor: Callable[[Any], bool],
     name = method_name(kind, target)
     if name is not None and name.endswith("_") and not name.startswith("_") and args:
         if name.startswith("_foreach_") or (kind == "call_function" and name.startswith("_foreach")):
-            return out + [("item", 0, j) for j in range(len(args[0]))]
+            return out + [("item", 0, j) for j in range(len(_items(args[0])))]
         if is_tensor(args[0]):
             return out + [("arg", 0)]
     if kind == "call_function" and isinstance(getattr(target, "__name__", None), str) \
             and target.__name__.startswith("_foreach_") and target.__name__.endswith("_") and args:
-        return out + [("item", 0, j) for j in range(len(args[0]))]
+        return out + [("item", 0, j) for j in range(len(_items(args[0])))]
     if kind == "call_function" and callable(target) and inplace_flag(target, args, kwargs, constant) \
             and args and is_tensor(args[0]):
         return out + [("arg", 0)]
@@ -150,8 +150,13 @@ def locate(loc, args, kwargs):
     if loc[0] == "kwarg":
         return kwargs[loc[1]]
     if loc[0] == "item":
-        return args[loc[1]][loc[2]]
-    return kwargs[loc[1]][loc[2]]
+        return _items(args[loc[1]])[loc[2]]
+    return _items(kwargs[loc[1]])[loc[2]]
+
+
+def _items(sequence):
+    """A list or tuple argument's items: FX's, the examples', or a traced list's (`.items`)."""
+    return sequence.items if hasattr(sequence, "items") and not isinstance(sequence, dict) else sequence
 
 
 def writes_metadata(kind: str, target) -> bool:

@@ -419,6 +419,10 @@ class _Functionalizer:
             spread = (Ellipsis,) + (None,) * (_example(node.args[0]).dim() - _example(node.args[1]).dim())
             mask = self._new("call_function", operator.getitem, [args[1], spread])
             return [self._cast(self._new("call_function", torch.where, [mask, args[2], args[0]]), targets[0])], None
+        if self.training and name is not None and name.startswith("_foreach") and name.endswith("_"):
+            # (the joint graph's trace loses a foreach write made on a copy: _foreach_mul_'s)
+            raise NotImplementedError(f"`{node.format_node()}` writes a list of tensors in a graph "
+                                      "compiled for training")
         # any other write: run by PyTorch on copies of what it writes
         run = aliasing.on_a_copy(kind, target, where)
         copies = self._new("call_function", run, args, kwargs)

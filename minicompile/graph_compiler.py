@@ -236,7 +236,11 @@ def backend(gm: torch.fx.GraphModule, example_inputs):
     compiled for training: a forward and a backward graph (autograd/)."""
     records = torch.is_grad_enabled() or any(
         n.target is torch._C._set_grad_enabled and n.args[0] is True for n in gm.graph.nodes)
-    training = records and any(isinstance(t, torch.Tensor) and t.requires_grad for t in example_inputs)
+    # (an input the graph does not read carries no gradient into it: a parameter whose .grad
+    # alone the graph reads, as clip_grad_norm_ does)
+    read = [bool(n.users) for n in gm.graph.nodes if n.op == "placeholder"]
+    training = records and any(isinstance(t, torch.Tensor) and t.requires_grad and used
+                               for t, used in zip(example_inputs, read))
     try:
         return compile_graph(gm, example_inputs, training)
     except NotImplementedError as err:

@@ -6,6 +6,7 @@ Tiny Hugging Face models are trained one step in tests/test_hf_zoo.py."""
 import copy
 import math
 import operator
+import warnings
 import weakref
 import os
 import sys
@@ -1194,9 +1195,34 @@ def test_gradients_of_parameters_are_read_in_the_graph(grads):
             model(randn(2, 4)).pow(2).sum().backward()
         if grads == "some":
             model.bias.grad = None
+        minicompile.metrics.reset()
         norm, no_bias_grad = fn(model)
         results.append((norm, no_bias_grad, model.weight.grad))
+    assert minicompile.metrics.graph_breaks == 0
     assert_same(results[1][0], results[0][0])
     assert results[1][1] == results[0][1]
     if results[0][2] is not None:
         assert_same(results[1][2], results[0][2])
+
+
+def scales_a_list(tensors, w):
+    torch._foreach_mul_(tensors, 0.5)
+    return w * 2
+
+
+def test_a_foreach_write_in_a_graph_compiled_for_training_is_made():
+    """_foreach_mul_ into the call's tensors in a graph whose other input requires grad: the
+    joint graph's trace lost the write (the tensors stayed as they were)."""
+    results = []
+    for fn in (scales_a_list, minicompile.compile(scales_a_list)):
+        w = torch.ones(2, device=DEVICE, requires_grad=True)
+        torch.manual_seed(0)
+        tensors = [randn(4), randn(3)]
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            out = fn(tensors, w)
+        out.sum().backward()
+        results.append((tensors, w.grad))
+    assert_same(results[1][0][0], results[0][0][0])
+    assert_same(results[1][0][1], results[0][0][1])
+    assert_same(results[1][1], results[0][1])

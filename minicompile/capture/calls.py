@@ -298,6 +298,8 @@ class CallsMixin:
             statement = _operator_statement(self, fn.value, args, kwargs)
             if statement is not None:
                 return statement
+            if fn.value is torch._C._group_tensors_by_device_and_dtype:
+                return self.group_by_device_and_dtype(args, kwargs)
             if _makes_a_leaf(kwargs):           # torch.ones(3, requires_grad=True)
                 made = out.call("call_function", fn.value, args, _without_requires_grad(kwargs))
                 return self.requires_grad_(made, [], {})
@@ -503,6 +505,30 @@ class CallsMixin:
                 var.overrides[name] = self.output.wrap(value, AttrSource(v.source, name)) if shallow \
                     else self.output.wrap(value, None)
         return var
+
+    def group_by_device_and_dtype(self, args, kwargs) -> VariableTracker:
+        """torch's foreach helpers group lists of tensors by device and dtype (clip_grad_norm_,
+        the foreach optimizers): decided by the tensors' metadata, which the graph is
+        specialized to, so grouped here; the groups hold the very variables given."""
+        lists = args[0] if args else kwargs.get("tensorlistlist")
+        if not isinstance(lists, BaseListVariable) or \
+                not all(isinstance(item, BaseListVariable) for item in lists.items):
+            raise self.unsupported("_group_tensors_by_device_and_dtype() of lists the trace does not hold")
+        by_id = {id(example_of(v)): v for inner in lists.items for v in inner.items
+                 if isinstance(v, TensorVariable)}
+        rest = [a.as_example() for a in args[1:]] + [] if all(a.is_constant() for a in args[1:]) else None
+        if rest is None or any(not v.is_constant() for k, v in kwargs.items() if k != "tensorlistlist"):
+            raise self.unsupported("_group_tensors_by_device_and_dtype() with arguments that vary")
+        grouped = torch._C._group_tensors_by_device_and_dtype(
+            [[example_of(v) for v in inner.items] for inner in lists.items], *rest,
+            **{k: v.as_example() for k, v in kwargs.items() if k != "tensorlistlist"})
+
+        def held(t):
+            return by_id[id(t)] if t is not None else ConstantVariable(None)
+        return DictVariable({key: TupleVariable([ListVariable([ListVariable([held(t) for t in group])
+                                                               for group in groups]),
+                                                 ListVariable([ConstantVariable(i) for i in indices])])
+                             for key, (groups, indices) in grouped.items()})
 
     def walk_module(self, fn: BoundMethodVariable, args, kwargs) -> VariableTracker:
         """module.modules(), .named_parameters() and the like (generator methods): the walk is

@@ -707,8 +707,10 @@ class OutputGraph:
         except Unsupported:
             raise
         except _InputWritten as e:
-            raise self.unsupported(f"{name}() writes into an input through {e}",
-                                   "a write minicompile does not model runs as Python, at a graph break") from None
+            err = self.unsupported(f"{name}() writes into an input through {e}",
+                                   "a write minicompile does not model runs as Python, at a graph break")
+            err.python_result = True      # (a Python function of torch's is traced: its writes are)
+            raise err from None
         except Exception as e:
             raise self.unsupported(f"{name}() raised {type(e).__name__}: {e}",
                                    "running the operation on the example inputs failed; "
