@@ -495,12 +495,15 @@ def rebuild(t, outs, env, memo=None):
     return r
 
 
+# what makes an iterator of eager's type over given items (a str's: ASCII or not)
+_ITERATOR_MAKERS = {type(iter(())): tuple, type(iter("")): "".join, type(iter("\u0100")): "".join,
+                    type(iter({})): dict.fromkeys, type(reversed([])): lambda xs: reversed(xs[::-1])}
+
+
 def _iterator_of(python_type, items: list):
     """An iterator over `items` of eager's type where one can be made so (over a tuple, a str,
     a dict's keys, a reversed list), else a list's."""
-    makers = {type(iter(())): tuple, type(iter("")): "".join, type(iter("\u0100")): "".join,
-              type(iter({})): dict.fromkeys, type(reversed([])): lambda xs: reversed(xs[::-1])}
-    maker = makers.get(python_type)
+    maker = _ITERATOR_MAKERS.get(python_type)
     try:
         made = iter(maker(items)) if maker is not None else None
     except TypeError:                                  # (items a str's iterator cannot hold)

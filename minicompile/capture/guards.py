@@ -580,13 +580,16 @@ class GuardBuilder:
                    (f"len({{e}}) == {len(value)}", f"len({d}) == {len(value)}")],
                   f"{e}: container type and length (items guarded one by one)")
 
+    def _keys_expr(self, keys: list) -> str:
+        """A dict's keys, in order, as the guard compares them: written as Python where each
+        key's repr is, else the list held in the namespace (classes, typing forms, Enum members)."""
+        return repr(keys) if all(_plain_key(k) for k in keys) else self._ref(keys, "KEYS_")
+
     def dict_keys(self, source: Source, value: dict):
         e = source.expr()
         d = display(e)
         keys = list(value.keys())
-        # keys that are not constants written as Python (classes, typing forms, Enum members)
-        # are held in the namespace
-        expected = repr(keys) if all(_plain_key(k) for k in keys) else self._ref(keys, "KEYS_")
+        expected = self._keys_expr(keys)
         check = f"list({{e}}.keys()) == {expected}"
         if any(type(k) is not str and is_constant_value(k) for k in keys):
             self.namespace["SAME_CONSTANT"] = same_constant      # (1.0 is the key 1 too)
@@ -609,7 +612,7 @@ class GuardBuilder:
         """The keys of a mapping (a dict subclass such as a ModelOutput), in order."""
         e = source.expr()
         keys = list(value.keys())
-        expected = repr(keys) if all(_plain_key(k) for k in keys) else self._ref(keys, "KEYS_")
+        expected = self._keys_expr(keys)
         self._add(("keys", e), source,
                   [(f"list({{e}}.keys()) == {expected}", f"list({display(e)}.keys()) == {keys!r}")],
                   f"{e}: its keys")

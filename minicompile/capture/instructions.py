@@ -675,7 +675,9 @@ def _call_function_ex(tx, inst):
 
 @handles("POP_TOP")
 def _pop_top(tx, inst):
-    dropped(tx, [tx.pop()], [tx])
+    popped = tx.pop()
+    if isinstance(popped, GeneratorVariable):        # (a loop's iterator, left by break/return)
+        dropped(tx, [popped], [tx])
 
 
 @handles("COPY")
