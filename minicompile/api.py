@@ -13,6 +13,7 @@ import functools
 import gc
 import itertools
 import sys
+import threading
 import types
 import weakref
 from dataclasses import dataclass, field
@@ -26,6 +27,7 @@ from .capture.breaks import DISABLE_MARK, never_traced
 from .capture.calls import own_call as _class_own_call, torch_container
 from .capture.frame import ResumeSegment
 from .capture.guards import frame_target
+from .capture.resume import called_from
 
 SUPPORTED_PYTHONS = SUPPORTED_VERSIONS       # capture's list: the versions it has opcode tables for
 # The settings each of torch.compile's modes stands for (options given with the mode win)
@@ -40,6 +42,7 @@ MODES = {None: {}, "default": {}, "reduce-overhead": {"cudagraphs": True},
 # object could reuse.
 _CACHES: dict[tuple, "_FrameCache"] = {}
 _FRAME_IDS = itertools.count()
+_COMPILE_LOCK = threading.RLock()   # held while a frame's segment is traced and compiled
 _GENERATION = 0        # bumped whenever entries of _CACHES are dropped (compiled objects re-look)
 
 
@@ -265,7 +268,14 @@ class CompiledFunction:
             inputs = seg.check(F, args, kwargs)
             if inputs is not None:
                 return seg, inputs
-        return self._miss(frame, offset, args, kwargs, eager, entries), None
+        with _COMPILE_LOCK:
+            # one compile at a time (threads calling at once): lowering's ops handler and the
+            # lazy imports are the process's; another thread may have made the entry meanwhile
+            for seg in entries:
+                inputs = seg.check(F, args, kwargs)
+                if inputs is not None:
+                    return seg, inputs
+            return self._miss(frame, offset, args, kwargs, eager, entries), None
 
     def _miss(self, frame: "_FrameCache", offset: int, args, kwargs, eager: bool, entries: list):
         """A call no entry's guard lets through: a re-bound entry, a new trace, or eager."""
@@ -403,9 +413,11 @@ class CompiledFunction:
             return seg
         return None
 
-    def _call_for_real(self, fn, args, kwargs):
+    def _call_for_real(self, fn, args, kwargs, site=None):
         """A call made at a graph break. A user function (or a user module's forward) is
-        compiled on its own, as Dynamo's frame hook compiles every frame it sees."""
+        compiled on its own, as Dynamo's frame hook compiles every frame it sees. Anything
+        else is called from a frame that looks like the user's at `site` (code, line, globals:
+        resume.called_from)."""
         target, pre = None, []
         if isinstance(fn, torch.nn.Module) and not fn._backward_hooks:
             # the module DDP or FSDP1 wraps, if fn is such a wrapper; a class made at run time
@@ -426,7 +438,7 @@ class CompiledFunction:
                 isinstance(fn, torch.nn.Module) and torch_container(fn)) or \
                 never_traced(fn) is not None or never_traced(target) is not None or \
                 target.__code__.co_flags & 0x2A0:          # generators, coroutines
-            return fn(*args, **kwargs)
+            return called_from(*site)(fn, args, kwargs) if site is not None else fn(*args, **kwargs)
         callee = self._callee(target)
         if isinstance(fn, torch.nn.Module) and distributed.runs_around(fn):
             # a wrapper's forward and the hooks (FSDP's gather the parameters) run as Python

@@ -903,3 +903,260 @@ def test_dicts_keyed_by_plain_enum_members_are_looked_up_in_the_graph():
     ran eagerly), each member an argument guarded by identity."""
     same_calls(weighted_by_color, [lambda f, c=c: f(X, c) for c in (Color.BLUE, Color.RED, Color.BLUE)])
     assert minicompile.explain(weighted_by_color)(X, Color.RED).graph_break_count == 0
+
+
+# ---- a tensor's value where Python wants a number ----------------------------------------
+def sized_by_tensors(x, n):
+    return (torch.zeros(n) + x.sum(), x.view(n, -1) * 2, x.repeat(n), x.split(n)[0] * 2,
+            torch.arange(n) * x[0], x[:n] * 3)
+
+
+def test_a_size_or_slice_bound_given_as_a_tensor_follows_each_calls_value():
+    """`torch.zeros(n)`, `x.view(n, -1)`, `x[:n]` with n a 0-dim tensor read its value (its
+    __index__): a graph break each time, as in Dynamo, never the first call's sizes."""
+    x = torch.randn(12)
+    same_calls(sized_by_tensors, [lambda f, n=n: f(x, torch.tensor(n)) for n in (2, 3, 4, 6, 3)])
+
+
+def values_the_graph_reads(x, t):
+    y = x.clone().fill_(t) + x.masked_fill(x > 0, t) + torch.clamp(x, -t, t)
+    n = torch.div(x.shape[0], 4, rounding_mode="trunc") - 1        # a tensor of sizes only
+    return y + x[t.long()], x.new_zeros((2, n + 1))
+
+
+def test_ops_that_read_a_value_in_their_kernel_or_a_constant_tensor_stay_in_one_graph():
+    x = torch.randn(8)
+    same_calls(values_the_graph_reads, [lambda f, v=v: f(x, torch.tensor(v)) for v in (1.5, 2.5)])
+    assert minicompile.explain(values_the_graph_reads)(x, torch.tensor(1.5)).graph_break_count == 0
+
+
+# ---- PyTorch's global state, set and read in the frame -----------------------------------
+def sets_and_reads_global_state(x, dtype, threads):
+    torch.set_default_dtype(dtype)
+    torch.set_num_threads(threads)
+    return x * 2, torch.get_num_threads(), torch.tensor(1.5).dtype
+
+
+def test_torch_setters_run_on_every_call_and_getters_are_asked_again():
+    dtype, threads = torch.get_default_dtype(), torch.get_num_threads()
+    try:
+        for fn in (sets_and_reads_global_state, minicompile.compile(sets_and_reads_global_state)):
+            for _ in range(3):
+                torch.set_default_dtype(torch.float32)
+                torch.set_num_threads(2)
+                result = fn(X, torch.float64, 1)
+                assert result[1:] == (1, torch.float64) and torch.get_default_dtype() is torch.float64
+                assert torch.get_num_threads() == 1
+        reads = minicompile.compile(lambda x: (x + 1, torch.get_num_threads()))
+        for n in (1, 2, 1):
+            torch.set_num_threads(n)
+            assert reads(X)[1] == n
+    finally:
+        torch.set_default_dtype(dtype)
+        torch.set_num_threads(threads)
+
+
+def saves(x, path):
+    torch.save({"step": 1}, path)
+    return x + 1
+
+
+def test_torch_save_in_the_frame_writes_on_every_call(tmp_path):
+    compiled = minicompile.compile(saves)
+    path = tmp_path / "state.pt"
+    for _ in range(3):
+        compiled(X, str(path))
+        assert path.exists()
+        path.unlink()
+
+
+# ---- classes and containers of the user's ------------------------------------------------
+class Registered:
+    count = 0
+    instances = []
+    scale = 1.0
+
+    def __init__(self):
+        type(self).count += 1
+        type(self).instances.append(type(self).count)
+        self.s = self.__class__.scale
+
+
+def makes_a_registered(x):
+    r = Registered()
+    return x * r.s + Registered.count
+
+
+def test_class_attributes_through_the_type_of_an_object_made_in_the_frame():
+    """type(self).count += 1 in __init__: the class's attribute, read and written (it was a
+    constant written once), and its later changes seen."""
+    def state():
+        return Registered.count, list(Registered.instances)
+    results = []
+    for fn in (makes_a_registered, minicompile.compile(makes_a_registered)):
+        Registered.count, Registered.scale = 0, 1.0
+        Registered.instances.clear()
+        for i in range(3):
+            Registered.scale = 5.0 if i == 2 else 1.0
+            results.append((fn(X), state()))
+    assert_same(results[3:], results[:3])
+
+
+class TenTimes(list):
+    def __getitem__(self, i):
+        return super().__getitem__(i) * 10
+
+
+class TenTimesDict(dict):
+    def __getitem__(self, k):
+        return super().__getitem__(k) * 10
+
+
+def first_item(x, items):
+    return x + items[0]
+
+
+def item_a(x, d):
+    return x + d["a"]
+
+
+def test_a_containers_own_getitem_is_not_applied_twice_by_the_guard():
+    """A list (dict) subclass with its own __getitem__: the guard reads the item past it (the
+    trace runs it), also once the item is a graph input."""
+    same_calls(first_item, [lambda f, v=v: f(X, TenTimes(v)) for v in ([1, 2], [3], [4], [5, 6])])
+    same_calls(item_a, [lambda f, v=v: f(X, TenTimesDict(a=v)) for v in (1, 2, 3)])
+
+
+class OwnReversed:
+    def __iter__(self):
+        return iter(range(3))
+
+    def __reversed__(self):
+        return iter(["own"])
+
+
+class IterOnly:
+    def __iter__(self):
+        return iter([1, 2])
+
+
+class ReversedList(list):
+    def __reversed__(self):
+        return iter(["own"])
+
+
+def reversed_list(x, o):
+    return x + 1, list(reversed(o))
+
+
+def test_reversed_asks_the_objects_own_reversed_or_raises_as_python():
+    for make in (OwnReversed, lambda: ReversedList([1, 2]), IterOnly, lambda: {1, 2}):
+        same_calls(reversed_list, [lambda f: f(X, make())] * 2)
+
+
+def test_a_class_with_del_is_made_for_real():
+    """Its instance is finalized by eager's reference counting (made in the trace, a stand-in
+    without attributes was finalized at the trace instead)."""
+    log = []
+
+    class Handle:
+        def __init__(self, n):
+            self.n = n
+
+        def __del__(self):
+            log.append(self.n)
+
+    def f(x):
+        h = Handle(7)
+        return x * 2, h.n
+
+    compiled = minicompile.compile(f)
+    for _ in range(3):
+        assert_same(compiled(X), f(X))
+    assert log == [7] * 6
+
+
+# ---- the rest of a frame after a break -----------------------------------------------------
+def reads_locals_by_name(x, scale):
+    y = x * scale
+    print("step")
+    return eval("y") + 1, sorted(locals())
+
+
+def test_locals_read_by_name_after_a_break_are_kept():
+    same_calls(reads_locals_by_name, [lambda f, s=s: f(X, s) for s in (2.0, 3.0)])
+
+
+def holds_a_memoryview(x, buf):
+    view = memoryview(buf)
+    print("step")
+    return x + 1, view[0]
+
+
+def test_a_writable_memoryview_live_at_a_break():
+    same_calls(holds_a_memoryview, [lambda f: f(X, bytearray(b"ab"))] * 2)
+
+
+def warns(x):
+    import warnings
+    warnings.warn("careful")
+    return x + 1
+
+
+def test_a_warning_at_a_break_names_the_users_module_and_line():
+    import warnings
+    compiled = minicompile.compile(warns)
+    for fn in (warns, compiled, compiled):
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            fn(X)
+        assert [(w.filename, w.lineno) for w in caught if str(w.message) == "careful"] == \
+            [(__file__, warns.__code__.co_firstlineno + 2)]
+        with warnings.catch_warnings():
+            warnings.filterwarnings("error", module=__name__)
+            with pytest.raises(UserWarning):
+                fn(X)
+
+
+def test_calls_from_threads_at_once_compile_one_at_a_time():
+    import threading
+
+    def f(x, k):
+        return (x * k).relu() + 1
+
+    compiled, errors = minicompile.compile(f), []
+
+    def worker(i):
+        for j in range(4):
+            x = torch.randn(2 + (i + j) % 3, 3)
+            try:
+                torch.testing.assert_close(compiled(x, j), f(x, j))
+            except Exception as e:           # noqa: BLE001 (collected for the assert)
+                errors.append(e)
+    threads = [threading.Thread(target=worker, args=(i,)) for i in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors
+
+
+def test_a_global_set_by_a_modules_function_read_as_the_modules_attribute():
+    """cfg.set_scale(v) does `global SCALE; SCALE = v`; the frame then reads cfg.SCALE."""
+    import sys
+    import types
+    cfg = types.ModuleType("minicompile_test_cfg")
+    exec("SCALE = 1.0\ndef set_scale(v):\n    global SCALE\n    SCALE = v\n", cfg.__dict__)
+    sys.modules[cfg.__name__] = cfg
+
+    def f(x, v):
+        cfg.set_scale(v)
+        return x * cfg.SCALE
+
+    compiled = minicompile.compile(f)
+    try:
+        for v in (2.0, 3.0, 4.0):
+            cfg.SCALE = 1.0
+            assert_same(compiled(X, v), f(X, v))
+    finally:
+        del sys.modules[cfg.__name__]

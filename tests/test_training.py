@@ -238,6 +238,58 @@ class _Recurrent(nn.Module):
         return torch.cat([out.flatten(), hidden.flatten()])
 
 
+class _Packed(nn.Module):
+    """An LSTM over padded sequences of other lengths, packed and padded again."""
+
+    def __init__(self):
+        super().__init__()
+        self.lstm = nn.LSTM(4, 6, batch_first=True)
+
+    def forward(self, x):
+        lengths = (x[:, :, 0] > -1.5).sum(1).clamp(min=1).cpu()       # per call: its own lengths
+        packed = nn.utils.rnn.pack_padded_sequence(x, lengths, batch_first=True, enforce_sorted=False)
+        out, (h, _) = self.lstm(packed)
+        padded, _ = nn.utils.rnn.pad_packed_sequence(out, batch_first=True, total_length=x.shape[1])
+        return torch.cat([padded.flatten(), h.flatten()])
+
+
+def test_packed_sequences_through_a_recurrent_layer():
+    """The packed data's rows are the sum of the lengths (a break, as in Dynamo); a
+    PackedSequence goes to torch's functions as one, not as a plain tuple."""
+    torch.manual_seed(7)
+    train_side_by_side(_Packed(), lambda: torch.randn(3, 7, 4, device=DEVICE))
+    model = _Packed().eval()
+    compiled = minicompile.compile(model)
+    with torch.no_grad():
+        for _ in range(3):
+            x = torch.randn(3, 7, 4, device=DEVICE)
+            assert_same(compiled(x), model(x))
+
+
+def test_old_weight_norm_recomputes_its_weight_each_call():
+    """nn.utils.weight_norm's pre-hook sets `weight` on each call; the graph reads the old one
+    (a tensor an earlier call computed) but no gradient flows to it: handed over detached, the
+    backward does not reach the earlier call's graph."""
+    models = []
+    for _ in range(2):                          # (such a module cannot be deep-copied)
+        torch.manual_seed(8)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", FutureWarning)      # (deprecated for parametrizations)
+            models.append(nn.Sequential(nn.utils.weight_norm(nn.Linear(6, 4)), nn.Tanh()).to(DEVICE))
+    model, twin = models
+    compiled = minicompile.compile(model)
+    for step in range(3):
+        x = torch.randn(2, 6, device=DEVICE)
+        compiled(x).sum().backward()
+        twin(x).sum().backward()
+        for p, q in zip(model.parameters(), twin.parameters()):
+            torch.testing.assert_close(p.grad, q.grad, msg=f"step {step}")
+        with torch.no_grad():
+            for m in models:
+                m[0].weight_g.mul_(1.5)
+                m.zero_grad()
+
+
 @pytest.mark.parametrize("layer", [
     lambda: nn.LSTM(8, 6, batch_first=True),
     lambda: nn.LSTM(8, 6, num_layers=2, bidirectional=True),

@@ -40,12 +40,20 @@ class CompiledTraining:
         self.tangents = placeholders[len(partition.saved_from):]
         # a flat tuple or list of outputs (a model's graph returning its result and the
         # statistics its batch norms update) is made without pytree, on every call
+        # inputs that get no gradient (not read, or read only where no gradient flows) are
+        # handed over detached: autograd would link the node to their history (a tensor an
+        # earlier call computed, whose graph is gone: the old weight_norm's `weight`), as eager
+        # never does
+        self.no_gradient = {k for k in range(joint.num_primals) if k not in set(joint.grad_inputs)}
         numbers = pytree.tree_unflatten(list(range(joint.output_spec.num_leaves)), joint.output_spec)
         self.flat = type(numbers) if type(numbers) in (tuple, list) and list(numbers) == list(
             range(joint.output_spec.num_leaves)) else None
 
     def __call__(self, *args):
         tensors = [a for a, (kind, _) in zip(args, self.joint.inputs) if kind == "tensor"]
+        if self.no_gradient:
+            tensors = [t.detach() if k in self.no_gradient and t.requires_grad else t
+                       for k, t in enumerate(tensors)]
         # recorded with grad mode on: which outputs carry gradients was decided by the trace,
         # grad mode switches inside the graph included (the others are non-differentiable)
         with torch.enable_grad():

@@ -195,6 +195,17 @@ def _builtin_iter(kind):
         if kind == "reversed":
             if isinstance(args[0], ITERATORS):
                 raise tx.unsupported(f"reversed() of {args[0].describe()}", "it is not reversible")
+            v = args[0]
+            if isinstance(v, UserObjectVariable):
+                method = class_attr(type(v.value), "__reversed__")
+                if isinstance(method, types.FunctionType):          # its class's own
+                    return iter_of(tx, tx.inline_call(method, [v], {}))
+                if method is None and not (class_attr(type(v.value), "__len__") is not None and
+                                           class_attr(type(v.value), "__getitem__") is not None):
+                    raise tx.observed(TypeError(f"'{type(v.value).__name__}' object is not reversible"))
+            if isinstance(v, SetVariable) or isinstance(v, ConstantVariable) and isinstance(v.value, (set, frozenset)):
+                name = "set" if isinstance(v, SetVariable) else type(v.value).__name__
+                raise tx.observed(TypeError(f"'{name}' object is not reversible"))
             if type(args[0]) is ListVariable:       # from its last item down, read as it goes
                 return IteratorVariable([], over=args[0], backward=True, python_type=type(reversed([])))
             return IteratorVariable(list(reversed(tx.iterate(args[0]))))
@@ -406,7 +417,12 @@ def _builtin_type(tx, args, kwargs):
     if isinstance(v, NNModuleVariable):
         return TypeVariable(type(v.module), source)
     if isinstance(v, UserObjectVariable):
-        return TypeVariable(type(v.value), source)
+        cls = type(v.value)
+        if source is None:
+            # an object made in the frame: its class is held by the guard, so what the trace
+            # reads of it is guarded and what it writes is made on the class (type(self).n += 1)
+            source = tx.output.root_source(cls, f"CLASS_{cls.__name__}")
+        return TypeVariable(cls, source)
     if isinstance(v, (IteratorVariable, GeneratorVariable, LazyIteratorVariable)) and v.python_type is not None:
         return tx.output.wrap(v.python_type, None)         # (eager's: tuple_iterator...)
     if v.is_constant():
@@ -503,8 +519,11 @@ class ContainerReadVariable(VariableTracker):
         name = self.method.__name__
         if name in ("get", "__getitem__") and values and not isinstance(values[0], slice) and \
                 (values[0] in real if isinstance(real, dict) else True):
-            return out.wrap(result, item_source(source, values[0], list(real).index(values[0]))
-                            if isinstance(real, dict) else ItemSource(source, values[0]))
+            # a subclass with a __getitem__ of its own (that the trace runs): read past it
+            base = next(b for b in (dict, list, tuple) if isinstance(real, b))
+            via = base.__name__ if type(real).__getitem__ is not base.__getitem__ else None
+            return out.wrap(result, item_source(source, values[0], list(real).index(values[0]), via)
+                            if isinstance(real, dict) else ItemSource(source, values[0], via))
         if is_constant_value(result):
             return ConstantVariable(result)
         raise tx.unsupported(f"{self.describe()} returned a {type(result).__name__}")

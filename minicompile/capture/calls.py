@@ -639,6 +639,11 @@ class CallsMixin:
         """`cls(*args)` for a plain Python class: a real instance with no attributes yet (its
         attributes live in the trace) and `__init__` inlined, as Dynamo does for user objects
         made inside the frame. After the graph the object is rebuilt (frame.rebuild)."""
+        if class_attr(cls, "__del__") is not None:
+            # eager's object is finalized when let go (its __del__ runs then): made for real
+            raise self.unsupported(f"creating a {cls.__qualname__}, whose class has __del__",
+                                   "the object is made for real, at a graph break, so that it is "
+                                   "finalized when eager's would be")
         obj = UserObjectVariable(self.on_constants(object.__new__, cls), None)   # (an abstract class: TypeError)
         init = self.class_member(cls, "__init__")
         if isinstance(init, types.FunctionType):

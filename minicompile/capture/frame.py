@@ -105,7 +105,13 @@ def live_locals(tx, start_index: int) -> set:
                 break
             i += 1
     names.update(tx.code.co_cellvars)
+    if _READS_FRAME_BY_NAME & set(tx.code.co_names):
+        names.update(tx.code.co_varnames)        # eval("y"), locals()["y"]: any local
     return names
+
+
+# what can read a frame's locals without naming them in bytecode
+_READS_FRAME_BY_NAME = {"locals", "vars", "dir", "eval", "exec", "_getframe", "currentframe", "f_locals"}
 
 
 # ---------------------------------------------------------------------------------------
@@ -643,13 +649,15 @@ class Segment:
         if self.end == "raise":            # the frame raised it (its effects are made)
             _note_where(result, self.raised_at)
             raise result
+        site = (self.code, self.break_inst.lineno, env["G"])
+        call_here = lambda fn, a, k: call(fn, a, k, site)       # noqa: E731 (made from its line)
         if self.handler is None:
-            nxt = execute(self.break_inst, stack, f_locals, env["G"], self.kw_names, call,
+            nxt = execute(self.break_inst, stack, f_locals, env["G"], self.kw_names, call_here,
                           self.offset_to_index)
         else:
             before = list(stack)
             try:
-                nxt = execute(self.break_inst, stack, f_locals, env["G"], self.kw_names, call,
+                nxt = execute(self.break_inst, stack, f_locals, env["G"], self.kw_names, call_here,
                               self.offset_to_index)
             except BaseException as exc:
                 # the frame's handler takes it: the rest of the frame runs as Python (resume.py)

@@ -64,7 +64,7 @@ from typing import Any, Callable, Dict, List, Optional, Tuple
 import torch
 
 from .. import autocast, config
-from .sources import AttrSource, GenericAttrSource, HelperSource, ItemSource, Source, key_literal
+from .sources import AttrSource, GenericAttrSource, HelperSource, ItemSource, Source
 from .values import is_constant_value
 
 
@@ -882,7 +882,7 @@ class GuardBuilder:
             elif isinstance(src, AttrSource):
                 rhs = f"{local(src.base, out)}.{src.attr}"
             elif isinstance(src, ItemSource):
-                rhs = f"{local(src.base, out)}[{key_literal(src.index)}]"
+                rhs = src.read(local(src.base, out))
             elif isinstance(src, HelperSource):
                 rhs = f"{src.helper}({local(src.base, out)})"
             elif isinstance(src, GenericAttrSource):

@@ -404,6 +404,7 @@ def _store_slice(tx, inst):
 
 def store_item(tx, obj, idx, value):
     """obj[idx] = value (also operator.setitem)."""
+    tx.no_tensor_bounds(idx)
     if isinstance(obj, TensorVariable):
         tx.output.call("call_function", operator.setitem, [obj, idx, value], {})
     elif isinstance(obj, (ListVariable, DictVariable)) and idx.is_constant():

@@ -115,13 +115,16 @@ class _ExampleOps(TorchDispatchMode):
     (aliasing.written) is stopped before it writes, by its schema (the arguments it marks as
     written): a trace never changes the caller's tensors. An op that draws random numbers
     (tagged nondeterministic_seeded) is noted: its node must run, once, in program order. So is
-    an op whose result's sizes depend on the values it reads (_sizes_from_values)."""
+    an op whose result's sizes depend on the values it reads (_sizes_from_values), and a
+    tensor's value read into Python on the way (`torch.zeros(n)`, n a 0-dim tensor: its
+    __index__)."""
 
     def __init__(self, storages):
         super().__init__()
         self.storages = storages          # the inputs' storage pointers (a dict's keys)
         self.draws_random = False
         self.sizes_from_values = None     # the first such op
+        self.values_read: set = set()    # ids of the tensors whose values were read
 
     @classmethod
     def _should_skip_dynamo(cls) -> bool:
@@ -136,6 +139,8 @@ class _ExampleOps(TorchDispatchMode):
             self.draws_random = True
         if self.sizes_from_values is None and _sizes_from_values(func, args, kwargs):
             self.sizes_from_values = str(func)
+        if func is torch.ops.aten._local_scalar_dense.default:
+            self.values_read.add(id(args[0]))
         if schema.is_mutable:
             for i, arg in enumerate(schema.arguments):
                 if arg.alias_info is None or not arg.alias_info.is_write:
@@ -147,11 +152,18 @@ class _ExampleOps(TorchDispatchMode):
         return func(*args, **kwargs)
 
 
+# ops whose result's sizes come from values they read that torch does not tag so: a packed
+# sequence's rows are the sum of its lengths
+_SIZES_FROM_VALUES_UNTAGGED = {torch.ops.aten._pack_padded_sequence, torch.ops.aten._pad_packed_sequence}
+
+
 def _sizes_from_values(func, args, kwargs) -> bool:
     """Whether the op's result has sizes that depend on the values it reads (nonzero, a
     boolean mask as an index, unique, masked_select): the ops torch tags so, but for the cases
     whose sizes the arguments give (integer indices, one_hot's num_classes, repeat_interleave's
     output_size). Traced on the examples, such a size would be baked into the graph."""
+    if func.overloadpacket in _SIZES_FROM_VALUES_UNTAGGED:
+        return True
     if torch.Tag.dynamic_output_shape not in func.tags:
         return False
     packet = func.overloadpacket
@@ -162,6 +174,59 @@ def _sizes_from_values(func, args, kwargs) -> bool:
     if packet is torch.ops.aten.repeat_interleave:
         return kwargs.get("output_size") is None
     return True
+
+
+def _needs_values(kind, target, args, kwargs) -> bool:
+    """Whether an op that read a tensor's value into Python when run on the examples needs
+    it: run on fake tensors, which have none (a kernel that reads a value it may, `x.fill_(t)`,
+    has a fake version that does not)."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    mode = FakeTensorMode(allow_non_fake_inputs=True)
+    args, kwargs = torch.utils._pytree.tree_map_only(torch.Tensor, lambda t: ir.fake_of(mode, t), (args, kwargs))
+    try:
+        with mode:
+            if kind == "call_method":
+                getattr(args[0], target)(*args[1:], **kwargs)
+            else:
+                target(*args, **kwargs)
+    except Exception:
+        return True
+    return False
+
+
+def _of_torch(fn) -> bool:
+    return (getattr(fn, "__module__", None) or "").split(".")[0] == "torch"
+
+
+# functions of torch's that read global state that can change between calls
+_STATE_GETTER_PREFIXES = ("get_", "is_", "are_", "has_", "initial_seed", "_get_")
+
+
+def _sets_global_state(fn, name: str) -> bool:
+    """torch.set_default_dtype(...), torch.use_deterministic_algorithms(...), torch.seed():
+    run for their effect on PyTorch's global state (checked before they run on the examples)."""
+    return _of_torch(fn) and (name.startswith(("set_", "use_", "_set_")) or name in ("seed", "manual_seed"))
+
+
+def _constant_tensors(args, kwargs) -> set:
+    """The ids of the example tensors among the arguments whose values the graph computes
+    from constants alone (`torch.div(seq_len, w) - 1` of sizes): the same on every call the
+    guards let through (no input, parameter or random number above them)."""
+    ids = set()
+    for v in _leaves(list(args) + list(kwargs.values())):
+        if not isinstance(v, TensorVariable):
+            continue
+        todo, seen, constant = [v.as_proxy().node], set(), True
+        while todo and constant:
+            node = todo.pop()
+            if node in seen:
+                continue
+            seen.add(node)
+            constant = node.op not in ("placeholder", "get_attr") and not node.meta.get("draws_random")
+            todo += node.all_input_nodes
+        if constant:
+            ids.add(id(v.example))
+    return ids
 
 
 _TORCH_MODULE_PREFIXES = ("torch", "_operator", "operator", "math")
@@ -671,7 +736,8 @@ class OutputGraph:
         python_fn = next((v for v in leaves if isinstance(
             v, (UserFunctionVariable, NestedFunctionVariable, BoundMethodVariable, PartialVariable,
                 NNModuleVariable))), None)
-        opaque = python_fn or next((v for v in leaves if not _has_graph_form(v)), None)
+        opaque = python_fn or next((v for v in leaves if not _has_graph_form(v)), None) or \
+            _python_named_tuple(list(args) + list(kwargs.values()))
         if opaque is not None:
             what = f"takes a Python function ({opaque.describe()})" if python_fn is not None else \
                 f"with {opaque.describe()}, which a graph cannot hold"
@@ -688,6 +754,9 @@ class OutputGraph:
                            kind == "call_function" and _hashable(target) and target in EFFECT_FUNCTIONS):
             raise self.unsupported(f"{name}(): an effect outside the tensors it returns",
                                    "it runs once, as Python, at a graph break")
+        if not has_tensor and kind == "call_function" and _sets_global_state(target, name):
+            raise self.unsupported(f"{name}() sets PyTorch's global state",
+                                   "called for its effect: it runs as Python at a graph break, on every call")
         if any(isinstance(v, torch.Generator) for v in [*ex_args, *ex_kwargs.values()]):
             # drawing from it here would advance it for real: the call runs at a break instead
             raise self.unsupported(f"{name}() with an explicit torch.Generator",
@@ -721,6 +790,17 @@ class OutputGraph:
             raise self.unsupported(f"{name}(): the sizes of its result depend on tensor values "
                                    f"({watch.sizes_from_values})",
                                    "a graph has one size for each value it computes")
+        if watch.values_read and _contains_tensor_value(result) and \
+                target not in (operator.getitem, operator.setitem) and \
+                not watch.values_read <= _constant_tensors(args, kwargs) and \
+                _needs_values(kind, target, ex_args, ex_kwargs):
+            # (an index tensor is read by the kernel; a slice's tensor bound breaks before:
+            # InstructionTranslator.no_tensor_bounds)
+            # as TorchDynamo, whose fake tensors have no value to give
+            raise self.unsupported(f"{name}() reads a tensor's value as a Python number (a size, "
+                                   f"an index or a bound given as a tensor)",
+                                   "the graph would keep the value of this call's tensor",
+                                   "pass a Python int, or keep the computation in tensors")
         if out_given is not None:
             if _shape_of(out_given) != _shape_of(ex_kwargs["out"]):
                 raise self.unsupported(f"{name}(out=...) resizes its out tensor",
@@ -763,6 +843,20 @@ class OutputGraph:
                 raise err
             if not is_constant_value(result):
                 raise self.unsupported(f"{name}() returned a {type(result).__name__}")
+            if not has_tensor and kind == "call_function" and _of_torch(target):
+                if result is None and not name.startswith("_"):
+                    # (torch.save(state, path), torch.cuda.synchronize(); a private helper,
+                    # F._none_or_dtype, torch._assert, is taken as it answers)
+                    raise self.unsupported(f"{name}() returns None: called for its effect",
+                                           "it runs as Python at a graph break, on every call")
+                if name.startswith(_STATE_GETTER_PREFIXES):
+                    # PyTorch's global state read (torch.get_num_threads()): asked again by the
+                    # guard, as the trace folds the answer in
+                    label = "STATE_" + re.sub(r"[^A-Za-z0-9]+", "_", name)
+                    while label in self.guards.namespace:
+                        label += "_"
+                    self.guards.add_root(label, functools.partial(target, *ex_args, **ex_kwargs))
+                    self.guards.constant(RootSource(f"{label}()"), result)
             return ConstantVariable(result)
         if isinstance(result, (tuple, list)) and name in SIZED_OUTPUTS and args and \
                 isinstance(args[0], TensorVariable) and self.has_dynamic_inputs():
@@ -1013,6 +1107,19 @@ def _has_graph_form(v: VariableTracker) -> bool:
     except NotImplementedError:
         return False
     return True
+
+
+def _python_named_tuple(vars_) -> Optional[VariableTracker]:
+    """A namedtuple of a Python class among vars_ (a PackedSequence, whose fields and methods
+    the callee reads): a graph holds it as a plain tuple."""
+    for v in vars_:
+        if isinstance(v, NamedTupleVariable) and hasattr(v.tuple_cls, "_fields"):
+            return v
+        if isinstance(v, BaseListVariable):
+            found = _python_named_tuple(v.items)
+            if found is not None:
+                return found
+    return None
 
 
 def _graph_arg(v: VariableTracker):

@@ -254,3 +254,24 @@ def call_resumed(func: types.FunctionType, offset: int, f_locals: dict, stack: l
     args[0] = (args[0], *cells, *[v for v in stack if v is not null])
     resumed = types.FunctionType(new, func.__globals__, func.__name__, None, func.__closure__)
     return True, resumed(*args)
+
+
+_CALLER_CODES: dict = {}
+
+
+def called_from(code: types.CodeType, lineno: Optional[int], f_globals: dict):
+    """A function `(fn, args, kwargs) -> fn(*args, **kwargs)` whose frame looks like the user's
+    frame at `lineno` of `code`: its file, line, function name and globals. A call made at a
+    graph break goes through it, so what reads its caller's frame (warnings.warn and its
+    module filters, logging's caller, sys._getframe(1)) finds the user's line, as in eager."""
+    key = (code, lineno)
+    made = _CALLER_CODES.get(key)
+    if made is None:
+        source = "\n" * max((lineno or 1) - 1, 0) + "def _(fn, args, kwargs): return fn(*args, **kwargs)\n"
+        module = compile(source, code.co_filename, "exec")
+        made = next(c for c in module.co_consts if isinstance(c, types.CodeType))
+        made = made.replace(co_name=code.co_name, **({"co_qualname": code.co_qualname}
+                                                     if hasattr(code, "co_qualname") else {}))
+        _CALLER_CODES[key] = made
+    return types.FunctionType(made, f_globals)
+

@@ -111,18 +111,26 @@ def key_literal(key) -> Optional[str]:
 class ItemSource(Source):
     base: Source
     index: object      # int or str (dict key / module name)
+    via: Optional[str] = None   # a builtin class whose __getitem__ reads it (a subclass's own
+                                # __getitem__ would give what the trace computes from the item)
 
     def _expr(self):
+        return self.read(self.base.expr())
+
+    def read(self, base: str) -> str:
+        """The item read from `base`, an expression for the container."""
         literal = key_literal(self.index)
         if literal is None:             # (callers read such an item by position: DictValueSource)
             raise ValueError(f"no Python reads the item at key {self.index!r}")
-        return f"{self.base.expr()}[{literal}]"
+        if self.via is not None:
+            return f"{self.via}.__getitem__({base}, {literal})"
+        return f"{base}[{literal}]"
 
 
-def item_source(base: Source, key, position: int) -> Source:
+def item_source(base: Source, key, position: int, via: Optional[str] = None) -> Source:
     """Where the guard reads a dict's item: by its key where Python can write the key, else by
     its position (the dict's keys, in order, are then guarded by the caller)."""
-    return ItemSource(base, key) if key_literal(key) is not None else DictValueSource(base, position)
+    return ItemSource(base, key, via) if key_literal(key) is not None else DictValueSource(base, position)
 
 
 @dataclass(frozen=True, eq=True)

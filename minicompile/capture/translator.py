@@ -46,7 +46,7 @@ from .values import (DELETED, NULL, BaseListVariable, BoundMethodVariable, Built
                      ModelOutputVariable, NamedTupleVariable, NestedFunctionVariable,
                      NNModuleVariable, NullVariable, ObjectMethodVariable, OpaqueConstantVariable,
                      PartialVariable, PythonModuleVariable,
-                     SetVariable, SizeVariable, SuperVariable, SymIntVariable, TensorMethodVariable,
+                     SetVariable, SizeVariable, SliceVariable, SuperVariable, SymIntVariable, TensorMethodVariable,
                      TensorVariable,
                      TorchFunctionVariable, TupleVariable, TypeVariable, UserFunctionVariable,
                      UserObjectVariable, VariableTracker, _constant_result, _DictFromKeys,
@@ -567,7 +567,10 @@ class InstructionTranslator(CallsMixin):
             raise self.unsupported(f"attribute .{name} of {type(value).__name__}")
         if isinstance(obj, PythonModuleVariable):
             mod = obj.value
-            if not hasattr(mod, name):
+            written = out._global_writes.get(id(mod.__dict__))
+            if written is not None and name in written.items and written.items[name] is not DELETED:
+                return written.items[name]          # `global X; X = v` in a function of mod's
+            if not hasattr(mod, name) or written is not None and written.items.get(name) is DELETED:
                 raise self.observed(AttributeError(f"module '{mod.__name__}' has no attribute '{name}'"))
             # reached from the user's globals (`F.relu`, `math.sqrt`), the attribute is guarded
             # even on torch's own modules: a user may replace it; torch's code reading its own
@@ -1155,7 +1158,19 @@ class InstructionTranslator(CallsMixin):
         else:
             raise self.unsupported(f"{name} of {v.describe()}")
 
+    def no_tensor_bounds(self, idx: VariableTracker) -> None:
+        """A slice bounded by a tensor (`x[:n]`, n a 0-dim tensor) reads the tensor's value
+        (its __index__): the sizes that follow depend on data, so a graph break, as in Dynamo."""
+        parts = idx.items if isinstance(idx, TupleVariable) else [idx]
+        if any(isinstance(p, SliceVariable) and any(isinstance(b, TensorVariable) for b in p.parts)
+               for p in parts):
+            raise self.unsupported("a slice bounded by a tensor",
+                                   "the slice reads the tensor's value (its __index__): the sizes "
+                                   "that follow depend on data",
+                                   "bound the slice with a Python int (n.item() breaks the graph once)")
+
     def subscript(self, obj: VariableTracker, idx: VariableTracker) -> VariableTracker:
+        self.no_tensor_bounds(idx)
         if isinstance(obj, TensorVariable):
             return self.output.call("call_function", operator.getitem, [obj, idx], {})
         if isinstance(obj, BaseListVariable) and idx.is_constant():

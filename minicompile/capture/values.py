@@ -838,7 +838,7 @@ def _hashable(v) -> bool:
     try:
         hash(v)
         return True
-    except TypeError:
+    except (TypeError, ValueError):      # (a writable memoryview raises ValueError)
         return False
 
 
