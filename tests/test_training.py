@@ -258,7 +258,7 @@ def test_packed_sequences_through_a_recurrent_layer():
     PackedSequence goes to torch's functions as one, not as a plain tuple."""
     torch.manual_seed(7)
     train_side_by_side(_Packed(), lambda: torch.randn(3, 7, 4, device=DEVICE))
-    model = _Packed().eval()
+    model = _Packed().to(DEVICE).eval()
     compiled = minicompile.compile(model)
     with torch.no_grad():
         for _ in range(3):
