@@ -38,13 +38,13 @@ class CompiledTraining:
         placeholders = [n.meta["val"] for n in partition.backward.graph.nodes if n.op == "placeholder"]
         self.saved_strides = [v.stride() for v in placeholders[:len(partition.saved_from)]]
         self.tangents = placeholders[len(partition.saved_from):]
-        # a flat tuple or list of outputs (a model's graph returning its result and the
-        # statistics its batch norms update) is made without pytree, on every call
         # inputs that get no gradient (not read, or read only where no gradient flows) are
         # handed over detached: autograd would link the node to their history (a tensor an
         # earlier call computed, whose graph is gone: the old weight_norm's `weight`), as eager
         # never does
         self.no_gradient = {k for k in range(joint.num_primals) if k not in set(joint.grad_inputs)}
+        # a flat tuple or list of outputs (a model's graph returning its result and the
+        # statistics its batch norms update) is made without pytree, on every call
         numbers = pytree.tree_unflatten(list(range(joint.output_spec.num_leaves)), joint.output_spec)
         self.flat = type(numbers) if type(numbers) in (tuple, list) and list(numbers) == list(
             range(joint.output_spec.num_leaves)) else None

@@ -649,8 +649,7 @@ class Segment:
         if self.end == "raise":            # the frame raised it (its effects are made)
             _note_where(result, self.raised_at)
             raise result
-        site = (self.code, self.break_inst.lineno, env["G"])
-        call_here = lambda fn, a, k: call(fn, a, k, site)       # noqa: E731 (made from its line)
+        call_here = functools.partial(call, site=(self.code, self.break_inst.lineno, env["G"]))
         if self.handler is None:
             nxt = execute(self.break_inst, stack, f_locals, env["G"], self.kw_names, call_here,
                           self.offset_to_index)
