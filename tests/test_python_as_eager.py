@@ -6,6 +6,7 @@ import contextlib
 import copy
 import enum
 import functools
+import inspect
 import itertools
 import math
 import operator
@@ -1160,3 +1161,30 @@ def test_a_global_set_by_a_modules_function_read_as_the_modules_attribute():
             assert_same(compiled(X, v), f(X, v))
     finally:
         del sys.modules[cfg.__name__]
+
+
+def _reads_an_argument_by_name(name):
+    """A decorator that binds the call to its function's signature (transformers' own for the
+    vision towers of its multimodal models)."""
+    def wrap(func):
+        signature = inspect.signature(func)
+
+        @functools.wraps(func)
+        def wrapper(*args, **kwargs):
+            bound = signature.bind(*args, **kwargs)
+            bound.apply_defaults()
+            return func(*args, **kwargs), bound.arguments[name], len(bound.args), sorted(bound.kwargs)
+        return wrapper
+    return wrap
+
+
+@_reads_an_argument_by_name("layer")
+def scaled_by_layer(x, layer=-1, *rest, strategy="default", **options):
+    return x * layer
+
+
+def test_a_signature_made_by_a_decorator_binds_the_call_in_the_graph():
+    calls = [lambda f: f(X), lambda f: f(X, 3), lambda f: f(X, 2, 5, strategy="s", extra=1),
+             lambda f: f(X, layer=4), lambda f: f()]                     # (the last a TypeError)
+    same_calls(scaled_by_layer, calls)
+    assert minicompile.explain(scaled_by_layer)(X, 3).graph_break_count == 0

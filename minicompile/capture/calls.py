@@ -35,7 +35,7 @@ from .builtin_calls import (_BUILTIN_HANDLERS, _COMPILING_QUERIES, ContainerRead
 from .output_graph import _is_internal_module_name
 from .values import (BaseListVariable, BoundMethodVariable, BuiltinVariable, ConstantMethodVariable,
                      AutocastVariable, ConstantVariable, DictVariable, DictViewVariable, ExceptionInitVariable,
-                     ExceptionVariable,
+                     ExceptionVariable, BoundArgumentsVariable,
                      GeneratorVariable, GradModeVariable, NullContextVariable,
                      IteratorVariable, ListVariable, ModuleSliceVariable, ModelOutputVariable, NamedTupleVariable,
                      NestedFunctionVariable, NNModuleVariable, NullVariable, ObjectMethodVariable,
@@ -688,11 +688,83 @@ class CallsMixin:
             if changed_outside():
                 raise self.unsupported(f"{cls.__qualname__}.__init__ changes state outside the module")
 
+    def bind_arguments(self, signature, method: str, args, kwargs) -> BoundArgumentsVariable:
+        """signature.bind(*args, **kwargs): Python's own binding, run on stand-ins for the
+        call's variables (a TypeError as Python raises it), its arguments mapped back."""
+        stand_ins: dict = {}
+
+        def stand_in(v):
+            marker = object()
+            stand_ins[id(marker)] = (marker, v)
+            return marker
+        try:
+            bound = getattr(signature, method)(*[stand_in(a) for a in args],
+                                               **{k: stand_in(v) for k, v in kwargs.items()})
+        except TypeError as e:
+            raise self.observed(e)
+
+        def back(value):
+            if isinstance(value, tuple):                  # *args
+                return TupleVariable([back(v) for v in value])
+            if isinstance(value, dict):                   # **kwargs
+                return DictVariable({k: back(v) for k, v in value.items()})
+            return stand_ins[id(value)][1]
+        return BoundArgumentsVariable(signature, DictVariable({k: back(v) for k, v in bound.arguments.items()}))
+
+    def bound_arguments_attr(self, obj: BoundArgumentsVariable, name: str) -> VariableTracker:
+        """ba.arguments, ba.signature, ba.args, ba.kwargs (Python's, from stand-ins)."""
+        if name == "arguments":
+            return obj.arguments
+        if name == "signature":
+            return OpaqueConstantVariable(obj.signature)
+        if name == "apply_defaults":
+            return ConstantMethodVariable(obj, name)
+        if name not in ("args", "kwargs"):
+            raise self.unsupported(f"BoundArguments.{name}")
+        stand_ins, arguments = {}, {}
+        for k, v in obj.arguments.items.items():
+            items = v.items if isinstance(v, (TupleVariable, DictVariable)) else None
+            if isinstance(v, TupleVariable):
+                arguments[k] = tuple(stand_ins.setdefault(id(i), (object(), i))[0] for i in items)
+            elif isinstance(v, DictVariable):
+                arguments[k] = {key: stand_ins.setdefault(id(i), (object(), i))[0] for key, i in items.items()}
+            else:
+                arguments[k] = stand_ins.setdefault(id(v), (object(), v))[0]
+        real = inspect.BoundArguments(obj.signature, arguments)
+        back = {id(marker): v for marker, v in stand_ins.values()}
+        if name == "args":
+            return TupleVariable([back[id(a)] for a in real.args])
+        return DictVariable({k: back[id(a)] for k, a in real.kwargs.items()})
+
+    def bound_arguments_method(self, obj: BoundArgumentsVariable, name: str, args, kwargs):
+        """BoundArguments.apply_defaults(): the missing parameters' defaults, in the
+        signature's order (what Python's does)."""
+        if name != "apply_defaults" or args or kwargs:
+            raise self.unsupported(f"BoundArguments.{name}()")
+        given, items = obj.arguments.items, {}
+        for pname, param in obj.signature.parameters.items():
+            if pname in given:
+                items[pname] = given[pname]
+            elif param.default is not inspect.Parameter.empty:
+                items[pname] = self.output.wrap(param.default, None)
+            elif param.kind is inspect.Parameter.VAR_POSITIONAL:
+                items[pname] = TupleVariable([])
+            elif param.kind is inspect.Parameter.VAR_KEYWORD:
+                items[pname] = DictVariable({})
+        self.mutate(obj.arguments)
+        obj.arguments.items = items
+        return ConstantVariable(None)
+
     def call_constant_method(self, fn: ConstantMethodVariable, args, kwargs):
         obj = fn.obj
         if isinstance(obj, ConstantVariable) and isinstance(obj.value, (str, bytes)) and \
                 fn.name == "join" and len(args) == 1 and not args[0].is_constant():
             args = [ListVariable(self.iterate(args[0]))]      # "-".join(str(d) for d in x.shape)
+        if isinstance(obj, OpaqueConstantVariable) and isinstance(obj.value, inspect.Signature) and \
+                fn.name in ("bind", "bind_partial"):
+            return self.bind_arguments(obj.value, fn.name, args, kwargs)
+        if isinstance(obj, BoundArgumentsVariable):
+            return self.bound_arguments_method(obj, fn.name, args, kwargs)
         if isinstance(obj, ConstantVariable) and all(a.is_constant() for a in args) \
                 and all(v.is_constant() for v in kwargs.values()):
             r = getattr(obj.value, fn.name)(*[a.as_example() for a in args],

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import copy
 import functools
+import inspect
 import math
 import operator
 import os
@@ -46,7 +47,7 @@ if TYPE_CHECKING:
 from .values import (NULL, BaseListVariable, BoundMethodVariable, BuiltinVariable, ClosureCellVariable,
                      ConstantVariable, DictVariable, GlobalWritesVariable, NestedFunctionVariable,
                      PartialVariable, DictViewVariable, GradModeVariable, IteratorVariable, ListVariable,
-                     ModelOutputVariable, NamedTupleVariable, NNModuleVariable,
+                     ModelOutputVariable, NamedTupleVariable, NNModuleVariable, OpaqueConstantVariable,
                      PythonModuleVariable, SizeVariable, SymIntVariable, TensorVariable,
                      TorchFunctionVariable,
                      TupleVariable, TypeVariable, UserFunctionVariable, UserObjectVariable,
@@ -637,6 +638,10 @@ class OutputGraph:
         from .frame import NULL_VALUE
         if value is NULL_VALUE:
             return NULL
+        if isinstance(value, (inspect.Signature, inspect.Parameter)) and source is not None:
+            # immutable (made once, by a decorator): its methods run on it for real
+            g.identity(source, value, type(value).__name__)
+            return OpaqueConstantVariable(value, source)
         if type(value) in (torch.no_grad, torch.enable_grad):
             # a grad-mode context manager object (@torch.no_grad() on a method keeps one)
             var = GradModeVariable(type(value) is torch.enable_grad)

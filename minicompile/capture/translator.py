@@ -37,7 +37,7 @@ from .builtin_calls import (_BUILTIN_HANDLERS, ContainerReadVariable, _builtin_t
                             _custom_getattr, _is_none, attr_source, class_attr, python_method)
 from .output_graph import (SIZE_ARITHMETIC, TENSOR_CONSTANT_ATTRS, TENSOR_TENSOR_ATTRS, _MISSING,
                            OutputGraph, _is_internal_module_name)
-from .values import (DELETED, NULL, BaseListVariable, BoundMethodVariable, BuiltinVariable,
+from .values import (DELETED, NULL, BaseListVariable, BoundArgumentsVariable, BoundMethodVariable, BuiltinVariable,
                      CallableVariable, ClosureCellVariable, ConstantMethodVariable, ConstantVariable,
                      DictVariable, DictViewVariable, ExceptionInitVariable, ExceptionVariable,
                      GeneratorVariable, GradModeVariable,
@@ -474,6 +474,8 @@ class InstructionTranslator(CallsMixin):
             return _builtin_type(self, [obj], {})          # its type is guarded, or fixed
         if isinstance(obj, NNModuleVariable):
             return self.load_module_attr(obj, name)
+        if isinstance(obj, BoundArgumentsVariable):
+            return self.bound_arguments_attr(obj, name)
         if isinstance(obj, ModelOutputVariable):
             field = obj.field(name)
             if field is not None:

@@ -820,6 +820,17 @@ class OpaqueConstantVariable(ConstantVariable):
         return f"constant {type(self.value).__name__}"
 
 
+class BoundArgumentsVariable(VariableTracker):
+    """What inspect.Signature.bind gives (a decorator that reads an argument by name): the
+    signature, a constant, and `arguments`, a dict of the call's variables by parameter name."""
+
+    def __init__(self, signature, arguments: "DictVariable"):
+        self.signature, self.arguments = signature, arguments
+
+    def describe(self):
+        return "inspect.BoundArguments"
+
+
 class _UnboundTensorMethod(VariableTracker):
     """`torch.Tensor.add` used as a function: a call_method node on its first argument."""
 
