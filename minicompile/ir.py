@@ -28,6 +28,7 @@ Nodes:
 from __future__ import annotations
 
 import contextlib
+import functools
 import itertools
 import math
 import warnings
@@ -80,6 +81,7 @@ def provably_nonneg(e) -> bool:
         else shifted >= 0
 
 
+@functools.lru_cache(maxsize=65536)
 def divides(k, v) -> "int | sympy.Expr | None":
     """v / k when it is an integer for every value of the symbols, else None."""
     if not is_symbolic(k) and not is_symbolic(v):
@@ -91,6 +93,9 @@ def divides(k, v) -> "int | sympy.Expr | None":
     if syms and q.is_polynomial(*syms) and all(c.is_Integer for c in sympy.Poly(q, *syms).coeffs()):
         return size_expr(q)
     return None
+
+
+_SIMPLIFIED: dict = {}        # (Index, ranges) -> Index.simplified
 
 
 class _SizePrinter(sympy.printing.str.StrPrinter):
@@ -322,6 +327,18 @@ class Index:
         return lo, hi
 
     def simplify(self, ranges: dict) -> "Index":
+        """simplified(), remembered: an index nests the same inner index under a division and
+        a modulo at each level (a view of a view of a view...), and kernels load the same
+        index more than once; with symbolic sizes each proof costs sympy's work."""
+        key = (self, tuple(sorted(ranges.items(), key=lambda kv: str(kv[0]))))
+        found = _SIMPLIFIED.get(key)
+        if found is None:
+            if len(_SIMPLIFIED) > 50_000:
+                _SIMPLIFIED.clear()
+            found = _SIMPLIFIED[key] = self.simplified(ranges)
+        return found
+
+    def simplified(self, ranges: dict) -> "Index":
         """Remove divisions and modulos that the ranges make unnecessary:
         (q*k + r) // k -> q and (q*k + r) % k -> r when 0 <= r < k, and
         c*k*(a // k) + c*(a % k) -> c*a. This is what turns a reshape of a contiguous

@@ -464,3 +464,46 @@ def test_ops_that_cannot_run_on_size_symbols_are_compiled_for_the_sizes_seen(fn)
     for n in (3, 4, 6):
         x = torch.arange(n, device=DEVICE) - 1
         assert_same(compiled(x), fn(x))
+
+
+def trim_the_convolution(x, w):
+    h = torch.conv1d(x, w)
+    return h[..., 1:h.shape[-1] - 1]
+
+
+def test_a_slice_of_dynamic_bounds_on_an_ops_result_without_a_lowering():
+    """The slice PyTorch takes of the convolution's result (Encodec's unpadding): its bounds
+    worked out from each call's sizes in the generated wrapper (a symbol in a constant slice
+    raised TypeError)."""
+    compiled = minicompile.compile(trim_the_convolution)
+    w = torch.randn(4, 4, 3, device=DEVICE)
+    for n in (10, 20, 40):
+        x = torch.randn(2, 4, n, device=DEVICE)
+        assert_same(compiled(x, w), trim_the_convolution(x, w))
+
+
+def unrolled(x):
+    """Hiera's unroll: views of views, each a division and a modulo of the one inside."""
+    b, _, c = x.shape
+    size = [16, 16]
+    x = x.view(b, *size, c)
+    for _ in range(2):
+        size = [s // 2 for s in size]
+        x = x.view(b, size[0], 2, size[1], 2, c).permute(0, 2, 4, 1, 3, 5).flatten(0, 2)
+        b *= 4
+    return x.reshape(-1, 256, c).cos() * 2
+
+
+def test_nested_views_of_a_dynamic_batch_simplify_each_index_once(monkeypatch):
+    """An index nests the same inner index under a division and a modulo at each level: each
+    one is simplified once (it was exponential in the depth, minutes of sympy for Hiera)."""
+    from minicompile import ir
+    calls = []
+    simplified = ir.Index.simplified
+    monkeypatch.setattr(ir.Index, "simplified", lambda self, ranges: calls.append(1) or simplified(self, ranges))
+    ir._SIMPLIFIED.clear()
+    compiled = minicompile.compile(unrolled)
+    for b in (2, 3):
+        x = torch.randn(b, 256, 8, device=DEVICE)
+        assert_same(compiled(x), unrolled(x))
+    assert len(calls) < 300

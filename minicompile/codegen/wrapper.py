@@ -400,6 +400,9 @@ def build(program: ir.Program, steps: list, written: dict | None = None) -> Comp
             return f"[{inner}]" if isinstance(value, list) else f"({inner}{',' if len(value) == 1 else ''})"
         if isinstance(value, dict):
             return "{" + ", ".join(f"{k!r}: {render(v, argument)}" for k, v in value.items()) + "}"
+        if isinstance(value, slice) and any(ir.is_symbolic(p) for p in (value.start, value.stop, value.step)):
+            # x[..., 1:s - 1] of dynamic sizes: the bounds worked out from this call's sizes
+            return f"slice({render(value.start)}, {render(value.stop)}, {render(value.step)})"
         if value is None or isinstance(value, (bool, int, str)) or (
                 isinstance(value, float) and math.isfinite(value)):
             return repr(value)
