@@ -1188,3 +1188,18 @@ def test_a_signature_made_by_a_decorator_binds_the_call_in_the_graph():
              lambda f: f(X, layer=4), lambda f: f()]                     # (the last a TypeError)
     same_calls(scaled_by_layer, calls)
     assert minicompile.explain(scaled_by_layer)(X, 3).graph_break_count == 0
+
+
+def counts_in_a_message(x, ids):
+    h = x.sin() * 2
+    n = (ids == 5).sum()
+    message = f"tokens: {n}, shape {tuple(h.shape)}"       # built even when never shown
+    return h.cos() + 1, message
+
+
+def test_a_tensor_formatted_in_an_f_string_breaks_the_graph_and_resumes():
+    """The text needs the tensor's value: a break there, and the rest of the frame compiled
+    (it ran eagerly, the whole frame)."""
+    ids = torch.tensor([[5, 1], [1, 5]])
+    same_calls(counts_in_a_message, [lambda f, x=torch.randn(2, 4): f(x, ids) for _ in range(3)])
+    assert minicompile.explain(counts_in_a_message)(torch.randn(2, 4), ids).graph_count == 2

@@ -58,8 +58,9 @@ JUMP_OPS = {"POP_JUMP_IF_FALSE", "POP_JUMP_IF_TRUE", "POP_JUMP_IF_NONE", "POP_JU
             "JUMP_IF_FALSE_OR_POP", "JUMP_IF_TRUE_OR_POP"}
 # Dynamo splits the graph at these (break_graph_if_unsupported + generic_jump); other
 # instructions that cannot be traced make it skip the frame
-# (BINARY_SUBSCR: `x[mask]`, whose size depends on the mask's values, breaks there in Dynamo too)
-RESUMABLE = CALL_OPS | JUMP_OPS | {"STORE_ATTR", "BINARY_SUBSCR"}
+# (BINARY_SUBSCR: `x[mask]`, whose size depends on the mask's values, breaks there in Dynamo too;
+# a tensor formatted in an f-string, f"tokens: {n}", is a graph's output Dynamo formats after it)
+RESUMABLE = CALL_OPS | JUMP_OPS | {"STORE_ATTR", "BINARY_SUBSCR", "FORMAT_VALUE", "FORMAT_SIMPLE"}
 EXECUTABLE = RESUMABLE | {"BINARY_OP", "COMPARE_OP", "BINARY_SUBSCR", "STORE_SUBSCR",
                           "DELETE_SUBSCR", "UNARY_NOT", "UNARY_NEGATIVE", "UNARY_INVERT",
                           "TO_BOOL", "CONTAINS_OP", "IS_OP", "GET_ITER", "STORE_GLOBAL",
