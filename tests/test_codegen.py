@@ -1395,3 +1395,18 @@ def test_a_layer_norm_weight_gradient_is_a_column_reduction(kernel_backend):
     compiled = compile_graph(torch.fx.symbolic_trace(weight_gradient), args)
     torch.testing.assert_close(compiled(*args), weight_gradient(*args), rtol=1e-4, atol=1e-3)
     assert len(compiled.kernels) == 2, compiled.wrapper_source
+
+
+def test_a_layer_norms_double_statistics_meet_a_float_clamp():
+    """The variance a layer norm's kernel keeps in double, then hardswish's clamp of the
+    normalized row with float bounds: one kernel that compiles (it fell back to PyTorch's)."""
+    import warnings
+    norm = torch.nn.LayerNorm(64).to(DEVICE)
+
+    def f(x):
+        return F.hardswish(norm(x)) + F.relu6(norm(x) * 4)
+
+    x = randn(3, 64)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert_same(minicompile.compile(f)(x), f(x))

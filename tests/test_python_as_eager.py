@@ -1203,3 +1203,20 @@ def test_a_tensor_formatted_in_an_f_string_breaks_the_graph_and_resumes():
     ids = torch.tensor([[5, 1], [1, 5]])
     same_calls(counts_in_a_message, [lambda f, x=torch.randn(2, 4): f(x, ids) for _ in range(3)])
     assert minicompile.explain(counts_in_a_message)(torch.randn(2, 4), ids).graph_count == 2
+
+
+def annotated_list(x):
+    from typing import Dict, List, Optional
+    out = torch.jit.annotate(List[torch.Tensor], [])
+    table = torch.jit.annotate(Dict[str, Optional[torch.Tensor]], {})
+    for i in range(2):
+        out.append(x * i)
+    table["a"] = out[-1]
+    return out, table
+
+
+def test_typing_forms_of_torchscript_annotations_are_evaluated_in_the_trace():
+    """torch.jit.annotate(List[torch.Tensor], []) (timm's CrossViT): List[...] is a typing
+    form Python makes, not a break."""
+    same_calls(annotated_list, [lambda f: f(X)] * 2)
+    assert minicompile.explain(annotated_list)(X).graph_break_count == 0

@@ -1197,11 +1197,14 @@ class InstructionTranslator(CallsMixin):
         if isinstance(obj, ConstantVariable) and idx.is_constant():
             return ConstantVariable(self.on_constants(operator.getitem, obj.value, idx.as_example()))
         if isinstance(obj, (BuiltinVariable, TypeVariable)) and isinstance(obj.value, type) and \
-                not isinstance(obj.value, enum.EnumMeta) and hasattr(obj.value, "__class_getitem__"):
-            # an annotation (list[Any], dict[str, int]): a typing form, evaluated as Python does
+                not isinstance(obj.value, enum.EnumMeta) and hasattr(obj.value, "__class_getitem__") or \
+                isinstance(obj, UserObjectVariable) and type(obj.value).__module__ == "typing":
+            # an annotation (list[Any], dict[str, int], List[torch.Tensor] for torch.jit.annotate):
+            # a typing form, evaluated as Python does
             parts = idx.items if isinstance(idx, TupleVariable) else [idx]
-            forms = [p.value if isinstance(p, (TypeVariable, BuiltinVariable)) else p.as_example()
-                     for p in parts if isinstance(p, (TypeVariable, BuiltinVariable)) or p.is_constant()]
+            forms = [p.value if isinstance(p, (TypeVariable, BuiltinVariable, UserObjectVariable)) else p.as_example()
+                     for p in parts if isinstance(p, (TypeVariable, BuiltinVariable)) or p.is_constant() or
+                     isinstance(p, UserObjectVariable) and type(p.value).__module__ == "typing"]
             if len(forms) == len(parts):
                 return self.output.wrap(obj.value[tuple(forms) if isinstance(idx, TupleVariable) else forms[0]], None)
         if isinstance(obj, TypeVariable) and isinstance(obj.value, enum.EnumMeta) and idx.is_constant():

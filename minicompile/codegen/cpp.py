@@ -129,8 +129,12 @@ struct mc_bf16 {
     (('mc_max', 'mc_min'), r"""
 // NaN-propagating helpers, as PyTorch's maximum/minimum/relu behave. Two selects, not one
 // select on `a != a || a > b`: GCC does not vectorize a loop calling the latter (max pooling).
-template <typename T> static inline T mc_max(T a, T b) { T m = a > b ? a : b; return a != a ? a : m; }
-template <typename T> static inline T mc_min(T a, T b) { T m = a < b ? a : b; return a != a ? a : m; }
+// (Of two types, as mc_add: a value a kernel carries in double, a layer norm's statistics, and
+// a float constant.)
+template <typename A, typename B, typename T = std::common_type_t<A, B>>
+static inline T mc_max(A a_, B b_) { T a = a_, b = b_; T m = a > b ? a : b; return a != a ? a : m; }
+template <typename A, typename B, typename T = std::common_type_t<A, B>>
+static inline T mc_min(A a_, B b_) { T a = a_, b = b_; T m = a < b ? a : b; return a != a ? a : m; }
 """),
     (('mc_relu',), r"""
 template <typename T> static inline T mc_relu(T a) { return a < T(0) ? T(0) : a; }
