@@ -1220,3 +1220,23 @@ def test_typing_forms_of_torchscript_annotations_are_evaluated_in_the_trace():
     form Python makes, not a break."""
     same_calls(annotated_list, [lambda f: f(X)] * 2)
     assert minicompile.explain(annotated_list)(X).graph_break_count == 0
+
+
+def _takes(x, options, pair, *rest, **extra):
+    return x
+
+
+def binds_and_writes_through_the_arguments(x, options):
+    bound = inspect.signature(_takes).bind(x, options, (2, 3), 4, flag=True)
+    bound.arguments["options"]["seen"] = True          # the caller's dict, as in Python
+    return x * bound.args[2][1] + len(bound.args) + len(bound.kwargs)
+
+
+def test_bound_arguments_hand_back_the_callers_objects():
+    """A dict bound to a parameter is the caller's (a write through it reaches them); a tuple
+    bound to a plain parameter stays one argument of ba.args."""
+    options_eager, options_compiled = {}, {}
+    assert_same(minicompile.compile(binds_and_writes_through_the_arguments)(X, options_compiled),
+                binds_and_writes_through_the_arguments(X, options_eager))
+    assert options_compiled == options_eager == {"seen": True}
+    assert minicompile.explain(binds_and_writes_through_the_arguments)(X, {}).graph_break_count == 0

@@ -691,25 +691,14 @@ class CallsMixin:
     def bind_arguments(self, signature, method: str, args, kwargs) -> BoundArgumentsVariable:
         """signature.bind(*args, **kwargs): Python's own binding, run on stand-ins for the
         call's variables (a TypeError as Python raises it), its arguments mapped back."""
-        stand_ins: dict = {}
-
-        def stand_in(v):
-            marker = object()
-            stand_ins[id(marker)] = (marker, v)
-            return marker
+        stand_ins = _StandIns()
         try:
-            bound = getattr(signature, method)(*[stand_in(a) for a in args],
-                                               **{k: stand_in(v) for k, v in kwargs.items()})
+            bound = getattr(signature, method)(*[stand_ins.of(a) for a in args],
+                                               **{k: stand_ins.of(v) for k, v in kwargs.items()})
         except TypeError as e:
             raise self.observed(e)
-
-        def back(value):
-            if isinstance(value, tuple):                  # *args
-                return TupleVariable([back(v) for v in value])
-            if isinstance(value, dict):                   # **kwargs
-                return DictVariable({k: back(v) for k, v in value.items()})
-            return stand_ins[id(value)][1]
-        return BoundArgumentsVariable(signature, DictVariable({k: back(v) for k, v in bound.arguments.items()}))
+        return BoundArgumentsVariable(signature, DictVariable(
+            {k: stand_ins.back(v) for k, v in bound.arguments.items()}))
 
     def bound_arguments_attr(self, obj: BoundArgumentsVariable, name: str) -> VariableTracker:
         """ba.arguments, ba.signature, ba.args, ba.kwargs (Python's, from stand-ins)."""
@@ -721,20 +710,11 @@ class CallsMixin:
             return ConstantMethodVariable(obj, name)
         if name not in ("args", "kwargs"):
             raise self.unsupported(f"BoundArguments.{name}")
-        stand_ins, arguments = {}, {}
-        for k, v in obj.arguments.items.items():
-            items = v.items if isinstance(v, (TupleVariable, DictVariable)) else None
-            if isinstance(v, TupleVariable):
-                arguments[k] = tuple(stand_ins.setdefault(id(i), (object(), i))[0] for i in items)
-            elif isinstance(v, DictVariable):
-                arguments[k] = {key: stand_ins.setdefault(id(i), (object(), i))[0] for key, i in items.items()}
-            else:
-                arguments[k] = stand_ins.setdefault(id(v), (object(), v))[0]
-        real = inspect.BoundArguments(obj.signature, arguments)
-        back = {id(marker): v for marker, v in stand_ins.values()}
-        if name == "args":
-            return TupleVariable([back[id(a)] for a in real.args])
-        return DictVariable({k: back[id(a)] for k, a in real.kwargs.items()})
+        stand_ins, params = _StandIns(), obj.signature.parameters
+        real = inspect.BoundArguments(obj.signature, {
+            k: stand_ins.of_packed(v) if params[k].kind in (params[k].VAR_POSITIONAL, params[k].VAR_KEYWORD)
+            else stand_ins.of(v) for k, v in obj.arguments.items.items()})
+        return stand_ins.back(real.args if name == "args" else real.kwargs)
 
     def bound_arguments_method(self, obj: BoundArgumentsVariable, name: str, args, kwargs):
         """BoundArguments.apply_defaults(): the missing parameters' defaults, in the
@@ -1096,3 +1076,32 @@ class CallsMixin:
         if isinstance(attr, types.FunctionType):
             return self.inline_call(attr, [obj] + list(args), {})
         return None
+
+
+class _StandIns:
+    """Plain objects standing for variables, for Python's own argument binding to move
+    about (inspect.Signature.bind, BoundArguments.args); the tuples and dicts that binding
+    makes (*args, **kwargs) come back as new variables, any other stand-in as its variable."""
+
+    def __init__(self):
+        self._vars: dict = {}                             # id(stand-in) -> (stand-in, variable)
+
+    def of(self, v: VariableTracker):
+        marker = object()
+        self._vars[id(marker)] = (marker, v)
+        return marker
+
+    def of_packed(self, v: VariableTracker):
+        """The stand-ins of a parameter's *args tuple or **kwargs dict, packed as Python's."""
+        if isinstance(v, TupleVariable):
+            return tuple(self.of(i) for i in v.items)
+        if isinstance(v, DictVariable):
+            return {k: self.of(i) for k, i in v.items.items()}
+        return self.of(v)
+
+    def back(self, value) -> VariableTracker:
+        if isinstance(value, tuple):
+            return TupleVariable([self.back(v) for v in value])
+        if isinstance(value, dict):
+            return DictVariable({k: self.back(v) for k, v in value.items()})
+        return self._vars[id(value)][1]

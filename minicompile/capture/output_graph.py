@@ -182,6 +182,8 @@ def _needs_values(kind, target, args, kwargs) -> bool:
     it: run on fake tensors, which have none (a kernel that reads a value it may, `x.fill_(t)`,
     has a fake version that does not)."""
     from torch._subclasses.fake_tensor import FakeTensorMode
+    # a mode of its own, with no ShapeEnv: ir.fake_mode()'s builds one, which imports
+    # torch._dynamo (seconds, on a first compile that may need no symbol at all)
     mode = FakeTensorMode(allow_non_fake_inputs=True)
     args, kwargs = torch.utils._pytree.tree_map_only(torch.Tensor, lambda t: ir.fake_of(mode, t), (args, kwargs))
     try:
@@ -737,12 +739,13 @@ class OutputGraph:
         # real one, a generator drained, gradients scaled, and then have no node to record). A
         # Python helper of torch's is traced instead; anything else runs as Python at a graph
         # break, once, as in eager
-        leaves = _leaves(list(args) + list(kwargs.values()))
+        containers: list = []
+        leaves = _leaves(list(args) + list(kwargs.values()), containers)
         python_fn = next((v for v in leaves if isinstance(
             v, (UserFunctionVariable, NestedFunctionVariable, BoundMethodVariable, PartialVariable,
                 NNModuleVariable))), None)
         opaque = python_fn or next((v for v in leaves if not _has_graph_form(v)), None) or \
-            _python_named_tuple(list(args) + list(kwargs.values()))
+            next((c for c in containers if _is_python_named_tuple(c)), None)
         if opaque is not None:
             what = f"takes a Python function ({opaque.describe()})" if python_fn is not None else \
                 f"with {opaque.describe()}, which a graph cannot hold"
@@ -1092,14 +1095,15 @@ class OutputGraph:
         self.guards.storage_pattern([s for s, _ in tensors], pattern)
 
 
-def _leaves(vars_) -> list:
-    """The variables in vars_, with the items of lists, tuples and dicts among them."""
+def _leaves(vars_, containers: Optional[list] = None) -> list:
+    """The variables in vars_, with the items of lists, tuples and dicts among them (the
+    lists, tuples and dicts flattened are added to `containers` when it is given)."""
     out = []
     for v in vars_:
-        if isinstance(v, BaseListVariable):
-            out += _leaves(v.items)
-        elif isinstance(v, DictVariable):
-            out += _leaves(list(v.items.values()))
+        if isinstance(v, (BaseListVariable, DictVariable)):
+            if containers is not None:
+                containers.append(v)
+            out += _leaves(v.items if isinstance(v, BaseListVariable) else list(v.items.values()), containers)
         else:
             out.append(v)
     return out
@@ -1114,17 +1118,10 @@ def _has_graph_form(v: VariableTracker) -> bool:
     return True
 
 
-def _python_named_tuple(vars_) -> Optional[VariableTracker]:
-    """A namedtuple of a Python class among vars_ (a PackedSequence, whose fields and methods
-    the callee reads): a graph holds it as a plain tuple."""
-    for v in vars_:
-        if isinstance(v, NamedTupleVariable) and hasattr(v.tuple_cls, "_fields"):
-            return v
-        if isinstance(v, BaseListVariable):
-            found = _python_named_tuple(v.items)
-            if found is not None:
-                return found
-    return None
+def _is_python_named_tuple(v: VariableTracker) -> bool:
+    """A namedtuple of a Python class (a PackedSequence, whose fields and methods the callee
+    reads): a graph holds it as a plain tuple."""
+    return isinstance(v, NamedTupleVariable) and hasattr(v.tuple_cls, "_fields")
 
 
 def _graph_arg(v: VariableTracker):

@@ -50,7 +50,7 @@ from .values import (DELETED, NULL, BaseListVariable, BoundArgumentsVariable, Bo
                      TensorVariable,
                      TorchFunctionVariable, TupleVariable, TypeVariable, UserFunctionVariable,
                      UserObjectVariable, VariableTracker, _constant_result, _DictFromKeys,
-                     _NoOpCallable, _UnboundTensorMethod, is_constant_value, dict_key, NO_KEY, key_variable)
+                     _NoOpCallable, _UnboundTensorMethod, is_constant_value, dict_key, NO_KEY, key_variable, is_typing_form)
 from .calls import CallsMixin
 from .iterators import ITERATORS, drain, user_iter
 from . import instructions  # noqa: F401  (registers the opcode handlers)
@@ -1198,13 +1198,13 @@ class InstructionTranslator(CallsMixin):
             return ConstantVariable(self.on_constants(operator.getitem, obj.value, idx.as_example()))
         if isinstance(obj, (BuiltinVariable, TypeVariable)) and isinstance(obj.value, type) and \
                 not isinstance(obj.value, enum.EnumMeta) and hasattr(obj.value, "__class_getitem__") or \
-                isinstance(obj, UserObjectVariable) and type(obj.value).__module__ == "typing":
+                isinstance(obj, UserObjectVariable) and is_typing_form(obj.value):
             # an annotation (list[Any], dict[str, int], List[torch.Tensor] for torch.jit.annotate):
             # a typing form, evaluated as Python does
             parts = idx.items if isinstance(idx, TupleVariable) else [idx]
             forms = [p.value if isinstance(p, (TypeVariable, BuiltinVariable, UserObjectVariable)) else p.as_example()
                      for p in parts if isinstance(p, (TypeVariable, BuiltinVariable)) or p.is_constant() or
-                     isinstance(p, UserObjectVariable) and type(p.value).__module__ == "typing"]
+                     isinstance(p, UserObjectVariable) and is_typing_form(p.value)]
             if len(forms) == len(parts):
                 return self.output.wrap(obj.value[tuple(forms) if isinstance(idx, TupleVariable) else forms[0]], None)
         if isinstance(obj, TypeVariable) and isinstance(obj.value, enum.EnumMeta) and idx.is_constant():

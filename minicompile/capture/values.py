@@ -107,7 +107,12 @@ def is_identity_key(k) -> bool:
     validators look theirs up), an Enum's member. Such a dict is held with its keys as they are; a key is looked
     up by what the variable stands for (dict_key)."""
     return isinstance(k, (type, types.FunctionType, types.BuiltinFunctionType, types.UnionType,
-                          types.GenericAlias, enum.Enum)) or type(k).__module__ == "typing"
+                          types.GenericAlias, enum.Enum)) or is_typing_form(k)
+
+
+def is_typing_form(k) -> bool:
+    """An object of the typing module: List, Optional[int], a TypeVar."""
+    return type(k).__module__ == "typing"
 
 
 def key_variable(k) -> "VariableTracker":
