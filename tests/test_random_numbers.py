@@ -182,6 +182,15 @@ def test_random_values_made_in_kernels(kernel_backend):
     assert all(torch.equal(p, q) for p, q in zip(first, compiled(x)))     # seeded: repeatable
 
 
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_uniform_numbers_in_half_precision_stay_below_one(kernel_backend, dtype):
+    """A float draw just below 1 rounds up to 1.0 in half precision; eager's rand_like never
+    gives 1.0."""
+    x = torch.empty(200_000, dtype=dtype, device=DEVICE)
+    u = in_kernels(lambda x: torch.rand_like(x), x)(x)
+    assert u.dtype == dtype and 0 <= u.min() and u.max() < 1
+
+
 @pytest.mark.skipif(DEVICE != "cpu", reason="C++ kernels are for CPU tensors")
 def test_cpp_and_triton_kernels_draw_the_same_bits():
     """The C++ prelude's Philox is Triton's tl.rand: one seed, the same uniform numbers."""

@@ -1309,6 +1309,9 @@ def _random_values(program, meta, kind: str, dtype=None) -> TensorBox:
     def inner_fn(idx):
         offset = ops.index_expr(ir.flat_index(idx, strides), torch.int32)
         value = getattr(ops, kind)(load_seed([Index()]), offset)
+        if kind == "rand" and dtype.itemsize < 4:
+            # a draw just below 1 would round up to 1.0 in half precision: rand is in [0, 1)
+            value = ops.minimum(value, ops.constant(1 - torch.finfo(dtype).eps / 2, torch.float32))
         return ops.to_dtype(value, dtype, torch.float32)
     return TensorBox(ir.Pointwise(shape, dtype, device, inner_fn, kind), program, [seed])
 
