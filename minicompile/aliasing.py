@@ -159,6 +159,59 @@ def _items(sequence):
     return sequence.items if hasattr(sequence, "items") and not isinstance(sequence, dict) else sequence
 
 
+def overlaps_itself(t: torch.Tensor) -> bool:
+    """Whether elements of t share memory (an expanded tensor, x.unfold(0, 3, 1)): eager
+    refuses most writes into such a tensor and makes the rest element by element, the same
+    memory written again for each element on it; a functional graph writes each place once."""
+    dims = sorted((st, n) for n, st in zip(t.shape, t.stride()) if n > 1)
+    reach = 1                                # elements spanned by the dims of smaller strides
+    for st, n in dims:
+        if st < reach:
+            break
+        reach = st * (n - 1) + reach
+    else:
+        return False                         # each dim steps past all the smaller ones: apart
+    if any(st == 0 for st, _ in dims):
+        return True
+    # strides that interleave (a transposed unfold) may still keep the elements apart: count
+    # the places they take
+    marks = torch.zeros(1 + sum(st * (n - 1) for st, n in dims), dtype=torch.bool)
+    marks.as_strided([n for _, n in dims], [st for st, _ in dims]).fill_(True)
+    return int(marks.count_nonzero()) < t.numel()
+
+
+def partly_overlaps(written: torch.Tensor, other: torch.Tensor) -> bool:
+    """Whether an in-place call's source `other` shares some of the memory it writes without
+    being the very tensor written (`x[1:] = x[:-1]`): eager refuses most such calls, and
+    computes the rest in its kernels' order, where a functional graph would read a copy."""
+    if written.numel() == 0 or other.numel() == 0 or written.device != other.device:
+        return False
+    try:
+        if written.untyped_storage().data_ptr() != other.untyped_storage().data_ptr():
+            return False
+    except Exception:                    # noqa: BLE001 (no storage: a functional or fake tensor)
+        return False
+    views = [(t.storage_offset() * t.element_size(), tuple(t.shape), t.stride(), t.element_size())
+             for t in (written, other)]
+    if views[0] == views[1]:
+        return False                                  # x.add_(x): the same elements, in place
+    spans = [(begin, begin + size * (1 + sum((n - 1) * s for n, s in zip(shape, stride))))
+             for begin, shape, stride, size in views]
+    if spans[0][1] <= spans[1][0] or spans[1][1] <= spans[0][0]:
+        return False                                  # apart: x[:3] += x[3:]
+    if written.element_size() != other.element_size():
+        return True
+    # spans that meet may still hold no common element (x[:, 0] and x[:, 1]): mark one's
+    # elements, look for the other's
+    marks = torch.zeros(max(end for _, end in spans) // written.element_size(), dtype=torch.bool)
+    for t, (begin, shape, stride, size) in zip((written, other), views):
+        view = marks.as_strided(shape, stride, begin // size)
+        if t is other:
+            return bool(view.any())
+        view.fill_(True)
+    return False
+
+
 def writes_metadata(kind: str, target) -> bool:
     """The call changes a tensor's sizes, strides or storage (no value can stand for it)."""
     name = method_name(kind, target)

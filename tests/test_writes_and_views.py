@@ -256,6 +256,79 @@ def test_inputs_that_share_memory_are_written_as_eager():
     torch.testing.assert_close(x, ex)
 
 
+def _shifted_in_place(x):
+    x[1:] = x[:-1]                                  # eager: "unsupported operation"
+    return x
+
+
+def _added_to_its_neighbour(x):
+    x[0:3].add_(x[1:4])
+    return x
+
+
+def _sum_into_an_overlapping_out(x):
+    y = x * 1
+    torch.add(y[1:4], 1, out=y[0:3])
+    return y
+
+
+@pytest.mark.parametrize("fn", [_shifted_in_place, _added_to_its_neighbour, _sum_into_an_overlapping_out])
+def test_in_place_sources_that_partly_overlap_what_is_written_raise_as_eager(fn):
+    """Eager refuses an in-place call whose source shares part of the memory written; a
+    functional graph would have read a copy (and returned a result)."""
+    with pytest.raises(RuntimeError, match="unsupported operation") as eager:
+        fn(torch.arange(6.0))
+    with pytest.raises(RuntimeError) as compiled:
+        minicompile.compile(fn)(torch.arange(6.0))
+    assert str(compiled.value) == str(eager.value)
+
+
+def test_writes_into_an_expanded_input_as_eager():
+    """Elements that share memory (an expanded input): eager refuses add_ and makes
+    masked_fill_ (with a warning): so does the compiled function."""
+    def refused(y):
+        y.add_(1)
+        return y * 2
+
+    def made(y):
+        y.masked_fill_(y > 100, 0)
+        return y + 1
+    with pytest.raises(RuntimeError, match="more than one element of the written-to tensor"):
+        minicompile.compile(refused)(randn(1, 7).expand(5, 7))
+    y = randn(1, 7)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        torch.testing.assert_close(minicompile.compile(made)(y.expand(5, 7)), made(y.clone().expand(5, 7)))
+
+
+def _windows_added_to(x):
+    x.unfold(0, 3, 1).add_(1)             # x[2] is in three windows: eager adds 1 three times
+    return x * 2
+
+
+def _row_of_an_expanded_input_written(y):
+    y[0].add_(1)                          # every row is that memory
+    return y * 2
+
+
+@pytest.mark.parametrize("fn, make", [(_windows_added_to, lambda: (randn(10),)),
+                                      (_windows_added_to, lambda: (randn(24).view(6, 4)[:, 0],)),
+                                      (_row_of_an_expanded_input_written, lambda: (randn(1, 7).expand(5, 7),))])
+def test_writes_into_views_whose_elements_share_memory_as_eager(fn, make):
+    assert_same_effects(fn, make, graph_breaks=1)
+
+
+@pytest.mark.parametrize("fn", [
+    lambda x: (x[:, 0].copy_(x[:, 1]), x)[1],                   # strided views that do not meet
+    lambda x: x.__setitem__((slice(None), 0), x[:, 2]) or x,
+    lambda x: (x.view(-1)[::2].add_(x.view(-1)[1::2]), x)[1],
+    lambda x: (x[:3].add_(x[3:6]), x)[1],                      # apart
+    lambda x: (x.mul_(x), x)[1],                                # the same elements
+])
+def test_in_place_sources_in_other_memory_of_the_written_tensor_stay_in_the_graph(kernel_backend, fn):
+    assert_same_effects(fn, one(6, 8))
+
+
 # --- outputs that are views, or the input itself -----------------------------------------
 VIEWS = {
     "x.t()": lambda x: x.t(),
@@ -290,9 +363,22 @@ def only_views_of_an_intermediate(x):
     return y[1:], y.t()[0]
 
 
-@pytest.mark.parametrize("fn", [views_of_one_intermediate, only_views_of_an_intermediate])
+def expanded_intermediates(x):
+    """Eager returns views that repeat memory (stride 0): a write into one raises."""
+    y = x[:1] * 2
+    return y.expand(5, -1), torch.broadcast_tensors(x[:, :1] + 1, x)[0], x.sum(0).expand(3, -1)
+
+
+@pytest.mark.parametrize("fn", [views_of_one_intermediate, only_views_of_an_intermediate, expanded_intermediates])
 def test_views_of_an_intermediate(kernel_backend, fn):
     assert_same_effects(fn, one(6, 4))
+
+
+def test_an_expanded_result_refuses_writes_as_eager():
+    out = minicompile.compile(lambda a: (a * 2).expand(2, 3))(randn(1, 3))
+    assert out.stride() == (0, 1)
+    with pytest.raises(RuntimeError, match="more than one element of the written-to tensor"):
+        out.add_(1)
 
 
 def overlapping_chunks(x):

@@ -714,6 +714,11 @@ class OutputGraph:
             self_var = self.wrap(value.__self__, AttrSource(source, "__self__") if source else None)
             return BoundMethodVariable(value.__func__, self_var, source)
         if isinstance(value, type):
+            if source is None and value.__module__ != "builtins":
+                # a class reached through no guarded place (`cls` of a classmethod called on an
+                # instance, type() of an object made in the frame): held by the guard, so that
+                # what the trace reads of it is guarded and what it writes is made on it
+                source = self.root_source(value, f"CLASS_{value.__name__}")
             return TypeVariable(value, source)
         raise self.unsupported(f"a value of type {type(value).__qualname__}",
                                "only tensors, Python constants, tuples/lists/dicts, functions "
@@ -1059,19 +1064,34 @@ class OutputGraph:
         if aliasing.writes_metadata(kind, target):
             raise self.unsupported(f"in-place {name} changes a tensor's sizes or strides",
                                    "only writes of values are modelled")
+        sources = None
         for loc in where:
             example = aliasing.locate(loc, ex_args, ex_kwargs)
             if not isinstance(example, torch.Tensor):
                 continue
+            if sources is None:
+                sources = [t for t in torch.utils._pytree.tree_leaves((ex_args, ex_kwargs)) if isinstance(t, torch.Tensor)]
+            region = _written_region(kind, target, example, ex_args)
+            # eager refuses these (or writes in its kernel's order): run as Python, they do
+            # what eager does
+            if any(t is not example and aliasing.partly_overlaps(region, t) for t in sources):
+                raise self.unsupported(f"in-place {name} reads memory it writes, through another view",
+                                       "runs as Python, at a graph break")
+            address = storage_address(example)
+            inputs = self.input_storages.get(address)
+            # (a written input gets its new value whole: its own elements must be apart too)
+            if aliasing.overlaps_itself(region) or inputs is not None and any(
+                    aliasing.overlaps_itself(x) for x in self.input_examples if storage_address(x) == address):
+                raise self.unsupported(f"in-place {name} into a tensor whose elements share memory",
+                                       "runs as Python, at a graph break")
             if torch.is_grad_enabled() and example.requires_grad and \
                     (example.is_leaf or example._base is not None and example._base.is_leaf):
                 # eager raises (a leaf that requires grad, or a view of one, written in place):
                 # run for real at a break, it raises there with eager's message
                 raise self.unsupported(f"in-place {name} on a leaf tensor that requires grad")
-            sources = self.input_storages.get(storage_address(example))
-            if sources is None:
+            if inputs is None:
                 continue
-            self.written_inputs.update(sources)
+            self.written_inputs.update(inputs)
             copy = example.clone()
             if loc[0] == "arg":
                 ex_args[loc[1]] = copy
@@ -1093,6 +1113,20 @@ class OutputGraph:
                    if isinstance(v, torch.Tensor)]
         pattern = storage_pattern(*[v for _, v in tensors])
         self.guards.storage_pattern([s for s, _ in tensors], pattern)
+
+
+def _written_region(kind, target, example: torch.Tensor, ex_args) -> torch.Tensor:
+    """What an in-place call writes of its tensor `example`: all of it, or for
+    `x[index] = v` the view the index selects (an index of tensors selects copies: all of x)."""
+    if kind == "call_function" and target is operator.setitem and ex_args[0] is example:
+        try:
+            with torch.no_grad():
+                region = example[ex_args[1]]
+        except Exception:                # noqa: BLE001 (eager's own error comes from the call)
+            return example
+        if isinstance(region, torch.Tensor) and region._base is not None:
+            return region
+    return example
 
 
 def _leaves(vars_, containers: Optional[list] = None) -> list:

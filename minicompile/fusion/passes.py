@@ -52,8 +52,18 @@ class RealizeOutputs(FusionPass):
 
 def _view_of_made_buffer(box: TensorBox):
     """box as strides over the buffer it views, when it is views all the way down to a buffer
-    the graph computed (not an input: the epilogue makes those views), in eager's layout."""
+    the graph computed (not an input: the epilogue makes those views), in eager's layout. An
+    expanded value (`(a * 2).expand(4, -1)`) is that too, its value stored first: eager's
+    result repeats elements in memory (a write into it raises), and a copy would be larger."""
     link = viewed_value(box)
+    if not link.is_realized and link is not box and box.eager_stride is not None:
+        data = link.data
+        link.realize()
+        view = as_view_of_buffer(box)
+        if view is not None and view.base is link and list(view.stride) == box.eager_stride:
+            return view
+        link.data = data                      # not eager's view of it: stored as its own
+        return None
     if not link.is_realized or isinstance(link.data, (ir.InputBuffer, ir.ViewOfBuffer)):
         return None
     view = as_view_of_buffer(box)

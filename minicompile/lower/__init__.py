@@ -298,6 +298,9 @@ def _eager_layout(box, value):
         return box.laid_out(stride) if isinstance(box.data, ir.Extern) and dense else box
     if box.is_realized:
         return box.laid_out(stride)
+    if any(st == 0 and n > 1 for st, n in zip(value.stride(), value.shape)):
+        box.eager_stride = list(value.stride())     # (fusion's RealizeOutputs)
+        return box
     box.wanted_stride = stride
     return box
 
