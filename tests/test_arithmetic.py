@@ -446,6 +446,19 @@ def test_nan_propagates_through_max_min_clamp(kernel_backend):
                                  x.reshape(1, -1).amax(1), y.reshape(1, -1).amin(1)), x, y)
 
 
+def test_clamp_keeps_the_sign_of_a_zero_at_its_bound(kernel_backend):
+    """clamp(-0.0, min=0.0) is -0.0 in eager's CPU kernels (x is kept unless it is beyond a
+    bound): relu6, hardtanh and clamp's bounds too. Compared by sign bit, which assert_close
+    does not see."""
+    if kernel_backend != "cpp":
+        pytest.skip("the C++ kernels serve CPU tensors, whose eager kernels are the reference here")
+    x = t([0.0, -0.0, 1.0, -1e-30, 6.0, -6.0, -1.0], torch.float32)
+    fn = lambda x: (x.clamp(min=0.0), x.clamp(max=0.0), F.relu6(x), F.hardtanh(x, 0.0, 6.0), x.relu(),
+                    x.clamp(-1.0, 6.0))
+    for got, expected in zip(minicompile.compile(fn)(x), fn(x)):
+        assert torch.equal(got.signbit(), expected.signbit()) and torch.equal(got, expected)
+
+
 @pytest.mark.parametrize("dtype", [torch.int64, torch.int32, torch.uint8])
 def test_clamp_of_integers_with_float_and_nan_bounds(kernel_backend, dtype):
     """An integer tensor clamped to float bounds is a float tensor (this compiled to bad C++)."""

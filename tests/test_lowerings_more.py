@@ -617,6 +617,13 @@ def test_indexing_by_integer_tensors_is_generated(kernel_backend):
     torch.testing.assert_close(compiled(x, rows, cols % 6), x[rows, :, cols % 6])
 
 
+def test_an_index_with_two_ellipses_as_pytorch_reads_it(kernel_backend):
+    """PyTorch accepts a second `...` (numpy does not) and reads it its own way."""
+    x = randn(4, 5, 3)
+    check(lambda x: x[..., ::2, ...] * 2, x)
+    check(lambda x: x[1, ..., 2, ...] + 1, x)
+
+
 @pytest.mark.skipif(DEVICE != "cpu", reason="on a GPU an index out of range is a device-side assert")
 def test_indexing_by_a_tensor_out_of_range_raises(kernel_backend):
     x = randn(4, 5)

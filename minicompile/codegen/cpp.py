@@ -127,14 +127,15 @@ struct mc_bf16 {
 };
 """),
     (('mc_max', 'mc_min'), r"""
-// NaN-propagating helpers, as PyTorch's maximum/minimum/relu behave. Two selects, not one
-// select on `a != a || a > b`: GCC does not vectorize a loop calling the latter (max pooling).
-// (Of two types, as mc_add: a value a kernel carries in double, a layer norm's statistics, and
-// a float constant.)
+// NaN-propagating helpers, as PyTorch's maximum/minimum/relu behave; of two equal values the
+// first, as its clamp keeps x where x == bound (clamp(-0.0, min=0.0) is -0.0). Two selects,
+// not one select on `b != b || b > a`: GCC does not vectorize a loop calling the latter (max
+// pooling). (Of two types, as mc_add: a value a kernel carries in double, a layer norm's
+// statistics, and a float constant.)
 template <typename A, typename B, typename T = std::common_type_t<A, B>>
-static inline T mc_max(A a_, B b_) { T a = a_, b = b_; T m = a > b ? a : b; return a != a ? a : m; }
+static inline T mc_max(A a_, B b_) { T a = a_, b = b_; T m = b > a ? b : a; return b != b ? b : m; }
 template <typename A, typename B, typename T = std::common_type_t<A, B>>
-static inline T mc_min(A a_, B b_) { T a = a_, b = b_; T m = a < b ? a : b; return a != a ? a : m; }
+static inline T mc_min(A a_, B b_) { T a = a_, b = b_; T m = b < a ? b : a; return b != b ? b : m; }
 """),
     (('mc_relu',), r"""
 template <typename T> static inline T mc_relu(T a) { return a < T(0) ? T(0) : a; }

@@ -1547,9 +1547,11 @@ def _getitem(node, values, input, item):
         return NotImplemented        # (x[True] is a new dim of size 1, not x[1])
     shape = list(input.shape)
     n_real = sum(1 for i in items if i is not None and i is not Ellipsis)
-    if Ellipsis in items:
-        k = items.index(Ellipsis)
-        items = items[:k] + (slice(None),) * (len(shape) - n_real) + items[k + 1:]
+    # each `...` stands for the dims no other index takes (PyTorch, unlike numpy, takes a
+    # second one: it skips as many again, past the last dim where nothing follows)
+    items = sum(((slice(None),) * (len(shape) - n_real) if i is Ellipsis else (i,) for i in items), ())
+    while sum(1 for i in items if i is not None) > len(shape) and items[-1] == slice(None):
+        items = items[:-1]
     items = items + (slice(None),) * (len(shape) - sum(1 for i in items if i is not None))
     plan, d = [], 0      # per output dim: ("take", src_dim, start, step) ; fixed picks listed apart
     fixed = {}
