@@ -619,6 +619,26 @@ def test_functions_with_a_cache_are_called_once_as_in_eager():
     no_break(calls_cached, x)
 
 
+def test_a_bounded_cache_that_dropped_the_entry_runs_the_function_again_as_in_eager():
+    """lru_cache(maxsize=1) called with other arguments in turn: every eager call misses and
+    runs the function (its effects each time); so does every compiled call."""
+    def make():
+        log = []
+
+        @functools.lru_cache(maxsize=1)
+        def scale(kind):
+            log.append(kind)
+            return {"up": 2.0, "down": 0.5}[kind]
+        return (lambda x, kind: x * scale(kind)), log, scale
+    eager, eager_log, eager_scale = make()
+    mine, log, scale = make()
+    compiled = minicompile.compile(mine)
+    for kind in ["up", "down", "up", "up", "down"]:
+        x = torch.randn(3)
+        assert_same(compiled(x, kind), eager(x, kind))
+        assert log == eager_log and scale.cache_info() == eager_scale.cache_info()
+
+
 class Warner:
     """transformers' logger.warning_once: a method wrapped in functools.lru_cache, whose cache
     key holds the object it is called on."""
@@ -825,6 +845,36 @@ def test_autograd_functions_are_called_in_the_graph_with_their_own_backward(back
     # a backward that prints: the call runs as Python, and prints once per backward
     x = torch.randn(3, requires_grad=True)
     agree(lambda: (lambda x: Noisy.apply(x) * 2, None), [lambda fn, s: fn(x).sum().backward()] * 2)
+
+
+class DoubledInPlace(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x):
+        x.mul_(2)
+        ctx.mark_dirty(x)
+        return x
+
+    @staticmethod
+    def backward(ctx, grad):
+        return grad * 2
+
+
+def doubles_in_place(x):
+    return DoubledInPlace.apply(x) * 3
+
+
+def test_an_autograd_function_that_writes_its_input_marks_it_dirty():
+    """ctx.mark_dirty(x): the write is the caller's to see, and the gradient is backward's."""
+    compiled = minicompile.compile(doubles_in_place)
+    x = torch.randn(4, 3)
+    mine = x.clone()
+    assert_same(compiled(mine), doubles_in_place(x))
+    assert_same(mine, x)                                   # written, as eager writes it
+    w = torch.randn(4, 3, requires_grad=True)
+    w2 = w.detach().clone().requires_grad_()
+    compiled(w * 1).sum().backward()
+    doubles_in_place(w2 * 1).sum().backward()
+    assert_same(w.grad, w2.grad)
 
 
 LOG = []

@@ -224,6 +224,20 @@ def test_cross_entropy_and_embedding_training(kernel_backend):
         assert_same(p.grad, q.grad)
 
 
+def test_multilabel_margin_loss_ignores_the_targets_after_the_first_minus_one():
+    """PyTorch's decomposition of it counts them (torch 2.13): its own kernel is used."""
+    def loss(x, y):
+        return F.multilabel_margin_loss(x, y, reduction="sum")
+    y = torch.tensor([[3, 0, -1, 1, 2], [1, -1, 0, 0, 0], [0, 1, 2, 3, 4]], device=DEVICE)
+    x = torch.randn(3, 5, device=DEVICE, requires_grad=True)
+    x2 = x.detach().clone().requires_grad_()
+    got, want = minicompile.compile(loss)(x, y), loss(x2, y)
+    assert_same(got, want)
+    got.backward()
+    want.backward()
+    assert_same(x.grad, x2.grad)
+
+
 class _Recurrent(nn.Module):
     """An embedding (its output needs no gradient) into a recurrent layer; the output and the
     last hidden state both reach the loss."""

@@ -78,9 +78,12 @@ def decompositions() -> dict:
     # embedding's backward stays PyTorch's kernel: decomposed, it is an accumulating index_put,
     # whose deterministic kernel sorts the indices first (on the H100, BERT-base's three
     # embeddings: 0.98 ms a step against 0.22)
+    # multilabel_margin_loss's decomposition counts the target slots after the first -1
+    # (input[:, 0] in their place; torch 2.13): PyTorch's kernel instead, and its backward
     for op in (aten.scaled_dot_product_attention.default,
                aten._scaled_dot_product_flash_attention_for_cpu.default,
-               aten.embedding_dense_backward.default):
+               aten.embedding_dense_backward.default,
+               aten.multilabel_margin_loss_forward.default):
         table.pop(op, None)
     table[aten.max_pool2d_with_indices.default] = _max_pool_saving_offsets
     return table

@@ -32,8 +32,16 @@ class FunctionCtx:
     def save_for_backward(self, *tensors):
         self.saved_tensors = tensors
 
+    def save_for_forward(self, *tensors):
+        self.saved_for_forward = tensors
+
     def mark_non_differentiable(self, *args):
         pass
+
+    def mark_dirty(self, *args):
+        # forward wrote these inputs in place and returns them: inlined (no gradient), the
+        # writes are traced as any; as one graph node, the call runs as Python (call_apply)
+        self.dirty = args
 
     def set_materialize_grads(self, value):
         pass
@@ -71,6 +79,9 @@ def call_apply(tx, cls: type, args, kwargs):
         tx.inline_call(_static(cls, "backward"), [ctx] + grads, {})
         if changed_outside(ctx):
             raise tx.unsupported(f"{cls.__qualname__}'s forward or backward changes state outside it")
+        if "dirty" in ctx.items:
+            raise tx.unsupported(f"{cls.__qualname__}'s forward writes its inputs in place (ctx.mark_dirty)",
+                                 "a graph node does not write its inputs: it runs as Python, at a graph break")
     return tx.output.call("call_function", apply_of(cls), list(args), {})
 
 

@@ -418,10 +418,8 @@ def _builtin_type(tx, args, kwargs):
         return TypeVariable(type(v.module), source)
     if isinstance(v, UserObjectVariable):
         cls = type(v.value)
-        if source is None:
-            # an object made in the frame: its class is held by the guard, so what the trace
-            # reads of it is guarded and what it writes is made on the class (type(self).n += 1)
-            source = tx.output.root_source(cls, f"CLASS_{cls.__name__}")
+        if source is None:                 # an object made in the frame (OutputGraph.wrap)
+            return tx.output.wrap(cls, None)
         return TypeVariable(cls, source)
     if isinstance(v, (IteratorVariable, GeneratorVariable, LazyIteratorVariable)) and v.python_type is not None:
         return tx.output.wrap(v.python_type, None)         # (eager's: tuple_iterator...)

@@ -472,8 +472,9 @@ class CallsMixin:
             obj = owner.as_example()
             self.output.guards.identity(owner.source, obj, f"the object cached method {name} is called on")
             real.insert(0, obj)
-        result = cached(*real, **{k: v.as_example() for k, v in kwargs.items()})
-        self.output.guards.cache_kept(cached)
+        real_kwargs = {k: v.as_example() for k, v in kwargs.items()}
+        result = cached(*real, **real_kwargs)
+        self.output.guards.cache_kept(cached, tuple(real), real_kwargs, result)
         if is_constant_value(result):
             return ConstantVariable(result)
         if isinstance(result, (types.FunctionType, type, types.ModuleType)):

@@ -728,10 +728,20 @@ class GuardBuilder:
                     f"not hasattr(type({{e}}), {name!r})", f"{display(e)} has an attribute {name!r} now")],
                   f"{e}: no attribute {name!r} of its own")
 
-    def cache_kept(self, cached):
-        """The trace took a cached function's result: its cache is not cleared since
-        (cache_clear() empties it and zeroes its counts; a later call runs it again)."""
+    def cache_kept(self, cached, args: tuple, kwargs: dict, result):
+        """The trace took a cached function's result. A cache without bound keeps it until
+        cache_clear() (which empties it and zeroes its counts; a later call runs it again). A
+        bounded one (lru_cache's 128 by default) drops it after calls with other arguments, and
+        eager's call would then run the function again, effects and all: the check makes the
+        call eager makes, and holds while it gives back the very object the trace took."""
         ref = self._ref(cached, "CACHED_")
+        if getattr(cached, "cache_parameters", dict)().get("maxsize") is not None:
+            call, returned = self._ref((args, kwargs), "CALL_"), self._ref(result, "RETURNED_")
+            self._add(("cache_call", ref, call), None,
+                      [(f"{ref}(*{call}[0], **{call}[1]) is {returned}",
+                        f"{cached.__qualname__} was called again (its cache had dropped the entry)")],
+                      f"{cached.__qualname__}: called as eager calls it")
+            return
         misses = cached.cache_info().misses
         self._add(("cache", ref), None,
                   [(f"{ref}.cache_info().misses >= {misses}", f"{cached.__qualname__}.cache_clear() was called")],

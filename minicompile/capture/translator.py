@@ -694,7 +694,7 @@ class InstructionTranslator(CallsMixin):
         if isinstance(attr, staticmethod):
             return self.output.wrap(attr.__func__, None)
         if isinstance(attr, classmethod):
-            return BoundMethodVariable(attr.__func__, TypeVariable(type(obj.as_example())))
+            return BoundMethodVariable(attr.__func__, self.output.wrap(type(obj.as_example()), None))
         if is_constant_value(attr) or source is not None and not hasattr(type(attr), "__get__"):
             return self.output.wrap(attr, attr_source(obj, name))
         if isinstance(attr, functools.cached_property) and isinstance(obj, UserObjectVariable):
@@ -749,7 +749,7 @@ class InstructionTranslator(CallsMixin):
             return BoundMethodVariable(attr, obj)
         if isinstance(attr, classmethod):
             return BoundMethodVariable(attr.__func__, obj if isinstance(obj, TypeVariable)
-                                       else TypeVariable(type(target)))
+                                       else self.output.wrap(type(target), None))
         if isinstance(attr, staticmethod):
             return self.output.wrap(attr.__func__, None)
         if attr is object.__init__:
