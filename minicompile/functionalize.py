@@ -202,6 +202,11 @@ def _fills_a_mask(x, index, value) -> bool:
         all(v == 1 or v == p for v, p in zip(tail, place[len(place) - len(tail):]))
 
 
+def _is_detach(node) -> bool:
+    return node.op == "call_method" and node.target == "detach" or \
+        node.op == "call_function" and node.target in (torch.detach, torch.ops.aten.detach.default)
+
+
 def _is_tensor_node(a) -> bool:
     return isinstance(a, torch.fx.Node) and isinstance(_example(a), torch.Tensor)
 
@@ -363,11 +368,13 @@ class _Functionalizer:
                                           "is not a tensor of the graph")
         new_values, result = self._functional(node, where, targets)
         for t, v in zip(targets, new_values):
-            if self.training and not self.grad and getattr(_example(t), "requires_grad", False):
-                # written under no_grad: eager's tensor keeps its history (a later use is
-                # differentiated into it), its new value unseen by autograd
+            # written under no_grad, or through detach() (F.embedding's max_norm renormalizes
+            # weight.detach()): eager's tensor keeps its history (a later use is differentiated
+            # into it), its new value unseen by autograd
+            unseen = not self.grad or any(_is_detach(n) for n in self.chain.get(t, ()))
+            if self.training and unseen and getattr(_example(t), "requires_grad", False):
                 v = self._new("call_function", aliasing.written_unseen, [self.current(t), v])
-            elif self.grad:
+            elif not unseen:
                 self.seen_writes.add(self.root[t])
             self._assign(t, v)
         if result == "same":                    # x.add_(y) returns x

@@ -10,6 +10,7 @@ import inspect
 import itertools
 import math
 import operator
+import types
 import typing
 
 import pytest
@@ -1240,3 +1241,84 @@ def test_bound_arguments_hand_back_the_callers_objects():
                 binds_and_writes_through_the_arguments(X, options_eager))
     assert options_compiled == options_eager == {"seen": True}
     assert minicompile.explain(binds_and_writes_through_the_arguments)(X, {}).graph_break_count == 0
+
+
+class Level(enum.IntEnum):
+    LOW = 1
+    HIGH = 3
+
+
+class Reduction(str, enum.Enum):
+    SUM = "sum"
+
+
+def enum_members_as_arguments(x):
+    import torch.nn.functional as F
+    return (x.topk(Level.HIGH).values, x[[Level.LOW, Level.HIGH]], torch.tensor([Level.HIGH, 1]),
+            F.cross_entropy(x.view(3, 2), torch.tensor([0, 1, 1]), reduction=Reduction.SUM))
+
+
+def test_enum_members_are_handed_to_pytorchs_kernels_as_they_are():
+    """An IntEnum's member or a str Enum's is an int or a str to PyTorch: the generated code
+    holds the member (its repr, `<Level.HIGH: 3>`, was written into it: a SyntaxError)."""
+    x = torch.randn(6)
+    same_calls(enum_members_as_arguments, [lambda f: f(x), lambda f: f(x * 2)])
+
+
+def scaled_if_defined(x):
+    try:
+        return x * LATER_SCALE                      # noqa: F821 (defined by the test, later)
+    except NameError:
+        return x - 1
+
+
+def scaled_if_the_module_has_it(x):
+    try:
+        return x * OPTIONS.scale
+    except AttributeError:
+        return x - 1
+
+
+def with_an_optional_kernel(x):
+    try:
+        from math import fast_tanh_kernel           # noqa: F401 (there is none)
+    except ImportError:
+        return torch.tanh(x)
+    return fast_tanh_kernel(x)
+
+
+OPTIONS = types.ModuleType("options")
+
+
+def test_names_missing_when_traced_are_found_once_defined():
+    """A caught NameError or AttributeError of a module is the guard's too: defined later
+    (the next cell of a notebook), the name is read. A from-import of a missing name raises
+    ImportError, as Python's."""
+    global LATER_SCALE
+    compiled = minicompile.compile(scaled_if_defined)
+    assert_same(compiled(X), X - 1)
+    LATER_SCALE = 5.0
+    try:
+        assert_same(compiled(X), X * 5)
+    finally:
+        del LATER_SCALE
+    compiled = minicompile.compile(scaled_if_the_module_has_it)
+    assert_same(compiled(X), X - 1)
+    OPTIONS.scale = 3.0
+    try:
+        assert_same(compiled(X), X * 3)
+    finally:
+        del OPTIONS.scale
+    same_calls(with_an_optional_kernel, [lambda f: f(X)] * 2)
+    assert minicompile.explain(with_an_optional_kernel)(X).graph_break_count == 0
+
+
+def reads_what_a_container_has(x, items, table):
+    a = x * 2 if hasattr(items, "shape") else x - 2           # a list has no .shape
+    b = getattr(table, "num_layers_key", "layers")             # nor a dict attributes
+    return a, b, hasattr(items, "append"), hasattr(table, "items")
+
+
+def test_attributes_a_list_or_dict_does_not_have_are_missing():
+    same_calls(reads_what_a_container_has, [lambda f: f(X, [1, 2], {"a": 1})] * 2)
+    assert minicompile.explain(reads_what_a_container_has)(X, [1, 2], {"a": 1}).graph_break_count == 0

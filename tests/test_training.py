@@ -224,6 +224,24 @@ def test_cross_entropy_and_embedding_training(kernel_backend):
         assert_same(p.grad, q.grad)
 
 
+def test_an_embedding_with_max_norm_renormalizes_its_rows_as_eager(kernel_backend):
+    """F.embedding(max_norm=...) rescales the rows it reads in place, through weight.detach():
+    a write autograd does not see, into a leaf that requires grad."""
+    torch.manual_seed(3)
+    model = nn.Sequential(nn.Embedding(10, 4, max_norm=0.5), nn.Linear(4, 3)).to(DEVICE)
+    twin = copy.deepcopy(model)
+    compiled = minicompile.compile(model)
+    for ids in ([0, 3, 7, 3], [1, 3, 9, 2, 2]):
+        ids = torch.tensor(ids, device=DEVICE)
+        got, want = compiled(ids), twin(ids)
+        assert_same(got, want)
+        got.square().sum().backward()
+        want.square().sum().backward()
+        for p, q in zip(model.parameters(), twin.parameters()):
+            assert_same(p, q)
+            assert_same(p.grad, q.grad)
+
+
 def test_multilabel_margin_loss_ignores_the_targets_after_the_first_minus_one():
     """PyTorch's decomposition of it counts them (torch 2.13): its own kernel is used."""
     def loss(x, y):

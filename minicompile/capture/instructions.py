@@ -535,11 +535,20 @@ def _import_from(tx, inst):
     module = tx.stack[-1]
     if not isinstance(module, PythonModuleVariable):
         raise tx.unsupported(f"from-import of {module.describe()}")
-    mod = module.value
-    if not hasattr(mod, inst.argval) and f"{mod.__name__}.{inst.argval}" in sys.modules:
-        tx.push(PythonModuleVariable(sys.modules[f"{mod.__name__}.{inst.argval}"]))
-        return
-    tx.push(tx.load_attr(module, inst.argval))
+    mod, name = module.value, inst.argval
+    if not hasattr(mod, name):
+        submodule = f"{mod.__name__}.{name}"
+        if submodule in sys.modules:
+            tx.push(PythonModuleVariable(sys.modules[submodule]))
+            return
+        if hasattr(mod, "__path__") and importlib.util.find_spec(submodule) is not None:
+            raise tx.unsupported(f"import of {submodule}, not imported yet",
+                                 "a first import runs the module's code: it runs for real")
+        # (`try: from fast import kernel except ImportError:`)
+        raise tx.observed(ImportError(f"cannot import name {name!r} from {mod.__name__!r} "
+                                      f"({getattr(mod, '__file__', None) or 'unknown location'})",
+                                      name=mod.__name__, path=getattr(mod, "__file__", None)))
+    tx.push(tx.load_attr(module, name))
 
 
 @handles("LOAD_GLOBAL")

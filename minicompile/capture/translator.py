@@ -280,6 +280,8 @@ class InstructionTranslator(CallsMixin):
             if self.globals_source is not None:    # a global of that name would hide it (`len = ...`)
                 self.output.guards.has_key(self.globals_source, name, False)
             return self.output.wrap(b[name], None)
+        if self.globals_source is not None:        # (defined later: the name is then found)
+            self.output.guards.has_key(self.globals_source, name, False)
         raise self.observed(NameError(f"name '{name}' is not defined"))
 
     def store_global(self, name: str, value: VariableTracker) -> None:
@@ -573,6 +575,8 @@ class InstructionTranslator(CallsMixin):
             if written is not None and name in written.items and written.items[name] is not DELETED:
                 return written.items[name]          # `global X; X = v` in a function of mod's
             if not hasattr(mod, name) or written is not None and written.items.get(name) is DELETED:
+                if obj.source is not None and not hasattr(mod, name):     # (set later: then found)
+                    out.guards.has_attr(obj.source, name, False)
                 raise self.observed(AttributeError(f"module '{mod.__name__}' has no attribute '{name}'"))
             # reached from the user's globals (`F.relu`, `math.sqrt`), the attribute is guarded
             # even on torch's own modules: a user may replace it; torch's code reading its own
@@ -592,8 +596,12 @@ class InstructionTranslator(CallsMixin):
             if callable(attr):
                 return ConstantMethodVariable(obj, name)
             return _constant_result(obj, attr)
-        if isinstance(obj, (BaseListVariable, DictVariable)) or \
-                isinstance(obj, GeneratorVariable) and name in ("send", "__next__", "throw", "close"):
+        if isinstance(obj, (BaseListVariable, DictVariable)):
+            cls = obj.python_type if isinstance(obj, BaseListVariable) else obj.cls
+            if not hasattr(cls, name):             # (hasattr(a_list, "shape") is False)
+                raise self.observed(AttributeError(f"'{cls.__name__}' object has no attribute '{name}'"))
+            return ConstantMethodVariable(obj, name)
+        if isinstance(obj, GeneratorVariable) and name in ("send", "__next__", "throw", "close"):
             return ConstantMethodVariable(obj, name)
         if isinstance(obj, (TypeVariable, BuiltinVariable)) and obj.value is dict and name == "fromkeys":
             return _DictFromKeys()

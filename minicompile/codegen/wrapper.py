@@ -403,9 +403,9 @@ def build(program: ir.Program, steps: list, written: dict | None = None) -> Comp
         if isinstance(value, slice) and any(ir.is_symbolic(p) for p in (value.start, value.stop, value.step)):
             # x[..., 1:s - 1] of dynamic sizes: the bounds worked out from this call's sizes
             return f"slice({render(value.start)}, {render(value.stop)}, {render(value.step)})"
-        if value is None or isinstance(value, (bool, int, str)) or (
-                isinstance(value, float) and math.isfinite(value)):
-            return repr(value)
+        if value is None or type(value) in (bool, int, str) or (
+                type(value) is float and math.isfinite(value)):
+            return repr(value)          # (an IntEnum's or numpy's number: held as it is, below)
         readable = _qualified_name(value)
         if readable is not None:
             return readable
