@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable
 
 import torch
+import torch.autograd.forward_ad as _forward_ad
 
 from . import config, distributed, frame_store, ir, logs, metrics, optim
 from .capture import SUPPORTED_VERSIONS, Unsupported
@@ -215,7 +216,8 @@ class CompiledFunction:
             a = self._pre + args
         if self._pre_kw:
             k = {**self._pre_kw, **kwargs}
-        if frame.eager_calls and frame.runs_eagerly(F, a, k):
+        if frame.eager_calls and frame.runs_eagerly(F, a, k) or _forward_ad._current_level >= 0:
+            # (forward-mode AD's dual tensors carry tangents no graph computes: eager does)
             return self.fn(*args, **kwargs)
         # the newest entry of the frame's start whose guard holds: the common case, one graph
         for seg in frame.segments.get((0, False), ()):

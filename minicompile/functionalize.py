@@ -253,7 +253,7 @@ class _Functionalizer:
         self.parent: dict = {}
         self.value: dict = {}
         self.version: dict = {}
-        self.made: dict = {}           # old view node -> (root version, new node)
+        self.made: dict = {}           # old view node -> ((root version, grad mode), new node)
         self.same: dict = {}
         self.inputs: list = []
         self.grad = torch.is_grad_enabled()       # the grad mode at this point of the graph
@@ -275,11 +275,13 @@ class _Functionalizer:
         if not self.chain[a]:
             return self.value[r]
         made = self.made.get(a)
-        if made is None or made[0] != self.version[r]:
+        # (made again where the grad mode changed: a view made under no_grad carries no
+        # gradient to the uses after it, where eager's view, made with grad, does)
+        if made is None or made[0] != (self.version[r], self.grad):
             parent, base = self.parent[a], self.current(self.parent[a])
             node = self.graph.node_copy(a, lambda x: base if self.resolve(x) is parent else self.current(x))
             node.meta = dict(a.meta)
-            made = self.made[a] = (self.version[r], node)
+            made = self.made[a] = ((self.version[r], self.grad), node)
         return made[1]
 
     def _new(self, kind, target, args, kwargs=None):

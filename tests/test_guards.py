@@ -356,3 +356,19 @@ def test_the_storage_pattern_sees_memory_shared_through_views_at_offsets():
     assert storage_pattern(base[2:], other, base[5:], base.view(torch.int32)[1:], base) == (0, 1, 0, 0, 0)
     assert storage_pattern(other, base[::2], other[1:].view(1, 2)) == (0, 1, 0)
     assert storage_pattern(base[:6], base[6:].clone()) == (0, 1)
+
+
+def test_a_forward_replaced_on_torchs_own_class_is_seen():
+    """Libraries patch nn.Linear.forward on the class (LoRA, quantization): torch's classes
+    are trusted, but not their forward."""
+    model = nn.Sequential(nn.Linear(3, 3), nn.ReLU())
+    compiled = minicompile.compile(model)
+    x = torch.randn(2, 3)
+    compiled(x)
+    original = nn.Linear.forward
+    nn.Linear.forward = lambda self, inp: original(self, inp) * 3
+    try:
+        assert_same(compiled(x), model(x))
+    finally:
+        nn.Linear.forward = original
+    assert_same(compiled(x), model(x))

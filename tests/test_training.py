@@ -242,6 +242,50 @@ def test_an_embedding_with_max_norm_renormalizes_its_rows_as_eager(kernel_backen
             assert_same(p.grad, q.grad)
 
 
+def _power_iteration_step(w0, u, v):
+    """The old nn.utils.spectral_norm's step: v written under no_grad from a view of the
+    weight, the same view then used with grad."""
+    w = w0.reshape(6, -1)
+    with torch.no_grad():
+        torch.mv(w.t(), u, out=v)
+    return w0 / torch.dot(u, torch.mv(w, v))
+
+
+def test_a_view_used_under_no_grad_and_after_it_carries_its_gradient_after(kernel_backend):
+    w0, u0, v0 = (torch.randn(*s, dtype=torch.float64, device=DEVICE) for s in ((6, 6), (6,), (6,)))
+    grads = []
+    for fn in (_power_iteration_step, minicompile.compile(_power_iteration_step)):
+        w, v = w0.clone().requires_grad_(), v0.clone()
+        fn(w, u0, v).pow(2).sum().backward()
+        grads.append((w.grad, v))
+    assert_same(grads[1][0], grads[0][0], dtype=torch.float64)
+    assert_same(grads[1][1], grads[0][1], dtype=torch.float64)
+
+
+def test_forward_mode_dual_tensors_get_eagers_tangents():
+    """A graph carries no tangents: under a dual level the function runs as eager."""
+    import torch.autograd.forward_ad as fwAD
+    model = nn.Sequential(nn.Linear(4, 3), nn.Tanh()).to(DEVICE)
+    x, v = torch.randn(5, 4, device=DEVICE), torch.randn(5, 4, device=DEVICE)
+    compiled = minicompile.compile(model)
+    compiled(x)
+    tangents = []
+    for fn in (model, compiled):
+        with fwAD.dual_level():
+            tangents.append(fwAD.unpack_dual(fn(fwAD.make_dual(x, v))).tangent)
+    assert tangents[1] is not None
+    assert_same(tangents[1], tangents[0])
+
+
+def test_is_leaf_of_an_input_is_guarded():
+    def f(x):
+        return x + 100 if x.is_leaf else x - 1
+    compiled = minicompile.compile(f)
+    w = torch.zeros(3, requires_grad=True, device=DEVICE)
+    assert_same(compiled(w * 1), w - 1)
+    assert_same(compiled(torch.zeros(3, requires_grad=True, device=DEVICE)), w + 100)
+
+
 def test_multilabel_margin_loss_ignores_the_targets_after_the_first_minus_one():
     """PyTorch's decomposition of it counts them (torch 2.13): its own kernel is used."""
     def loss(x, y):

@@ -939,6 +939,10 @@ class CallsMixin:
                 x = self.call_function(self.load_module_attr(mv, name), [x], {})
             return x
         forward = self.class_member(type(mod), "forward")
+        if forward is not None and type(mod).__module__.startswith("torch."):
+            # torch's classes are trusted but for forward, which libraries replace on the
+            # class (LoRA and quantization patch nn.Linear.forward)
+            self.output.guards.class_member(type(mod), "forward", forward)
         if not isinstance(forward, types.FunctionType):
             raise self.unsupported(f"{type(mod).__name__}.forward is not a Python function")
         return self.inline_call(forward, [mv] + list(args), kwargs)

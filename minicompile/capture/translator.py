@@ -460,6 +460,9 @@ class InstructionTranslator(CallsMixin):
             if name in TENSOR_CONSTANT_ATTRS:
                 if name == "shape" and out.has_dynamic_inputs():
                     return out.shape_of(obj)
+                if name == "is_leaf" and obj.source is not None:
+                    # (an input's own: requires_grad is guarded, leafness too: w * 1 is none)
+                    return out.wrap(obj.example.is_leaf, AttrSource(obj.source, name))
                 return ConstantVariable(getattr(obj.example, name))
             if name in TENSOR_TENSOR_ATTRS:
                 return out.call("call_function", getattr, [obj, ConstantVariable(name)], {})

@@ -547,17 +547,25 @@ def _hardsigmoid(node, values, input, inplace):
     return _pointwise_box(node, values, lambda x: sixth(_relu6_of_shifted(x, c)), [input])
 
 
+@functools.lru_cache(maxsize=None)
+def _ignores_a_lone_nan_bound(device_type: str, dtype: torch.dtype) -> bool:
+    """Whether eager's clamp with one bound, a NaN number, leaves x as it is: its CUDA kernel
+    does (fmax/fmin ignore a NaN), and so does its CPU kernel in torch 2.11, where 2.13's
+    makes every element NaN. Asked of eager, once."""
+    return not torch.ones(1, dtype=dtype, device=device_type).clamp(min=float("nan")).isnan().item()
+
+
 @register([torch.clamp, torch.clip, torch.Tensor.clamp, "clamp", "clip"], "input, min=None, max=None",
           pointwise=True)
 def _clamp(node, values, input, min, max):
     """max(x, min) then min(_, max), NaN-propagating, in the result's dtype as PyTorch
     promotes: an int tensor clamped to float bounds is a float tensor; an int bound of a uint8
     tensor wraps into uint8 (as PyTorch converts it). Bounds may be numbers, tensors or
-    dynamic floats. A NaN number as a bound makes every element NaN, except on a GPU when it
-    is the only bound: eager's CUDA kernel then takes fmax/fmin with it, which ignore a NaN."""
+    dynamic floats. A NaN number as a bound makes every element NaN, except where it is the
+    only bound and eager's kernel ignores it (_ignores_a_lone_nan_bound)."""
     given = [b for b in (min, max) if b is not None]
     ignored = len(given) == 1 and isinstance(given[0], float) and math.isnan(given[0]) and \
-        isinstance(input, TensorBox) and torch.device(input.device).type == "cuda"
+        isinstance(input, TensorBox) and _ignores_a_lone_nan_bound(torch.device(input.device).type, input.dtype)
     bounds = [(op, b) for op, b in ((ops.maximum, min), (ops.minimum, max)) if b is not None and not ignored]
 
     def fn(x, *values_):
