@@ -1696,3 +1696,25 @@ def test_an_optional_dependency_that_is_not_installed_raises_import_error_in_the
     x = torch.randn(3)
     no_break(optional_dependency, x)
     assert_same(minicompile.compile(optional_dependency)(x), optional_dependency(x))
+
+
+class _WritesItsMemberDicts(torch.nn.Module):
+    """Members written straight into the module's dicts, then read as attributes (and the
+    other way round), in one forward."""
+
+    def __init__(self):
+        super().__init__()
+        self.register_buffer("scale", torch.ones(3))
+        self.extra = torch.nn.Linear(3, 3)
+        self.k = 1.0
+
+    def forward(self, x):
+        self._buffers["scale"] = x.mean(0)
+        self._modules.pop("extra", None)
+        self.k = 5.0
+        used = x * self.scale * self.__dict__["k"]
+        return used, hasattr(self, "extra")
+
+
+def test_writes_into_a_modules_own_dicts_are_seen_by_the_reads_after():
+    agree(lambda: (_WritesItsMemberDicts(), None), [lambda m, s: m(torch.arange(6.0).view(2, 3) + 1)] * 2)

@@ -779,6 +779,20 @@ class InstructionTranslator(CallsMixin):
             return obj.items[name]
         mod, src, out = obj.module, obj.source, self.output
         d = mod.__dict__
+        for kind in ("_parameters", "_buffers", "_modules", "__dict__"):
+            # a member dict the trace wrote into (`self._buffers[name] = t`, .pop(name)):
+            # what it holds now, not what the module's does until the graph has run
+            held = out._by_source.get(AttrSource(src, kind).expr()) if src is not None else None
+            if isinstance(held, DictVariable) and held in out.side_effects:
+                if name in held.items:
+                    return held.items[name]
+                if name in d.get(kind, {}) or kind == "__dict__" and name in d:
+                    raise self.unsupported(f"{type(mod).__name__}.{name} read after the trace removed it "
+                                           f"from {kind}")
+        if name == "__dict__" and obj.items or \
+                name in ("_parameters", "_buffers", "_modules") and any(k in d.get(name, {}) for k in obj.items):
+            # `self.buf = t` then `self._buffers`: Module.__setattr__ put t there in eager
+            raise self.unsupported(f"{type(mod).__name__}.{name} read after the trace set one of its members")
         for kind in ("_parameters", "_buffers", "_modules"):
             members = d.get(kind, {})
             if name in members:
