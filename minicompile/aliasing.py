@@ -159,6 +159,14 @@ def _items(sequence):
     return sequence.items if hasattr(sequence, "items") and not isinstance(sequence, dict) else sequence
 
 
+def storage_address(t: torch.Tensor):
+    """Where a tensor's memory (its storage) begins; None for a tensor without storage."""
+    try:
+        return t.untyped_storage().data_ptr()
+    except Exception:                    # noqa: BLE001 (a wrapper subclass, a functional tensor)
+        return None
+
+
 def overlaps_itself(t: torch.Tensor) -> bool:
     """Whether elements of t share memory (an expanded tensor, x.unfold(0, 3, 1)): eager
     refuses most writes into such a tensor and makes the rest element by element, the same
@@ -175,9 +183,9 @@ def overlaps_itself(t: torch.Tensor) -> bool:
         return True
     # strides that interleave (a transposed unfold) may still keep the elements apart: count
     # the places they take
-    marks = torch.zeros(1 + sum(st * (n - 1) for st, n in dims), dtype=torch.bool)
-    marks.as_strided([n for _, n in dims], [st for st, _ in dims]).fill_(True)
-    return int(marks.count_nonzero()) < t.numel()
+    taken = _places_taken(1 + sum(st * (n - 1) for st, n in dims),
+                          [n for _, n in dims], [st for st, _ in dims])
+    return int(taken.count_nonzero()) < t.numel()
 
 
 def partly_overlaps(written: torch.Tensor, other: torch.Tensor) -> bool:
@@ -186,10 +194,8 @@ def partly_overlaps(written: torch.Tensor, other: torch.Tensor) -> bool:
     computes the rest in its kernels' order, where a functional graph would read a copy."""
     if written.numel() == 0 or other.numel() == 0 or written.device != other.device:
         return False
-    try:
-        if written.untyped_storage().data_ptr() != other.untyped_storage().data_ptr():
-            return False
-    except Exception:                    # noqa: BLE001 (no storage: a functional or fake tensor)
+    address = storage_address(written)
+    if address is None or address != storage_address(other):
         return False
     views = [(t.storage_offset() * t.element_size(), tuple(t.shape), t.stride(), t.element_size())
              for t in (written, other)]
@@ -201,15 +207,18 @@ def partly_overlaps(written: torch.Tensor, other: torch.Tensor) -> bool:
         return False                                  # apart: x[:3] += x[3:]
     if written.element_size() != other.element_size():
         return True
-    # spans that meet may still hold no common element (x[:, 0] and x[:, 1]): mark one's
-    # elements, look for the other's
-    marks = torch.zeros(max(end for _, end in spans) // written.element_size(), dtype=torch.bool)
-    for t, (begin, shape, stride, size) in zip((written, other), views):
-        view = marks.as_strided(shape, stride, begin // size)
-        if t is other:
-            return bool(view.any())
-        view.fill_(True)
-    return False
+    # spans that meet may still hold no common element (x[:, 0] and x[:, 1])
+    length = max(end for _, end in spans) // written.element_size()
+    taken = [_places_taken(length, shape, stride, begin // size) for begin, shape, stride, size in views]
+    return bool((taken[0] & taken[1]).any())
+
+
+def _places_taken(length: int, shape, stride, offset: int = 0) -> torch.Tensor:
+    """The elements of a memory of `length` elements that a view of this shape, stride and
+    offset reaches, marked True."""
+    marks = torch.zeros(length, dtype=torch.bool)
+    marks.as_strided(shape, stride, offset).fill_(True)
+    return marks
 
 
 def writes_metadata(kind: str, target) -> bool:

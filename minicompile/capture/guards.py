@@ -64,6 +64,7 @@ from typing import Any, Callable, Dict, List, Optional, Tuple
 import torch
 
 from .. import autocast, config
+from ..aliasing import storage_address
 from .sources import AttrSource, GenericAttrSource, HelperSource, ItemSource, Source
 from .values import is_constant_value
 
@@ -180,14 +181,6 @@ def viewed_dict(view) -> dict:
 
 
 _DATA_PTR, _STORAGE_OFFSET = torch.Tensor.data_ptr, torch.Tensor.storage_offset
-
-
-def storage_address(t: torch.Tensor):
-    """Where a tensor's memory (its storage) begins; None for a tensor without storage."""
-    try:
-        return t.untyped_storage().data_ptr()
-    except Exception:                    # noqa: BLE001 (a wrapper subclass, a functional tensor)
-        return None
 
 
 def same_constant(value, expected) -> bool:

@@ -36,8 +36,9 @@ from torch.fx.proxy import GraphAppendingTracer
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from .. import aliasing, ir, logs
+from ..aliasing import storage_address
 from .breaks import Unsupported, never_traced
-from .guards import GuardBuilder, dense_order, storage_address, storage_pattern, viewed_dict
+from .guards import GuardBuilder, dense_order, storage_pattern, viewed_dict
 from .sources import (AttrSource, GenericAttrSource, HelperSource, ItemSource, LocalSource, RootSource, Source,
                       item_source)
 from .builtin_calls import _BUILTIN_HANDLERS
@@ -398,14 +399,15 @@ class OutputGraph:
         if var not in self.side_effects:
             self.side_effects.append(var)
 
-    def instance_dict(self, obj: VariableTracker) -> Optional[VariableTracker]:
-        """The variable of obj's own __dict__ where the trace read it (`obj.__dict__`, vars()).
+    def instance_dict(self, obj: VariableTracker, kind: str = "__dict__") -> Optional[VariableTracker]:
+        """The variable of obj's own __dict__ (or a module's `kind`: _parameters, _buffers,
+        _modules) where the trace read it (`obj.__dict__`, vars(), `self._buffers`).
         Attributes the trace sets are kept apart from it (obj's overrides): callers refuse to
         let the two disagree."""
         if getattr(obj, "source", None) is None:
             return None
-        return next((self._by_source[s.expr()] for s in (AttrSource(obj.source, "__dict__"),
-                                                         GenericAttrSource(obj.source, "__dict__"))
+        return next((self._by_source[s.expr()] for s in (AttrSource(obj.source, kind),
+                                                         GenericAttrSource(obj.source, kind))
                      if s.expr() in self._by_source), None)
 
     def is_container(self, var: VariableTracker) -> bool:

@@ -782,7 +782,7 @@ class InstructionTranslator(CallsMixin):
         for kind in ("_parameters", "_buffers", "_modules", "__dict__"):
             # a member dict the trace wrote into (`self._buffers[name] = t`, .pop(name)):
             # what it holds now, not what the module's does until the graph has run
-            held = out._by_source.get(AttrSource(src, kind).expr()) if src is not None else None
+            held = out.instance_dict(obj, kind)
             if isinstance(held, DictVariable) and held in out.side_effects:
                 if name in held.items:
                     return held.items[name]
