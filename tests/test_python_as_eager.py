@@ -10,6 +10,7 @@ import inspect
 import itertools
 import math
 import operator
+import random
 import types
 import typing
 
@@ -850,6 +851,33 @@ def test_a_set_of_a_dicts_keys_whose_values_are_tensors_is_one_graph():
     names, whatever the values are."""
     same_calls(names_given, [lambda f: f(X, scale=X, bias=2)] * 2)
     assert minicompile.explain(names_given)(X, scale=X, bias=2).graph_break_count == 0
+
+
+def sets_with_colliding_hashes(x, values, dropped, added, keys):
+    """Numbers 8 apart collide in a small set's table: the order a set iterates in hangs on
+    how it was made and changed, not only on what it holds."""
+    s = {v for v in values}
+    for d in dropped:
+        s.discard(d)
+    for a in added:
+        s.add(a)
+    t = s.copy()
+    t |= {5, 13}
+    u = set(keys) | set(dict.fromkeys(keys)) | {*t}
+    in_frame = list(s), list(t), list(s | t), list(u), list(keys.keys() & {next(iter(keys)), 3, 11})
+    print(end="")                               # a break: s, t and u cross it
+    return x + 1, in_frame, list(s), list(t), list(u), s
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_a_set_made_in_the_frame_iterates_in_eagers_order_where_hashes_collide(seed):
+    """A set was rebuilt from its items at each change (and at a break), so it iterated in
+    another order than eager's after a removal: loops over it and list(s) differed."""
+    r = random.Random(seed)
+    values = [r.randrange(3, 400, 8) for _ in range(r.randrange(4, 12))]
+    dropped, added = r.sample(values, 3), [r.randrange(3, 400, 8) for _ in range(3)]
+    keys = dict.fromkeys(r.randrange(3, 400, 8) for _ in range(6))
+    same_calls(sets_with_colliding_hashes, [lambda f: f(X, values, dropped, added, keys)] * 2)
 
 
 ODD_KEYS = {float("inf"): 2.0, float("-inf"): 3.0, torch.device("cpu"): 4.0, (Tier.LOW, "a"): 5.0}

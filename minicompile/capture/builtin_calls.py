@@ -174,8 +174,8 @@ def _builtin_const(fn):
         if fn in (set, frozenset) and len(args) == 1 and not kwargs:
             items = tx.iterate(args[0])             # (a dict's keys, a list of names...)
             if all(i.is_constant() for i in items):
-                made = {i.as_example() for i in items}
-                return SetVariable.of(made) if fn is set else ConstantVariable(frozenset(made))
+                made = SetVariable.operand(args[0], items)
+                return SetVariable.made_by(set, made) if fn is set else ConstantVariable(frozenset(made))
         raise tx.unsupported(f"builtin {fn.__name__}() on non-constant arguments",
                              hint="it would need the tensor's values")
     return impl

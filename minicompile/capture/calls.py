@@ -807,12 +807,11 @@ class CallsMixin:
         if isinstance(obj, SetVariable) and fn.name in ("add", "update", "discard") and \
                 all(a.is_constant() for a in args):
             self.mutate(obj)
-            real = set(obj.as_example())
-            getattr(real, fn.name)(*[a.as_example() for a in args])
-            obj.items = SetVariable.of(real).items
+            obj.apply(fn.name, *[SetVariable.operand(a, self.iterate(a)) if fn.name == "update" else a.as_example()
+                                 for a in args])
             return ConstantVariable(None)
         if isinstance(obj, SetVariable) and fn.name == "copy":
-            return SetVariable(list(obj.items))
+            return SetVariable.made_by(set.copy, obj.make())
         if isinstance(obj, BaseListVariable) and fn.name == "copy":
             return ListVariable(list(obj.items))
         if isinstance(obj, DictVariable) and not isinstance(obj, ModelOutputVariable) and \

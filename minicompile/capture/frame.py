@@ -298,6 +298,8 @@ class TemplateBuilder:
         if isinstance(v, (V.BaseListVariable, V.DictVariable)) and v.source is not None \
                 and self._source_fn(v.source) is not None:
             return ["src", self._source_fn(v.source)]
+        if isinstance(v, V.SetVariable):                # made again each time, as eager made it
+            return ["set", v.make]
         if isinstance(v, V.NamedTupleVariable):
             return ["namedtuple", v.tuple_cls, [self.build(i) for i in v.items]]
         if isinstance(v, V.BaseListVariable):
@@ -431,7 +433,7 @@ def rebuild(t, outs, env, memo=None):
     elif kind == "Size":
         r = torch.Size([rebuild(x, outs, env, memo) for x in t[1]])
     elif kind == "set":
-        r = {rebuild(x, outs, env, memo) for x in t[1]}
+        r = t[1]()
     elif kind == "obj":
         r = object.__new__(t[1])
         memo[key] = r                          # before the attributes: they may refer back

@@ -891,7 +891,7 @@ def _set_add(tx, inst):
         raise tx.unsupported(f"adding {item.describe()} to a set",
                                "sets of Python constants are modelled, not sets of tensors")
     tx.mutate(s)
-    s.items = SetVariable.of(set(s.as_example()) | {item.as_example()}).items
+    s.apply("add", item.as_example())
 
 
 @handles("BUILD_SET")
@@ -899,7 +899,7 @@ def _build_set(tx, inst):
     items = tx.popn(inst.arg)
     if not all(i.is_constant() for i in items):
         raise tx.unsupported("a set of non-constant values")
-    tx.push(SetVariable.of({i.as_example() for i in items}))
+    tx.push(SetVariable.made_by(set, [i.as_example() for i in items]))
 
 
 @handles("SET_UPDATE")
@@ -910,7 +910,7 @@ def _set_update(tx, inst):
     if not isinstance(s, SetVariable) or not all(i.is_constant() for i in items):
         raise tx.unsupported("a set of non-constant values")
     tx.mutate(s)
-    s.items = SetVariable.of(set(s.as_example()) | {i.as_example() for i in items}).items
+    s.apply("update", SetVariable.operand(v, items))
 
 
 @handles("BUILD_MAP")

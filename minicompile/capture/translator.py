@@ -835,9 +835,10 @@ class InstructionTranslator(CallsMixin):
             self.mutate(a)                         # dict |= ...: updates that very dict
             a.items.update(b.items)
             return a
-        if isinstance(a, SetVariable) and sym in ("|=", "&=", "-=", "^=") and b.is_constant():
+        if isinstance(a, SetVariable) and sym in ("|=", "&=", "-=", "^=") and b.is_constant() \
+                and isinstance(b.as_example(), (set, frozenset)):
             self.mutate(a)                         # set |= ...: changes that very set
-            a.items = SetVariable.of(op(set(a.as_example()), b.as_example())).items
+            a.apply(f"__{op.__name__}__", b.as_example())
             return a
         if sym in ("+=", "*=") and isinstance(a, ListVariable):
             # list += iterable, list *= n: that very list changes (another name for it sees it)
@@ -882,10 +883,11 @@ class InstructionTranslator(CallsMixin):
                 return a
             return DictVariable({**a.items, **b.items})
         if isinstance(a, DictViewVariable) and a.kind == "keys" and sym in ("&", "|", "-", "^"):
-            other = b.dict_var.items if isinstance(b, DictViewVariable) and b.kind == "keys" else \
-                (b.as_example() if b.is_constant() else None)
+            other = dict.fromkeys(b.dict_var.items).keys() if isinstance(b, DictViewVariable) and b.kind == "keys" \
+                else (b.as_example() if b.is_constant() else None)
             if other is not None:                   # keys are constants: a set of them
-                return SetVariable.of(op(a.dict_var.items.keys(), set(other)))
+                keys = tuple(a.dict_var.items)
+                return SetVariable.made_by(lambda o: op(dict.fromkeys(keys).keys(), o), other)
         if isinstance(a, BaseListVariable) and isinstance(b, BaseListVariable) and sym in ("+", "+="):
             if type(a) is type(b):
                 return type(a)(a.items + b.items)
@@ -926,10 +928,11 @@ class InstructionTranslator(CallsMixin):
         raise self.unsupported(f"operator {sym} on {a.describe()} and {b.describe()}")
 
     def constant_result(self, op, a: VariableTracker, b: VariableTracker) -> VariableTracker:
-        result = self.on_constants(op, a.as_example(), b.as_example())
+        operands = a.as_example(), b.as_example()
+        result = self.on_constants(op, *operands)
         # a list made so (`[(0, 0)] * n`) is the frame's own to change: not a constant
         if type(result) is set:
-            return SetVariable.of(result)
+            return SetVariable.made_by(op, *operands)
         return self.output.wrap(result, None) if type(result) in (list, dict) else ConstantVariable(result)
 
     def same_items(self, a: BaseListVariable, b: BaseListVariable) -> Optional[bool]:

@@ -753,13 +753,55 @@ class UserObjectVariable(VariableTracker):
 
 
 class SetVariable(BaseListVariable):
-    """A set of Python constants made in the frame (a set display or comprehension). Its items
-    are kept in the order Python's own set iterates them."""
+    """A set of Python constants made in the frame (a set display or comprehension). Where
+    hashes collide, the order a set iterates in hangs on its history (what was added and
+    removed, in which order, from which kind of object), not only on what it holds; a copy
+    need not keep it. So it keeps `make`, the steps that made it, to make eager's very set
+    again (a fresh one for each call, when it crosses a break), and `real`, one made so,
+    changed by the frame's operations. Its items follow `real`."""
     python_type = set
 
+    def __init__(self, make: Callable[[], set]):
+        super().__init__([])
+        self.make = make
+        self.real = make()
+        self.changed()
+
     @staticmethod
-    def of(values: set) -> "SetVariable":
-        return SetVariable([ConstantVariable(v) for v in values])
+    def made_by(fn: Callable, *operands) -> "SetVariable":
+        """The set fn(*operands) gives: operands are values the frame does not change after
+        (see `operand`)."""
+        return SetVariable(lambda: fn(*operands))
+
+    @staticmethod
+    def operand(v: "VariableTracker", items: List["VariableTracker"]):
+        """What eager hands a set operation for `v` (whose items are `items`): a set's own table,
+        a dict (a set takes its size first), or the items in order."""
+        if isinstance(v, SetVariable):
+            return v.make()
+        if isinstance(v, DictVariable):
+            return dict.fromkeys(i.as_example() for i in items)
+        if isinstance(v, ConstantVariable) and isinstance(v.value, frozenset):
+            return v.value
+        return [i.as_example() for i in items]
+
+    def apply(self, name: str, *operands) -> None:
+        """self.<name>(*operands) in place (add, discard, update, __ior__...)."""
+        getattr(self.real, name)(*operands)
+        made = self.make
+
+        def make():
+            s = made()
+            getattr(s, name)(*operands)
+            return s
+        self.make = make
+        self.changed()
+
+    def changed(self) -> None:
+        self.items = [ConstantVariable(v) for v in self.real]
+
+    def as_example(self):
+        return self.make()
 
 
 class SuperVariable(VariableTracker):
