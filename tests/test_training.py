@@ -543,6 +543,50 @@ def test_a_gradient_penalty_differentiates_the_gradient_as_eager(kernel_backend)
         assert_same(got, want)
 
 
+def _hooked(x, w, on_input):
+    y = x * w
+    (x if on_input else y).register_hook(lambda g: g * 3)
+    return (y * y).sum()
+
+
+@pytest.mark.parametrize("on_input", [False, True])
+def test_a_hook_registered_in_the_function_runs_once_in_a_differentiable_backward(on_input):
+    """A tensor hook registered in the compiled function (at a break), then a gradient taken
+    with create_graph=True: the graph after the hook asked autograd for the gradient of the
+    hooked tensor itself, which ran the hook, and it ran again as the gradient flowed on (the
+    gradient 3x eager's, the penalty's 9x)."""
+    torch.manual_seed(10)
+    x0, w0 = randn(4, 3, dtype=torch.float64), randn(4, 3, dtype=torch.float64)
+    results = []
+    for fn in (minicompile.compile(_hooked), _hooked):
+        x, w = x0.clone().requires_grad_(), w0.clone().requires_grad_()
+        (g,) = torch.autograd.grad(fn(x, w, on_input), x, create_graph=True)
+        g.square().sum().backward()
+        results.append((g.detach(), x.grad, w.grad))
+    for got, want in zip(*results):
+        assert_same(got, want, torch.float64)
+
+
+def test_an_inference_mode_input_cloned_and_used_with_gradients():
+    """An inference-mode tensor (a cached embedding, a teacher's output) cloned, as PyTorch
+    tells its users to, then used with gradients: eager saves the clone; the partition saved
+    the input itself, which autograd refuses ("Inference tensors cannot be saved")."""
+    with torch.inference_mode():
+        cached = randn(5, 3) * 4
+
+    def f(t, x):
+        return t.clone() * x.sin()
+    x0 = randn(5, 3)
+    results = []
+    for fn in (minicompile.compile(f), f):
+        x = x0.clone().requires_grad_()
+        out = fn(cached, x)
+        out.sum().backward()
+        results.append((out.detach(), x.grad))
+    for got, want in zip(*results):
+        assert_same(got, want)
+
+
 def test_a_meta_learning_step_through_an_input_the_forward_did_not_save():
     """MAML's step: the gradient of a compiled loss with create_graph=True, then a gradient of
     that. The loss's forward saves what it computed (out - y), not its input `out`, whose

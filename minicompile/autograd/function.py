@@ -78,7 +78,10 @@ class _Function(torch.autograd.Function):
         outs = [_own_tensor(o, tensors) for o in result[:joint.num_outputs]]
         computed = list(result[joint.num_outputs:])
         primals = [before.get(k, t) for k, t in enumerate(tensors)] if before else tensors
-        ctx.save_for_backward(*[primals[k] if kind == "primal" else as_layout(computed[k], stride)
+        # an inference-mode input (a cached embedding, a teacher's output) cannot be saved: the
+        # partition saves inputs where eager may save a copy of one (t.clone() * x), so a copy it is
+        ctx.save_for_backward(*[(primals[k].clone() if primals[k].is_inference() else primals[k]) if kind == "primal"
+                                else as_layout(computed[k], stride)
                                 for (kind, k), stride in zip(part.saved_from, plan.saved_strides)])
         ctx.plan = plan
         # what a differentiable backward reads: the inputs (the graph run again), or those that
@@ -115,8 +118,12 @@ class _Function(torch.autograd.Function):
     def _differentiable_gradients(ctx, grad_outputs):
         """The gradients as PyTorch's autograd computes them from the graph run again on the
         same inputs (create_graph: its backward is differentiable, the inputs' history kept)."""
-        plan, inputs = ctx.plan, ctx.inputs
-        joint = plan.joint
+        plan, joint = ctx.plan, ctx.plan.joint
+        with torch.enable_grad():
+            # asked of aliases of the inputs: a hook on an input (registered at a break before
+            # this graph) runs once, when the gradient flows on into it, as in eager; asked of
+            # the input itself, autograd.grad would run it too
+            inputs = [t.view_as(t) if isinstance(t, torch.Tensor) and t.requires_grad else t for t in ctx.inputs]
         args = [inputs[k] if kind == "tensor" else k for kind, k in joint.inputs]
         with torch.enable_grad(), autocast.off():
             leaves = pytree.tree_flatten(plan.values_graph(*args))[0]
