@@ -1698,6 +1698,74 @@ def test_an_optional_dependency_that_is_not_installed_raises_import_error_in_the
     assert_same(minicompile.compile(optional_dependency)(x), optional_dependency(x))
 
 
+def imports_in_the_function(x):
+    try:
+        import late_optional_module
+        late = late_optional_module.VALUE
+    except ImportError:
+        late = -1.0
+    import stub_module
+    from stub_module import K
+    return x + late + stub_module.K + K
+
+
+def test_imports_in_the_function_see_sys_modules_as_each_call_finds_it(tmp_path, monkeypatch):
+    """`import x` in the function looks in sys.modules on every call: a module put in another's
+    place (mock.patch.dict(sys.modules), a test's stub), or an optional one that can be imported
+    since the last call (installed, its folder put on sys.path), was not seen."""
+    import importlib
+    import sys
+    import types
+    first, second = types.ModuleType("stub_module"), types.ModuleType("stub_module")
+    first.K, second.K = 1.0, 2.0
+    monkeypatch.setitem(sys.modules, "stub_module", first)
+    compiled = minicompile.compile(imports_in_the_function)
+    x = torch.randn(3)
+    assert_same(compiled(x), imports_in_the_function(x))
+    monkeypatch.setitem(sys.modules, "stub_module", second)
+    assert_same(compiled(x), imports_in_the_function(x))
+    (tmp_path / "late_optional_module.py").write_text("VALUE = 42.0\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    importlib.invalidate_caches()
+    try:
+        with pytest.warns(UserWarning, match="import of late_optional_module, not imported yet"):
+            assert_same(compiled(x), x + 46.0)          # the first import runs as Python
+        assert_same(compiled(x), imports_in_the_function(x))
+    finally:
+        sys.modules.pop("late_optional_module", None)
+
+
+def _module_with_getattr():
+    import types
+    lazy = types.ModuleType("lazy_module")
+    lazy.reads = []
+
+    def __getattr__(name):              # PEP 562: a deprecated alias, counted
+        if name == "old_scale":
+            lazy.reads.append(name)
+            return float(len(lazy.reads))
+        raise AttributeError(f"module 'lazy_module' has no attribute {name!r}")
+    lazy.__getattr__ = __getattr__
+    return lazy
+
+
+LAZY = _module_with_getattr()
+
+
+def reads_a_lazy_attribute(x):
+    return x * LAZY.old_scale, hasattr(LAZY, "missing"), len(LAZY.reads)
+
+
+def test_a_modules_getattr_runs_once_per_read_as_in_eager():
+    """A module's own __getattr__ (PEP 562) ran at the trace, in hasattr, and in the guard:
+    several times per call, its effects (a count of deprecated reads) repeated."""
+    results = []
+    for fn in (reads_a_lazy_attribute, minicompile.compile(reads_a_lazy_attribute)):
+        LAZY.reads.clear()
+        results.append([fn(torch.arange(3.0)) for _ in range(3)])
+    assert_same(results[1], results[0])
+
+
 class _WritesItsMemberDicts(torch.nn.Module):
     """Members written straight into the module's dicts, then read as attributes (and the
     other way round), in one forward."""

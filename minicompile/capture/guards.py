@@ -52,6 +52,7 @@ from __future__ import annotations
 
 import functools
 import heapq
+import importlib.util
 import inspect
 import math
 import os
@@ -388,7 +389,7 @@ def default_namespace() -> Dict[str, Any]:
     """What every guard's namespace holds before the trace adds to it."""
     return {"torch": torch, "Tensor": torch.Tensor, "Parameter": torch.nn.Parameter,
             "TENSOR_FAILURE": tensor_failure, "REMAINING": remaining_items, "VIEWED_DICT": viewed_dict,
-            "DEREF": lambda ref: ref()}
+            "DEREF": lambda ref: ref(), "SYS_MODULES": sys.modules, "FIND_SPEC": importlib.util.find_spec}
 
 
 class GuardBuilder:
@@ -739,6 +740,20 @@ class GuardBuilder:
         self._add(("cache", ref), None,
                   [(f"{ref}.cache_info().misses >= {misses}", f"{cached.__qualname__}.cache_clear() was called")],
                   f"{cached.__qualname__}: its cache kept")
+
+    def imported(self, name: str, module):
+        """An import the trace made (`import x`, `from x import y` in the function): eager's
+        import looks in sys.modules on every call, so the check does too: the module is the one
+        the trace bound (not a stub put in its place, mock.patch.dict(sys.modules)), or, where
+        the trace found none (`try: import x except ImportError:`), none can be found yet."""
+        if module is None:
+            self._add(("import", name), None,
+                      [(f"{name!r} not in SYS_MODULES and FIND_SPEC({name!r}) is None",
+                        f"module {name} can be imported now")], f"import {name}: no such module")
+            return
+        self._add(("import", name), None,
+                  [(f"SYS_MODULES.get({name!r}) is {self._ref(module, 'MODULE_')}", f"sys.modules[{name!r}] was replaced")],
+                  f"import {name}: the module imported")
 
     def not_own_attr(self, source: Source, name: str, plain: bool):
         """The object has no attribute `name` in its own dict, which would hide its class's

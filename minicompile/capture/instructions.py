@@ -521,12 +521,16 @@ def _import_name(tx, inst):
     module = sys.modules.get(name)
     if module is None and "." not in name and importlib.util.find_spec(name) is None:
         # an optional dependency that is not installed (`try: import x except ImportError:`)
+        tx.output.guards.imported(name, None)
         raise tx.observed(ModuleNotFoundError(f"No module named {name!r}", name=name))
     if module is None:
         raise tx.unsupported(f"import of {name}, not imported yet",
                                "a first import runs the module's code: it runs for real")
+    tx.output.guards.imported(name, module)
     if not fromlist and not level:
-        module = sys.modules[name.partition(".")[0]]       # `import a.b` binds a
+        name = name.partition(".")[0]                       # `import a.b` binds a
+        module = sys.modules[name]
+        tx.output.guards.imported(name, module)
     tx.push(PythonModuleVariable(module))
 
 
@@ -539,6 +543,7 @@ def _import_from(tx, inst):
     if not hasattr(mod, name):
         submodule = f"{mod.__name__}.{name}"
         if submodule in sys.modules:
+            tx.output.guards.imported(submodule, sys.modules[submodule])
             tx.push(PythonModuleVariable(sys.modules[submodule]))
             return
         if hasattr(mod, "__path__") and importlib.util.find_spec(submodule) is not None:

@@ -577,6 +577,14 @@ class InstructionTranslator(CallsMixin):
             written = out._global_writes.get(id(mod.__dict__))
             if written is not None and name in written.items and written.items[name] is not DELETED:
                 return written.items[name]          # `global X; X = v` in a function of mod's
+            hook = mod.__dict__.get("__getattr__")
+            if name not in mod.__dict__ and written is None and isinstance(hook, types.FunctionType) \
+                    and obj.source is not None:
+                # the module's own __getattr__ (PEP 562: a lazy attribute, a deprecated alias)
+                # runs on every read, its effects with it: inlined, as a function of the module's
+                out.guards.has_key(AttrSource(obj.source, "__dict__"), name, False)
+                return self.call_function(out.wrap(hook, AttrSource(obj.source, "__getattr__")),
+                                          [ConstantVariable(name)], {})
             if not hasattr(mod, name) or written is not None and written.items.get(name) is DELETED:
                 if obj.source is not None and not hasattr(mod, name):     # (set later: then found)
                     out.guards.has_attr(obj.source, name, False)
