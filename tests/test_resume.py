@@ -245,6 +245,64 @@ def test_grad_mode_after_the_call(fn, outer, requires_grad):
         torch.set_grad_enabled(prev)
 
 
+def breaks_in_no_grad(x, w, fail):
+    y = x @ w
+    with torch.no_grad():
+        scale = y.abs().amax()
+        quiet_break()
+        z = y * scale
+        if fail:
+            raise ValueError("inside the block")
+    return (y * z).sum(), z.requires_grad, torch.is_grad_enabled()
+
+
+def breaks_in_nested_grad_blocks(x, w, fail):
+    with torch.no_grad():
+        y = x @ w
+        with torch.enable_grad():
+            quiet_break()
+            z = (x.sum() * y).sum()
+        quiet_break()
+        u = z * 2
+    try:
+        with torch.set_grad_enabled(False):
+            quiet_break()
+            if fail:
+                raise KeyError("caught")
+    except KeyError:
+        pass
+    return z, u, z.requires_grad, u.requires_grad, torch.is_grad_enabled()
+
+
+@pytest.mark.parametrize("fn", [breaks_in_no_grad, breaks_in_nested_grad_blocks])
+@pytest.mark.parametrize("outer", [True, False], ids=["grad_on", "grad_off"])
+def test_a_break_inside_a_grad_mode_block_is_resumed(fn, outer):
+    """A break inside `with torch.no_grad()` made the whole frame run eagerly: the rest of
+    the frame resumes in the block's grad mode, with the block's real exit (the mode before
+    it put back at its end, or when an exception leaves it), as Dynamo does."""
+    prev = torch.is_grad_enabled()
+    try:
+        torch.set_grad_enabled(outer)
+        minicompile.reset()
+        compiled = minicompile.compile(fn)
+        for fail in (False, False, True):
+            x, w = torch.randn(4, 3, requires_grad=True), torch.randn(3, 4)
+            want = outcome(fn, x, w, fail)
+            assert torch.is_grad_enabled() == outer
+            got = outcome(compiled, x, w, fail)
+            assert torch.is_grad_enabled() == outer
+            assert got[0] == want[0] and (got[0] == "raise" and got == want or len(got[1]) == len(want[1]))
+            for g, e in zip(got[1], want[1]) if got[0] == "ok" else ():
+                if isinstance(e, torch.Tensor):
+                    torch.testing.assert_close(g, e)
+                    assert g.requires_grad == e.requires_grad
+                else:
+                    assert g == e
+        assert minicompile.explain(fn)(x, w, False).graph_count >= 2
+    finally:
+        torch.set_grad_enabled(prev)
+
+
 # --- a graph break in a try body or a with body: resumed, its exceptions handled -----------
 LOG = []
 LOCK = threading.Lock()              # a context manager of C's: entered for real

@@ -358,6 +358,8 @@ class TemplateBuilder:
             return ["attr", self.build(v.obj), v.name]
         if isinstance(v, V.BoundMethodVariable):
             return ["bound", v.func, self.build(v.self_var)]
+        if isinstance(v, V.WithExitVariable) and v.grad_before is not None:
+            return ["gradexit", v.grad_before]
         if isinstance(v, V.GradModeVariable):
             src = self._source_fn(v.source) if getattr(v, "source", None) is not None else None
             return ["src", src] if src is not None else ["grad", v.enabled, v.before]
@@ -485,6 +487,12 @@ def rebuild(t, outs, env, memo=None):
         else:          # set_grad_enabled(mode): made (the mode set) already, `before` to restore
             r = object.__new__(torch.set_grad_enabled)
             r.prev, r.mode = t[2], t[1]
+    elif kind == "gradexit":
+        # the __exit__ of a grad-mode block the break is inside (the graph set its mode): it
+        # puts back the mode from before the block, as no_grad's own does
+        manager = torch.no_grad()
+        manager.prev = t[1]
+        r = manager.__exit__
     elif kind == "nested":
         v = t[1]
         defaults = rebuild(t[2], outs, env, memo) if t[2] is not None else None
@@ -549,6 +557,7 @@ class Segment:
     break_inst: Any = None
     kw_names: tuple = ()
     handler: Any = None               # the exception-table entry covering break_inst (a try body)
+    break_grad: Optional[bool] = None  # the grad mode break_inst runs in (inside a no_grad block)
     offset_to_index: dict = None
     instructions: list = None
     n_calls: int = 0                  # call nodes: a graph without any is not compiled (Dynamo)
@@ -653,6 +662,8 @@ class Segment:
             _note_where(result, self.raised_at)
             raise result
         call_here = functools.partial(call, site=(self.code, self.break_inst.lineno, env["G"]))
+        if self.break_grad is not None:
+            torch._C._set_grad_enabled(self.break_grad)
         if self.handler is None:
             nxt = execute(self.break_inst, stack, f_locals, env["G"], self.kw_names, call_here,
                           self.offset_to_index)

@@ -52,7 +52,7 @@ from .values import (NULL, BaseListVariable, BoundMethodVariable, BuiltinVariabl
                      PythonModuleVariable, SizeVariable, SymIntVariable, TensorVariable,
                      TorchFunctionVariable,
                      TupleVariable, TypeVariable, UserFunctionVariable, UserObjectVariable,
-                     VariableTracker, example_of, _contains_tensor, _contains_tensor_value,
+                     VariableTracker, WithExitVariable, example_of, _contains_tensor, _contains_tensor_value,
                      _hashable, is_constant_value, is_identity_key, is_model_output_class, sym_leaves)
 
 
@@ -651,6 +651,13 @@ class OutputGraph:
             var = GradModeVariable(type(value) is torch.enable_grad)
             var.source = source          # (entered: a break passes on this very object)
             return var
+        if isinstance(value, types.MethodType) and type(value.__self__) in (torch.no_grad, torch.enable_grad) \
+                and value.__func__ is type(value.__self__).__exit__ and source is not None:
+            # the exit of a grad-mode block a break was inside (frame.py's "gradexit"): the
+            # rest of the block runs in the trace, and its end puts back the mode from before
+            prev = value.__self__.prev
+            g.constant(AttrSource(AttrSource(source, "__self__"), "prev"), prev)
+            return WithExitVariable(lambda tx: tx.set_grad(prev), grad_before=prev)
         if isinstance(value, _DICT_VIEWS) and source is not None:
             # a dict's keys()/values()/items() from outside the frame: a view of its dict
             # (the dict's own variable where the trace has it already: a change made to it in

@@ -22,7 +22,7 @@ from .bytecode import check_python_version, handler_at
 from .guards import ArgBinding, bind_arguments, frame_target
 from .sources import AttrSource, ItemSource, LocalSource, RootSource
 from .values import (DELETED, NULL, ClosureCellVariable, DictVariable, GlobalWritesVariable, IteratorVariable,
-                     ListVariable, UserObjectVariable)
+                     ListVariable, UserObjectVariable, WithExitVariable)
 from .output_graph import OutputGraph, _is_internal_module_name
 from .translator import InstructionTranslator
 
@@ -149,6 +149,7 @@ def trace_segment(fn, args: tuple, kwargs: dict, offset: int = 0, *, breaks: boo
             tx.closure_cells[name] = output.cells[id(cell)] = ClosureCellVariable(
                 cell, src, AttrSource(src, "cell_contents"))
     grad, autocast_state = torch.is_grad_enabled(), autocast.state()
+    break_grad = None
     ns = output.guards.namespace
 
     def source_fn(src):
@@ -164,6 +165,8 @@ def trace_segment(fn, args: tuple, kwargs: dict, offset: int = 0, *, breaks: boo
                 tx.stack.append(NULL if v is F.NULL_VALUE else output.wrap(v, LocalSource(k)))
             if offset:
                 tx.pc = tx.offset_to_index[offset]
+                # grad-mode blocks a break was inside, still open here (their exits on the stack)
+                tx.with_depth = sum(isinstance(v, WithExitVariable) for v in tx.stack)
             try:
                 try:
                     ret, end = tx.run(), "return"
@@ -188,8 +191,8 @@ def trace_segment(fn, args: tuple, kwargs: dict, offset: int = 0, *, breaks: boo
                     # a `with` entered for real is resumed: an exception the breaking
                     # instruction raises goes to the frame's handler, Segment.run)
                     why = "a graph break inside an exception handler: the frame runs eagerly"
-                elif tx.with_depth:
-                    why = "a graph break inside a `with` block is not resumed"
+                elif tx.with_depth and not _open_blocks_resumable(tx):
+                    why = "a graph break inside a `with` block (other than a grad mode's) is not resumed"
                 elif not ok:
                     why = f"a graph break at {inst.opname} (not a call, a jump or an index) is not resumed"
                 elif not eager and F.maybe_has_backedge(tx):
@@ -212,6 +215,8 @@ def trace_segment(fn, args: tuple, kwargs: dict, offset: int = 0, *, breaks: boo
                         locals_t[name] = ["src", source_fn(cell.source)]      # the cell itself
                 template = [stack_t, locals_t]
                 end, kw = "break", gb.kw_names
+                if torch.is_grad_enabled() != grad:
+                    break_grad = torch.is_grad_enabled()     # inside a grad-mode block
                 effects = _effect_templates(output, builder, source_fn)
         finally:
             torch._C._set_grad_enabled(grad)
@@ -229,7 +234,7 @@ def trace_segment(fn, args: tuple, kwargs: dict, offset: int = 0, *, breaks: boo
     n_calls = sum(1 for n in gm.graph.nodes if n.op in ("call_function", "call_method", "call_module"))
     seg = F.Segment(code=code, offset=offset, gm=gm, example_inputs=list(output.input_examples),
                     end=end, template=template, reason=reason,
-                    break_inst=inst, kw_names=kw,
+                    break_inst=inst, kw_names=kw, break_grad=break_grad,
                     handler=handler_at(code, inst.offset) if end == "break" else None,
                     offset_to_index=tx.offset_to_index, instructions=tx.instructions,
                     n_calls=n_calls, eager=eager, input_sources=input_exprs, effects=effects,
@@ -239,6 +244,13 @@ def trace_segment(fn, args: tuple, kwargs: dict, offset: int = 0, *, breaks: boo
     seg.guard_builder, seg.binding = output.guards, binding
     seg.use(output.guards.build(binding, input_exprs))
     return seg
+
+
+def _open_blocks_resumable(tx) -> bool:
+    """Whether every `with` block open at a break is a grad mode's: the break sets that mode,
+    and the rest of the frame gets a real __exit__ for each (frame.py's "gradexit")."""
+    exits = [v for v in tx.stack if isinstance(v, WithExitVariable)]
+    return len(exits) == tx.with_depth and all(v.grad_before is not None for v in exits)
 
 
 def _leaves_stay_inside(output: OutputGraph, builder, binding) -> None:

@@ -721,10 +721,12 @@ class AutocastVariable(VariableTracker):
 class WithExitVariable(VariableTracker):
     """The __exit__ that BEFORE_WITH pushes: calling it undoes what entering did (`undo`, a
     function of the translator: restore the grad mode, leave autocast), or, for a context
-    manager of a Python class (`exit`: its bound __exit__), calls that."""
+    manager of a Python class (`exit`: its bound __exit__), calls that. `grad_before`: for a
+    grad-mode block (torch.no_grad()...), the mode its exit restores: a break inside it hands
+    the rest of the frame a real __exit__ that does so."""
 
-    def __init__(self, undo=None, exit=None):
-        self.undo, self.exit = undo, exit
+    def __init__(self, undo=None, exit=None, grad_before=None):
+        self.undo, self.exit, self.grad_before = undo, exit, grad_before
 
 
 class UserObjectVariable(VariableTracker):
