@@ -880,6 +880,53 @@ def test_a_set_made_in_the_frame_iterates_in_eagers_order_where_hashes_collide(s
     same_calls(sets_with_colliding_hashes, [lambda f: f(X, values, dropped, added, keys)] * 2)
 
 
+class _Settings:
+    scale = 3.0
+
+
+def act_if_callable(x, v):
+    return x * 2 if callable(v) else x - 1
+
+
+@pytest.mark.parametrize("make", [_Settings, lambda: {1, 2}, lambda: (i for i in range(3)), lambda: iter([1]),
+                                  lambda: range(3), lambda: math, lambda: torch.no_grad(), lambda: len,
+                                  lambda: (lambda: 0), lambda: torch.nn.ReLU(), lambda: X.add],
+                         ids=["object", "set", "generator", "iterator", "range", "module", "no_grad", "builtin",
+                              "lambda", "module_object", "tensor_method"])
+def test_callable_is_pythons_answer(make):
+    """callable(v) was True for any value but a tensor, list or dict: an object, a set, a
+    generator took the branch meant for a function."""
+    same_calls(act_if_callable, [lambda f: f(X, make())] * 2)
+
+
+class _TorchNamedPackageClass:
+    """A class of a package whose name starts with "torch" (torchvision, torchmetrics, a
+    user's torchutils): the user's, not torch's own."""
+    scale = 2.0
+    count = 0
+
+
+_TorchNamedPackageClass.__module__ = "torchutils_of_a_user"
+
+
+def reads_and_bumps(x):
+    _TorchNamedPackageClass.count += 1
+    return x * _TorchNamedPackageClass.scale + _TorchNamedPackageClass.count
+
+
+def test_a_class_of_a_package_named_torch_something_is_guarded_and_written():
+    """A class attribute of such a class was an unguarded constant (trusted as torch's), and
+    `count += 1` wrote the traced value on every call."""
+    results = []
+    for fn in (reads_and_bumps, minicompile.compile(reads_and_bumps)):
+        _TorchNamedPackageClass.count, _TorchNamedPackageClass.scale = 0, 2.0
+        got = [fn(X)]
+        _TorchNamedPackageClass.scale = 5.0
+        got += [fn(X), fn(X)]
+        results.append(got + [_TorchNamedPackageClass.count])
+    assert_same(results[1], results[0])
+
+
 ODD_KEYS = {float("inf"): 2.0, float("-inf"): 3.0, torch.device("cpu"): 4.0, (Tier.LOW, "a"): 5.0}
 
 

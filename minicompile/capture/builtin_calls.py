@@ -27,11 +27,13 @@ import torch.fx
 
 from .breaks import ObservedException, Unsupported
 from .sources import AttrSource, GenericAttrSource, ItemSource, Source, item_source, key_literal
-from .values import (DELETED, BaseListVariable, BuiltinVariable, ConstantVariable, DictVariable,
-                     DictViewVariable, GeneratorVariable, IteratorVariable, LazyIteratorVariable, ListVariable,
-                     ModuleSliceVariable,
-                     ModelOutputVariable,
-                     NNModuleVariable, PythonModuleVariable, SetVariable, SymIntVariable, TensorVariable,
+from .values import (DELETED, AutocastVariable, BaseListVariable, BoundMethodVariable, BuiltinVariable,
+                     CallableVariable, CellVariable, ConstantMethodVariable, ConstantVariable, DictVariable,
+                     DictViewVariable, ExceptionVariable, GeneratorVariable, GradModeVariable, IteratorVariable,
+                     LazyIteratorVariable, ListVariable, ModuleSliceVariable, ModelOutputVariable,
+                     NestedFunctionVariable, NNModuleVariable, NullContextVariable, OperatorGetterVariable,
+                     PartialVariable, PythonModuleVariable, SetVariable, SliceVariable, SuperVariable,
+                     SymIntVariable, TensorMethodVariable, TensorVariable,
                      TupleVariable, TypeVariable, UserObjectVariable, VariableTracker, example_of,
                      _contains_tensor, is_constant_value, key_variable)
 
@@ -394,7 +396,21 @@ def _builtin_callable(tx, args, kwargs):
     v = args[0]
     if v.is_constant():
         return ConstantVariable(callable(v.as_example()))
-    return ConstantVariable(not isinstance(v, (TensorVariable, BaseListVariable, DictVariable)))
+    if isinstance(v, UserObjectVariable):            # its class is guarded
+        return ConstantVariable(callable(v.value))
+    if isinstance(v, _NOT_CALLABLE) or isinstance(v, PythonModuleVariable):
+        return ConstantVariable(False)
+    if isinstance(v, _CALLABLE):
+        return ConstantVariable(True)
+    raise tx.unsupported(f"callable() of {v.describe()}")
+
+
+_NOT_CALLABLE = (TensorVariable, BaseListVariable, DictVariable, DictViewVariable, IteratorVariable,
+                 GeneratorVariable, LazyIteratorVariable, SliceVariable, ExceptionVariable, SuperVariable,
+                 NullContextVariable, CellVariable)
+# (a grad-mode or autocast context manager object is a decorator too: callable)
+_CALLABLE = (CallableVariable, NNModuleVariable, TensorMethodVariable, BoundMethodVariable, ConstantMethodVariable,
+             PartialVariable, NestedFunctionVariable, OperatorGetterVariable, GradModeVariable, AutocastVariable)
 
 
 def _builtin_type(tx, args, kwargs):

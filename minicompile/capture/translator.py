@@ -621,7 +621,7 @@ class InstructionTranslator(CallsMixin):
         if isinstance(obj, (TorchFunctionVariable, UserFunctionVariable, TypeVariable)):
             if obj.value in (torch.Tensor,) and callable(getattr(torch.Tensor, name, None)):
                 return _UnboundTensorMethod(name)
-            if isinstance(obj, TypeVariable) and (not obj.value.__module__.startswith(("torch", "builtins"))
+            if isinstance(obj, TypeVariable) and (not _torch_or_builtin(obj.value)
                                                   or issubclass(obj.value, torch.nn.Module)
                                                   or isinstance(obj.value, enum.EnumMeta)):
                 # an attribute of a Python class (`type(self).forward`, an Enum's member, torch's
@@ -1313,8 +1313,13 @@ _OPERATOR_METHODS = {
 @functools.lru_cache(maxsize=4096)
 def _is_python_class(cls) -> bool:
     """A class of the user's (not torch's, not a builtin), whose attributes may be set."""
-    return isinstance(cls, type) and type(cls) in (type, abc.ABCMeta) and \
-        not cls.__module__.startswith(("torch", "builtins"))
+    return isinstance(cls, type) and type(cls) in (type, abc.ABCMeta) and not _torch_or_builtin(cls)
+
+
+def _torch_or_builtin(cls: type) -> bool:
+    """A class of torch's own or a builtin (trusted: not guarded). torchvision's, torchao's or
+    a package "torchutils"'s are the user's."""
+    return str(getattr(cls, "__module__", "")).split(".")[0] in ("torch", "builtins")
 
 
 def _instance_dict(value) -> Optional[dict]:
