@@ -44,6 +44,12 @@ from . import aliasing, ir
 # ---------------------------------------------------------------------------------------
 # The run-time half
 # ---------------------------------------------------------------------------------------
+def _same_places(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Two tensors that begin at one address take the same memory, element for element (a
+    dim of size 1 has a stride that says nothing: x[::2] of 2 elements is (1,) by (2,))."""
+    return a.shape == b.shape and all(sa == sb for sa, sb, n in zip(a.stride(), b.stride(), a.shape) if n > 1)
+
+
 @dataclass
 class Epilogue:
     """What the compiled functional graph's outputs become, on every call. Each leaf of the
@@ -62,7 +68,7 @@ class Epilogue:
         for i, k in self.copies:
             x, value = inputs[i], outs[k]
             # (a kernel may have stored the new value straight into the input: nothing to copy)
-            if value is not x and (value.data_ptr() != x.data_ptr() or value.stride() != x.stride()):
+            if value is not x and (value.data_ptr() != x.data_ptr() or not _same_places(value, x)):
                 into.append(x)
                 new.append(value)
                 at.append(i)
@@ -467,8 +473,11 @@ class _Functionalizer:
         r, new = self.root[t], value
         while t is not r:
             steps, base = [t], self.parent[t]
-            if not isinstance(_example(base), torch.Tensor):     # the tuple of a split
-                steps, base = [base, t], self.parent[base]
+            while base is not r and (not isinstance(_example(base), torch.Tensor)       # the tuple of a split
+                                     or aliasing.overlaps_itself(_example(base))):
+                # an expanded view takes the write with the views after it, at once: copied
+                # into on its own, its elements that share memory would be written twice
+                steps, base = [base] + steps, self.parent[base]
             fn = ViewFunction(steps, base, self._aliases(steps))
             new = self._new("call_function", scatter_view(fn),
                             [self.current(base), new] + [self.current(o) for o in fn.others])

@@ -809,3 +809,57 @@ def test_an_out_pair_comes_back_as_the_ops_result_type():
     assert kind == "max_out" and indices is outs[1]
     torch.testing.assert_close(doubled, x.max(1).values * 2)
     torch.testing.assert_close(outs[0], x.max(1).values)
+
+
+@pytest.mark.parametrize("fn", [lambda x: (x.sum(), x.sum()), lambda x: (x.amax(-1), x.amax(-1)),
+                                lambda x: (x.argmax(), x.flatten().max(0).indices), lambda x: (x * 2, x * 2)],
+                         ids=["sum", "amax", "argmax", "mul"])
+def test_equal_outputs_of_distinct_ops_are_distinct_tensors(fn):
+    """Lowering computes two equal reductions once: both outputs were one tensor, so a write
+    into one showed in the other. The same value returned twice stays one tensor."""
+    x = randn(3, 5)
+    got, want = minicompile.compile(fn)(x), fn(x)
+    assert got[0] is not got[1]
+    got[0].add_(1)
+    want[0].add_(1)
+    torch.testing.assert_close(got, want)
+    same = minicompile.compile(lambda x: (lambda y: (y, y))(x.sum()))(x)
+    assert same[0] is same[1]
+
+
+@pytest.mark.parametrize("make", [lambda: randn(2)[::2], lambda: randn(5, 1).t(),
+                                  lambda: randn(5).as_strided((1, 5), (0, 1))], ids=["step", "column_t", "stride0"])
+def test_an_input_whose_size_one_dim_has_an_odd_stride_is_written_in_place(make):
+    """The write-back compared strides dim by dim, size-1 dims too: the value stored into the
+    input itself looked like another tensor, and copying it onto itself raised."""
+    def f(x):
+        x.mul_(2).add_(1)
+        return x.sum()
+    x, mine = make(), make()
+    mine.copy_(x)
+    got, want = minicompile.compile(f)(mine), f(x)
+    torch.testing.assert_close(got, want)
+    torch.testing.assert_close(mine, x)
+
+
+def _set_through_expanded(y):
+    v = y.unsqueeze(0).expand(2, *y.shape)
+    v[0] = 3
+    return y * 1
+
+
+def _mul_through_expanded(y):
+    y.expand(4, *y.shape)[1].mul_(2)
+    return y.sum()
+
+
+@pytest.mark.parametrize("fn", [_set_through_expanded, _mul_through_expanded])
+def test_a_write_through_one_slice_of_an_expanded_view_of_an_input(fn):
+    """v = y.expand(4, ...); v[1].mul_(2) writes y once per element, as eager does: the write
+    went back through the expanded view on its own, whose elements share memory, and raised."""
+    compiled = minicompile.compile(fn)
+    for n in (5, 5, 8):
+        y = randn(3, n)
+        mine = y.clone()
+        torch.testing.assert_close(compiled(mine), fn(y))
+        torch.testing.assert_close(mine, y)

@@ -1088,8 +1088,9 @@ class OutputGraph:
                                        "runs as Python, at a graph break")
             address = storage_address(example)
             inputs = self.input_storages.get(address)
-            # (a written input gets its new value whole: its own elements must be apart too)
-            if aliasing.overlaps_itself(region) or inputs is not None and any(
+            # (a written input gets its new value whole: its own elements must be apart too,
+            # and so must a tensor `x[index] = v` writes into, which gets its new value whole)
+            if aliasing.overlaps_itself(region) or aliasing.overlaps_itself(example) or inputs is not None and any(
                     aliasing.overlaps_itself(x) for x in self.input_examples if storage_address(x) == address):
                 raise self.unsupported(f"in-place {name} into a tensor whose elements share memory",
                                        "runs as Python, at a graph break")

@@ -26,7 +26,7 @@ import torch.utils._pytree as pytree
 from .. import ir
 from .boxes import TensorBox
 from .. import aliasing
-from .lowerings import LOWERINGS, constant_tensor, lookup, lookup_factory, lower_fallback, size_arithmetic
+from .lowerings import LOWERINGS, constant_tensor, copy_of, lookup, lookup_factory, lower_fallback, size_arithmetic
 
 
 def _example_values(gm: torch.fx.GraphModule, example_inputs) -> dict[torch.fx.Node, Any]:
@@ -164,6 +164,7 @@ def lower(gm: torch.fx.GraphModule, example_inputs) -> ir.Program:
             # flattened after lookup: a value may itself be a tuple (split's, chunk's pieces)
             outputs = torch.fx.node.map_arg(node.args[0], lambda n: env[n])
             program.outputs, program.output_spec = pytree.tree_flatten(outputs)
+            program.outputs = _own_values(program.outputs, pytree.tree_leaves(node.args[0]))
             traced = pytree.tree_leaves(torch.fx.node.map_arg(node.args[0], lambda n: values.get(n)))
             if len(traced) == len(program.outputs):
                 program.outputs = [_eager_layout(o, v) for o, v in zip(program.outputs, traced)]
@@ -207,6 +208,19 @@ def lower(gm: torch.fx.GraphModule, example_inputs) -> ir.Program:
             _channels_last_as_read(result)
         env[node] = result
     return program
+
+
+def _own_values(boxes: list, nodes: list) -> list:
+    """Outputs of distinct nodes are distinct tensors, as in eager, where lowering made them
+    one value (two equal reductions are computed once): a write into one must not show in the
+    other. The same node returned twice stays one tensor (`return y, y`)."""
+    first = {}
+    out = []
+    for box, node in zip(boxes, nodes):
+        if isinstance(box, TensorBox) and first.setdefault(id(box), node) is not node:
+            box = copy_of(box)
+        out.append(box)
+    return out
 
 
 def _touches_complex(node, values) -> bool:

@@ -1350,6 +1350,11 @@ def _pw(program, shape, dtype, device, fn, inputs, origin, common=None):
                      [x for x in inputs if isinstance(x, TensorBox)])
 
 
+def copy_of(box: TensorBox) -> TensorBox:
+    """A new value equal to box (a tensor of its own, as eager's second `x.sum()` is)."""
+    return _pw(box.program, box.shape, box.dtype, box.device, lambda x: x, [box], "clone")
+
+
 # --------------------------------------------------------------------------- views
 
 def _view_box(node, values, input, index_map):
