@@ -2,6 +2,7 @@
 changes to what the call was given, the same exceptions, call after call as what the trace
 relied on changes (an alias, a type, an instance's attribute, a cache, a container iterated)."""
 import collections
+import collections.abc
 import contextlib
 import copy
 import enum
@@ -925,6 +926,43 @@ def test_a_class_of_a_package_named_torch_something_is_guarded_and_written():
         got += [fn(X), fn(X)]
         results.append(got + [_TorchNamedPackageClass.count])
     assert_same(results[1], results[0])
+
+
+class _MissingGivesFive(dict):
+    def __missing__(self, key):
+        return 5.0
+
+
+class _PlainMapping(collections.abc.Mapping):
+    def __init__(self, items):
+        self._items = items
+
+    def __getitem__(self, key):
+        return self._items[key]
+
+    def __iter__(self):
+        return iter(self._items)
+
+    def __len__(self):
+        return len(self._items)
+
+
+def matches_a_mapping(x, d):
+    match d:
+        case {"scale": s}:
+            return x * s, dict(d)
+        case _:
+            return x, dict(d)
+
+
+@pytest.mark.parametrize("make", [lambda: collections.defaultdict(lambda: 2.0, a=1), lambda: collections.Counter(a=1),
+                                  lambda: _MissingGivesFive(a=1), lambda: _PlainMapping({"a": 1}),
+                                  lambda: {"scale": 3.0}, lambda: _PlainMapping({"scale": 4.0})],
+                         ids=["defaultdict", "Counter", "missing", "Mapping", "dict", "Mapping_with_key"])
+def test_a_mapping_pattern_asks_get_as_python_does(make):
+    """case {"k": v} subscripted the subject: a defaultdict's factory ran (and put the key in
+    the caller's dict), a Counter and a __missing__ matched, a Mapping raised KeyError."""
+    same_calls(matches_a_mapping, [lambda f: f(X, make())] * 2)
 
 
 ODD_KEYS = {float("inf"): 2.0, float("-inf"): 3.0, torch.device("cpu"): 4.0, (Tier.LOW, "a"): 5.0}

@@ -272,11 +272,23 @@ def _match_keys(tx, inst):
     keys, subject = tx.stack[-1], tx.stack[-2]
     values = []
     for key in keys.as_example():
-        if isinstance(subject, DictVariable) and key not in subject.items:
+        if isinstance(subject, DictVariable) and getattr(subject.cls, "get", None) is dict.get:
+            if key not in subject.items:
+                tx.push(ConstantVariable(None))
+                return
+            values.append(subject.items[key])
+            continue
+        # CPython asks subject.get(key, <a marker>): a defaultdict's factory, a Counter's 0 or
+        # a __missing__ is not run, and a missing key fails the pattern
+        value = tx.call_function(tx.load_attr(subject, "get"), [ConstantVariable(key), ConstantVariable(_NO_KEY)], {})
+        if isinstance(value, ConstantVariable) and value.value is _NO_KEY:
             tx.push(ConstantVariable(None))
             return
-        values.append(tx.subscript(subject, ConstantVariable(key)))
+        values.append(value)
     tx.push(TupleVariable(values))
+
+
+_NO_KEY = object()
 
 
 @handles("MATCH_CLASS")
