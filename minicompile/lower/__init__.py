@@ -164,7 +164,7 @@ def lower(gm: torch.fx.GraphModule, example_inputs) -> ir.Program:
             # flattened after lookup: a value may itself be a tuple (split's, chunk's pieces)
             outputs = torch.fx.node.map_arg(node.args[0], lambda n: env[n])
             program.outputs, program.output_spec = pytree.tree_flatten(outputs)
-            program.outputs = _own_values(program.outputs, pytree.tree_leaves(node.args[0]))
+            program.outputs = _own_values(program.outputs, node.args[0], env)
             traced = pytree.tree_leaves(torch.fx.node.map_arg(node.args[0], lambda n: values.get(n)))
             if len(traced) == len(program.outputs):
                 program.outputs = [_eager_layout(o, v) for o, v in zip(program.outputs, traced)]
@@ -210,17 +210,29 @@ def lower(gm: torch.fx.GraphModule, example_inputs) -> ir.Program:
     return program
 
 
-def _own_values(boxes: list, nodes: list) -> list:
+def _own_values(boxes: list, returned, env: dict) -> list:
     """Outputs of distinct nodes are distinct tensors, as in eager, where lowering made them
     one value (two equal reductions are computed once): a write into one must not show in the
-    other. The same node returned twice stays one tensor (`return y, y`)."""
-    first = {}
-    out = []
-    for box, node in zip(boxes, nodes):
+    other. The same node returned twice stays one tensor (`return y, y`). `boxes`: the output
+    leaves; `returned`: the output node's argument, whose nodes env maps to them."""
+    tagged = torch.fx.node.map_arg(returned, lambda n: pytree.tree_map(lambda v: _From(n), env[n]))
+    owners = [t.node if isinstance(t, _From) else None for t in pytree.tree_leaves(tagged)]
+    if len(owners) != len(boxes):
+        return boxes
+    first, out = {}, []
+    for box, node in zip(boxes, owners):
         if isinstance(box, TensorBox) and first.setdefault(id(box), node) is not node:
             box = copy_of(box)
         out.append(box)
     return out
+
+
+class _From:
+    """A leaf of the output standing for the node whose value it is."""
+    __slots__ = ("node",)
+
+    def __init__(self, node):
+        self.node = node
 
 
 def _touches_complex(node, values) -> bool:
