@@ -1391,6 +1391,57 @@ def test_match_statements_class_attributes_and_collections():
     no_break(more_python, x)
 
 
+class Level(enum.IntEnum):
+    LOW = 1
+    HIGH = 3
+
+
+class Pair:
+    __match_args__ = ("a", "b")
+
+    def __init__(self, a, b):
+        self.a, self.b = a, b
+
+
+def matches_subclasses_of_builtins(x, spec):
+    match spec:
+        case torch.Size([rows, cols]):
+            return x * rows + cols
+        case Level(v):
+            return x + v
+        case Pair(a, b):
+            return x * a - b
+        case _:
+            return x
+
+
+def repeats_an_attribute(x, spec):
+    match spec:
+        case Pair(a, a=b):
+            return x + b
+    return x
+
+
+def test_class_patterns_of_builtin_subclasses_and_match_args():
+    """case torch.Size([b, n]) or case MyIntEnum(v) raised TypeError (only the builtins
+    themselves matched a positional sub-pattern whole); __match_args__ changed between calls
+    was not seen; a repeated attribute raised no TypeError."""
+    x = torch.randn(3)
+    specs = (torch.Size([2, 5]), Level.HIGH, Pair(2.0, 1.0), 7)
+    agree(lambda: (matches_subclasses_of_builtins, None),
+          [lambda fn, s, spec=spec: fn(x, spec) for spec in specs])
+
+    def swap(fn, s):
+        Pair.__match_args__ = ("b", "a")
+        try:
+            return fn(x, Pair(2.0, 1.0))
+        finally:
+            Pair.__match_args__ = ("a", "b")
+    agree(lambda: (matches_subclasses_of_builtins, None), [lambda fn, s: fn(x, Pair(2.0, 1.0)), swap])
+    with pytest.raises(TypeError, match="multiple sub-patterns for attribute 'a'"):
+        minicompile.compile(repeats_an_attribute)(x, Pair(1.0, 2.0))
+
+
 class Scaler(torch.nn.Module):
     def __init__(self):
         super().__init__()

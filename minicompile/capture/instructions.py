@@ -302,15 +302,27 @@ def _match_class(tx, inst):
     if not _matches(tx, subject, klass):
         tx.push(ConstantVariable(None))
         return
-    if inst.arg and klass in _SELF_MATCHING:
-        positional, values = list(names.as_example()), [subject]    # case int(n): n is the subject
-        names_left = positional
+    match_args = getattr(klass, "__match_args__", None)
+    if match_args is not None:
+        tx.output.guards.class_member(klass, "__match_args__", match_args)
+        if not isinstance(match_args, tuple):
+            raise tx.observed(TypeError(f"{klass.__name__}.__match_args__ must be a tuple "
+                                        f"(got {type(match_args).__name__})"))
+    # a builtin's subclass without __match_args__ of its own (an IntEnum, torch.Size) matches
+    # a single positional sub-pattern whole, as the builtin does (case int(n): n is the subject)
+    if inst.arg and match_args is None and issubclass(klass, _SELF_MATCHING):
+        if inst.arg > 1:
+            raise tx.observed(TypeError(f"{klass.__name__}() accepts 1 positional sub-pattern ({inst.arg} given)"))
+        values, names_left = [subject], list(names.as_example())
     else:
-        match_args = getattr(klass, "__match_args__", ())
+        match_args = match_args or ()
         if inst.arg > len(match_args):
             raise tx.observed(TypeError(f"{klass.__name__}() accepts {len(match_args)} positional "
                                         f"sub-patterns ({inst.arg} given)"))
         values, names_left = [], list(match_args[:inst.arg]) + list(names.as_example())
+    repeated = next((n for i, n in enumerate(names_left) if n in names_left[:i]), None)
+    if repeated is not None:
+        raise tx.observed(TypeError(f"{klass.__name__}() got multiple sub-patterns for attribute {repeated!r}"))
     for name in names_left:
         try:
             values.append(tx.load_attr(subject, name))
