@@ -1442,6 +1442,70 @@ def test_class_patterns_of_builtin_subclasses_and_match_args():
         minicompile.compile(repeats_an_attribute)(x, Pair(1.0, 2.0))
 
 
+DESCRIPTOR_LOG = []
+
+
+class classproperty(property):
+    def __get__(self, obj, owner=None):
+        return self.fget(owner)
+
+
+class scaled(property):
+    def __get__(self, obj, owner=None):
+        return super().__get__(obj, owner) * 10
+
+
+class logged_setter(property):
+    def __set__(self, obj, value):
+        DESCRIPTOR_LOG.append(value)
+        super().__set__(obj, value * 2)
+
+
+class always_42(staticmethod):
+    def __get__(self, obj, owner=None):
+        return lambda *a: 42
+
+
+class WithOwnDescriptors:
+    def __init__(self):
+        self._w = 1.0
+
+    @classproperty
+    def name_length(cls):
+        return len(cls.__name__)
+
+    @scaled
+    def scale(self):
+        return 1.5
+
+    @logged_setter
+    def w(self):
+        return self._w
+
+    @w.setter
+    def w(self, value):
+        self._w = value
+
+    @always_42
+    def answer():
+        return 5
+
+
+@pytest.mark.parametrize("read", [lambda c: c.name_length, lambda c: c.scale, lambda c: (setattr(c, "w", 4.0), c.w)[1],
+                                  lambda c: c.answer(), lambda c: WithOwnDescriptors.answer()],
+                         ids=["classproperty", "scaled", "setter", "static_inst", "static_cls"])
+def test_descriptors_whose_class_has_its_own_get_or_set(read):
+    """A subclass of property or staticmethod with a __get__ or __set__ of its own was taken
+    for the base: the override skipped (a value 10x off, a setter's log lost, a
+    classproperty handed the instance)."""
+    def f(x, c):
+        return x * read(c)
+    def step(fn, s):
+        DESCRIPTOR_LOG.clear()
+        return fn(torch.ones(2), WithOwnDescriptors()), list(DESCRIPTOR_LOG)
+    agree(lambda: (f, None), [step] * 2)
+
+
 class Scaler(torch.nn.Module):
     def __init__(self):
         super().__init__()

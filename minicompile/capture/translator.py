@@ -530,7 +530,7 @@ class InstructionTranslator(CallsMixin):
                 static = class_attr(type(value), name, _MISSING)
                 if isinstance(static, types.FunctionType):
                     return BoundMethodVariable(static, obj)
-                if isinstance(static, property) and static.fget is not None:
+                if isinstance(static, property) and static.fget is not None and not _own_descriptor_methods(static):
                     return self.inline_call(static.fget, [obj], {})
                 attr = self.read_attribute(value, name)
                 if is_constant_value(attr):
@@ -634,6 +634,9 @@ class InstructionTranslator(CallsMixin):
                 if static is _MISSING:
                     raise self.observed(AttributeError(
                         f"type object '{obj.value.__name__}' has no attribute '{name}'"))
+                if _own_descriptor_methods(static):
+                    raise self.unsupported(f"attribute {name!r} of {obj.value.__name__}: a {type(static).__name__}, "
+                                           "whose class has a __get__ of its own")
                 if isinstance(static, classmethod):
                     return BoundMethodVariable(static.__func__, obj)
                 attr = static.__func__ if isinstance(static, staticmethod) else \
@@ -697,6 +700,9 @@ class InstructionTranslator(CallsMixin):
         read through the instance, so that the guard sees the class change or an instance
         attribute hide it. None for anything else (another descriptor)."""
         source = obj.source
+        if _own_descriptor_methods(attr):
+            raise self.unsupported(f"attribute {name!r}: a {type(attr).__name__}, whose class has a "
+                                   "__get__, __set__ or __delete__ of its own")
         if isinstance(attr, (types.FunctionType, property, staticmethod, classmethod, functools._lru_cache_wrapper)):
             cls = type(obj.as_example())
             self.class_member(cls, name)
@@ -762,6 +768,8 @@ class InstructionTranslator(CallsMixin):
         read = ContainerReadVariable.of(obj, attr)
         if read is not None:
             return read
+        if _own_descriptor_methods(attr):
+            raise self.unsupported(f"super().{name}: a {type(attr).__name__}, whose class has a __get__ of its own")
         if isinstance(attr, types.FunctionType):
             if isinstance(obj, TypeVariable):
                 return self.output.wrap(attr, None)
@@ -1068,6 +1076,9 @@ class InstructionTranslator(CallsMixin):
                 return
             # a data descriptor on the class takes the write: a property's setter runs
             attr = class_attr(cls, name, _MISSING)
+            if _own_descriptor_methods(attr):
+                raise self.unsupported(f"setting .{name} of {obj.describe()} through a {type(attr).__name__}, "
+                                       "whose class has a __set__ of its own")
             if isinstance(attr, property):
                 if attr.fset is None:
                     raise self.observed(AttributeError(
@@ -1314,6 +1325,18 @@ _OPERATOR_METHODS = {
 def _is_python_class(cls) -> bool:
     """A class of the user's (not torch's, not a builtin), whose attributes may be set."""
     return isinstance(cls, type) and type(cls) in (type, abc.ABCMeta) and not _torch_or_builtin(cls)
+
+
+_DESCRIPTOR_BASES = (property, staticmethod, classmethod, functools.cached_property)
+
+
+def _own_descriptor_methods(attr) -> bool:
+    """A subclass of property, staticmethod, classmethod or cached_property whose class has a
+    __get__, __set__ or __delete__ of its own (a classproperty): Python runs those, not the
+    base's, which the trace models."""
+    base = next((b for b in _DESCRIPTOR_BASES if isinstance(attr, b)), None)
+    return base is not None and type(attr) is not base and any(
+        getattr(type(attr), m, None) is not getattr(base, m, None) for m in ("__get__", "__set__", "__delete__"))
 
 
 def _torch_or_builtin(cls: type) -> bool:
