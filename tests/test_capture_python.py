@@ -1506,6 +1506,36 @@ def test_descriptors_whose_class_has_its_own_get_or_set(read):
     agree(lambda: (f, None), [step] * 2)
 
 
+class _NumberedMeta(type):
+    def __getattr__(cls, name):
+        if name.startswith("k_"):
+            return int(name[2:]) + cls.offset
+        raise AttributeError(name)
+
+
+class Numbered(metaclass=_NumberedMeta):
+    offset = 1.0
+
+
+def reads_through_the_metaclass(x):
+    return x * Numbered.k_3 * getattr(Numbered, "k_4", 0.5), hasattr(Numbered, "k_1"), hasattr(Numbered, "z")
+
+
+def test_a_metaclass_getattr_serves_class_attributes():
+    """A metaclass's __getattr__ (class-level registries, `Config.X`) was not run: the read
+    raised AttributeError, getattr with a default and hasattr took the default."""
+    def step(fn, s):
+        return fn(torch.ones(2))
+
+    def change(fn, s):
+        Numbered.offset = 2.0
+        try:
+            return fn(torch.ones(2))
+        finally:
+            Numbered.offset = 1.0
+    agree(lambda: (reads_through_the_metaclass, None), [step, change, step])
+
+
 class Scaler(torch.nn.Module):
     def __init__(self):
         super().__init__()

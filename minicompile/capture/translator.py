@@ -631,6 +631,13 @@ class InstructionTranslator(CallsMixin):
                 if written is not None:
                     return written
                 static = inspect.getattr_static(obj.value, name, _MISSING)
+                fallback = python_method(type(obj.value), "__getattr__") if static is _MISSING else None
+                if fallback is not None:
+                    # the metaclass's own __getattr__ (a registry's `Config.X`): traced, as Python calls it
+                    self.class_member(type(obj.value), "__getattr__")
+                    if obj.source is not None:
+                        out.guards.lacks_attr(obj.source, name)
+                    return self.inline_call(fallback, [obj, ConstantVariable(name)], {})
                 if static is _MISSING:
                     raise self.observed(AttributeError(
                         f"type object '{obj.value.__name__}' has no attribute '{name}'"))
