@@ -1,6 +1,7 @@
 """Python that users write around tensors, run compiled and eagerly: the same results, the same
 changes to what the call was given, the same exceptions, call after call as what the trace
 relied on changes (an alias, a type, an instance's attribute, a cache, a container iterated)."""
+import abc
 import collections
 import collections.abc
 import contextlib
@@ -963,6 +964,46 @@ def test_a_mapping_pattern_asks_get_as_python_does(make):
     """case {"k": v} subscripted the subject: a defaultdict's factory ran (and put the key in
     the caller's dict), a Counter and a __missing__ matched, a Mapping raised KeyError."""
     same_calls(matches_a_mapping, [lambda f: f(X, make())] * 2)
+
+
+class _PluginBase(abc.ABC):
+    pass
+
+
+class _Plugin:
+    pass
+
+
+@typing.runtime_checkable
+class _HasScale(typing.Protocol):
+    scale: float
+
+
+@typing.runtime_checkable
+class _Indexable(typing.Protocol):
+    def __index__(self) -> int: ...
+
+
+class _Holder:
+    pass
+
+
+def class_checks(x, p, h):
+    return (x * 5 if isinstance(p, _PluginBase) else x, issubclass(type(p), _PluginBase),
+            isinstance(h, _HasScale), isinstance(3, _Indexable))
+
+
+def test_isinstance_of_an_abc_or_a_protocol_follows_registrations_and_attributes():
+    """isinstance()/issubclass() were constants of the trace: after _PluginBase.register(...)
+    or an attribute set that a runtime Protocol asks for, the traced branch was taken."""
+    holder = _Holder()
+
+    def register(f):
+        _PluginBase.register(_Plugin)
+        holder.scale = 2.0
+        return f(X, _Plugin(), holder)
+    same_calls(class_checks, [lambda f: f(X, _Plugin(), holder), register, lambda f: f(X, _Plugin(), holder)])
+    assert minicompile.explain(lambda x: x * isinstance(3, _Indexable))(X).graph_break_count == 0
 
 
 ODD_KEYS = {float("inf"): 2.0, float("-inf"): 3.0, torch.device("cpu"): 4.0, (Tier.LOW, "a"): 5.0}

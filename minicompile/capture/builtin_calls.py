@@ -18,6 +18,7 @@ import itertools
 import operator
 import sys
 import types
+import typing
 from typing import Any, Callable, Dict, Optional
 
 import numpy as np
@@ -73,7 +74,34 @@ def _builtin_isinstance(tx, args, kwargs):
         return ConstantVariable(_iterator_isinstance(tx, obj, cls.as_example()))
     # (example_of: a symbolic size is an int without making it static; a class that refuses
     # the check, a TypedDict's, raises the TypeError the code may catch)
+    _class_check_holds(tx, cls.as_example(), "__instancecheck__")
     return ConstantVariable(tx.on_constants(isinstance, example_of(obj), cls.as_example()))
+
+
+def _protocol_members(k) -> set:
+    members = getattr(k, "__protocol_attrs__", None)
+    return set(members) if members is not None else set(typing._get_protocol_attrs(k))
+
+
+def _class_check_holds(tx, classinfo, check: str) -> None:
+    """isinstance()/issubclass() answered by the trace stays eager's answer: for an ABC, while
+    no class is registered with one (guarded); a runtime Protocol with data members (it reads
+    the object's attributes) or a metaclass with a check of its own in Python (its answer may
+    change) is asked as Python, at a break. (A Protocol of methods, SupportsIndex, asks the
+    object's class, which is guarded.)"""
+    for k in (classinfo if isinstance(classinfo, tuple) else (classinfo,)):
+        meta = type(k)
+        if meta is type or not isinstance(k, type):
+            continue
+        if getattr(k, "_is_protocol", False) and any(not callable(getattr(k, m, None)) for m in _protocol_members(k)):
+            raise tx.unsupported(f"{check[2:-7]}() of the Protocol {k.__name__}",
+                                 "it reads the object's attributes: asked as Python")
+        if isinstance(k, abc.ABCMeta):
+            tx.output.guards.abc_registrations()
+        own = next((c.__dict__[check] for c in meta.__mro__ if check in c.__dict__), None)
+        if isinstance(own, types.FunctionType) and own is not getattr(abc.ABCMeta, check, None):
+            raise tx.unsupported(f"{check[2:-7]}() of {k.__name__}: its metaclass's {check} is Python's",
+                                 "its answer may change between calls: asked as Python")
 
 
 # what an iterator of the trace may be in eager where the trace does not know (iter() of an
@@ -96,6 +124,7 @@ def _builtin_issubclass(tx, args, kwargs):
     cls, classinfo = args
     if not all(isinstance(a, (TypeVariable, TupleVariable, ConstantVariable, BuiltinVariable)) for a in args):
         raise tx.unsupported(f"issubclass() of {cls.describe()}")
+    _class_check_holds(tx, classinfo.as_example(), "__subclasscheck__")
     return ConstantVariable(tx.on_constants(issubclass, cls.as_example(), classinfo.as_example()))
 
 

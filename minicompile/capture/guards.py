@@ -50,6 +50,7 @@ never run on a hit, so the fast path stays one function returning a bool.
 """
 from __future__ import annotations
 
+import abc
 import functools
 import heapq
 import importlib.util
@@ -389,7 +390,8 @@ def default_namespace() -> Dict[str, Any]:
     """What every guard's namespace holds before the trace adds to it."""
     return {"torch": torch, "Tensor": torch.Tensor, "Parameter": torch.nn.Parameter,
             "TENSOR_FAILURE": tensor_failure, "REMAINING": remaining_items, "VIEWED_DICT": viewed_dict,
-            "DEREF": lambda ref: ref(), "SYS_MODULES": sys.modules, "FIND_SPEC": importlib.util.find_spec}
+            "DEREF": lambda ref: ref(), "SYS_MODULES": sys.modules, "FIND_SPEC": importlib.util.find_spec,
+            "ABC_TOKEN": abc.get_cache_token}
 
 
 class GuardBuilder:
@@ -754,6 +756,13 @@ class GuardBuilder:
         self._add(("import", name), None,
                   [(f"SYS_MODULES.get({name!r}) is {self._ref(module, 'MODULE_')}", f"sys.modules[{name!r}] was replaced")],
                   f"import {name}: the module imported")
+
+    def abc_registrations(self):
+        """isinstance()/issubclass() of an ABC (numbers.Number, a plugin base) answered by the
+        trace: no class was registered with any ABC since (ABC.register bumps abc's token)."""
+        self._add(("abc_token",), None, [(f"ABC_TOKEN() == {abc.get_cache_token()!r}",
+                                          "a class was registered with an ABC")],
+                  "isinstance/issubclass of ABCs: as traced")
 
     def not_own_attr(self, source: Source, name: str, plain: bool):
         """The object has no attribute `name` in its own dict, which would hide its class's
