@@ -45,6 +45,7 @@ _CACHES: dict[tuple, "_FrameCache"] = {}
 _FRAME_IDS = itertools.count()
 _COMPILE_LOCK = threading.RLock()   # held while a frame's segment is traced and compiled
 _GENERATION = 0        # bumped whenever entries of _CACHES are dropped (compiled objects re-look)
+_NESTED = threading.local()   # how deep calls made at graph breaks are nested, per thread
 
 
 def cache_info() -> dict:
@@ -441,12 +442,22 @@ class CompiledFunction:
                 never_traced(fn) is not None or never_traced(target) is not None or \
                 target.__code__.co_flags & 0x2A0:          # generators, coroutines
             return called_from(*site)(fn, args, kwargs) if site is not None else fn(*args, **kwargs)
+        depth = getattr(_NESTED, "calls", 0)
+        if depth >= sys.getrecursionlimit() // 50:
+            # calls at breaks nested this deep (a recursive function): each compiled level
+            # takes several Python frames of minicompile's, so the deeper ones run as Python,
+            # where eager's recursion limit holds
+            return called_from(*site)(fn, args, kwargs) if site is not None else fn(*args, **kwargs)
         callee = self._callee(target)
-        if isinstance(fn, torch.nn.Module) and distributed.runs_around(fn):
-            # a wrapper's forward and the hooks (FSDP's gather the parameters) run as Python
-            return distributed.call_around(fn, functools.partial(callee, *pre), args, kwargs,
-                                           self._around_logged)
-        return callee(*pre, *args, **kwargs)
+        _NESTED.calls = depth + 1
+        try:
+            if isinstance(fn, torch.nn.Module) and distributed.runs_around(fn):
+                # a wrapper's forward and the hooks (FSDP's gather the parameters) run as Python
+                return distributed.call_around(fn, functools.partial(callee, *pre), args, kwargs,
+                                               self._around_logged)
+            return callee(*pre, *args, **kwargs)
+        finally:
+            _NESTED.calls = depth
 
     def _callee(self, target) -> "CompiledFunction":
         """A function called at a graph break, compiled on its own (once)."""

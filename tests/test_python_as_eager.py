@@ -1006,6 +1006,23 @@ def test_isinstance_of_an_abc_or_a_protocol_follows_registrations_and_attributes
     assert minicompile.explain(lambda x: x * isinstance(3, _Indexable))(X).graph_break_count == 0
 
 
+def _recurse(x, n):
+    if n == 0:
+        return x
+    return _recurse(x + 1, n - 1)
+
+
+def deep_recursion(x):
+    return _recurse(x, 300)
+
+
+def test_a_deep_recursion_stays_within_eagers_limit():
+    """Each call made at a break (a recursive helper's) is compiled, and took several frames of
+    minicompile's: 200 levels raised RecursionError where eager's limit is about 1000. Calls
+    nested deeper than a few dozen run as Python."""
+    same_calls(deep_recursion, [lambda f: f(X)] * 2)
+
+
 ODD_KEYS = {float("inf"): 2.0, float("-inf"): 3.0, torch.device("cpu"): 4.0, (Tier.LOW, "a"): 5.0}
 
 
