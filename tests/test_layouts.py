@@ -286,3 +286,19 @@ def test_an_op_left_to_pytorch_gets_its_input_laid_out_as_traced():
         return _contiguous_only(x + F.conv2d(torch.sin(x), w))
     x, w = randn(4, 64, 4, 256), randn(64, 64, 1, 1)
     assert_same(minicompile.compile(f)(x, w), f(x, w))
+
+
+@pytest.mark.parametrize("layout", ["transposed", "channels_last"])
+def test_outputs_keep_eagers_layout_after_the_dynamic_recompile(layout):
+    """A pointwise result of a transposed or channels-last input keeps the input's layout in
+    eager. After a new size made the graph generic in sizes, it came back contiguous: a later
+    .view(-1) worked where eager raises."""
+    def f(x):
+        return x * 2 + 1, x.sin().clone()
+    compiled = minicompile.compile(f)
+    for n, m in [(6, 4), (7, 5), (9, 3)]:
+        x = randn(m, n).t() if layout == "transposed" else \
+            randn(2, 3, n, m).contiguous(memory_format=torch.channels_last)
+        got, want = compiled(x), f(x)
+        assert_same(got, want)
+        assert [g.stride() for g in got] == [w.stride() for w in want]

@@ -315,8 +315,15 @@ def _eager_layout(box, value):
     eager's (a convolution given a channels-last input here) is copied too, so code that views
     the output behaves as in eager."""
     if not isinstance(box, TensorBox) or not isinstance(value, torch.Tensor) \
-            or value.dim() != len(box.shape) \
-            or any(ir.is_symbolic(s) for s in (*box.shape, *ir.stride_of(value))):
+            or value.dim() != len(box.shape):
+        return box
+    if any(ir.is_symbolic(s) for s in (*box.shape, *ir.stride_of(value))):
+        # a graph generic in sizes: the order of eager's strides as the example has them (the
+        # entry's guard keeps each input's layout, so the order holds for every call)
+        hinted = _hinted(value.stride())
+        if box.computation is None or box.is_realized or hinted is None or 0 in hinted:
+            return box
+        box.wanted_stride = ir.dense_strides(box.shape, ir.stride_order(hinted))
         return box
     stride = ir.dense_strides(box.shape, ir.stride_order(value.stride()))
     if box.computation is None:
@@ -329,6 +336,17 @@ def _eager_layout(box, value):
         return box
     box.wanted_stride = stride
     return box
+
+
+def _hinted(numbers):
+    """Sizes or strides as numbers: a symbolic one's example value (None where one has none)."""
+    out = []
+    for s in numbers:
+        hint = s.node.hint if isinstance(s, torch.SymInt) else int(s)
+        if hint is None:
+            return None
+        out.append(int(hint))
+    return out
 
 
 def _storage(value):
