@@ -1536,6 +1536,22 @@ def test_a_metaclass_getattr_serves_class_attributes():
     agree(lambda: (reads_through_the_metaclass, None), [step, change, step])
 
 
+def raised_while_handling(x, d):
+    try:
+        raise KeyError("first")
+    except KeyError:
+        try:
+            d["missing"]
+        except KeyError as e:
+            return x * (2 if e.__context__ is not None else 3), repr(e.__context__)
+
+
+def test_an_error_python_raises_in_a_handler_has_the_handled_one_as_context():
+    """A KeyError of a dict lookup raised in an except block had __context__ None, where
+    Python sets the exception being handled."""
+    agree(lambda: (raised_while_handling, None), [lambda fn, s: fn(torch.ones(2), {})] * 2)
+
+
 class Scaler(torch.nn.Module):
     def __init__(self):
         super().__init__()

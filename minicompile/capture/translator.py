@@ -232,8 +232,13 @@ class InstructionTranslator(CallsMixin):
 
     def observed(self, error: BaseException) -> ObservedException:
         """`error`, which Python raises for what the traced code does (a missing key or
-        attribute, 1 // 0), as an exception of the traced code: its handlers see it."""
-        return ObservedException(ExceptionVariable.of(error))
+        attribute, 1 // 0), as an exception of the traced code: its handlers see it. Raised
+        while another is handled, that one is its __context__, as in Python."""
+        exc = ExceptionVariable.of(error)
+        handled = self.handled_exception()
+        if handled is not None:
+            exc.items["__context__"] = handled
+        return ObservedException(exc)
 
     # -- stack helpers ------------------------------------------------------------------
     def push(self, v: VariableTracker):
