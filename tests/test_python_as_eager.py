@@ -1023,6 +1023,18 @@ def test_a_deep_recursion_stays_within_eagers_limit():
     same_calls(deep_recursion, [lambda f: f(X)] * 2)
 
 
+def sums_strings(x, parts):
+    try:
+        return x, sum(parts, "")
+    except TypeError as e:
+        return x + 1, str(e)
+
+
+def test_sum_of_strings_raises_pythons_type_error():
+    """sum(["a", "b"], "") gave "ab"; Python refuses it (use ''.join)."""
+    same_calls(sums_strings, [lambda f: f(X, ["a", "b"])] * 2)
+
+
 ODD_KEYS = {float("inf"): 2.0, float("-inf"): 3.0, torch.device("cpu"): 4.0, (Tier.LOW, "a"): 5.0}
 
 

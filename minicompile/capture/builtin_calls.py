@@ -332,6 +332,8 @@ def _builtin_reduce(kind):
         items = tx.iterate(args[0]) if len(args) == 1 else list(args)
         if kind == "sum":
             start = args[1] if len(args) > 1 else kwargs.get("start", ConstantVariable(0))
+            if start.is_constant() and isinstance(start.as_example(), (str, bytes, bytearray)):
+                tx.on_constants(sum, (), start.as_example())     # Python's TypeError ("use ''.join")
             items = tx.iterate(args[0]) if len(args) > 1 else items   # (an iterator is read once)
             acc = start
             for it in items:
