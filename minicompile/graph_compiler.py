@@ -88,6 +88,9 @@ def _compile_training(gm: torch.fx.GraphModule, example_inputs, written=None, ov
     _compile_values takes it (a batch norm's running statistics, written by the forward);
     overwritten: the indices of the inputs the graph writes."""
     conditions = _specialize(gm, example_inputs)
+    if conditions:
+        logs.log("dynamic", "a graph compiled for training is compiled for the example's sizes (each new "
+                            f"size compiles again): {', '.join(conditions)}")
     gpu = any(isinstance(t, torch.Tensor) and t.is_cuda for t in example_inputs)
     with triton_codegen.compiling_together(gpu):      # the forward's kernels compile meanwhile
         compiled = compile_training(gm, list(example_inputs), _compile_values, written, overwritten)
