@@ -299,7 +299,7 @@ class TemplateBuilder:
                 and self._source_fn(v.source) is not None:
             return ["src", self._source_fn(v.source)]
         if isinstance(v, V.SetVariable):                # made again each time, as eager made it
-            return ["set", v.make]
+            return ["set", v.maker()]
         if isinstance(v, V.NamedTupleVariable):
             return ["namedtuple", v.tuple_cls, [self.build(i) for i in v.items]]
         if isinstance(v, V.BaseListVariable):

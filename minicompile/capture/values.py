@@ -758,16 +758,24 @@ class SetVariable(BaseListVariable):
     """A set of Python constants made in the frame (a set display or comprehension). Where
     hashes collide, the order a set iterates in hangs on its history (what was added and
     removed, in which order, from which kind of object), not only on what it holds; a copy
-    need not keep it. So it keeps `make`, the steps that made it, to make eager's very set
-    again (a fresh one for each call, when it crosses a break), and `real`, one made so,
-    changed by the frame's operations. Its items follow `real`."""
+    need not keep it. So it keeps the steps that made it (`start`, then the in-place `steps`),
+    to make eager's very set again (`make`: a fresh one for each call, when it crosses a break),
+    and `real`, one made so, changed by the frame's operations. Its items follow `real`."""
     python_type = set
 
-    def __init__(self, make: Callable[[], set]):
+    def __init__(self, start: Callable[[], set]):
         super().__init__([])
-        self.make = make
-        self.real = make()
+        self.start, self.steps = start, []
+        self.real = start()
         self.changed()
+
+    def make(self) -> set:
+        return _replayed(self.start, self.steps)
+
+    def maker(self) -> Callable[[], set]:
+        """`make` as the set is now (the steps taken so far)."""
+        start, steps = self.start, list(self.steps)
+        return lambda: _replayed(start, steps)
 
     @staticmethod
     def made_by(fn: Callable, *operands) -> "SetVariable":
@@ -790,13 +798,7 @@ class SetVariable(BaseListVariable):
     def apply(self, name: str, *operands) -> None:
         """self.<name>(*operands) in place (add, discard, update, __ior__...)."""
         getattr(self.real, name)(*operands)
-        made = self.make
-
-        def make():
-            s = made()
-            getattr(s, name)(*operands)
-            return s
-        self.make = make
+        self.steps.append((name, operands))
         self.changed()
 
     def changed(self) -> None:
@@ -804,6 +806,13 @@ class SetVariable(BaseListVariable):
 
     def as_example(self):
         return self.make()
+
+
+def _replayed(start: Callable[[], set], steps: list) -> set:
+    s = start()
+    for name, operands in steps:
+        getattr(s, name)(*operands)
+    return s
 
 
 class SuperVariable(VariableTracker):
