@@ -1396,7 +1396,7 @@ class Level(enum.IntEnum):
     HIGH = 3
 
 
-class Pair:
+class MatchPair:
     __match_args__ = ("a", "b")
 
     def __init__(self, a, b):
@@ -1409,7 +1409,7 @@ def matches_subclasses_of_builtins(x, spec):
             return x * rows + cols
         case Level(v):
             return x + v
-        case Pair(a, b):
+        case MatchPair(a, b):
             return x * a - b
         case _:
             return x
@@ -1417,7 +1417,7 @@ def matches_subclasses_of_builtins(x, spec):
 
 def repeats_an_attribute(x, spec):
     match spec:
-        case Pair(a, a=b):
+        case MatchPair(a, a=b):
             return x + b
     return x
 
@@ -1427,19 +1427,19 @@ def test_class_patterns_of_builtin_subclasses_and_match_args():
     themselves matched a positional sub-pattern whole); __match_args__ changed between calls
     was not seen; a repeated attribute raised no TypeError."""
     x = torch.randn(3)
-    specs = (torch.Size([2, 5]), Level.HIGH, Pair(2.0, 1.0), 7)
+    specs = (torch.Size([2, 5]), Level.HIGH, MatchPair(2.0, 1.0), 7)
     agree(lambda: (matches_subclasses_of_builtins, None),
           [lambda fn, s, spec=spec: fn(x, spec) for spec in specs])
 
     def swap(fn, s):
-        Pair.__match_args__ = ("b", "a")
+        MatchPair.__match_args__ = ("b", "a")
         try:
-            return fn(x, Pair(2.0, 1.0))
+            return fn(x, MatchPair(2.0, 1.0))
         finally:
-            Pair.__match_args__ = ("a", "b")
-    agree(lambda: (matches_subclasses_of_builtins, None), [lambda fn, s: fn(x, Pair(2.0, 1.0)), swap])
+            MatchPair.__match_args__ = ("a", "b")
+    agree(lambda: (matches_subclasses_of_builtins, None), [lambda fn, s: fn(x, MatchPair(2.0, 1.0)), swap])
     with pytest.raises(TypeError, match="multiple sub-patterns for attribute 'a'"):
-        minicompile.compile(repeats_an_attribute)(x, Pair(1.0, 2.0))
+        minicompile.compile(repeats_an_attribute)(x, MatchPair(1.0, 2.0))
 
 
 DESCRIPTOR_LOG = []

@@ -89,18 +89,21 @@ def _class_check_holds(tx, classinfo, check: str) -> None:
     the object's attributes) or a metaclass with a check of its own in Python (its answer may
     change) is asked as Python, at a break. (A Protocol of methods, SupportsIndex, asks the
     object's class, which is guarded.)"""
+    name = "isinstance" if check == "__instancecheck__" else "issubclass"
     for k in (classinfo if isinstance(classinfo, tuple) else (classinfo,)):
         meta = type(k)
         if meta is type or not isinstance(k, type):
             continue
         if getattr(k, "_is_protocol", False) and any(not callable(getattr(k, m, None)) for m in _protocol_members(k)):
-            raise tx.unsupported(f"{check[2:-7]}() of the Protocol {k.__name__}",
+            raise tx.unsupported(f"{name}() of the Protocol {k.__name__}",
                                  "it reads the object's attributes: asked as Python")
         if isinstance(k, abc.ABCMeta):
             tx.output.guards.abc_registrations()
         own = next((c.__dict__[check] for c in meta.__mro__ if check in c.__dict__), None)
-        if isinstance(own, types.FunctionType) and own is not getattr(abc.ABCMeta, check, None):
-            raise tx.unsupported(f"{check[2:-7]}() of {k.__name__}: its metaclass's {check} is Python's",
+        # (typing's own metaclasses answer by the class, or refuse: a TypedDict's raises)
+        if isinstance(own, types.FunctionType) and own is not getattr(abc.ABCMeta, check, None) \
+                and own.__module__ not in ("typing", "typing_extensions"):
+            raise tx.unsupported(f"{name}() of {k.__name__}: its metaclass's {check} is Python's",
                                  "its answer may change between calls: asked as Python")
 
 
