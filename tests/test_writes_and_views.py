@@ -863,3 +863,23 @@ def test_a_write_through_one_slice_of_an_expanded_view_of_an_input(fn):
         mine = y.clone()
         torch.testing.assert_close(compiled(mine), fn(y))
         torch.testing.assert_close(mine, y)
+
+
+def _reshaped_through_itself(x):
+    a = (x * 2)[:, 0]
+    b = a.flatten()              # 1-D: eager returns a itself
+    b.unsqueeze_(0)
+    c = a.float()                # a float tensor: a itself
+    c.squeeze_(0)
+    return a.shape, b.shape, a + 1
+
+
+def test_a_shape_changed_in_place_through_an_op_that_returns_its_input():
+    """b = a.flatten() of a 1-D a, or a.float() of a float a, is a itself in eager: b.unsqueeze_(0)
+    gives a the new shape too. Traced, a kept its old one."""
+    compiled = minicompile.compile(_reshaped_through_itself)
+    for n in (5, 5, 8):
+        x = randn(n, 4)
+        got, want = compiled(x), _reshaped_through_itself(x)
+        assert got[:2] == want[:2]
+        torch.testing.assert_close(got[2], want[2])

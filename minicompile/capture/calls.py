@@ -314,13 +314,15 @@ class CallsMixin:
         if isinstance(fn, TensorMethodVariable) and fn.name == "requires_grad_":
             return self.requires_grad_(fn.tensor, args, kwargs)
         if isinstance(fn, TensorMethodVariable) and fn.name in _RESHAPED_IN_PLACE and fn.tensor.source is None \
-                and fn.tensor.identity() is fn.tensor:
+                and fn.tensor.identity().source is None:
             # a tensor the graph computed, given another shape in place (BigBird's
             # `band_mask.unsqueeze_(1)`): its variable stands for the view from here on (a view
-            # taken before keeps its own shape, as in eager)
-            t = fn.tensor
+            # taken before keeps its own shape, as in eager), and so does every variable of the
+            # same tensor object (`b = a.float()` of a float a is a itself)
+            t, same = fn.tensor, fn.tensor.identity()
             made = out.call("call_method", _RESHAPED_IN_PLACE[fn.name], [t] + list(args), kwargs)
-            t.proxy, t.example = made.proxy, made.example
+            for v in [t, same, *self.variables_of(same)]:
+                v.proxy, v.example = made.proxy, made.example
             return t
         if isinstance(fn, TensorMethodVariable) and _makes_a_leaf(kwargs):    # x.new_ones(3, requires_grad=True)
             made = out.call("call_method", fn.name, [fn.tensor] + list(args), _without_requires_grad(kwargs))
@@ -956,6 +958,26 @@ class CallsMixin:
         if opt is not None:
             raise self.unsupported(f"{type(opt).__name__}.step()",
                                    "the optimizer step runs as its own compiled graph (minicompile/optim.py)")
+
+    def variables_of(self, tensor: TensorVariable) -> List[TensorVariable]:
+        """The tensor variables on the stacks and in the locals of this frame and those it is
+        inlined in (in their lists, tuples and dicts too) that stand for `tensor`'s object."""
+        found, tx, seen = [], self, set()
+        while tx is not None:
+            todo = list(tx.stack) + list(tx.locals.values())
+            while todo:
+                v = todo.pop()
+                if id(v) in seen:
+                    continue
+                seen.add(id(v))
+                if isinstance(v, TensorVariable) and v.identity() is tensor:
+                    found.append(v)
+                elif isinstance(v, BaseListVariable):
+                    todo += v.items
+                elif isinstance(v, DictVariable):
+                    todo += list(v.items.values())
+            tx = tx.parent
+        return found
 
     def inline_call(self, func: types.FunctionType, args: List[VariableTracker],
                     kwargs: Dict[str, VariableTracker], closure_cells=None, markers=None) -> VariableTracker:
