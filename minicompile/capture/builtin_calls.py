@@ -74,7 +74,7 @@ def _builtin_isinstance(tx, args, kwargs):
         return ConstantVariable(_iterator_isinstance(tx, obj, cls.as_example()))
     # (example_of: a symbolic size is an int without making it static; a class that refuses
     # the check, a TypedDict's, raises the TypeError the code may catch)
-    _class_check_holds(tx, cls.as_example(), "__instancecheck__")
+    _class_check_holds(tx, cls.as_example(), "__instancecheck__", type(example_of(obj)))
     return ConstantVariable(tx.on_constants(isinstance, example_of(obj), cls.as_example()))
 
 
@@ -83,9 +83,11 @@ def _protocol_members(k) -> set:
     return set(members) if members is not None else set(typing._get_protocol_attrs(k))
 
 
-def _class_check_holds(tx, classinfo, check: str) -> None:
-    """isinstance()/issubclass() answered by the trace stays eager's answer: for an ABC, while
-    no class is registered with one (guarded); a runtime Protocol with data members (it reads
+def _class_check_holds(tx, classinfo, check: str, subject: type) -> None:
+    """isinstance()/issubclass() of `subject` (the object's class, or the class asked of)
+    answered by the trace stays eager's answer: for an ABC, the check asks it again (an ABC's
+    answer for a class changes when a class is registered with it, and comes from its cache
+    after); a runtime Protocol with data members (it reads
     the object's attributes) or a metaclass with a check of its own in Python (its answer may
     change) is asked as Python, at a break. (A Protocol of methods, SupportsIndex, asks the
     object's class, which is guarded.)"""
@@ -97,8 +99,8 @@ def _class_check_holds(tx, classinfo, check: str) -> None:
         if getattr(k, "_is_protocol", False) and any(not callable(getattr(k, m, None)) for m in _protocol_members(k)):
             raise tx.unsupported(f"{name}() of the Protocol {k.__name__}",
                                  "it reads the object's attributes: asked as Python")
-        if isinstance(k, abc.ABCMeta):
-            tx.output.guards.abc_registrations()
+        if isinstance(k, abc.ABCMeta) and isinstance(subject, type):
+            tx.output.guards.abc_answer(subject, k)
         own = next((c.__dict__[check] for c in meta.__mro__ if check in c.__dict__), None)
         # (typing's own metaclasses answer by the class, or refuse: a TypedDict's raises)
         if isinstance(own, types.FunctionType) and own is not getattr(abc.ABCMeta, check, None) \
@@ -127,7 +129,7 @@ def _builtin_issubclass(tx, args, kwargs):
     cls, classinfo = args
     if not all(isinstance(a, (TypeVariable, TupleVariable, ConstantVariable, BuiltinVariable)) for a in args):
         raise tx.unsupported(f"issubclass() of {cls.describe()}")
-    _class_check_holds(tx, classinfo.as_example(), "__subclasscheck__")
+    _class_check_holds(tx, classinfo.as_example(), "__subclasscheck__", cls.as_example())
     return ConstantVariable(tx.on_constants(issubclass, cls.as_example(), classinfo.as_example()))
 
 

@@ -390,8 +390,7 @@ def default_namespace() -> Dict[str, Any]:
     """What every guard's namespace holds before the trace adds to it."""
     return {"torch": torch, "Tensor": torch.Tensor, "Parameter": torch.nn.Parameter,
             "TENSOR_FAILURE": tensor_failure, "REMAINING": remaining_items, "VIEWED_DICT": viewed_dict,
-            "DEREF": lambda ref: ref(), "SYS_MODULES": sys.modules, "FIND_SPEC": importlib.util.find_spec,
-            "ABC_TOKEN": abc.get_cache_token}
+            "DEREF": lambda ref: ref(), "SYS_MODULES": sys.modules, "FIND_SPEC": importlib.util.find_spec}
 
 
 class GuardBuilder:
@@ -757,12 +756,16 @@ class GuardBuilder:
                   [(f"SYS_MODULES.get({name!r}) is {self._ref(module, 'MODULE_')}", f"sys.modules[{name!r}] was replaced")],
                   f"import {name}: the module imported")
 
-    def abc_registrations(self):
-        """isinstance()/issubclass() of an ABC (numbers.Number, a plugin base) answered by the
-        trace: no class was registered with any ABC since (ABC.register bumps abc's token)."""
-        self._add(("abc_token",), None, [(f"ABC_TOKEN() == {abc.get_cache_token()!r}",
-                                          "a class was registered with an ABC")],
-                  "isinstance/issubclass of ABCs: as traced")
+    def abc_answer(self, cls: type, base: abc.ABCMeta):
+        """issubclass(cls, base) of an ABC (numbers.Number, a plugin base), which isinstance
+        of a cls object asks too, answered by the trace: the same answer (ABC.register may
+        change it; asked again, it comes from the ABC's cache)."""
+        answer = issubclass(cls, base)
+        c, b = self._ref(cls, "CLS_"), self._ref(base, "CLS_")
+        self._add(("abc", id(cls), id(base)), None,
+                  [(f"issubclass({c}, {b}) is {answer}", f"issubclass({cls.__qualname__}, {base.__qualname__}) "
+                                                          f"is {not answer} now (ABC.register)")],
+                  f"{cls.__qualname__} is {'' if answer else 'not '}a {base.__qualname__}")
 
     def not_own_attr(self, source: Source, name: str, plain: bool):
         """The object has no attribute `name` in its own dict, which would hide its class's
