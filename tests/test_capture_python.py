@@ -1535,6 +1535,19 @@ def test_a_metaclass_getattr_serves_class_attributes():
             Numbered.offset = 1.0
     agree(lambda: (reads_through_the_metaclass, None), [step, change, step])
 
+    class Base(metaclass=_NumberedMeta):
+        offset = 0.0
+
+    class Derived(Base):
+        pass
+
+    def reads(x):
+        return x * Derived.k_2
+    compiled = minicompile.compile(reads)
+    assert_same(compiled(torch.ones(2)), reads(torch.ones(2)))
+    Base.k_2 = 7.0                      # found on a base now: the metaclass's __getattr__ is not asked
+    assert_same(compiled(torch.ones(2)), reads(torch.ones(2)))
+
 
 def raised_while_handling(x, d):
     try:
@@ -1915,6 +1928,23 @@ LAZY = _module_with_getattr()
 
 def reads_a_lazy_attribute(x):
     return x * LAZY.old_scale, hasattr(LAZY, "missing"), len(LAZY.reads)
+
+
+def reads_a_lazy_attribute_imported_here(x):
+    import lazy_module
+    return x * lazy_module.old_scale, len(lazy_module.reads)
+
+
+def test_a_modules_getattr_runs_once_per_read_as_in_eager_where_imported_in_the_function(monkeypatch):
+    """Reached through `import` in the function (no source), the module's __getattr__ ran at
+    the trace only: later calls kept its first value, without its effects."""
+    import sys
+    monkeypatch.setitem(sys.modules, "lazy_module", LAZY)
+    results = []
+    for fn in (reads_a_lazy_attribute_imported_here, minicompile.compile(reads_a_lazy_attribute_imported_here)):
+        LAZY.reads.clear()
+        results.append([fn(torch.arange(3.0)) for _ in range(3)])
+    assert_same(results[1], results[0])
 
 
 def test_a_modules_getattr_runs_once_per_read_as_in_eager():

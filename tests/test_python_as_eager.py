@@ -901,6 +901,24 @@ def test_callable_is_pythons_answer(make):
     same_calls(act_if_callable, [lambda f: f(X, make())] * 2)
 
 
+def test_callable_follows_a_call_method_added_to_the_class():
+    """callable(obj) was fixed at the trace: a __call__ added to its class later (or removed)
+    was not seen."""
+    class Maybe:
+        pass
+    obj = Maybe()
+
+    def add(f):
+        Maybe.__call__ = lambda self: 1
+        return f(X, obj)
+
+    def remove(f):
+        if "__call__" in vars(Maybe):      # (each call runs twice: compiled, then eager)
+            del Maybe.__call__
+        return f(X, obj)
+    same_calls(act_if_callable, [lambda f: f(X, obj), add, remove])
+
+
 class _TorchNamedPackageClass:
     """A class of a package whose name starts with "torch" (torchvision, torchmetrics, a
     user's torchutils): the user's, not torch's own."""

@@ -303,6 +303,30 @@ def test_a_break_inside_a_grad_mode_block_is_resumed(fn, outer):
         torch.set_grad_enabled(prev)
 
 
+def enters_the_given_block(x, block):
+    with block:
+        y = x * 2
+        quiet_break()
+        z = y + x
+    return z, z.requires_grad
+
+
+def test_a_grad_mode_block_passed_in_is_guarded_by_its_kind():
+    """A no_grad() or enable_grad() object handed in and entered: its kind was not guarded, so
+    enable_grad's call ran no_grad's graph (results that did not require grad)."""
+    prev = torch.is_grad_enabled()
+    try:
+        torch.set_grad_enabled(False)
+        compiled = minicompile.compile(enters_the_given_block)
+        for make in (torch.no_grad, torch.enable_grad, torch.no_grad, torch.enable_grad):
+            x = torch.randn(3, requires_grad=True)
+            want, got = enters_the_given_block(x, make()), compiled(x, make())
+            assert got[1] == want[1]
+            torch.testing.assert_close(got[0], want[0])
+    finally:
+        torch.set_grad_enabled(prev)
+
+
 # --- a graph break in a try body or a with body: resumed, its exceptions handled -----------
 LOG = []
 LOCK = threading.Lock()              # a context manager of C's: entered for real

@@ -432,7 +432,12 @@ def _builtin_callable(tx, args, kwargs):
     v = args[0]
     if v.is_constant():
         return ConstantVariable(callable(v.as_example()))
-    if isinstance(v, UserObjectVariable):            # its class is guarded
+    if isinstance(v, UserObjectVariable):            # its class is guarded, and what it has
+        cls = type(v.value)
+        if callable(v.value):
+            tx.class_member(cls, "__call__")
+        else:
+            tx.output.guards.class_lacks(cls, "__call__", metaclass=False)
         return ConstantVariable(callable(v.value))
     if isinstance(v, _NOT_CALLABLE) or isinstance(v, PythonModuleVariable):
         return ConstantVariable(False)

@@ -636,7 +636,10 @@ class GuardBuilder:
 
     def identity(self, source: Source, obj, what: str = "object"):
         e = source.expr()
-        label = getattr(obj, "__qualname__", None) or getattr(obj, "__name__", None) or what
+        # (a module's name from its dict: getattr would run its __getattr__ for __qualname__)
+        label = obj.__dict__.get("__name__") if isinstance(obj, types.ModuleType) else \
+            getattr(obj, "__qualname__", None) or getattr(obj, "__name__", None)
+        label = label or what
         self._add(("id", e), source,
                   [(f"{{e}} is {self._ref(obj, 'OBJ_')}", f"{display(e)} is {label} (identity)")],
                   f"{e}: {what}, identity")
@@ -766,6 +769,28 @@ class GuardBuilder:
                   [(f"issubclass({c}, {b}) is {answer}", f"issubclass({cls.__qualname__}, {base.__qualname__}) "
                                                           f"is {not answer} now (ABC.register)")],
                   f"{cls.__qualname__} is {'' if answer else 'not '}a {base.__qualname__}")
+
+    def class_lacks(self, cls: type, name: str, metaclass: bool = True):
+        """No class of cls's MRO, nor (metaclass) its metaclass, has `name` (a metaclass's
+        __getattr__ served it; an instance is not callable): a base given that attribute later
+        hides the __getattr__, or makes the instances callable."""
+        mro = cls.__mro__
+        classes = "".join(f"{self._ref(k, 'CLS_')}, " for k in mro)
+        parts = [(f"{self._ref(cls, 'CLS_')}.__mro__ == ({classes})", f"{cls.__qualname__}'s bases were changed")]
+        parts += [(f"{name!r} not in {self._class_dict(k)}", f"{k.__qualname__}.{name} was added") for k in mro]
+        if metaclass:
+            parts.append((f"not hasattr({self._ref(type(cls), 'CLS_')}, {name!r})",
+                          f"{type(cls).__qualname__}.{name} was added"))
+        self._add(("class_lacks", id(cls), name, metaclass), None, parts, f"{cls.__qualname__}: no attribute {name!r}")
+
+    def module_getattr(self, module, name: str, hook):
+        """`module.name` is served by the module's own __getattr__ (PEP 562), which the trace
+        ran: the module still has that hook and no attribute of that name."""
+        m, h = self._ref(module, "MODULE_"), self._ref(hook, "OBJ_")
+        self._add(("module_getattr", id(module), name), None,
+                  [(f"{m}.__dict__.get('__getattr__') is {h} and {name!r} not in {m}.__dict__",
+                    f"{module.__name__}.{name} is an attribute now, or its __getattr__ was replaced")],
+                  f"{module.__name__}.{name}: served by its __getattr__")
 
     def not_own_attr(self, source: Source, name: str, plain: bool):
         """The object has no attribute `name` in its own dict, which would hide its class's

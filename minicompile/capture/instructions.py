@@ -21,6 +21,7 @@ import torch.fx
 from .breaks import ObservedException, Return, Yield
 from .bytecode import BINARY_OP_SYMBOLS, COMPARE_OPS, _cmp_symbol, handles
 from .builtin_calls import _is_singleton, class_attr
+from .sources import ItemSource, RootSource
 from .iterators import dropped, iter_of, next_item, pep_479
 from .values import (DELETED, NULL, BaseListVariable, BoundMethodVariable, BuiltinVariable, CellVariable,
                      ClosureCellVariable, ConstantVariable, DictVariable, DictViewVariable, ExceptionVariable,
@@ -556,7 +557,9 @@ def _import_name(tx, inst):
         name = name.partition(".")[0]                       # `import a.b` binds a
         module = sys.modules[name]
         tx.output.guards.imported(name, module)
-    tx.push(PythonModuleVariable(module))
+    # read through sys.modules (the guard's SYS_MODULES): its attributes are guarded, and its
+    # lists and dicts are the ones the trace reaches by other ways
+    tx.push(PythonModuleVariable(module, ItemSource(RootSource("SYS_MODULES"), name)))
 
 
 @handles("IMPORT_FROM")

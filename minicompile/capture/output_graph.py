@@ -648,6 +648,8 @@ class OutputGraph:
             return OpaqueConstantVariable(value, source)
         if type(value) in (torch.no_grad, torch.enable_grad):
             # a grad-mode context manager object (@torch.no_grad() on a method keeps one)
+            if source is not None:
+                g.type_check(source, type(value))      # (which of the two it is, the graph says)
             var = GradModeVariable(type(value) is torch.enable_grad)
             var.source = source          # (entered: a break passes on this very object)
             return var
@@ -1094,6 +1096,10 @@ class OutputGraph:
                     aliasing.overlaps_itself(x) for x in self.input_examples if storage_address(x) == address):
                 raise self.unsupported(f"in-place {name} into a tensor whose elements share memory",
                                        "runs as Python, at a graph break")
+            if example.is_inference() and not torch.is_inference_mode_enabled():
+                # eager refuses it ("Inplace update to inference tensor outside InferenceMode"):
+                # run for real at a break, it raises there
+                raise self.unsupported(f"in-place {name} on an inference tensor outside inference mode")
             if torch.is_grad_enabled() and example.requires_grad and \
                     (example.is_leaf or example._base is not None and example._base.is_leaf):
                 # eager raises (a leaf that requires grad, or a view of one, written in place):

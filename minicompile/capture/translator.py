@@ -583,13 +583,11 @@ class InstructionTranslator(CallsMixin):
             if written is not None and name in written.items and written.items[name] is not DELETED:
                 return written.items[name]          # `global X; X = v` in a function of mod's
             hook = mod.__dict__.get("__getattr__")
-            if name not in mod.__dict__ and written is None and isinstance(hook, types.FunctionType) \
-                    and obj.source is not None:
+            if name not in mod.__dict__ and written is None and isinstance(hook, types.FunctionType):
                 # the module's own __getattr__ (PEP 562: a lazy attribute, a deprecated alias)
                 # runs on every read, its effects with it: inlined, as a function of the module's
-                out.guards.has_key(AttrSource(obj.source, "__dict__"), name, False)
-                return self.call_function(out.wrap(hook, AttrSource(obj.source, "__getattr__")),
-                                          [ConstantVariable(name)], {})
+                out.guards.module_getattr(mod, name, hook)
+                return self.inline_call(hook, [ConstantVariable(name)], {})
             if not hasattr(mod, name) or written is not None and written.items.get(name) is DELETED:
                 if obj.source is not None and not hasattr(mod, name):     # (set later: then found)
                     out.guards.has_attr(obj.source, name, False)
@@ -640,8 +638,7 @@ class InstructionTranslator(CallsMixin):
                 if fallback is not None:
                     # the metaclass's own __getattr__ (a registry's `Config.X`): traced, as Python calls it
                     self.class_member(type(obj.value), "__getattr__")
-                    if obj.source is not None:
-                        out.guards.lacks_attr(obj.source, name)
+                    out.guards.class_lacks(obj.value, name)
                     return self.inline_call(fallback, [obj, ConstantVariable(name)], {})
                 if static is _MISSING:
                     raise self.observed(AttributeError(
