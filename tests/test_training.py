@@ -567,15 +567,15 @@ def test_a_hook_registered_in_the_function_runs_once_in_a_differentiable_backwar
         assert_same(got, want, torch.float64)
 
 
-def test_an_inference_mode_input_cloned_and_used_with_gradients():
+@pytest.mark.parametrize("f", [lambda t, x: t.clone() * x.sin(), lambda t, x: t.clone() @ x.t(),
+                               lambda t, x: torch.nn.functional.linear(t.clone(), x)], ids=["mul", "matmul", "linear"])
+def test_an_inference_mode_input_cloned_and_used_with_gradients(f):
     """An inference-mode tensor (a cached embedding, a teacher's output) cloned, as PyTorch
     tells its users to, then used with gradients: eager saves the clone; the partition saved
-    the input itself, which autograd refuses ("Inference tensors cannot be saved")."""
+    the input itself (or a view of it), which autograd refuses ("Inference tensors cannot be
+    saved")."""
     with torch.inference_mode():
         cached = randn(5, 3) * 4
-
-    def f(t, x):
-        return t.clone() * x.sin()
     x0 = randn(5, 3)
     results = []
     for fn in (minicompile.compile(f), f):

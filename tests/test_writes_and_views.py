@@ -812,8 +812,10 @@ def test_an_out_pair_comes_back_as_the_ops_result_type():
 
 
 @pytest.mark.parametrize("fn", [lambda x: (x.sum(), x.sum()), lambda x: (x.amax(-1), x.amax(-1)),
-                                lambda x: (x.argmax(), x.flatten().max(0).indices), lambda x: (x * 2, x * 2)],
-                         ids=["sum", "amax", "argmax", "mul"])
+                                lambda x: (x.argmax(), x.flatten().max(0).indices), lambda x: (x * 2, x * 2),
+                                lambda x: (x.sum(0), x.sum(0).view(5, 1)),
+                                lambda x: (x.sum(0), x.sum(0).expand(3, -1))],
+                         ids=["sum", "amax", "argmax", "mul", "sum_view", "expanded"])
 def test_equal_outputs_of_distinct_ops_are_distinct_tensors(fn):
     """Lowering computes two equal reductions once: both outputs were one tensor, so a write
     into one showed in the other. The same value returned twice stays one tensor."""
@@ -825,6 +827,10 @@ def test_equal_outputs_of_distinct_ops_are_distinct_tensors(fn):
     torch.testing.assert_close(got, want)
     same = minicompile.compile(lambda x: (lambda y: (y, y))(x.sum()))(x)
     assert same[0] is same[1]
+    # one value and a view of it share memory, as in eager
+    shared = minicompile.compile(lambda x: (lambda s: (s, s.view(5, 1)))(x.sum(0)))(x)
+    shared[0].add_(1)
+    torch.testing.assert_close(shared[1].flatten(), shared[0])
 
 
 @pytest.mark.parametrize("make", [lambda: randn(2)[::2], lambda: randn(5, 1).t(),
@@ -883,3 +889,15 @@ def test_a_shape_changed_in_place_through_an_op_that_returns_its_input():
         got, want = compiled(x), _reshaped_through_itself(x)
         assert got[:2] == want[:2]
         torch.testing.assert_close(got[2], want[2])
+
+
+def test_an_inference_tensor_written_in_place_outside_inference_mode_raises():
+    """Eager refuses to write an inference tensor outside inference mode; the graph wrote it."""
+    with torch.inference_mode():
+        t = randn(4)
+
+    def f(t):
+        t.add_(1)
+        return t * 2
+    with pytest.raises(RuntimeError, match="Inplace update to inference tensor"):
+        minicompile.compile(f)(t)

@@ -78,11 +78,12 @@ class _Function(torch.autograd.Function):
         outs = [_own_tensor(o, tensors) for o in result[:joint.num_outputs]]
         computed = list(result[joint.num_outputs:])
         primals = [before.get(k, t) for k, t in enumerate(tensors)] if before else tensors
-        # an inference-mode input (a cached embedding, a teacher's output) cannot be saved: the
-        # partition saves inputs where eager may save a copy of one (t.clone() * x), so a copy it is
-        ctx.save_for_backward(*[(primals[k].clone() if primals[k].is_inference() else primals[k]) if kind == "primal"
-                                else as_layout(computed[k], stride)
-                                for (kind, k), stride in zip(part.saved_from, plan.saved_strides)])
+        # an inference-mode input (a cached embedding, a teacher's output), or a view of one,
+        # cannot be saved: the partition saves inputs and their views where eager may save a
+        # copy of one (t.clone() * x, t.clone() @ w), so a copy it is
+        saved = [primals[k] if kind == "primal" else as_layout(computed[k], stride)
+                 for (kind, k), stride in zip(part.saved_from, plan.saved_strides)]
+        ctx.save_for_backward(*[t.clone() if t.is_inference() else t for t in saved])
         ctx.plan = plan
         # what a differentiable backward reads: the inputs (the graph run again), or those that
         # need gradients, for the node that raises (_not_differentiable): all, not those saved

@@ -164,7 +164,7 @@ def lower(gm: torch.fx.GraphModule, example_inputs) -> ir.Program:
             # flattened after lookup: a value may itself be a tuple (split's, chunk's pieces)
             outputs = torch.fx.node.map_arg(node.args[0], lambda n: env[n])
             program.outputs, program.output_spec = pytree.tree_flatten(outputs)
-            program.outputs = _own_values(program.outputs, node.args[0], env)
+            program.outputs = _own_values(program.outputs, node.args[0], env, values)
             traced = pytree.tree_leaves(torch.fx.node.map_arg(node.args[0], lambda n: values.get(n)))
             if len(traced) == len(program.outputs):
                 program.outputs = [_eager_layout(o, v) for o, v in zip(program.outputs, traced)]
@@ -210,21 +210,35 @@ def lower(gm: torch.fx.GraphModule, example_inputs) -> ir.Program:
     return program
 
 
-def _own_values(boxes: list, returned, env: dict) -> list:
-    """Outputs of distinct nodes are distinct tensors, as in eager, where lowering made them
-    one value (two equal reductions are computed once): a write into one must not show in the
-    other. The same node returned twice stays one tensor (`return y, y`). `boxes`: the output
-    leaves; `returned`: the output node's argument, whose nodes env maps to them."""
+def _own_values(boxes: list, returned, env: dict, values: dict) -> list:
+    """Outputs that are apart in eager are apart here, where lowering made them one value, or
+    views of one (two equal reductions are computed once): a write into one must not show in
+    the other. Outputs that share memory in eager (`return y, y`, `s, s.view(5, 1)`) stay so.
+    `boxes`: the output leaves; `returned`: the output node's argument, whose nodes env maps
+    to them; `values`: the nodes' example values (eager's memory, where they are real)."""
     tagged = torch.fx.node.map_arg(returned, lambda n: pytree.tree_map(lambda v: _From(n), env[n]))
     owners = [t.node if isinstance(t, _From) else None for t in pytree.tree_leaves(tagged)]
     if len(owners) != len(boxes):
         return boxes
     first, out = {}, []
     for box, node in zip(boxes, owners):
-        if isinstance(box, TensorBox) and first.setdefault(id(box), node) is not node:
-            box = copy_of(box)
+        if isinstance(box, TensorBox) and node is not None:
+            example = values.get(node)
+            address = aliasing.storage_address(example) if isinstance(example, torch.Tensor) \
+                and getattr(example, "fake_mode", None) is None else None
+            seen_node, seen_address, seen_box = first.setdefault(id(_memory_of(box)), (node, address, box))
+            if seen_node is not node and (address != seen_address if None not in (address, seen_address)
+                                          else box is seen_box):
+                box = copy_of(box)
         out.append(box)
     return out
+
+
+def _memory_of(box):
+    """The box whose memory a view box reads (itself where it is no view)."""
+    while isinstance(box.data, ir.Pointwise) and box.data.aliases and len(box.reads) == 1:
+        box = box.reads[0]
+    return box
 
 
 class _From:
