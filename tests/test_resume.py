@@ -399,8 +399,10 @@ def test_a_break_in_a_try_or_with_body_is_resumed(fn, fail):
         with warnings.catch_warnings():
             warnings.simplefilter("error")           # nothing runs eagerly whole
             got = outcome(minicompile.compile(fn), x, fail)
+        # (cos of values near pi/2: an ulp of the sin and cos kernels is more than allclose's
+        # default absolute tolerance of 1e-8 lets through)
         assert got[0] == expected[0] and (got[1:] == expected[1:] if got[0] == "raise" else
-                                          torch.allclose(got[1], expected[1])), (got, expected)
+                                          torch.allclose(got[1], expected[1], atol=1e-6)), (got, expected)
         assert LOG == want_log
         assert not LOCK.locked()
     ex = minicompile.explain(fn)(x, None)
