@@ -17,8 +17,8 @@ This is option 2 of DESIGN.md: TorchDynamo writes new bytecode (a resume functio
 minicompile keeps the chain as data, and `describe()` shows it as Python.
 
 A frame whose break cannot be resumed (a break inside a loop, as Dynamo's
-`maybe_has_backedge` decides; inside a `with` block; at an instruction that is not a call or a
-jump) runs *eagerly* from that segment on, as Dynamo skips the frame: its segments are traced
+`maybe_has_backedge` decides; inside a `with` block other than a grad mode's, whose exit a
+break hands on as a real one; at an instruction that is not a call or a jump) runs *eagerly* from that segment on, as Dynamo skips the frame: its segments are traced
 but not compiled or counted, every user-function call in it is made for real (the callee
 compiled on its own), and every unsupported instruction runs for real.
 """
