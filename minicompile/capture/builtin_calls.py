@@ -87,9 +87,9 @@ def _class_check_holds(tx, classinfo, check: str, subject: type) -> None:
     """isinstance()/issubclass() of `subject` (the object's class, or the class asked of)
     answered by the trace stays eager's answer: for an ABC, the check asks it again (an ABC's
     answer for a class changes when a class is registered with it, and comes from its cache
-    after); a runtime Protocol with data members (it reads
-    the object's attributes) or a metaclass with a check of its own in Python (its answer may
-    change) is asked as Python, at a break. (A Protocol of methods, SupportsIndex, asks the
+    after); a runtime Protocol with data members (it reads the object's attributes) or a
+    metaclass with a check of its own in Python (its answer may change) is asked as Python, at a
+    break. (A Protocol of methods, SupportsIndex, asks the
     object's class, which is guarded.)"""
     name = "isinstance" if check == "__instancecheck__" else "issubclass"
     for k in (classinfo if isinstance(classinfo, tuple) else (classinfo,)):
@@ -439,7 +439,7 @@ def _builtin_callable(tx, args, kwargs):
         else:
             tx.output.guards.class_lacks(cls, "__call__", metaclass=False)
         return ConstantVariable(callable(v.value))
-    if isinstance(v, _NOT_CALLABLE) or isinstance(v, PythonModuleVariable):
+    if isinstance(v, _NOT_CALLABLE):
         return ConstantVariable(False)
     if isinstance(v, _CALLABLE):
         return ConstantVariable(True)
@@ -448,7 +448,7 @@ def _builtin_callable(tx, args, kwargs):
 
 _NOT_CALLABLE = (TensorVariable, BaseListVariable, DictVariable, DictViewVariable, IteratorVariable,
                  GeneratorVariable, LazyIteratorVariable, SliceVariable, ExceptionVariable, SuperVariable,
-                 NullContextVariable, CellVariable)
+                 NullContextVariable, CellVariable, PythonModuleVariable)
 # (a grad-mode or autocast context manager object is a decorator too: callable)
 _CALLABLE = (CallableVariable, NNModuleVariable, TensorMethodVariable, BoundMethodVariable, ConstantMethodVariable,
              PartialVariable, NestedFunctionVariable, OperatorGetterVariable, GradModeVariable, AutocastVariable)

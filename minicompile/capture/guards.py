@@ -452,6 +452,11 @@ class GuardBuilder:
         self.namespace.setdefault(name, cls.__dict__)
         return name
 
+    def _mro_unchanged(self, cls: type) -> tuple:
+        """The check that cls's bases are still the classes the trace found (a part of a check)."""
+        classes = "".join(f"{self._ref(k, 'CLS_')}, " for k in cls.__mro__)
+        return (f"{self._ref(cls, 'CLS_')}.__mro__ == ({classes})", f"{cls.__qualname__}'s bases were changed")
+
     def add_root(self, label: str, obj):
         self.namespace[label] = obj
 
@@ -651,8 +656,7 @@ class GuardBuilder:
         which their type checks do not see."""
         mro = cls.__mro__
         owner = next(k for k in mro if name in k.__dict__)
-        classes = "".join(f"{self._ref(k, 'CLS_')}, " for k in mro)
-        parts = [(f"{self._ref(cls, 'CLS_')}.__mro__ == ({classes})", f"{cls.__qualname__}'s bases were changed")]
+        parts = [self._mro_unchanged(cls)]
         parts += [(f"{name!r} not in {self._class_dict(k)}", f"{k.__qualname__}.{name} was added")
                   for k in mro[:mro.index(owner)]]
         parts.append((f"{self._class_dict(owner)}.get({name!r}) is {self._ref(value, 'OBJ_')}",
@@ -775,8 +779,7 @@ class GuardBuilder:
         __getattr__ served it; an instance is not callable): a base given that attribute later
         hides the __getattr__, or makes the instances callable."""
         mro = cls.__mro__
-        classes = "".join(f"{self._ref(k, 'CLS_')}, " for k in mro)
-        parts = [(f"{self._ref(cls, 'CLS_')}.__mro__ == ({classes})", f"{cls.__qualname__}'s bases were changed")]
+        parts = [self._mro_unchanged(cls)]
         parts += [(f"{name!r} not in {self._class_dict(k)}", f"{k.__qualname__}.{name} was added") for k in mro]
         if metaclass:
             parts.append((f"not hasattr({self._ref(type(cls), 'CLS_')}, {name!r})",
