@@ -18,7 +18,7 @@ from __future__ import annotations
 import torch
 from torch.fx.experimental.symbolic_shapes import GuardOnDataDependentSymNode
 
-from . import autocast, config, fusion, logs, metrics
+from . import autocast, config, fusion, ir, logs, metrics
 from .autograd import compile_training
 from .capture.output_graph import NodeByNode
 from .codegen import triton as triton_codegen, wrapper
@@ -83,15 +83,23 @@ class WithEpilogue:
 
 
 def _compile_training(gm: torch.fx.GraphModule, example_inputs, written=None, overwritten=frozenset()):
-    """The forward and backward of a graph that records gradients (autograd/), compiled for the
-    example's sizes (a dynamic dimension is specialized, and guarded). written: as
+    """The forward and backward of a graph that records gradients (autograd/), generic in its
+    dynamic dimensions, or where that cannot be (an op decides on a size), compiled for the
+    example's sizes (its dynamic dimensions specialized, and guarded). written: as
     _compile_values takes it (a batch norm's running statistics, written by the forward);
     overwritten: the indices of the inputs the graph writes."""
+    gpu = any(isinstance(t, torch.Tensor) and t.is_cuda for t in example_inputs)
+    if _dynamic_dims(gm):
+        try:
+            with triton_codegen.compiling_together(gpu):
+                return compile_training(gm, list(example_inputs), _compile_values, written, overwritten)
+        except (NotImplementedError, TypeError, GuardOnDataDependentSymNode) as err:
+            logs.log("dynamic", f"no size-generic training code ({type(err).__name__}: "
+                                f"{str(err).splitlines()[0] if str(err) else ''}); compiled for the example's sizes")
     conditions = _specialize(gm, example_inputs)
     if conditions:
         logs.log("dynamic", "a graph compiled for training is compiled for the example's sizes (each new "
                             f"size compiles again): {', '.join(conditions)}")
-    gpu = any(isinstance(t, torch.Tensor) and t.is_cuda for t in example_inputs)
     with triton_codegen.compiling_together(gpu):      # the forward's kernels compile meanwhile
         compiled = compile_training(gm, list(example_inputs), _compile_values, written, overwritten)
     compiled.shape_guards = conditions
@@ -207,21 +215,7 @@ def shape_guards(program) -> list[str]:
     shape_env = getattr(program, "shape_env", None)
     if shape_env is None:
         return []
-    import sympy
-    from torch.utils._sympy.printers import PythonPrinter
-
-    reads = {sym: sympy.Symbol(read) for sym, read in program.symbols.items()}
-    out = []
-    for guard in shape_env.guards:
-        # as recorded, not simplified with what the environment learnt since (which would
-        # make `s0 == s2` true by having replaced s2 with s0)
-        expr = guard.expr
-        if expr == sympy.true:
-            continue
-        expr = expr.xreplace({s: reads[str(s)] for s in expr.free_symbols if str(s) in reads})
-        if any(str(s) in program.symbols for s in expr.free_symbols):
-            raise NotImplementedError(f"a shape condition on a size no input has: {guard.expr}")
-        out.append(PythonPrinter().doprint(expr))
+    out = ir.shape_conditions(shape_env, program.symbols)
     # an int input used as a size: the IR assumes every size symbol is at least 2, as it is
     # for a tensor's dynamic dim (whose own guard says so)
     sizes = {str(v) for box in [*program.inputs, *program.nodes] if hasattr(box, "shape")

@@ -66,6 +66,33 @@ def stride_of(t: torch.Tensor) -> list:
     return [size_expr(s) for s in t.stride()]
 
 
+def hint(size) -> int:
+    """A size as the example has it: a symbolic size's value for the example's sizes."""
+    return int(size.node.hint) if isinstance(size, torch.SymInt) else int(size)
+
+
+def shape_conditions(shape_env, reads: dict) -> list[str]:
+    """What `shape_env` learnt must hold of its size symbols while ops ran on fake tensors (two
+    sizes that broadcast together are equal, a view's sizes divide...), as Python conditions
+    over where each symbol is read (`reads`: symbol name -> `arg0.size(1)`), e.g.
+    `arg0.size(0) == arg1.size(0)`. Conditions true for every size are left out. A condition
+    on a symbol that `reads` does not name raises NotImplementedError."""
+    from torch.utils._sympy.printers import PythonPrinter
+    symbols = {sym: sympy.Symbol(read) for sym, read in reads.items()}
+    out = []
+    for guard in shape_env.guards:
+        # as recorded, not simplified with what the environment learnt since (which would
+        # make `s0 == s2` true by having replaced s2 with s0)
+        expr = guard.expr
+        if expr == sympy.true:
+            continue
+        expr = expr.xreplace({s: symbols[str(s)] for s in expr.free_symbols if str(s) in symbols})
+        if any(s not in symbols.values() for s in expr.free_symbols):
+            raise NotImplementedError(f"a shape condition on a size no input has: {guard.expr}")
+        out.append(PythonPrinter().doprint(expr))
+    return out
+
+
 def provably_nonneg(e) -> bool:
     """e >= 0 for every value of its size symbols (each >= 2): true when, writing each symbol
     as 2 + t with t >= 0, every coefficient of the expanded polynomial is >= 0. A sufficient
@@ -567,8 +594,9 @@ def conv_input_channels_last(device, dtype, out_shape: Sequence[int]) -> bool:
     contiguous layout is its own, and cuDNN's channels-last one is faster. (The models this
     chose for are timed in benchmarks/results/real_models_h100.json.)"""
     from . import config
-    if not config.channels_last_convolutions or len(out_shape) != 4 or any(is_symbolic(s) for s in out_shape):
-        return False
+    if not config.channels_last_convolutions or len(out_shape) != 4 \
+            or any(is_symbolic(s) or isinstance(s, torch.SymInt) for s in out_shape):
+        return False                 # (sizes that are symbols: contiguous, as lowering has them)
     device = torch.device(device)
     if device.type == "cpu":
         return dtype == torch.float32 and torch.backends.mkldnn.is_available() and conv_channels_last(out_shape)

@@ -17,7 +17,7 @@ import torch
 import minicompile
 
 transformers = pytest.importorskip("transformers")
-from hf_zoo import BREAKS_AS_DYNAMO, ZOO  # noqa: E402
+from hf_zoo import BREAKS_AS_DYNAMO, VOCAB, ZOO  # noqa: E402
 
 logging.getLogger("transformers").setLevel(logging.ERROR)
 
@@ -182,3 +182,30 @@ def test_a_classifier_given_labels_sets_its_problem_type_without_a_break():
     assert minicompile.metrics.graphs == 2 and minicompile.metrics.graph_breaks == 0
     for (name, p), q in zip(model.named_parameters(), reference.parameters()):
         torch.testing.assert_close(p.grad, q.grad, rtol=1e-4, atol=1e-5, msg=name)
+
+
+@pytest.mark.parametrize("name", ["gpt2", "llama", "bert"])
+def test_training_at_new_sequence_lengths_compiles_once_more(name):
+    """Fine-tuning batches padded to their longest sequence: each step another length. The
+    second length compiles a graph generic in it (its joint graph traced on a size symbol),
+    which every later length reuses, as torch.compile's; gradients as eager's at each."""
+    model, _ = make(name)
+    reference, _ = make(name)
+    reference.load_state_dict(model.state_dict())
+    compiled = minicompile.compile(model)            # (in eval mode: no dropout to draw)
+    for length in (7, 11, 5, 13):
+        torch.manual_seed(length)
+        ids = torch.randint(0, VOCAB, (2, length))
+        kwargs = {"attention_mask": torch.ones(2, length, dtype=torch.long)} if name == "bert" else {}
+        for m in (model, reference):
+            m.zero_grad()
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            (compiled(ids, **kwargs)[0].float() ** 2).mean().backward()
+        (reference(ids, **kwargs)[0].float() ** 2).mean().backward()
+        for (pname, p), q in zip(reference.named_parameters(), model.parameters()):
+            if p.grad is None:
+                assert q.grad is None, pname
+                continue
+            torch.testing.assert_close(q.grad, p.grad, rtol=1e-4, atol=1e-5, msg=f"{length}: {pname}")
+    assert minicompile.metrics.graphs == 2 and minicompile.metrics.graph_breaks == 0

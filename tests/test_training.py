@@ -1398,3 +1398,81 @@ def test_a_foreach_write_in_a_graph_compiled_for_training_is_made():
     assert_same(results[1][0][0], results[0][0][0])
     assert_same(results[1][0][1], results[0][0][1])
     assert_same(results[1][1], results[0][1])
+
+
+# --------------------------------------------------------------------------- dynamic shapes
+
+_NEW_SIZES = {                 # per model: inputs of another batch size or sequence length per step
+    "mlp": lambda k: randn((13, 6, 29, 6)[k], 37),
+    "cnn": lambda k: randn((3, 5, 2, 5)[k], 3, 9, 9),
+    "conv_bn_inplace": lambda k: randn((2, 3, 7, 3)[k], 3, 7, 9),
+    "gpt_block": lambda k: randn(2, (7, 11, 5, 11)[k], 32),
+}
+
+
+@pytest.mark.parametrize("name", list(_NEW_SIZES))
+def test_training_takes_new_sizes_without_compiling_again(kernel_backend, compiled_training, name):
+    """A training step given another batch size (or sequence length) each step compiles twice,
+    as inference does: for the first size, then once generic in the size that changed (the
+    joint graph traced on a size symbol). Losses, gradients, updated parameters and batch norm's
+    running statistics (whose update divides by n - 1, n a symbol) as eager's at every size."""
+    model, _ = _model(name)
+    steps = iter(range(4))
+    train_side_by_side(model, lambda: _NEW_SIZES[name](next(steps)), steps=4)
+    if kernel_backend == "triton" and DEVICE == "cpu" and name in ("cnn", "conv_bn_inplace"):
+        # batch norm's statistics accumulate in float64 on a CPU, and Triton takes a run-time
+        # float (n / (n - 1)) as float32: compiled for each size instead (codegen/triton.py)
+        assert minicompile.metrics.graphs == 3           # one per size
+        return
+    assert minicompile.metrics.graphs == 2 and minicompile.metrics.recompiles == 1
+    generic = compiled_training[-1]
+    assert generic.shape_guards == [] or all("==" not in g or ".size" in g.split("==")[1]
+                                             for g in generic.shape_guards), generic.shape_guards
+    assert len(generic.backward.kernels) > 0
+
+
+def _cross_entropy_of_a_projection(h, labels, w):
+    logits = h @ w.t()
+    return F.cross_entropy(logits[:, :-1].reshape(-1, logits.shape[-1]), labels[:, 1:].reshape(-1))
+
+
+def test_a_language_models_loss_trains_at_new_lengths(kernel_backend):
+    """Next-token cross entropy at sequence lengths that change each call (its backward's
+    zeros are made like the log-softmax, float32, where torch.full of the fill 0 would be an
+    int64 tensor the backward's kernel read as floats)."""
+    w = randn(11, 8).requires_grad_()
+    compiled = minicompile.compile(_cross_entropy_of_a_projection)
+    for t in (9, 13, 6, 13):
+        h, labels = randn(2, t, 8), torch.randint(0, 11, (2, t), device=DEVICE)
+        labels[0, 3] = -100                     # ignored, as a padded position is
+        grads = []
+        for fn in (_cross_entropy_of_a_projection, compiled):
+            w.grad = None
+            loss = fn(h, labels, w)
+            loss.backward()
+            grads.append((loss, w.grad))
+        assert_same(grads[1][0], grads[0][0])
+        assert_same(grads[1][1], grads[0][1])
+    assert minicompile.metrics.graphs == 2
+
+
+def test_a_generic_backward_not_made_for_the_calls_sizes_runs_its_graph_on_pytorchs_kernels(
+        kernel_backend, compiled_training):
+    """Where the compiled backward's own conditions on its inputs' sizes do not hold, the
+    backward graph runs on PyTorch's kernels: eager's gradients still."""
+    w = randn(8, 8).requires_grad_()
+
+    def f(x):
+        return (x[1:] @ w).tanh()
+    compiled = minicompile.compile(f)
+    compiled(randn(5, 8)).sum().backward()
+    compiled(randn(7, 8)).sum().backward()
+    generic = compiled_training[-1]
+    generic.backward_holds = lambda *args: False
+    x = randn(6, 8)
+    w.grad = None
+    compiled(x).square().sum().backward()
+    got, w.grad = w.grad, None
+    f(x).square().sum().backward()
+    assert_same(got, w.grad)
+    assert minicompile.metrics.graphs == 2

@@ -19,9 +19,12 @@ TORCH_LOGS=aot_graphs does; minicompile.metrics.backward_kernels counts the back
 """
 from __future__ import annotations
 
-import torch
+import re
 
-from .. import logs, metrics
+import torch
+from torch._subclasses.fake_tensor import FakeTensorMode
+
+from .. import ir, logs, metrics
 from .function import CompiledTraining
 from .joint import Joint, trace_joint
 from .partition import Partition, partition
@@ -48,12 +51,43 @@ def compile_training(gm: torch.fx.GraphModule, example_inputs, compile_values, w
         part = partition(joint)
     _log(part)
     primals = [v for v in example_inputs if isinstance(v, torch.Tensor)]
-    forward = compile_values(to_torch(part.forward), primals, _in_forward(joint, written or {}))
-    backward_inputs = [n.meta["val"] for n in part.backward.graph.nodes if n.op == "placeholder"]
-    backward = compile_values(to_torch(part.backward), backward_inputs)
+    forward_graph, backward_graph = to_torch(part.forward), to_torch(part.backward)
+    backward_inputs = _examples(backward_graph)
+    _examples(forward_graph)                # (its dynamic dims marked; the primals are its examples)
+    forward = compile_values(forward_graph, primals, _in_forward(joint, written or {}))
+    backward = compile_values(backward_graph, backward_inputs)
     metrics.backward_kernels += len(getattr(backward, "kernels", ()))
     primal = _primal_index(joint)
-    return CompiledTraining(joint, part, forward, backward, {primal[i] for i in overwritten if i in primal}, gm)
+    compiled = CompiledTraining(joint, part, forward, backward, {primal[i] for i in overwritten if i in primal}, gm)
+    # what the forward's code relies on, over the user's graph inputs (the forward's are its
+    # tensor inputs), and what the joint trace did
+    tensor_at = [i for i, (kind, _) in enumerate(joint.inputs) if kind == "tensor"]
+    compiled.shape_guards = [re.sub(r"\barg(\d+)\b", lambda m: f"arg{tensor_at[int(m.group(1))]}", cond)
+                             for cond in getattr(forward, "shape_guards", ())] + joint.shape_conditions
+    return compiled
+
+
+def _examples(gm: torch.fx.GraphModule) -> list:
+    """A half's example inputs, from the values the joint trace gave its placeholders: where
+    those have symbolic sizes (dynamic shapes), values of the example's sizes, with the dims
+    that are symbols marked dynamic (`meta["dynamic_dims"]`), as capture marks its graphs'."""
+    examples = []
+    for node in gm.graph.nodes:
+        if node.op != "placeholder":
+            continue
+        val = node.meta["val"]
+        if isinstance(val, torch.SymInt):            # a size, handed from the forward
+            node.meta["dynamic_dims"] = {0}
+            examples.append(ir.hint(val))
+        elif isinstance(val, torch.Tensor) and any(isinstance(s, torch.SymInt) for s in (*val.shape, *val.stride())):
+            node.meta["dynamic_dims"] = {d for d, s in enumerate(val.shape) if ir.is_symbolic(ir.size_expr(s))}
+            with FakeTensorMode():
+                examples.append(torch.empty_strided([ir.hint(s) for s in val.shape],
+                                                    [ir.hint(s) for s in val.stride()],
+                                                    dtype=val.dtype, device=val.device))
+        else:
+            examples.append(val)
+    return examples
 
 
 def _in_forward(joint: Joint, written: dict) -> dict:

@@ -34,10 +34,15 @@ class CompiledTraining:
         # inputs the backward reads as they were, which get new values (by the forward, or
         # after it): saved as copies made before the forward runs
         self.saved_overwritten = {k for kind, k in partition.saved_from if kind == "primal" and k in overwritten}
-        # the layout the backward was compiled for, per saved value
+        # the layout the backward was compiled for, per saved value (where its sizes are
+        # symbols: the order of its dims in memory, its strides made for each call's sizes)
         placeholders = [n.meta["val"] for n in partition.backward.graph.nodes if n.op == "placeholder"]
-        self.saved_strides = [v.stride() for v in placeholders[:len(partition.saved_from)]]
+        self.saved_strides = [_layout(v) for v in placeholders[:len(partition.saved_from)]]
+        # dynamic shapes: sizes the backward reads (numbers, not tensors), by position
+        self.sizes_at = [k for k, v in enumerate(placeholders[:len(partition.saved_from)])
+                         if not isinstance(v, torch.Tensor)]
         self.tangents = placeholders[len(partition.saved_from):]
+        self.backward_holds = _conditions(backward, partition.backward)
         # inputs that get no gradient (not read, or read only where no gradient flows) are
         # handed over detached: autograd would link the node to their history (a tensor an
         # earlier call computed, whose graph is gone: the old weight_norm's `weight`), as eager
@@ -81,9 +86,13 @@ class _Function(torch.autograd.Function):
         # an inference-mode input (a cached embedding, a teacher's output), or a view of one,
         # cannot be saved: the partition saves inputs and their views where eager may save a
         # copy of one (t.clone() * x, t.clone() @ w), so a copy it is
-        saved = [primals[k] if kind == "primal" else as_layout(computed[k], stride)
+        saved = [primals[k] if kind == "primal" else _laid_out(computed[k], stride)
                  for (kind, k), stride in zip(part.saved_from, plan.saved_strides)]
+        ctx.sizes = [(k, saved[k]) for k in plan.sizes_at]       # (numbers: kept apart)
+        if ctx.sizes:
+            saved = [t for t in saved if isinstance(t, torch.Tensor)]
         ctx.save_for_backward(*[t.clone() if t.is_inference() else t for t in saved])
+        ctx.shapes = [o.shape for o, d in zip(outs, joint.differentiable) if d]
         ctx.plan = plan
         # what a differentiable backward reads: the inputs (the graph run again), or those that
         # need gradients, for the node that raises (_not_differentiable): all, not those saved
@@ -95,6 +104,8 @@ class _Function(torch.autograd.Function):
     @staticmethod
     def backward(ctx, *grad_outputs):
         saved = list(ctx.saved_tensors)
+        for k, size in ctx.sizes:
+            saved.insert(k, size)
         # from here the list alone holds the saved values (unless the graph is kept:
         # retain_graph), and the compiled backward lets go of each after its last use, as
         # AOTAutograd's does: the gradients computed late in the backward take the memory of
@@ -152,13 +163,62 @@ class _Function(torch.autograd.Function):
         if not used:
             return (None, *result)
         args = saved + [g.contiguous() if g is not None else
-                        torch.zeros(v.shape, dtype=v.dtype, device=v.device)
-                        for g, v in zip(tangents, plan.tangents)]
+                        torch.zeros(shape, dtype=v.dtype, device=v.device)
+                        for g, v, shape in zip(tangents, plan.tangents, ctx.shapes)]
         saved.clear()
-        grads = plan.backward.run_consuming(args)
+        if plan.backward_holds is None or plan.backward_holds(*args):
+            grads = plan.backward.run_consuming(args)
+        else:
+            # sizes the backward's code was not made for (a size the forward's guards do not
+            # cover that its lowering decided on, or below 2): the backward graph on PyTorch's
+            # kernels, which computes what the joint graph traced
+            grads = plan.partition.backward(*args)
         for k, g in zip(joint.grad_inputs, grads):
             result[k] = g if joint.reached_by[k] & used else None
         return (None, *result)
+
+
+def _layout(value):
+    """What the backward was compiled to read of a saved value: its strides (a tuple); where
+    they are symbolic (dynamic shapes), its dims from the outermost in memory to the innermost
+    (a list), from which `_laid_out` makes the strides of each call's sizes; None for a size."""
+    if not isinstance(value, torch.Tensor):
+        return None
+    stride = value.stride()
+    if not any(isinstance(s, torch.SymInt) for s in stride):
+        return stride
+    hints = [ir.hint(s) for s in stride]
+    return sorted(range(len(hints)), key=lambda d: -hints[d])
+
+
+def _laid_out(value, layout):
+    """A value the forward computed, laid out as `_layout` says the backward reads it."""
+    if layout is None:
+        return value
+    if isinstance(layout, list):             # dense, in this order of dims
+        stride, step = [0] * value.dim(), 1
+        for d in reversed(layout):
+            stride[d], step = step, step * max(value.shape[d], 1)
+        layout = tuple(stride)
+    return as_layout(value, layout)
+
+
+def _conditions(backward, graph: torch.fx.GraphModule):
+    """Where the backward's code is generic in sizes: a function of its inputs that says
+    whether it was made for theirs (its shape guards, and each size symbol at least 2), else
+    None (made for the example's sizes, which the forward's guards fix)."""
+    conditions = list(getattr(backward, "shape_guards", ()))
+    for i, node in enumerate(n for n in graph.graph.nodes if n.op == "placeholder"):
+        val = node.meta.get("val")
+        if isinstance(val, torch.SymInt):
+            conditions.append(f"arg{i} >= 2")
+        elif isinstance(val, torch.Tensor) and any(ir.is_symbolic(ir.size_expr(s)) for s in val.shape):
+            conditions += [f"arg{i}.size({d}) >= 2" for d, s in enumerate(val.shape)
+                           if ir.is_symbolic(ir.size_expr(s))]
+    if not conditions:
+        return None
+    names = [f"arg{i}" for i, n in enumerate(n for n in graph.graph.nodes if n.op == "placeholder")]
+    return eval(f"lambda {', '.join(names)}: {' and '.join(f'({c})' for c in conditions)}")
 
 
 def _own_tensor(out: torch.Tensor, inputs) -> torch.Tensor:

@@ -25,7 +25,7 @@ import contextlib
 import functools
 import sys
 import types
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -55,6 +55,9 @@ class Joint:
     output_spec: Any               # the pytree structure of its output
     grad_mode_after: Any = None    # the grad mode the graph leaves set (torch.set_grad_enabled
                                    # in it), which the traced aten graphs do not record
+    shape_conditions: list = field(default_factory=list)
+                                   # dynamic shapes: what the trace needed of the user's graph
+                                   # inputs' sizes (`arg0.size(0) == arg2.size(1)`)
 
 
 @functools.lru_cache(maxsize=None)
@@ -106,7 +109,12 @@ def trace_joint(gm: torch.fx.GraphModule, example_inputs, from_capture: bool = T
     """The joint graph of gm (see the module's docstring). What the trace must know before it
     starts (the outputs' shapes, which carry gradients) comes from the values capture recorded
     for gm's outputs; where it did not record them, or the trace finds otherwise, from a run of
-    gm on fake tensors first (`from_capture=False`)."""
+    gm on fake tensors first (`from_capture=False`).
+
+    Dynamic shapes: where capture marked dims of gm's inputs dynamic (`meta["dynamic_dims"]`),
+    the trace runs on fake tensors whose sizes there are symbols, so the joint graph is generic
+    in them (its sizes read by `sym_size` nodes), and what the trace needed of them is kept in
+    `Joint.shape_conditions`."""
     from torch._subclasses.fake_tensor import FakeTensorMode
 
     example_inputs = list(example_inputs)
@@ -115,9 +123,18 @@ def trace_joint(gm: torch.fx.GraphModule, example_inputs, from_capture: bool = T
     inputs = [("tensor", tensor_at.index(i)) if i in tensor_at else ("const", v)
               for i, v in enumerate(example_inputs)]
 
-    mode = FakeTensorMode(allow_non_fake_inputs=True)
-    with ir.quiet_grad_reads():            # (one warnings filter for a model's hundreds of weights)
-        primals = [mode.from_tensor(example_inputs[i]) for i in tensor_at]
+    dynamic = [set(n.meta.get("dynamic_dims", ())) for n in gm.graph.nodes if n.op == "placeholder"]
+    symbolic = any(dynamic)
+    if symbolic:
+        if any(dims and not isinstance(v, torch.Tensor) for v, dims in zip(example_inputs, dynamic)):
+            raise NotImplementedError("a number the graph is generic in is one of its inputs")
+        mode = ir.fake_mode()
+        primals = [ir.symbolic_fake(mode, example_inputs[i], dynamic[i], f"arg{i}") for i in tensor_at]
+        from_capture = False            # (capture's values have the example's sizes)
+    else:
+        mode = FakeTensorMode(allow_non_fake_inputs=True)
+        with ir.quiet_grad_reads():        # (one warnings filter for a model's hundreds of weights)
+            primals = [mode.from_tensor(example_inputs[i]) for i in tensor_at]
 
     def run(tensors, interpreter=torch.fx.Interpreter):
         args = [tensors[k] if kind == "tensor" else k for kind, k in inputs]
@@ -130,7 +147,7 @@ def trace_joint(gm: torch.fx.GraphModule, example_inputs, from_capture: bool = T
     captured = _captured_outputs(gm) if from_capture else None
     watching = functools.partial(_WatchingGenerators, touched=touched)
     if captured is None:
-        with mode, torch.set_grad_enabled(grad_on):
+        with mode, torch.set_grad_enabled(grad_on), _sizes_generic(symbolic):
             leaves, spec = run(primals, watching)
         _refuse_seeding(touched)
     else:
@@ -138,6 +155,8 @@ def trace_joint(gm: torch.fx.GraphModule, example_inputs, from_capture: bool = T
     tensor_outs = [i for i, v in enumerate(leaves) if isinstance(v, torch.Tensor)]
     outputs = [("tensor", tensor_outs.index(i)) if i in tensor_outs else ("const", v)
                for i, v in enumerate(leaves)]
+    if any(isinstance(v, (torch.SymInt, torch.SymFloat, torch.SymBool)) for v in leaves):
+        raise NotImplementedError("the graph returns a number computed from its sizes")
     differentiable = [leaves[i].requires_grad for i in tensor_outs]
     reached_by = None if captured is not None else \
         _reached_by([leaves[i] for i, d in zip(tensor_outs, differentiable) if d], primals)
@@ -169,10 +188,10 @@ def trace_joint(gm: torch.fx.GraphModule, example_inputs, from_capture: bool = T
     # a checkpointed function's nodes (capture marks them) mark the aten nodes they become, for
     # the partitioner; only then, as it costs a copy of each node's meta
     marked = any(RECOMPUTE in n.meta for n in gm.graph.nodes)
-    with _lazy_code(), ir.quiet_grad_reads(), \
+    with _lazy_code(), ir.quiet_grad_reads(), _sizes_generic(symbolic), \
             torch.fx.traceback.preserve_node_meta() if marked else contextlib.nullcontext():
         try:
-            graph = _trace(joint, primals, tangents, table, lean=not marked)
+            graph = _trace(joint, primals, tangents, table, lean=not marked and not symbolic)
         except _NotAsCaptured:
             return trace_joint(gm, example_inputs, from_capture=False)
         _refuse_seeding(touched)
@@ -182,7 +201,7 @@ def trace_joint(gm: torch.fx.GraphModule, example_inputs, from_capture: bool = T
             # (run by an interpreter where nodes are marked, which hands each node's marks on)
             again = torch.fx.Interpreter(graph).run if marked else graph
             graph = _trace(torch.func.functionalize(again, remove="mutations"), primals, tangents, table,
-                           lean=not marked)
+                           lean=not marked and not symbolic)
     if _writes(graph):
         raise NotImplementedError("the joint graph writes an input (functionalization left a copy_ "
                                   "into it)")
@@ -195,8 +214,30 @@ def trace_joint(gm: torch.fx.GraphModule, example_inputs, from_capture: bool = T
     _merge_common_values(graph)
     graph.recompile()
     modes = [n.args[0] for n in gm.graph.nodes if n.target is torch._C._set_grad_enabled]
+    conditions = _shape_conditions(mode.shape_env, primals, tensor_at) if symbolic else []
     return Joint(graph, len(primals), len(tensor_outs), differentiable, list(grad_inputs), reached_by,
-                 inputs, outputs, spec, modes[-1] if modes else None)
+                 inputs, outputs, spec, modes[-1] if modes else None, conditions)
+
+
+def _sizes_generic(symbolic: bool):
+    """Ops run under the Python dispatcher where sizes are symbols, as TorchDynamo runs them:
+    composite ops (matmul, linear) then decompose through code written for symbolic sizes
+    instead of specializing them."""
+    from torch._dispatch.python import enable_python_dispatcher
+    return enable_python_dispatcher() if symbolic else contextlib.nullcontext()
+
+
+def _shape_conditions(shape_env, primals: list, tensor_at: list) -> list:
+    """What the trace needed of the size symbols, over the user's graph inputs (`arg3.size(0)`)."""
+    reads = {}
+    for p, i in zip(primals, tensor_at):
+        for d, size in enumerate(p.shape):
+            # (each input's own symbol, also one the shape environment has since replaced by
+            # another: its guards still name it)
+            raw = getattr(size.node, "_expr", size.node.expr) if isinstance(size, torch.SymInt) else None
+            if raw is not None and raw.is_Symbol:
+                reads.setdefault(str(raw), f"arg{i}.size({d})")
+    return ir.shape_conditions(shape_env, reads)
 
 
 def _trace(joint, primals: list, tangents: list, table: dict, lean: bool) -> torch.fx.GraphModule:
@@ -455,6 +496,8 @@ def _fold_views(gm: torch.fx.GraphModule) -> None:
                 and len(inner.users) == 1 and not inner.kwargs and len(inner.args) == 3 and inner.args[2]:
             x, dims = inner.args[0], inner.args[1]
             shape = x.meta["val"].shape
+            if any(isinstance(s, torch.SymInt) for s in shape):
+                continue                # (comparing symbolic sizes would add conditions on them)
             kept = ir.wrap_dims(dims, len(shape))
             if list(node.args[1]) == [s for d, s in enumerate(shape) if d not in kept]:
                 inner.args = (x, dims, False)

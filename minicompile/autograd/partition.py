@@ -62,7 +62,7 @@ from dataclasses import dataclass, field
 import torch
 import torch.fx
 
-from .. import custom_ops
+from .. import custom_ops, ir
 from ..capture.higher_order import RECOMPUTE, REGION
 from .joint import Joint, graph_module
 
@@ -93,8 +93,8 @@ class Partition:
 def nbytes(node: torch.fx.Node) -> int | float:
     """The bytes of the value a node makes; infinite for what cannot be saved (a tuple)."""
     val = node.meta.get("val")
-    if isinstance(val, torch.Tensor):
-        return val.numel() * val.element_size()
+    if isinstance(val, torch.Tensor):     # (sizes that are symbols: the example's)
+        return ir.hint(val.numel()) * val.element_size()
     if isinstance(val, (int, float, bool, torch.SymInt)) or val is None:
         return 0
     return math.inf
@@ -145,13 +145,20 @@ def recomputable(node: torch.fx.Node) -> bool:
     if node.op != "call_function":
         return False
     t = node.target
-    if t in _CHEAP:
+    if t in _CHEAP or _size_arithmetic(node):
         return True
     if not isinstance(t, torch._ops.OpOverload):
         return False
     if torch.Tag.nondeterministic_seeded in t.tags:
         return False
     return torch.Tag.pointwise in t.tags or t.is_view
+
+
+def _size_arithmetic(node: torch.fx.Node) -> bool:
+    """Arithmetic on sizes the graph is generic in (dynamic shapes: a batch norm's n / (n - 1)),
+    which the backward computes again from the sizes it is handed, rather than be handed a float."""
+    return isinstance(node.meta.get("val"), (torch.SymInt, torch.SymFloat, torch.SymBool)) and (
+        getattr(node.target, "__module__", None) == "_operator" or node.target is torch.sym_float)
 
 
 # reductions read their input where they compute it (fused into their kernel): what they read

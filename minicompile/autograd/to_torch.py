@@ -88,10 +88,15 @@ def _full_like(g, args, kwargs):
     device from the node's fake value); a layout other than the default is left to PyTorch."""
     if kwargs.get("memory_format") not in (None, torch.preserve_format, torch.contiguous_format):
         return None
-    shape = list(args[0].meta["val"].shape) if "val" in args[0].meta else None
-    if shape is None:
+    val = args[0].meta.get("val")
+    if val is None:
         return None
-    rest = {k: v for k, v in kwargs.items() if k != "memory_format"}
+    # a size that is a symbol (dynamic shapes) read from the tensor, as the joint graph reads it
+    shape = [g.call_method("size", (args[0], d)) if isinstance(size, torch.SymInt) else size
+             for d, size in enumerate(val.shape)]
+    # (full_like's dtype and device are its input's, where torch.full's would be the fill's)
+    rest = {"dtype": val.dtype, "device": val.device,
+            **{k: v for k, v in kwargs.items() if k != "memory_format" and v is not None}}
     return g.call_function(torch.full, (shape, args[1]), rest)
 
 
@@ -161,6 +166,9 @@ for _name in ["add", "sub", "mul", "div", "eq", "ne", "lt", "le", "gt", "ge", "m
 for _name in ["neg", "exp", "log", "sqrt", "rsqrt", "tanh", "sigmoid", "erf", "reciprocal", "abs",
               "relu", "sin", "cos", "floor", "ceil"]:
     _TABLE[getattr(aten, _name).default] = _function(getattr(torch, _name))
+
+_TABLE[aten.sym_size.int] = _method("size")      # sizes the graph is generic in
+_TABLE[aten.sym_numel.default] = _method("numel")
 
 _IDENTITY = {aten.alias.default, aten.detach.default, aten.lift_fresh_copy.default}
 

@@ -26,7 +26,8 @@ import torch.utils._pytree as pytree
 from .. import ir
 from .boxes import TensorBox
 from .. import aliasing
-from .lowerings import LOWERINGS, constant_tensor, copy_of, lookup, lookup_factory, lower_fallback, size_arithmetic
+from .lowerings import (LOWERINGS, constant_tensor, copy_of, lookup, lookup_factory, lower_fallback,
+                        scalar_arithmetic, size_arithmetic)
 
 
 def _example_values(gm: torch.fx.GraphModule, example_inputs) -> dict[torch.fx.Node, Any]:
@@ -188,6 +189,8 @@ def lower(gm: torch.fx.GraphModule, example_inputs) -> ir.Program:
                                       "the graph functionalize() makes")
         if node.op == "call_function":
             size = size_arithmetic(target, args)       # arithmetic on sizes read by the code
+            if size is None:
+                size = scalar_arithmetic(program, target, args)
             if size is not None:
                 env[node] = size
                 continue

@@ -1708,6 +1708,33 @@ _SIZE_OPS = {operator.add: operator.add, operator.sub: operator.sub, operator.mu
              operator.floordiv: operator.floordiv}
 
 
+def scalar_arithmetic(program: ir.Program, target, args):
+    """A float computed from sizes (a batch norm's `n / (n - 1)`, n a size symbol): a scalar
+    argument of the kernels (ir.ScalarInput), which the wrapper computes from the sizes in
+    Python, in the graph's order of operations (so to the bit as eager's Python computes it);
+    or None when this is not such arithmetic."""
+    def operand(a):
+        if isinstance(a, ir.ScalarInput):
+            return a.name
+        if ir.is_symbolic(a) or (isinstance(a, (int, float)) and not isinstance(a, bool)):
+            return f"({ir.render_size(a)})" if ir.is_symbolic(a) else repr(a)
+        return None
+    if target is torch.sym_float and len(args) == 1 and ir.is_symbolic(args[0]):
+        expr = f"float({operand(args[0])})"
+    elif target in _FLOAT_OPS and len(args) == 2 and None not in map(operand, args) \
+            and any(ir.is_symbolic(a) or isinstance(a, ir.ScalarInput) for a in args) \
+            and (target is operator.truediv or any(isinstance(a, (float, ir.ScalarInput)) for a in args)):
+        expr = f"{operand(args[0])} {_FLOAT_OPS[target]} {operand(args[1])}"
+    else:
+        return None
+    name = f"scalar{len(program.scalars)}"
+    program.scalars[name] = expr
+    return ir.ScalarInput(name, name)
+
+
+_FLOAT_OPS = {operator.truediv: "/", operator.add: "+", operator.sub: "-", operator.mul: "*"}
+
+
 # the function and the method name their arguments differently (as keywords, each its own)
 @register([torch.split], "tensor, split_size_or_sections, dim=0")
 def _split(node, values, tensor, split_size_or_sections, dim):
