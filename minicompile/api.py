@@ -320,7 +320,7 @@ class CompiledFunction:
             if self.fullgraph:
                 raise
             err.kept()
-            if not eager:
+            if not eager and not getattr(err, "as_python", False):
                 # Dynamo skips the frame (here: from this segment on): it runs eagerly, its
                 # calls to user functions are compiled on their own
                 metrics.graph_breaks += 1

@@ -623,6 +623,28 @@ def test_a_generator_closed_at_a_graph_break_runs_its_finally_once(capsys):
         assert capsys.readouterr().out == "closed\n"
 
 
+def grad_off_while_paused(x):
+    with torch.no_grad():
+        yield x * 2
+
+
+def breaks_while_generators_are_paused(x, log):
+    g, h = grad_off_while_paused(x), counting(x, log)
+    a = next(g) + next(h)
+    print(end="")              # a graph break: both paused in their blocks, closed at the return
+    log.append("after the break")
+    return (a + x).requires_grad, torch.is_grad_enabled()
+
+
+def test_a_generator_paused_at_a_graph_break_is_closed_as_the_frame_returns():
+    """Its no_grad block still holds for the rest of the frame, its finally runs after it, and
+    grad mode is back on for the caller."""
+    x = torch.randn(3, requires_grad=True)
+    with torch.enable_grad():
+        same_calls(breaks_while_generators_are_paused,
+                   [lambda f: (torch.set_grad_enabled(True), f(x, log := []), log, torch.is_grad_enabled())[1:]] * 2)
+
+
 Pair = collections.namedtuple("Pair", "first second")
 
 

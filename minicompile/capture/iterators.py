@@ -185,23 +185,34 @@ def dropped(tx, gens, roots, leaving: bool = False) -> None:
     gens = [g for g in gens if isinstance(g, GeneratorVariable) and g.started and not g.done]
     if not gens:
         return
-    out = tx.output
-    running = [t for t in out.running if not (leaving and t is tx)]
-    reachable = _reachable(list(roots) + running + out.side_effects + list(out.cells.values())
-                           + list(out._global_writes.values()) + [v for _, v in out._containers.values()])
+    running = [t for t in tx.output.running if not (leaving and t is tx)]
+    reachable = _reachable(list(roots) + running + _changed_outside(tx.output))
     for gen in gens:
         if id(gen) not in reachable:
             close(tx, gen)
 
 
-def _reachable(roots) -> set:
-    """The ids of the trace's objects (variables, frames, their containers) that `roots` reach."""
-    seen, todo = set(), list(roots)
+def suspended(tx, roots) -> List[GeneratorVariable]:
+    """The generators of the trace paused part way (started, not finished) that `roots` or
+    what the trace changed outside still reach."""
+    reached = _reachable(list(roots) + _changed_outside(tx.output)).values()
+    return [g for g in reached if isinstance(g, GeneratorVariable) and g.started and not g.done]
+
+
+def _changed_outside(out) -> list:
+    """The variables of what the trace changed outside the frame (they outlive it)."""
+    return (out.side_effects + list(out.cells.values()) + list(out._global_writes.values())
+            + [v for _, v in out._containers.values()])
+
+
+def _reachable(roots) -> dict:
+    """The trace's objects (variables, frames, their containers) that `roots` reach, by id."""
+    seen, todo = {}, list(roots)
     while todo:
         obj = todo.pop()
         if obj is None or id(obj) in seen:
             continue
-        seen.add(id(obj))
+        seen[id(obj)] = obj
         if isinstance(obj, (list, tuple, set, frozenset)):
             todo.extend(obj)
         elif isinstance(obj, dict):

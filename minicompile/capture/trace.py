@@ -18,6 +18,7 @@ import torch.fx
 from .. import aliasing, autocast, ir
 from .breaks import GraphBreak, ObservedException, Unsupported
 from .higher_order import leaf_requiring_grad
+from .iterators import suspended
 from .bytecode import check_python_version, handler_at
 from .guards import ArgBinding, bind_arguments, frame_target
 from .sources import AttrSource, ItemSource, LocalSource, RootSource
@@ -193,6 +194,12 @@ def trace_segment(fn, args: tuple, kwargs: dict, offset: int = 0, *, breaks: boo
                     why = "a graph break inside an exception handler: the frame runs eagerly"
                 elif tx.with_depth and not _open_blocks_resumable(tx):
                     why = "a graph break inside a `with` block (other than a grad mode's) is not resumed"
+                elif suspended(tx, list(tx.locals.values()) + list(gb.stack)):
+                    # CPython closes it when the frame lets go of it (its `with` exits and
+                    # finally blocks run then), which neither a chain of segments nor one run
+                    # eagerly (whose generator is real, let go of at a break) can do
+                    why = "a graph break while a generator of the frame is paused part way: it runs as Python"
+                    reason.as_python = True
                 elif not ok:
                     why = f"a graph break at {inst.opname} (not a call, a jump or an index) is not resumed"
                 elif not eager and F.maybe_has_backedge(tx):
