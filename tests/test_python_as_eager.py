@@ -1006,6 +1006,37 @@ def test_a_mapping_pattern_asks_get_as_python_does(make):
     same_calls(matches_a_mapping, [lambda f: f(X, make())] * 2)
 
 
+class _LoggedMapping(collections.abc.Mapping):
+    def __init__(self, items, log):
+        self._items, self._log = items, log
+
+    def __getitem__(self, key):
+        self._log.append(f"getitem {key}")
+        return self._items[key]
+
+    def __iter__(self):
+        self._log.append("iter")
+        return iter(self._items)
+
+    def __len__(self):
+        self._log.append("len")
+        return len(self._items)
+
+
+def reads_a_logged_mapping(x, m):
+    match m:
+        case {"a": a}:
+            x = x * a
+    return x * m.get("a", 0) + m.get("b", 1), "a" in m, "b" in m, len(m)
+
+
+def test_a_user_mappings_get_in_and_pattern_run_its_methods_as_often_as_eager():
+    """Its get() and `in` (and a mapping pattern's get) were answered by calling its
+    __getitem__ at the trace and again in the guard: each call logged more than eager's."""
+    same_calls(reads_a_logged_mapping, [lambda f: (f(X, _LoggedMapping({"a": 2.0}, log := [])), log)] * 3)
+    assert minicompile.metrics.recompiles == 0
+
+
 class _PluginBase(abc.ABC):
     pass
 

@@ -9,7 +9,6 @@ an attribute exists). `_BUILTIN_HANDLERS` maps each builtin to its handler.
 from __future__ import annotations
 
 import abc
-import collections.abc
 import contextlib
 import dataclasses
 import functools
@@ -27,7 +26,7 @@ import torch.fx
 
 
 from .breaks import ObservedException, Unsupported
-from .sources import AttrSource, GenericAttrSource, ItemSource, Source, item_source, key_literal
+from .sources import AttrSource, GenericAttrSource, ItemSource, Source, item_source
 from .values import (DELETED, AutocastVariable, BaseListVariable, BoundMethodVariable, BuiltinVariable,
                      CallableVariable, CellVariable, ConstantMethodVariable, ConstantVariable, DictVariable,
                      DictViewVariable, ExceptionVariable, GeneratorVariable, GradModeVariable, IteratorVariable,
@@ -540,29 +539,12 @@ class ContainerReadVariable(VariableTracker):
         owner = getattr(attr, "__objclass__", None)
         if getattr(attr, "__name__", None) in _CONTAINER_READS.get(owner, ()) and isinstance(obj.value, owner):
             return ContainerReadVariable(obj, attr)
-        if attr in (collections.abc.Mapping.get, collections.abc.Mapping.__contains__) and \
-                isinstance(obj.value, collections.abc.Mapping):
-            # a Mapping's own get/in (os.environ.get): looked up as Python does, and what it
-            # found guarded key by key (these catch KeyError, which the trace cannot)
-            return ContainerReadVariable(obj, attr)
+        # (a collections.abc.Mapping's get/in are Python: inlined, they run its own
+        # __getitem__ in the trace, as often as eager does, with its side effects)
         return None
 
     def call(self, tx, args, kwargs) -> VariableTracker:
         real, source, out = self.obj.value, self.obj.source, tx.output
-        if self.method in (collections.abc.Mapping.get, collections.abc.Mapping.__contains__) and \
-                not kwargs and 1 <= len(args) <= 2 and args[0].is_constant():
-            # the default of get() is handed back as it is, whatever it is (Hugging Face's
-            # ALL_ATTENTION_FUNCTIONS.get_interface("eager", eager_attention_forward))
-            key = args[0].as_example()
-            present = key in real
-            out.guards.has_key(source, key, present)
-            if self.method is collections.abc.Mapping.__contains__:
-                return ConstantVariable(present)
-            if present:
-                if key_literal(key) is None:
-                    out.guards.mapping_keys(source, real)          # (read by its position)
-                return out.wrap(real[key], item_source(source, key, list(real).index(key)))
-            return args[1] if len(args) == 2 else ConstantVariable(None)
         if kwargs or not all(a.is_constant() for a in args):
             raise tx.unsupported(f"{self.describe()} with arguments that are not constants")
         values = [a.as_example() for a in args]
