@@ -1077,6 +1077,21 @@ def test_isinstance_of_an_abc_or_a_protocol_follows_registrations_and_attributes
     assert minicompile.explain(lambda x: x * isinstance(3, _Indexable))(X).graph_break_count == 0
 
 
+def has_index(x, o, give_it_one):
+    if give_it_one:
+        o.__index__ = lambda: 2
+    return x * 5 if isinstance(o, _Indexable) else x
+
+
+def test_a_protocol_of_methods_is_satisfied_by_the_objects_own_attributes():
+    """isinstance() of a runtime Protocol of methods was answered by the object's class: an
+    instance given the method (before the call, or in the frame) still did not satisfy it."""
+    given = _Holder()
+    given.__index__ = lambda: 1
+    same_calls(has_index, [lambda f: f(X, _Holder(), False), lambda f: f(X, given, False),
+                           lambda f: f(X, _Holder(), True), lambda f: f(X, 4, False)])
+
+
 def _recurse(x, n):
     if n == 0:
         return x

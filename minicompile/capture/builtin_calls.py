@@ -73,8 +73,17 @@ def _builtin_isinstance(tx, args, kwargs):
         return ConstantVariable(_iterator_isinstance(tx, obj, cls.as_example()))
     # (example_of: a symbolic size is an int without making it static; a class that refuses
     # the check, a TypedDict's, raises the TypeError the code may catch)
-    _class_check_holds(tx, cls.as_example(), "__instancecheck__", type(example_of(obj)))
-    return ConstantVariable(tx.on_constants(isinstance, example_of(obj), cls.as_example()))
+    value, classinfo = example_of(obj), cls.as_example()
+    _class_check_holds(tx, classinfo, "__instancecheck__", type(value))
+    answer = tx.on_constants(isinstance, value, classinfo)
+    if not answer and any(getattr(k, "_is_protocol", False) for k in
+                          (classinfo if isinstance(classinfo, tuple) else (classinfo,))) \
+            and (hasattr(value, "__dict__") or python_method(type(value), "__getattr__")):
+        # a runtime Protocol its class does not satisfy may be satisfied by the object's own
+        # attributes (Python looks for them on the object), which its class's guard does not see
+        raise tx.unsupported(f"isinstance() of {obj.describe()} and a Protocol its class does not satisfy",
+                             "it reads the object's attributes: asked as Python")
+    return ConstantVariable(answer)
 
 
 def _protocol_members(k) -> set:
@@ -88,8 +97,8 @@ def _class_check_holds(tx, classinfo, check: str, subject: type) -> None:
     answer for a class changes when a class is registered with it, and comes from its cache
     after); a runtime Protocol with data members (it reads the object's attributes) or a
     metaclass with a check of its own in Python (its answer may change) is asked as Python, at a
-    break. (A Protocol of methods, SupportsIndex, asks the
-    object's class, which is guarded.)"""
+    break. (A Protocol of methods, SupportsIndex, holds where the object's class, which is
+    guarded, satisfies it; where it does not, _builtin_isinstance asks as Python.)"""
     name = "isinstance" if check == "__instancecheck__" else "issubclass"
     for k in (classinfo if isinstance(classinfo, tuple) else (classinfo,)):
         meta = type(k)
