@@ -1957,6 +1957,48 @@ def test_a_modules_getattr_runs_once_per_read_as_in_eager():
     assert_same(results[1], results[0])
 
 
+def from_imports_a_late_name(x):
+    try:
+        from late_name_module import W
+    except ImportError:
+        W = 1.0
+    return x * W
+
+
+def test_a_name_a_from_import_did_not_find_is_guarded(monkeypatch):
+    """`from m import W` that raised ImportError was not guarded: W set on the module later, or
+    a __getattr__ (PEP 562) given to it that serves W, was not seen; and CPython's call of that
+    __getattr__ for the module's __path__ was not made."""
+    import sys
+    import types
+    module, reads = types.ModuleType("late_name_module"), []
+    monkeypatch.setitem(sys.modules, "late_name_module", module)
+
+    def __getattr__(name):
+        reads.append(name)
+        if name == "W":
+            return 7.0
+        raise AttributeError(name)
+
+    def calls(fn):
+        x, out = torch.arange(3.0), []
+        for change in ("", "hook", "", "unhook", "set"):
+            if change == "hook":
+                module.__getattr__ = __getattr__
+            elif change == "unhook":
+                del module.__getattr__
+            elif change == "set":
+                module.W = 3.0
+            out.append(fn(x))
+        del module.W
+        return out, reads[:]
+    results = []
+    for fn in (from_imports_a_late_name, minicompile.compile(from_imports_a_late_name)):
+        reads.clear()
+        results.append(calls(fn))
+    assert_same(results[1], results[0])
+
+
 class _WritesItsMemberDicts(torch.nn.Module):
     """Members written straight into the module's dicts, then read as attributes (and the
     other way round), in one forward."""

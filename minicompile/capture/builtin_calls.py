@@ -171,8 +171,8 @@ def _attribute_present(tx, obj: VariableTracker, name: str) -> bool:
                                                       python_method(type(obj.value), "__getattr__") or
                                                       tx.output.instance_dict(obj) in tx.output.side_effects)
     own = isinstance(obj, TensorVariable) and not hasattr(torch.Tensor, name)   # x.counter = ...
-    if (own or isinstance(obj, (NNModuleVariable, UserObjectVariable, PythonModuleVariable))) \
-            and source is not None and not traced:
+    # (a Python module: read as `module.name` below, its own __getattr__ inlined)
+    if (own or isinstance(obj, (NNModuleVariable, UserObjectVariable))) and source is not None and not traced:
         present = hasattr(obj.as_example(), name)
         tx.output.guards.has_attr(source, name, present)
         return present

@@ -795,6 +795,15 @@ class GuardBuilder:
                     f"{module.__name__}.{name} is an attribute now, or its __getattr__ was replaced")],
                   f"{module.__name__}.{name}: served by its __getattr__")
 
+    def module_lacks(self, source: Source, name: str):
+        """The module has no attribute `name`, nor a __getattr__ (PEP 562) that could serve it:
+        read from its dict, so that a __getattr__ added later is not run by the guard."""
+        e = source.expr()
+        self._add(("module_lacks", e, name), source,
+                  [(f"{name!r} not in {{e}}.__dict__ and '__getattr__' not in {{e}}.__dict__",
+                    f"{display(e)} has an attribute {name!r} or a __getattr__ now")],
+                  f"{e}: no attribute {name!r}, no __getattr__")
+
     def not_own_attr(self, source: Source, name: str, plain: bool):
         """The object has no attribute `name` in its own dict, which would hide its class's
         method. plain: its class reads `__dict__` as object does (no __getattribute__ of its

@@ -559,7 +559,20 @@ def _import_name(tx, inst):
         tx.output.guards.imported(name, module)
     # read through sys.modules (the guard's SYS_MODULES): its attributes are guarded, and its
     # lists and dicts are the ones the trace reaches by other ways
-    tx.push(PythonModuleVariable(module, ItemSource(RootSource("SYS_MODULES"), name)))
+    var = PythonModuleVariable(module, ItemSource(RootSource("SYS_MODULES"), name))
+    if fromlist and isinstance(module.__dict__.get("__getattr__"), types.FunctionType):
+        # CPython asks the module for __path__ (is it a package?), which its own __getattr__
+        # answers where it has none: that call is made in the trace too. A package's from-list
+        # is read by importlib, with more calls of it: imported for real
+        try:
+            tx.load_attr(var, "__path__")
+        except ObservedException as e:
+            if not issubclass(e.exc.cls, AttributeError):
+                raise
+        else:
+            raise tx.unsupported(f"from-import of a package with a __getattr__ of its own ({name})",
+                                 "importlib reads the names with it: it runs for real")
+    tx.push(var)
 
 
 @handles("IMPORT_FROM")
@@ -568,7 +581,13 @@ def _import_from(tx, inst):
     if not isinstance(module, PythonModuleVariable):
         raise tx.unsupported(f"from-import of {module.describe()}")
     mod, name = module.value, inst.argval
-    if not hasattr(mod, name):
+    try:
+        # as `module.name` reads it: its __getattr__ inlined, a name it lacks guarded (it may
+        # be set later, or served by a __getattr__ added later)
+        value = tx.load_attr(module, name)
+    except ObservedException as e:
+        if not issubclass(e.exc.cls, AttributeError):
+            raise
         submodule = f"{mod.__name__}.{name}"
         if submodule in sys.modules:
             tx.output.guards.imported(submodule, sys.modules[submodule])
@@ -581,7 +600,7 @@ def _import_from(tx, inst):
         raise tx.observed(ImportError(f"cannot import name {name!r} from {mod.__name__!r} "
                                       f"({getattr(mod, '__file__', None) or 'unknown location'})",
                                       name=mod.__name__, path=getattr(mod, "__file__", None)))
-    tx.push(tx.load_attr(module, name))
+    tx.push(value)
 
 
 @handles("LOAD_GLOBAL")

@@ -590,7 +590,10 @@ class InstructionTranslator(CallsMixin):
                 return self.inline_call(hook, [ConstantVariable(name)], {})
             if not hasattr(mod, name) or written is not None and written.items.get(name) is DELETED:
                 if obj.source is not None and not hasattr(mod, name):     # (set later: then found)
-                    out.guards.has_attr(obj.source, name, False)
+                    if "__getattr__" in mod.__dict__:          # (one that is not a Python function)
+                        out.guards.has_attr(obj.source, name, False)
+                    else:
+                        out.guards.module_lacks(obj.source, name)
                 raise self.observed(AttributeError(f"module '{mod.__name__}' has no attribute '{name}'"))
             # reached from the user's globals (`F.relu`, `math.sqrt`), the attribute is guarded
             # even on torch's own modules: a user may replace it; torch's code reading its own
