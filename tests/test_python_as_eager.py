@@ -636,13 +636,18 @@ def breaks_while_generators_are_paused(x, log):
     return (a + x).requires_grad, torch.is_grad_enabled()
 
 
-def test_a_generator_paused_at_a_graph_break_is_closed_as_the_frame_returns():
-    """Its no_grad block still holds for the rest of the frame, its finally runs after it, and
-    grad mode is back on for the caller."""
+def takes_one_from_a_temporary(x, log):
+    a = next(grad_off_while_paused(x))      # closed as next() returns: grad mode back on
+    return (a + x).requires_grad, torch.is_grad_enabled()
+
+
+@pytest.mark.parametrize("fn", [breaks_while_generators_are_paused, takes_one_from_a_temporary])
+def test_a_generator_let_go_of_while_paused_is_closed_when_eager_closes_it(fn):
+    """Paused at a graph break: its no_grad block still holds for the rest of the frame, its
+    finally runs after it, and grad mode is back on for the caller. A temporary: closed at once."""
     x = torch.randn(3, requires_grad=True)
     with torch.enable_grad():
-        same_calls(breaks_while_generators_are_paused,
-                   [lambda f: (torch.set_grad_enabled(True), f(x, log := []), log, torch.is_grad_enabled())[1:]] * 2)
+        same_calls(fn, [lambda f: (torch.set_grad_enabled(True), f(x, log := []), log, torch.is_grad_enabled())[1:]] * 2)
 
 
 Pair = collections.namedtuple("Pair", "first second")

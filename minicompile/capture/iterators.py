@@ -16,7 +16,9 @@ would do it:
 Each step is recorded (OutputGraph.record_mutation: the iterator's state), so a graph break
 inside an inlined call rolls iterators back with everything else. A generator the frame lets
 go of part way (a loop left by break or return, a returning frame's local) is closed then, as
-CPython's reference counting closes it (`dropped`): its finally blocks run in the trace.
+CPython's reference counting closes it (`dropped`): its finally blocks run in the trace. One
+let go of otherwise inside a `with` block of its own (a temporary: `next(gen())`), or still
+paused at a graph break, is not modelled: the frame runs as Python (trace.py).
 """
 from __future__ import annotations
 
@@ -199,6 +201,17 @@ def suspended(tx, roots) -> List[GeneratorVariable]:
     return [g for g in reached if isinstance(g, GeneratorVariable) and g.started and not g.done]
 
 
+def let_go_in_a_block(tx, roots) -> List[GeneratorVariable]:
+    """The generators of the trace paused inside a `with` block that nothing reaches any more
+    (not `roots`, nor what the trace changed outside): let go of part way (a temporary,
+    `next(gen())`), which CPython closed then, leaving the block then, and the trace did not."""
+    paused = [g for g in tx.output.generators if g.started and not g.done and g.tx.with_depth]
+    if not paused:
+        return []
+    reached = _reachable(list(roots) + _changed_outside(tx.output))
+    return [g for g in paused if id(g) not in reached]
+
+
 def _changed_outside(out) -> list:
     """The variables of what the trace changed outside the frame (they outlive it)."""
     return (out.side_effects + list(out.cells.values()) + list(out._global_writes.values())
@@ -233,6 +246,8 @@ def _resume(tx, gen: GeneratorVariable, sent: Optional[VariableTracker]) -> Opti
     tx.output.record_mutation(gen)
     if gen.started:
         gen.tx.push(sent if sent is not None else ConstantVariable(None))   # what its yield gives
+    else:
+        tx.output.generators.append(gen)
     gen.started = True
     return _run(gen)
 

@@ -310,6 +310,7 @@ class OutputGraph:
         self.root_globals = root_func.__globals__
         self._tx = None                                         # the frame running now (tx)
         self.running: List["InstructionTranslator"] = []      # it and those waiting on it
+        self.generators: List[VariableTracker] = []           # those started in the trace
         # in-place changes to containers made in the trace: (variable, old items), so that
         # a graph break inside an inlined call can roll the trace back to the call site
         self.undo_log: List[Tuple[VariableTracker, Any]] = []

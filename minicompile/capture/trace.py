@@ -18,7 +18,7 @@ import torch.fx
 from .. import aliasing, autocast, ir
 from .breaks import GraphBreak, ObservedException, Unsupported
 from .higher_order import leaf_requiring_grad
-from .iterators import suspended
+from .iterators import let_go_in_a_block, suspended
 from .bytecode import check_python_version, handler_at
 from .guards import ArgBinding, bind_arguments, frame_target
 from .sources import AttrSource, ItemSource, LocalSource, RootSource
@@ -173,6 +173,11 @@ def trace_segment(fn, args: tuple, kwargs: dict, offset: int = 0, *, breaks: boo
                     ret, end = tx.run(), "return"
                 except ObservedException as raised:       # out of the frame: raised after the graph
                     ret, end = raised.exc, "raise"
+                if let_go_in_a_block(tx, [ret]):
+                    why = "a generator let go of inside a `with` block of its own: it runs as Python"
+                    err = Unsupported(why, "CPython closed it then, leaving its block, which the trace did not")
+                    err.as_python = True
+                    raise _skipping(err, why, output, binding)
                 builder = F.TemplateBuilder(tx, source_fn)
                 output.tx = tx
                 template = builder.build(ret)
@@ -194,7 +199,7 @@ def trace_segment(fn, args: tuple, kwargs: dict, offset: int = 0, *, breaks: boo
                     why = "a graph break inside an exception handler: the frame runs eagerly"
                 elif tx.with_depth and not _open_blocks_resumable(tx):
                     why = "a graph break inside a `with` block (other than a grad mode's) is not resumed"
-                elif suspended(tx, list(tx.locals.values()) + list(gb.stack)):
+                elif suspended(tx, list(tx.locals.values()) + list(gb.stack)) or let_go_in_a_block(tx, []):
                     # CPython closes it when the frame lets go of it (its `with` exits and
                     # finally blocks run then), which neither a chain of segments nor one run
                     # eagerly (whose generator is real, let go of at a break) can do
