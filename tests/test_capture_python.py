@@ -1999,6 +1999,21 @@ def test_a_name_a_from_import_did_not_find_is_guarded(monkeypatch):
     assert_same(results[1], results[0])
 
 
+def imports_from_torch(x):
+    from torch import nn
+    from torch.nn import functional as F
+    return F.relu(x) + nn.functional.gelu(x)
+
+
+def test_a_from_import_of_a_packages_own_names_makes_no_break():
+    """torch has a __getattr__ of its own (PEP 562): importlib asks it only for names its dict
+    lacks, so `from torch import nn` inside the function is traced, not run for real."""
+    explained = minicompile.explain(imports_from_torch)(torch.randn(5))
+    assert explained.graph_break_count == 0 and explained.graph_count == 1
+    x = torch.randn(5)
+    assert_same(minicompile.compile(imports_from_torch)(x), imports_from_torch(x))
+
+
 class _WritesItsMemberDicts(torch.nn.Module):
     """Members written straight into the module's dicts, then read as attributes (and the
     other way round), in one forward."""

@@ -563,15 +563,17 @@ def _import_name(tx, inst):
     if fromlist and isinstance(module.__dict__.get("__getattr__"), types.FunctionType):
         # CPython asks the module for __path__ (is it a package?), which its own __getattr__
         # answers where it has none: that call is made in the trace too. A package's from-list
-        # is read by importlib, with more calls of it: imported for real
+        # is read by importlib, which asks its __getattr__ for each name its dict lacks (torch's
+        # own `from torch import nn` asks none): then imported for real
         try:
             tx.load_attr(var, "__path__")
         except ObservedException as e:
             if not issubclass(e.exc.cls, AttributeError):
                 raise
         else:
-            raise tx.unsupported(f"from-import of a package with a __getattr__ of its own ({name})",
-                                 "importlib reads the names with it: it runs for real")
+            if any(n == "*" or n not in module.__dict__ for n in fromlist):
+                raise tx.unsupported(f"from-import of a name a package serves by its __getattr__ ({name})",
+                                     "importlib reads the name with it: it runs for real")
     tx.push(var)
 
 
