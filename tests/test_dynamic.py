@@ -78,6 +78,17 @@ def test_row_length_dynamic_too(kernel_backend):
     assert torch_compiles(rows_softmax, calls) == 2
 
 
+def means_over_a_dynamic_dim(x):
+    return x.mean((0, 2)) + x.mean(-1).sum(0)
+
+
+def test_a_mean_over_a_dynamic_dim_divides_by_its_whole_size(kernel_backend):
+    """The mean's division by a row length that is a product of sizes (9 * s0): Triton's code
+    divided by 9 and then multiplied by s0 (`acc / 9*s0`)."""
+    calls = [(torch.randn(n, 3, 9, device=DEVICE),) for n in (3, 5, 2, 7)]
+    assert our_compiles(means_over_a_dynamic_dim, calls) == 2
+
+
 def norms(x, w, b):
     return F.layer_norm(x, (8,), w, b).relu() + x.var(-1, keepdim=True)
 

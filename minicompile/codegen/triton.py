@@ -438,7 +438,7 @@ def kernel_source(kernel, buffers, graph=None):
     def finish(member, result):
         """A reduction's result per row: kept for the members after it, stored if asked."""
         if member.comp.reduction_type == "mean":
-            result = writer._emit(f"{result} / {writer.render_size(member.comp.rnumel())}")
+            result = writer._emit(f"{result} / ({writer.render_size(member.comp.rnumel())})")
         result = writer.rounded_as_stored(result, member.box.dtype)
         writer.row_values[member.box.name] = result
         if member.box.name in kernel.stored:
