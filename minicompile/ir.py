@@ -137,9 +137,18 @@ class _SizePrinter(sympy.printing.str.StrPrinter):
     def _print(self, expr, **kwargs):
         # torch's FloorDiv and Mod print themselves (`a//b`); C needs its own spelling
         name = type(expr).__name__
-        if name in ("FloorDiv", "Mod", "PythonMod"):
+        if name in ("FloorDiv", "Mod", "PythonMod", "CeilToInt"):
             return getattr(self, f"_print_{name}")(expr)
         return super()._print(expr, **kwargs)
+
+    def _print_CeilToInt(self, e):
+        # ceil(a / b) of sizes (a padded length: attention's row statistics on a GPU), as
+        # (a + b - 1) // b; no other float inside a size
+        inner = e.args[0]
+        if type(inner).__name__ != "IntTrueDiv":
+            raise NotImplementedError(f"size expression {e}")
+        a, b = (self._print(x) for x in inner.args)
+        return f"((({a}) + ({b}) - 1) {self.floordiv} ({b}))"
 
     def _print_Pow(self, e):
         base, exp = e.args

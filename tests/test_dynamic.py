@@ -89,6 +89,19 @@ def test_a_mean_over_a_dynamic_dim_divides_by_its_whole_size(kernel_backend):
     assert our_compiles(means_over_a_dynamic_dim, calls) == 2
 
 
+def test_a_size_rounded_up_to_a_multiple_is_written_as_integer_arithmetic():
+    """A size ceil(s0 / 32) * 32 (the padded row statistics attention saves on a GPU), in the
+    wrapper's Python and the kernels' C: (s0 + 31) // 32 * 32, no float."""
+    import sympy
+    from torch.utils._sympy.functions import CeilToInt, IntTrueDiv
+    from minicompile import ir
+    s0 = sympy.Symbol("s0", integer=True, positive=True)
+    padded = 32 * CeilToInt(IntTrueDiv(s0, 32))
+    python = eval("lambda s0: " + ir.render_size(padded))
+    assert [python(n) for n in (2, 31, 32, 33, 64, 65)] == [32, 32, 32, 64, 64, 96]
+    assert "/ (32)" in ir.render_size(padded, "/")
+
+
 def norms(x, w, b):
     return F.layer_norm(x, (8,), w, b).relu() + x.var(-1, keepdim=True)
 
