@@ -503,7 +503,9 @@ def _split_below(inner: Index, k, ranges: dict):
         low = Index({a: v for a, v in inner.terms.items() if v % g != 0}, inner.const % g)
         h_lo, _ = high.bounds(ranges)
         l_lo, l_hi = low.bounds(ranges)
-        if h_lo is not None and l_hi is not None and h_lo >= 0 and l_lo >= 0 and l_hi < g:
+        # (bounds over symbolic ranges are expressions: what holds for every size)
+        if h_lo is not None and l_hi is not None and provably_nonneg(h_lo) and provably_nonneg(l_lo) \
+                and provably_nonneg(g - 1 - l_hi):
             return g, high, low
     return None
 

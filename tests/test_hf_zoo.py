@@ -209,3 +209,30 @@ def test_training_at_new_sequence_lengths_compiles_once_more(name):
                 continue
             torch.testing.assert_close(q.grad, p.grad, rtol=1e-4, atol=1e-5, msg=f"{length}: {pname}")
     assert minicompile.metrics.graphs == 2 and minicompile.metrics.graph_breaks == 0
+
+
+def test_a_seq2seq_model_fine_tuned_on_batches_of_new_shapes():
+    """T5 with its own loss, padded sources and ignored label positions, each batch of another
+    source length, target length and then batch size: generic code for both (its kernels'
+    indices over size symbols, its views of made buffers), not a graph per shape."""
+    config = transformers.T5Config(vocab_size=VOCAB, d_model=32, d_kv=8, d_ff=37, num_layers=1,
+                                   num_decoder_layers=1, num_heads=4, dropout_rate=0.0,
+                                   decoder_start_token_id=0, pad_token_id=0, eos_token_id=1)
+    torch.manual_seed(0)
+    model = transformers.T5ForConditionalGeneration(config).train()
+    reference = copy.deepcopy(model)
+    compiled = minicompile.compile(model)
+    for batch, source, target in [(2, 9, 5), (2, 13, 7), (3, 6, 4), (4, 11, 6)]:
+        ids = torch.randint(2, VOCAB, (batch, source))
+        mask = torch.ones(batch, source, dtype=torch.long)
+        mask[0, -2:] = 0
+        labels = torch.randint(2, VOCAB, (batch, target))
+        labels[1, -1] = -100
+        losses = [m(input_ids=ids, attention_mask=mask, labels=labels).loss for m in (compiled, reference)]
+        for loss in losses:
+            loss.backward()
+        torch.testing.assert_close(losses[0], losses[1], rtol=1e-4, atol=1e-5)
+        for (pname, p), q in zip(reference.named_parameters(), model.parameters()):
+            torch.testing.assert_close(q.grad, p.grad, rtol=1e-4, atol=1e-5, msg=pname)
+        model.zero_grad(), reference.zero_grad()
+    assert minicompile.metrics.graphs == 3 and minicompile.metrics.graph_breaks == 0

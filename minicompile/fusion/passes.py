@@ -68,7 +68,7 @@ def _view_of_made_buffer(box: TensorBox):
         return None
     view = as_view_of_buffer(box)
     if view is None or view.base is not link or (
-            box.wanted_stride is not None and any(a != b and n > 1 for a, b, n in
+            box.wanted_stride is not None and any(a != b and (ir.is_symbolic(n) or n > 1) for a, b, n in
                                                   zip(view.stride, box.wanted_stride, box.shape))):
         return None
     return view
