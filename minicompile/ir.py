@@ -136,7 +136,7 @@ class _SizePrinter(sympy.printing.str.StrPrinter):
 
     def _print(self, expr, **kwargs):
         # torch's FloorDiv and Mod print themselves (`a//b`); C needs its own spelling
-        name = type(expr).__name__
+        name = "FloorDiv" if type(expr).__name__ == "CleanDiv" else type(expr).__name__   # (exact)
         if name in ("FloorDiv", "Mod", "PythonMod", "CeilToInt"):
             return getattr(self, f"_print_{name}")(expr)
         return super()._print(expr, **kwargs)

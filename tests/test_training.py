@@ -1476,3 +1476,47 @@ def test_a_generic_backward_not_made_for_the_calls_sizes_runs_its_graph_on_pytor
     f(x).square().sum().backward()
     assert_same(got, w.grad)
     assert minicompile.metrics.graphs == 2
+
+
+def _shifted_squares(x, w):
+    return (x * w)[:, 1:].pow(2).sum()
+
+
+def test_a_reduction_over_a_sliced_dynamic_dim_sums_every_element(kernel_backend):
+    """The weight's gradient sums over a dim of size s - 1 (a shifted sequence, as a causal
+    LM's loss has): C++'s reduction split across threads bounded each thread's share by
+    `s - 1 * chunk / 8`, unparenthesized, and summed almost nothing."""
+    w = randn(6).requires_grad_()
+    compiled = minicompile.compile(_shifted_squares)
+    for length in (300, 411, 257):
+        x = randn(2, length, 6)
+        grads = []
+        for fn in (_shifted_squares, compiled):
+            w.grad = None
+            fn(x, w).backward()
+            grads.append(w.grad)
+        torch.testing.assert_close(grads[1], grads[0], rtol=1e-4, atol=1e-4)
+    assert minicompile.metrics.graphs == 2
+
+
+def _statistics_of_a_longer_row(x, lin):
+    h = lin(x)
+    b = torch.cat([h, h[:, :1]], dim=1)
+    return (b.mean(1) + b.var(1) + b.std(1) + b.norm(dim=1) + torch.logsumexp(b, 1)).pow(2).sum()
+
+
+def test_a_size_expression_as_a_kernel_constant_is_written_in_c(kernel_backend):
+    """A size quotient used as a number in a backward kernel was printed as Python
+    (`(s86//s11)`): the C++ compiler rejected the kernel and the graph ran on PyTorch's."""
+    lin = torch.nn.Linear(6, 6).to(DEVICE)
+    compiled = minicompile.compile(_statistics_of_a_longer_row)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")               # ("a generated kernel did not compile")
+        for batch, length in [(2, 7), (3, 11), (5, 5)]:
+            x = randn(batch, length, 6)
+            grads = []
+            for fn in (_statistics_of_a_longer_row, compiled):
+                lin.zero_grad()
+                fn(x, lin).backward()
+                grads.append(lin.bias.grad.clone())
+            torch.testing.assert_close(grads[1], grads[0], rtol=1e-4, atol=1e-4)

@@ -304,6 +304,8 @@ class CppWriter(KernelWriter):
 
     def constant_expr(self, value, dtype):
         t = ctype(dtype)
+        if ir.is_symbolic(value):            # a size the code is generic in (C's / floors it)
+            return f"static_cast<{t}>({self.render_size(value)})"
         if not dtype.is_floating_point and dtype != torch.bool and value == torch.iinfo(dtype).min:
             return f"std::numeric_limits<{t}>::min()"      # (its literal's magnitude overflows)
         if isinstance(value, float) and math.isinf(value):
@@ -610,7 +612,8 @@ def _across_rows(writer, xs, rs, store, parallel_if) -> list[str]:
         (r, size), inner = rs[0], rs[1:]
         size = ir.render_size(size, "/")
         chunk = [*decls, *over_x(inits),
-                 f"for (int64_t {r} = {size} * chunk / {ACROSS_CHUNKS}; {r} < {size} * (chunk + 1) / {ACROSS_CHUNKS}; {r}++) {{",
+                 f"for (int64_t {r} = ({size}) * chunk / {ACROSS_CHUNKS}; {r} < ({size}) * (chunk + 1) / {ACROSS_CHUNKS}; "
+                 f"{r}++) {{",
                  *["    " + line for line in _nest(inner, over_x(body))], "}",
                  *over_x([p[2] for p in parts])]
         walks.append([*[line for p in parts for line in p[:2]],

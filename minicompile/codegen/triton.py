@@ -564,6 +564,10 @@ def _store(writer, member, value, shape: str, mask: str) -> str:
     """The line storing `value` as `member`'s element(s); `shape`: the block's, for a constant."""
     index = writer.store_index(member)
     text = writer.offset(index) if index.variables() else f"{index.render('//')} + 0 * xindex"
+    if "RBLOCK" in shape and index.variables() and not any(str(v).startswith("x") for v in index.variables()):
+        # a row stored by a kernel that reduces to one value (no x in its index): the pointers
+        # made a block of the mask's shape, [XBLOCK, RBLOCK], as Triton's store asks
+        text = f"{text} + 0 * xindex"
     if value in writer.constants:       # a constant output still needs a block of values
         # (an integer constant is a one-element block already: added, not splat)
         value = f"(tl.zeros({shape}, {TL_TYPES[ir.compute_dtype(member.box.dtype)]}) + {value})"
