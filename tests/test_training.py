@@ -1520,3 +1520,23 @@ def test_a_size_expression_as_a_kernel_constant_is_written_in_c(kernel_backend):
                 fn(x, lin).backward()
                 grads.append(lin.bias.grad.clone())
             torch.testing.assert_close(grads[1], grads[0], rtol=1e-4, atol=1e-4)
+
+
+def _shifted_squares_plus_bias(x, b):
+    return (x + b)[:, 1:].pow(2).sum()
+
+
+def test_a_saved_slice_of_a_larger_buffer_is_read_as_handed_over(kernel_backend):
+    """The saved value is a slice (x + b)[:, 1:] of a buffer one row longer: the backward was
+    compiled for the slice's strides in that buffer while the forward handed it over dense
+    (uninitialized memory read: gradients of 1e32 and NaN at the size that compiled it)."""
+    b = randn(6).requires_grad_()
+    compiled = minicompile.compile(_shifted_squares_plus_bias)
+    for batch, length in [(2, 7), (3, 11), (5, 5), (4, 9)]:
+        x = randn(batch, length, 6)
+        grads = []
+        for fn in (_shifted_squares_plus_bias, compiled):
+            b.grad = None
+            fn(x, b).backward()
+            grads.append(b.grad)
+        torch.testing.assert_close(grads[1], grads[0], rtol=1e-4, atol=1e-4)

@@ -25,7 +25,7 @@ import torch
 from torch._subclasses.fake_tensor import FakeTensorMode
 
 from .. import ir, logs, metrics
-from .function import CompiledTraining
+from .function import CompiledTraining, dense_strides, dim_order
 from .joint import Joint, trace_joint
 from .partition import Partition, partition
 from .to_torch import to_torch
@@ -81,9 +81,10 @@ def _examples(gm: torch.fx.GraphModule) -> list:
             examples.append(ir.hint(val))
         elif isinstance(val, torch.Tensor) and any(isinstance(s, torch.SymInt) for s in (*val.shape, *val.stride())):
             node.meta["dynamic_dims"] = {d for d, s in enumerate(val.shape) if ir.is_symbolic(ir.size_expr(s))}
+            # dense, in the order of its dims in memory: as CompiledTraining hands it over
+            shape = [ir.hint(s) for s in val.shape]
             with FakeTensorMode():
-                examples.append(torch.empty_strided([ir.hint(s) for s in val.shape],
-                                                    [ir.hint(s) for s in val.stride()],
+                examples.append(torch.empty_strided(shape, dense_strides(shape, dim_order(val)),
                                                     dtype=val.dtype, device=val.device))
         else:
             examples.append(val)

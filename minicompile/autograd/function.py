@@ -181,25 +181,37 @@ class _Function(torch.autograd.Function):
 def _layout(value):
     """What the backward was compiled to read of a saved value: its strides (a tuple); where
     they are symbolic (dynamic shapes), its dims from the outermost in memory to the innermost
-    (a list), from which `_laid_out` makes the strides of each call's sizes; None for a size."""
+    (a list: the backward was compiled for the value dense in that order, whatever view of a
+    larger buffer the joint graph traced), from which `_laid_out` makes the strides of each
+    call's sizes; None for a size."""
     if not isinstance(value, torch.Tensor):
         return None
     stride = value.stride()
     if not any(isinstance(s, torch.SymInt) for s in stride):
         return stride
-    hints = [ir.hint(s) for s in stride]
+    return dim_order(value)
+
+
+def dim_order(value: torch.Tensor) -> list:
+    """value's dims from the outermost in memory to the innermost (by the example's strides)."""
+    hints = [ir.hint(s) for s in value.stride()]
     return sorted(range(len(hints)), key=lambda d: -hints[d])
+
+
+def dense_strides(shape, order: list) -> tuple:
+    """The strides of a tensor of `shape` dense in memory with its dims in `order`."""
+    stride, step = [0] * len(shape), 1
+    for d in reversed(order):
+        stride[d], step = step, step * max(shape[d], 1)
+    return tuple(stride)
 
 
 def _laid_out(value, layout):
     """A value the forward computed, laid out as `_layout` says the backward reads it."""
     if layout is None:
         return value
-    if isinstance(layout, list):             # dense, in this order of dims
-        stride, step = [0] * value.dim(), 1
-        for d in reversed(layout):
-            stride[d], step = step, step * max(value.shape[d], 1)
-        layout = tuple(stride)
+    if isinstance(layout, list):
+        layout = dense_strides(value.shape, layout)
     return as_layout(value, layout)
 
 
