@@ -180,14 +180,14 @@ class _Function(torch.autograd.Function):
 
 def _layout(value):
     """What the backward was compiled to read of a saved value: its strides (a tuple); where
-    they are symbolic (dynamic shapes), its dims from the outermost in memory to the innermost
-    (a list: the backward was compiled for the value dense in that order, whatever view of a
-    larger buffer the joint graph traced), from which `_laid_out` makes the strides of each
-    call's sizes; None for a size."""
+    its sizes or strides are symbolic (dynamic shapes), its dims from the outermost in memory
+    to the innermost (a list: the backward was compiled for the value dense in that order,
+    whatever view of a larger buffer the joint graph traced; autograd/__init__._examples), from
+    which `_laid_out` makes the strides of each call's sizes; None for a size."""
     if not isinstance(value, torch.Tensor):
         return None
     stride = value.stride()
-    if not any(isinstance(s, torch.SymInt) for s in stride):
+    if not any(isinstance(s, torch.SymInt) for s in (*value.shape, *stride)):
         return stride
     return dim_order(value)
 
