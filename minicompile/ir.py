@@ -229,14 +229,29 @@ def symbolic_fake(mode, value, dims, name: str):
                    symbolic_context=StatelessSymbolicContext(dynamic_sizes=sizes))
 
 
+def sizes_generic(symbolic: bool = True):
+    """Ops run under the Python dispatcher where sizes are symbols, as TorchDynamo runs them:
+    composite ops (matmul, linear) then decompose through code written for symbolic sizes
+    instead of specializing them."""
+    from torch._dispatch.python import enable_python_dispatcher
+    return enable_python_dispatcher() if symbolic else contextlib.nullcontext()
+
+
 @contextlib.contextmanager
 def running_symbolically(mode):
-    """Run ops on `mode`'s fake values, under the Python dispatcher as TorchDynamo does: composite
-    ops (matmul, linear) then decompose through code written for symbolic sizes instead of
-    specializing them."""
-    from torch._dispatch.python import enable_python_dispatcher
-    with torch.no_grad(), mode, enable_python_dispatcher():
+    """Run ops on `mode`'s fake values, their sizes kept generic (`sizes_generic`)."""
+    with torch.no_grad(), mode, sizes_generic():
         yield
+
+
+def symbol_reads(value, name: str):
+    """(symbol, where the wrapper reads it) for each dim of `value` (called `name`) whose size is
+    a symbol of its own: `("s0", "arg3.size(0)")`. Also a symbol the shape environment has since
+    replaced by another: guards still name it."""
+    for d, size in enumerate(value.shape):
+        raw = getattr(size.node, "_expr", size.node.expr) if isinstance(size, torch.SymInt) else None
+        if raw is not None and raw.is_Symbol:
+            yield str(raw), f"{name}.size({d})"
 
 
 # --------------------------------------------------------------------------- index expressions

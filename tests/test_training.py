@@ -1478,6 +1478,19 @@ def test_a_generic_backward_not_made_for_the_calls_sizes_runs_its_graph_on_pytor
     assert minicompile.metrics.graphs == 2
 
 
+def _same_gradient_at_each_size(fn, param, calls):
+    """fn(*args).backward(), eager then compiled, for each args in `calls`: param's gradient as
+    eager's at every size."""
+    compiled = minicompile.compile(fn)
+    for args in calls:
+        grads = []
+        for f in (fn, compiled):
+            param.grad = None
+            f(*args).backward()
+            grads.append(param.grad)
+        torch.testing.assert_close(grads[1], grads[0], rtol=1e-4, atol=1e-4)
+
+
 def _shifted_squares(x, w):
     return (x * w)[:, 1:].pow(2).sum()
 
@@ -1487,15 +1500,7 @@ def test_a_reduction_over_a_sliced_dynamic_dim_sums_every_element(kernel_backend
     LM's loss has): C++'s reduction split across threads bounded each thread's share by
     `s - 1 * chunk / 8`, unparenthesized, and summed almost nothing."""
     w = randn(6).requires_grad_()
-    compiled = minicompile.compile(_shifted_squares)
-    for length in (300, 411, 257):
-        x = randn(2, length, 6)
-        grads = []
-        for fn in (_shifted_squares, compiled):
-            w.grad = None
-            fn(x, w).backward()
-            grads.append(w.grad)
-        torch.testing.assert_close(grads[1], grads[0], rtol=1e-4, atol=1e-4)
+    _same_gradient_at_each_size(_shifted_squares, w, [(randn(2, length, 6), w) for length in (300, 411, 257)])
     assert minicompile.metrics.graphs == 2
 
 
@@ -1509,17 +1514,10 @@ def test_a_size_expression_as_a_kernel_constant_is_written_in_c(kernel_backend):
     """A size quotient used as a number in a backward kernel was printed as Python
     (`(s86//s11)`): the C++ compiler rejected the kernel and the graph ran on PyTorch's."""
     lin = torch.nn.Linear(6, 6).to(DEVICE)
-    compiled = minicompile.compile(_statistics_of_a_longer_row)
     with warnings.catch_warnings():
         warnings.simplefilter("error")               # ("a generated kernel did not compile")
-        for batch, length in [(2, 7), (3, 11), (5, 5)]:
-            x = randn(batch, length, 6)
-            grads = []
-            for fn in (_statistics_of_a_longer_row, compiled):
-                lin.zero_grad()
-                fn(x, lin).backward()
-                grads.append(lin.bias.grad.clone())
-            torch.testing.assert_close(grads[1], grads[0], rtol=1e-4, atol=1e-4)
+        _same_gradient_at_each_size(_statistics_of_a_longer_row, lin.bias,
+                                    [(randn(batch, length, 6), lin) for batch, length in [(2, 7), (3, 11), (5, 5)]])
 
 
 def _shifted_squares_plus_bias(x, b):
@@ -1531,12 +1529,5 @@ def test_a_saved_slice_of_a_larger_buffer_is_read_as_handed_over(kernel_backend)
     compiled for the slice's strides in that buffer while the forward handed it over dense
     (uninitialized memory read: gradients of 1e32 and NaN at the size that compiled it)."""
     b = randn(6).requires_grad_()
-    compiled = minicompile.compile(_shifted_squares_plus_bias)
-    for batch, length in [(2, 7), (3, 11), (5, 5), (4, 9)]:
-        x = randn(batch, length, 6)
-        grads = []
-        for fn in (_shifted_squares_plus_bias, compiled):
-            b.grad = None
-            fn(x, b).backward()
-            grads.append(b.grad)
-        torch.testing.assert_close(grads[1], grads[0], rtol=1e-4, atol=1e-4)
+    _same_gradient_at_each_size(_shifted_squares_plus_bias, b,
+                                [(randn(batch, length, 6), b) for batch, length in [(2, 7), (3, 11), (5, 5), (4, 9)]])

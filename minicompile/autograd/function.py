@@ -42,6 +42,10 @@ class CompiledTraining:
         self.sizes_at = [k for k, v in enumerate(placeholders[:len(partition.saved_from)])
                          if not isinstance(v, torch.Tensor)]
         self.tangents = placeholders[len(partition.saved_from):]
+        # the gradients' shapes, for the zeros of an output the caller did not use: known now
+        # unless their sizes are symbols (then each call's outputs say)
+        self.tangent_shapes = None if any(isinstance(n, torch.SymInt) for v in self.tangents
+                                          for n in v.shape) else [v.shape for v in self.tangents]
         self.backward_holds = _conditions(backward, partition.backward)
         # inputs that get no gradient (not read, or read only where no gradient flows) are
         # handed over detached: autograd would link the node to their history (a tensor an
@@ -92,7 +96,7 @@ class _Function(torch.autograd.Function):
         if ctx.sizes:
             saved = [t for t in saved if isinstance(t, torch.Tensor)]
         ctx.save_for_backward(*[t.clone() if t.is_inference() else t for t in saved])
-        ctx.shapes = [o.shape for o, d in zip(outs, joint.differentiable) if d]
+        ctx.shapes = plan.tangent_shapes or [o.shape for o, d in zip(outs, joint.differentiable) if d]
         ctx.plan = plan
         # what a differentiable backward reads: the inputs (the graph run again), or those that
         # need gradients, for the node that raises (_not_differentiable): all, not those saved

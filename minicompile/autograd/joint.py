@@ -147,7 +147,7 @@ def trace_joint(gm: torch.fx.GraphModule, example_inputs, from_capture: bool = T
     captured = _captured_outputs(gm) if from_capture else None
     watching = functools.partial(_WatchingGenerators, touched=touched)
     if captured is None:
-        with mode, torch.set_grad_enabled(grad_on), _sizes_generic(symbolic):
+        with mode, torch.set_grad_enabled(grad_on), ir.sizes_generic(symbolic):
             leaves, spec = run(primals, watching)
         _refuse_seeding(touched)
     else:
@@ -188,7 +188,7 @@ def trace_joint(gm: torch.fx.GraphModule, example_inputs, from_capture: bool = T
     # a checkpointed function's nodes (capture marks them) mark the aten nodes they become, for
     # the partitioner; only then, as it costs a copy of each node's meta
     marked = any(RECOMPUTE in n.meta for n in gm.graph.nodes)
-    with _lazy_code(), ir.quiet_grad_reads(), _sizes_generic(symbolic), \
+    with _lazy_code(), ir.quiet_grad_reads(), ir.sizes_generic(symbolic), \
             torch.fx.traceback.preserve_node_meta() if marked else contextlib.nullcontext():
         try:
             graph = _trace(joint, primals, tangents, table, lean=not marked and not symbolic)
@@ -219,24 +219,12 @@ def trace_joint(gm: torch.fx.GraphModule, example_inputs, from_capture: bool = T
                  inputs, outputs, spec, modes[-1] if modes else None, conditions)
 
 
-def _sizes_generic(symbolic: bool):
-    """Ops run under the Python dispatcher where sizes are symbols, as TorchDynamo runs them:
-    composite ops (matmul, linear) then decompose through code written for symbolic sizes
-    instead of specializing them."""
-    from torch._dispatch.python import enable_python_dispatcher
-    return enable_python_dispatcher() if symbolic else contextlib.nullcontext()
-
-
 def _shape_conditions(shape_env, primals: list, tensor_at: list) -> list:
     """What the trace needed of the size symbols, over the user's graph inputs (`arg3.size(0)`)."""
     reads = {}
     for p, i in zip(primals, tensor_at):
-        for d, size in enumerate(p.shape):
-            # (each input's own symbol, also one the shape environment has since replaced by
-            # another: its guards still name it)
-            raw = getattr(size.node, "_expr", size.node.expr) if isinstance(size, torch.SymInt) else None
-            if raw is not None and raw.is_Symbol:
-                reads.setdefault(str(raw), f"arg{i}.size({d})")
+        for symbol, read in ir.symbol_reads(p, f"arg{i}"):
+            reads.setdefault(symbol, read)
     return ir.shape_conditions(shape_env, reads)
 
 

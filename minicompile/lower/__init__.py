@@ -128,10 +128,8 @@ def lower(gm: torch.fx.GraphModule, example_inputs) -> ir.Program:
             env[node] = TensorBox(buf, program)
             # where the wrapper reads each size symbol: every input's own symbol, also one the
             # shape environment has since replaced by another (its guards still name it)
-            for d, size in enumerate(traced.shape):
-                raw = getattr(size.node, "_expr", size.node.expr) if isinstance(size, torch.SymInt) else None
-                if raw is not None and raw.is_Symbol:
-                    program.symbols.setdefault(str(raw), f"arg{i}.size({d})")
+            for symbol, read in ir.symbol_reads(traced, f"arg{i}"):
+                program.symbols.setdefault(symbol, read)
         elif isinstance(traced, torch.SymInt) or isinstance(value, int):
             # a size passed as an input (TorchDynamo does this with dynamic shapes)
             size = ir.size_expr(traced)
