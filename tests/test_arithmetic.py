@@ -355,6 +355,14 @@ def test_integer_scalars_wrap_into_the_tensors_dtype(kernel_backend):
     check_compiled(lambda x: (x + 300, x > 300, x.clamp(-5, 100), x * 2, x - 1), x)
 
 
+def test_a_wider_zero_dim_tensor_wraps_into_the_tensors_dtype_in_comparisons(kernel_backend):
+    """uint8 x < int8 tensor(-100) compares with 156: a 0-dim tensor ranks below one with dims
+    of its kind in type promotion (as a Python scalar does), so it is converted to uint8."""
+    x = t([0, 5, 100, 160, 255], torch.uint8)
+    check_compiled(lambda x, s, w: (x < s, x >= s, x == w, x.to(torch.int8) > w.to(torch.int16)),
+                   x, t(-100, torch.int8), t(300, torch.int64))
+
+
 def test_bool_arithmetic_is_bool(kernel_backend):
     """True + True is True (logical or), True * False is False: never 2."""
     b, c = t([True, False, True, False], torch.bool), t([True, True, False, False], torch.bool)

@@ -434,6 +434,20 @@ def test_a_returned_view_can_be_written_by_the_caller():
     assert (x[1:3] == 0).all() and (x[0] != 0).all()
 
 
+def test_a_zero_dim_result_is_its_own_tensor(kernel_backend):
+    """x.sum() is a 0-dim tensor of its own in eager: computed under no_grad, then scaled in
+    place by a tensor that needs a gradient. A view of a one-element buffer was "a view
+    created in no_grad mode" to autograd, which raised."""
+    compiled = minicompile.compile(lambda x: (x.sum(), (x * 2).amax(), x.argmax()))
+    w = randn(()).requires_grad_()
+    with torch.no_grad():
+        outs = compiled(randn(7, 3))
+    assert all(out._base is None for out in outs)
+    total = outs[0].mul_(w)
+    total.backward()
+    assert w.grad is not None
+
+
 # --- module buffers and parameters written -----------------------------------------------
 def test_batch_norm_training_updates_running_statistics_in_one_graph(kernel_backend):
     torch.manual_seed(0)

@@ -424,11 +424,13 @@ def build(program: ir.Program, steps: list, written: dict | None = None) -> Comp
             for m in step.members:
                 if m.box.name not in step.stored:
                     continue
-                # a 0-dim result is allocated as one element (Triton's interpreter reads 0-dim
-                # tensors as Python scalars), then viewed as 0-dim
-                shape = tuple(m.box.shape) or (1,)
-                stride = sizes(m.box.data.stride or (1,))
                 how, source = plan[m.box.name]
+                # a 0-dim result is its own 0-dim tensor, as eager's (a view of one element
+                # would be "a view created in no_grad mode" to autograd); for Triton, allocated
+                # as one element (its interpreter reads 0-dim tensors as Python scalars), then
+                # made 0-dim in place after the kernel
+                shape = tuple(m.box.shape) or (() if backend == "cpp" and how == "torch" else (1,))
+                stride = sizes(m.box.data.stride or (() if not shape else (1,)))
                 if how == "in place" and _same_layout(buffers[source], m.box):
                     # (the very tensor: no view to make per call, nor a write-back to do)
                     lines.append(f"    {m.box.name} = {source}  # in place: {step.name} reads {source} "
@@ -457,7 +459,11 @@ def build(program: ir.Program, steps: list, written: dict | None = None) -> Comp
                 lines.append(f"    {step.name}[({grid},)]({', '.join(passed)}, {settings})")
             for m in step.members:
                 if m.box.name in step.stored and not m.box.shape:
-                    lines.append(f"    {m.box.name} = {m.box.name}.view(())")
+                    how = plan[m.box.name][0]
+                    if how not in ("torch", "new"):      # (another's memory: a view of it)
+                        lines.append(f"    {m.box.name} = {m.box.name}.view(())")
+                    elif backend != "cpp" or how == "new":
+                        lines.append(f"    {m.box.name}.set_({m.box.name}.untyped_storage(), 0, (), ())")
             metrics.kernels += 1
             metrics.kernel_bytes.append((step.name, step.bytes_read, step.bytes_written))
         elif isinstance(step, ExternCall) and plan.get(step.box.name, ("",))[0] == "in place":

@@ -158,7 +158,9 @@ def _origin(node) -> str:
 
 
 def _promoted(*xs) -> torch.dtype:
-    probes = [torch.empty((1,), dtype=x.dtype) if isinstance(x, TensorBox) else x for x in xs]
+    # (a 0-dim tensor ranks below one with dims of its kind: u8 < i8 compares as uint8)
+    probes = [torch.empty((1,) if x.shape else (), dtype=x.dtype) if isinstance(x, TensorBox) else x
+              for x in xs]
     return torch.result_type(*probes) if len(probes) > 1 else probes[0].dtype
 
 
