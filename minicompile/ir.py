@@ -77,20 +77,21 @@ def shape_conditions(shape_env, reads: dict) -> list[str]:
     over where each symbol is read (`reads`: symbol name -> `arg0.size(1)`), e.g.
     `arg0.size(0) == arg1.size(0)`. Conditions true for every size are left out. A condition
     on a symbol that `reads` does not name raises NotImplementedError."""
+    # (each as recorded, not simplified with what the environment learnt since, which would
+    # make `s0 == s2` true by having replaced s2 with s0)
+    return [size_as_python(guard.expr, reads, "a shape condition") for guard in shape_env.guards
+            if guard.expr != sympy.true]
+
+
+def size_as_python(expr, reads: dict, what: str = "a size") -> str:
+    """A sympy expression over size symbols as Python over where each is read (`reads`:
+    symbol name -> `arg0.size(1)`): `arg0.size(1) + 1`. One over a symbol that `reads` does not
+    name raises NotImplementedError."""
     from torch.utils._sympy.printers import PythonPrinter
-    symbols = {sym: sympy.Symbol(read) for sym, read in reads.items()}
-    out = []
-    for guard in shape_env.guards:
-        # as recorded, not simplified with what the environment learnt since (which would
-        # make `s0 == s2` true by having replaced s2 with s0)
-        expr = guard.expr
-        if expr == sympy.true:
-            continue
-        expr = expr.xreplace({s: symbols[str(s)] for s in expr.free_symbols if str(s) in symbols})
-        if any(s not in symbols.values() for s in expr.free_symbols):
-            raise NotImplementedError(f"a shape condition on a size no input has: {guard.expr}")
-        out.append(PythonPrinter().doprint(expr))
-    return out
+    missing = [s for s in expr.free_symbols if str(s) not in reads]
+    if missing:
+        raise NotImplementedError(f"{what} over a size no input has: {expr}")
+    return PythonPrinter().doprint(expr.xreplace({s: sympy.Symbol(reads[str(s)]) for s in expr.free_symbols}))
 
 
 def provably_nonneg(e) -> bool:

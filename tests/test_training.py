@@ -1531,3 +1531,30 @@ def test_a_saved_slice_of_a_larger_buffer_is_read_as_handed_over(kernel_backend)
     b = randn(6).requires_grad_()
     _same_gradient_at_each_size(_shifted_squares_plus_bias, b,
                                 [(randn(batch, length, 6), b) for batch, length in [(2, 7), (3, 11), (5, 5), (4, 9)]])
+
+
+class _Cache:
+    def __init__(self):
+        self.length = 0
+
+
+def _projection_counting_its_length(x, lin, cache):
+    cache.length += x.shape[1]              # (a sliding-window KV cache's cumulative length)
+    return lin(x).pow(2).mean()
+
+
+def test_a_size_the_graph_returns_keeps_training_generic(kernel_backend):
+    """The graph also returns a number made from a dynamic size (stored on a Python object
+    after it, a KV cache made on each call): computed from the inputs' sizes on each call, the
+    joint graph generic, instead of a compile per size."""
+    lin = torch.nn.Linear(6, 6).to(DEVICE)
+    compiled = minicompile.compile(_projection_counting_its_length)
+    for batch, length in [(2, 7), (3, 13), (4, 10), (5, 9)]:
+        x, results = randn(batch, length, 6), []
+        for fn in (_projection_counting_its_length, compiled):
+            lin.weight.grad, cache = None, _Cache()
+            fn(x, lin, cache).backward()
+            results.append((lin.weight.grad, cache.length))
+        torch.testing.assert_close(results[1][0], results[0][0], rtol=1e-4, atol=1e-4)
+        assert results[1][1] == results[0][1] == length
+    assert minicompile.metrics.graphs == 2

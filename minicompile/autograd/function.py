@@ -69,7 +69,8 @@ class CompiledTraining:
             outs = _Function.apply(self, *tensors)
         if self.joint.grad_mode_after is not None:     # the graph's torch.set_grad_enabled
             torch._C._set_grad_enabled(self.joint.grad_mode_after)
-        leaves = [outs[k] if kind == "tensor" else k for kind, k in self.joint.outputs]
+        leaves = [outs[k] if kind == "tensor" else k(*args) if kind == "size" else k
+                  for kind, k in self.joint.outputs]
         return self.flat(leaves) if self.flat is not None else pytree.tree_unflatten(leaves, self.joint.output_spec)
 
     @property

@@ -51,7 +51,8 @@ class Joint:
                                    # reaches it (none of those the caller used: its gradient is
                                    # None, as in eager; a formula that gives zeros still reaches)
     inputs: list                   # the user's graph inputs: ("tensor", primal k) or ("const", v)
-    outputs: list                  # its output leaves: ("tensor", k) or ("const", v)
+    outputs: list                  # its output leaves: ("tensor", k), ("const", v) or ("size", f),
+                                   # f(*graph inputs) computing a size from the inputs' sizes
     output_spec: Any               # the pytree structure of its output
     grad_mode_after: Any = None    # the grad mode the graph leaves set (torch.set_grad_enabled
                                    # in it), which the traced aten graphs do not record
@@ -155,8 +156,13 @@ def trace_joint(gm: torch.fx.GraphModule, example_inputs, from_capture: bool = T
     tensor_outs = [i for i, v in enumerate(leaves) if isinstance(v, torch.Tensor)]
     outputs = [("tensor", tensor_outs.index(i)) if i in tensor_outs else ("const", v)
                for i, v in enumerate(leaves)]
-    if any(isinstance(v, (torch.SymInt, torch.SymFloat, torch.SymBool)) for v in leaves):
-        raise NotImplementedError("the graph returns a number computed from its sizes")
+    reads = _symbol_reads(primals, tensor_at) if symbolic else {}
+    if any(isinstance(v, (torch.SymFloat, torch.SymBool)) for v in leaves):
+        raise NotImplementedError("the graph returns a float or bool computed from its sizes")
+    # a size the graph returns (a cache's length += x.shape[1]): computed from the inputs' sizes
+    # by Python on each call, as the generated code's wrapper computes one
+    outputs = [("size", _size_function(v, reads, len(example_inputs))) if isinstance(v, torch.SymInt) else o
+               for o, v in zip(outputs, leaves)]
     differentiable = [leaves[i].requires_grad for i in tensor_outs]
     reached_by = None if captured is not None else \
         _reached_by([leaves[i] for i, d in zip(tensor_outs, differentiable) if d], primals)
@@ -214,18 +220,24 @@ def trace_joint(gm: torch.fx.GraphModule, example_inputs, from_capture: bool = T
     _merge_common_values(graph)
     graph.recompile()
     modes = [n.args[0] for n in gm.graph.nodes if n.target is torch._C._set_grad_enabled]
-    conditions = _shape_conditions(mode.shape_env, primals, tensor_at) if symbolic else []
+    conditions = ir.shape_conditions(mode.shape_env, reads) if symbolic else []
     return Joint(graph, len(primals), len(tensor_outs), differentiable, list(grad_inputs), reached_by,
                  inputs, outputs, spec, modes[-1] if modes else None, conditions)
 
 
-def _shape_conditions(shape_env, primals: list, tensor_at: list) -> list:
-    """What the trace needed of the size symbols, over the user's graph inputs (`arg3.size(0)`)."""
+def _symbol_reads(primals: list, tensor_at: list) -> dict:
+    """Where each size symbol is read from the user's graph inputs: {"s0": "arg3.size(0)"}."""
     reads = {}
     for p, i in zip(primals, tensor_at):
         for symbol, read in ir.symbol_reads(p, f"arg{i}"):
             reads.setdefault(symbol, read)
-    return ir.shape_conditions(shape_env, reads)
+    return reads
+
+
+def _size_function(size: torch.SymInt, reads: dict, num_inputs: int):
+    """A function of the user's graph inputs that computes `size` from their sizes."""
+    names = ", ".join(f"arg{i}" for i in range(num_inputs))
+    return eval(f"lambda {names}: {ir.size_as_python(size.node.expr, reads)}")
 
 
 def _trace(joint, primals: list, tangents: list, table: dict, lean: bool) -> torch.fx.GraphModule:
