@@ -248,10 +248,12 @@ def batch_norm_training(input, running_mean, running_var, weight=None, bias=None
 
 
 def copy_into(dest, src):
-    """The value `dest.copy_(src)` leaves in dest: src broadcast to dest's shape, in its dtype."""
+    """The value `dest.copy_(src)` leaves in dest: src broadcast to dest's shape, in its dtype,
+    laid out as dest. A new tensor (aten's functional copy), never src or a view of it: the
+    graph may return it, and a write into what it returns must not reach src."""
     if not isinstance(src, torch.Tensor):
         return torch.full_like(dest, src)
-    return src.to(device=dest.device, dtype=dest.dtype).expand(dest.shape)
+    return torch.ops.aten.copy(dest, src)
 
 
 def overwritten(dest, value):

@@ -434,6 +434,27 @@ def test_a_returned_view_can_be_written_by_the_caller():
     assert (x[1:3] == 0).all() and (x[0] != 0).all()
 
 
+COPIES = {      # a tensor made in the function, then overwritten whole by copy_ or fill_
+    "x.clone().copy_(y)": lambda x, y: x.clone().copy_(y),
+    "empty(6, 4).copy_(row)": lambda x, y: torch.empty(6, 4, device=x.device).copy_(y[0]),
+    "x.t().clone().copy_(y.t())": lambda x, y: x.t().clone().copy_(y.t()),
+    "int32 empty.copy_(y * 10)": lambda x, y: torch.empty(6, 4, dtype=torch.int32, device=x.device).copy_(y * 10),
+    "x.clone().fill_(y[0, 0])": lambda x, y: x.clone().fill_(y[0, 0]),
+}
+
+
+@pytest.mark.parametrize("name", list(COPIES))
+def test_a_copy_returned_is_a_tensor_of_its_own(kernel_backend, name):
+    """Eager's result is the written tensor, in its layout: not the source (x.clone().copy_(y)
+    returned y itself, so a write into the result changed y) nor the source broadcast (a row
+    expanded, whose rows a write changed all together)."""
+    assert_same_effects(COPIES[name], lambda: (randn(6, 4), randn(6, 4)))
+    x, y = randn(6, 4), randn(6, 4)
+    out, expected, before = minicompile.compile(COPIES[name])(x, y), COPIES[name](x, y), y.clone()
+    out[0, 0] = expected[0, 0] = 7
+    assert torch.equal(out, expected) and torch.equal(y, before)
+
+
 def test_a_zero_dim_result_is_its_own_tensor(kernel_backend):
     """x.sum() is a 0-dim tensor of its own in eager: computed under no_grad, then scaled in
     place by a tensor that needs a gradient. A view of a one-element buffer was "a view

@@ -614,6 +614,18 @@ def _where(node, values, condition, input, other):
     return TensorBox(data, condition.program, boxes)
 
 
+@register([aliasing.copy_into], "dest, src", pointwise=True)
+def _copy_into(node, values, dest, src):
+    """What dest.copy_(src) leaves in dest (functionalize.py): src broadcast and converted, a
+    value of its own."""
+    meta = _meta(node, values)
+    if meta is None or not isinstance(src, TensorBox) or src.device != meta.device:
+        return NotImplemented
+    shape = ir.shape_of(meta)
+    data = ir.Pointwise(shape, meta.dtype, meta.device, _as_index_value(src, shape, meta.dtype), "copy")
+    return TensorBox(data, src.program, [src])
+
+
 def _cast(node, values, input):
     """A dtype conversion (narrowing to half precision rounds at the end of the op, as every
     op's half result does: lower._rounded_as_eager)."""
