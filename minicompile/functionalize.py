@@ -67,8 +67,11 @@ class Epilogue:
         into, new, at = [], [], []
         for i, k in self.copies:
             x, value = inputs[i], outs[k]
-            # (a kernel may have stored the new value straight into the input: nothing to copy)
-            if value is not x and (value.data_ptr() != x.data_ptr() or not _same_places(value, x)):
+            # (a kernel may have stored the new value straight into the input: nothing to copy,
+            # unless autograd must see the write: a value with a history, into a tensor that
+            # takes it on, as eager's write makes it)
+            if value is not x and (value.data_ptr() != x.data_ptr() or not _same_places(value, x)
+                                   or value.requires_grad and i not in self.unseen):
                 into.append(x)
                 new.append(value)
                 at.append(i)

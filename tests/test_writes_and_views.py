@@ -563,6 +563,26 @@ def test_writing_a_leaf_that_requires_grad_raises_as_eager():
         assert str(compiled.value) == str(eager.value)
 
 
+@pytest.mark.parametrize("write", [lambda b, w: b.add_(w), lambda b, w: b.__setitem__(slice(1, 3), w[:2] ** 2)])
+def test_an_input_written_with_a_value_that_needs_a_gradient_takes_its_history(kernel_backend, write):
+    """b (no gradient) written with a value made from w: in eager b then requires grad, and a
+    loss on b reaches w. The kernel that stored the new value straight into b left b a leaf:
+    w's gradient lacked that part."""
+    def fn(b, w):
+        write(b, w)
+        return (w * 2).sum()
+    compiled = minicompile.compile(fn)
+    for _ in range(2):
+        grads = []
+        for f in (fn, compiled):
+            torch.manual_seed(0)
+            b, w = randn(5), randn(5).requires_grad_()
+            (f(b, w) + (b * 3).sum()).backward()
+            grads.append((b.requires_grad, w.grad))
+        assert grads[1][0] and grads[0][0]
+        torch.testing.assert_close(grads[1][1], grads[0][1])
+
+
 def test_inputs_written_are_written_in_place_in_training(kernel_backend):
     """In training as in inference, the kernels store the new values of written inputs (batch
     norm's running statistics) straight into them: no copy after the call, each eager's."""
