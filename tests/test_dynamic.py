@@ -15,7 +15,7 @@ import torch.nn.functional as F
 
 import minicompile
 from conftest import DEVICE
-from helpers import assert_same, graph_counter
+from helpers import assert_same, graph_counter, randn
 
 
 def torch_compiles(fn, calls, dynamic=None, mark=None):
@@ -259,6 +259,35 @@ def test_a_size_used_as_a_python_int_specializes(capsys):
         minicompile.set_logs(dynamic=False)
     assert "made static: the trace used a size" in capsys.readouterr().out
     assert ours == 4
+
+
+def _padded_to_a_multiple_of_4(x):
+    # Pegasus-X's blocks: a length padded to a multiple of the block size when it is not one
+    length = x.shape[1]
+    if length % 4 != 0:
+        x = F.pad(x, (0, 0, 0, 4 - length % 4))
+    return x.view(x.shape[0], -1, 4, x.shape[2]).sum(2).tanh(), length % 3
+
+
+def test_a_branch_on_a_remainder_of_a_size_is_guarded_not_specialized(kernel_backend):
+    """`length % 4 != 0` stays symbolic (the guard gets the condition), as TorchDynamo's: one
+    compile per branch, not per length, and the batch dim stays dynamic."""
+    calls = [(randn(b, n, 6),) for b, n in [(2, 7), (3, 11), (4, 16), (5, 19), (6, 24), (3, 13)]]
+    assert our_compiles(_padded_to_a_multiple_of_4, calls) == 3
+
+
+def test_a_size_read_as_an_int_makes_only_its_own_dim_static(capsys):
+    """A length used as a Python int (range) specializes that dim of the input, not the
+    batch dim beside it: new batch sizes at one length reuse the one graph."""
+    def f(x):
+        return sum(x[:, i] for i in range(x.shape[1]))
+    minicompile.set_logs(dynamic=True)
+    try:
+        ours = our_compiles(f, [(randn(b, 3, 4),) for b in (2, 3, 5, 7)], dynamic=True)
+    finally:
+        minicompile.set_logs(dynamic=False)
+    assert "dims [1] made static" in capsys.readouterr().out
+    assert ours == 1
 
 
 def test_attention_with_a_dynamic_sequence_length(kernel_backend):

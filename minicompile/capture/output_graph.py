@@ -79,7 +79,7 @@ COMPARE_SYMBOLS = {operator.eq: "==", operator.ne: "!=", operator.lt: "<", opera
                    operator.gt: ">", operator.ge: ">="}
 SIZE_ARITHMETIC = {"+": operator.add, "+=": operator.add, "-": operator.sub, "-=": operator.sub,
                    "*": operator.mul, "*=": operator.mul, "//": operator.floordiv,
-                   "//=": operator.floordiv}
+                   "//=": operator.floordiv, "%": operator.mod, "%=": operator.mod}
 
 
 # Ops that give a list of tensors as long as a size says (x.split(2)): with dynamic shapes they
@@ -503,17 +503,23 @@ class OutputGraph:
         if not nodes:
             return
         inputs = {id(n) for n in nodes}
+        dims = {id(n): set(n.meta["dynamic_dims"]) for n in nodes}
         if tensors and all(id(t.node) in inputs for t in tensors):
-            nodes = [t.node for t in tensors]
+            # the sizes of inputs: those dims alone (one read by `x.size(1)` says nothing of dim 0)
+            dims = {}
+            for t in tensors:
+                dims.setdefault(id(t.node), set()).update(
+                    {t.dim} if hasattr(t, "dim") else t.node.meta["dynamic_dims"])
+            nodes = list({id(t.node): t.node for t in tensors}.values())
         where = ""
         if self.tx is not None:
             f, line, text = self.tx.user_stack()[-1]
             where = f" ({os.path.basename(f)}:{line}: {text.strip()})"
         for n in nodes:
-            if n.meta["dynamic_dims"]:
-                logs.log("dynamic", f"{n.meta['source_expr']}: dims {sorted(n.meta['dynamic_dims'])} "
-                                    f"made static: {why}{where}")
-                n.meta["dynamic_dims"].clear()
+            static = dims[id(n)] & n.meta["dynamic_dims"]
+            if static:
+                logs.log("dynamic", f"{n.meta['source_expr']}: dims {sorted(static)} made static: {why}{where}")
+                n.meta["dynamic_dims"].difference_update(static)
 
     # -- sizes read by the traced code, with dynamic shapes ------------------------------
     def has_dynamic_inputs(self) -> bool:
@@ -527,7 +533,9 @@ class OutputGraph:
             return ConstantVariable(t.example.size(d))
         proxy = self.tracer.create_proxy("call_method", "size", (t.as_proxy(), d), {})
         self._set_meta(proxy.node, t.example.size(d))
-        return SymIntVariable(proxy, t.example.size(d), [t], self.specialize_sizes)
+        # (read from an input: the one dim it reveals)
+        dep = types.SimpleNamespace(node=t.node, dim=d) if t.node.op == "placeholder" else t
+        return SymIntVariable(proxy, t.example.size(d), [dep], self.specialize_sizes)
 
     def shape_of(self, t: TensorVariable) -> VariableTracker:
         return SizeVariable([self.size_of(t, d) for d in range(t.example.dim())])

@@ -1715,11 +1715,14 @@ def size_arithmetic(target, args):
         from torch.utils._sympy.functions import FloorDiv
         q = ir.divides(b, a)
         return q if q is not None else FloorDiv(a, b)
+    if target is operator.mod and (ir.is_symbolic(a) or ir.is_symbolic(b)):
+        from torch.utils._sympy.functions import PythonMod
+        return PythonMod(ir.size_expr(a), ir.size_expr(b))
     return ir.size_expr(_SIZE_OPS[target](a, b))
 
 
 _SIZE_OPS = {operator.add: operator.add, operator.sub: operator.sub, operator.mul: operator.mul,
-             operator.floordiv: operator.floordiv}
+             operator.floordiv: operator.floordiv, operator.mod: operator.mod}
 
 
 def scalar_arithmetic(program: ir.Program, target, args):
