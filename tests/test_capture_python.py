@@ -2034,3 +2034,57 @@ class _WritesItsMemberDicts(torch.nn.Module):
 
 def test_writes_into_a_modules_own_dicts_are_seen_by_the_reads_after():
     agree(lambda: (_WritesItsMemberDicts(), None), [lambda m, s: m(torch.arange(6.0).view(2, 3) + 1)] * 2)
+
+
+class _Op:
+    def __init__(self, v):
+        self.v = v
+
+    def __add__(self, other):
+        return ("A.add", self.v)
+
+    def __le__(self, other):
+        return ("A.le", self.v)
+
+    def __eq__(self, other):
+        return NotImplemented if not isinstance(other, _Op) else ("A.eq", self.v)
+
+    __hash__ = object.__hash__
+
+
+class _SubOp(_Op):
+    def __radd__(self, other):
+        return ("B.radd", self.v)
+
+    def __ge__(self, other):
+        return ("B.ge", self.v)
+
+    def __eq__(self, other):
+        return ("B.eq", self.v)
+
+
+class _NoAdd:
+    def __add__(self, other):
+        return NotImplemented
+
+    def __radd__(self, other):
+        return "radd"
+
+    def __eq__(self, other):
+        return NotImplemented
+
+
+def operators_in_pythons_order(x, a, b, n):
+    try:
+        same = n + n
+    except TypeError as e:
+        same = str(e)
+    return x * 2, a + b, a <= b, a == b, a != b, same, n == "auto", n != None, "s" in [n, n]
+
+
+def test_operators_on_python_objects_try_methods_in_pythons_order():
+    """A right operand of a proper subclass with its own reflected method was tried after the
+    left's method (Python tries it first); two operands of one class tried the reflected method
+    (Python never does, for arithmetic); NotImplemented from __eq__ was the result of ==."""
+    agree(lambda: (operators_in_pythons_order, None),
+          [lambda fn, s: fn(torch.arange(3.0), _Op(1), _SubOp(2), _NoAdd())] * 2)

@@ -931,26 +931,20 @@ class InstructionTranslator(CallsMixin):
             same = isinstance(b, NNModuleVariable) and self.output.same_module(a, b)
             return ConstantVariable(same if sym == "==" else not same)
         if sym in ("==", "!=") and isinstance(a, UserObjectVariable):
-            eq = self.call_special(a, "__eq__", [b])
-            if eq is None:
-                if class_attr(type(a.value), "__eq__") is not object.__eq__:
-                    raise self.unsupported(f"operator {sym} on {a.describe()}: a builtin __eq__")
-                # object's own ==: identity
-                if a is b:
-                    same = True
-                elif isinstance(b, UserObjectVariable) and a.source is not None and b.source is not None:
-                    same = a.value is b.value
-                    self.output.guards.same_object(a.source, b.source, same)
-                elif isinstance(b, UserObjectVariable) or b.is_constant():
-                    same = False            # another object made in the frame, or a constant
-                else:
-                    raise self.unsupported(f"operator {sym} on {a.describe()} and {b.describe()}")
-                eq = ConstantVariable(same)
-            if sym == "!=":
-                if not eq.is_constant():
-                    raise self.unsupported(f"operator != on {a.describe()}")
-                return ConstantVariable(not eq.as_example())
-            return eq
+            result = self.user_operator(sym, a, b)
+            if result is not None:
+                return result
+            # neither side's method answered: object's own ==, identity
+            if a is b:
+                same = True
+            elif isinstance(b, UserObjectVariable) and a.source is not None and b.source is not None:
+                same = a.value is b.value
+                self.output.guards.same_object(a.source, b.source, same)
+            elif isinstance(b, UserObjectVariable) or b.is_constant():
+                same = False            # another object made in the frame, or a constant
+            else:
+                raise self.unsupported(f"operator {sym} on {a.describe()} and {b.describe()}")
+            return ConstantVariable(same == (sym == "=="))
         if a.is_constant() and b.is_constant():
             return self.constant_result(op, a, b)      # (the sizes become static)
         raise self.unsupported(f"operator {sym} on {a.describe()} and {b.describe()}")
@@ -977,20 +971,51 @@ class InstructionTranslator(CallsMixin):
                 return False
         return True
 
-    def user_operator(self, sym: str, a: VariableTracker, b: VariableTracker) -> VariableTracker:
-        """`a sym b` where an operand is an object of a Python class: its operator method
-        (`__iadd__` first for +=), else the other's reflected one, as Python tries them."""
+    def user_operator(self, sym: str, a: VariableTracker, b: VariableTracker) -> Optional[VariableTracker]:
+        """`a sym b` where an operand is an object of a Python class, its methods tried in
+        Python's order: `__iadd__` first for +=; the right operand's reflected method before the
+        left's method where its class is a proper subclass of the left's (for arithmetic, only
+        where it has a reflected method of its own); the reflected method never for two operands
+        of one class, save for comparisons; NotImplemented passes on to the next. For == and !=
+        None where no method answered (identity decides), for the rest a graph break."""
         base = sym[:-1] if sym.endswith("=") and sym not in COMPARE_OPS else sym
         forward, reflected = _OPERATOR_METHODS[base]
-        tries = [(a, f"__i{forward[2:]}", b)] if base != sym else []
-        tries += [(a, forward, b), (b, reflected, a)]
+        ta, tb = _operand_type(a), _operand_type(b)
+        comparison = base in COMPARE_OPS
+        right_first = ta is not None and tb is not None and tb is not ta and issubclass(tb, ta) and (
+            comparison or self.class_member(tb, reflected) is not self.class_member(ta, reflected))
+        tries = [(a, forward, b)]
+        if comparison or tb is not ta:
+            tries.insert(0 if right_first else 1, (b, reflected, a))
+        if base != sym:
+            tries.insert(0, (a, f"__i{forward[2:]}", b))
         for obj, name, other in tries:
-            if isinstance(obj, UserObjectVariable) and \
-                    isinstance(class_attr(type(obj.value), name), types.FunctionType):
-                result = self.call_special(obj, name, [other])
-                if not (isinstance(result, ConstantVariable) and result.value is NotImplemented):
-                    return result
+            result = self.user_method(obj, name, other)
+            if not (isinstance(result, ConstantVariable) and result.value is NotImplemented):
+                return result
+        if base in ("==", "!="):
+            return None
         raise self.unsupported(f"operator {sym} on {a.describe()} and {b.describe()}")
+
+    def user_method(self, obj: VariableTracker, name: str, other: VariableTracker) -> VariableTracker:
+        """obj.name(other) for one operator method: NotImplemented where it would not answer."""
+        if not isinstance(obj, UserObjectVariable):
+            if obj.is_constant() and isinstance(other, UserObjectVariable) and \
+                    isinstance(other.value, type(obj.as_example())):
+                raise self.unsupported(f"operator {name} of {obj.describe()} on an object of its subclass")
+            # a builtin value's operator methods do not know a Python class's objects
+            return ConstantVariable(NotImplemented)
+        attr = self.class_member(type(obj.value), name)
+        if isinstance(attr, types.FunctionType):
+            return self.call_special(obj, name, [other])
+        if name == "__ne__" and attr is object.__ne__:
+            eq = self.user_method(obj, "__eq__", other)     # object's != negates the class's ==
+            if isinstance(eq, ConstantVariable) and eq.value is NotImplemented:
+                return eq
+            return ConstantVariable(not self.truth(eq, "!="))
+        if attr is None or attr is getattr(object, name, None):
+            return ConstantVariable(NotImplemented)          # (object's == is identity, decided last)
+        raise self.unsupported(f"operator {name} of {obj.describe()}: a builtin method")
 
     def make_tuple(self, items):
         return TupleVariable(items)
@@ -1329,8 +1354,16 @@ _OPERATOR_METHODS = {
     "&": ("__and__", "__rand__"), "|": ("__or__", "__ror__"), "^": ("__xor__", "__rxor__"),
     "<<": ("__lshift__", "__rlshift__"), ">>": ("__rshift__", "__rrshift__"),
     "<": ("__lt__", "__gt__"), "<=": ("__le__", "__ge__"), ">": ("__gt__", "__lt__"),
-    ">=": ("__ge__", "__le__"),
+    ">=": ("__ge__", "__le__"), "==": ("__eq__", "__eq__"), "!=": ("__ne__", "__ne__"),
 }
+
+
+def _operand_type(v: VariableTracker) -> Optional[type]:
+    """The class of an operand whose class Python's operator order is decided on: an object of
+    a Python class, or a constant."""
+    if isinstance(v, UserObjectVariable):
+        return type(v.value)
+    return type(v.as_example()) if v.is_constant() else None
 
 
 @functools.lru_cache(maxsize=4096)
