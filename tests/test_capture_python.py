@@ -2088,3 +2088,32 @@ def test_operators_on_python_objects_try_methods_in_pythons_order():
     (Python never does, for arithmetic); NotImplemented from __eq__ was the result of ==."""
     agree(lambda: (operators_in_pythons_order, None),
           [lambda fn, s: fn(torch.arange(3.0), _Op(1), _SubOp(2), _NoAdd())] * 2)
+
+
+_ALIASES = {"r": "RED"}
+
+
+class _AliasedColor(enum.Enum):
+    RED = 1
+    GREEN = 2
+
+    @classmethod
+    def _missing_(cls, value):
+        print("alias", value)
+        return cls[_ALIASES.get(value, "GREEN")]
+
+
+def looks_up_an_enum_by_value(x, v):
+    return x * _AliasedColor(v).value + _AliasedColor(1).value + _AliasedColor(_AliasedColor.GREEN).value
+
+
+def test_an_enum_lookup_of_a_value_no_member_has_runs_missing_on_each_call():
+    """Color(v) for a value that no member has ran the class's _missing_ once, at the trace:
+    its effects were not repeated, and the member it chose was kept when its answer changed."""
+    def realias(fn, s):
+        _ALIASES["r"] = "GREEN"
+    try:
+        agree(lambda: (looks_up_an_enum_by_value, None),
+              [lambda fn, s: fn(torch.arange(3.0), "r")] * 2 + [realias, lambda fn, s: fn(torch.arange(3.0), "r")])
+    finally:
+        _ALIASES["r"] = "RED"

@@ -402,6 +402,10 @@ class CallsMixin:
             if fn.value is super:
                 return self.make_super(args)
             if isinstance(fn.value, enum.EnumMeta) and all(a.is_constant() for a in args) and not kwargs:
+                if len(args) == 1 and _enum_member(fn.value, args[0].as_example()) is None:
+                    # not a member's value: the class's _missing_ (user code, maybe with effects or
+                    # reading state) decides on each call, as Python
+                    raise self.unsupported(f"{fn.value.__name__}({args[0].describe()}): not a member's value")
                 return self.output.wrap(fn.value(*[a.as_example() for a in args]), None)   # Color("r")
             if _is_plain_user_class(fn.value):
                 return self.new_object(fn.value, args, kwargs)
@@ -1101,6 +1105,17 @@ class CallsMixin:
             return read.call(self, args, {})
         if isinstance(attr, types.FunctionType):
             return self.inline_call(attr, [obj] + list(args), {})
+        return None
+
+
+def _enum_member(cls: enum.EnumMeta, value):
+    """The member of cls whose value is `value` (hashable), as Enum's own lookup finds it before
+    it asks _missing_; None where there is none."""
+    if type(value) is cls:                              # Color(Color.RED)
+        return value
+    try:
+        return cls._value2member_map_.get(value)
+    except TypeError:
         return None
 
 
