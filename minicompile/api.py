@@ -181,6 +181,9 @@ class CompiledFunction:
             self._func, self._pre, self._pre_kw = frame_target(fn)
         except TypeError:
             self._func, self._pre, self._pre_kw = None, (), {}
+        # what a partial or a callable object runs can change after compile() (the partial's
+        # keywords dict, the class's __call__): found again on each of their calls
+        self._per_call = self._func is not None and not isinstance(fn, (types.FunctionType, types.MethodType))
         functools.update_wrapper(self, fn)
         # compile(opt.step): the call runs minicompile's compiled step (optim.py)
         self._optimizer = optim.step_method(fn)
@@ -199,6 +202,8 @@ class CompiledFunction:
         return (self._func.__code__, self.backend, tuple(sorted(options)), self.fullgraph, self.dynamic)
 
     def __call__(self, *args, **kwargs):
+        if self._per_call:
+            self._retarget()
         frame = self._frame
         if frame is None or self._frame_generation != _GENERATION or self._optimizer is not None:
             # found once, not per call (the key is computed, the cache looked up): a hit's
@@ -246,6 +251,16 @@ class CompiledFunction:
             seg, inputs = self._segment(frame, offset, a, k, eager)
             if seg is None:
                 return self.fn(*args, **kwargs)
+
+    def _retarget(self):
+        """guards.frame_target for this call; another function than the last call's is looked
+        up in the caches afresh (its own code, its own entries)."""
+        try:
+            func, self._pre, self._pre_kw = frame_target(self.fn)
+        except TypeError:
+            func, self._pre, self._pre_kw = None, (), {}
+        if func is not self._func:
+            self._func, self._frame = func, None
 
     def _no_code(self):
         err = Unsupported(f"capture of {type(self.fn).__name__} {self.fn!r}",

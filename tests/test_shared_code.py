@@ -283,6 +283,25 @@ def test_callable_objects(kernel_backend):
     assert n == (1, 1)
 
 
+def test_a_partials_keywords_and_a_callable_classs_call_changed_after_compile():
+    """compile(partial) kept the keywords it had at compile(), compile(obj) its class's
+    __call__ of then: a change to either after compile() was not seen."""
+    p = functools.partial(scaled, k=2.0)
+    obj = Affine(randn(6), randn(6))
+    compiled_p, compiled_obj = minicompile.compile(p), minicompile.compile(obj)
+    x = randn(6)
+    assert_same(compiled_p(x), p(x))
+    assert_same(compiled_obj(x), obj(x))
+    p.keywords["k"] = 7.0
+    old_call, Affine.__call__ = Affine.__call__, lambda self, x: x - self.b
+    try:
+        assert_same(compiled_p(x), scaled(x, k=7.0))
+        assert_same(compiled_obj(x), x - obj.b)
+    finally:
+        Affine.__call__ = old_call
+    assert_same(compiled_obj(x), obj(x))
+
+
 class Gain(nn.Module):
     gain = 2.0           # a class attribute, read through self
 
