@@ -2117,3 +2117,30 @@ def test_an_enum_lookup_of_a_value_no_member_has_runs_missing_on_each_call():
               [lambda fn, s: fn(torch.arange(3.0), "r")] * 2 + [realias, lambda fn, s: fn(torch.arange(3.0), "r")])
     finally:
         _ALIASES["r"] = "RED"
+
+
+@dataclasses.dataclass
+class _Cfg:
+    mode: str = "auto"
+
+
+class _OwnNe:
+    def __eq__(self, other):
+        return NotImplemented
+
+    def __ne__(self, other):
+        print("ne")
+        return NotImplemented if not isinstance(other, str) else ("ne", other)
+
+
+def equality_falls_back_as_python_does(x, cfg, other, ne):
+    if cfg == "auto":                    # the dataclass's __eq__: NotImplemented for a str
+        x = x + 1
+    return x, cfg == None, cfg != other, cfg in ["auto", other], ne != "s", ne != ne, ne == ne  # noqa: E711
+
+
+def test_equality_where_eq_returns_notimplemented_falls_back_as_python_does():
+    """NotImplemented from __eq__ was taken as the answer of == (truthy), != was `not __eq__`
+    and a class's own __ne__ was not called."""
+    agree(lambda: (equality_falls_back_as_python_does, None),
+          [lambda fn, s: fn(torch.arange(3.0), _Cfg(), _Cfg("x"), _OwnNe())] * 2)
