@@ -1596,3 +1596,72 @@ def reads_what_a_container_has(x, items, table):
 def test_attributes_a_list_or_dict_does_not_have_are_missing():
     same_calls(reads_what_a_container_has, [lambda f: f(X, [1, 2], {"a": 1})] * 2)
     assert minicompile.explain(reads_what_a_container_has)(X, [1, 2], {"a": 1}).graph_break_count == 0
+
+
+class _NotAManager:
+    pass
+
+
+def _has_methods_on_the_instance_only():
+    o = _NotAManager()
+    o.__enter__, o.__exit__ = (lambda: None), (lambda *a: None)
+    return o
+
+
+def enters(x, o):
+    try:
+        with o:
+            return x + 1
+    except TypeError as e:
+        return x - 1, str(e)
+
+
+def test_with_on_an_object_whose_class_is_no_context_manager_raises_typeerror():
+    """`with o:` whose class has no __enter__/__exit__ (the instance's own are not looked at)
+    raised AttributeError, where Python raises TypeError."""
+    same_calls(enters, [lambda f: f(X, _NotAManager()), lambda f: f(X, _has_methods_on_the_instance_only())])
+
+
+class _Returns:
+    def __init__(self, value):
+        self.value = value
+
+    def __bool__(self):
+        return self.value
+
+    def __len__(self):
+        return self.value
+
+    def __iter__(self):
+        return self.value
+
+
+class _Sized:
+    def __init__(self, value):
+        self.value = value
+
+    def __len__(self):
+        return self.value
+
+
+def truth_of(x, o):
+    return x + 1 if o else x - 1
+
+
+def times_len(x, o):
+    return x * len(o)
+
+
+def sums_over(x, o):
+    s = 0
+    for v in o:
+        s += v
+    return x * s
+
+
+def test_what_bool_len_and_iter_return_is_checked_as_python_checks_it():
+    """__bool__ returning an int, __len__ a negative number or a float, __iter__ a list: Python
+    raises TypeError or ValueError; compiled code used what they returned."""
+    same_calls(truth_of, [lambda f: f(X, _Returns(1)), lambda f: f(X, _Sized(-1)), lambda f: f(X, _Returns(True))])
+    same_calls(times_len, [lambda f: f(X, _Sized(-1)), lambda f: f(X, _Sized(2.0)), lambda f: f(X, _Sized(2))])
+    same_calls(sums_over, [lambda f: f(X, _Returns([1, 2])), lambda f: f(X, _Returns(iter([1, 2])))])

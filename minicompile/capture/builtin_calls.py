@@ -60,9 +60,20 @@ def _builtin_len(tx, args, kwargs):
         if isinstance(mod, (torch.nn.ParameterList, torch.nn.ParameterDict)):
             return ConstantVariable(len(tx.output.members(x, "_parameters")))
     special = tx.call_special(x, "__len__", [])
-    if special is not None:
-        return special
-    raise tx.unsupported(f"len() of {x.describe()}")
+    if special is None:
+        raise tx.unsupported(f"len() of {x.describe()}")
+    if special.is_constant():
+        # what a Python __len__ returns is checked as CPython's len() checks it
+        n = special.as_example()
+        if not hasattr(type(n), "__index__"):
+            raise tx.observed(TypeError(f"'{type(n).__name__}' object cannot be interpreted as an integer"))
+        n = operator.index(n)
+        if n < 0:
+            raise tx.observed(ValueError("__len__() should return >= 0"))
+        if n > sys.maxsize:
+            raise tx.observed(OverflowError("cannot fit 'int' into an index-sized integer"))
+        return ConstantVariable(n)
+    return special
 
 
 def _builtin_isinstance(tx, args, kwargs):

@@ -38,6 +38,7 @@ import torch
 from .. import ir, logs
 from . import values as V
 from .breaks import Unsupported
+from .builtin_calls import class_attr
 from .bytecode import (BINARY_OP_SYMBOLS, BINARY_OPS, COMPARE_OPS, _cmp_symbol, current_version,
                        exception_table, handler_at)
 from .output_graph import NodeByNode
@@ -154,6 +155,19 @@ def _pop_call(inst, stack: list, kw_names) -> tuple:
     return fn, (args[:len(args) - nkw] if nkw else args), kwargs
 
 
+def _special(obj, name: str):
+    """obj's special method `name`, bound, as the interpreter looks it up (on its class, never
+    on the instance); None where its class has none."""
+    attr = class_attr(type(obj), name, _NONE)
+    if attr is _NONE:
+        return None
+    get = getattr(type(attr), "__get__", None)
+    return get(attr, obj, type(obj)) if get is not None else attr
+
+
+_NONE = object()
+
+
 def execute(inst, stack: list, f_locals: dict, f_globals: dict, kw_names, call: Callable,
             offset_to_index) -> int:
     """Run `inst` on real values (mutating `stack`); -> the index of the next instruction."""
@@ -185,8 +199,11 @@ def execute(inst, stack: list, f_locals: dict, f_globals: dict, kw_names, call: 
         # a context manager the trace does not model, entered for real (a frame that runs
         # eagerly); its __exit__ is called for real by the CALL that ends the block
         mgr = stack.pop()
-        exit_ = type(mgr).__exit__.__get__(mgr)
-        stack += [exit_, type(mgr).__enter__(mgr)]
+        enter, exit_ = _special(mgr, "__enter__"), _special(mgr, "__exit__")
+        if enter is None or exit_ is None:          # looked up on the class, as CPython does
+            missed = " (missed __exit__ method)" if enter is not None else ""
+            raise TypeError(f"'{type(mgr).__name__}' object does not support the context manager protocol{missed}")
+        stack += [exit_, enter()]
     elif op == "STORE_GLOBAL":
         f_globals[inst.argval] = stack.pop()
     elif op == "STORE_SUBSCR":

@@ -71,7 +71,23 @@ def user_iter(tx, v: UserObjectVariable) -> Optional[VariableTracker]:
     method = class_attr(type(v.value), "__iter__")
     if not isinstance(method, types.FunctionType) or method is collections.abc.Sequence.__iter__:
         return None
-    return iter_of(tx, tx.inline_call(method, [v], {}))
+    it = tx.inline_call(method, [v], {})
+    kind = _non_iterator_type(it)
+    if kind is not None:                   # CPython's iter() checks that __iter__ gave an iterator
+        raise tx.observed(TypeError(f"iter() returned non-iterator of type '{kind.__name__}'"))
+    return iter_of(tx, it)
+
+
+def _non_iterator_type(v: VariableTracker) -> Optional[type]:
+    """The type of v where it is known not to be an iterator (no __next__), else None."""
+    if isinstance(v, BaseListVariable):
+        return v.python_type
+    if isinstance(v, DictVariable):
+        return v.cls
+    if isinstance(v, DictViewVariable):
+        return type(getattr({}, v.kind)())
+    kind = type(v.value) if isinstance(v, UserObjectVariable) else type(v.as_example()) if v.is_constant() else None
+    return kind if kind is not None and class_attr(kind, "__next__") is None else None
 
 
 def next_item(tx, it: VariableTracker, sent: Optional[VariableTracker] = None) -> Optional[VariableTracker]:

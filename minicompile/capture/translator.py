@@ -447,6 +447,9 @@ class InstructionTranslator(CallsMixin):
                     self.call_special(v, special, [])
                 if r is None or not r.is_constant():
                     raise self.unsupported(f"truth value of {v.describe()} ({special})")
+                if special == "__bool__" and type(r.as_example()) is not bool:
+                    raise self.observed(TypeError(
+                        f"__bool__ should return bool, returned {type(r.as_example()).__name__}"))
                 return bool(r.as_example())
             return True
         if isinstance(v, (UserFunctionVariable, TorchFunctionVariable, NestedFunctionVariable,
