@@ -2144,3 +2144,38 @@ def test_equality_where_eq_returns_notimplemented_falls_back_as_python_does():
     and a class's own __ne__ was not called."""
     agree(lambda: (equality_falls_back_as_python_does, None),
           [lambda fn, s: fn(torch.arange(3.0), _Cfg(), _Cfg("x"), _OwnNe())] * 2)
+
+
+class _Pool(enum.Enum):
+    MEAN = "mean"
+    MAX = "max"
+
+
+class _Reducer(torch.nn.Module):
+    def __init__(self, pool):
+        super().__init__()
+        self.pool, self.lin = pool, torch.nn.Linear(4, 4)
+
+    def forward(self, x):
+        h = torch.relu(self.lin(x))
+        reducers = {_Pool.MEAN: lambda t: t.mean(1), _Pool.MAX: lambda t: t.amax(1)}
+        return reducers[self.pool](h)
+
+
+class _KeyedByModule(_Reducer):
+    def forward(self, x):
+        h = torch.relu(self.lin(x))
+        scales = {self.lin: 2.0}
+        return h * scales[self.lin]
+
+
+def test_a_dict_display_keyed_by_enum_members_is_traced_and_one_keyed_by_modules_breaks_there():
+    """{Pool.MEAN: ...} in a forward made the whole frame run eagerly ("dict with non-constant
+    keys"): Enum members are keys the trace holds; a module is not, and breaks at the display."""
+    x = torch.randn(2, 3, 4)
+    explained = minicompile.explain(_Reducer(_Pool.MAX))(x)
+    assert explained.graph_count == 1 and explained.graph_break_count == 0, explained.break_reasons
+    agree(lambda: (torch.manual_seed(0), _Reducer(_Pool.MAX))[1:] + (None,), [lambda m, s: m(x)] * 2)
+    explained = minicompile.explain(_KeyedByModule(_Pool.MAX))(x)
+    assert explained.graph_count == 1, explained.break_reasons         # the graph before the display
+    agree(lambda: (torch.manual_seed(0), _KeyedByModule(_Pool.MAX))[1:] + (None,), [lambda m, s: m(x)] * 2)

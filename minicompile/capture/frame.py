@@ -61,7 +61,10 @@ JUMP_OPS = {"POP_JUMP_IF_FALSE", "POP_JUMP_IF_TRUE", "POP_JUMP_IF_NONE", "POP_JU
 # instructions that cannot be traced make it skip the frame
 # (BINARY_SUBSCR: `x[mask]`, whose size depends on the mask's values, breaks there in Dynamo too;
 # a tensor formatted in an f-string, f"tokens: {n}", is a graph's output Dynamo formats after it)
-RESUMABLE = CALL_OPS | JUMP_OPS | {"STORE_ATTR", "BINARY_SUBSCR", "FORMAT_VALUE", "FORMAT_SIMPLE"}
+# (and, unlike Dynamo, at a dict or set display of values the trace cannot hold as keys, a
+# module's or a tensor's, rather than run the whole frame eagerly)
+RESUMABLE = CALL_OPS | JUMP_OPS | {"STORE_ATTR", "BINARY_SUBSCR", "FORMAT_VALUE", "FORMAT_SIMPLE",
+                                   "BUILD_MAP", "BUILD_SET"}
 EXECUTABLE = RESUMABLE | {"BINARY_OP", "COMPARE_OP", "BINARY_SUBSCR", "STORE_SUBSCR",
                           "DELETE_SUBSCR", "UNARY_NOT", "UNARY_NEGATIVE", "UNARY_INVERT",
                           "TO_BOOL", "CONTAINS_OP", "IS_OP", "GET_ITER", "STORE_GLOBAL",
@@ -243,6 +246,14 @@ def execute(inst, stack: list, f_locals: dict, f_globals: dict, kw_names, call: 
         if len(items) != inst.arg:
             raise ValueError(f"expected {inst.arg} values to unpack, got {len(items)}")
         stack.extend(reversed(items))
+    elif op == "BUILD_MAP":
+        flat = stack[len(stack) - 2 * inst.arg:]
+        del stack[len(stack) - 2 * inst.arg:]
+        stack.append(dict(zip(flat[0::2], flat[1::2])))
+    elif op == "BUILD_SET":
+        items = stack[len(stack) - inst.arg:]
+        del stack[len(stack) - inst.arg:]
+        stack.append(set(items))
     elif op == "BUILD_STRING":
         parts = stack[len(stack) - inst.arg:]
         del stack[len(stack) - inst.arg:]

@@ -931,10 +931,12 @@ def _map_add(tx, inst):
     value = tx.pop()
     key = tx.pop()
     d = tx.stack[-inst.arg]
-    if not key.is_constant():
-        raise tx.unsupported("dict comprehension with a non-constant key")
+    k = dict_key(key)
+    if k is NO_KEY:
+        raise tx.unsupported("dict comprehension with a key that is neither a constant nor a class, "
+                             "function or Enum member")
     tx.mutate(d)
-    d.items[key.as_example()] = value
+    d.items[k] = value
 
 
 @handles("SET_ADD")
@@ -970,10 +972,10 @@ def _set_update(tx, inst):
 @handles("BUILD_MAP")
 def _build_map(tx, inst):
     flat = tx.popn(2 * inst.arg)
-    keys, vals = flat[0::2], flat[1::2]
-    if not all(k.is_constant() for k in keys):
-        raise tx.unsupported("dict with non-constant keys")
-    tx.push(DictVariable({k.as_example(): v for k, v in zip(keys, vals)}))
+    keys = [dict_key(k) for k in flat[0::2]]      # constants, and objects that are their own key
+    if any(k is NO_KEY for k in keys):
+        raise tx.unsupported("dict with keys that are neither constants nor classes, functions or Enum members")
+    tx.push(DictVariable(dict(zip(keys, flat[1::2]))))
 
 
 @handles("BUILD_CONST_KEY_MAP")
