@@ -2179,3 +2179,18 @@ def test_a_dict_display_keyed_by_enum_members_is_traced_and_one_keyed_by_modules
     explained = minicompile.explain(_KeyedByModule(_Pool.MAX))(x)
     assert explained.graph_count == 1, explained.break_reasons         # the graph before the display
     agree(lambda: (torch.manual_seed(0), _KeyedByModule(_Pool.MAX))[1:] + (None,), [lambda m, s: m(x)] * 2)
+
+
+def python_types_as_dtypes(x):
+    n = x.shape[0]
+    return (torch.zeros(n, dtype=int), torch.ones(n, dtype=float), torch.full((n,), 1, dtype=bool),
+            torch.zeros(n, dtype=complex), x.to(int), x.sum(dtype=float))
+
+
+def test_a_python_type_as_dtype_is_the_dtype_eager_makes_of_it():
+    """torch.zeros(n, dtype=int) (transformers' chunked-attention mask) was a graph break:
+    float, int, bool and complex are float64, int64, bool and complex128, as in eager."""
+    x = torch.randn(5, 3)
+    explained = minicompile.explain(python_types_as_dtypes)(x)
+    assert explained.graph_count == 1 and explained.graph_break_count == 0, explained.break_reasons
+    agree(lambda: (python_types_as_dtypes, None), [lambda fn, s: fn(x)] * 2)

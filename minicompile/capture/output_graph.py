@@ -269,6 +269,17 @@ def _plain_tensor_type(cls) -> bool:
         cls.__torch_dispatch__ is torch._C._disabled_torch_dispatch_impl
 
 
+# a Python type given as a dtype (torch.zeros(n, dtype=int)): the dtype eager makes of it
+_PYTHON_DTYPES = {float: torch.float64, int: torch.int64, bool: torch.bool, complex: torch.complex128}
+
+
+def _python_dtype(v) -> Optional[ConstantVariable]:
+    """The torch dtype for a variable standing for float, int, bool or complex; else None."""
+    if isinstance(v, (BuiltinVariable, TypeVariable)) and v.value in _PYTHON_DTYPES:
+        return ConstantVariable(_PYTHON_DTYPES[v.value])
+    return None
+
+
 def _is_internal_module_name(name: str) -> bool:
     """Globals of torch's own modules are not guarded (as TorchDynamo trusts torch itself)."""
     return name.split(".")[0] in ("torch", "math", "operator", "_operator", "builtins")
@@ -752,6 +763,10 @@ class OutputGraph:
     def call(self, kind: str, target, args: Sequence[VariableTracker],
              kwargs: Dict[str, VariableTracker]) -> VariableTracker:
         """Run `target` on the example values and, if tensors are involved, record a node."""
+        if _python_dtype(kwargs.get("dtype")) is not None:
+            kwargs = {**kwargs, "dtype": _python_dtype(kwargs["dtype"])}
+        if kind == "call_method" and target == "to" and len(args) > 1 and _python_dtype(args[1]) is not None:
+            args = [args[0], _python_dtype(args[1]), *args[2:]]
         has_tensor = _contains_tensor(list(args) + list(kwargs.values()))
         if kind == "call_method" and isinstance(target, str) and target.startswith("__") \
                 and target.endswith("__") and callable(getattr(operator, target, None)):
