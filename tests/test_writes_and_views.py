@@ -464,6 +464,7 @@ def test_a_zero_dim_result_is_its_own_tensor(kernel_backend):
     with torch.no_grad():
         outs = compiled(randn(7, 3))
     assert all(out._base is None for out in outs)
+    assert minicompile.compile(lambda s: torch.softmax(s, 0))(randn(()))._base is None   # (in place)
     total = outs[0].mul_(w)
     total.backward()
     assert w.grad is not None

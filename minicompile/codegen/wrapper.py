@@ -459,8 +459,10 @@ def build(program: ir.Program, steps: list, written: dict | None = None) -> Comp
                 lines.append(f"    {step.name}[({grid},)]({', '.join(passed)}, {settings})")
             for m in step.members:
                 if m.box.name in step.stored and not m.box.shape:
-                    how = plan[m.box.name][0]
-                    if how not in ("torch", "new"):      # (another's memory: a view of it)
+                    how, source = plan[m.box.name]
+                    if how == "in place" and _same_layout(buffers[source], m.box):
+                        pass                              # (that 0-dim tensor itself)
+                    elif how not in ("torch", "new"):    # (another's memory: a view of it)
                         lines.append(f"    {m.box.name} = {m.box.name}.view(())")
                     elif backend != "cpp" or how == "new":
                         lines.append(f"    {m.box.name}.set_({m.box.name}.untyped_storage(), 0, (), ())")
