@@ -163,7 +163,11 @@ class _SizePrinter(sympy.printing.str.StrPrinter):
     def _print_Mod(self, e):
         return f"(({self._print(e.args[0])}) % ({self._print(e.args[1])}))"
 
-    _print_PythonMod = _print_Mod
+    def _print_PythonMod(self, e):
+        # Python's % takes the divisor's sign; C's and Triton's the dividend's ((s - 7) % s
+        # with s = 5): made non-negative for them
+        a, b = (self._print(x) for x in e.args)
+        return f"(((({a}) % ({b})) + ({b})) % ({b}))"
 
     def _print_Max(self, e):
         return self._min_max("max", e.args)

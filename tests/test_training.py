@@ -1558,3 +1558,14 @@ def test_a_size_the_graph_returns_keeps_training_generic(kernel_backend):
         torch.testing.assert_close(results[1][0], results[0][0], rtol=1e-4, atol=1e-4)
         assert results[1][1] == results[0][1] == length
     assert minicompile.metrics.graphs == 2
+
+
+def _rolled_rows(x, w):
+    return (torch.roll(x * w, 7, 0) * torch.fft.fftshift(x, dim=0)).sum()
+
+
+def test_a_roll_by_a_size_expression_trains_at_each_size(kernel_backend):
+    """torch.roll's start (n - shift) % n, and fftshift's shift -(n // 2), are arithmetic on
+    the dynamic size n: they had no lowering (an extern with no dtype: a crash in scheduling)."""
+    w = randn(6).requires_grad_()
+    _same_gradient_at_each_size(_rolled_rows, w, [(randn(length, 6), w) for length in (5, 9, 3)])

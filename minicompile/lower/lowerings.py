@@ -1705,24 +1705,24 @@ def _numel(node, values, input):
 
 
 def size_arithmetic(target, args):
-    """operator.add/sub/mul/floordiv on sizes (ints and symbolic expressions): the result as
-    a size, or None when these are not sizes."""
-    if target not in _SIZE_OPS or len(args) != 2 or not all(
+    """operator.add/sub/mul/floordiv/mod/neg on sizes (ints and symbolic expressions): the
+    result as a size, or None when these are not sizes."""
+    if target not in _SIZE_OPS or len(args) != (1 if target is operator.neg else 2) or not all(
             (isinstance(a, int) and not isinstance(a, bool)) or ir.is_symbolic(a) for a in args):
         return None
-    a, b = args
-    if target is operator.floordiv and (ir.is_symbolic(a) or ir.is_symbolic(b)):
+    if target is operator.floordiv and any(map(ir.is_symbolic, args)):
         from torch.utils._sympy.functions import FloorDiv
-        q = ir.divides(b, a)
-        return q if q is not None else FloorDiv(a, b)
-    if target is operator.mod and (ir.is_symbolic(a) or ir.is_symbolic(b)):
+        q = ir.divides(args[1], args[0])
+        return q if q is not None else FloorDiv(*args)
+    if target is operator.mod and any(map(ir.is_symbolic, args)):
+        # torch.roll's start (n - shift) % n: Python's modulo, whose sign is the divisor's
         from torch.utils._sympy.functions import PythonMod
-        return PythonMod(ir.size_expr(a), ir.size_expr(b))
-    return ir.size_expr(_SIZE_OPS[target](a, b))
+        return ir.size_expr(PythonMod(*args))
+    return ir.size_expr(_SIZE_OPS[target](*args))
 
 
 _SIZE_OPS = {operator.add: operator.add, operator.sub: operator.sub, operator.mul: operator.mul,
-             operator.floordiv: operator.floordiv, operator.mod: operator.mod}
+             operator.floordiv: operator.floordiv, operator.mod: operator.mod, operator.neg: operator.neg}
 
 
 def scalar_arithmetic(program: ir.Program, target, args):
