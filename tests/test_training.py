@@ -1569,3 +1569,21 @@ def test_a_roll_by_a_size_expression_trains_at_each_size(kernel_backend):
     the dynamic size n: they had no lowering (an extern with no dtype: a crash in scheduling)."""
     w = randn(6).requires_grad_()
     _same_gradient_at_each_size(_rolled_rows, w, [(randn(length, 6), w) for length in (5, 9, 3)])
+
+
+def _rfft_round_trip(x):
+    return torch.fft.irfft(torch.fft.rfft(x, dim=0), n=x.shape[0], dim=0)
+
+
+def test_a_size_of_a_complex_value_stays_a_size_in_the_backward(kernel_backend):
+    """The rfft's backward slices its complex gradient to a length read from it (n - n//2 - 1):
+    that size read ran as PyTorch's op, as complex ops do, and its result, a tensor box, was
+    baked into a slice (TypeError in the wrapper at the second size)."""
+    compiled = minicompile.compile(_rfft_round_trip)
+    for length in (5, 7, 12):
+        x, g, grads = randn(length, 4), randn(length, 4), []
+        for fn in (_rfft_round_trip, compiled):
+            leaf = x.clone().requires_grad_()
+            fn(leaf).backward(g)
+            grads.append(leaf.grad)
+        torch.testing.assert_close(grads[1], grads[0], rtol=1e-4, atol=1e-4)

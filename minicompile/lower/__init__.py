@@ -252,8 +252,17 @@ class _From:
 
 def _touches_complex(node, values) -> bool:
     """Complex numbers have no lowering (their arithmetic is not modelled in kernels): an op
-    that reads or makes a complex tensor runs as PyTorch's."""
+    that reads or makes a complex tensor runs as PyTorch's. A size read of one (x.size(0)) is
+    a size as any other: as an extern's result it would be a tensor box where a size is due
+    (a slice bound of the rfft backward's)."""
+    value = values.get(node)
+    if _is_size(value) or (isinstance(value, tuple) and all(map(_is_size, value))):
+        return False
     return any(_holds_complex(values.get(n)) for n in (node, *node.all_input_nodes))
+
+
+def _is_size(value) -> bool:
+    return isinstance(value, torch.SymInt) or (isinstance(value, int) and not isinstance(value, bool))
 
 
 def _holds_complex(value) -> bool:
