@@ -1400,6 +1400,24 @@ def test_a_foreach_write_in_a_graph_compiled_for_training_is_made():
     assert_same(results[1][1], results[0][1])
 
 
+
+def conjugated_as_real(a, b):
+    return torch.view_as_real(torch.complex(b, a).conj() * 2)
+
+
+def test_the_real_parts_of_a_conjugated_gradient_are_read():
+    """The backward reads the real and imaginary parts of a gradient conjugated lazily (a
+    conjugate bit) through view_as_real, which refused it when run as PyTorch's op."""
+    results = []
+    for fn in (conjugated_as_real, minicompile.compile(conjugated_as_real)):
+        torch.manual_seed(0)
+        a, b = randn(5, 3).requires_grad_(), randn(5, 3).requires_grad_()
+        out = fn(a, b)
+        out.pow(2).sum().backward()
+        results.append((out, a.grad, b.grad))
+    for got, expected in zip(*reversed(results)):
+        assert_same(got, expected)
+
 # --------------------------------------------------------------------------- dynamic shapes
 
 _NEW_SIZES = {                 # per model: inputs of another batch size or sequence length per step

@@ -125,6 +125,13 @@ def _addmm(g, args, kwargs):
     return g.call_function(torch.addmm, args, kwargs) if not kwargs else None
 
 
+def view_as_real_resolved(x: torch.Tensor) -> torch.Tensor:
+    """view_as_real of a value the graph may have conjugated lazily (`_conj`, a conjugate bit):
+    autograd reads the real and imaginary parts of such a gradient as the trace records, but
+    run as PyTorch's op, view_as_real refuses it (where not conjugated, still a view)."""
+    return torch.view_as_real(x.resolve_conj())
+
+
 _TABLE = {
     aten.mm.default: _function(torch.mm), aten.bmm.default: _function(torch.bmm),
     aten.addmm.default: _addmm, aten.convolution.default: _convolution,
@@ -167,6 +174,7 @@ for _name in ["neg", "exp", "log", "sqrt", "rsqrt", "tanh", "sigmoid", "erf", "r
               "relu", "sin", "cos", "floor", "ceil"]:
     _TABLE[getattr(aten, _name).default] = _function(getattr(torch, _name))
 
+_TABLE[aten.view_as_real.default] = _function(view_as_real_resolved)
 _TABLE[aten.sym_size.int] = _method("size")      # sizes the graph is generic in
 _TABLE[aten.sym_numel.default] = _method("numel")
 
