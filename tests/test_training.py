@@ -1418,6 +1418,24 @@ def test_the_real_parts_of_a_conjugated_gradient_are_read():
     for got, expected in zip(*reversed(results)):
         assert_same(got, expected)
 
+
+def row_products(x):
+    return x.prod(1)
+
+
+def test_a_products_gradient_at_a_nan_is_eagers():
+    """Eager's gradient of a product is result / x where x holds no zero (NaN at a NaN); the
+    traced formula took the product of the other elements (finite there). With a zero, both
+    take that product."""
+    for row in ([float("nan"), 1.0, 5.0, 5.0], [0.0, 2.0, 0.0, 5.0], [float("inf"), 1.0, 5.0, 5.0]):
+        grads = []
+        for fn in (row_products, minicompile.compile(row_products)):
+            x = torch.tensor([[1.0, 3.0, 3.0, 2.0], row], device=DEVICE, requires_grad=True)
+            fn(x).sum().backward()
+            grads.append(x.grad)
+        torch.testing.assert_close(grads[1], grads[0], equal_nan=True)
+
+
 # --------------------------------------------------------------------------- dynamic shapes
 
 _NEW_SIZES = {                 # per model: inputs of another batch size or sequence length per step

@@ -443,11 +443,20 @@ class _AsCompiledCodeComputes(torch.overrides.TorchFunctionMode):
     of it picks oneDNN's LSTM kernel on a CPU whenever the *input* needs no gradient (an
     embedding's output does not, a model's first layer's input); that kernel keeps the
     workspace its backward reads only when called with grad mode on, and the compiled forward
-    runs with it off (inside autograd.Function.forward)."""
+    runs with it off (inside autograd.Function.forward).
+
+    A product's gradient is eager's (_ProdAsEager): traced, PyTorch's formula always takes the
+    products of the other elements, which eager takes only where the input holds a zero."""
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
         x = args[0] if args else None
+        if func in (torch.prod, torch.Tensor.prod) and isinstance(x, torch.Tensor) and x.requires_grad \
+                and x.is_floating_point() and torch.is_grad_enabled() and kwargs.get("dtype") is None:
+            dim = args[1] if len(args) > 1 else kwargs.get("dim")
+            keepdim = args[2] if len(args) > 2 else kwargs.get("keepdim", False)
+            if dim is None or isinstance(dim, int):
+                return _ProdAsEager.apply(x, dim, keepdim)
         if func is F.adaptive_avg_pool2d and isinstance(x, torch.Tensor) and x.dim() == 4 \
                 and _global(args[1] if len(args) > 1 else kwargs.get("output_size")):
             return x.mean((-2, -1), keepdim=True)
@@ -462,6 +471,42 @@ class _AsCompiledCodeComputes(torch.overrides.TorchFunctionMode):
                 and ir.conv_input_channels_last(x.device, x.dtype, result.shape):
             result = func(x.contiguous(memory_format=torch.channels_last), *args[1:], **kwargs)
         return result
+
+
+class _ProdAsEager(torch.autograd.Function):
+    """x.prod(dim) whose gradient is eager's (prod_backward): result / x times the gradient
+    where x holds no zero, the products of the other elements where it does (at a NaN or an
+    infinity the two differ: NaN against a finite product)."""
+
+    @staticmethod
+    def forward(ctx, x, dim, keepdim):
+        out = x.prod() if dim is None else x.prod(dim, keepdim)
+        ctx.save_for_backward(x, out)
+        ctx.dim, ctx.keepdim = dim, keepdim
+        return out
+
+    @staticmethod
+    def backward(ctx, grad):
+        x, out = ctx.saved_tensors
+        if x.dim() == 0:
+            return grad, None, None
+        if ctx.dim is None:
+            others = _products_of_the_others(x.reshape(-1), 0).view(x.shape)
+        else:
+            others = _products_of_the_others(x, ctx.dim)
+            if not ctx.keepdim:
+                grad, out = grad.unsqueeze(ctx.dim), out.unsqueeze(ctx.dim)
+        return torch.where((x == 0).any(), grad * others, grad * (out / x)), None, None
+
+
+def _products_of_the_others(x, dim):
+    """Each element's product of the others along dim, without dividing (PyTorch's
+    prod_safe_zeros_backward): products of those before it times products of those after."""
+    n = x.shape[dim]
+    ones = torch.ones_like(x.narrow(dim, 0, 1))
+    before = torch.cat([ones, x.narrow(dim, 0, n - 1)], dim).cumprod(dim)
+    after = torch.cat([ones, x.narrow(dim, 1, n - 1).flip(dim)], dim).cumprod(dim).flip(dim)
+    return before * after
 
 
 def _global(output_size) -> bool:
