@@ -106,10 +106,10 @@ def _record(seg) -> dict:
         gm = pickle.dumps(seg.gm)
     except Exception as err:          # noqa: BLE001 (whatever the graph holds)
         raise NotSaved(f"the graph cannot be pickled ({type(err).__name__}: {err})") from None
-    saving = (_recipe, lambda read: read.expr)
+    saving, memo = (_recipe, lambda read: read.expr), {}
     return {"process": PROCESS, "guard": code.sources["guard"], "sources": code.sources, "namespace": namespace,
-            "where": code.where, "template": _template(seg.template, *saving),
-            "effects": [_effect(e, *saving) for e in seg.effects],
+            "where": code.where, "template": _template(seg.template, *saving, memo),
+            "effects": [_effect(e, *saving, memo) for e in seg.effects],
             "cache_key": compiled.cache_key, "input_sources": seg.input_sources,
             "n_calls": seg.n_calls, "gm": gm}
 
@@ -314,41 +314,50 @@ def _like(kind, dtype, device, requires_grad) -> torch.Tensor:
     return t.requires_grad_(requires_grad)
 
 
-def _template(t, classes, sources):
+def _template(t, classes, sources, memo=None):
     """A template (frame.rebuild's: how a value is made from the graph's outputs and the call's
     state) with its classes and its reads of the call's state converted: to what is saved, or
-    back. NotSaved for what holds objects of this process."""
+    back. NotSaved for what holds objects of this process. `memo` (one per record) keeps a part
+    met twice one part, as `rebuild` needs it to keep identity (and to follow a cycle)."""
+    memo = {} if memo is None else memo
+    if id(t) in memo:
+        return memo[id(t)]
+    r = memo[id(t)] = []                   # filled in place: a part may refer back to it
+    r.extend(_converted(t, lambda x: _template(x, classes, sources, memo), classes, sources))
+    return r
+
+
+def _converted(t, part, classes, sources):
     kind = t[0]
     if kind in ("out", "deleted") or kind == "const" and _plain(t[1]):
         return t
     if kind == "src":
         return [kind, sources(t[1])]
     if kind in ("tuple", "list", "Size"):
-        return [kind, [_template(x, classes, sources) for x in t[1]]]
+        return [kind, [part(x) for x in t[1]]]
     if kind == "dict" and all(_plain(k) for k, _ in t[1]):
-        return [kind, [(k, _template(x, classes, sources)) for k, x in t[1]]]
+        return [kind, [(k, part(x)) for k, x in t[1]]]
     if kind == "namedtuple":
-        return [kind, classes(t[1]), [_template(x, classes, sources) for x in t[2]]]
+        return [kind, classes(t[1]), [part(x) for x in t[2]]]
     if kind in ("modeloutput", "obj") and all(type(k) is str for k, _ in t[2]):
         # a ModelOutput, or an object made in the frame (a new one per call, its attributes)
-        return [kind, classes(t[1]), [(k, _template(x, classes, sources)) for k, x in t[2]]]
+        return [kind, classes(t[1]), [(k, part(x)) for k, x in t[2]]]
     if kind == "new":                      # a module made in the frame, made again per call
-        return [kind, classes(t[1]), [_template(x, classes, sources) for x in t[2]],
-                [(k, _template(x, classes, sources)) for k, x in t[3]]]
+        return [kind, classes(t[1]), [part(x) for x in t[2]], [(k, part(x)) for k, x in t[3]]]
     raise NotSaved(f"the result holds a {kind!r} value")
 
 
-def _effect(effect, classes, sources):
+def _effect(effect, classes, sources, memo):
     """A side effect (frame.Segment.effects: what kind of write, the object written, what is
     written) converted as _template converts."""
     kind, obj, what = effect
     if kind == "advance":
         return (kind, sources(obj), what)
     if kind == "list":
-        return (kind, sources(obj), _template(what, classes, sources))
+        return (kind, sources(obj), _template(what, classes, sources, memo))
     if not all(_plain(name) for name, _ in what):
         raise NotSaved("a side effect on a dict with keys that are objects")
-    return (kind, sources(obj), [(name, _template(t, classes, sources)) for name, t in what])
+    return (kind, sources(obj), [(name, _template(t, classes, sources, memo)) for name, t in what])
 
 
 # ---------------------------------------------------------------------------------------
@@ -385,10 +394,10 @@ def _segment(record: dict, F, args, kwargs):
         # and hold on a later one); not kept where a name is not found yet
         ns = {name: _found(recipe) for name, recipe in record["namespace"].items() if recipe[0] != "default"}
         ns.update(default_namespace())
-        loading = (_found, lambda expr: SourceRead(expr, ns))
+        loading, memo = (_found, lambda expr: SourceRead(expr, ns)), {}
         record["resolved"] = (generated(dict(record["sources"]), ns, record["where"]),
-                              _template(record["template"], *loading),
-                              [_effect(e, *loading) for e in record["effects"]])
+                              _template(record["template"], *loading, memo),
+                              [_effect(e, *loading, memo) for e in record["effects"]])
     code, template, effects = record["resolved"]
     inputs = code.check(F, args, kwargs)
     if inputs is None:

@@ -2194,3 +2194,41 @@ def test_a_python_type_as_dtype_is_the_dtype_eager_makes_of_it():
     explained = minicompile.explain(python_types_as_dtypes)(x)
     assert explained.graph_count == 1 and explained.graph_break_count == 0, explained.break_reasons
     agree(lambda: (python_types_as_dtypes, None), [lambda fn, s: fn(x)] * 2)
+
+
+class Linked:
+    def __init__(self, t):
+        self.t, self.children, self.parent = t, [], None
+
+
+def test_reference_cycles_made_in_the_frame_leave_it_as_in_eager():
+    # rebuilt with their identity: a child's parent is the returned node, the list holds itself
+    def tree(x):
+        root = Linked(x.sum())
+        child = Linked(x * 2)
+        root.children.append(child)
+        child.parent = root
+        return root
+
+    def self_list(x):
+        items = [x * 2]
+        items.append(items)
+        quiet_break()                       # live at a break too
+        d = {"t": items[0] + 1}
+        d["me"] = d
+        return items, d
+
+    def recursive_helper(x):
+        def fact(n):
+            return 1 if n <= 1 else n * fact(n - 1)
+        return x * 2, fact
+    x = torch.randn(3)
+    for _ in range(2):
+        root = minicompile.compile(tree, backend="eager")(x)
+        assert root.children[0].parent is root
+        assert_same((root.t, root.children[0].t), (x.sum(), x * 2))
+        items, d = minicompile.compile(self_list, backend="eager")(x)
+        assert items[1] is items and d["me"] is d
+        assert_same((items[0], d["t"]), (x * 2, x * 2 + 1))
+        y, fact = minicompile.compile(recursive_helper, backend="eager")(x)
+        assert fact(5) == 120 and fact.__closure__[0].cell_contents is fact

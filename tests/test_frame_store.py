@@ -151,3 +151,10 @@ def test_a_process_does_not_load_what_it_saved(tmp_path, monkeypatch):
 
 def _double_relu(x):
     return (x * 2).relu()
+
+
+def test_a_saved_template_keeps_shared_and_cyclic_parts():
+    items = ["list", [["out", 0]]]
+    items[1].append(items)
+    saved = frame_store._template(["tuple", [items, items]], lambda c: c, lambda s: s)
+    assert saved[1][0] is saved[1][1] and saved[1][0][1][1] is saved[1][0]

@@ -293,14 +293,25 @@ class TemplateBuilder:
         self.tx = tx
         self.proxies: List[Any] = []
         self._memo: Dict[int, Any] = {}
+        self._cyclic: set = set()
         self._source_fn = source_fn
+
+    # the kinds `rebuild` makes before their parts, so that a part may refer back to them
+    _CYCLIC_KINDS = ("list", "dict", "obj", "copy", "nested")
 
     def build(self, v):
         key = id(v)
         if key in self._memo:
-            return self._memo[key]
-        t = self._build(v)
-        self._memo[key] = t
+            t = self._memo[key]
+            if not t:                        # still being built: a reference cycle back to it
+                self._cyclic.add(key)
+            return t
+        # memoized before its parts are built (they may refer back to it), filled in place
+        t = self._memo[key] = []
+        t.extend(self._build(v))
+        if key in self._cyclic and t[0] not in self._CYCLIC_KINDS:
+            raise self.tx.unsupported(f"a reference cycle through a {t[0]!r} value",
+                                      "minicompile cannot rebuild it as a Python value")
         return t
 
     def _build(self, v):
@@ -431,13 +442,15 @@ class SourceRead:
         return eval(self._code, self.namespace, env)
 
 
-def _frame_cell(t, outs, env, memo) -> types.CellType:
+def _frame_cell(t, outs, env, memo, fills) -> types.CellType:
     """A cell for a function made in the frame: the one of its local t[2], where it is the
-    captured frame's (memo["cells"]: name -> cell), else a new one."""
+    captured frame's (memo["cells"]: name -> cell), else a new one, made empty: (cell, value
+    template) goes to `fills`, for the caller to fill once the function exists."""
     _, value, name = t
     cells = memo.setdefault("cells", {})
     if name is None or name not in cells:
-        cell = types.CellType(rebuild(value, outs, env, memo))
+        cell = types.CellType()
+        fills.append((cell, value))
         if name is None:
             return cell
         cells[name] = cell
@@ -458,8 +471,9 @@ def rebuild(t, outs, env, memo=None):
         r = t[1]
     elif kind == "tuple":
         r = tuple(rebuild(x, outs, env, memo) for x in t[1])
-    elif kind == "list":
-        r = [rebuild(x, outs, env, memo) for x in t[1]]
+    elif kind == "list":                      # (memoized before its items: they may refer back)
+        r = memo[key] = []
+        r.extend(rebuild(x, outs, env, memo) for x in t[1])
     elif kind == "Size":
         r = torch.Size([rebuild(x, outs, env, memo) for x in t[1]])
     elif kind == "set":
@@ -480,7 +494,9 @@ def rebuild(t, outs, env, memo=None):
     elif kind == "namedtuple":
         r = V.make_named_tuple(t[1], [rebuild(x, outs, env, memo) for x in t[2]])
     elif kind == "dict":
-        r = {k: rebuild(x, outs, env, memo) for k, x in t[1]}
+        r = memo[key] = {}
+        for k, x in t[1]:
+            r[k] = rebuild(x, outs, env, memo)
     elif kind == "modeloutput":
         r = t[1](**{k: rebuild(x, outs, env, memo) for k, x in t[2]})
     elif kind == "iter":
@@ -523,12 +539,18 @@ def rebuild(t, outs, env, memo=None):
         r = manager.__exit__
     elif kind == "nested":
         v = t[1]
-        defaults = rebuild(t[2], outs, env, memo) if t[2] is not None else None
-        cells = tuple(_frame_cell(c, outs, env, memo) if c[0] == "newcell"
+        # the function is made (and memoized) before its cells are filled and its defaults
+        # set: they may refer back to it (a recursive helper's own cell)
+        fills = []
+        cells = tuple(_frame_cell(c, outs, env, memo, fills) if c[0] == "newcell"
                       else rebuild(c, outs, env, memo) for c in t[3]) or None
         # made in the captured frame: it takes the called function's globals
         f_globals = env.get("G", v.f_globals) if t[4] else v.f_globals
-        r = types.FunctionType(v.code, f_globals, v.code.co_name, defaults, cells)
+        r = memo[key] = types.FunctionType(v.code, f_globals, v.code.co_name, None, cells)
+        for cell, value in fills:
+            cell.cell_contents = rebuild(value, outs, env, memo)
+        if t[2] is not None:
+            r.__defaults__ = rebuild(t[2], outs, env, memo)
         r.__qualname__ = v.name
         if v.kwdefaults is not None:
             r.__kwdefaults__ = {k: rebuild(a, outs, env, memo) for k, a in t[6]}
