@@ -712,6 +712,27 @@ def test_copies_are_as_deep_as_eagers():
     same_calls(copied_lists, [lambda f: (f(X, items := [[1]], table := {"k": 1}), items, table)] * 2)
 
 
+NOTES = []
+
+
+class Noting(Settings):
+    def note(self):
+        NOTES.append(self.depth)     # a side effect outside the copy, read back
+        return len(NOTES)
+
+
+def copied_and_noted(x, settings):
+    return x + copy.deepcopy(settings).note()
+
+
+def test_a_method_of_a_copy_runs_on_every_call_as_in_eager():
+    compiled = minicompile.compile(copied_and_noted)
+    NOTES.clear()
+    for n in (1, 2, 3):
+        assert_same(compiled(X, Noting()), copied_and_noted(X, Noting()) - 1)
+        assert NOTES == [2] * 2 * n
+
+
 class Plain:
     pass
 

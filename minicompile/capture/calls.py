@@ -351,9 +351,6 @@ class CallsMixin:
             self.break_at_optimizer_step(fn)
         if isinstance(fn, UserFunctionVariable):
             return _made_by(self.inline_call(fn.value, args, kwargs), fn, args, kwargs)
-        if isinstance(fn, BoundMethodVariable) and isinstance(fn.self_var, UserObjectVariable) and \
-                fn.self_var.snapshot is not None and all(a.is_constant() for a in list(args) + list(kwargs.values())):
-            return self.call_on_private_copy(fn, args, kwargs)
         if isinstance(fn, BoundMethodVariable) and isinstance(fn.self_var, NNModuleVariable) and \
                 fn.func in _MODULE_WALKS.values():
             return self.walk_module(fn, args, kwargs)
@@ -500,6 +497,10 @@ class CallsMixin:
                 DictVariable(dict(v.items), cls=v.cls, factory=v.factory)
         if v.is_constant():
             return self.output.wrap(how(v.as_example()), None)     # (a list of them: the frame's)
+        if not shallow and type(v) in (ListVariable, DictVariable):
+            made = _deep_copied(v, {})         # (a config's to_dict(): deepcopy(self.__dict__))
+            if made is not None:
+                return made
         if not (isinstance(v, UserObjectVariable) and v.source is not None and not v.items
                 and _constant_state(v.value)):
             raise self.unsupported(f"{how.__name__} of {v.describe()}",
@@ -583,25 +584,6 @@ class CallsMixin:
                     dtype is not None and (ex.is_floating_point() or ex.is_complex()) and ex.dtype != dtype:
                 raise self.unsupported("module.to() that changes the module's tensors")
         return mv
-
-    def call_on_private_copy(self, fn: "BoundMethodVariable", args, kwargs) -> VariableTracker:
-        """A method of the frame's own copy (private_copy), on constants: run as it is (nothing
-        outside the frame can see the copy). It must leave the copy as it found it, and give
-        back constants."""
-        obj = fn.self_var.value
-        for name, var in fn.self_var.overrides.items():       # its lists and dicts as they are now
-            if isinstance(var, (ListVariable, DictVariable)):
-                setattr(obj, name, example_of(var))
-        before = copy.deepcopy(obj.__dict__)
-        result = fn.func(obj, *[a.as_example() for a in args], **{k: v.as_example() for k, v in kwargs.items()})
-        if obj.__dict__ != before:
-            obj.__dict__.clear()
-            obj.__dict__.update(before)
-            raise self.unsupported(f"{fn.func.__qualname__} changed the copied object",
-                                   "a method that writes the copy is not modelled")
-        if not _constant_state(result):
-            raise self.unsupported(f"{fn.func.__qualname__} returned a {type(result).__name__}")
-        return ConstantVariable(result) if is_constant_value(result) else self.output.wrap(result, None)
 
     def new_model_output(self, cls: type, args, kwargs) -> ModelOutputVariable:
         """`cls(...)` for a ModelOutput class: its fields bound as its dataclass __init__ binds
@@ -1146,3 +1128,25 @@ class _StandIns:
         if isinstance(value, dict):
             return DictVariable({k: self.back(v) for k, v in value.items()})
         return self._vars[id(value)][1]
+
+
+def _deep_copied(v: VariableTracker, memo: dict) -> Optional[VariableTracker]:
+    """copy.deepcopy of lists and dicts of constants made or read in the trace: new containers
+    (sharing and cycles kept, as deepcopy's memo keeps them), the same immutable constants.
+    None where it holds anything else."""
+    if v.is_constant():
+        return v
+    if id(v) in memo:
+        return memo[id(v)]
+    if type(v) is ListVariable:
+        made = memo[id(v)] = ListVariable([])
+        for item in v.items:
+            made.items.append(_deep_copied(item, memo))
+        return made if None not in made.items else None
+    if type(v) is DictVariable:
+        made = memo[id(v)] = DictVariable({}, cls=v.cls, factory=v.factory)
+        for k, item in v.items.items():
+            made.items[k] = _deep_copied(item, memo)
+        return made if None not in made.items.values() else None
+    return None
+
