@@ -733,6 +733,28 @@ def test_a_method_of_a_copy_runs_on_every_call_as_in_eager():
         assert NOTES == [2] * 2 * n
 
 
+class Numbered(Settings):
+    made = 0
+
+    def __deepcopy__(self, memo):       # its own copy: a fresh number each time
+        Numbered.made += 1
+        twin = Numbered()
+        twin.depth = Numbered.made
+        return twin
+
+
+def copied_with_its_own_hook(x, settings):
+    twin = copy.deepcopy(settings)
+    return x * twin.depth, twin.depth
+
+
+def test_a_classs_own_deepcopy_runs_on_every_call_as_in_eager():
+    def twice(f):
+        Numbered.made = 0
+        return f(X, Numbered()), f(X, Numbered()), Numbered.made
+    same_calls(copied_with_its_own_hook, [twice] * 2)
+
+
 class Plain:
     pass
 

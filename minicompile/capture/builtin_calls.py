@@ -631,7 +631,14 @@ def _constant_state(obj, depth: int = 0) -> bool:
         return False
     d = getattr(obj, "__dict__", None)
     return type(obj).__module__ not in ("builtins",) and d is not None and \
+        not any(name in vars(k) for k in type(obj).__mro__[:-1] for name in _COPY_HOOKS) and \
         all(_constant_state(v, depth + 1) for v in d.values())
+
+
+# a class's own code that copy.copy/deepcopy would run: a copy made once at the trace would
+# not run it on each call (a fresh id, a log)
+_COPY_HOOKS = ("__copy__", "__deepcopy__", "__reduce__", "__reduce_ex__", "__getstate__", "__setstate__",
+               "__getnewargs__", "__getnewargs_ex__", "__new__")
 
 
 def _is_singleton(v) -> bool:
