@@ -590,6 +590,19 @@ def test_partial_objects_are_called_in_the_graph_and_their_parts_guarded():
     no_break(calls_partials, x)
 
 
+def writes_partials_keywords(x, given):
+    made = functools.partial(act, alpha=2.0)
+    made.keywords["beta"] = 5.0                      # the partial's own dict: its call sees it
+    given.keywords["alpha"] = given.keywords["alpha"] + 1
+    return made(x) + given(x)
+
+
+def test_writes_to_a_partials_keywords_are_the_partials():
+    x = torch.randn(3)
+    agree(lambda: (writes_partials_keywords, functools.partial(act, alpha=1.0)),
+          [lambda fn, p: (fn(x, p), dict(p.keywords))] * 3)
+
+
 @functools.lru_cache
 def is_available():
     return True

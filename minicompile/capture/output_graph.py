@@ -712,7 +712,7 @@ class OutputGraph:
             args = self.wrap(value.args, part("args"))
             args = [ConstantVariable(a) for a in args.value] if args.is_constant() else args.items
             keywords = self.wrap(value.keywords, part("keywords"))
-            return PartialVariable(self.wrap(value.func, part("func")), args, keywords.items, source)
+            return PartialVariable(self.wrap(value.func, part("func")), args, keywords, source)
         # (a method of a Cython class, numpy.random.rand: a bound method whose function has a
         # code object with no bytecode, is an object like any other: called, a graph break)
         python_method = isinstance(value, types.MethodType) and isinstance(value.__func__, types.FunctionType)

@@ -522,7 +522,7 @@ class InstructionTranslator(CallsMixin):
             raise self.unsupported(f"attribute .{name} of {obj.describe()}")
         if isinstance(obj, PartialVariable) and name in ("func", "args", "keywords"):
             return {"func": obj.func, "args": TupleVariable(obj.args),
-                    "keywords": DictVariable(obj.keywords)}[name]
+                    "keywords": obj.keywords_var}[name]
         if isinstance(obj, UserObjectVariable) and not generic and obj.snapshot is None and \
                 python_method(type(obj.value), "__getattribute__") is not None:
             # (a private copy's own attribute logic runs on it for real, below)

@@ -657,8 +657,14 @@ class PartialVariable(VariableTracker):
     from outside the frame, its parts are read (and guarded) through its source."""
 
     def __init__(self, func: VariableTracker, args: List[VariableTracker],
-                 keywords: Dict[str, VariableTracker], source: Optional[Source] = None):
-        self.func, self.args, self.keywords, self.source = func, list(args), dict(keywords), source
+                 keywords: "Dict[str, VariableTracker] | DictVariable", source: Optional[Source] = None):
+        self.func, self.args, self.source = func, list(args), source
+        # one dict variable, what p.keywords reads: a write through it is a write of the partial's
+        self.keywords_var = keywords if isinstance(keywords, DictVariable) else DictVariable(keywords)
+
+    @property
+    def keywords(self) -> Dict[str, VariableTracker]:
+        return self.keywords_var.items
 
     def describe(self):
         return f"partial({self.func.describe()})"
