@@ -965,6 +965,34 @@ def test_generators_and_lazy_iterators_do_what_eager_does_in_eagers_order():
         no_break(fn, x)
 
 
+def returns_a_total(x):
+    total = x * 0
+    for k in range(2):
+        total = total + x * k
+        yield k
+    return total
+
+
+def drives_by_hand(x):
+    g, seen = returns_a_total(x), []
+    while True:
+        try:
+            seen.append(next(g))
+        except StopIteration as stop:
+            result = stop.value, stop.args
+            break
+    try:
+        next(g)                                  # exhausted: its StopIteration holds nothing
+    except StopIteration as again:
+        return result, seen, again.value, again.args
+
+
+def test_next_of_a_generator_that_returns_gives_its_value_in_stop_iteration():
+    x = torch.randn(3)
+    assert_same(minicompile.compile(drives_by_hand, backend="eager")(x), drives_by_hand(x))
+    no_break(drives_by_hand, x)
+
+
 def test_a_generator_that_outlives_the_trace():
     def not_started(x):
         g = counting(2)

@@ -332,7 +332,7 @@ def _functools_reduce(tx, args, kwargs):
 
 
 def _builtin_next(tx, args, kwargs):
-    from .iterators import ITERATORS, next_item
+    from .iterators import ITERATORS, next_item, stop_iteration
     if not isinstance(args[0], ITERATORS):
         raise tx.unsupported(f"next() of {args[0].describe()}")
     item = next_item(tx, args[0])
@@ -340,7 +340,7 @@ def _builtin_next(tx, args, kwargs):
         return item
     if len(args) > 1:
         return args[1]
-    raise tx.observed(StopIteration())
+    raise tx.observed(stop_iteration(args[0]))
 
 
 def _builtin_reduce(kind):

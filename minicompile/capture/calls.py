@@ -743,7 +743,7 @@ class CallsMixin:
             if type(r) in (list, dict) and _constant_state(r):
                 return self.output.wrap(r, None)          # a new list of them (str.split)
         if isinstance(obj, GeneratorVariable) and not kwargs:
-            from .iterators import close, next_item, throw
+            from .iterators import close, next_item, stop_iteration, throw
             if fn.name == "close":
                 close(self, obj)
                 return ConstantVariable(None)
@@ -753,7 +753,7 @@ class CallsMixin:
             else:
                 item = next_item(self, obj, args[0] if fn.name == "send" else None)
             if item is None:
-                raise ObservedException(ExceptionVariable(StopIteration, [obj.return_value]))
+                raise ObservedException(stop_iteration(obj))
             return item
         if isinstance(obj, NamedTupleVariable) and hasattr(obj.tuple_cls, "_fields") and \
                 fn.name in ("_replace", "_asdict"):

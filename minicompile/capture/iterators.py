@@ -256,6 +256,9 @@ def _reachable(roots) -> dict:
 
 def _resume(tx, gen: GeneratorVariable, sent: Optional[VariableTracker]) -> Optional[VariableTracker]:
     if gen.done:
+        if not _is_none(gen.return_value):      # it gives what it returned once, then nothing
+            tx.output.record_mutation(gen)
+            gen.return_value = ConstantVariable(None)
         return None
     if not gen.started and sent is not None and not (isinstance(sent, ConstantVariable) and sent.value is None):
         raise tx.unsupported("send() of a value to a generator that has not started")
@@ -279,6 +282,13 @@ def _run(gen: GeneratorVariable) -> Optional[VariableTracker]:
         raise ObservedException(pep_479(e.exc)) from None
     gen.done = True
     return None
+
+
+def stop_iteration(it: VariableTracker) -> ExceptionVariable:
+    """The StopIteration that says `it` is exhausted: a generator's holds what it returned
+    (e.value), as CPython's."""
+    value = it.return_value if isinstance(it, GeneratorVariable) else ConstantVariable(None)
+    return ExceptionVariable(StopIteration, [] if _is_none(value) else [value], {"value": value})
 
 
 def pep_479(exc: VariableTracker) -> VariableTracker:

@@ -230,11 +230,11 @@ class InstructionTranslator(CallsMixin):
             raise self.unsupported(f"raise {v.describe()}")
         return v
 
-    def observed(self, error: BaseException) -> ObservedException:
+    def observed(self, error: "BaseException | ExceptionVariable") -> ObservedException:
         """`error`, which Python raises for what the traced code does (a missing key or
         attribute, 1 // 0), as an exception of the traced code: its handlers see it. Raised
         while another is handled, that one is its __context__, as in Python."""
-        exc = ExceptionVariable.of(error)
+        exc = error if isinstance(error, ExceptionVariable) else ExceptionVariable.of(error)
         handled = self.handled_exception()
         if handled is not None:
             exc.items["__context__"] = handled
