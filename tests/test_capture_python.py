@@ -652,6 +652,26 @@ def test_a_bounded_cache_that_dropped_the_entry_runs_the_function_again_as_in_ea
         assert log == eager_log and scale.cache_info() == eager_scale.cache_info()
 
 
+def test_a_cached_function_returning_a_tensor_is_not_called_by_guards():
+    """A causal-mask cache keyed by a size: a break (its tensor is not a constant), and no
+    guard calls it for sizes the call does not ask for (which ran it again after evictions)."""
+    def make():
+        log = []
+
+        @functools.lru_cache(maxsize=2)
+        def mask(n):
+            log.append(n)
+            return torch.ones(n, n).tril()
+        return (lambda x: x * mask(x.shape[-1])), log
+    eager, eager_log = make()
+    mine, log = make()
+    compiled = minicompile.compile(mine)
+    for n in [3, 3, 5, 3, 5, 6, 7, 3]:
+        x = torch.randn(n, n)
+        assert_same(compiled(x), eager(x))
+        assert log == eager_log
+
+
 class Warner:
     """transformers' logger.warning_once: a method wrapped in functools.lru_cache, whose cache
     key holds the object it is called on."""

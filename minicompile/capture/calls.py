@@ -477,13 +477,13 @@ class CallsMixin:
             real.insert(0, obj)
         real_kwargs = {k: v.as_example() for k, v in kwargs.items()}
         result = cached(*real, **real_kwargs)
+        if not (is_constant_value(result) or isinstance(result, (types.FunctionType, type, types.ModuleType))):
+            # (a break: the call is made for real then, from the cache. Not guarded: a guard
+            # that calls the function would run it for calls eager makes none of)
+            raise self.unsupported(f"cached function {name} returned a {type(result).__name__}",
+                                   "a cached object may be changed by whoever else holds it")
         self.output.guards.cache_kept(cached, tuple(real), real_kwargs, result)
-        if is_constant_value(result):
-            return ConstantVariable(result)
-        if isinstance(result, (types.FunctionType, type, types.ModuleType)):
-            return self.output.wrap(result, None)
-        raise self.unsupported(f"cached function {name} returned a {type(result).__name__}",
-                               "a cached object may be changed by whoever else holds it")
+        return ConstantVariable(result) if is_constant_value(result) else self.output.wrap(result, None)
 
     def private_copy(self, v: VariableTracker, how) -> VariableTracker:
         """copy.deepcopy / copy.copy of an object read from outside the frame whose state is
