@@ -2293,3 +2293,22 @@ def test_reference_cycles_made_in_the_frame_leave_it_as_in_eager():
         assert_same((items[0], d["t"]), (x * 2, x * 2 + 1))
         y, fact = minicompile.compile(recursive_helper, backend="eager")(x)
         assert fact(5) == 120 and fact.__closure__[0].cell_contents is fact
+
+
+class Meters:
+    def __init__(self, v):
+        self.v = v
+
+    def __str__(self):
+        return f"Meters({self.v})"
+
+    def __format__(self, spec):
+        return f"{self.v:{spec or '.2f'}} m"
+
+
+def test_an_f_string_formats_an_object_with_its_classs_format():
+    def f(x, d):
+        return x * 2, f"{d}|{d:.1f}|{d!s}"
+    x = torch.randn(3)
+    assert_same(minicompile.compile(f, backend="eager")(x, Meters(1.5)), f(x, Meters(1.5)))
+    no_break(f, x, Meters(1.5))

@@ -1051,6 +1051,13 @@ class InstructionTranslator(CallsMixin):
         return None
 
     def _format(self, value: VariableTracker, conversion: Optional[str], spec: str = ""):
+        if conversion is None and isinstance(value, UserObjectVariable) and \
+                isinstance(class_attr(type(value.value), "__format__"), types.FunctionType):
+            # f"{obj:spec}" is type(obj).__format__(obj, spec) (str(obj) only by object's)
+            text = self.call_special(value, "__format__", [ConstantVariable(spec)])
+            if not (text.is_constant() and isinstance(text.as_example(), str)):
+                raise self.unsupported(f"{type(value.value).__name__}.__format__ gave {text.describe()}")
+            return text
         text = self.object_text(value, "repr" if conversion == "r" else "str") \
             if conversion in (None, "s", "r") and not spec else None
         if text is not None:
