@@ -2312,3 +2312,14 @@ def test_an_f_string_formats_an_object_with_its_classs_format():
     x = torch.randn(3)
     assert_same(minicompile.compile(f, backend="eager")(x, Meters(1.5)), f(x, Meters(1.5)))
     no_break(f, x, Meters(1.5))
+
+
+def test_a_note_added_to_an_exception_in_the_frame_is_kept():
+    def f(x):
+        e = ValueError("bad input")
+        e.add_note("hint")
+        return x * 2, e.__notes__, e.with_traceback(None) is e
+    x = torch.randn(3)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")             # (the frame runs as Python)
+        assert_same(minicompile.compile(f, backend="eager")(x), f(x))

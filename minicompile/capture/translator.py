@@ -512,6 +512,10 @@ class InstructionTranslator(CallsMixin):
                 return ConstantVariable(None)
             if name == "__class__":
                 return self.output.wrap(obj.cls, None)
+            if name in ("add_note", "with_traceback"):
+                # (its C methods would run on a stand-in made from the class and args)
+                raise self.unsupported(f"{obj.cls.__name__}.{name}() in the trace",
+                                       "a change to an exception by its own methods is not modelled")
             attr = class_attr(obj.cls, name, _MISSING)
             found = self.class_attribute(obj, name, attr) if attr is not _MISSING and \
                 not isinstance(attr, types.MemberDescriptorType) else None
