@@ -2323,3 +2323,22 @@ def test_a_note_added_to_an_exception_in_the_frame_is_kept():
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")             # (the frame runs as Python)
         assert_same(minicompile.compile(f, backend="eager")(x), f(x))
+
+
+def scaled_by_its_attribute(x):
+    return x * scaled_by_its_attribute.scale
+
+
+def writes_a_functions_dict(x):
+    scaled_by_its_attribute.__dict__["scale"] = 7
+    return scaled_by_its_attribute(x)
+
+
+def test_a_write_through_a_functions_dict_is_seen_by_its_attribute_reads():
+    x = torch.randn(3)
+    scaled_by_its_attribute.scale = 2
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")             # (the frame runs as Python)
+        got = minicompile.compile(writes_a_functions_dict, backend="eager")(x)
+    assert_same(got, x * 7)
+    assert scaled_by_its_attribute.scale == 7

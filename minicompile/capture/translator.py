@@ -661,6 +661,9 @@ class InstructionTranslator(CallsMixin):
                 attr = static.__func__ if isinstance(static, staticmethod) else \
                     self.read_attribute(obj.value, name)
                 return out.wrap(attr, AttrSource(obj.source, name) if obj.source is not None else None)
+            if isinstance(obj, UserFunctionVariable) and name == "__dict__":
+                # (its writes would not be seen by the trace's reads of its attributes)
+                raise self.unsupported(f"the __dict__ of {obj.describe()}")
             attr = self.read_attribute(obj.value, name)
             if isinstance(obj, UserFunctionVariable) and obj.source is not None:
                 # a function's attributes can be set (`fn.scale = 3`): read through its source
