@@ -249,11 +249,15 @@ def batch_norm_training(input, running_mean, running_var, weight=None, bias=None
 
 def copy_into(dest, src):
     """The value `dest.copy_(src)` leaves in dest: src broadcast to dest's shape, in its dtype,
-    laid out as dest. A new tensor (aten's functional copy), never src or a view of it: the
-    graph may return it, and a write into what it returns must not reach src."""
+    laid out as dest. A new tensor, never src or a view of it: the graph may return it, and a
+    write into what it returns must not reach src. (Made of differentiable ops: traced for
+    training, aten's functional copy has no derivative.)"""
     if not isinstance(src, torch.Tensor):
         return torch.full_like(dest, src)
-    return torch.ops.aten.copy(dest, src)
+    value = src.to(device=dest.device, dtype=dest.dtype).expand(dest.shape)
+    if dest.is_contiguous():
+        return value.clone(memory_format=torch.contiguous_format)
+    return torch.empty_like(dest).copy_(value)
 
 
 def overwritten(dest, value):
