@@ -94,6 +94,13 @@ def size_as_python(expr, reads: dict, what: str = "a size") -> str:
     return PythonPrinter().doprint(expr.xreplace({s: sympy.Symbol(reads[str(s)]) for s in expr.free_symbols}))
 
 
+def function_of_inputs(num_inputs: int, text: str):
+    """A Python function of a graph's inputs (arg0, arg1, ...) that returns the expression
+    `text` over them (made by size_as_python, or a guard's text)."""
+    names = ", ".join(f"arg{i}" for i in range(num_inputs))
+    return eval(f"lambda {names}: {text}")
+
+
 def provably_nonneg(e) -> bool:
     """e >= 0 for every value of its size symbols (each >= 2): true when, writing each symbol
     as 2 + t with t >= 0, every coefficient of the expanded polynomial is >= 0. A sufficient
@@ -254,13 +261,16 @@ def running_symbolically(mode):
 
 
 def symbol_reads(value, name: str):
-    """(symbol, where the wrapper reads it) for each dim of `value` (called `name`) whose size is
-    a symbol of its own: `("s0", "arg3.size(0)")`. Also a symbol the shape environment has since
-    replaced by another: guards still name it."""
-    for d, size in enumerate(value.shape):
+    """(symbol, where the wrapper reads it) for each dim of the tensor `value` (called `name`)
+    whose size is a symbol of its own: `("s0", "arg3.size(0)")`; for a size input (a SymInt),
+    its own symbol: `("s0", "arg3")`. Also a symbol the shape environment has since replaced
+    by another: guards still name it."""
+    sizes = [(size, f"{name}.size({d})") for d, size in enumerate(value.shape)] \
+        if isinstance(value, torch.Tensor) else [(value, name)]
+    for size, read in sizes:
         raw = getattr(size.node, "_expr", size.node.expr) if isinstance(size, torch.SymInt) else None
         if raw is not None and raw.is_Symbol:
-            yield str(raw), f"{name}.size({d})"
+            yield str(raw), read
 
 
 # --------------------------------------------------------------------------- index expressions

@@ -354,6 +354,30 @@ def test_the_cycle_collector_is_paused_only_while_compiling(monkeypatch):
     assert gc.isenabled()
 
 
+WINDOW = torch.tensor(4)     # a 0-dim CPU tensor a GPU graph reads, as transformers' sliding-window masks do
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU beside the CPU")
+@pytest.mark.parametrize("fn", [lambda x, t: x * t + 1,
+                                lambda x, t: torch.where(torch.arange(x.shape[0], device=x.device) < WINDOW, x, t),
+                                lambda x, t: x * torch.tensor(3).to(torch.float64) + (t - 1).exp()])
+def test_a_zero_dim_cpu_tensor_in_a_gpu_graph_is_read_as_a_number(fn):
+    """Eager takes a 0-dim CPU tensor beside CUDA ones as a number, so a graph given one (an
+    input, a global, torch.tensor(3)) or computing one from those is still compiled: its
+    kernels read the value copied to the GPU."""
+    compiled = minicompile.compile(fn)
+    minicompile.metrics.reset()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        for n in (5, 7, 9):
+            x, t = torch.randn(n, device="cuda"), torch.tensor(2.5)
+            expected, got = fn(x, t), compiled(x, t)
+            assert got.device == expected.device
+            torch.testing.assert_close(got, expected)
+    assert not [w for w in caught if "PyTorch's kernels" in str(w.message)]
+    assert minicompile.metrics.kernels > 0
+
+
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU beside the CPU")
 @pytest.mark.parametrize("fn", [lambda x: torch.tensor([x[0], x[1]]) + 1,
                                 lambda x: (x.cpu() * 2 + 1, x * 3),

@@ -1623,3 +1623,26 @@ def test_a_size_of_a_complex_value_stays_a_size_in_the_backward(kernel_backend):
             fn(leaf).backward(g)
             grads.append(leaf.grad)
         torch.testing.assert_close(grads[1], grads[0], rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.skipif(DEVICE != "cuda", reason="a CPU tensor beside CUDA ones needs a GPU")
+def test_a_zero_dim_cpu_constant_in_a_gpu_training_graph_is_compiled():
+    """transformers' sliding-window masks compare positions with torch.tensor(window), a 0-dim
+    CPU tensor, in a CUDA graph; the joint trace keeps it as a constant, which eager reads as a
+    number: forward and backward are generated code, gradients eager's."""
+    def loss(x, w):
+        positions = torch.arange(x.shape[-2], device=x.device)
+        near = (positions[:, None] - positions[None, :]) < torch.tensor(3)
+        return (x @ w).masked_fill(~near, -1e4).softmax(-1).sum()
+    compiled = minicompile.compile(loss)
+    minicompile.metrics.reset()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        for n in (6, 11):
+            x, w = randn(n, 4).requires_grad_(), randn(4, n).requires_grad_()
+            expected, got = loss(x, w), compiled(x, w)
+            torch.testing.assert_close(got, expected)
+            for e, g in zip(torch.autograd.grad(expected, (x, w)), torch.autograd.grad(got, (x, w))):
+                torch.testing.assert_close(g, e)
+    assert not [w for w in caught if "PyTorch's kernels" in str(w.message)]
+    assert minicompile.metrics.backward_kernels > 0

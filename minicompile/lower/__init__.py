@@ -16,6 +16,7 @@ and leaves realization to the fusion passes.
 """
 from __future__ import annotations
 
+import collections
 import logging
 from typing import Any
 
@@ -91,17 +92,32 @@ def _symbolic_example_values(gm: torch.fx.GraphModule, example_inputs):
     return values, mode.shape_env
 
 
+def _a_number(tensor) -> bool:
+    return tensor.dim() == 0 and tensor.device.type == "cpu"
+
+
 def _one_device(example_inputs, values) -> torch.device:
     """The device the graph computes on: its inputs', else its values'. A graph with tensors
     on two (`x.cpu()` in a GPU graph, a CPU factory beside CUDA inputs) runs on PyTorch's
     kernels, which leave each tensor where eager has it: one program's kernels are made for
-    one device."""
+    one device. A 0-dim CPU tensor goes with another device's tensors in eager, as a number
+    (an input, a constant, torch.tensor(3), arithmetic on those): it does not count. A GPU
+    kernel reads one copied there (the wrapper's _on_the_host); one computed by a kernel is
+    returned on the CPU (_on_eager_device)."""
+    counted = [(n, t) for n, v in values.items() for t in pytree.tree_leaves(v)
+               if isinstance(t, torch.Tensor) and not _a_number(t)]
+    counted += [(None, v) for v in example_inputs if isinstance(v, torch.Tensor) and not _a_number(v)]
+    devices = {torch.device(t.device) for _, t in counted}
+    if len(devices) > 1:
+        usual = collections.Counter(str(t.device) for _, t in counted).most_common(1)[0][0]
+        odd = next((n for n, t in counted if n is not None and str(t.device) != usual), None)
+        raise NotImplementedError(f"the graph holds tensors on {len(devices)} devices "
+                                  f"({', '.join(sorted(str(d) for d in devices))})"
+                                  + (f": `{odd.format_node()}`" if odd is not None else ""))
+    if devices:
+        return devices.pop()
     tensors = [v for v in example_inputs if isinstance(v, torch.Tensor)] + \
         [t for v in values.values() for t in pytree.tree_leaves(v) if isinstance(t, torch.Tensor)]
-    devices = {torch.device(t.device) for t in tensors}
-    if len(devices) > 1:
-        raise NotImplementedError(f"the graph holds tensors on {len(devices)} devices "
-                                  f"({', '.join(sorted(str(d) for d in devices))})")
     return tensors[0].device if tensors else torch.device("cpu")
 
 
@@ -134,9 +150,8 @@ def lower(gm: torch.fx.GraphModule, example_inputs) -> ir.Program:
             # a size passed as an input (TorchDynamo does this with dynamic shapes)
             size = ir.size_expr(traced)
             env[node] = size
-            raw = getattr(traced.node, "_expr", None) if isinstance(traced, torch.SymInt) else None
-            if raw is not None and raw.is_Symbol:
-                program.symbols.setdefault(str(raw), f"arg{i}")
+            for symbol, read in ir.symbol_reads(traced, f"arg{i}"):
+                program.symbols.setdefault(symbol, read)
             program.inputs.append(ir.SizeInput(f"arg{i}", size))
         elif type(value) is float and node.meta.get("dynamic_dims"):
             # a float the graph is generic in: a scalar argument of the kernels that use it
@@ -166,7 +181,8 @@ def lower(gm: torch.fx.GraphModule, example_inputs) -> ir.Program:
             program.outputs = _own_values(program.outputs, node.args[0], env, values)
             traced = pytree.tree_leaves(torch.fx.node.map_arg(node.args[0], lambda n: values.get(n)))
             if len(traced) == len(program.outputs):
-                program.outputs = [_eager_layout(o, v) for o, v in zip(program.outputs, traced)]
+                program.outputs = [_on_eager_device(program, _eager_layout(o, v), v)
+                                   for o, v in zip(program.outputs, traced)]
             break
         args = torch.fx.node.map_arg(node.args, lambda n: env[n])
         kwargs = torch.fx.node.map_arg(node.kwargs, lambda n: env[n])
@@ -329,6 +345,19 @@ def _channels_last_as_read(box) -> None:
         if stride is not None and list(stride) == channels_last:
             box.wanted_stride = channels_last
             return
+
+
+def _on_eager_device(program, box, value):
+    """A number (a 0-dim CPU tensor, _one_device) that a GPU program's kernel computed is in
+    GPU memory: the graph returns it on the CPU, where eager has it."""
+    if not (isinstance(box, TensorBox) and isinstance(value, torch.Tensor) and _a_number(value)) \
+            or program.device.type == "cpu" or isinstance(box.data, ir.InputBuffer):
+        return box
+    stored = box.realize()
+    on_the_cpu = ir.Extern(program.new_name("buf"), "cpu", (stored,), {}, [], [], value.dtype, value.device,
+                           reason="a number returned where eager has it", kind="method",
+                           meta_value=torch.empty((), dtype=value.dtype, device="meta"))
+    return TensorBox(on_the_cpu, program, [stored])
 
 
 def _eager_layout(box, value):
