@@ -8,6 +8,7 @@ import ctypes
 import os
 import re
 import time
+import warnings
 
 import pytest
 import torch
@@ -1410,3 +1411,18 @@ def test_a_layer_norms_double_statistics_meet_a_float_clamp():
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         assert_same(minicompile.compile(f)(x), f(x))
+
+
+def test_where_of_a_constant_condition_is_a_bool_to_triton(kernel_backend):
+    """A bool constant (a mask made by new_ones((), dtype=torch.bool), as transformers' mask
+    functions start) is written 1 or 0, an int to Triton: where's condition must still be a
+    bool, which Triton will require (it warns now)."""
+    def f(x, y):
+        keep = x.new_ones((), dtype=torch.bool) & (x > 0)
+        return torch.where(torch.ones((), dtype=torch.bool), x, y) + torch.where(keep, x, 2 * y)
+    x, y = randn(5, 3), randn(5, 3)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        got = minicompile.compile(f)(x, y)
+    torch.testing.assert_close(got, f(x, y))
+    assert not [w for w in caught if "non-boolean condition" in str(w.message)]

@@ -182,7 +182,9 @@ class TritonWriter(KernelWriter):
         "log": "tl.log({0})", "sqrt": "tl.sqrt({0})", "rsqrt": "tl.rsqrt({0})", "sin": "tl.sin({0})",
         "cos": "tl.cos({0})", "tanh": "libdevice.tanh({0})", "sigmoid": "tl.sigmoid({0})",
         "erf": "tl.erf({0})", "reciprocal": "(1 / {0})", "floor": "tl.floor({0})",
-        "ceil": "tl.ceil({0})", "isnan": "({0} != {0})", "where": "tl.where({0}, {1}, {2})",
+        # (where's condition may be a bool constant, written 1 or 0: an int to Triton, which
+        # takes only a bool condition)
+        "ceil": "tl.ceil({0})", "isnan": "({0} != {0})", "where": "tl.where(({0}) != 0, {1}, {2})",
         "rand": "tl.rand({0}, {1})", "randn": "tl.randn({0}, {1})", "opaque": "{0}",
     }
 
