@@ -2289,6 +2289,14 @@ def _zeros(program, node, values, size, dtype, layout, device, pin_memory, requi
     return _filled(program, node, values, 0)
 
 
+@factory([torch.empty], "*size, " + _FACTORY_OPTIONS)
+def _empty(program, node, values, size, dtype, layout, device, pin_memory, requires_grad):
+    """A tensor whose values eager leaves undefined: zeros will do, and as a pointwise value
+    it costs nothing where the graph writes it whole before reading (torch.empty(3, 7).copy_(r)
+    needs no allocation of its own)."""
+    return _filled(program, node, values, 0)
+
+
 @factory([torch.full], "size, fill_value, " + _FACTORY_OPTIONS)
 def _full(program, node, values, size, fill_value, dtype, layout, device, pin_memory, requires_grad):
     return _filled(program, node, values, fill_value)
@@ -2308,6 +2316,11 @@ def _full_like(node, values, input, fill_value, dtype, layout, device, pin_memor
 
 @register([torch.zeros_like], "input, " + _LIKE_OPTIONS)
 def _zeros_like(node, values, input, dtype, layout, device, pin_memory, requires_grad, memory_format):
+    return _full_like(node, values, input, 0, dtype, layout, device, pin_memory, requires_grad, memory_format)
+
+
+@register([torch.empty_like], "input, " + _LIKE_OPTIONS)
+def _empty_like(node, values, input, dtype, layout, device, pin_memory, requires_grad, memory_format):
     return _full_like(node, values, input, 0, dtype, layout, device, pin_memory, requires_grad, memory_format)
 
 
