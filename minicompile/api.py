@@ -177,10 +177,8 @@ class CompiledFunction:
         self._frame, self._frame_generation = None, -1
         # the Python function the calls run, and what `fn` passes it before the caller's
         # arguments (a bound method's self, a partial's arguments): guards.frame_target
-        try:
-            self._func, self._pre, self._pre_kw = frame_target(fn)
-        except TypeError:
-            self._func, self._pre, self._pre_kw = None, (), {}
+        self._func = None
+        self._retarget()
         # what a partial or a callable object runs can change after compile() (the partial's
         # keywords dict, the class's __call__): found again on each of their calls
         self._per_call = self._func is not None and not isinstance(fn, (types.FunctionType, types.MethodType))

@@ -225,7 +225,8 @@ def _conditions(backward, graph: torch.fx.GraphModule):
     whether it was made for theirs (its shape guards, and each size symbol at least 2), else
     None (made for the example's sizes, which the forward's guards fix)."""
     conditions = list(getattr(backward, "shape_guards", ()))
-    for i, node in enumerate(n for n in graph.graph.nodes if n.op == "placeholder"):
+    placeholders = [n for n in graph.graph.nodes if n.op == "placeholder"]
+    for i, node in enumerate(placeholders):
         val = node.meta.get("val")
         if isinstance(val, torch.SymInt):
             conditions.append(f"arg{i} >= 2")
@@ -234,8 +235,7 @@ def _conditions(backward, graph: torch.fx.GraphModule):
                            if ir.is_symbolic(ir.size_expr(s))]
     if not conditions:
         return None
-    names = [f"arg{i}" for i, n in enumerate(n for n in graph.graph.nodes if n.op == "placeholder")]
-    return eval(f"lambda {', '.join(names)}: {' and '.join(f'({c})' for c in conditions)}")
+    return ir.function_of_inputs(len(placeholders), " and ".join(f"({c})" for c in conditions))
 
 
 def _own_tensor(out: torch.Tensor, inputs) -> torch.Tensor:

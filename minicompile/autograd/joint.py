@@ -236,8 +236,7 @@ def _symbol_reads(primals: list, tensor_at: list) -> dict:
 
 def _size_function(size: torch.SymInt, reads: dict, num_inputs: int):
     """A function of the user's graph inputs that computes `size` from their sizes."""
-    names = ", ".join(f"arg{i}" for i in range(num_inputs))
-    return eval(f"lambda {names}: {ir.size_as_python(size.node.expr, reads)}")
+    return ir.function_of_inputs(num_inputs, ir.size_as_python(size.node.expr, reads))
 
 
 def _trace(joint, primals: list, tangents: list, table: dict, lean: bool) -> torch.fx.GraphModule:

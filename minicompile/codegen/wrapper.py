@@ -285,6 +285,22 @@ def _on_its_device(lines: list, device: torch.device) -> list:
     return [f"@memory.on_device({device.index})", *lines]
 
 
+def _zero_dim(backend: str, how: str, itself: bool):
+    """How a kernel's 0-dim result is made: (the shape it is allocated with, what the wrapper
+    does after the kernel). It is its own 0-dim tensor, as eager's (a view of one element
+    would be "a view created in no_grad mode" to autograd). `itself`: written in place into
+    a 0-dim tensor, which it is. Another's memory: one element of it, viewed as 0-dim after.
+    C++ with memory from PyTorch: allocated 0-dim. Triton (whose interpreter reads 0-dim
+    tensors as Python scalars) or fresh memory: one element, made 0-dim in place after."""
+    if itself:
+        return (), None
+    if how not in ("torch", "new"):
+        return (1,), "view"
+    if backend == "cpp" and how == "torch":
+        return (), None
+    return (1,), "set_"
+
+
 def _same_layout(buf, box) -> bool:
     """A buffer laid out as box, so that its tensor itself can stand for box: an input, a
     buffer of a kernel's, or an extern op's result with no dims of size 1 (as_layout leaves
@@ -419,19 +435,19 @@ def build(program: ir.Program, steps: list, written: dict | None = None) -> Comp
     # dead buffer: kept to the end, its name would hold the memory after the result's is freed
     taken = {source for how, source in plan.values() if how == "reuse"}
     dead_after = _dead_after(program, steps, kernel_args, kept=taken)
+    made_0_dim = {}            # a 0-dim result -> what makes it 0-dim after its kernel (_zero_dim)
     for i, step in enumerate(steps):
         if isinstance(step, Kernel):
             for m in step.members:
                 if m.box.name not in step.stored:
                     continue
                 how, source = plan[m.box.name]
-                # a 0-dim result is its own 0-dim tensor, as eager's (a view of one element
-                # would be "a view created in no_grad mode" to autograd); for Triton, allocated
-                # as one element (its interpreter reads 0-dim tensors as Python scalars), then
-                # made 0-dim in place after the kernel
-                shape = tuple(m.box.shape) or (() if backend == "cpp" and how == "torch" else (1,))
+                itself = how == "in place" and _same_layout(buffers[source], m.box)
+                shape = tuple(m.box.shape)
+                if not shape:
+                    shape, made_0_dim[m.box.name] = _zero_dim(backend, how, itself)
                 stride = sizes(m.box.data.stride or (() if not shape else (1,)))
-                if how == "in place" and _same_layout(buffers[source], m.box):
+                if itself:
                     # (the very tensor: no view to make per call, nor a write-back to do)
                     lines.append(f"    {m.box.name} = {source}  # in place: {step.name} reads {source} "
                                  f"only where it writes this")
@@ -458,14 +474,11 @@ def build(program: ir.Program, steps: list, written: dict | None = None) -> Comp
                           for a in args]
                 lines.append(f"    {step.name}[({grid},)]({', '.join(passed)}, {settings})")
             for m in step.members:
-                if m.box.name in step.stored and not m.box.shape:
-                    how, source = plan[m.box.name]
-                    if how == "in place" and _same_layout(buffers[source], m.box):
-                        pass                              # (that 0-dim tensor itself)
-                    elif how not in ("torch", "new"):    # (another's memory: a view of it)
-                        lines.append(f"    {m.box.name} = {m.box.name}.view(())")
-                    elif backend != "cpp" or how == "new":
-                        lines.append(f"    {m.box.name}.set_({m.box.name}.untyped_storage(), 0, (), ())")
+                after = made_0_dim.get(m.box.name) if m.box.name in step.stored else None
+                if after == "view":
+                    lines.append(f"    {m.box.name} = {m.box.name}.view(())")
+                elif after == "set_":
+                    lines.append(f"    {m.box.name}.set_({m.box.name}.untyped_storage(), 0, (), ())")
             metrics.kernels += 1
             metrics.kernel_bytes.append((step.name, step.bytes_read, step.bytes_written))
         elif isinstance(step, ExternCall) and plan.get(step.box.name, ("",))[0] == "in place":
