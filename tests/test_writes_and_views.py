@@ -381,6 +381,44 @@ def test_an_expanded_result_refuses_writes_as_eager():
         out.add_(1)
 
 
+# functions of one size n whose result is expanded (stride 0), and their inputs at size n
+EXPANDED = {
+    "(a * 2).expand(4, -1, -1)": (lambda a: (a * 2).expand(4, -1, -1), lambda n: (randn(1, n),)),
+    "(a * 2).expand(3, -1)": (lambda a: (a * 2).expand(3, -1), lambda n: (randn(1, n),)),
+    "(a + 1).expand(3, n, 5)": (lambda a: (a + 1).expand(3, -1, 5), lambda n: (randn(3, n, 1),)),
+    "broadcast_to(a.sin(), (2, n, 5))": (lambda a: torch.broadcast_to(a.sin(), (2, a.shape[0], 5)),
+                                         lambda n: (randn(n, 1),)),
+    "x.sum(0, keepdim=True).expand_as(x)": (lambda x: x.sum(0, keepdim=True).expand_as(x), lambda n: (randn(n, 3),)),
+    "x.sum(0, keepdim=True).expand(4, -1, -1)": (lambda x: x.sum(0, keepdim=True).expand(4, -1, -1),
+                                                 lambda n: (randn(3, n),)),
+    "(a @ b).expand(4, -1, -1)": (lambda a, b: (a @ b).expand(4, -1, -1), lambda n: (randn(1, n), randn(n, 9))),
+    "(x.t() * 2).unsqueeze(1).expand(-1, 3, -1)": (lambda x: (x.t() * 2).unsqueeze(1).expand(-1, 3, -1),
+                                                   lambda n: (randn(5, n),)),
+}
+
+
+@pytest.mark.parametrize("name", list(EXPANDED))
+def test_an_expanded_result_is_eagers_view_at_every_size(kernel_backend, name):
+    """Eager returns an expanded value as a view, strides 0 where it repeats, of a buffer that
+    holds only the values it repeats: so does minicompile, with eager's strides (a dim of size
+    1's too), and a write into it raises as eager's does. Called at several sizes, the later
+    calls run a graph generic in sizes."""
+    fn, make = EXPANDED[name]
+    minicompile.reset()
+    minicompile.metrics.reset()
+    compiled = minicompile.compile(fn)
+    for n in (7, 13, 6):
+        inputs = make(n)
+        expected, got = fn(*inputs), compiled(*inputs)
+        torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-5)
+        assert got.stride() == expected.stride()
+        assert got.untyped_storage().nbytes() == expected.untyped_storage().nbytes()
+        for out in (expected, got):
+            with pytest.raises(RuntimeError, match="more than one element of the written-to tensor"):
+                out.add_(1)
+    assert minicompile.metrics.graphs == 2
+
+
 def overlapping_chunks(x):
     """Longformer's _chunk: as_strided over the memory of a view of a computed value (the
     reshape of a transposed projection is a view in eager, with its strides), read by a

@@ -52,19 +52,13 @@ class RealizeOutputs(FusionPass):
 
 def _view_of_made_buffer(box: TensorBox):
     """box as strides over the buffer it views, when it is views all the way down to a buffer
-    the graph computed (not an input: the epilogue makes those views), in eager's layout. An
-    expanded value (`(a * 2).expand(4, -1)`) is that too, its value stored first: eager's
-    result repeats elements in memory (a write into it raises), and a copy would be larger."""
+    the graph computed (not an input: the epilogue makes those views), in eager's layout."""
     link = viewed_value(box)
-    if not link.is_realized and link is not box and box.eager_stride is not None:
-        data = link.data
-        link.realize()
-        view = as_view_of_buffer(box)
-        if view is not None and view.base is link and list(view.stride) == box.eager_stride:
-            return view
-        link.data = data                      # not eager's view of it: stored as its own
+    if link is box or isinstance(link.data, (ir.InputBuffer, ir.ViewOfBuffer)):
         return None
-    if not link.is_realized or isinstance(link.data, (ir.InputBuffer, ir.ViewOfBuffer)):
+    if box.eager_stride is not None:
+        return _expanded_view(box, link)
+    if not link.is_realized:
         return None
     view = as_view_of_buffer(box)
     if view is None or view.base is not link or (
@@ -72,6 +66,24 @@ def _view_of_made_buffer(box: TensorBox):
                                                   zip(view.stride, box.wanted_stride, box.shape))):
         return None
     return view
+
+
+def _expanded_view(box: TensorBox, link: TensorBox):
+    """An expanded value (`(a * 2).expand(4, -1, -1)`, `x.sum(0, True).expand_as(x)`) as eager's
+    view of the buffer of the value it expands (`link`), stored for it where it was not: eager's
+    result repeats elements in memory (a write into it raises), and a copy would be larger.
+    The view has eager's strides exactly, a dim of size 1's too (any stride reads the same
+    elements, but code may read `.stride()`). None, `link` left as it was, where the view's
+    strides are not eager's."""
+    data = link.data
+    link.realize()
+    view = as_view_of_buffer(box)
+    if view is not None and view.base is link and all(
+            a == b or n == 1 for a, b, n in zip(view.stride, box.eager_stride, box.shape)):
+        view.stride = list(box.eager_stride)
+        return view
+    link.data = data
+    return None
 
 
 class InlinePointwise(FusionPass):

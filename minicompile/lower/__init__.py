@@ -28,7 +28,7 @@ from .. import ir
 from .boxes import TensorBox
 from .. import aliasing
 from .lowerings import (LOWERINGS, constant_tensor, copy_of, lookup, lookup_factory, lower_fallback,
-                        scalar_arithmetic, size_arithmetic)
+                        scalar_arithmetic, size_arithmetic, viewed_value)
 
 
 def _example_values(gm: torch.fx.GraphModule, example_inputs) -> dict[torch.fx.Node, Any]:
@@ -183,6 +183,7 @@ def lower(gm: torch.fx.GraphModule, example_inputs) -> ir.Program:
             if len(traced) == len(program.outputs):
                 program.outputs = [_on_eager_device(program, _eager_layout(o, v), v)
                                    for o, v in zip(program.outputs, traced)]
+                _expanded_as_eager(program.outputs, env, values)
             break
         args = torch.fx.node.map_arg(node.args, lambda n: env[n])
         kwargs = torch.fx.node.map_arg(node.kwargs, lambda n: env[n])
@@ -370,6 +371,10 @@ def _eager_layout(box, value):
     if not isinstance(box, TensorBox) or not isinstance(value, torch.Tensor) \
             or value.dim() != len(box.shape):
         return box
+    if box.computation is not None and not box.is_realized and any(
+            st == 0 and ir.hint(n) > 1 for st, n in zip(ir.stride_of(value), value.shape)):
+        box.eager_stride = ir.stride_of(value)      # expanded (fusion's RealizeOutputs)
+        return box
     if any(ir.is_symbolic(s) for s in (*box.shape, *ir.stride_of(value))):
         # a graph generic in sizes: the order of eager's strides as the example has them (the
         # entry's guard keeps each input's layout, so the order holds for every call)
@@ -384,11 +389,21 @@ def _eager_layout(box, value):
         return box.laid_out(stride) if isinstance(box.data, ir.Extern) and dense else box
     if box.is_realized:
         return box.laid_out(stride)
-    if any(st == 0 and n > 1 for st, n in zip(value.stride(), value.shape)):
-        box.eager_stride = list(value.stride())     # (fusion's RealizeOutputs)
-        return box
     box.wanted_stride = stride
     return box
+
+
+def _expanded_as_eager(outputs, env, values) -> None:
+    """The value an expanded output repeats is stored in eager's layout of it, so that the
+    output can be eager's view of its buffer (fusion's RealizeOutputs): `(x.t() * 2).expand(2,
+    -1, -1)` repeats a value eager lays out transposed."""
+    repeated = [viewed_value(o) for o in outputs if isinstance(o, TensorBox) and o.eager_stride is not None]
+    if not repeated:
+        return
+    node_of = {id(box): node for node, box in env.items() if isinstance(box, TensorBox)}
+    for box in repeated:
+        if id(box) in node_of and box.computation is not None and not box.is_realized:
+            _eager_layout(box, values.get(node_of[id(box)]))
 
 
 def _hinted(numbers):

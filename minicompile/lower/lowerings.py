@@ -1489,8 +1489,8 @@ def _t(node, values, input):
     return _view_box(node, values, input, lambda idx: list(idx)[::-1])
 
 
-@register(["expand", "expand_as"], "input, *sizes")
-def _expand(node, values, input, sizes):
+@register(["expand", "expand_as", torch.broadcast_to, "broadcast_to"], "input, *sizes, size=None")
+def _expand(node, values, input, sizes, size):
     meta = _meta(node, values)
     if meta is None:
         return NotImplemented
