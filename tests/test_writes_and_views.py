@@ -394,6 +394,10 @@ EXPANDED = {
     "(a @ b).expand(4, -1, -1)": (lambda a, b: (a @ b).expand(4, -1, -1), lambda n: (randn(1, n), randn(n, 9))),
     "(x.t() * 2).unsqueeze(1).expand(-1, 3, -1)": (lambda x: (x.t() * 2).unsqueeze(1).expand(-1, 3, -1),
                                                    lambda n: (randn(5, n),)),
+    # PyTorch's op (no lowering) whose result repeats values: its strides kept at every size
+    "meshgrid(arange(n), x[0] * 2)[1]": (lambda x: torch.meshgrid(torch.arange(x.shape[0], dtype=x.dtype),
+                                                                  x[0] * 2, indexing="ij")[1],
+                                         lambda n: (randn(n, 5),)),
 }
 
 
@@ -417,6 +421,18 @@ def test_an_expanded_result_is_eagers_view_at_every_size(kernel_backend, name):
             with pytest.raises(RuntimeError, match="more than one element of the written-to tensor"):
                 out.add_(1)
     assert minicompile.metrics.graphs == 2
+
+
+def test_as_layout_repeats_a_dense_result_where_eager_repeats_it():
+    """An extern op's result the trace saw repeating values (stride 0) but the call returns
+    dense (its argument is a stored buffer, not eager's expanded view): the wrapper's
+    as_layout gives the predicted strides over one copy of the values, which no copy into a
+    stride-0 layout could."""
+    from minicompile.runtime.memory import as_layout
+    dense = randn(3, 1, 5).expand(3, 4, 5).contiguous()
+    got = as_layout(dense, (5, 0, 1))
+    assert got.stride() == (5, 0, 1) and got.untyped_storage().nbytes() == 15 * 4
+    torch.testing.assert_close(got, dense, rtol=0, atol=0)
 
 
 def overlapping_chunks(x):

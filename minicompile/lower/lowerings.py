@@ -2854,12 +2854,6 @@ def lower_fallback(program: ir.Program, node, values, target, args, kwargs, stri
         traced = values.get(node)
         device = traced.device if isinstance(traced, torch.Tensor) else program.device
         shape, stride, dtype = ir.shape_of(value), ir.stride_of(value), value.dtype
-        if value is traced and _has_symbolic_sizes(traced) and \
-                any(st == 0 and n != 1 for st, n in zip(stride, shape)):
-            # a traced broadcast (an expand of an argument the trace had of size 1, which the
-            # call gets as a stored buffer): no memory can be copied into that layout, so the
-            # wrapper makes the result contiguous
-            stride = ir.contiguous_strides(shape)
     else:
         shape, stride, dtype, device = [], [], None, program.device
     reason = "" if _is_extern_kernel(target) else RANDOM_REASON if ir.draws_random_numbers(node) \

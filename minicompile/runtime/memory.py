@@ -69,5 +69,13 @@ def as_layout(tensor: torch.Tensor, stride: tuple) -> torch.Tensor:
     actual = tensor.stride()
     if actual == stride or all(a == b or n <= 1 for a, b, n in zip(actual, stride, tensor.shape)):
         return tensor
+    repeated = [d for d, (s, n) in enumerate(zip(stride, tensor.shape)) if s == 0 and n > 1]
+    if repeated:
+        # a broadcast (eager's result repeats its values along these dims, a meshgrid's, say):
+        # no memory can be copied into that layout; the values it repeats are, then expanded
+        once = tensor
+        for d in repeated:
+            once = once.narrow(d, 0, 1)
+        return as_layout(once, tuple(1 if d in repeated else s for d, s in enumerate(stride))).expand(tensor.shape)
     out = torch.empty_strided(tensor.shape, stride, dtype=tensor.dtype, device=tensor.device)
     return out.copy_(tensor)
