@@ -12,6 +12,8 @@ import pytest
 import torch
 import torch.nn as nn
 
+import minicompile
+
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 from test_capture_control import compare  # noqa: E402
@@ -268,3 +270,16 @@ def test_torch_containers_called_from_a_skipped_frame_are_compiled_on_their_own(
         torch.testing.assert_close(p.grad, q.grad)
     assert minicompile.metrics.graphs == 2 and minicompile.metrics.backward_kernels > 0
     assert not LOCK.locked()
+
+
+TABLE = {f"key{i}": i for i in range(40)}
+
+
+def test_a_break_reason_shows_a_few_items_of_a_large_container():
+    """A break's reason is one line: a container in it (a registry dict) shows its first items
+    and how many more, not every one."""
+    def f(x):
+        return x * TABLE[x.sum() > 0]
+    with pytest.raises(minicompile.Unsupported) as caught:
+        minicompile.compile(f, fullgraph=True)(torch.randn(3))
+    assert "... (34 more)" in caught.value.reason and len(caught.value.reason) < 400

@@ -141,6 +141,14 @@ class ConstantVariable(VariableTracker):
         return f"Constant({self.value!r})"
 
 
+def _listing(parts, shown: int = 6) -> str:
+    """A container's items for a message: the first few, and how many more (a break's reason
+    is one line, and a registry dict would fill a screen)."""
+    parts = list(parts)
+    more = f", ... ({len(parts) - shown} more)" if len(parts) > shown else ""
+    return ", ".join(parts[:shown]) + more
+
+
 class BaseListVariable(VariableTracker):
     python_type = list
 
@@ -162,7 +170,7 @@ class BaseListVariable(VariableTracker):
         return all(i.is_constant() for i in self.items)
 
     def describe(self):
-        return f"{self.python_type.__name__}[{', '.join(i.describe() for i in self.items)}]"
+        return f"{self.python_type.__name__}[{_listing(i.describe() for i in self.items)}]"
 
 
 class TupleVariable(BaseListVariable):
@@ -238,7 +246,7 @@ class DictVariable(VariableTracker):
         return items if self.cls is dict else self.cls(items)
 
     def describe(self):
-        return "dict{" + ", ".join(f"{k!r}: {v.describe()}" for k, v in self.items.items()) + "}"
+        return "dict{" + _listing(f"{k!r}: {v.describe()}" for k, v in self.items.items()) + "}"
 
 
 
