@@ -1,6 +1,7 @@
 """Generator expressions, sets, super(), objects made in the frame, and context managers other
 than grad mode: each compared with eager (fresh inputs) and with torch._dynamo.explain (graph
 count, break count, ops per graph)."""
+import collections
 import contextlib
 import copy
 import dataclasses
@@ -11,11 +12,13 @@ import threading
 import pytest
 import torch
 import torch.nn as nn
+import torch.utils._pytree as pytree
 
 import minicompile
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
+from helpers import assert_same  # noqa: E402
 from test_capture_control import compare  # noqa: E402
 
 
@@ -283,3 +286,33 @@ def test_a_break_reason_shows_a_few_items_of_a_large_container():
     with pytest.raises(minicompile.Unsupported) as caught:
         minicompile.compile(f, fullgraph=True)(torch.randn(3))
     assert "... (34 more)" in caught.value.reason and len(caught.value.reason) < 400
+
+
+State = collections.namedtuple("State", "h c")
+
+
+def pytree_flatten_map_unflatten(x, y):
+    tree = {"a": x, "b": [y * 2, (x, 3)], "s": State(x + 1, None)}
+    leaves, spec = pytree.tree_flatten(tree)
+    doubled = pytree.tree_unflatten([v * 2 if isinstance(v, torch.Tensor) else v for v in leaves], spec)
+    mapped = pytree.tree_map(lambda t: t.sin() if isinstance(t, torch.Tensor) else t, doubled)
+    return mapped["b"][1][0] + mapped["s"].h * mapped["b"][1][1], len(pytree.tree_leaves(mapped)), \
+        spec.num_leaves, pytree.tree_structure(mapped) == spec
+
+
+def test_pytree_calls_are_traced():
+    """torch's pytree helpers (torch's own code calls them: associative_scan) are modelled on
+    the trace's values: leaves in pytree's order, the spec a constant, new containers."""
+    compare(pytree_flatten_map_unflatten, lambda: (r(4, 5), r(4, 5)), check_ops=False)
+
+
+def test_pytree_of_a_container_it_does_not_model_runs_pytrees_code():
+    """An OrderedDict (registered with pytree, not modelled by these calls) and a torch.Size
+    of leaves: pytree's own code is traced (or breaks, at what it cannot): eager's results."""
+    def f(x):
+        leaves, spec = pytree.tree_flatten(collections.OrderedDict(a=x, b=x + 1))
+        return [t * 2 for t in leaves], pytree.tree_unflatten(leaves, spec)["b"], \
+            pytree.tree_map(lambda n: n + 1, x.shape)
+    x = r(3, 4)
+    expected, got = f(x), minicompile.compile(f)(x)
+    assert_same(expected, got)

@@ -25,6 +25,7 @@ import torch.fx
 
 
 from .. import optim
+from . import pytree_calls
 from .autograd_function import call_apply, is_apply
 from .breaks import ObservedException, Unsupported, never_traced
 from .bytecode import BINARY_OPS, COMPARE_OPS
@@ -192,6 +193,11 @@ class CallsMixin:
                                    "the callee is compiled on its own")
         if isinstance(fn, NestedFunctionVariable):
             return _made_by(self.inline_nested(fn, args, kwargs), fn, args, kwargs)
+        if _hashable(real) and real in pytree_calls.HANDLERS:
+            try:
+                return pytree_calls.HANDLERS[real](self, args, kwargs)
+            except pytree_calls.NotModelled:
+                pass                            # traced through pytree's own code
         if isinstance(fn, PartialVariable):
             return self.call_function(fn.func, fn.args + list(args), {**fn.keywords, **kwargs})
         if isinstance(fn, TypeVariable) and fn.value in (collections.OrderedDict, collections.defaultdict):
