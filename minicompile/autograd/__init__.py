@@ -60,10 +60,12 @@ def compile_training(gm: torch.fx.GraphModule, example_inputs, compile_values, w
     primal = _primal_index(joint)
     compiled = CompiledTraining(joint, part, forward, backward, {primal[i] for i in overwritten if i in primal}, gm)
     # what the forward's code relies on, over the user's graph inputs (the forward's are its
-    # tensor inputs), and what the joint trace did
+    # tensor inputs), and what the joint trace did (once: a forward lowered from the joint
+    # trace's own values has its conditions too)
     tensor_at = [i for i, (kind, _) in enumerate(joint.inputs) if kind == "tensor"]
-    compiled.shape_guards = [re.sub(r"\barg(\d+)\b", lambda m: f"arg{tensor_at[int(m.group(1))]}", cond)
-                             for cond in getattr(forward, "shape_guards", ())] + joint.shape_conditions
+    compiled.shape_guards = list(dict.fromkeys(
+        [re.sub(r"\barg(\d+)\b", lambda m: f"arg{tensor_at[int(m.group(1))]}", cond)
+         for cond in getattr(forward, "shape_guards", ())] + joint.shape_conditions))
     return compiled
 
 

@@ -92,12 +92,20 @@ def _full_like(g, args, kwargs):
     if val is None:
         return None
     # a size that is a symbol (dynamic shapes) read from the tensor, as the joint graph reads it
-    shape = [g.call_method("size", (args[0], d)) if isinstance(size, torch.SymInt) else size
+    shape = [_size_of(g, args[0], d, size) if isinstance(size, torch.SymInt) else size
              for d, size in enumerate(val.shape)]
     # (full_like's dtype and device are its input's, where torch.full's would be the fill's)
     rest = {"dtype": val.dtype, "device": val.device,
             **{k: v for k, v in kwargs.items() if k != "memory_format" and v is not None}}
     return g.call_function(torch.full, (shape, args[1]), rest)
+
+
+def _size_of(g, node, dim: int, size):
+    """A node reading `node.size(dim)`, with its value as every node has one (lowering takes
+    the values from the nodes rather than running the graph)."""
+    read = g.call_method("size", (node, dim))
+    read.meta["val"] = size
+    return read
 
 
 def _copy(g, args, kwargs):

@@ -92,6 +92,45 @@ def _symbolic_example_values(gm: torch.fx.GraphModule, example_inputs):
     return values, mode.shape_env
 
 
+def _traced_symbolic_values(gm: torch.fx.GraphModule, example_inputs):
+    """The symbolic run's values, where the graph already carries them: the forward half of a
+    joint graph traced on size symbols (autograd/) holds each node's fake value in
+    `meta["val"]`, and its placeholders' are the fakes that run would start from (the example
+    inputs, each dynamic dim a symbol of its own, no other symbol in their shape environment).
+    Running the graph again would work the same sizes out once more. (None, None) otherwise:
+    a backward half's inputs share the trace's symbols, where its own run gives each its own."""
+    nodes = [n for n in gm.graph.nodes if n.op != "output"]
+    if not all("val" in n.meta for n in nodes):
+        return None, None
+    symbols, shape_env = [], None
+    for node, example in zip((n for n in nodes if n.op == "placeholder"), example_inputs):
+        val, dims = node.meta["val"], set(node.meta.get("dynamic_dims", ()))
+        if not isinstance(example, torch.Tensor):
+            if dims or isinstance(val, torch.SymInt):
+                return None, None
+            continue
+        if not isinstance(val, torch.Tensor) or getattr(val, "fake_mode", None) is None \
+                or val.dtype != example.dtype or val.device != example.device or val.dim() != example.dim():
+            return None, None
+        for d, (size, stride) in enumerate(zip(val.shape, val.stride())):
+            if d in dims:
+                if not isinstance(size, torch.SymInt) or not size.node.expr.is_Symbol:
+                    return None, None
+                symbols.append(size.node.expr)
+                shape_env = size.node.shape_env
+            elif isinstance(size, torch.SymInt):
+                return None, None
+            if ir.hint(size) != example.size(d) or ir.hint(stride) != example.stride(d):
+                return None, None
+    if shape_env is None:
+        return None, None
+    # (var_to_val is deprecated for this name where PyTorch has it)
+    known = getattr(shape_env, "backed_var_to_val", None)
+    if len(set(symbols)) != len(symbols) or set(symbols) != set(shape_env.var_to_val if known is None else known):
+        return None, None
+    return {n: n.meta["val"] for n in nodes}, shape_env
+
+
 def _a_number(tensor) -> bool:
     return tensor.dim() == 0 and tensor.device.type == "cpu"
 
@@ -122,7 +161,9 @@ def _one_device(example_inputs, values) -> torch.device:
 
 
 def lower(gm: torch.fx.GraphModule, example_inputs) -> ir.Program:
-    values, shape_env = _symbolic_example_values(gm, example_inputs)
+    values, shape_env = _traced_symbolic_values(gm, example_inputs)
+    if values is None:
+        values, shape_env = _symbolic_example_values(gm, example_inputs)
     if values is None:
         values = _example_values(gm, example_inputs)
     placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
