@@ -93,40 +93,42 @@ def _symbolic_example_values(gm: torch.fx.GraphModule, example_inputs):
 
 
 def _traced_symbolic_values(gm: torch.fx.GraphModule, example_inputs):
-    """The symbolic run's values, where the graph already carries them: the forward half of a
-    joint graph traced on size symbols (autograd/) holds each node's fake value in
-    `meta["val"]`, and its placeholders' are the fakes that run would start from (the example
-    inputs, each dynamic dim a symbol of its own, no other symbol in their shape environment).
-    Running the graph again would work the same sizes out once more. (None, None) otherwise:
-    a backward half's inputs share the trace's symbols, where its own run gives each its own."""
+    """The symbolic run's values, where the graph already carries them: the halves of a joint
+    graph traced on size symbols (autograd/) hold each node's fake value in `meta["val"]`, its
+    sizes expressions of the trace's symbols. Taken where each placeholder's value is laid out
+    as its example input (the forward's are the trace's primals; a backward's inputs are dense,
+    in the order of their dims in memory, as CompiledTraining hands them over) and every symbol
+    of the trace's shape environment is some input's size (a dim, or a size input, that is that
+    symbol alone), which the wrapper reads. Running the graph again would work the same sizes
+    out once more, over symbols of its own per dynamic dim. (None, None) otherwise."""
     nodes = [n for n in gm.graph.nodes if n.op != "output"]
     if not all("val" in n.meta for n in nodes):
         return None, None
-    symbols, shape_env = [], None
+    readable, shape_env = set(), None
     for node, example in zip((n for n in nodes if n.op == "placeholder"), example_inputs):
         val, dims = node.meta["val"], set(node.meta.get("dynamic_dims", ()))
-        if not isinstance(example, torch.Tensor):
-            if dims or isinstance(val, torch.SymInt):
+        if isinstance(val, torch.SymInt):                  # a size handed from the forward
+            if not dims or type(example) is not int or ir.hint(val) != example:
                 return None, None
-            continue
-        if not isinstance(val, torch.Tensor) or getattr(val, "fake_mode", None) is None \
-                or val.dtype != example.dtype or val.device != example.device or val.dim() != example.dim():
+        elif isinstance(example, torch.Tensor):
+            if not isinstance(val, torch.Tensor) or getattr(val, "fake_mode", None) is None \
+                    or (val.dtype, val.device, val.dim()) != (example.dtype, example.device, example.dim()) \
+                    or _hinted(val.shape) != list(example.shape) or _hinted(val.stride()) != list(example.stride()) \
+                    or {d for d, size in enumerate(val.shape) if isinstance(size, torch.SymInt)} != dims:
+                return None, None
+            if dims and ir.stride_of(val) != ir.dense_strides(ir.shape_of(val), ir.stride_order(example.stride())):
+                return None, None
+        elif dims or isinstance(val, (torch.SymInt, torch.SymFloat, torch.SymBool)):
             return None, None
-        for d, (size, stride) in enumerate(zip(val.shape, val.stride())):
-            if d in dims:
-                if not isinstance(size, torch.SymInt) or not size.node.expr.is_Symbol:
-                    return None, None
-                symbols.append(size.node.expr)
-                shape_env = size.node.shape_env
-            elif isinstance(size, torch.SymInt):
-                return None, None
-            if ir.hint(size) != example.size(d) or ir.hint(stride) != example.stride(d):
-                return None, None
+        if isinstance(val, (torch.Tensor, torch.SymInt)):
+            sizes = val.shape if isinstance(val, torch.Tensor) else [val]
+            shape_env = next((s.node.shape_env for s in sizes if isinstance(s, torch.SymInt)), shape_env)
+            readable.update(symbol for symbol, _ in ir.symbol_reads(val, ""))
     if shape_env is None:
         return None, None
     # (var_to_val is deprecated for this name where PyTorch has it)
     known = getattr(shape_env, "backed_var_to_val", None)
-    if len(set(symbols)) != len(symbols) or set(symbols) != set(shape_env.var_to_val if known is None else known):
+    if not {str(s) for s in (shape_env.var_to_val if known is None else known)} <= readable:
         return None, None
     return {n: n.meta["val"] for n in nodes}, shape_env
 
