@@ -316,3 +316,13 @@ def test_pytree_of_a_container_it_does_not_model_runs_pytrees_code():
     x = r(3, 4)
     expected, got = f(x), minicompile.compile(f)(x)
     assert_same(expected, got)
+
+
+def aten_overloads_called(x):
+    return torch.ops.aten.cumsum.default(x, 0) + torch.ops.aten.mul.Tensor(x, x) + torch.ops.aten.sin(x)
+
+
+def test_aten_overloads_are_called_in_the_graph():
+    """torch.ops.aten.cumsum.default (an overload of an op packet) is a call in the graph, as
+    the packet is, not a frame that runs eagerly."""
+    compare(aten_overloads_called, lambda: (r(4, 5),))

@@ -665,6 +665,8 @@ class InstructionTranslator(CallsMixin):
                 # (its writes would not be seen by the trace's reads of its attributes)
                 raise self.unsupported(f"the __dict__ of {obj.describe()}")
             attr = self.read_attribute(obj.value, name)
+            if isinstance(obj.value, torch._ops.OpOverloadPacket) and isinstance(attr, torch._ops.OpOverload):
+                return TorchFunctionVariable(attr)       # torch.ops.aten.mm.default: one node, as the packet
             if isinstance(obj, UserFunctionVariable) and obj.source is not None:
                 # a function's attributes can be set (`fn.scale = 3`): read through its source
                 return out.wrap(attr, AttrSource(obj.source, name))
