@@ -25,7 +25,10 @@ PROGRAM = textwrap.dedent("""
             super().__init__()
             self.lin, self.norm = torch.nn.Linear(24, 24), torch.nn.LayerNorm(24)
         def forward(self, x):
-            return torch.nn.functional.gelu(self.norm(self.lin(x))).softmax(-1) + x, x.sum(0)
+            out = torch.nn.functional.gelu(self.norm(self.lin(x))).softmax(-1) + x, x.sum(0)
+            if os.environ.get("ATEN_OP"):          # an op the code names as an OpOverload
+                out = out[0] + torch.ops.aten.cumsum.default(x, 0), out[1]
+            return out
 
     torch.manual_seed(0)
     block = Block().to(os.environ["DEVICE"]).eval()
@@ -62,6 +65,14 @@ def test_a_later_process_loads_the_graph_without_compiling_it(tmp_path, backend)
     # other sizes are another graph
     assert run(tmp_path, backend, ROWS="5")[:3] == [0, 1, 1]
     assert not [f for f in os.listdir(tmp_path / "graphs") if f.endswith(".tmp")]
+
+
+def test_a_graph_calling_an_aten_op_is_stored(tmp_path, backend):
+    """An extern call of an ATen op (torch.ops.aten.cumsum.default, as training graphs are
+    made of) is named in the code: held as a constant, it could not be pickled."""
+    hits, misses, stores, _, kernels, _ = run(tmp_path, backend, ATEN_OP="1")
+    assert (hits, misses, stores) == (0, 1, 1)
+    assert run(tmp_path, backend, ATEN_OP="1", FORBID_LOWERING="1") == [1, 0, 0, 0, kernels, 0]
 
 
 def test_a_corrupted_entry_is_rebuilt_and_said_once(tmp_path, backend):

@@ -63,8 +63,10 @@ class CompiledGraph:
 
 
 def _qualified_name(value) -> str | None:
-    """'torch.cumsum', 'operator.matmul', 'torch.nn.functional.linear'... for a function the
-    generated code can name (so the wrapper reads like the program), else None."""
+    """'torch.cumsum', 'operator.matmul', 'torch.nn.functional.linear', 'torch.ops.aten.mm.default'...
+    for a function the generated code can name (so the wrapper reads like the program), else None."""
+    if isinstance(value, (torch._ops.OpOverload, torch._ops.OpOverloadPacket)):
+        return f"torch.ops.{value}"          # (a constant holding one could not be pickled)
     name = getattr(value, "__name__", None)
     if not callable(value) or not isinstance(name, str):
         return None
