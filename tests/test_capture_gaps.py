@@ -5,6 +5,7 @@ import collections
 import contextlib
 import copy
 import dataclasses
+import enum
 import os
 import sys
 import threading
@@ -326,3 +327,26 @@ def test_aten_overloads_are_called_in_the_graph():
     """torch.ops.aten.cumsum.default (an overload of an op packet) is a call in the graph, as
     the packet is, not a frame that runs eagerly."""
     compare(aten_overloads_called, lambda: (r(4, 5),))
+
+
+class Mode(enum.Enum):
+    TRAIN = 1
+    EVAL = 2
+    TEST = 3
+
+
+def test_sets_of_enum_members_are_traced():
+    """`mode in {Mode.TRAIN, Mode.EVAL}` (a set display of members, a common idiom) and a set
+    comprehension over an Enum: sets of objects that are their own key, as dict literals are;
+    each mode its own graph (the guard checks which member was passed), eager's results."""
+    def f(x, mode):
+        early = {m for m in Mode if m.value < 3}
+        if mode in {Mode.TRAIN, Mode.EVAL}:
+            x = x * 2
+        return x + len(early) if mode in early else x - 1
+    minicompile.metrics.reset()
+    compiled = minicompile.compile(f)
+    for mode in (Mode.TRAIN, Mode.TEST, Mode.EVAL, Mode.TEST):
+        x = r(3, 4)
+        torch.testing.assert_close(compiled(x, mode), f(x, mode))
+    assert minicompile.metrics.graph_breaks == 0 and minicompile.metrics.graphs == 3

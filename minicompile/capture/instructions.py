@@ -836,6 +836,8 @@ def contains(tx, container, item) -> bool:
         r = item.as_example() in container.as_example()
     elif isinstance(container, DictVariable) and (key := dict_key(item)) is not NO_KEY:
         r = key in container.items
+    elif isinstance(container, SetVariable) and (key := dict_key(item)) is not NO_KEY:
+        r = key in container.real                         # (mode in {Mode.TRAIN, Mode.EVAL})
     elif item.is_constant() and isinstance(container, DictViewVariable) and container.kind == "keys":
         r = item.as_example() in container.dict_var.items
     elif item.is_constant() and isinstance(container, NNModuleVariable) and \
@@ -943,19 +945,19 @@ def _map_add(tx, inst):
 def _set_add(tx, inst):
     item = tx.pop()
     s = tx.stack[-inst.arg]
-    if not isinstance(s, SetVariable) or not item.is_constant():
+    if not isinstance(s, SetVariable) or dict_key(item) is NO_KEY:
         raise tx.unsupported(f"adding {item.describe()} to a set",
                                "sets of Python constants are modelled, not sets of tensors")
     tx.mutate(s)
-    s.apply("add", item.as_example())
+    s.apply("add", dict_key(item))
 
 
 @handles("BUILD_SET")
 def _build_set(tx, inst):
-    items = tx.popn(inst.arg)
-    if not all(i.is_constant() for i in items):
-        raise tx.unsupported("a set of non-constant values")
-    tx.push(SetVariable.made_by(set, [i.as_example() for i in items]))
+    keys = [dict_key(i) for i in tx.popn(inst.arg)]      # constants, and objects that are their own key
+    if any(k is NO_KEY for k in keys):
+        raise tx.unsupported("a set of values that are neither constants nor classes, functions or Enum members")
+    tx.push(SetVariable.made_by(set, keys))
 
 
 @handles("SET_UPDATE")
