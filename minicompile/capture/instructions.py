@@ -945,11 +945,12 @@ def _map_add(tx, inst):
 def _set_add(tx, inst):
     item = tx.pop()
     s = tx.stack[-inst.arg]
-    if not isinstance(s, SetVariable) or dict_key(item) is NO_KEY:
+    key = dict_key(item)
+    if not isinstance(s, SetVariable) or key is NO_KEY:
         raise tx.unsupported(f"adding {item.describe()} to a set",
                                "sets of Python constants are modelled, not sets of tensors")
     tx.mutate(s)
-    s.apply("add", dict_key(item))
+    s.apply("add", key)
 
 
 @handles("BUILD_SET")

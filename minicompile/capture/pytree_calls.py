@@ -32,15 +32,15 @@ class _Leaf:
         self.var = var
 
 
-def _stand_in(tx, v: VariableTracker):
+def _stand_in(v: VariableTracker):
     if type(v) is ListVariable:
-        return [_stand_in(tx, i) for i in v.items]
+        return [_stand_in(i) for i in v.items]
     if type(v) is TupleVariable:
-        return tuple(_stand_in(tx, i) for i in v.items)
+        return tuple(_stand_in(i) for i in v.items)
     if type(v) is NamedTupleVariable:
-        return v.holding(_stand_in(tx, i) for i in v.items)
+        return v.holding(_stand_in(i) for i in v.items)
     if type(v) is DictVariable and v.cls is dict and v.factory is None:
-        return {k: _stand_in(tx, i) for k, i in v.items.items()}
+        return {k: _stand_in(i) for k, i in v.items.items()}
     if isinstance(v, ConstantVariable) and not isinstance(v, OpaqueConstantVariable):
         return v.value             # a constant, containers of constants too: pytree's to take apart
     kind = type(v.value) if isinstance(v, UserObjectVariable) else getattr(v, "python_type", None)
@@ -59,70 +59,70 @@ def _leaf_variables(leaves: list) -> list:
     return [x.var if isinstance(x, _Leaf) else ConstantVariable(x) for x in leaves]
 
 
-def _variable(tx, s) -> VariableTracker:
+def _variable(s) -> VariableTracker:
     """The trace's variable for a part of a tree tree_unflatten built: new containers."""
     if isinstance(s, _Leaf):
         return s.var
     if type(s) is list:
-        return ListVariable([_variable(tx, i) for i in s])
+        return ListVariable([_variable(i) for i in s])
     if type(s) is tuple:
-        return TupleVariable([_variable(tx, i) for i in s])
+        return TupleVariable([_variable(i) for i in s])
     if type(s) is dict:
-        return DictVariable({k: _variable(tx, i) for k, i in s.items()})
+        return DictVariable({k: _variable(i) for k, i in s.items()})
     if _is_namedtuple_class(type(s)):
-        return NamedTupleVariable([_variable(tx, i) for i in s], type(s))
+        return NamedTupleVariable([_variable(i) for i in s], type(s))
     if s is None:
         return ConstantVariable(None)
     raise NotModelled(type(s).__name__)
 
 
-def _plain(tx, kwargs: dict, name: str) -> None:
+def _plain(kwargs: dict, name: str) -> None:
     if any(k != "is_leaf" or not (isinstance(v, ConstantVariable) and v.value is None) for k, v in kwargs.items()):
         raise NotModelled(f"{name} with {', '.join(kwargs)}")
 
 
-def _flatten(tx, args, kwargs):
-    _plain(tx, kwargs, "tree_flatten")
-    leaves, spec = pytree.tree_flatten(_stand_in(tx, args[0]))
+def _flatten(args, kwargs):
+    _plain(kwargs, "tree_flatten")
+    leaves, spec = pytree.tree_flatten(_stand_in(args[0]))
     return _leaf_variables(leaves), spec
 
 
 def tree_flatten(tx, args, kwargs):
-    leaves, spec = _flatten(tx, args, kwargs)
+    leaves, spec = _flatten(args, kwargs)
     return TupleVariable([ListVariable(leaves), OpaqueConstantVariable(spec)])
 
 
 def tree_leaves(tx, args, kwargs):
-    return ListVariable(_flatten(tx, args, kwargs)[0])
+    return ListVariable(_flatten(args, kwargs)[0])
 
 
 def tree_structure(tx, args, kwargs):
-    return OpaqueConstantVariable(_flatten(tx, args, kwargs)[1])
+    return OpaqueConstantVariable(_flatten(args, kwargs)[1])
 
 
-def _unflattened(tx, variables: list, spec) -> VariableTracker:
+def _unflattened(variables: list, spec) -> VariableTracker:
     try:
         tree = pytree.tree_unflatten([_Leaf(v) for v in variables], spec)
     except Exception as err:        # (too few leaves, a torch.Size of them): pytree's code raises it
         raise NotModelled(str(err)) from err
-    return _variable(tx, tree)
+    return _variable(tree)
 
 
 def tree_unflatten(tx, args, kwargs):
     if kwargs or len(args) != 2 or not isinstance(args[1], ConstantVariable) or \
             not isinstance(args[1].value, pytree.TreeSpec):
         raise NotModelled("tree_unflatten of a spec that is not a constant of the code")
-    return _unflattened(tx, tx.iterate(args[0]), args[1].value)
+    return _unflattened(tx.iterate(args[0]), args[1].value)
 
 
 def tree_map(tx, args, kwargs):
     if len(args) != 2:
         raise NotModelled("tree_map over several trees")
-    _plain(tx, kwargs, "tree_map")
-    leaves, spec = pytree.tree_flatten(_stand_in(tx, args[1]))
+    _plain(kwargs, "tree_map")
+    leaves, spec = pytree.tree_flatten(_stand_in(args[1]))
     leaves = _leaf_variables(leaves)
-    _unflattened(tx, leaves, spec)        # (what it builds is modelled: known before fn runs)
-    return _unflattened(tx, [tx.call_function(args[0], [v], {}) for v in leaves], spec)
+    _unflattened(leaves, spec)        # (what it builds is modelled: known before fn runs)
+    return _unflattened([tx.call_function(args[0], [v], {}) for v in leaves], spec)
 
 
 HANDLERS = {pytree.tree_flatten: tree_flatten, pytree.tree_leaves: tree_leaves,

@@ -155,11 +155,7 @@ def _one_device(example_inputs, values) -> torch.device:
         raise NotImplementedError(f"the graph holds tensors on {len(devices)} devices "
                                   f"({', '.join(sorted(str(d) for d in devices))})"
                                   + (f": `{odd.format_node()}`" if odd is not None else ""))
-    if devices:
-        return devices.pop()
-    tensors = [v for v in example_inputs if isinstance(v, torch.Tensor)] + \
-        [t for v in values.values() for t in pytree.tree_leaves(v) if isinstance(t, torch.Tensor)]
-    return tensors[0].device if tensors else torch.device("cpu")
+    return devices.pop() if devices else torch.device("cpu")     # (else every tensor is a CPU number)
 
 
 def lower(gm: torch.fx.GraphModule, example_inputs) -> ir.Program:
