@@ -201,6 +201,27 @@ def test_sizes_read_by_the_code_stay_symbolic(kernel_backend):
     assert torch_compiles(f, calls) == 2
 
 
+def test_len_of_a_tensor_is_its_first_size_at_every_call(kernel_backend):
+    """len(x) of a dynamic dim is that dim's size in each call (a symbolic int), not the size
+    the trace saw; len() of a 0-d tensor raises as eager's does."""
+    def f(x):
+        return x * len(x), len(x), len(x.t()), len(x[1:])
+    calls = [(torch.randn(n, 4, device=DEVICE),) for n in (3, 4, 5, 6)]
+    assert our_compiles(f, calls) == 2
+    with pytest.raises(TypeError, match="len\\(\\) of a 0-d tensor"):
+        minicompile.compile(lambda x: len(x.sum()))(torch.randn(3))
+
+
+def test_slices_from_the_end_by_a_dynamic_size(kernel_backend):
+    """x[:, 3 - T:], x[:, -T:] (Mamba's last T steps of a padded convolution): a start that is
+    negative for every size counts from the end, as Python's slices do, at every length."""
+    def f(x):
+        T = x.shape[1] - 2
+        return x[:, -T:] * 2, x[:, 3 - x.shape[1]:] + 1, x[:, 2 - x.shape[1]: T] - 1, x[:, 1 - T::2]
+    calls = [(torch.randn(2, n, device=DEVICE),) for n in (5, 7, 9, 6, 8)]
+    assert our_compiles(f, calls) == 2
+
+
 def test_a_size_compared_in_python_is_guarded_not_specialized():
     # a comparison of a dynamic size (a branch on it) keeps the size symbolic: the guard gets
     # the branch's condition (x.size(0) > 3), as TorchDynamo's does: one compile per branch

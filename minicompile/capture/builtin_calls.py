@@ -50,7 +50,9 @@ def _builtin_len(tx, args, kwargs):
     if isinstance(x, DictViewVariable):
         return ConstantVariable(len(x.dict_var.items))
     if isinstance(x, TensorVariable):
-        return ConstantVariable(len(x.example))
+        if x.example.dim() == 0:
+            raise tx.observed(TypeError("len() of a 0-d tensor"))
+        return tx.output.size_of(x, 0)          # (symbolic where dim 0 is dynamic)
     if isinstance(x, ConstantVariable):
         return ConstantVariable(len(x.value))
     if isinstance(x, NNModuleVariable):

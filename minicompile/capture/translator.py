@@ -1256,7 +1256,10 @@ class InstructionTranslator(CallsMixin):
 
     def _unary(self, op, name):
         v = self.pop()
-        if v.is_constant():
+        if isinstance(v, SymIntVariable) and op in (operator.neg, operator.pos):
+            # (-T: a slice's start, x[:, -T:]; kept symbolic)
+            self.push(v if op is operator.pos else self.output.sym_arith(operator.sub, ConstantVariable(0), v))
+        elif v.is_constant():
             self.push(ConstantVariable(op(v.as_example())))
         elif isinstance(v, TensorVariable):
             self.push(self.output.call("call_function", op, [v], {}))

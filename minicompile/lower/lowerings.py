@@ -1597,6 +1597,12 @@ def _getitem(node, values, input, item):
             start = it.start or 0          # from 0 up: the slice's length bounds every read
             if isinstance(start, int) and start < 0:
                 start = _position(start, shape[d])
+            elif isinstance(start, sympy.Basic) and not start.is_nonnegative:
+                # x[:, -T:]: counted from the end, where that is a position for every size
+                from_end = sympy.simplify(shape[d] + start) if start.is_negative else None
+                if from_end is None or not from_end.is_nonnegative:
+                    return NotImplemented
+                start = from_end
             if not isinstance(step, int) or step <= 0 or not isinstance(start, (int, sympy.Basic)):
                 return NotImplemented
             plan.append(("take", d, start, step))
