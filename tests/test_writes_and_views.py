@@ -395,7 +395,8 @@ EXPANDED = {
     "(x.t() * 2).unsqueeze(1).expand(-1, 3, -1)": (lambda x: (x.t() * 2).unsqueeze(1).expand(-1, 3, -1),
                                                    lambda n: (randn(5, n),)),
     # PyTorch's op (no lowering) whose result repeats values: its strides kept at every size
-    "meshgrid(arange(n), x[0] * 2)[1]": (lambda x: torch.meshgrid(torch.arange(x.shape[0], dtype=x.dtype),
+    "meshgrid(arange(n), x[0] * 2)[1]": (lambda x: torch.meshgrid(torch.arange(x.shape[0], dtype=x.dtype,
+                                                                               device=x.device),
                                                                   x[0] * 2, indexing="ij")[1],
                                          lambda n: (randn(n, 5),)),
 }
