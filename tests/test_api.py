@@ -378,6 +378,28 @@ def test_a_zero_dim_cpu_tensor_in_a_gpu_graph_is_read_as_a_number(fn):
     assert minicompile.metrics.kernels > 0
 
 
+NUMBER_OPS = {"x * t": lambda x, t: x * t, "x / t": lambda x, t: x / t, "x.div(t)": lambda x, t: x.div(t),
+              "x + t": lambda x, t: x + t, "t - x": lambda x, t: t - x, "maximum(x, t)": lambda x, t: torch.maximum(x, t),
+              "x < t": lambda x, t: x < t, "where(x > 0, x, t)": lambda x, t: torch.where(x > 0, x, t),
+              "x / 0.1": lambda x, t: x / 0.1, "x.div(255.0)": lambda x, t: x.div(255.0),
+              "torch.div(t, x)": lambda x, t: torch.div(t, x), "0.1 / x": lambda x, t: 0.1 / x}
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU beside the CPU")
+@pytest.mark.parametrize("name", list(NUMBER_OPS))
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
+def test_a_gpu_op_on_a_cpu_number_is_eagers_to_the_bit(name, dtype):
+    """Eager's CUDA kernels take a CPU number (or a Python one) as a kernel argument, each op
+    in its own way (x / t is x times t's reciprocal): compiled, the same bits, for numbers of
+    the op's dtype and of others."""
+    fn = NUMBER_OPS[name]
+    x = (torch.randn(257, device="cuda") * 100).to(dtype)
+    for t in (torch.tensor(2.7), torch.tensor(0.1, dtype=dtype), torch.tensor(3),
+              torch.tensor(0.3, dtype=torch.float64)):
+        minicompile.reset()
+        torch.testing.assert_close(minicompile.compile(fn)(x, t), fn(x, t), rtol=0, atol=0, msg=lambda m: f"{t}: {m}")
+
+
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU beside the CPU")
 @pytest.mark.parametrize("fn", [lambda x: torch.tensor([x[0], x[1]]) + 1,
                                 lambda x: (x.cpu() * 2 + 1, x * 3),

@@ -304,6 +304,16 @@ def test_dead_buffers_are_reused(kernel_backend):
     assert source.count("reuses") + source.count("# in place") >= 2, source
 
 
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU beside the CPU")
+def test_a_cpu_number_gpu_kernels_read_is_copied_to_the_gpu_once_a_call():
+    def f(x, t):                  # t: a 0-dim CPU tensor, read by two reductions (two kernels)
+        return (x * t).sum(0, keepdim=True) * t + (x - t).amax(1, keepdim=True)
+    x, t = torch.randn(33, 17, device="cuda"), torch.tensor(1.5)
+    compiled = compile_graph(torch.fx.symbolic_trace(f), [x, t])
+    assert_same(compiled(x, t), f(x, t))
+    assert len(compiled.kernels) >= 2 and compiled.wrapper_source.count(".to(") == 1, compiled.wrapper_source
+
+
 def test_outputs_are_written_over_dead_inputs_read_at_the_same_positions(kernel_backend):
     # an MLP's residual kernels and its closing layer norm write over the product they read
     # (as Inductor's in_out_ptr): the product's memory is the kernel's own, dead after it, and

@@ -438,6 +438,7 @@ def build(program: ir.Program, steps: list, written: dict | None = None) -> Comp
     taken = {source for how, source in plan.values() if how == "reuse"}
     dead_after = _dead_after(program, steps, kernel_args, kept=taken)
     made_0_dim = {}            # a 0-dim result -> what makes it 0-dim after its kernel (_zero_dim)
+    copied = {}                # a CPU number GPU kernels read -> its copy on the GPU
     for i, step in enumerate(steps):
         if isinstance(step, Kernel):
             for m in step.members:
@@ -471,9 +472,12 @@ def build(program: ir.Program, steps: list, written: dict | None = None) -> Comp
                 grid = launch.pop("grid")
                 settings = ", ".join(f"{k}={v}" for k, v in launch.items())
                 # a CPU 0-dim tensor (an input, or an op on numbers: torch.add(2.5, 1)) goes
-                # with CUDA ones in eager; a GPU kernel reads it copied to the GPU
-                passed = [f"{a}.to({device})" if _on_the_host(buffers.get(a), program.device) else a
-                          for a in args]
+                # with CUDA ones in eager; GPU kernels read it copied to the GPU, once a call
+                for a in args:
+                    if a not in copied and _on_the_host(buffers.get(a), program.device):
+                        copied[a] = f"{a}_on_gpu"
+                        lines.append(f"    {copied[a]} = {a}.to({device})")
+                passed = [copied.get(a, a) for a in args]
                 lines.append(f"    {step.name}[({grid},)]({', '.join(passed)}, {settings})")
             for m in step.members:
                 after = made_0_dim.get(m.box.name) if m.box.name in step.stored else None
@@ -517,7 +521,7 @@ def build(program: ir.Program, steps: list, written: dict | None = None) -> Comp
                 lines.append(f"    {ext.name} = as_layout({ext.name}, {sizes(ext.stride)})")
         dead = dead_after.get(i)
         if dead:
-            lines.append(f"    del {', '.join(dead)}")
+            lines.append(f"    del {', '.join(dead + [copied[d] for d in dead if d in copied])}")
     if checks_indices:       # one check per call, on the host
         lines.append(f"    index_error = {ir.INDEX_ERRORS}.item()")
         lines.append(f"    if index_error: raise (RuntimeError if index_error == {ir.RUNTIME_ERROR} else IndexError)"

@@ -28,6 +28,12 @@ class TensorBox(ir.IRNode):
     device = property(lambda self: self.data.device)
     name = property(lambda self: self.data.name)
 
+    @property
+    def is_host_number(self) -> bool:
+        """A 0-dim CPU tensor in a GPU program, which eager's kernels take as a number: GPU
+        kernels read it copied there (the wrapper copies it once a call)."""
+        return self.program.device.type != "cpu" and self.device.type == "cpu" and not self.shape
+
     def make_loader(self):
         def load(index, *rest):
             return self.data.make_loader()(index, *rest)

@@ -117,7 +117,8 @@ def _as_index_value(x, shape, dtype):
     `dtype` (PyTorch's common dtype of the op's operands) and held in its compute dtype. A
     tensor converted to float16 or bfloat16 is rounded to it, as PyTorch converts it before
     the op (int16 32766 is 32768 in float16); a Python number is not (PyTorch's kernels
-    take it in float32)."""
+    take it in float32). None for a CPU number a GPU kernel would convert so: some of eager's
+    kernels take it as it is, some converted."""
     cdtype = compute_dtype(dtype)
     if isinstance(x, TensorBox):
         load, src = x.make_loader(), list(x.shape)
@@ -125,6 +126,8 @@ def _as_index_value(x, shape, dtype):
         src_cdtype = compute_dtype(x.dtype)
         rounds = dtype in (torch.float16, torch.bfloat16) and x.dtype not in (dtype, torch.bool, torch.int8,
                                                                               torch.uint8)
+        if rounds and x.is_host_number:
+            return None      # (some of PyTorch's GPU kernels take such a number unrounded)
 
         def f(idx):
             sub = [Index() if src[d] == 1 else idx[d + off] for d in range(len(src))]
@@ -140,13 +143,17 @@ def _as_index_value(x, shape, dtype):
     return None
 
 
-def _pointwise_box(node, values, fn, inputs, common=None, origin=None):
+def _pointwise_box(node, values, fn, inputs, common=None, origin=None, host_numbers=False):
+    """host_numbers: a CPU number (TensorBox.is_host_number) may be among the inputs of a GPU
+    op, whose eager kernel takes it as any tensor's value (arithmetic, comparisons; not pow,
+    which picks sqrt or a product by its value, nor addcmul, which refuses it)."""
     meta = _meta(node, values)
     if meta is None:
         return NotImplemented
     box_inputs = [x for x in inputs if isinstance(x, TensorBox)]
     # (no tensor among the inputs: torch.add(2.0, 3.0) makes one; PyTorch's kernel does)
-    if not box_inputs or any(b.device != meta.device for b in box_inputs):
+    if not box_inputs or any(b.device != meta.device and not (host_numbers and b.is_host_number)
+                             for b in box_inputs):
         return NotImplemented
     return _pw(box_inputs[0].program, ir.shape_of(meta), meta.dtype, meta.device, fn, inputs,
                origin or _origin(node), common)
@@ -180,7 +187,7 @@ def _binary(names_targets, fn, compare=False):
         common = _promoted(input, other) if compare else None
         if compare:
             input, other = _number_as(input, common), _number_as(other, common)
-        return _pointwise_box(node, values, fn, [input, other], common=common)
+        return _pointwise_box(node, values, fn, [input, other], common=common, host_numbers=True)
     return lower
 
 
@@ -204,7 +211,7 @@ def _arith_box(node, values, op, inputs):
     meta = _meta(node, values)
     if meta is not None and meta.dtype == torch.bool:
         op = BOOL_ARITH.get(op, op)
-    return _pointwise_box(node, values, getattr(ops, op), inputs)
+    return _pointwise_box(node, values, getattr(ops, op), inputs, host_numbers=True)
 
 
 # --------------------------------------------------------------------------- pointwise
@@ -260,6 +267,12 @@ def _arith(op, targets):
             # held in the compute dtype
             inverse = torch.tensor(1.0 / other, dtype=torch.float64).to(compute_dtype(meta.dtype)).item()
             return _arith_box(node, values, "mul", [input, inverse])
+        if op == "truediv" and isinstance(other, TensorBox) and other.is_host_number and (
+                meta := _meta(node, values)) is not None and meta.device.type == "cuda" \
+                and meta.dtype.is_floating_point:
+            # so does it by a CPU number's, taken in the compute dtype
+            return _pointwise_box(node, values, lambda a, b: ops.mul(a, ops.reciprocal(b)), [input, other],
+                                  host_numbers=True)
         if op in ("add", "sub") and (meta := _meta(node, values)) is not None and meta.device.type == "cpu":
             input, other = _number_as(input, meta.dtype), _number_as(other, meta.dtype)
         return _arith_box(node, values, op, [input, other])
@@ -423,7 +436,9 @@ def _lerp(node, values, input, end, weight):
 def _div(node, values, input, other, rounding_mode):
     if rounding_mode is not None:
         return NotImplemented
-    return _pointwise_box(node, values, ops.truediv, [input, other])
+    if not isinstance(input, TensorBox):      # torch.div(2.0, x) divides (2.0 / x takes x's reciprocal)
+        return _pointwise_box(node, values, ops.truediv, [input, other])
+    return LOWERINGS[operator.truediv](node, values, input, other)
 
 
 @register([F.gelu, "gelu"], "input, approximate='none'", pointwise=True)
