@@ -90,6 +90,9 @@ ZOO = {
                      depths=[1, 1, 1, 1]), _pixels()),
     "mobilenet_v2": (_make("MobileNetV2Model", "MobileNetV2Config", image_size=32, depth_multiplier=0.35),
                      _pixels()),
+    # a selective state-space model: its scan is torch's associative_scan when compiled
+    "mamba": (_make("MambaForCausalLM", "MambaConfig", hidden_size=WIDTH, num_hidden_layers=LAYERS,
+                    vocab_size=VOCAB, state_size=4, expand=2, conv_kernel=4, time_step_rank=4), _decoder_text()),
     # sliding-window attention: overlapping chunks by as_strided, x.where(mask, y), writes into
     # views of a new tensor; padded to a multiple of the window
     "longformer": (_make("LongformerModel", "LongformerConfig", hidden_size=WIDTH, num_hidden_layers=1,

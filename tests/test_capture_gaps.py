@@ -319,6 +319,47 @@ def test_pytree_of_a_container_it_does_not_model_runs_pytrees_code():
     assert_same(expected, got)
 
 
+def linear_recurrence(left, right):         # transformers' Mamba: h_t = a_t * h_(t-1) + b_t
+    a_left, b_left = left
+    a_right, b_right = right
+    return a_left * a_right, a_right * b_left + b_right
+
+
+def test_associative_scan_is_traced_as_one_graph_for_a_range_of_lengths():
+    """torch's associative_scan (what Mamba layers call when compiled) runs its combine function
+    under torch.vmap in eager; traced, on the slices themselves, as a scan whose steps depend
+    on the length only through their count: eager's values, reversed or not, over any dim, one
+    graph for lengths 5 to 8 once the length is dynamic, and lengths 1 and 2 too."""
+    from torch._higher_order_ops.associative_scan import associative_scan
+
+    def f(a, b, x):
+        states = associative_scan(linear_recurrence, (a.sigmoid(), b), dim=2, combine_mode="generic")
+        sums = associative_scan(lambda p, q: {"x": p["x"] + q["x"]}, {"x": x}, dim=-1, reverse=True,
+                                combine_mode="generic")
+        return states, sums
+    minicompile.metrics.reset()
+    compiled = minicompile.compile(f)
+    for n in (5, 6, 7, 8, 1, 2):
+        args = (r(2, 3, n, 4), r(2, 3, n, 4), r(3, n))
+        assert_same(f(*args), compiled(*args))
+    assert minicompile.metrics.graph_breaks == 0 and minicompile.metrics.graphs <= 4
+
+
+def test_associative_scan_of_a_combine_that_is_not_pointwise_breaks_the_graph():
+    """A combine function vmap must batch (a product of matrices) is not traced on slices: a
+    graph break that names the op, and eager's values. Eager's errors stay eager's."""
+    from torch._higher_order_ops.associative_scan import associative_scan
+
+    def products(x):
+        return associative_scan(lambda p, q: p @ q, x * 2, dim=0, combine_mode="generic")
+    x = r(5, 3, 3)
+    reasons = minicompile.explain(products)(x).break_reasons
+    assert "not pointwise" in str(reasons[0]) and "matmul" in str(reasons[0])
+    assert_same(products(x), minicompile.compile(products)(x))
+    with pytest.raises(ValueError, match="need to be on CUDA"):
+        minicompile.compile(lambda x: associative_scan(lambda p, q: p + q, x, 0))(r(4))
+
+
 def aten_overloads_called(x):
     return torch.ops.aten.cumsum.default(x, 0) + torch.ops.aten.mul.Tensor(x, x) + torch.ops.aten.sin(x)
 

@@ -25,7 +25,7 @@ import torch.fx
 
 
 from .. import optim
-from . import pytree_calls
+from . import polyfills, pytree_calls
 from .autograd_function import call_apply, is_apply
 from .breaks import ObservedException, Unsupported, never_traced
 from .bytecode import BINARY_OPS, COMPARE_OPS
@@ -193,6 +193,11 @@ class CallsMixin:
                                    "the callee is compiled on its own")
         if isinstance(fn, NestedFunctionVariable):
             return _made_by(self.inline_nested(fn, args, kwargs), fn, args, kwargs)
+        if (stand_in := polyfills.POLYFILLS.get((getattr(real, "__module__", None),
+                                                  getattr(real, "__qualname__", None)))) is not None:
+            return self.inline_call(stand_in, args, kwargs)
+        if real is polyfills.combine_pointwise:
+            return polyfills.trace_combine_pointwise(self, args, kwargs)
         if _hashable(real) and real in pytree_calls.HANDLERS:
             try:
                 return pytree_calls.HANDLERS[real](self, args, kwargs)
