@@ -117,8 +117,8 @@ def _as_index_value(x, shape, dtype):
     `dtype` (PyTorch's common dtype of the op's operands) and held in its compute dtype. A
     tensor converted to float16 or bfloat16 is rounded to it, as PyTorch converts it before
     the op (int16 32766 is 32768 in float16); a Python number is not (PyTorch's kernels
-    take it in float32). None for a CPU number a GPU kernel would convert so: some of eager's
-    kernels take it as it is, some converted."""
+    take it in float32). None for a CPU number a GPU kernel would convert so (some of eager's
+    kernels take it as it is, some converted) or from float64 to another dtype."""
     cdtype = compute_dtype(dtype)
     if isinstance(x, TensorBox):
         load, src = x.make_loader(), list(x.shape)
@@ -126,8 +126,10 @@ def _as_index_value(x, shape, dtype):
         src_cdtype = compute_dtype(x.dtype)
         rounds = dtype in (torch.float16, torch.bfloat16) and x.dtype not in (dtype, torch.bool, torch.int8,
                                                                               torch.uint8)
-        if rounds and x.is_host_number:
-            return None      # (some of PyTorch's GPU kernels take such a number unrounded)
+        if x.is_host_number and (rounds or x.dtype == torch.float64 != dtype):
+            # some of eager's GPU kernels take such a number unrounded; and a float64 one
+            # would make the graph's float32 division and sqrt Triton's approximate ones
+            return None
 
         def f(idx):
             sub = [Index() if src[d] == 1 else idx[d + off] for d in range(len(src))]
