@@ -304,6 +304,20 @@ def test_dead_buffers_are_reused(kernel_backend):
     assert source.count("reuses") + source.count("# in place") >= 2, source
 
 
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="eager's CUDA division and sqrt, to the bit")
+def test_float32_division_is_rounded_to_nearest_beside_a_float64_tensor():
+    """A float64 tensor elsewhere in the graph leaves a float32 kernel's division and square
+    root rounded to nearest, as eager's CUDA kernels compute them (Triton's own `/` and sqrt
+    are approximate for float32); a kernel of float64 values divides in float64."""
+    def f(x, y, d):
+        return x / y + x.abs().sqrt(), (d / 3.0).sqrt() + d
+    x, y = torch.randn(4096, device="cuda"), torch.rand(4096, device="cuda") + 0.5
+    d = torch.rand(1000, device="cuda", dtype=torch.float64)
+    compiled = compile_graph(torch.fx.symbolic_trace(f), [x, y, d])
+    for got, expected in zip(compiled(x, y, d), f(x, y, d)):
+        torch.testing.assert_close(got, expected, rtol=0, atol=0)
+
+
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU beside the CPU")
 def test_a_cpu_number_gpu_kernels_read_is_copied_to_the_gpu_once_a_call():
     def f(x, t):                  # t: a 0-dim CPU tensor, read by two reductions (two kernels)

@@ -188,16 +188,15 @@ class TritonWriter(KernelWriter):
         "rand": "tl.rand({0}, {1})", "randn": "tl.randn({0}, {1})", "opaque": "{0}",
     }
 
-    def __init__(self, kernel, plan, buffers, mask: str, float64: bool | None = None):
+    def __init__(self, kernel, plan, buffers, mask: str):
         super().__init__(kernel, plan, buffers)
         self.mask = mask
-        # float arithmetic here is float32 (narrower floats compute in it) unless a float64
-        # tensor is in the graph (`float64`: generate finds that once per graph; else it is
-        # found here): then Triton's own `/` and sqrt, which are IEEE for float64. A
-        # float64 value made inside the kernel (a CPU's variance accumulates in it, over rows
-        # short enough to be summed in a pointwise kernel) is cast or written as a constant
-        # before anything divides it: `_sees` turns the float64 arithmetic on there
-        self.float32_only = not (_GraphFacts.of(buffers).float64 if float64 is None else float64)
+        # float arithmetic here is float32 (narrower floats compute in it) unless the kernel
+        # computes a float64 value: then Triton's own `/` and sqrt, which are IEEE for float64.
+        # A float64 value comes from a load, a cast or a constant, each made before anything
+        # divides it: `_sees` turns the float64 arithmetic on there (what the kernel computes
+        # before stays float32's, rounded to nearest as eager's)
+        self.float32_only = not any(m.box.dtype == torch.float64 for m in kernel.members)
         self.device_asserts = asserts_on_device(kernel.box.device)
         # a pointwise kernel's elements in loop order, as an index over its variables
         self.flat = None
@@ -309,6 +308,7 @@ class TritonWriter(KernelWriter):
         else:   # one element for every lane: a scalar load (a block mask needs a block pointer)
             value = f"tl.load({ptr} + {index.render('//')})"
         cd = ir.compute_dtype(dtype)
+        self._sees(cd)
         return f"{value}.to({TL_TYPES[cd]})" if cd != dtype else value
 
     def _sees(self, dtype):
@@ -430,7 +430,7 @@ def kernel_source(kernel, buffers, graph=None):
     big = dynamic or max(xnumel * max(1, rnumel), largest) >= 2**31
     pid = "tl.program_id(0).to(tl.int64)" if big else "tl.program_id(0)"
     mask = "xmask & rmask" if kernel.r_sizes else "xmask"
-    writer = TritonWriter(kernel, plan, buffers, mask, graph.float64)
+    writer = TritonWriter(kernel, plan, buffers, mask)
     x_idx, r_idx = writer.canonical
 
     def store(member, value, row: bool) -> str:
@@ -821,13 +821,12 @@ def _next_pow2(n: int) -> int:
 class _GraphFacts(NamedTuple):
     """What every kernel of a graph asks of all its buffers, found once per graph."""
     largest: int | None         # the most elements any buffer has; None when some size is dynamic
-    float64: bool               # whether any buffer is float64 (see TritonWriter.float32_only)
 
     @staticmethod
     def of(buffers) -> "_GraphFacts":
         sizes = [ir.size_expr(math.prod(b.shape)) for b in buffers.values()]
         largest = None if any(ir.is_symbolic(n) for n in sizes) else max(sizes + [0])
-        return _GraphFacts(largest, any(b.dtype == torch.float64 for b in buffers.values()))
+        return _GraphFacts(largest)
 
 
 def _launch_value(size):
