@@ -111,21 +111,24 @@ class Epilogue:
 
 
 class Replay:
-    """View ops run again on another tensor standing for their root (`base`). An argument of
-    a view op is the previous tensor of the chain (`alias` maps each argument to the tensor it
-    stands for), or comes from the call: an input, or an output of the graph (`sources`)."""
+    """View ops run again on another tensor standing for their root (`base`), each in the grad
+    mode the frame made it in (`grad`: a view made under no_grad carries no gradient, one made
+    with grad does, whatever mode the graph ends in). An argument of a view op is the previous
+    tensor of the chain (`alias` maps each argument to the tensor it stands for), or comes from
+    the call: an input, or an output of the graph (`sources`)."""
 
-    def __init__(self, chain: list, root: torch.fx.Node, alias: dict, sources: dict):
-        self.chain, self.root, self.alias, self.sources = chain, root, alias, sources
+    def __init__(self, chain: list, root: torch.fx.Node, alias: dict, sources: dict, grad: list):
+        self.chain, self.root, self.alias, self.sources, self.grad = chain, root, alias, sources, grad
 
     def __call__(self, base, outs, inputs):
         values = {self.root: base}
-        for node in self.chain:
+        for node, grad in zip(self.chain, self.grad):
             def arg(a):
                 a = self.alias.get(a, a)
                 return values[a] if a in values else self.sources[a](outs, inputs)
-            values[node] = _run(node, torch.fx.node.map_arg(node.args, arg),
-                                torch.fx.node.map_arg(node.kwargs, arg))
+            with torch.set_grad_enabled(grad):
+                values[node] = _run(node, torch.fx.node.map_arg(node.args, arg),
+                                    torch.fx.node.map_arg(node.kwargs, arg))
         return values[self.chain[-1]]
 
 
@@ -263,6 +266,7 @@ class _Functionalizer:
         self.value: dict = {}
         self.version: dict = {}
         self.made: dict = {}           # old view node -> ((root version, grad mode), new node)
+        self.made_with_grad: dict = {}  # old view node -> the grad mode the frame made it in
         self.same: dict = {}
         self.inputs: list = []
         self.grad = torch.is_grad_enabled()       # the grad mode at this point of the graph
@@ -342,6 +346,7 @@ class _Functionalizer:
         if base is not None:
             self.parent[node], self.root[node] = base, self.root[base]
             self.chain[node] = self.chain[base] + [node]
+            self.made_with_grad[node] = self.grad
             return
         new = self.graph.node_copy(node, self.current)
         new.meta = dict(node.meta)
@@ -542,7 +547,8 @@ class _Functionalizer:
             alias = self._aliases(chain)
             sources = {alias[a]: source(alias[a]) for v in chain for a in v.all_input_nodes
                        if alias[a] not in chain and alias[a] is not r}
-            result.append(("view", base, Replay(chain, r, alias, sources)))
+            result.append(("view", base, Replay(chain, r, alias, sources,
+                                                [self.made_with_grad[v] for v in chain])))
         read = frozenset(range(len(outs)))     # the leaves' (a written input's new value may be one)
         copies = [(position[p], output(self.value[p])) for p in written]
         self.graph.output(tuple(outs))

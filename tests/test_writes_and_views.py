@@ -887,6 +887,46 @@ def test_a_non_differentiable_output_made_as_a_view_stays_non_differentiable():
     torch.testing.assert_close(got[1], want[1])
 
 
+def _view_then_break_in_no_grad(x, idx):
+    h = x.reshape(-1, 4)                   # a view of the input, made with grad
+    with torch.no_grad():
+        hit = (idx > 0).nonzero()          # a graph break under no_grad: the graph returns h
+    return (h * 2).sum() + hit.sum()
+
+
+def _view_in_no_grad_then_break(x, idx):
+    with torch.no_grad():
+        v = x.reshape(-1, 4)               # made under no_grad: no gradient flows through it
+    hit = (idx > 0).nonzero()
+    return (v * 2).sum() + x.sum() + hit.sum()
+
+
+def _view_in_no_grad_returned(x, idx):
+    with torch.no_grad():
+        v = x.view(-1)
+    return v, x * 2
+
+
+@pytest.mark.parametrize("fn", [_view_then_break_in_no_grad, _view_in_no_grad_then_break, _view_in_no_grad_returned])
+def test_a_view_of_an_input_handed_on_keeps_the_grad_mode_it_was_made_in(fn):
+    """A view of an input that the graph hands on (at a break, or returned) is made again after
+    the graph in the grad mode the frame made it in, not the one the graph ends in: made with
+    grad, the gradient flows through it (an MoE layer's reshape before a no_grad break: DBRX's
+    gradients were lost); made under no_grad, none does, and it has no grad_fn."""
+    def run(f):
+        x = torch.randn(2, 3, 4, generator=torch.Generator().manual_seed(0)).requires_grad_()
+        out = f(x, torch.tensor([0, 1, 2]))
+        if isinstance(out, tuple):
+            return [(t.requires_grad, t.grad_fn is None) for t in out]
+        out.backward()
+        return x.grad
+    expected, got = run(fn), run(minicompile.compile(fn))
+    if isinstance(expected, list):
+        assert got == expected
+    else:
+        torch.testing.assert_close(got, expected)
+
+
 def test_a_view_as_another_dtype_reinterprets_the_bits():
     """x.view(torch.int32) is x's bits read as int32 (PyTorch's kernel makes it), not x's
     values converted; of another size, the last dimension grows or shrinks."""
