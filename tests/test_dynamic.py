@@ -212,6 +212,16 @@ def test_len_of_a_tensor_is_its_first_size_at_every_call(kernel_backend):
         minicompile.compile(lambda x: len(x.sum()))(torch.randn(3))
 
 
+def test_int_of_a_size_stays_symbolic(kernel_backend):
+    """int(1 + cache.shape[2]) (ProphetNet's positions, each decoding step) is the size itself:
+    one graph for every length once it is dynamic, not one per length."""
+    def f(cache, w):
+        n = int(1 + cache.shape[2])
+        return torch.ones(1, 1, dtype=torch.long, device=cache.device) * n + w
+    calls = [(torch.zeros(2, 4, n, 8, device=DEVICE), torch.tensor(3, device=DEVICE)) for n in range(1, 8)]
+    assert our_compiles(f, calls) == torch_compiles(f, calls) == 2
+
+
 def test_slices_from_the_end_by_a_dynamic_size(kernel_backend):
     """x[:, 3 - T:], x[:, -T:] (Mamba's last T steps of a padded convolution): a start that is
     negative for every size counts from the end, as Python's slices do, at every length."""

@@ -223,6 +223,9 @@ def _builtin_const(fn):
             text = tx.object_text(args[0], fn.__name__)      # a Python class's __str__/__repr__
             if text is not None:
                 return text
+        if fn is int and len(args) == 1 and not kwargs and isinstance(args[0], SymIntVariable) \
+                and type(args[0].example) is int:
+            return args[0]                      # int(T): the size itself, still symbolic
         if all(a.is_constant() for a in args) and all(v.is_constant() for v in kwargs.values()):
             return ConstantVariable(tx.on_constants(fn, *[a.as_example() for a in args],
                                                     **{k: v.as_example() for k, v in kwargs.items()}))
