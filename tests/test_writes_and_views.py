@@ -927,6 +927,42 @@ def test_a_view_of_an_input_handed_on_keeps_the_grad_mode_it_was_made_in(fn):
         torch.testing.assert_close(got, expected)
 
 
+def _data_read(p, x):
+    y = p * x
+    return y.data.min() + y.sum(), y.data.requires_grad
+
+
+def _data_written_after_use(p, x):
+    out = (p * x).sum()
+    p.data.mul_(0.5)                       # an update autograd does not see
+    return out
+
+
+def _data_clamped_before_use(p, x):
+    p.data.clamp_(-0.5, 0.5)
+    return (p * x).sum()
+
+
+@pytest.mark.parametrize("fn", [_data_read, _data_written_after_use, _data_clamped_before_use])
+def test_tensor_data_is_the_tensor_cut_off_from_autograd(fn):
+    """x.data (I-BERT's quantizers read x.data.min() in training) is traced as a detach: the
+    same values, no gradient through it, writes through it that autograd does not see; it broke
+    the graph, and the frame ran eagerly."""
+    minicompile.metrics.reset()
+    results = []
+    for f in (fn, minicompile.compile(fn)):
+        p, x = torch.randn(4, generator=torch.Generator().manual_seed(0)).requires_grad_(), torch.arange(4.0)
+        out = f(p, x)
+        loss = out[0] if isinstance(out, tuple) else out
+        loss.backward()
+        results.append((loss.detach(), out[1:] if isinstance(out, tuple) else (), p.grad, p.detach().clone()))
+    (ev, eflags, egrad, ep), (gv, gflags, ggrad, gp) = results
+    assert eflags == gflags
+    for a, b in ((ev, gv), (egrad, ggrad), (ep, gp)):
+        torch.testing.assert_close(b, a)
+    assert minicompile.metrics.graph_breaks == 0
+
+
 def test_a_view_as_another_dtype_reinterprets_the_bits():
     """x.view(torch.int32) is x's bits read as int32 (PyTorch's kernel makes it), not x's
     values converted; of another size, the last dimension grows or shrinks."""

@@ -474,6 +474,10 @@ class InstructionTranslator(CallsMixin):
                 return ConstantVariable(getattr(obj.example, name))
             if name in TENSOR_TENSOR_ATTRS:
                 return out.call("call_function", getattr, [obj, ConstantVariable(name)], {})
+            if name == "data":
+                # the same memory, cut off from autograd: what detach() gives (writes through
+                # it are ones autograd does not see, as functionalize.py takes a detach's)
+                return out.call("call_method", "detach", [obj], {})
             if callable(getattr(torch.Tensor, name, None)):
                 return TensorMethodVariable(obj, name)
             if name == "grad" and obj.source is not None and obj.example.is_leaf:
