@@ -17,6 +17,7 @@ import re
 import subprocess
 import sys
 import textwrap
+import warnings
 
 import pytest
 import torch
@@ -975,3 +976,30 @@ def test_products_read_a_value_stored_once(kernel_backend):
         h = F.layer_norm(x, (12,))
         return F.linear(h, w1) * F.linear(h, w2)
     check(f, x, w1, w2, kernels=2)
+
+
+def _rotary_in_complex_numbers(x, w, pos):
+    """DeepSeek-V2's rotary embedding: the rope half of each head as complex numbers, times
+    a polar form of the positions' angles."""
+    q = (x @ w).view(2, 7, 4, 6).transpose(1, 2)
+    q_nope, q_pe = torch.split(q, [2, 4], dim=-1)
+    inv = 1.0 / (10000 ** (torch.arange(0, 4, 2, device=x.device).float() / 4))
+    freqs = (inv[None, :, None] @ pos[:, None, :].float()).transpose(1, 2)
+    freqs_cis = torch.polar(torch.ones_like(freqs), freqs) * 0.7
+    qc = torch.view_as_complex(q_pe.float().reshape(*q_pe.shape[:-1], -1, 2))
+    q_rot = torch.view_as_real(qc * freqs_cis.unsqueeze(1)).flatten(3).type_as(q)
+    return torch.cat([q_nope, q_rot], -1) * 2
+
+
+def test_complex_values_between_pytorchs_ops_are_never_copied_by_a_kernel(kernel_backend):
+    """Complex ops are PyTorch's; one whose complex argument came back from the op before in
+    another layout than the trace's took it as it is, where a kernel would have copied it into
+    that layout: no kernel handles complex numbers, and the whole graph ran on PyTorch's
+    kernels (DeepSeek-V2's inference graph)."""
+    x, w, pos = randn(2, 7, 8), randn(8, 24), torch.arange(7, device=DEVICE)[None]
+    minicompile.metrics.reset()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        got = minicompile.compile(_rotary_in_complex_numbers)(x, w, pos)
+    assert_same(got, _rotary_in_complex_numbers(x, w, pos))
+    assert minicompile.metrics.kernels > 0

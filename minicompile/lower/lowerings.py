@@ -2845,7 +2845,14 @@ def lower_fallback(program: ir.Program, node, values, target, args, kwargs, stri
             # may take no other (a GPU's native_group_norm takes contiguous input only, and a
             # value lowering would store channels-last is then copied)
             stride = _dense_traced_strides(x.shape, traced)
-            x = x.laid_out(stride) if stride is not None else x.realize()
+            if getattr(x.dtype, "is_complex", False):
+                # no kernel copies complex numbers: PyTorch's op takes the tensor as it is
+                view = None if x.is_realized else as_view_of_buffer(x)
+                if view is not None:
+                    x.data = view
+                x = x.realize()
+            else:
+                x = x.laid_out(stride) if stride is not None else x.realize()
             boxes.append(x)
         return x
     args = torch.fx.node.map_aggregate(args, realize)
