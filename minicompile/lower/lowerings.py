@@ -128,7 +128,7 @@ def _as_index_value(x, shape, dtype):
                                                                               torch.uint8)
         if x.is_host_number and (rounds or x.dtype == torch.float64 != dtype):
             # some of eager's GPU kernels take such a number unrounded; and a float64 one
-            # would make the graph's float32 division and sqrt Triton's approximate ones
+            # would make the kernel's float32 division and sqrt Triton's approximate ones
             return None
 
         def f(idx):
