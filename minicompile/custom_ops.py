@@ -12,6 +12,10 @@ lowers them to generated kernels; where lowering does not, they run these eager 
 - `max_pool2d_offsets_to_indices(offsets, kernel_size, stride, padding, width)`: those
   offsets as the indices `max_pool2d_with_indices` gives (`h * width + w`), for its backward.
   Pointwise (tagged so): the partition recomputes it in the backward from the saved offsets.
+- `check(cond, error, message)`: raises the exception named `error` (with `message`, if not
+  None) unless every element of `cond` is true: what capture makes of `assert t` and
+  `torch._check_tensor_all(t)` on a tensor's values, which would otherwise break the graph.
+  It returns nothing and is kept though nothing reads it (FX's has_side_effect).
 """
 from __future__ import annotations
 
@@ -22,6 +26,7 @@ _LIBRARY.define("max_pool2d_offsets(Tensor x, int[] kernel_size, int[] stride, i
                 " -> (Tensor, Tensor)")
 _LIBRARY.define("max_pool2d_offsets_to_indices(Tensor offsets, int[] kernel_size, int[] stride, int[] padding, "
                 "SymInt width) -> Tensor", tags=(torch.Tag.pointwise,))
+_LIBRARY.define("check(Tensor cond, str error, str? message) -> ()")
 
 
 # the largest window lowering unrolls into its kernels (a larger one stays PyTorch's pooling)
@@ -82,3 +87,23 @@ def _max_pool2d_offsets_to_indices_fake(offsets, kernel_size, stride, padding, w
 
 max_pool2d_offsets = torch.ops.minicompile.max_pool2d_offsets.default
 max_pool2d_offsets_to_indices = torch.ops.minicompile.max_pool2d_offsets_to_indices.default
+
+
+# the exceptions a check raises, by name (the op's schema takes strings)
+CHECK_ERRORS = {e.__name__: e for e in (AssertionError, RuntimeError, ValueError, TypeError, IndexError,
+                                       KeyError, NotImplementedError)}
+
+
+@torch.library.impl(_LIBRARY, "check", "CompositeExplicitAutograd")
+def _check(cond, error, message):
+    if not bool(cond.all()):
+        raise CHECK_ERRORS[error]() if message is None else CHECK_ERRORS[error](message)
+
+
+@torch.library.register_fake("minicompile::check", lib=_LIBRARY)
+def _check_fake(cond, error, message):
+    return None
+
+
+check = torch.ops.minicompile.check.default
+torch.fx.node.has_side_effect(check)

@@ -432,6 +432,97 @@ def test_data_dependent_branch_takes_both_ways():
         assert_same(f(x), brk_branch(x))
 
 
+def _outcome(fn, *args):
+    """What a call gives: its result, or the exception it raised (type and message)."""
+    try:
+        return "returned", fn(*args)
+    except Exception as e:        # noqa: BLE001 (the exception is what is compared)
+        return type(e).__name__, str(e)
+
+
+# compiled here, not imported: pytest rewrites the asserts of a test module's own functions
+ASSERTING = {}
+exec(compile('''
+import torch
+
+def assert_on_values(x):
+    y = x * 2
+    assert y.sum() > -100, "too small"
+    assert (y.abs() < 1e6).all()
+    assert y.min().isnan().sum() == 0 and y.max() < 1e5, ("NaN, or too large")
+    torch._check_tensor_all(y.isfinite())
+    torch._check_tensor_all_with(ValueError, y.max() < 1e4)
+    return y + 1
+
+def assert_caught(x):
+    try:
+        assert x.sum() > 0, "negative"
+        return x
+    except AssertionError as e:
+        return x * 0 + len(str(e))
+
+def assert_with_a_computed_message(x):
+    assert x.max() > 0, f"max of {x.shape}"
+    return x + 1
+
+def assert_after_a_write(x):
+    x.add_(1)
+    assert x.sum() < 0, "positive"
+    return x
+
+def assert_in_training(x, w):
+    y = x @ w
+    assert y.abs().max() < 100, "exploded"
+    return (y.tanh() ** 2).sum()
+''', "asserting_functions", "exec"), ASSERTING)
+
+
+@pytest.mark.parametrize("name,breaks", [("assert_on_values", 0), ("assert_caught", 0),
+                                         ("assert_with_a_computed_message", 1)])
+def test_asserts_on_tensor_values_are_checked_in_the_graph(name, breaks):
+    """`assert t` on a one-element tensor, and torch._check_tensor_all (transformers' checks
+    when compiling), are checks in the graph that raise what eager raises (AssertionError with
+    the assert's message, torch's own error and message): no graph break, where a branch on the
+    tensor's value would break. A message computed from values is made on failure only: that
+    assert breaks the graph as before."""
+    fn = ASSERTING[name]
+    minicompile.metrics.reset()
+    compiled = minicompile.compile(fn)
+    for x in (r(4) + 10, torch.full((4,), -60.0), torch.full((4,), float("inf")), torch.full((4,), 3e4),
+              torch.tensor([1.0, float("nan"), 2.0, 3.0])):
+        expected, got = _outcome(fn, x), _outcome(compiled, x)
+        assert got[0] == expected[0]
+        if expected[0] == "returned":
+            torch.testing.assert_close(got[1], expected[1], equal_nan=True)
+        else:
+            assert got[1] == expected[1]
+    assert minicompile.metrics.graph_breaks == breaks and minicompile.metrics.graphs == 1 + breaks
+
+
+def test_an_assert_after_a_write_into_an_input_breaks_the_graph():
+    """A failed check in the graph would leave the input unwritten (the graph's writes into its
+    inputs are made after it): after such a write, an assert is a graph break, and the input
+    holds what eager's does when the assert fails."""
+    f = ASSERTING["assert_after_a_write"]
+    results = []
+    for fn in (f, minicompile.compile(f)):
+        x = torch.ones(3)
+        results.append((_outcome(fn, x)[0], x.tolist()))
+    assert results[0] == results[1] == ("AssertionError", [2.0, 2.0, 2.0])
+
+
+def test_an_assert_in_a_training_graph_is_checked_in_its_forward():
+    """The check returns nothing and nothing reads it: the joint trace keeps it, and the
+    partition puts it in the forward."""
+    w = torch.randn(4, 3, requires_grad=True)
+    minicompile.metrics.reset()
+    compiled = minicompile.compile(ASSERTING["assert_in_training"])
+    compiled(r(5, 4), w).backward()
+    assert minicompile.metrics.backward_kernels > 0
+    with pytest.raises(AssertionError, match="exploded"):
+        compiled(r(5, 4) * 1000, w)
+
+
 def test_default_backend_across_a_break(capsys):
     x = r(8, 9)
     assert_same(minicompile.compile(brk_inlined)(x), brk_inlined(x))

@@ -264,8 +264,12 @@ def partition(joint: Joint) -> Partition:
     # (the same kernel, where it walks the same rows), not after the forward's last output
     fwd_nodes = [o for o in fwd_outs if isinstance(o, torch.fx.Node)]
     only_saved = _ancestors(computed) - _ancestors(fwd_nodes)
+    # a check (custom_ops.check: an assert on a tensor's values) is read by nothing: the
+    # forward runs it all the same
+    checks = [n for n in graph.nodes if n.op == "call_function" and n.target is custom_ops.check
+              and n not in reads_tangent]
     forward = _subgraph(joint.graph, primals, fwd_outs + computed,
-                        _placed(joint.graph, primals, fwd_outs + computed, early=only_saved))
+                        _placed(joint.graph, primals, fwd_outs + computed + checks, early=only_saved))
     backward = _subgraph(joint.graph, saved + tangents, grads, order)
     _freeing_first(backward.graph)
     return Partition(forward, backward, [s.name for s in saved],

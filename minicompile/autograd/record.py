@@ -39,6 +39,8 @@ import torch.utils._pytree as pytree
 from torch._subclasses.fake_tensor import FakeTensor, in_kernel_invocation_manager, unset_fake_temporarily
 from torch.utils._python_dispatch import TorchDispatchMode
 
+from .. import custom_ops
+
 try:                                     # (where PyTorch has it: a detach without a dispatch)
     from torch._subclasses.fake_impls import fast_detach as _fast_detach
 except ImportError:                      # pragma: no cover
@@ -219,6 +221,11 @@ class _Recorder(TorchDispatchMode):
             outputs = list(out)
             if any(isinstance(o, (tuple, list)) for o in outputs):
                 raise NotRecorded(f"{func}'s result is nested")
+        elif out is None and func is custom_ops.check:
+            # called for its effect (custom_ops.check: an assert), kept as make_fx keeps it
+            self.graph.create_node("call_function", func, self._args(args), self._args(kwargs),
+                                   name=func.overloadpacket.__name__)
+            return
         else:
             return                       # a number or None: no node (make_fx's would be dead)
         if not any(isinstance(o, torch.Tensor) for o in outputs):

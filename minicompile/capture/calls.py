@@ -24,7 +24,7 @@ import torch
 import torch.fx
 
 
-from .. import optim
+from .. import custom_ops, optim
 from . import polyfills, pytree_calls
 from .autograd_function import call_apply, is_apply
 from .breaks import ObservedException, Unsupported, never_traced
@@ -49,6 +49,10 @@ from .values import (BaseListVariable, BoundMethodVariable, BuiltinVariable, Con
 
 
 MAX_INLINE_DEPTH = 32
+
+# torch._check_with's message where it is given none
+TORCH_CHECK_MESSAGE = ("Expected cond to be True, but got False. (Could this error message be improved? "
+                       "If so, please report an enhancement request to PyTorch.)")
 
 
 # nn.Module's generator methods that walk its tree: done at trace time (CallsMixin.walk_module)
@@ -300,6 +304,10 @@ class CallsMixin:
             if fn.value is torch.is_tensor and len(args) == 1 and not kwargs:
                 # answered by what the trace holds: a size stays symbolic (XGLM's max_pos)
                 return ConstantVariable(isinstance(args[0], TensorVariable))
+            if fn.value in (torch._check_tensor_all, torch._check_tensor_all_with):
+                checked = self.tensor_check(fn.value, args, kwargs)
+                if checked is not None:
+                    return checked
             if fn.value is torch.cond:
                 from .higher_order import call_cond
                 return call_cond(self, args, kwargs)
@@ -975,6 +983,26 @@ class CallsMixin:
                     todo += list(v.items.values())
             tx = tx.parent
         return found
+
+    def tensor_check(self, fn, args, kwargs) -> Optional[VariableTracker]:
+        """torch._check_tensor_all(cond) or _check_tensor_all_with(error_type, cond), on a bool
+        tensor of the trace, with torch's own message: a check in the graph (custom_ops.check)
+        that raises what torch's would, where its `.item()` would break the graph. None where
+        the call is not such (torch's code is traced then)."""
+        try:
+            bound = inspect.signature(fn).bind(*args, **kwargs).arguments
+        except TypeError:
+            return None
+        cond, message = bound.get("cond"), bound.get("message", ConstantVariable(None))
+        error = bound["error_type"].as_example() if "error_type" in bound else RuntimeError
+        if not (isinstance(cond, TensorVariable) and cond.example.dtype == torch.bool
+                and not self.output.written_inputs      # (as Translator.check_assertion)
+                and isinstance(message, ConstantVariable) and message.value is None
+                and custom_ops.CHECK_ERRORS.get(getattr(error, "__name__", None)) is error):
+            return None
+        self.output.call("call_function", custom_ops.check,
+                         [cond, ConstantVariable(error.__name__), ConstantVariable(TORCH_CHECK_MESSAGE)], {})
+        return ConstantVariable(None)
 
     def inline_call(self, func: types.FunctionType, args: List[VariableTracker],
                     kwargs: Dict[str, VariableTracker], closure_cells=None, markers=None) -> VariableTracker:

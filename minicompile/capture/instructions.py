@@ -877,6 +877,9 @@ def _unary_not(tx, inst):
 
 @handles("TO_BOOL", versions=[(3, 13)])
 def _to_bool(tx, inst):
+    if tx.instructions[tx.pc].opname.startswith("POP_JUMP_IF_") and \
+            tx.checked_assertion(tx.instructions[tx.pc]) is not None:
+        return                          # (`assert t`: the tensor is checked in the graph, at the jump)
     v = tx.pop()
     tx.push(ConstantVariable(tx.truth(v, "TO_BOOL")))
 
@@ -1057,12 +1060,16 @@ def _unpack_ex(tx, inst):
 @handles("POP_JUMP_FORWARD_IF_FALSE", "POP_JUMP_BACKWARD_IF_FALSE", versions=[(3, 11)])
 @handles("POP_JUMP_IF_FALSE", versions=[(3, 12), (3, 13)])
 def _pop_jump_if_false(tx, inst):
+    if tx.check_assertion(inst):
+        return
     tx._cond_jump(inst, lambda v: not tx.truth(v, inst.opname))
 
 
 @handles("POP_JUMP_FORWARD_IF_TRUE", "POP_JUMP_BACKWARD_IF_TRUE", versions=[(3, 11)])
 @handles("POP_JUMP_IF_TRUE", versions=[(3, 12), (3, 13)])
 def _pop_jump_if_true(tx, inst):
+    if tx.check_assertion(inst):
+        return
     tx._cond_jump(inst, lambda v: tx.truth(v, inst.opname))
 
 

@@ -35,7 +35,7 @@ import torch.fx
 from torch.fx.proxy import GraphAppendingTracer
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from .. import aliasing, ir, logs
+from .. import aliasing, custom_ops, ir, logs
 from ..aliasing import storage_address
 from .breaks import Unsupported, never_traced
 from .guards import GuardBuilder, dense_order, storage_pattern, viewed_dict
@@ -857,10 +857,11 @@ class OutputGraph:
                 given.copy_(written)
             if result is not None and aliasing.returns_written(kind, target, args, kwargs, _constant):
                 returned, result = result, out_given
-        if writes and (result is None or aliasing.returns_written(kind, target, args, kwargs, _constant)):
+        if writes and (result is None or aliasing.returns_written(kind, target, args, kwargs, _constant)) \
+                or target is custom_ops.check:
             # kept in the graph for its write; what it returns is what it wrote (`x.add_(1)`
             # is x: the same variable, so `y is x` and `self.buf += 1` hold as in eager), or
-            # nothing (x[i] = v)
+            # nothing (x[i] = v, or a check that raises, custom_ops.check)
             node = self.tracer.create_proxy(kind, target, self.lift(tuple(_graph_arg(a) for a in args)),
                                             self.lift({k: _graph_arg(v) for k, v in kwargs.items()})).node
             # (every node has its example: a graph without one for each is run again on fake

@@ -27,7 +27,7 @@ from typing import Any, Callable, Dict, List, Optional, Tuple
 import torch
 import torch.fx
 
-from .. import aliasing, autocast
+from .. import aliasing, autocast, custom_ops
 from .breaks import GraphBreak, ObservedException, Return, Unsupported, Yield, source_line
 from .bytecode import (BINARY_OPS, COMPARE_OPS, Instruction, current_version, decode, dispatch_table,
                        handler_at)
@@ -1337,6 +1337,54 @@ class InstructionTranslator(CallsMixin):
         raise self.unsupported(f"subscript of {obj.describe()} with {idx.describe()}")
 
     # branches on constants (a branch on a tensor is data-dependent: Unsupported) ------------
+    def assertion_message(self, at: int):
+        """Whether the instructions from index `at` raise AssertionError, as an `assert` whose
+        condition failed does: (its message,), a constant string or None; None where they do
+        not, or where the message is an expression (evaluated on failure only)."""
+        names = [i.opname for i in self.instructions[at:at + 5]]
+        if names[:2] == ["LOAD_ASSERTION_ERROR", "RAISE_VARARGS"]:
+            return (None,)
+        if names[:2] == ["LOAD_ASSERTION_ERROR", "LOAD_CONST"] and isinstance(self.instructions[at + 1].argval, str) \
+                and (names[2:5] == ["PRECALL", "CALL", "RAISE_VARARGS"] or names[2:4] == ["CALL", "RAISE_VARARGS"]):
+            return (self.instructions[at + 1].argval,)
+        return None
+
+    def failed_assertion(self, inst):
+        """The assertion (its message, as assertion_message) that the conditional jump `inst`
+        raises where its condition is false (an `and` of conditions jumps to the raise, the
+        last one passes over it), or None."""
+        if inst.opname.endswith("IF_TRUE"):
+            at = self.offset_to_index[inst.offset] + 1
+        elif inst.opname.endswith("IF_FALSE"):
+            at = self.offset_to_index[inst.argval]
+        else:
+            return None
+        return self.assertion_message(at)
+
+    def checked_assertion(self, inst):
+        """The assertion (as failed_assertion) that the jump `inst` on the value atop the stack
+        makes, where the graph can check it: a one-element tensor of the trace, and no write
+        into an input so far (a failed check would leave it unwritten); else None."""
+        v = self.stack[-1]
+        if not isinstance(v, TensorVariable) or v.example.numel() != 1 or self.output.written_inputs:
+            return None
+        return self.failed_assertion(inst)
+
+    def check_assertion(self, inst) -> bool:
+        """`assert t` on a tensor's value, at a jump to or past the raise (`inst`: a false `t`
+        raises; checked_assertion): a check in the graph that raises AssertionError as the
+        assert does (custom_ops.check), and the trace goes on as if `t` held, where a branch on
+        the tensor would break the graph."""
+        found = self.checked_assertion(inst)
+        if found is None:
+            return False
+        v = self.pop()
+        self.output.call("call_function", custom_ops.check,
+                         [v, ConstantVariable("AssertionError"), ConstantVariable(found[0])], {})
+        if inst.opname.endswith("IF_TRUE"):
+            self.jump_to(inst)
+        return True
+
     def _cond_jump(self, inst, jump_if: Callable[[VariableTracker], bool]):
         v = self.pop()
         if jump_if(v):
