@@ -15,6 +15,7 @@ import itertools
 import sys
 import threading
 import types
+import warnings
 import weakref
 from dataclasses import dataclass, field
 from typing import Any, Callable
@@ -28,7 +29,7 @@ from .capture.breaks import DISABLE_MARK, never_traced
 from .capture.calls import own_call as _class_own_call, torch_container
 from .capture.frame import ResumeSegment
 from .capture.guards import frame_target
-from .capture.resume import called_from
+from .capture.resume import called_from, calls_from, warn_from
 
 SUPPORTED_PYTHONS = SUPPORTED_VERSIONS       # capture's list: the versions it has opcode tables for
 # The settings each of torch.compile's modes stands for (options given with the mode win)
@@ -454,6 +455,8 @@ class CompiledFunction:
                 isinstance(fn, torch.nn.Module) and torch_container(fn)) or \
                 never_traced(fn) is not None or never_traced(target) is not None or \
                 target.__code__.co_flags & 0x2A0:          # generators, coroutines
+            if fn is warnings.warn and site is not None:
+                return warn_from(site, args, kwargs)
             return called_from(*site)(fn, args, kwargs) if site is not None else fn(*args, **kwargs)
         depth = getattr(_NESTED, "calls", 0)
         if depth >= sys.getrecursionlimit() // 50:
@@ -468,7 +471,8 @@ class CompiledFunction:
                 # a wrapper's forward and the hooks (FSDP's gather the parameters) run as Python
                 return distributed.call_around(fn, functools.partial(callee, *pre), args, kwargs,
                                                self._around_logged)
-            return callee(*pre, *args, **kwargs)
+            with calls_from(site) if site is not None else contextlib.nullcontext():
+                return callee(*pre, *args, **kwargs)
         finally:
             _NESTED.calls = depth
 

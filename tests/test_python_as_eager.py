@@ -1437,6 +1437,39 @@ def test_a_warning_at_a_break_names_the_users_module_and_line():
                 fn(X)
 
 
+def _deprecated_helper(x):
+    import warnings
+    warnings.warn("use something else", FutureWarning, stacklevel=2)
+    return x + 1
+
+
+def _warns_for_its_callers_caller(x):
+    import warnings
+    warnings.warn("three up", UserWarning, stacklevel=3)
+    return x + 1
+
+
+def calls_deprecated_helpers(x):
+    y = _deprecated_helper(x)
+    return _warns_for_its_callers_caller(y) * 2
+
+
+def test_a_warning_with_a_stacklevel_at_a_break_names_the_line_eager_names():
+    """warnings.warn(..., stacklevel=2) in a library function (inlined, so the call runs at a
+    graph break) names the line that called it, and stacklevel=3 the line that called the
+    compiled function: the frames counted are the user's, not minicompile's between them."""
+    import sys
+    import warnings
+    compiled = minicompile.compile(calls_deprecated_helpers)
+    first = calls_deprecated_helpers.__code__.co_firstlineno
+    for fn in (calls_deprecated_helpers, compiled, compiled):
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            fn(X); here = sys._getframe().f_lineno  # noqa: E702
+        assert [(str(w.message), w.filename, w.lineno) for w in caught] == \
+            [("use something else", __file__, first + 1), ("three up", __file__, here)]
+
+
 def test_calls_from_threads_at_once_compile_one_at_a_time():
     import threading
 

@@ -28,11 +28,15 @@ the exception table's offsets move by the prologue's length, and the line table 
 """
 from __future__ import annotations
 
+import contextlib
 import dis
 import inspect
 import opcode
+import os
 import sys
+import threading
 import types
+import warnings
 from typing import Optional
 
 _CACHE = {}
@@ -257,6 +261,8 @@ def call_resumed(func: types.FunctionType, offset: int, f_locals: dict, stack: l
 
 
 _CALLER_CODES: dict = {}
+_SITES = threading.local()     # the breaks whose calls run now, outermost first: (code, line, globals)
+_PACKAGE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))   # minicompile's own files
 
 
 def called_from(code: types.CodeType, lineno: Optional[int], f_globals: dict):
@@ -275,3 +281,52 @@ def called_from(code: types.CodeType, lineno: Optional[int], f_globals: dict):
         _CALLER_CODES[key] = made
     return types.FunctionType(made, f_globals)
 
+
+
+@contextlib.contextmanager
+def calls_from(site):
+    """What runs inside is called at a graph break at `site` (a function compiled on its own):
+    a warning with a stacklevel past its own frame names the line of `site` (warn_from)."""
+    sites = _SITES.__dict__.setdefault("stack", [])
+    sites.append(site)
+    try:
+        yield
+    finally:
+        sites.pop()
+
+
+def warn_from(site, args, kwargs):
+    """warnings.warn(...) called at a graph break at `site`, as eager's call warns: its
+    stacklevel counts the user's frames (the break's, those of the breaks it runs under, then
+    the frames that called the compiled code), not minicompile's between them."""
+    names = ("message", "category", "stacklevel", "source")     # (a builtin: no signature to bind)
+    bound = {**dict(zip(names, args)), **kwargs}
+    level = bound.get("stacklevel", 1)
+    if len(args) > len(names) or set(kwargs) - set(names) or any(n in kwargs for n in names[:len(args)]) \
+            or "message" not in bound or type(level) is not int or level <= 1:
+        return called_from(*site)(warnings.warn, args, kwargs)    # (what it raises, or says, is its own)
+    frames = [site, *reversed(getattr(_SITES, "stack", []))]
+    outermost, frame = None, sys._getframe(1)
+    while frame is not None:                 # the user's frames start above minicompile's last
+        if frame.f_code.co_filename.startswith(_PACKAGE):
+            outermost = frame
+        frame = frame.f_back
+    frame = outermost.f_back if outermost is not None else None
+    while frame is not None:
+        frames.append((frame.f_code, frame.f_lineno, frame.f_globals))
+        frame = frame.f_back
+    message, category = bound["message"], bound.get("category")
+    if isinstance(message, Warning):
+        category = type(message)
+    if category is None:
+        category = UserWarning
+    if not (isinstance(category, type) and issubclass(category, Warning)):
+        raise TypeError(f"category must be a Warning subclass, not '{type(category).__name__}'")
+    if level - 1 < len(frames):
+        code, lineno, f_globals = frames[level - 1]
+        filename = code.co_filename
+    else:                                    # past the stack's top: CPython names `sys`
+        filename, lineno, f_globals = "sys", 1, sys.__dict__
+    warnings.warn_explicit(message, category, filename, lineno, f_globals.get("__name__", "<string>"),
+                           f_globals.setdefault("__warningregistry__", {}), f_globals,
+                           source=bound.get("source"))
