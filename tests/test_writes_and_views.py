@@ -424,6 +424,20 @@ def test_an_expanded_result_is_eagers_view_at_every_size(kernel_backend, name):
     assert minicompile.metrics.graphs == 2
 
 
+def test_an_extern_result_has_eagers_strides_in_dims_of_size_one():
+    """PyTorch's op given a view whose dims of size 1 have other strides than eager's view (the
+    wrapper's views of an unsqueeze) may return them too (sdpa does): the result is restrided
+    to eager's, a view of the same memory, at every size."""
+    def f(x):
+        return F.scaled_dot_product_attention(x[None, None], x[None, None], x[None, None])
+    compiled = minicompile.compile(f)
+    for n in (3, 5, 7):
+        x = randn(n, 4)
+        expected, got = f(x), compiled(x)
+        torch.testing.assert_close(got, expected)
+        assert got.stride() == expected.stride()
+
+
 def test_as_layout_repeats_a_dense_result_where_eager_repeats_it():
     """An extern op's result the trace saw repeating values (stride 0) but the call returns
     dense (its argument is a stored buffer, not eager's expanded view): the wrapper's
