@@ -282,7 +282,6 @@ def called_from(code: types.CodeType, lineno: Optional[int], f_globals: dict):
     return types.FunctionType(made, f_globals)
 
 
-
 @contextlib.contextmanager
 def calls_from(site):
     """What runs inside is called at a graph break at `site` (a function compiled on its own):

@@ -439,6 +439,9 @@ def build(program: ir.Program, steps: list, written: dict | None = None) -> Comp
     dead_after = _dead_after(program, steps, kernel_args, kept=taken)
     made_0_dim = {}            # a 0-dim result -> what makes it 0-dim after its kernel (_zero_dim)
     copied = {}                # a CPU number GPU kernels read -> its copy on the GPU
+    # the buffers the graph hands out as they are (a view of one shows its own strides)
+    returned_as_is = {o.name for o in program.outputs
+                      if isinstance(o, TensorBox) and not isinstance(o.data, ir.ViewOfBuffer)}
     for i, step in enumerate(steps):
         if isinstance(step, Kernel):
             for m in step.members:
@@ -518,7 +521,8 @@ def build(program: ir.Program, steps: list, written: dict | None = None) -> Comp
             if ext.value_is_tensor and not (target in CONTIGUOUS_RESULTS
                                             and list(ext.stride) == ir.contiguous_strides(ext.shape)):
                 # kernels index this buffer with the strides lowering predicted: make sure
-                lines.append(f"    {ext.name} = as_layout({ext.name}, {sizes(ext.stride)})")
+                returned = ", returned=True" if ext.name in returned_as_is else ""
+                lines.append(f"    {ext.name} = as_layout({ext.name}, {sizes(ext.stride)}{returned})")
         dead = dead_after.get(i)
         if dead:
             lines.append(f"    del {', '.join(dead + [copied[d] for d in dead if d in copied])}")

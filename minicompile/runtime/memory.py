@@ -59,21 +59,20 @@ def on_device(index: int):
     return decorate
 
 
-def as_layout(tensor: torch.Tensor, stride: tuple) -> torch.Tensor:
-    """`tensor` with the given strides: itself when it already has them, a view of it where only
-    dims of size 1 or 0 differ, else a copy laid out so. Generated kernels index an extern op's
-    result with the strides predicted at compile time; this makes the prediction a guarantee.
-    An output the op left undefined (None: an LSTM's workspace on a CPU, an empty tensor to the
-    trace) stays None."""
+def as_layout(tensor: torch.Tensor, stride: tuple, returned: bool = False) -> torch.Tensor:
+    """`tensor` with the given strides: itself when it already has them (dims of size 1 or 0
+    aside, which no index reads), else a copy laid out so. Generated kernels index an extern
+    op's result with the strides predicted at compile time; this makes the prediction a
+    guarantee. `returned`: the graph hands the result out, where eager's strides show in those
+    dims too (sdpa of an unsqueezed view): a view with them, no copy. An output the op left
+    undefined (None: an LSTM's workspace on a CPU, an empty tensor to the trace) stays None."""
     if tensor is None:
         return None
     actual = tensor.stride()
     if actual == stride:
         return tensor
     if all(a == b or n <= 1 for a, b, n in zip(actual, stride, tensor.shape)):
-        # the same memory: only a dim of size 1 (or 0) has another stride, as eager's would not
-        # (sdpa of an unsqueezed view): a view with the predicted strides, no copy
-        return tensor.as_strided(tensor.shape, stride, tensor.storage_offset())
+        return tensor.as_strided(tensor.shape, stride, tensor.storage_offset()) if returned else tensor
     repeated = [d for d, (s, n) in enumerate(zip(stride, tensor.shape)) if s == 0 and n > 1]
     if repeated:
         # a broadcast (eager's result repeats its values along these dims, a meshgrid's, say):
