@@ -136,8 +136,8 @@ def test_a_value_computed_from_a_channels_last_one_is_stored_channels_last(kerne
 def test_kernels_after_a_channels_last_conv_keep_its_layout(monkeypatch):
     copies = []
 
-    def as_layout(tensor, stride):       # a wrong prediction of a conv's layout costs a copy
-        out = memory_as_layout(tensor, stride)
+    def as_layout(tensor, stride, **how):       # a wrong prediction of a conv's layout costs a copy
+        out = memory_as_layout(tensor, stride, **how)
         copies.append(out is not tensor)
         return out
     memory_as_layout = memory.as_layout
@@ -231,8 +231,8 @@ def test_a_convolution_with_few_output_pixels_reads_its_input_contiguous(monkeyp
     from minicompile import ir
     copies = []
 
-    def as_layout(tensor, stride):
-        out = memory_as_layout(tensor, stride)
+    def as_layout(tensor, stride, **how):
+        out = memory_as_layout(tensor, stride, **how)
         copies.append(out is not tensor)
         return out
     memory_as_layout = memory.as_layout
