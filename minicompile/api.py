@@ -325,7 +325,7 @@ class CompiledFunction:
             eager = True
             entries = frame.segments.setdefault((offset, eager), [])
         try:
-            with _collector_paused(), metrics.timed("capture"):
+            with config.patch(**self.options), _collector_paused(), metrics.timed("capture"):
                 seg = trace_segment(F, args, kwargs, offset, breaks=not self.fullgraph,
                                     eager=eager,
                                     dynamic=None if eager else _dynamic_policy(frame, offset, self.dynamic,

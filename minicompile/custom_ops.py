@@ -15,11 +15,15 @@ lowers them to generated kernels; where lowering does not, they run these eager 
 - `check(cond, error, message)`: raises the exception named `error` (with `message`, if not
   None) unless every element of `cond` is true: what capture makes of `assert t` and
   `torch._check_tensor_all(t)` on a tensor's values, which would otherwise break the graph.
-  It returns nothing and is kept though nothing reads it (FX's has_side_effect).
+  It returns nothing and is kept though nothing reads it (FX's has_side_effect). With the error
+  `RaisingPathTaken`, it stands for a branch whose other side runs straight into a `raise`
+  (`if not ok.all(): raise ValueError(f"... {x}")`): the graph left that side out, so where the
+  check fails the frame runs again from the graph's start as Python, and raises what eager does.
 """
 from __future__ import annotations
 
 import torch
+import torch.fx
 
 _LIBRARY = torch.library.Library("minicompile", "DEF")
 _LIBRARY.define("max_pool2d_offsets(Tensor x, int[] kernel_size, int[] stride, int[] padding, bool ceil_mode)"
@@ -89,9 +93,14 @@ max_pool2d_offsets = torch.ops.minicompile.max_pool2d_offsets.default
 max_pool2d_offsets_to_indices = torch.ops.minicompile.max_pool2d_offsets_to_indices.default
 
 
+class RaisingPathTaken(Exception):
+    """A check of the side a branch takes failed: the frame takes the side that raises, which
+    the graph does not hold (caught by capture's Segment.run, never seen by the user)."""
+
+
 # the exceptions a check raises, by name (the op's schema takes strings)
 CHECK_ERRORS = {e.__name__: e for e in (AssertionError, RuntimeError, ValueError, TypeError, IndexError,
-                                       KeyError, NotImplementedError)}
+                                       KeyError, NotImplementedError, RaisingPathTaken)}
 
 
 @torch.library.impl(_LIBRARY, "check", "CompositeExplicitAutograd")
@@ -107,3 +116,13 @@ def _check_fake(cond, error, message):
 
 check = torch.ops.minicompile.check.default
 torch.fx.node.has_side_effect(check)
+
+
+def checks(graph: torch.fx.Graph) -> bool:
+    """Whether a graph holds a check (which may raise where eager raises)."""
+    return any(n.target is check for n in graph.nodes)
+
+
+def checks_branches(graph: torch.fx.Graph) -> bool:
+    """Whether a graph holds a check of a branch's side (RaisingPathTaken: run again on failure)."""
+    return any(n.target is check and n.args[1] == RaisingPathTaken.__name__ for n in graph.nodes)

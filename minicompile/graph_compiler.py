@@ -18,7 +18,7 @@ from __future__ import annotations
 import torch
 from torch.fx.experimental.symbolic_shapes import GuardOnDataDependentSymNode
 
-from . import autocast, config, fusion, ir, logs, metrics
+from . import autocast, config, custom_ops, fusion, ir, logs, metrics
 from .autograd import compile_training
 from .capture.output_graph import NodeByNode
 from .codegen import triton as triton_codegen, wrapper
@@ -44,8 +44,10 @@ def _compile_functional(gm: torch.fx.GraphModule, example_inputs, training: bool
     # the new value of an input the graph writes may be stored straight into it (the
     # epilogue's copy is then of memory onto itself); where CUDA graphs record, only into a
     # static input (the recording's own copy of any other is not the caller's tensor). Not in
-    # training into one that requires grad: the epilogue's copy_ is what autograd records
-    written = {} if epilogue is None else {
+    # training into one that requires grad: the epilogue's copy_ is what autograd records.
+    # Not in a graph that checks (custom_ops.check): one that fails must leave every input as
+    # it was, and a kernel storing into one may run before the check
+    written = {} if epilogue is None or custom_ops.checks(functional.graph) else {
         k: i for i, k in epilogue.copies
         if (not config.cudagraphs or cudagraphs.is_static(example_inputs[i]))
         and not (training and getattr(example_inputs[i], "requires_grad", False))}

@@ -474,17 +474,60 @@ def assert_in_training(x, w):
     y = x @ w
     assert y.abs().max() < 100, "exploded"
     return (y.tanh() ** 2).sum()
+
+class Unusual(Exception):
+    pass
+
+def raise_on_values(x):
+    y = x * 2
+    if torch.isnan(y).any():
+        raise ValueError(f"NaN in y of shape {tuple(y.shape)}: {y}")
+    if not (y.abs() < 1e6).all():
+        raise Unusual("too large: " + str(y.max().item()))
+    torch._check_tensor_all(y.sum() > -100, lambda: f"sum {y.sum()} too small")
+    torch._check_tensor_all_with(Unusual, y.max() < 1e4, lambda: "over 1e4")
+    return y + 1
+
+def raise_caught(x):
+    try:
+        if x.sum() < 0:
+            raise ValueError(f"negative: {x.sum()}")
+        return x + 1
+    except ValueError as e:
+        return x * 0 + len(str(e))
+
+def raise_after_effects(x, log):
+    noise = torch.rand(x.shape)         # drawn again where the frame runs as Python
+    log.append(len(log))                 # made once
+    y = x + noise
+    if y.max() > 5:
+        raise ValueError(f"max {y.max()}")
+    x.mul_(2)                            # after the check: made once
+    return y
+
+def raise_in_training(x, w):
+    y = x @ w
+    if y.abs().max() >= 100:
+        raise FloatingPointError(f"exploded: {y.abs().max()}")
+    return (y.tanh() ** 2).sum()
+
+def branch_with_two_ways(x):
+    if x.sum() > 0:
+        x = x + 1
+    return x * 2
 ''', "asserting_functions", "exec"), ASSERTING)
 
 
-@pytest.mark.parametrize("name,breaks", [("assert_on_values", 0), ("assert_caught", 0),
-                                         ("assert_with_a_computed_message", 1)])
-def test_asserts_on_tensor_values_are_checked_in_the_graph(name, breaks):
-    """`assert t` on a one-element tensor, and torch._check_tensor_all (transformers' checks
-    when compiling), are checks in the graph that raise what eager raises (AssertionError with
-    the assert's message, torch's own error and message): no graph break, where a branch on the
-    tensor's value would break. A message computed from values is made on failure only: that
-    assert breaks the graph as before."""
+@pytest.mark.parametrize("name", ["assert_on_values", "assert_caught", "assert_with_a_computed_message",
+                                  "raise_on_values", "raise_caught"])
+def test_asserts_on_tensor_values_are_checked_in_the_graph(name):
+    """`assert t` on a one-element tensor, torch._check_tensor_all (transformers' checks when
+    compiling), and a branch on such a tensor whose other side runs straight into a `raise`, are
+    checks in the graph: no graph break, where a branch on the tensor's value would break. A
+    failed check raises what eager raises (AssertionError with the assert's message, torch's
+    own error and message); where the message is computed on failure (an f-string, a lambda), or
+    the exception is caught in the frame, the frame runs again as Python from the graph's start,
+    and that computes it."""
     fn = ASSERTING[name]
     minicompile.metrics.reset()
     compiled = minicompile.compile(fn)
@@ -496,7 +539,51 @@ def test_asserts_on_tensor_values_are_checked_in_the_graph(name, breaks):
             torch.testing.assert_close(got[1], expected[1], equal_nan=True)
         else:
             assert got[1] == expected[1]
-    assert minicompile.metrics.graph_breaks == breaks and minicompile.metrics.graphs == 1 + breaks
+    assert minicompile.metrics.graph_breaks == 0 and minicompile.metrics.graphs == 1
+
+
+def test_a_failed_check_of_a_branch_makes_the_side_effects_once_and_draws_eagers_numbers():
+    """The frame runs again from the graph's start: the graph's list append, input write and
+    random draws happen once, as eager's (the writes into inputs are made after the graph)."""
+    fn = ASSERTING["raise_after_effects"]
+    compiled = minicompile.compile(fn)
+    for scale in (1.0, 1.0, 10.0, 1.0):
+        runs, start = [], torch.full((3, 4), scale) + r(3, 4).abs() * 0.1
+        for f in (fn, compiled):
+            x, log = start.clone(), [7]
+            torch.manual_seed(0)
+            runs.append((_outcome(f, x, log), x, log, torch.rand(2)))
+        (want, x0, log0, after0), (got, x1, log1, after1) = runs
+        assert got[0] == want[0] and log0 == log1
+        torch.testing.assert_close(x1, x0)
+        torch.testing.assert_close(after1, after0)          # the generator is where eager's is
+        if want[0] == "returned":
+            torch.testing.assert_close(got[1], want[1])
+        else:
+            assert got[1] == want[1]
+
+
+def test_a_branch_whose_sides_both_go_on_still_breaks_the_graph():
+    minicompile.metrics.reset()
+    compiled = minicompile.compile(ASSERTING["branch_with_two_ways"])
+    for x in (r(4).abs(), -r(4).abs()):
+        assert_same(compiled(x), ASSERTING["branch_with_two_ways"](x))
+    assert minicompile.metrics.graph_breaks >= 1
+
+
+def test_a_branch_to_a_raise_in_a_training_graph_is_checked_in_its_forward():
+    fn = ASSERTING["raise_in_training"]
+    w = torch.randn(4, 3, requires_grad=True)
+    minicompile.metrics.reset()
+    compiled = minicompile.compile(fn)
+    x = r(5, 4)
+    compiled(x, w).backward()
+    g, w.grad = w.grad, None
+    fn(x, w).backward()
+    torch.testing.assert_close(g, w.grad)
+    assert minicompile.metrics.graph_breaks == 0 and minicompile.metrics.backward_kernels > 0
+    big = r(5, 4) * 1000
+    assert _outcome(compiled, big, w) == _outcome(fn, big, w)
 
 
 def test_an_assert_after_a_write_into_an_input_breaks_the_graph():

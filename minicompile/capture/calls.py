@@ -986,9 +986,11 @@ class CallsMixin:
 
     def tensor_check(self, fn, args, kwargs) -> Optional[VariableTracker]:
         """torch._check_tensor_all(cond) or _check_tensor_all_with(error_type, cond), on a bool
-        tensor of the trace, with torch's own message: a check in the graph (custom_ops.check)
-        that raises what torch's would, where its `.item()` would break the graph. None where
-        the call is not such (torch's code is traced then)."""
+        tensor of the trace: a check in the graph (custom_ops.check), where its `.item()` would
+        break the graph. It raises torch's error with torch's message; with a message of the
+        caller's (a function, called on failure only) or another error type, the frame runs
+        again as Python where it fails (RaisingPathTaken), and raises what eager does. None
+        where the call is not such (torch's code is traced then)."""
         try:
             bound = inspect.signature(fn).bind(*args, **kwargs).arguments
         except TypeError:
@@ -996,12 +998,13 @@ class CallsMixin:
         cond, message = bound.get("cond"), bound.get("message", ConstantVariable(None))
         error = bound["error_type"].as_example() if "error_type" in bound else RuntimeError
         if not (isinstance(cond, TensorVariable) and cond.example.dtype == torch.bool
-                and not self.output.written_inputs      # (as Translator.check_assertion)
-                and isinstance(message, ConstantVariable) and message.value is None
-                and custom_ops.CHECK_ERRORS.get(getattr(error, "__name__", None)) is error):
+                and not self.output.written_inputs):     # (as Translator.check_assertion)
             return None
-        self.output.call("call_function", custom_ops.check,
-                         [cond, ConstantVariable(error.__name__), ConstantVariable(TORCH_CHECK_MESSAGE)], {})
+        exact = isinstance(message, ConstantVariable) and message.value is None and \
+            custom_ops.CHECK_ERRORS.get(getattr(error, "__name__", None)) is error
+        self.output.call("call_function", custom_ops.check, [
+            cond, ConstantVariable(error.__name__ if exact else custom_ops.RaisingPathTaken.__name__),
+            ConstantVariable(TORCH_CHECK_MESSAGE if exact else None)], {})
         return ConstantVariable(None)
 
     def inline_call(self, func: types.FunctionType, args: List[VariableTracker],

@@ -35,7 +35,7 @@ from typing import Any, Callable, Dict, List, Optional
 
 import torch
 
-from .. import ir, logs
+from .. import custom_ops, ir, logs
 from . import values as V
 from .breaks import Unsupported
 from .builtin_calls import class_attr
@@ -659,7 +659,9 @@ class Segment:
                     self.node_by_node = NodeByNode(self.gm)
                 outs = self.node_by_node(*inputs)
         except Exception as exc:
-            if not self.rerun_on_raise:
+            # (a failed check of a branch's side: the frame raises there, on the side the graph
+            # left out; no input was written, the writes are made after the graph)
+            if not (self.rerun_on_raise or isinstance(exc, custom_ops.RaisingPathTaken)):
                 raise
             if rng is not None:
                 ir.set_rng_states(rng)

@@ -15,7 +15,7 @@ from typing import Any, Callable, List, Optional, Sequence, Tuple
 import torch
 import torch.fx
 
-from .. import aliasing, autocast, ir
+from .. import aliasing, autocast, custom_ops, ir
 from .breaks import GraphBreak, ObservedException, Unsupported
 from .higher_order import leaf_requiring_grad
 from .iterators import let_go_in_a_block, suspended
@@ -252,7 +252,8 @@ def trace_segment(fn, args: tuple, kwargs: dict, offset: int = 0, *, breaks: boo
                     n_calls=n_calls, eager=eager, input_sources=input_exprs, effects=effects,
                     raised_at=(getattr(ret, "raised_at", None) or []) if end == "raise" else [],
                     rerun_on_raise=(output.ops_under_handler or bool(effects)) and not output.written_inputs)
-    seg.rerun_draws = seg.rerun_on_raise and any(ir.draws_random_numbers(n) for n in gm.graph.nodes)
+    seg.rerun_draws = (seg.rerun_on_raise or custom_ops.checks_branches(gm.graph)) and \
+        any(ir.draws_random_numbers(n) for n in gm.graph.nodes)
     seg.guard_builder, seg.binding = output.guards, binding
     seg.use(output.guards.build(binding, input_exprs))
     return seg

@@ -27,7 +27,7 @@ from typing import Any, Callable, Dict, List, Optional, Tuple
 import torch
 import torch.fx
 
-from .. import aliasing, autocast, custom_ops
+from .. import aliasing, autocast, config, custom_ops
 from .breaks import GraphBreak, ObservedException, Return, Unsupported, Yield, source_line
 from .bytecode import (BINARY_OPS, COMPARE_OPS, Instruction, current_version, decode, dispatch_table,
                        handler_at)
@@ -1382,6 +1382,53 @@ class InstructionTranslator(CallsMixin):
         self.output.call("call_function", custom_ops.check,
                          [v, ConstantVariable("AssertionError"), ConstantVariable(found[0])], {})
         if inst.opname.endswith("IF_TRUE"):
+            self.jump_to(inst)
+        return True
+
+    def raises_from(self, at: int, limit: int = 400) -> bool:
+        """Whether the instructions from index `at` run straight into a `raise` (no jump, loop,
+        return or yield on the way): the side of a branch that a frame takes only to raise."""
+        for inst in self.instructions[at:at + limit]:
+            if inst.opname == "RAISE_VARARGS":
+                return inst.arg >= 1
+            if "JUMP" in inst.opname or inst.opname.startswith(("FOR_ITER", "RETURN", "YIELD", "SEND", "RERAISE")):
+                return False
+        return False
+
+    def branch_to_raise(self, inst) -> Optional[bool]:
+        """The truth that the tensor atop the stack must have for the forward jump `inst` to
+        take the side that does not raise, where the other side runs straight into a `raise`
+        (`if not ok.all(): raise ValueError(f"... {x}")`; `if torch.isnan(x).any(): raise`): a
+        one-element tensor of the trace, and no write into an input so far (the frame runs
+        again from the graph's start where the check fails). None where it is not so."""
+        v = self.stack[-1]
+        if not isinstance(v, TensorVariable) or v.example.numel() != 1 or self.output.written_inputs \
+                or not isinstance(inst.argval, int) or inst.argval <= inst.offset:
+            return None
+        if config.cudagraphs and v.example.device.type == "cuda":
+            return None        # (a check waits for the GPU, which no CUDA graph records: a break
+            #                    leaves the graphs on either side to record)
+        jump_on = inst.opname.endswith("IF_TRUE")
+        if self.raises_from(self.offset_to_index[inst.offset] + 1):
+            return jump_on
+        if self.raises_from(self.offset_to_index[inst.argval]):
+            return not jump_on
+        return None
+
+    def check_branch_to_raise(self, inst) -> bool:
+        """A branch on a tensor's value whose other side raises (branch_to_raise): a check in
+        the graph that the value is as the side taken needs (custom_ops.check with
+        RaisingPathTaken), and the trace goes on along that side, where the branch would break
+        the graph. A failed check runs the frame again from the graph's start as Python
+        (Segment.run), which raises what eager raises, with eager's message."""
+        needed = self.branch_to_raise(inst)
+        if needed is None:
+            return False
+        v = self.pop()
+        cond = v if needed else self.output.call("call_function", torch.logical_not, [v], {})
+        self.output.call("call_function", custom_ops.check,
+                         [cond, ConstantVariable(custom_ops.RaisingPathTaken.__name__), ConstantVariable(None)], {})
+        if needed == inst.opname.endswith("IF_TRUE"):
             self.jump_to(inst)
         return True
 
