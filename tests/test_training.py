@@ -1278,6 +1278,24 @@ def test_checkpointing_with_dropout_keeps_the_forwards_mask(kernel_backend, comp
                              for n in compiled_training[-1].partition.backward.graph.nodes)
 
 
+def test_checkpointing_at_dynamic_sizes(kernel_backend):
+    """A checkpointed linear layer on a 3-d input at dynamic sizes: the backward computes the
+    flattened input again, a view whose size is computed in the backward; the weight's product,
+    moved up to free what it reads, takes that view with it and its size before it."""
+    from torch.utils.checkpoint import checkpoint
+    torch.manual_seed(0)
+    layer = nn.Linear(16, 16).to(DEVICE)
+    twin = copy.deepcopy(layer)
+    compiled = minicompile.compile(lambda x: checkpoint(layer, x, use_reentrant=False).sum(), dynamic=True)
+    for shape in ((3, 7, 16), (5, 2, 16)):
+        x = randn(*shape)
+        compiled(x).backward()
+        checkpoint(twin, x, use_reentrant=False).sum().backward()
+        for p, q in zip(layer.parameters(), twin.parameters()):
+            torch.testing.assert_close(p.grad, q.grad, rtol=1e-4, atol=1e-5)
+            p.grad = q.grad = None
+
+
 def test_checkpoint_without_use_reentrant_runs_as_eagers(recwarn):
     """Eager warns and picks the reentrant variant: a graph break, with eager's warning."""
     from torch.utils.checkpoint import checkpoint

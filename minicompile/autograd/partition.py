@@ -351,7 +351,10 @@ def _freeing_first(graph: torch.fx.Graph) -> None:
             continue                # (a random op keeps its place in the draws)
         # the views it reads move with it (a weight's gradient reads the transposed gradient)
         views = [v for a in node.all_input_nodes for v in _view_chain(a)]
-        freed, after = 0, max((order[a] for a in node.all_input_nodes if a not in views), default=-1)
+        # (after everything they read but one another: a view's sizes too, symbolic ones
+        # computed in the backward)
+        freed, after = 0, max((order[a] for n in [node, *views] for a in n.all_input_nodes if a not in views),
+                              default=-1)
         for base in {_base(a) for a in node.all_input_nodes}:
             after = max(after, order[base])
             readers = _readers(base)
