@@ -7,6 +7,7 @@ import dataclasses
 import enum
 import functools
 import itertools
+import keyword
 import operator
 import typing
 import warnings
@@ -457,6 +458,33 @@ def test_containers_from_outside_the_frame_are_changed_as_in_eager():
     assert out.graph_count == 1 and not out.break_reasons, out
 
 
+REGISTERED = {"query", "key", "value"}
+
+
+class _Registry:
+    names = {"native": {"query", "key", "value", "scale"}}
+
+
+def test_in_over_a_set_from_outside_the_frame_is_answered_and_guarded():
+    """`k in S` for a set of constants read from a global or a class's dict (diffusers'
+    attention registry filters every attention call's kwargs so): no graph break; a change
+    to the set after compiling is seen (its items are guarded)."""
+    def f(x):
+        kwargs = {"query": x, "scale": 2.0, "dropout_p": 0.0}
+        kept = {k: v for k, v in kwargs.items() if k in _Registry.names["native"]}
+        return x * len(kept) + (1 if "value" in REGISTERED else -1)
+    x = torch.randn(3)
+    compiled = minicompile.compile(f)
+    minicompile.metrics.reset()
+    for change in (None, lambda: REGISTERED.discard("value"), lambda: _Registry.names["native"].add("dropout_p"),
+                   lambda: REGISTERED.add("value")):
+        if change is not None:
+            change()
+        assert_same(compiled(x), f(x))
+    assert minicompile.metrics.graph_breaks == 0
+    _Registry.names["native"].discard("dropout_p")
+
+
 def test_an_augmented_assignment_changes_the_list_itself():
     def f(x, l):
         m = [1]
@@ -670,6 +698,79 @@ def test_a_cached_function_returning_a_tensor_is_not_called_by_guards():
         x = torch.randn(n, n)
         assert_same(compiled(x), eager(x))
         assert log == eager_log
+
+
+class _Recipe:
+    def __init__(self, order):
+        self.order = order
+
+
+@functools.lru_cache(16)
+def _prepare(pattern: str) -> _Recipe:
+    """einops' _prepare_transformation_recipe: a parse of a pattern into an object, cached."""
+    names = [name for name in pattern.split() if str.isalnum(name) and not keyword.iskeyword(name)]
+    seen = set()
+    for name in names:
+        if name in seen:
+            raise ValueError(f"duplicate axis {name}")
+        seen.add(name)
+    assert not set.symmetric_difference(seen, set(names))
+    return _Recipe(tuple(sorted(range(len(names)), key=lambda i: names[i])))
+
+
+@functools.lru_cache(16)
+def _sizes(recipe: _Recipe, shape) -> list:
+    """einops' _reconstruct_from_shape: cached on the shape (sizes of the trace, at dynamic sizes)."""
+    return [shape[i] for i in recipe.order]
+
+
+def rearranged(x):
+    recipe = _prepare("c b a")
+    return x.permute(recipe.order).reshape(_sizes(recipe, tuple(x.shape))) * 2
+
+
+def test_cached_functions_of_objects_or_sizes_are_traced_as_dynamo_does():
+    """A cached function that returns an object, or is called with sizes that are not
+    constants (einops' recipes): the function it wraps is traced, no break (the cache is not
+    read; the first call fills it, as eager's). Its parse uses str.isalnum(...),
+    keyword.iskeyword(...) and set.symmetric_difference(...) on constants."""
+    minicompile.metrics.reset()
+    compiled = minicompile.compile(rearranged)
+    for shape in ((2, 3, 4), (3, 5, 2), (4, 2, 7)):
+        x = torch.randn(shape)
+        assert_same(compiled(x), rearranged(x))
+    assert minicompile.metrics.graph_breaks == 0 and _prepare.cache_info().currsize == 1
+
+
+def test_a_set_made_in_the_frame_is_a_new_set_each_call():
+    """set() made in the frame, changed by its methods and handed out: each call's is its own
+    (it was one constant object, which every call handed out, changes and all)."""
+    def f(x, items):
+        s, t = set(items), set()
+        s.add("z"), s.discard("q"), s.remove("a"), s.update(["m", "n"]), t.add(3)
+        s.difference_update({"m"}), s.intersection_update({"n", "z", "b", "k"})
+        s.symmetric_difference_update(["k", "b"])
+        try:
+            s.remove("nope")
+        except KeyError as e:
+            err = repr(e)
+        return (x + len(s), s, t, t.pop(), set.union(s, {"w"}, ["v"]), set.difference({"w", "n"}, s), err,
+                {1, 2}.issubset([1, 2, 3]), s.isdisjoint({"x"}))
+    def plain(x):
+        s = set()
+        s.add(1)
+        return x + 1, s
+    compiled = minicompile.compile(plain)
+    x = torch.randn(2)
+    compiled(x)[1].add("changed by the caller")
+    assert compiled(x)[1] == {1}
+    compiled = minicompile.compile(f)
+    first = compiled(x, ["a", "b", "c"])
+    first[1].add("changed by the caller")
+    for items in (["a", "b", "c"], ["a", "q"]):
+        got, want = compiled(x, items), f(x, items)
+        assert_same(got[0], want[0])
+        assert got[1:] == want[1:]
 
 
 class Warner:

@@ -6,6 +6,7 @@ import collections
 import collections.abc
 import contextlib
 import copy
+import dataclasses
 import enum
 import functools
 import inspect
@@ -502,11 +503,32 @@ def backbone(x):
     return out.feature_maps[1] + 1, len(out)
 
 
-@pytest.mark.parametrize("fn", [reshapes_in_place, annotated, backbone])
+class _Gaussian:                 # (diffusers' DiagonalGaussianDistribution: no __iter__)
+    def __init__(self, p):
+        self.mean, self.logvar = p.chunk(2, dim=1)
+
+
+try:
+    from transformers.utils import ModelOutput
+
+    @dataclasses.dataclass
+    class _EncoderOutput(ModelOutput):
+        latent_dist: object = None
+except ImportError:
+    _EncoderOutput = None
+
+
+def encoder_output(x):
+    out = _EncoderOutput(latent_dist=_Gaussian(x * 2))
+    return out.latent_dist.mean + out.latent_dist.logvar.exp(), len(out)
+
+
+@pytest.mark.parametrize("fn", [reshapes_in_place, annotated, backbone, encoder_output])
 def test_in_one_graph(fn):
     """A tensor the graph made, reshaped in place; a function made with annotations that
-    subscript builtins; a ModelOutput whose one field is a tuple of tensors."""
-    if fn is backbone:
+    subscript builtins; a ModelOutput whose one field is a tuple of tensors, or an object that
+    is not iterable (a VAE encoder's output: its distribution)."""
+    if fn in (backbone, encoder_output):
         pytest.importorskip("transformers.modeling_outputs")
     args = (torch.randn(3, 4),) + (([1, 2],) if fn is annotated else ())
     minicompile.metrics.reset()

@@ -226,16 +226,18 @@ def _builtin_const(fn):
         if fn is int and len(args) == 1 and not kwargs and isinstance(args[0], SymIntVariable) \
                 and type(args[0].example) is int:
             return args[0]                      # int(T): the size itself, still symbolic
+        if fn in (set, frozenset) and len(args) <= 1 and not kwargs:
+            # (a set is the frame's own, changed in place: never a constant, which the graph's
+            # every call would hand out as one object)
+            items = tx.iterate(args[0]) if args else []       # (a dict's keys, a list of names...)
+            if all(i.is_constant() for i in items):
+                made = SetVariable.operand(args[0], items) if args else []
+                return SetVariable.made_by(set, made) if fn is set else ConstantVariable(frozenset(made))
         if all(a.is_constant() for a in args) and all(v.is_constant() for v in kwargs.values()):
             return ConstantVariable(tx.on_constants(fn, *[a.as_example() for a in args],
                                                     **{k: v.as_example() for k, v in kwargs.items()}))
         if fn in (abs, pow) and _contains_tensor(list(args)):
             return tx.output.call("call_function", fn, args, kwargs)
-        if fn in (set, frozenset) and len(args) == 1 and not kwargs:
-            items = tx.iterate(args[0])             # (a dict's keys, a list of names...)
-            if all(i.is_constant() for i in items):
-                made = SetVariable.operand(args[0], items)
-                return SetVariable.made_by(set, made) if fn is set else ConstantVariable(frozenset(made))
         raise tx.unsupported(f"builtin {fn.__name__}() on non-constant arguments",
                              hint="it would need the tensor's values")
     return impl

@@ -24,7 +24,7 @@ import torch
 import torch.fx
 
 
-from .. import custom_ops, optim
+from .. import custom_ops, ir, optim
 from . import polyfills, pytree_calls
 from .autograd_function import call_apply, is_apply
 from .breaks import ObservedException, Unsupported, never_traced
@@ -44,7 +44,7 @@ from .values import (BaseListVariable, BoundMethodVariable, BuiltinVariable, Con
                      SetVariable, SuperVariable, TensorMethodVariable, TensorVariable,
                      TorchFunctionVariable, TupleVariable, TypeVariable, UserFunctionVariable,
                      UserObjectVariable, VariableTracker, WithExitVariable, _constant_result, _hashable,
-                     _DictFromKeys, _NoOpCallable, _UnboundTensorMethod, example_of, is_constant_value,
+                     _DictFromKeys, _NoOpCallable, _UnboundConstantMethod, _UnboundTensorMethod, example_of, is_constant_value,
                      is_model_output_class, dict_key, NO_KEY)
 
 
@@ -95,6 +95,22 @@ def own_call(cls: type):
     it, and it runs the module's hooks and forward through super().__call__."""
     call = python_method(cls, "__call__")
     return call if call not in MODULE_CALLS else None
+
+
+# a set's methods that make a new set, and those that answer a question, of the set and others
+_NEW_SET_METHODS = ("union", "intersection", "difference", "symmetric_difference")
+_SET_CHANGES = ("add", "update", "discard", "remove", "pop", "clear", "difference_update",
+                "intersection_update", "symmetric_difference_update")
+_SET_QUESTIONS = ("issubset", "issuperset", "isdisjoint")
+
+
+def _builtin_type_of(v: VariableTracker) -> Optional[type]:
+    """The type of a constant, a list, tuple, set or dict of the trace (None for others)."""
+    if v.is_constant():
+        return type(v.as_example())
+    if isinstance(v, DictVariable):
+        return v.cls
+    return getattr(v, "python_type", None) if isinstance(v, BaseListVariable) else None
 
 
 def _made_by(result: VariableTracker, fn, args, kwargs) -> VariableTracker:
@@ -350,6 +366,8 @@ class CallsMixin:
             return out.call("call_method", fn.name, [fn.tensor] + list(args), kwargs)
         if isinstance(fn, _UnboundTensorMethod):
             return out.call("call_method", fn.name, list(args), kwargs)
+        if isinstance(fn, _UnboundConstantMethod) and args and _builtin_type_of(args[0]) is fn.cls:
+            return self.call_function(self.load_attr(args[0], fn.name), list(args[1:]), kwargs)
         if isinstance(fn, UserFunctionVariable) and fn.value in (copy.deepcopy, copy.copy) and \
                 len(args) == 1 and not kwargs:
             return self.private_copy(args[0], fn.value)
@@ -434,6 +452,13 @@ class CallsMixin:
                                        for a in args):
             # NumPy's math on numbers (CTRL's np.sqrt(d_model)): a number of the code
             return ConstantVariable(value(*[a.as_example() for a in args]))
+        if isinstance(value, types.BuiltinMethodType) and type(getattr(value, "__self__", None)) in (
+                str, bytes, frozenset, tuple) and is_constant_value(value.__self__) and \
+                all(a.is_constant() for a in list(args) + list(kwargs.values())):
+            # a C method of an immutable constant (keyword.iskeyword is a frozenset's
+            # __contains__) on constants: its answer is a constant
+            return ConstantVariable(self.on_constants(value, *[a.as_example() for a in args],
+                                                      **{k: v.as_example() for k, v in kwargs.items()}))
         name = getattr(value, "__qualname__", None) or fn.describe()
         raise self.unsupported(f"call to {name}", "the capture cannot model this callable yet")
 
@@ -477,14 +502,15 @@ class CallsMixin:
     def call_cached(self, cached, args, kwargs, owner: Optional[VariableTracker] = None) -> VariableTracker:
         """A call of a functools.lru_cache (or cache) function with constant arguments: made
         for real now, as eager's first call makes it (its effects happen then, once, and its
-        result is cached as eager caches it); what it returns is a constant of the trace.
+        result is cached as eager caches it); what it returns is a constant of the trace. A
+        call with other arguments, or one that returns an object: traced (inline_cached).
         owner: the object a cached method is called on (transformers' `logger.warning_once`),
         part of the cache's key: an object read from outside the frame, guarded to be the same
         object, since another would miss the cache and run the method again."""
         name = cached.__qualname__
         values = list(args) + list(kwargs.values())
         if not all(v.is_constant() for v in values):
-            raise self.unsupported(f"call to cached function {name} with arguments that are not constants")
+            return self.inline_cached(cached, args, kwargs, owner, "with arguments that are not constants")
         real = [a.as_example() for a in args]
         if owner is not None:
             if owner.source is None:
@@ -497,12 +523,36 @@ class CallsMixin:
         real_kwargs = {k: v.as_example() for k, v in kwargs.items()}
         result = cached(*real, **real_kwargs)
         if not (is_constant_value(result) or isinstance(result, (types.FunctionType, type, types.ModuleType))):
-            # (a break: the call is made for real then, from the cache. Not guarded: a guard
-            # that calls the function would run it for calls eager makes none of)
-            raise self.unsupported(f"cached function {name} returned a {type(result).__name__}",
-                                   "a cached object may be changed by whoever else holds it")
+            # (a cached object may be changed by whoever else holds it: what it is made of is
+            # traced instead, each call; the call made now fills the cache as eager's first
+            # does. Not guarded: a guard that calls the function would run it for calls eager
+            # makes none of)
+            return self.inline_cached(cached, args, kwargs, owner, f"returned a {type(result).__name__}")
         self.output.guards.cache_kept(cached, tuple(real), real_kwargs, result)
         return ConstantVariable(result) if is_constant_value(result) else self.output.wrap(result, None)
+
+    def inline_cached(self, cached, args, kwargs, owner, why: str) -> VariableTracker:
+        """A cached function's call that cannot be a constant of the trace (its arguments are
+        not constants: sizes of the trace; or it returns an object, einops' recipes): the
+        function it wraps, traced as any, as Dynamo does. Its cache is neither read nor
+        filled. That is eager's result where the function is pure: one that changes anything
+        from outside the frame, draws random numbers or writes a tensor it was given would do
+        so once where eager's cache would not call it again, so it runs as Python, at a graph
+        break, from its cache (`why`: what kept it from being a constant)."""
+        name = cached.__qualname__
+        out = self.output
+        mark, effects, written = len(out.undo_log), len(out.side_effects), set(out.written_inputs)
+        nodes = len(out.graph.nodes)
+        result = self.inline_call(cached.__wrapped__, ([owner] if owner is not None else []) + list(args), kwargs)
+        changed = len(out.side_effects) > effects or out.written_inputs != written or any(
+            any(v is e for e in out.side_effects) for v, _ in out.undo_log[mark:])
+        drawn = any(ir.draws_random_numbers(n) for n in list(out.graph.nodes)[nodes:])
+        if changed or drawn:
+            raise self.unsupported(f"call to cached function {name} {why}".rstrip(),
+                                   "traced, it " + ("changes state outside the frame" if changed else
+                                                    "draws random numbers") +
+                                   ", which eager's cache would not do again: run as Python, at a graph break")
+        return result
 
     def private_copy(self, v: VariableTracker, how) -> VariableTracker:
         """copy.deepcopy / copy.copy of an object read from outside the frame whose state is
@@ -622,6 +672,9 @@ class CallsMixin:
             items[0].items if isinstance(items[0], BaseListVariable) else None
         pairs = not items or isinstance(head, (tuple, list)) and len(head) == 2 and (
             isinstance(head[0], str) or isinstance(head[0], ConstantVariable) and isinstance(head[0].value, str))
+        if isinstance(first, (UserObjectVariable, NNModuleVariable)) and not any(
+                class_attr(type(first.as_example()), m) is not None for m in ("__iter__", "__getitem__")):
+            pairs = False          # (an object iter() refuses is the field itself: diffusers' latent_dist)
         if rest_none and first is not None and not _is_none(first) and not isinstance(first, TensorVariable) \
                 and pairs:
             raise self.unsupported(f"{cls.__name__}() built from a {first.describe()}",
@@ -811,14 +864,21 @@ class CallsMixin:
             else:
                 raise self.unsupported(f"list.{fn.name}() on {obj.describe()}")
             return ConstantVariable(None)
-        if isinstance(obj, SetVariable) and fn.name in ("add", "update", "discard") and \
+        if isinstance(obj, SetVariable) and fn.name in _SET_CHANGES and not kwargs and \
                 all(a.is_constant() for a in args):
+            operands = [a.as_example() if fn.name in ("add", "discard", "remove") else
+                        SetVariable.operand(a, self.iterate(a)) for a in args]
+            if fn.name == "remove" and operands[0] not in obj.real or fn.name == "pop" and not obj.real:
+                self.on_constants(getattr(set(obj.real), fn.name), *operands)      # KeyError, as Python
             self.mutate(obj)
-            obj.apply(fn.name, *[SetVariable.operand(a, self.iterate(a)) if fn.name == "update" else a.as_example()
-                                 for a in args])
-            return ConstantVariable(None)
+            return ConstantVariable(obj.apply(fn.name, *operands))
         if isinstance(obj, SetVariable) and fn.name == "copy":
             return SetVariable.made_by(set.copy, obj.make())
+        if isinstance(obj, SetVariable) and fn.name in _NEW_SET_METHODS + _SET_QUESTIONS and not kwargs:
+            operands = [SetVariable.operand(a, self.iterate(a)) for a in args]
+            if fn.name in _SET_QUESTIONS:
+                return ConstantVariable(self.on_constants(getattr(set, fn.name), obj.make(), *operands))
+            return SetVariable.made_by(getattr(set, fn.name), obj.make(), *operands)
         if isinstance(obj, BaseListVariable) and fn.name == "copy":
             return ListVariable(list(obj.items))
         if isinstance(obj, DictVariable) and not isinstance(obj, ModelOutputVariable) and \

@@ -29,7 +29,7 @@ from .values import (DELETED, NULL, BaseListVariable, BoundMethodVariable, Built
                      NestedFunctionVariable, NNModuleVariable, PythonModuleVariable, SetVariable,
                      SliceVariable, SuperVariable, SymIntVariable, TensorVariable, TupleVariable,
                      TypeVariable, UserObjectVariable, WithExitVariable,
-                     AutocastVariable, NullContextVariable, dict_key, NO_KEY)
+                     AutocastVariable, NullContextVariable, dict_key, is_constant_value, NO_KEY)
 
 
 # ===================================================================================
@@ -843,6 +843,12 @@ def contains(tx, container, item) -> bool:
     elif item.is_constant() and isinstance(container, NNModuleVariable) and \
             isinstance(container.module, torch.nn.ModuleDict):
         r = item.as_example() in tx.output.members(container)
+    elif item.is_constant() and isinstance(container, UserObjectVariable) and type(container.value) is set \
+            and container.source is not None and all(is_constant_value(x) for x in container.value):
+        # a set of constants from outside the frame (a registry's names): the answer holds
+        # while it has these items, which the guard checks (the trace cannot change it)
+        tx.output.guards.constant(container.source, set(container.value))
+        r = item.as_example() in container.value
     elif isinstance(container, (ListVariable, TupleVariable)):
         # as Python: an item that is it, or == it (objects by their __eq__ or identity)
         r = any(e is item or tx.truth(tx.binary("==", e, item), "in") for e in container.items)

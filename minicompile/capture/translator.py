@@ -50,7 +50,7 @@ from .values import (DELETED, NULL, BaseListVariable, BoundArgumentsVariable, Bo
                      TensorVariable,
                      TorchFunctionVariable, TupleVariable, TypeVariable, UserFunctionVariable,
                      UserObjectVariable, VariableTracker, _constant_result, _DictFromKeys,
-                     _NoOpCallable, _UnboundTensorMethod, is_constant_value, dict_key, NO_KEY, key_variable, is_typing_form)
+                     _NoOpCallable, _UnboundConstantMethod, _UnboundTensorMethod, is_constant_value, dict_key, NO_KEY, key_variable, is_typing_form)
 from .calls import CallsMixin
 from .iterators import ITERATORS, drain, user_iter
 from . import instructions  # noqa: F401  (registers the opcode handlers)
@@ -678,6 +678,9 @@ class InstructionTranslator(CallsMixin):
                 return ConstantVariable(attr)
         if isinstance(obj, BuiltinVariable) and name in ("__name__", "__qualname__", "__module__", "__doc__"):
             return ConstantVariable(getattr(obj.value, name))       # a builtin's, fixed
+        if isinstance(obj, BuiltinVariable) and obj.value in _UNBOUND_METHOD_TYPES and \
+                isinstance(getattr(obj.value, name, None), types.MethodDescriptorType):
+            return _UnboundConstantMethod(obj.value, name)           # str.isalnum(c)
         raise self.unsupported(f"attribute .{name} of {obj.describe()}")
 
     def user_getattribute(self, obj: UserObjectVariable, name: str) -> VariableTracker:
@@ -1448,6 +1451,10 @@ class InstructionTranslator(CallsMixin):
                           LazyIteratorVariable, ExceptionVariable)):
             return False                  # a value the trace tracks is never None
         raise self.unsupported(f"'is None' on {v.describe()}")
+
+
+# builtin types whose methods the trace calls as `cls.method(value, ...)` on a value of that type
+_UNBOUND_METHOD_TYPES = (str, bytes, int, float, complex, bool, set, frozenset, list, tuple, dict)
 
 
 def _never_equal(a: VariableTracker, b: VariableTracker) -> bool:

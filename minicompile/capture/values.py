@@ -809,11 +809,12 @@ class SetVariable(BaseListVariable):
             return v.value
         return [i.as_example() for i in items]
 
-    def apply(self, name: str, *operands) -> None:
-        """self.<name>(*operands) in place (add, discard, update, __ior__...)."""
-        getattr(self.real, name)(*operands)
+    def apply(self, name: str, *operands):
+        """self.<name>(*operands) in place (add, discard, update, pop, __ior__...): its result."""
+        result = getattr(self.real, name)(*operands)
         self.steps.append((name, operands))
         self.changed()
+        return result
 
     def changed(self) -> None:
         self.items = [ConstantVariable(v) for v in self.real]
@@ -908,6 +909,14 @@ class _UnboundTensorMethod(VariableTracker):
 
     def __init__(self, name):
         self.name = name
+
+
+class _UnboundConstantMethod(VariableTracker):
+    """`str.isalnum`, `set.symmetric_difference` used as functions (einops' parser): the
+    method of their first argument, a value of that very type."""
+
+    def __init__(self, cls: type, name: str):
+        self.cls, self.name = cls, name
 
 
 def _constant_result(parent: ConstantVariable, value) -> ConstantVariable:
