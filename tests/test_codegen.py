@@ -1334,6 +1334,34 @@ def test_looped_members_walk_the_row_together(kernel_backend):
             assert source.count("for roffset in range") == loops, source
 
 
+_TEST_LIBRARY = torch.library.Library("minicompile_test_codegen", "DEF")
+_TEST_LIBRARY.define("float_statistic(Tensor x) -> Tensor")
+
+
+@torch.library.impl(_TEST_LIBRARY, "float_statistic", "CPU")
+@torch.library.impl(_TEST_LIBRARY, "float_statistic", "CUDA")
+def _float_statistic(x):
+    return x.float().mean(-1)            # float32, whatever the fake kernel says
+
+
+@torch.library.register_fake("minicompile_test_codegen::float_statistic", lib=_TEST_LIBRARY)
+def _float_statistic_fake(x):
+    return x.new_empty(x.shape[:-1])     # the input's dtype: wrong for a bfloat16 input
+
+
+def test_an_extern_result_of_another_dtype_than_predicted_is_converted(kernel_backend):
+    """An op whose fake kernel says one dtype and whose real kernel gives another (PyTorch's
+    group norm on a CPU, for half-precision inputs with float weights): the kernels that read
+    its result get the predicted dtype, converted, not its bytes read as another type."""
+    op = torch.ops.minicompile_test_codegen.float_statistic.default
+
+    def f(x, w):                         # (in training: the joint trace runs the fake kernel)
+        return op(x.sin()) * w
+    x, w = randn(6, 33).bfloat16(), randn(6).bfloat16().requires_grad_()
+    got, want = minicompile.compile(f)(x, w), f(x, w)
+    torch.testing.assert_close(got.float(), want.float(), rtol=1e-2, atol=1e-2)
+
+
 def test_extern_arguments_are_plain_views_and_products_unchecked(kernel_backend):
     """An extern call's argument that is a view of a buffer is made by reinterpret_tensor (a
     C++ call; torch.as_strided costs three times its host time), and the result of a matrix

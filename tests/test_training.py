@@ -1296,6 +1296,27 @@ def test_checkpointing_at_dynamic_sizes(kernel_backend):
             p.grad = q.grad = None
 
 
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_group_norm_of_a_half_precision_input_with_float_weights(kernel_backend, dtype):
+    """What autocast makes of a GroupNorm after a convolution: a bfloat16 input, float32
+    weights. PyTorch's CPU kernel gives its statistics in float32 where its fake kernel says
+    bfloat16; the backward read them as bfloat16 (NaN gradients, every one of a diffusers UNet's)."""
+    torch.manual_seed(0)
+    w, b = randn(8).requires_grad_(), randn(8).requires_grad_()
+    x = randn(2, 8, 5, 6).to(dtype).requires_grad_()
+    weights = torch.linspace(-1, 1, x.numel(), device=DEVICE).view_as(x)
+
+    def f(h):
+        return F.group_norm(h, 2, w, b)
+    grads = []
+    for fn in (minicompile.compile(f), f):
+        (fn(x).float() * weights).sum().backward()
+        grads.append([t.grad.float() for t in (x, w, b)])
+        x.grad = w.grad = b.grad = None
+    for got, want in zip(*grads):
+        torch.testing.assert_close(got, want, rtol=2e-2, atol=5e-2)
+
+
 def test_checkpoint_without_use_reentrant_runs_as_eagers(recwarn):
     """Eager warns and picks the reentrant variant: a graph break, with eager's warning."""
     from torch.utils.checkpoint import checkpoint

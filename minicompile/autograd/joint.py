@@ -63,8 +63,8 @@ class Joint:
 
 @functools.lru_cache(maxsize=None)
 def decompositions() -> dict:
-    """PyTorch's core ATen decompositions, plus batch norm's (training and inference) and
-    layer norm's forward: what is left is matrix products, convolutions, attention, pointwise
+    """PyTorch's core ATen decompositions, plus batch norm's (training and inference), layer
+    norm's and group norm's forward: what is left is matrix products, convolutions, attention, pointwise
     ops, reductions, views and a few ops lowering hands to PyTorch. Made once per process
     (tens of milliseconds, which every graph's first call paid); not to be changed."""
     import torch._decomp as decomp
@@ -75,7 +75,7 @@ def decompositions() -> dict:
     table = dict(core())
     table.update(decomp.get_decompositions([
         aten.native_batch_norm, aten._native_batch_norm_legit, aten._native_batch_norm_legit_functional,
-        aten._native_batch_norm_legit_no_training, aten.native_layer_norm, aten._softmax,
+        aten._native_batch_norm_legit_no_training, aten.native_layer_norm, aten.native_group_norm, aten._softmax,
         aten._log_softmax]))
     # attention stays one fused op (an extern call) whose backward reads its logsumexp: a
     # decomposed forward would hand the fused backward other tensors in that place. An

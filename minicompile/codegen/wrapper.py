@@ -522,7 +522,7 @@ def build(program: ir.Program, steps: list, written: dict | None = None) -> Comp
                                             and list(ext.stride) == ir.contiguous_strides(ext.shape)):
                 # kernels index this buffer with the strides lowering predicted: make sure
                 returned = ", returned=True" if ext.name in returned_as_is else ""
-                lines.append(f"    {ext.name} = as_layout({ext.name}, {sizes(ext.stride)}{returned})")
+                lines.append(f"    {ext.name} = as_layout({ext.name}, {sizes(ext.stride)}{returned}, dtype={ext.dtype})")
         dead = dead_after.get(i)
         if dead:
             lines.append(f"    del {', '.join(dead + [copied[d] for d in dead if d in copied])}")

@@ -59,15 +59,20 @@ def on_device(index: int):
     return decorate
 
 
-def as_layout(tensor: torch.Tensor, stride: tuple, returned: bool = False) -> torch.Tensor:
+def as_layout(tensor: torch.Tensor, stride: tuple, returned: bool = False, dtype=None) -> torch.Tensor:
     """`tensor` with the given strides: itself when it already has them (dims of size 1 or 0
     aside, which no index reads), else a copy laid out so. Generated kernels index an extern
     op's result with the strides predicted at compile time; this makes the prediction a
     guarantee. `returned`: the graph hands the result out, where eager's strides show in those
     dims too (sdpa of an unsqueezed view): a view with them, no copy. An output the op left
-    undefined (None: an LSTM's workspace on a CPU, an empty tensor to the trace) stays None."""
+    undefined (None: an LSTM's workspace on a CPU, an empty tensor to the trace) stays None.
+    `dtype`: the predicted one, which kernels read the memory as; a result of another (where
+    an op's fake kernel and its real one disagree: group norm's statistics of a bfloat16 input
+    with float32 weights on a CPU) is converted to it, not read as bytes of the wrong type."""
     if tensor is None:
         return None
+    if dtype is not None and tensor.dtype != dtype:
+        tensor = tensor.to(dtype)
     actual = tensor.stride()
     if actual == stride:
         return tensor
