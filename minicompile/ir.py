@@ -145,9 +145,23 @@ class _SizePrinter(sympy.printing.str.StrPrinter):
     def _print(self, expr, **kwargs):
         # torch's FloorDiv and Mod print themselves (`a//b`); C needs its own spelling
         name = "FloorDiv" if type(expr).__name__ == "CleanDiv" else type(expr).__name__   # (exact)
-        if name in ("FloorDiv", "Mod", "PythonMod", "CeilToInt"):
+        if name in ("FloorDiv", "Mod", "PythonMod", "CeilToInt", "TruncToInt", "FloorToInt", "ToFloat"):
             return getattr(self, f"_print_{name}")(expr)
         return super()._print(expr, **kwargs)
+
+    # a size computed through a float (interpolate's floor(size * scale)), in double precision
+    # as PyTorch computes it
+    def _print_ToFloat(self, e):
+        inner = self._print(e.args[0])
+        return f"float({inner})" if self.floordiv == "//" else f"static_cast<double>({inner})"
+
+    def _print_TruncToInt(self, e):
+        inner = self._print(e.args[0])
+        return f"int({inner})" if self.floordiv == "//" else f"static_cast<int64_t>({inner})"
+
+    def _print_FloorToInt(self, e):
+        inner = self._print(e.args[0])
+        return f"int(({inner}) // 1)" if self.floordiv == "//" else f"static_cast<int64_t>(std::floor({inner}))"
 
     def _print_CeilToInt(self, e):
         # ceil(a / b) of sizes (a padded length: attention's row statistics on a GPU), as

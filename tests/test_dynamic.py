@@ -222,6 +222,29 @@ def test_int_of_a_size_stays_symbolic(kernel_backend):
     assert our_compiles(f, calls) == torch_compiles(f, calls) == 2
 
 
+@pytest.mark.parametrize("resize", [
+    lambda y: F.interpolate(y, scale_factor=1.7, mode="bilinear"),
+    lambda y: F.interpolate(y, scale_factor=(0.6, 1.5), mode="bilinear", align_corners=True),
+    lambda y: F.interpolate(y, scale_factor=0.5, mode="area"),
+    lambda y: F.interpolate(y, scale_factor=0.45, mode="bilinear", antialias=True),
+], ids=["bilinear", "align_corners", "area", "antialias"])
+@pytest.mark.parametrize("train", [False, True], ids=["infer", "train"])
+def test_interpolation_by_a_float_scale_at_dynamic_sizes(kernel_backend, resize, train):
+    """The output's sizes are trunc(size * scale), computed through a float: written in C and
+    Python (kernels, wrapper, guards), and a backward that computes them is generated too."""
+    compiled = minicompile.compile(resize)
+    for shape in ((2, 3, 8, 8), (1, 3, 7, 9), (3, 3, 10, 6)):
+        x = randn(*shape).requires_grad_(train)
+        x2 = x.detach().clone().requires_grad_(train)
+        with torch.set_grad_enabled(train):
+            got, want = compiled(x), resize(x2)
+        torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-5)
+        if train:
+            got.sin().sum().backward()
+            want.sin().sum().backward()
+            torch.testing.assert_close(x.grad, x2.grad, rtol=1e-4, atol=1e-5)
+
+
 def test_slices_from_the_end_by_a_dynamic_size(kernel_backend):
     """x[:, 3 - T:], x[:, -T:] (Mamba's last T steps of a padded convolution): a start that is
     negative for every size counts from the end, as Python's slices do, at every length."""

@@ -388,7 +388,8 @@ class Check:
 
 def default_namespace() -> Dict[str, Any]:
     """What every guard's namespace holds before the trace adds to it."""
-    return {"torch": torch, "Tensor": torch.Tensor, "Parameter": torch.nn.Parameter,
+    # (math: PyTorch's printer writes a size computed through a float as math.trunc(...))
+    return {"torch": torch, "math": math, "Tensor": torch.Tensor, "Parameter": torch.nn.Parameter,
             "TENSOR_FAILURE": tensor_failure, "REMAINING": remaining_items, "VIEWED_DICT": viewed_dict,
             "DEREF": lambda ref: ref(), "SYS_MODULES": sys.modules, "FIND_SPEC": importlib.util.find_spec}
 

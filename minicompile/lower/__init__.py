@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import collections
 import logging
+import math
 from typing import Any
 
 import torch
@@ -245,6 +246,10 @@ def lower(gm: torch.fx.GraphModule, example_inputs) -> ir.Program:
             size = size_arithmetic(target, args)       # arithmetic on sizes read by the code
             if size is None:
                 size = scalar_arithmetic(program, target, args)
+            if size is None and target in _TO_INT and isinstance(values.get(node), torch.SymInt):
+                # a size computed through a float (interpolate's trunc(size * scale)): its
+                # expression in the trace's shape environment
+                size = ir.size_expr(values[node])
             if size is not None:
                 env[node] = size
                 continue
@@ -265,6 +270,9 @@ def lower(gm: torch.fx.GraphModule, example_inputs) -> ir.Program:
             _channels_last_as_read(result)
         env[node] = result
     return program
+
+
+_TO_INT = (math.trunc, math.floor, math.ceil, torch.sym_int)
 
 
 def _own_values(boxes: list, returned, env: dict, values: dict) -> list:
