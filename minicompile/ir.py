@@ -140,7 +140,9 @@ class _SizePrinter(sympy.printing.str.StrPrinter):
 
     def __init__(self, floordiv: str):
         super().__init__()
-        self.floordiv = floordiv
+        # (TRITON: Python's spelling, but for what only a Triton kernel can compute)
+        self.triton = floordiv == TRITON
+        self.floordiv = "//" if self.triton else floordiv
 
     def _print(self, expr, **kwargs):
         # torch's FloorDiv and Mod print themselves (`a//b`); C needs its own spelling
@@ -150,18 +152,27 @@ class _SizePrinter(sympy.printing.str.StrPrinter):
         return super()._print(expr, **kwargs)
 
     # a size computed through a float (interpolate's floor(size * scale)), in double precision
-    # as PyTorch computes it
+    # as PyTorch computes it (a Triton kernel's float constants made float64 from the double)
     def _print_ToFloat(self, e):
         inner = self._print(e.args[0])
+        if self.triton:
+            return f"({inner}).to(tl.float64)"
         return f"float({inner})" if self.floordiv == "//" else f"static_cast<double>({inner})"
 
     def _print_TruncToInt(self, e):
         inner = self._print(e.args[0])
+        if self.triton:
+            return f"({inner}).to(tl.int64)"
         return f"int({inner})" if self.floordiv == "//" else f"static_cast<int64_t>({inner})"
 
     def _print_FloorToInt(self, e):
         inner = self._print(e.args[0])
+        if self.triton:
+            return f"tl.floor({inner}).to(tl.int64)"
         return f"int(({inner}) // 1)" if self.floordiv == "//" else f"static_cast<int64_t>(std::floor({inner}))"
+
+    def _print_Float(self, e):
+        return f"tl.full([], {float(e)!r}, tl.float64)" if self.triton else repr(float(e))
 
     def _print_CeilToInt(self, e):
         # ceil(a / b) of sizes (a padded length: attention's row statistics on a GPU), as
@@ -204,6 +215,9 @@ class _SizePrinter(sympy.printing.str.StrPrinter):
         for a in args[1:]:
             text = f"std::{name}<int64_t>({text}, {self._print(a)})"
         return text
+
+
+TRITON = "tl//"     # render_size's language for a Triton kernel's code (Python's is "//", C's "/")
 
 
 def render_size(size, floordiv: str = "//") -> str:
@@ -506,7 +520,7 @@ class Index:
             if isinstance(atom, str):
                 text = atom
             else:
-                op = floordiv if isinstance(atom, FloorDiv) else "%"
+                op = ("//" if floordiv == TRITON else floordiv) if isinstance(atom, FloorDiv) else "%"
                 k = render_size(atom.k, floordiv)
                 text = f"(({atom.index.render(floordiv)}) {op} {k if not is_symbolic(atom.k) else f'({k})'})"
             coeff = render_size(c, floordiv)

@@ -1301,6 +1301,8 @@ def test_group_norm_of_a_half_precision_input_with_float_weights(kernel_backend,
     """What autocast makes of a GroupNorm after a convolution: a bfloat16 input, float32
     weights. PyTorch's CPU kernel gives its statistics in float32 where its fake kernel says
     bfloat16; the backward read them as bfloat16 (NaN gradients, every one of a diffusers UNet's)."""
+    if DEVICE != "cpu":
+        pytest.skip("CUDA's group norm refuses these dtypes (autocast gives it float32 there)")
     torch.manual_seed(0)
     w, b = randn(8).requires_grad_(), randn(8).requires_grad_()
     x = randn(2, 8, 5, 6).to(dtype).requires_grad_()

@@ -261,7 +261,7 @@ class TritonWriter(KernelWriter):
         pointwise kernel whose other inputs broadcast) is the block's own `xindex`: no
         per-dimension arithmetic is left for it, as in Inductor's kernels."""
         if self.flat is not None and index.terms == self.flat.terms:
-            return "xindex" if index.const == 0 else f"xindex + {Index({}, index.const).render('//')}"
+            return "xindex" if index.const == 0 else f"xindex + {Index({}, index.const).render(ir.TRITON)}"
         return index.render("//")
 
     def assign(self, var, expr):
@@ -301,12 +301,12 @@ class TritonWriter(KernelWriter):
         keep = "" if set(self.plan.x_vars + self.plan.r_vars) <= index.variables() else \
             ", eviction_policy='evict_last'"
         if self.load_mask is not None:     # inside ops.masked: a block load under both masks
-            offset = self.offset(index) if index.variables() else f"{index.render('//')} + 0 * xindex"
+            offset = self.offset(index) if index.variables() else f"{index.render(ir.TRITON)} + 0 * xindex"
             value = f"tl.load({ptr} + ({offset}), {self.mask} & ({self.load_mask}), other=0{keep})"
         elif index.variables():
             value = f"tl.load({ptr} + ({self.offset(index)}), {self.mask}, other=0{keep})"
         else:   # one element for every lane: a scalar load (a block mask needs a block pointer)
-            value = f"tl.load({ptr} + {index.render('//')})"
+            value = f"tl.load({ptr} + {index.render(ir.TRITON)})"
         cd = ir.compute_dtype(dtype)
         self._sees(cd)
         return f"{value}.to({TL_TYPES[cd]})" if cd != dtype else value
@@ -319,7 +319,7 @@ class TritonWriter(KernelWriter):
         if not index.variables():
             return self.constant_expr(index.const, dtype)
         self._sees(dtype)
-        return f"({index.render('//')}).to({TL_TYPES[dtype]})"
+        return f"({index.render(ir.TRITON)}).to({TL_TYPES[dtype]})"
 
     def index_assign(self, var, value):
         return f"{var} = ({value}).to(tl.int64)"
@@ -360,7 +360,7 @@ class TritonWriter(KernelWriter):
         return f"({x}).to({TL_TYPES[dtype]})"
 
     def render_size(self, size):
-        return ir.render_size(size, "//")
+        return ir.render_size(size, ir.TRITON)
 
     def scalar_arg(self, name, dtype):
         self._sees(ir.compute_dtype(dtype))
@@ -403,9 +403,9 @@ def _decompose(flat: str, names: list[str], sizes: list[int]) -> list[str]:
     """Lines recovering per-dimension variables from a flat index (innermost last)."""
     lines, stride = [], 1
     for k in range(len(names) - 1, -1, -1):
-        expr = flat if stride == 1 else f"({flat} // ({ir.render_size(stride)}))"
+        expr = flat if stride == 1 else f"({flat} // ({ir.render_size(stride, ir.TRITON)}))"
         if k > 0:
-            expr = f"{expr} % ({ir.render_size(sizes[k])})"
+            expr = f"{expr} % ({ir.render_size(sizes[k], ir.TRITON)})"
         lines.append(f"{names[k]} = {expr}")
         stride = ir.size_expr(stride * sizes[k])
     return lines[::-1]
@@ -565,7 +565,7 @@ def kernel_source(kernel, buffers, graph=None):
 def _store(writer, member, value, shape: str, mask: str) -> str:
     """The line storing `value` as `member`'s element(s); `shape`: the block's, for a constant."""
     index = writer.store_index(member)
-    text = writer.offset(index) if index.variables() else f"{index.render('//')} + 0 * xindex"
+    text = writer.offset(index) if index.variables() else f"{index.render(ir.TRITON)} + 0 * xindex"
     if "RBLOCK" in shape and index.variables() and not any(str(v).startswith("x") for v in index.variables()):
         # a row stored by a kernel that reduces to one value (no x in its index): the pointers
         # made a block of the mask's shape, [XBLOCK, RBLOCK], as Triton's store asks
