@@ -14,6 +14,7 @@ parameters, in training): autograd/ then builds and compiles its backward too.
 """
 from __future__ import annotations
 
+import operator
 
 import torch
 from torch.fx.experimental.symbolic_shapes import GuardOnDataDependentSymNode
@@ -228,18 +229,31 @@ def shape_guards(program) -> list[str]:
     return out
 
 
+def _records_gradients(gm: torch.fx.GraphModule, example_inputs) -> bool:
+    """Whether an op of the graph runs with grad mode on and reads a value that requires grad
+    (an input that does, or such an op's result): one that reads inputs only under no_grad
+    (an EMA of the weights, clip_grad_norm_ reading their .grad) records nothing."""
+    grad = torch.is_grad_enabled()
+    placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
+    needs = {n for n, t in zip(placeholders, example_inputs) if isinstance(t, torch.Tensor) and t.requires_grad}
+    for n in gm.graph.nodes:
+        if n.op == "get_attr" and getattr(operator.attrgetter(n.target)(gm), "requires_grad", False):
+            needs.add(n)                 # (a parameter the graph holds, not an input)
+        if n.target is torch._C._set_grad_enabled:
+            grad = bool(n.args[0])
+        elif grad and (n.op in ("call_function", "call_method") and any(a in needs for a in n.all_input_nodes)
+                       or n.op == "call_module" and (any(a in needs for a in n.all_input_nodes) or any(
+                           p.requires_grad for p in gm.get_submodule(n.target).parameters()))):
+            return True
+    return False
+
+
 def backend(gm: torch.fx.GraphModule, example_inputs):
     """A torch.compile backend: `torch.compile(f, backend=minicompile.backend)`.
 
     A graph that must record gradients (grad mode on and an input that requires grad) is
     compiled for training: a forward and a backward graph (autograd/)."""
-    records = torch.is_grad_enabled() or any(
-        n.target is torch._C._set_grad_enabled and n.args[0] is True for n in gm.graph.nodes)
-    # (an input the graph does not read carries no gradient into it: a parameter whose .grad
-    # alone the graph reads, as clip_grad_norm_ does)
-    read = [bool(n.users) for n in gm.graph.nodes if n.op == "placeholder"]
-    training = records and any(isinstance(t, torch.Tensor) and t.requires_grad and used
-                               for t, used in zip(example_inputs, read))
+    training = _records_gradients(gm, example_inputs)
     try:
         return compile_graph(gm, example_inputs, training)
     except NotImplementedError as err:

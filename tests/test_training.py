@@ -1319,6 +1319,64 @@ def test_group_norm_of_a_half_precision_input_with_float_weights(kernel_backend,
         torch.testing.assert_close(got, want, rtol=2e-2, atol=5e-2)
 
 
+@pytest.mark.parametrize("loss", [lambda x, y: F.huber_loss(x, y, delta=0.3), F.smooth_l1_loss, F.l1_loss,
+                                  F.mse_loss], ids=["huber", "smooth_l1", "l1", "mse"])
+def test_mean_losses_train_at_new_sizes(kernel_backend, loss):
+    """A mean loss's backward scales by -(1.0 / numel) at dynamic sizes (huber's): a float the
+    wrapper computes from the sizes, negated too."""
+    compiled = minicompile.compile(loss)
+    for shape in ((5, 7), (16, 10), (3, 9)):
+        x, y = randn(*shape).requires_grad_(), randn(*shape)
+        x2 = x.detach().clone().requires_grad_()
+        compiled(x, y).backward()
+        loss(x2, y).backward()
+        torch.testing.assert_close(x.grad, x2.grad, rtol=1e-5, atol=1e-6)
+
+
+def test_autograd_grad_through_an_inputs_history_runs_as_eager():
+    """torch.autograd.grad of a loss made from an input that has autograd history (a model's
+    output from before a break; functional_call's): the trace does not run it on the examples
+    (that went back through the caller's graph and freed it: eager then raised "backward
+    through the graph a second time" where eager runs)."""
+    def f(out, w):
+        return torch.autograd.grad((out * out).sum(), [w])
+
+    def maml_step(model, x, params):
+        loss = torch.func.functional_call(model, params, (x,)).square().mean()
+        grads = torch.autograd.grad(loss, list(params.values()), create_graph=True)
+        return {k: p - 0.1 * g for (k, p), g in zip(params.items(), grads)}
+    w = randn(4).requires_grad_()
+    assert_same(minicompile.compile(f)(w * 2, w), f(w * 2, w))
+    model, x = nn.Linear(3, 2).to(DEVICE), randn(5, 3)
+    params = dict(model.named_parameters())
+    got, want = minicompile.compile(maml_step)(model, x, params), maml_step(model, x, params)
+    for k in want:
+        assert_same(got[k], want[k])
+
+
+def test_an_update_of_weights_under_no_grad_is_not_compiled_for_training(recwarn):
+    """An EMA of a model's weights, made with foreach ops under no_grad, with grad mode on
+    outside: nothing records gradients, so the graph is not a training graph (which refused
+    its writes into a list of tensors and ran on PyTorch's kernels)."""
+    torch.manual_seed(0)
+    model = nn.Linear(8, 8).to(DEVICE)
+    averages = [nn.Linear(8, 8).to(DEVICE).requires_grad_(False) for _ in range(2)]
+    averages[1].load_state_dict(averages[0].state_dict())
+
+    def update(ema, decay: float):
+        with torch.no_grad():
+            ema_params, params = list(ema.parameters()), list(model.parameters())
+            torch._foreach_mul_(ema_params, decay)
+            torch._foreach_add_(ema_params, params, alpha=1 - decay)
+    compiled = minicompile.compile(update)
+    for decay in (0.9, 0.8, 0.7):
+        compiled(averages[0], decay)
+        update(averages[1], decay)
+    for p, q in zip(*[a.parameters() for a in averages]):
+        assert_same(p, q)
+    assert not [w for w in recwarn if "PyTorch's kernels" in str(w.message)]
+
+
 def test_checkpoint_without_use_reentrant_runs_as_eagers(recwarn):
     """Eager warns and picks the reentrant variant: a graph break, with eager's warning."""
     from torch.utils.checkpoint import checkpoint

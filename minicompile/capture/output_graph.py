@@ -802,6 +802,12 @@ class OutputGraph:
                            kind == "call_function" and _hashable(target) and target in EFFECT_FUNCTIONS):
             raise self.unsupported(f"{name}(): an effect outside the tensors it returns",
                                    "it runs once, as Python, at a graph break")
+        if has_tensor and kind == "call_function" and target is torch.autograd.grad and any(
+                isinstance(x, torch.Tensor) and x.grad_fn is not None for x in self.input_examples):
+            # run on the examples, it would go back through the caller's autograd graph too, and
+            # free it (and run its hooks) before the call itself does
+            raise self.unsupported(f"{name}() where a graph input has autograd history",
+                                   "it runs once, as Python, at a graph break")
         if not has_tensor and kind == "call_function" and _sets_global_state(target, name):
             raise self.unsupported(f"{name}() sets PyTorch's global state",
                                    "called for its effect: it runs as Python at a graph break, on every call")

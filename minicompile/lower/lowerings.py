@@ -1761,6 +1761,8 @@ def scalar_arithmetic(program: ir.Program, target, args):
         return None
     if target is torch.sym_float and len(args) == 1 and ir.is_symbolic(args[0]):
         expr = f"float({operand(args[0])})"
+    elif target is operator.neg and len(args) == 1 and isinstance(args[0], ir.ScalarInput):
+        expr = f"-{operand(args[0])}"            # (huber loss's backward: -(1.0 / numel))
     elif target in _FLOAT_OPS and len(args) == 2 and None not in map(operand, args) \
             and any(ir.is_symbolic(a) or isinstance(a, ir.ScalarInput) for a in args) \
             and (target is operator.truediv or any(isinstance(a, (float, ir.ScalarInput)) for a in args)):
