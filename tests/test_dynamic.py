@@ -222,6 +222,42 @@ def test_int_of_a_size_stays_symbolic(kernel_backend):
     assert our_compiles(f, calls) == torch_compiles(f, calls) == 2
 
 
+def test_a_size_compared_with_none_by_identity_stays_symbolic(kernel_backend):
+    """`size[i] if size[i] is not None else size[j]` (torch_geometric's propagate, every
+    message-passing layer) and `flag = n is None`: a size is never None; the answer does not
+    read it, which made its dim static (a graph per node count)."""
+    def f(x):
+        size = [x.size(0), None]
+        n = size[0] if size[0] is not None else size[1]
+        missing = size[0] is None
+        return torch.zeros(n, 3, device=x.device).index_add(0, torch.arange(x.size(0), device=x.device) % n, x) \
+            * (2 if not missing else 3)
+    calls = [(randn(n, 3),) for n in (10, 17, 33, 40)]
+    assert our_compiles(f, calls) == 2
+
+
+STATS = {"scale": 1.0}
+SCHEDULE = {"optimizer": {"lr": 0.1}}
+
+
+def test_a_float_read_through_a_global_or_an_argument_changes_without_a_graph_per_value(kernel_backend):
+    """A statistic a global dict holds (`stats["norm"] = y.norm().item()`, read back in the
+    next graph), a learning rate in an argument's nested dict: after one change, a number the
+    graph takes (automatic dynamic, as TorchDynamo's unspecialized floats), not a graph per
+    value until the recompile limit."""
+    def f(x, schedule):
+        return x * STATS["scale"] + schedule["optimizer"]["lr"]
+    for step in range(6):
+        STATS["scale"], SCHEDULE["optimizer"]["lr"] = 1.0 + step / 7, 0.1 / (step + 1)
+        if step == 0:
+            minicompile.reset()
+            minicompile.metrics.reset()
+            compiled = minicompile.compile(f)
+        x = randn(4, 3)
+        assert_same(compiled(x, SCHEDULE), f(x, SCHEDULE))
+    assert minicompile.metrics.graphs == 2
+
+
 @pytest.mark.parametrize("resize", [
     lambda y: F.interpolate(y, scale_factor=1.7, mode="bilinear"),
     lambda y: F.interpolate(y, scale_factor=(0.6, 1.5), mode="bilinear", align_corners=True),

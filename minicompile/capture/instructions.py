@@ -791,6 +791,8 @@ def identical(tx, a, b) -> bool:
             raise tx.unsupported(f"'is' between {a.describe()} and {b.describe()}")
         r = False
         tx.output.guards.same_object(a.source, b.source, False)
+    elif isinstance(a, SymIntVariable) and _is_singleton(b) or isinstance(b, SymIntVariable) and _is_singleton(a):
+        r = False              # a size is an int, never None: not read (that would make it static)
     elif a.is_constant() and b.is_constant():
         r = a.as_example() is b.as_example()
     elif (key_a := dict_key(a)) is not NO_KEY and (key_b := dict_key(b)) is not NO_KEY:

@@ -1249,22 +1249,18 @@ _READABLE_ITERATORS = tuple({type(iter(c)) for c in ([], (), range(1), "", b"")}
 
 
 def _may_be_dynamic_number(value, source, module_sources=frozenset()) -> bool:
-    """Numbers automatic dynamic applies to, as in TorchDynamo: ints reached from the frame's
-    arguments (an argument, an item or attribute of one: a cache's length) but not through an
-    nn.Module (its attributes stay specialized); floats passed as arguments (or as items of
-    a list argument) or read from globals."""
-    if type(value) is int:
-        s = source
-        while isinstance(s, (AttrSource, ItemSource)):
-            s = s.base
-            if s.expr() in module_sources:
-                return False
-        return isinstance(s, LocalSource)
-    if type(value) is float:
-        return isinstance(source, LocalSource) or isinstance(source, ItemSource) and (
-            isinstance(source.base, LocalSource) or       # an item of a list argument
-            isinstance(source.base, RootSource) and source.base.expr() == "G")
-    return False
+    """Numbers automatic dynamic applies to, as in TorchDynamo: ints and floats reached from
+    the frame's arguments (an argument, an item or attribute of one: a cache's length, a
+    learning rate), floats from its globals too (a statistic a dict holds), but not through an
+    nn.Module (its attributes stay specialized)."""
+    if type(value) not in (int, float):
+        return False
+    s = source
+    while isinstance(s, (AttrSource, ItemSource)):
+        s = s.base
+        if s.expr() in module_sources:
+            return False
+    return isinstance(s, LocalSource) or type(value) is float and isinstance(s, RootSource) and s.expr() == "G"
 
 
 _MISSING = object()

@@ -1441,6 +1441,8 @@ class InstructionTranslator(CallsMixin):
             self.jump_to(inst)
 
     def _is_none(self, v):
+        if isinstance(v, SymIntVariable):
+            return False                  # a size is an int (its value not read: it stays symbolic)
         if isinstance(v, ConstantVariable):
             return v.value is None
         if isinstance(v, NullVariable):
