@@ -208,7 +208,13 @@ class _SizePrinter(sympy.printing.str.StrPrinter):
         return self._min_max("min", e.args)
 
     def _min_max(self, name, args):
-        """Python's (and Triton's) builtin, or C++'s std:: one, two arguments at a time."""
+        """Python's builtin, Triton's tl.maximum/tl.minimum or C++'s std:: one, two arguments
+        at a time."""
+        if self.triton:
+            text = self._print(args[0])
+            for a in args[1:]:
+                text = f"tl.{name}imum({text}, {self._print(a)})"
+            return text
         if self.floordiv == "//":
             return f"{name}({', '.join(self._print(a) for a in args)})"
         text = self._print(args[0])

@@ -262,7 +262,7 @@ class TritonWriter(KernelWriter):
         per-dimension arithmetic is left for it, as in Inductor's kernels."""
         if self.flat is not None and index.terms == self.flat.terms:
             return "xindex" if index.const == 0 else f"xindex + {Index({}, index.const).render(ir.TRITON)}"
-        return index.render("//")
+        return index.render(ir.TRITON)
 
     def assign(self, var, expr):
         return f"{var} = {expr}"
