@@ -17,7 +17,7 @@ import pytest
 import torch
 
 import minicompile
-from test_capture_control import assert_same
+from test_capture_control import _outcome, assert_same
 
 
 def quiet_break():
@@ -2443,3 +2443,86 @@ def test_a_write_through_a_functions_dict_is_seen_by_its_attribute_reads():
         got = minicompile.compile(writes_a_functions_dict, backend="eager")(x)
     assert_same(got, x * 7)
     assert scaled_by_its_attribute.scale == 7
+
+
+class _Lazy:
+    """A non-data descriptor with a Python __get__ that caches into the instance (torch.distributions'
+    lazy_property, many packages' cached attributes)."""
+    def __init__(self, fn):
+        self.fn = fn
+
+    def __get__(self, instance, owner=None):
+        if instance is None:
+            return self
+        value = self.fn(instance)
+        setattr(instance, self.fn.__name__, value)
+        return value
+
+
+class _Scaled:
+    def __init__(self, k):
+        self.k = k
+
+    @_Lazy
+    def factor(self):
+        return self.k * 2
+
+
+def test_a_python_descriptor_is_traced_and_its_class_guarded():
+    """Its __get__ runs in the trace, on an object made in the frame and on one passed in (whose
+    instance attribute it sets, after the graph, as eager does); replacing it on the class is
+    seen."""
+    def f(x, s):
+        return x * _Scaled(5).factor + s.factor
+    compiled, x = minicompile.compile(f), torch.randn(3)
+    minicompile.metrics.reset()
+    for k in (3, 4):
+        mine, theirs = _Scaled(k), _Scaled(k)
+        assert_same(compiled(x, mine), f(x, theirs))
+        assert vars(mine) == vars(theirs)
+    assert minicompile.metrics.graph_breaks == 0
+    again = _Scaled(3)
+    compiled(x, again)                      # (sets again.factor, as eager's first read does)
+    again.factor = 100.0
+    assert_same(compiled(x, again), f(x, again))
+    old = _Scaled.__dict__["factor"]
+    try:
+        _Scaled.factor = _Lazy(lambda self: self.k * 10)
+        _Scaled.factor.fn.__name__ = "factor"
+        assert_same(compiled(x, _Scaled(4)), f(x, _Scaled(4)))
+    finally:
+        _Scaled.factor = old
+
+
+@pytest.mark.parametrize("name", ["normal", "categorical", "bernoulli", "multivariate_normal", "independent",
+                                  "invalid_scale", "kl_divergence"])
+def test_torch_distributions_are_made_in_the_graph(name):
+    """torch.distributions objects made in the frame (lazy properties, constraints, their
+    arguments validated as eager validates them: a check in the graph): no graph break, eager's
+    values, and eager's ValueError for an invalid argument."""
+    D = torch.distributions
+    fns = {
+        "normal": lambda x: (lambda d: (d.log_prob(x), d.entropy(), d.cdf(x)))(D.Normal(x.mean(), x.std() + 0.1)),
+        "categorical": lambda x: (lambda d: (d.log_prob(torch.zeros(x.shape[:-1], dtype=torch.long)), d.entropy(),
+                                             d.probs))(D.Categorical(logits=x)),
+        "bernoulli": lambda x: (lambda d: (d.log_prob((x > 0).float()), d.entropy(), d.mean))(
+            D.Bernoulli(probs=torch.sigmoid(x))),
+        "multivariate_normal": lambda x: D.MultivariateNormal(x[0], scale_tril=torch.eye(x.shape[-1]) * 2).log_prob(x),
+        "independent": lambda x: D.Independent(D.Laplace(x, torch.ones_like(x)), 1).log_prob(x * 0.5),
+        "invalid_scale": lambda x: D.Normal(x, x.abs() - 10).log_prob(x),
+        # (its registry is a dict keyed by pairs of classes)
+        "kl_divergence": lambda x: D.kl_divergence(D.Normal(x, 1.0), D.Normal(x * 0, 2.0)),
+    }
+    fn = fns[name]
+    compiled = minicompile.compile(fn)
+    minicompile.metrics.reset()
+    for shape in ((3, 4), (5, 4)):
+        x = torch.randn(shape)
+        want, got = _outcome(fn, x), _outcome(compiled, x)
+        assert got[0] == want[0]
+        if want[0] == "returned":      # (NaN where validation is off: importing TorchDynamo turns it off)
+            torch.testing.assert_close(got[1], want[1], equal_nan=True)
+        else:
+            assert got[1] == want[1]
+    if name != "invalid_scale":
+        assert minicompile.metrics.graph_breaks == 0

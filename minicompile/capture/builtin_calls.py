@@ -699,6 +699,14 @@ _BUILTIN_BASES = (object, dict, list, tuple, set, frozenset, str, int, float, ty
 _PYTHON_STDLIB_CLASSES = {contextlib._GeneratorContextManager, contextlib.suppress}
 
 
+def is_distribution(cls) -> bool:
+    """A torch.distributions class (Normal, Categorical..., and their constraints): Python
+    objects over tensors, made in the frame as a user's class is (their argument validation is
+    a branch to a raise, checked in the graph)."""
+    return isinstance(cls, type) and issubclass(cls, (torch.distributions.Distribution,
+                                                      torch.distributions.constraints.Constraint))
+
+
 def _is_plain_user_class(cls) -> bool:
     """A class written in Python whose instances are ordinary objects (no custom __new__, no
     metaclass, not a torch or builtin type; __slots__ are fine): safe to create inside the
@@ -707,7 +715,7 @@ def _is_plain_user_class(cls) -> bool:
         return False
     top = cls.__module__.split(".")[0]
     if (top in sys.stdlib_module_names or top in ("torch", "builtins", "numpy")) and \
-            cls not in _PYTHON_STDLIB_CLASSES:
+            cls not in _PYTHON_STDLIB_CLASSES and not is_distribution(cls):
         return False
     if issubclass(cls, (BaseException, torch.nn.Module, torch.Tensor, tuple, list, dict, set)):
         return False

@@ -33,7 +33,7 @@ from .bytecode import (BINARY_OPS, COMPARE_OPS, Instruction, current_version, de
                        handler_at)
 from .sources import (AttrSource, ClosureCellSource, ItemSource, LocalSource, Source,
                       module_member_source)
-from .builtin_calls import (_BUILTIN_HANDLERS, ContainerReadVariable, _builtin_type, _constant_state,
+from .builtin_calls import (_BUILTIN_HANDLERS, ContainerReadVariable, _builtin_type, _constant_state, is_distribution,
                             _custom_getattr, _is_none, attr_source, class_attr, python_method)
 from .output_graph import (SIZE_ARITHMETIC, TENSOR_CONSTANT_ATTRS, TENSOR_TENSOR_ATTRS, _MISSING,
                            OutputGraph, _is_internal_module_name)
@@ -535,6 +535,12 @@ class InstructionTranslator(CallsMixin):
                 python_method(type(obj.value), "__getattribute__") is not None:
             # (a private copy's own attribute logic runs on it for real, below)
             return self.user_getattribute(obj, name)
+        if isinstance(obj, UserObjectVariable) and name == "__dict__" and obj.source is None \
+                and obj.snapshot is None and DELETED not in obj.items.values() and \
+                class_attr(type(obj.value), "__dict__") is not None:
+            # an object made in the frame: its attributes, as a dict that is theirs (a write
+            # through either is seen through the other; a distribution's `name in self.__dict__`)
+            return DictVariable(obj.items)
         if isinstance(obj, UserObjectVariable):
             if obj.overrides.get(name) is DELETED:
                 raise self.observed(AttributeError(
@@ -638,7 +644,7 @@ class InstructionTranslator(CallsMixin):
         if isinstance(obj, (TorchFunctionVariable, UserFunctionVariable, TypeVariable)):
             if obj.value in (torch.Tensor,) and callable(getattr(torch.Tensor, name, None)):
                 return _UnboundTensorMethod(name)
-            if isinstance(obj, TypeVariable) and (not _torch_or_builtin(obj.value)
+            if isinstance(obj, TypeVariable) and (not _torch_or_builtin(obj.value) or is_distribution(obj.value)
                                                   or issubclass(obj.value, torch.nn.Module)
                                                   or isinstance(obj.value, enum.EnumMeta)):
                 # an attribute of a Python class (`type(self).forward`, an Enum's member, torch's
@@ -753,11 +759,30 @@ class InstructionTranslator(CallsMixin):
             return BoundMethodVariable(attr.__func__, self.output.wrap(type(obj.as_example()), None))
         if is_constant_value(attr) or source is not None and not hasattr(type(attr), "__get__"):
             return self.output.wrap(attr, attr_source(obj, name))
+        if source is None and isinstance(obj, UserObjectVariable) and is_distribution(type(obj.value)) \
+                and not hasattr(type(attr), "__get__"):
+            # data of torch's own class (a distribution's arg_constraints), read as torch's code
+            # reads its own modules: trusted, not guarded
+            return self.output.wrap(attr, None)
         if isinstance(attr, functools.cached_property) and isinstance(obj, UserObjectVariable):
             # computed once, into the instance's __dict__ (where a later read finds it first)
             value = self.inline_call(attr.func, [obj], {})
             self.store_attr(obj, attr.attrname or name, value)
             return value
+        get = python_method(type(attr), "__get__")
+        if get is not None and isinstance(obj, UserObjectVariable) and \
+                class_attr(type(attr), "__set__") is None and class_attr(type(attr), "__delete__") is None:
+            # a descriptor whose class's __get__ is Python (torch.distributions' lazy_property,
+            # a cache of the user's) and that sets nothing: its __get__, traced; an instance
+            # attribute of that name, read before, wins as in Python
+            cls = type(obj.value)
+            self.class_member(cls, name)
+            if source is not None and hasattr(obj.value, "__dict__"):
+                # (one set on the instance since, as lazy_property's __get__ does, hides it)
+                self.output.guards.not_own_attr(source, name, class_attr(cls, "__getattribute__") in (
+                    object.__getattribute__, torch.nn.Module.__getattribute__))
+            descriptor = self.output.wrap(attr, self.output.root_source(attr, f"descriptor_{name}"))
+            return self.inline_call(get, [descriptor, obj, self.output.wrap(cls, None)], {})
         if source is not None and not isinstance(obj, TypeVariable) and isinstance(attr, _PURE_DESCRIPTORS):
             # another descriptor (a __slots__ member, an Enum member's name and value): what it
             # gives the instance, read as Python reads it, and by the guard the same way

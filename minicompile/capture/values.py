@@ -106,6 +106,8 @@ def is_identity_key(k) -> bool:
     a function, a typing form (a dispatch table keyed by types, as huggingface_hub's field
     validators look theirs up), an Enum's member. Such a dict is held with its keys as they are; a key is looked
     up by what the variable stands for (dict_key)."""
+    if type(k) is tuple:            # (a pair of classes: torch.distributions' KL registry)
+        return all(is_constant_value(i) or is_identity_key(i) for i in k)
     return isinstance(k, (type, types.FunctionType, types.BuiltinFunctionType, types.UnionType,
                           types.GenericAlias, enum.Enum)) or is_typing_form(k)
 
@@ -119,6 +121,8 @@ def key_variable(k) -> "VariableTracker":
     """The variable for one of a dict's keys, read out of it (iteration, items())."""
     if is_constant_value(k):
         return ConstantVariable(k)
+    if type(k) is tuple and is_identity_key(k) and all(is_constant_value(i) or isinstance(i, type) for i in k):
+        return TupleVariable([ConstantVariable(i) if is_constant_value(i) else TypeVariable(i) for i in k])
     raise Unsupported(f"reading the keys of a dict keyed by {type(k).__name__} objects",
                       "only a dict's constant keys become variables")
 
@@ -967,4 +971,7 @@ def dict_key(v: VariableTracker):
     if isinstance(v, (TypeVariable, BuiltinVariable, UserFunctionVariable, UserObjectVariable)) \
             and value is not NO_KEY and is_identity_key(value):
         return value
+    if type(v) is TupleVariable:
+        keys = tuple(dict_key(i) for i in v.items)
+        return keys if NO_KEY not in keys else NO_KEY
     return NO_KEY
