@@ -2526,3 +2526,38 @@ def test_torch_distributions_are_made_in_the_graph(name):
             assert got[1] == want[1]
     if name != "invalid_scale":
         assert minicompile.metrics.graph_breaks == 0
+
+
+class _WithClassData:
+    scale = 2
+
+    def __init__(self):
+        self.k = 1
+
+
+def test_class_data_read_through_an_object_made_in_the_frame_is_guarded():
+    """`Foo().scale` where Foo is made in the frame: the class's attribute is guarded (it was
+    read with no place to guard it: `Foo.scale = 3` after compiling went unseen); a
+    distribution's `_validate_args` too (set_default_validate_args after compiling)."""
+    def f(x):
+        return x * _WithClassData().scale
+
+    def g(x):
+        return torch.distributions.Normal(x, x - 10).log_prob(x)
+    x = torch.ones(2)
+    compiled = minicompile.compile(f)
+    assert_same(compiled(x), f(x))
+    try:
+        _WithClassData.scale = 3
+        assert_same(compiled(x), f(x))
+    finally:
+        _WithClassData.scale = 2
+    validating = torch.distributions.Distribution._validate_args
+    try:
+        torch.distributions.Distribution.set_default_validate_args(False)
+        compiled = minicompile.compile(g)
+        assert _outcome(compiled, x)[0] == "returned"
+        torch.distributions.Distribution.set_default_validate_args(True)
+        assert _outcome(compiled, x) == _outcome(g, x) == ("ValueError", _outcome(g, x)[1])
+    finally:
+        torch.distributions.Distribution.set_default_validate_args(validating)

@@ -708,7 +708,8 @@ class InstructionTranslator(CallsMixin):
         a class of the user's (torch's are trusted), guarded to stay what it is
         (GuardBuilder.class_member)."""
         attr = class_attr(cls, name)
-        if attr is not None and not cls.__module__.startswith(("torch.", "builtins")):
+        # (a distribution's too: Distribution.set_default_validate_args(...) changes its class)
+        if attr is not None and (not cls.__module__.startswith(("torch.", "builtins")) or is_distribution(cls)):
             self.output.guards.class_member(cls, name, attr)
         return attr
 
@@ -758,6 +759,10 @@ class InstructionTranslator(CallsMixin):
         if isinstance(attr, classmethod):
             return BoundMethodVariable(attr.__func__, self.output.wrap(type(obj.as_example()), None))
         if is_constant_value(attr) or source is not None and not hasattr(type(attr), "__get__"):
+            if source is None and isinstance(obj, UserObjectVariable):
+                # (an object made in the frame: no place to read it through, so the class's own
+                # attribute is guarded to stay what it is: `Foo.scale = 3` after compiling)
+                self.class_member(type(obj.value), name)
             return self.output.wrap(attr, attr_source(obj, name))
         if source is None and isinstance(obj, UserObjectVariable) and is_distribution(type(obj.value)) \
                 and not hasattr(type(attr), "__get__"):
