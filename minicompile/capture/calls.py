@@ -1058,7 +1058,7 @@ class CallsMixin:
         cond, message = bound.get("cond"), bound.get("message", ConstantVariable(None))
         error = bound["error_type"].as_example() if "error_type" in bound else RuntimeError
         if not (isinstance(cond, TensorVariable) and cond.example.dtype == torch.bool
-                and not self.output.written_inputs):     # (as Translator.check_assertion)
+                and not self.output.written_inputs):     # (as Translator.branch_to_raise)
             return None
         exact = isinstance(message, ConstantVariable) and message.value is None and \
             custom_ops.CHECK_ERRORS.get(getattr(error, "__name__", None)) is error

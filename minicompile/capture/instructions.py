@@ -887,7 +887,7 @@ def _unary_not(tx, inst):
 def _to_bool(tx, inst):
     jump = tx.instructions[tx.pc]
     if jump.opname in ("POP_JUMP_IF_TRUE", "POP_JUMP_IF_FALSE") and \
-            (tx.checked_assertion(jump) is not None or tx.branch_to_raise(jump) is not None):
+            tx.branch_to_raise(jump) is not None:
         return         # (`assert t`, a branch to a raise: the tensor is checked in the graph, at the jump)
     v = tx.pop()
     tx.push(ConstantVariable(tx.truth(v, "TO_BOOL")))
@@ -1069,7 +1069,7 @@ def _unpack_ex(tx, inst):
 @handles("POP_JUMP_FORWARD_IF_FALSE", "POP_JUMP_BACKWARD_IF_FALSE", versions=[(3, 11)])
 @handles("POP_JUMP_IF_FALSE", versions=[(3, 12), (3, 13)])
 def _pop_jump_if_false(tx, inst):
-    if tx.check_assertion(inst) or tx.check_branch_to_raise(inst):
+    if tx.check_branch_to_raise(inst):
         return
     tx._cond_jump(inst, lambda v: not tx.truth(v, inst.opname))
 
@@ -1077,7 +1077,7 @@ def _pop_jump_if_false(tx, inst):
 @handles("POP_JUMP_FORWARD_IF_TRUE", "POP_JUMP_BACKWARD_IF_TRUE", versions=[(3, 11)])
 @handles("POP_JUMP_IF_TRUE", versions=[(3, 12), (3, 13)])
 def _pop_jump_if_true(tx, inst):
-    if tx.check_assertion(inst) or tx.check_branch_to_raise(inst):
+    if tx.check_branch_to_raise(inst):
         return
     tx._cond_jump(inst, lambda v: tx.truth(v, inst.opname))
 

@@ -1382,42 +1382,6 @@ class InstructionTranslator(CallsMixin):
             return (self.instructions[at + 1].argval,)
         return None
 
-    def failed_assertion(self, inst):
-        """The assertion (its message, as assertion_message) that the conditional jump `inst`
-        raises where its condition is false (an `and` of conditions jumps to the raise, the
-        last one passes over it), or None."""
-        if inst.opname.endswith("IF_TRUE"):
-            at = self.offset_to_index[inst.offset] + 1
-        elif inst.opname.endswith("IF_FALSE"):
-            at = self.offset_to_index[inst.argval]
-        else:
-            return None
-        return self.assertion_message(at)
-
-    def checked_assertion(self, inst):
-        """The assertion (as failed_assertion) that the jump `inst` on the value atop the stack
-        makes, where the graph can check it: a one-element tensor of the trace, and no write
-        into an input so far (a failed check would leave it unwritten); else None."""
-        v = self.stack[-1]
-        if not isinstance(v, TensorVariable) or v.example.numel() != 1 or self.output.written_inputs:
-            return None
-        return self.failed_assertion(inst)
-
-    def check_assertion(self, inst) -> bool:
-        """`assert t` on a tensor's value, at a jump to or past the raise (`inst`: a false `t`
-        raises; checked_assertion): a check in the graph that raises AssertionError as the
-        assert does (custom_ops.check), and the trace goes on as if `t` held, where a branch on
-        the tensor would break the graph."""
-        found = self.checked_assertion(inst)
-        if found is None:
-            return False
-        v = self.pop()
-        self.output.call("call_function", custom_ops.check,
-                         [v, ConstantVariable("AssertionError"), ConstantVariable(found[0])], {})
-        if inst.opname.endswith("IF_TRUE"):
-            self.jump_to(inst)
-        return True
-
     def raises_from(self, at: int, limit: int = 400) -> bool:
         """Whether the instructions from index `at` run straight into a `raise` (no jump, loop,
         return or yield on the way): the side of a branch that a frame takes only to raise."""
@@ -1428,39 +1392,48 @@ class InstructionTranslator(CallsMixin):
                 return False
         return False
 
-    def branch_to_raise(self, inst) -> Optional[bool]:
-        """The truth that the tensor atop the stack must have for the forward jump `inst` to
-        take the side that does not raise, where the other side runs straight into a `raise`
-        (`if not ok.all(): raise ValueError(f"... {x}")`; `if torch.isnan(x).any(): raise`): a
-        one-element tensor of the trace, and no write into an input so far (the frame runs
-        again from the graph's start where the check fails). None where it is not so."""
+    def branch_to_raise(self, inst) -> Optional[Tuple[bool, Optional[tuple]]]:
+        """Where the jump `inst` on the tensor atop the stack has a side that runs
+        straight into a `raise` (`assert t, "msg"`; `if not ok.all(): raise ValueError(f"...
+        {x}")`; `if torch.isnan(x).any(): raise`), and the graph can check the tensor (one
+        element, of the trace; no write into an input so far, which a failed check would leave
+        unmade): (the truth it must have for the other side, the assert's constant message as
+        assertion_message gives it, or None for any other raise). None where it is not so."""
         v = self.stack[-1]
         if not isinstance(v, TensorVariable) or v.example.numel() != 1 or self.output.written_inputs \
-                or not isinstance(inst.argval, int) or inst.argval <= inst.offset:
+                or not isinstance(inst.argval, int):
             return None
-        if config.cudagraphs and v.example.device.type == "cuda":
-            return None        # (a check waits for the GPU, which no CUDA graph records: a break
-            #                    leaves the graphs on either side to record)
         jump_on = inst.opname.endswith("IF_TRUE")
-        if self.raises_from(self.offset_to_index[inst.offset] + 1):
-            return jump_on
-        if self.raises_from(self.offset_to_index[inst.argval]):
-            return not jump_on
-        return None
+        through = self.offset_to_index[inst.offset] + 1
+        if self.raises_from(through):            # (the jump may be a loop's, back to its start)
+            needed, at = jump_on, through
+        elif inst.argval > inst.offset and self.raises_from(self.offset_to_index[inst.argval]):
+            needed, at = not jump_on, self.offset_to_index[inst.argval]
+        else:
+            return None
+        assertion = self.assertion_message(at)
+        if assertion is None and config.cudagraphs and v.example.device.type == "cuda":
+            return None        # (checked there, a failure waits for the GPU, which no CUDA graph
+            #                    records: a break leaves the graphs on either side to record)
+        return needed, assertion
 
     def check_branch_to_raise(self, inst) -> bool:
         """A branch on a tensor's value whose other side raises (branch_to_raise): a check in
-        the graph that the value is as the side taken needs (custom_ops.check with
-        RaisingPathTaken), and the trace goes on along that side, where the branch would break
-        the graph. A failed check runs the frame again from the graph's start as Python
-        (Segment.run), which raises what eager raises, with eager's message."""
-        needed = self.branch_to_raise(inst)
-        if needed is None:
+        the graph that the value is as the side taken needs (custom_ops.check), and the trace
+        goes on along that side, where the branch would break the graph. An assert of a
+        constant message raises its AssertionError from the check; any other raise is
+        RaisingPathTaken: the frame runs again from the graph's start as Python (Segment.run),
+        which raises what eager raises, with eager's message."""
+        found = self.branch_to_raise(inst)
+        if found is None:
             return False
+        needed, assertion = found
         v = self.pop()
         cond = v if needed else self.output.call("call_function", torch.logical_not, [v], {})
+        error, message = ("AssertionError", assertion[0]) if assertion is not None else \
+            (custom_ops.RaisingPathTaken.__name__, None)
         self.output.call("call_function", custom_ops.check,
-                         [cond, ConstantVariable(custom_ops.RaisingPathTaken.__name__), ConstantVariable(None)], {})
+                         [cond, ConstantVariable(error), ConstantVariable(message)], {})
         if needed == inst.opname.endswith("IF_TRUE"):
             self.jump_to(inst)
         return True
