@@ -133,6 +133,15 @@ def divides(k, v) -> "int | sympy.Expr | None":
 _SIMPLIFIED: dict = {}        # (Index, ranges) -> Index.simplified
 
 
+# a size computed through a float (interpolate's floor(size * scale)), in double precision as
+# PyTorch computes it: each conversion as (Triton, Python, C) write it
+_CONVERSIONS = {
+    "ToFloat": ("({}).to(tl.float64)", "float({})", "static_cast<double>({})"),
+    "TruncToInt": ("({}).to(tl.int64)", "int({})", "static_cast<int64_t>({})"),
+    "FloorToInt": ("tl.floor({}).to(tl.int64)", "int(({}) // 1)", "static_cast<int64_t>(std::floor({}))"),
+}
+
+
 class _SizePrinter(sympy.printing.str.StrPrinter):
     """Sizes as C / Python integer expressions: products instead of powers, floor division
     and max/min spelled per language (all sizes are non-negative, where C's / is floor
@@ -147,31 +156,16 @@ class _SizePrinter(sympy.printing.str.StrPrinter):
     def _print(self, expr, **kwargs):
         # torch's FloorDiv and Mod print themselves (`a//b`); C needs its own spelling
         name = "FloorDiv" if type(expr).__name__ == "CleanDiv" else type(expr).__name__   # (exact)
-        if name in ("FloorDiv", "Mod", "PythonMod", "CeilToInt", "TruncToInt", "FloorToInt", "ToFloat"):
+        if name in ("FloorDiv", "Mod", "PythonMod", "CeilToInt"):
             return getattr(self, f"_print_{name}")(expr)
+        if name in _CONVERSIONS:
+            triton, python, c = _CONVERSIONS[name]
+            spelling = triton if self.triton else python if self.floordiv == "//" else c
+            return spelling.format(self._print(expr.args[0]))
         return super()._print(expr, **kwargs)
 
-    # a size computed through a float (interpolate's floor(size * scale)), in double precision
-    # as PyTorch computes it (a Triton kernel's float constants made float64 from the double)
-    def _print_ToFloat(self, e):
-        inner = self._print(e.args[0])
-        if self.triton:
-            return f"({inner}).to(tl.float64)"
-        return f"float({inner})" if self.floordiv == "//" else f"static_cast<double>({inner})"
-
-    def _print_TruncToInt(self, e):
-        inner = self._print(e.args[0])
-        if self.triton:
-            return f"({inner}).to(tl.int64)"
-        return f"int({inner})" if self.floordiv == "//" else f"static_cast<int64_t>({inner})"
-
-    def _print_FloorToInt(self, e):
-        inner = self._print(e.args[0])
-        if self.triton:
-            return f"tl.floor({inner}).to(tl.int64)"
-        return f"int(({inner}) // 1)" if self.floordiv == "//" else f"static_cast<int64_t>(std::floor({inner}))"
-
     def _print_Float(self, e):
+        # (a Triton kernel's float constant made float64 from the double, not float32)
         return f"tl.full([], {float(e)!r}, tl.float64)" if self.triton else repr(float(e))
 
     def _print_CeilToInt(self, e):
@@ -210,16 +204,12 @@ class _SizePrinter(sympy.printing.str.StrPrinter):
     def _min_max(self, name, args):
         """Python's builtin, Triton's tl.maximum/tl.minimum or C++'s std:: one, two arguments
         at a time."""
-        if self.triton:
-            text = self._print(args[0])
-            for a in args[1:]:
-                text = f"tl.{name}imum({text}, {self._print(a)})"
-            return text
-        if self.floordiv == "//":
+        if self.floordiv == "//" and not self.triton:
             return f"{name}({', '.join(self._print(a) for a in args)})"
+        pair = f"tl.{name}imum" if self.triton else f"std::{name}<int64_t>"
         text = self._print(args[0])
         for a in args[1:]:
-            text = f"std::{name}<int64_t>({text}, {self._print(a)})"
+            text = f"{pair}({text}, {self._print(a)})"
         return text
 
 

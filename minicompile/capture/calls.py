@@ -534,8 +534,8 @@ class CallsMixin:
     def inline_cached(self, cached, args, kwargs, owner, why: str) -> VariableTracker:
         """A cached function's call that cannot be a constant of the trace (its arguments are
         not constants: sizes of the trace; or it returns an object, einops' recipes): the
-        function it wraps, traced as any, as Dynamo does. Its cache is neither read nor
-        filled. That is eager's result where the function is pure: one that changes anything
+        function it wraps, traced as any, as Dynamo does: the compiled calls neither read nor
+        fill its cache. That is eager's result where the function is pure: one that changes anything
         from outside the frame, draws random numbers or writes a tensor it was given would do
         so once where eager's cache would not call it again, so it runs as Python, at a graph
         break, from its cache (`why`: what kept it from being a constant)."""
@@ -548,7 +548,7 @@ class CallsMixin:
             any(v is e for e in out.side_effects) for v, _ in out.undo_log[mark:])
         drawn = any(ir.draws_random_numbers(n) for n in list(out.graph.nodes)[nodes:])
         if changed or drawn:
-            raise self.unsupported(f"call to cached function {name} {why}".rstrip(),
+            raise self.unsupported(f"call to cached function {name} {why}",
                                    "traced, it " + ("changes state outside the frame" if changed else
                                                     "draws random numbers") +
                                    ", which eager's cache would not do again: run as Python, at a graph break")
