@@ -33,7 +33,7 @@ import itertools
 import math
 import warnings
 from dataclasses import dataclass, field
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Optional, Sequence
 
 import sympy
 import torch
@@ -142,6 +142,10 @@ _CONVERSIONS = {
 }
 
 
+# the size functions whose value is a double
+_FLOAT_VALUED = {"ToFloat", "IntTrueDiv", "FloatTrueDiv", "FloatPow", "OpaqueUnaryFn_sqrt"}
+
+
 class _SizePrinter(sympy.printing.str.StrPrinter):
     """Sizes as C / Python integer expressions: products instead of powers, floor division
     and max/min spelled per language (all sizes are non-negative, where C's / is floor
@@ -156,7 +160,8 @@ class _SizePrinter(sympy.printing.str.StrPrinter):
     def _print(self, expr, **kwargs):
         # torch's FloorDiv and Mod print themselves (`a//b`); C needs its own spelling
         name = "FloorDiv" if type(expr).__name__ == "CleanDiv" else type(expr).__name__   # (exact)
-        if name in ("FloorDiv", "Mod", "PythonMod", "CeilToInt"):
+        if name in ("FloorDiv", "Mod", "PythonMod", "CeilToInt", "IntTrueDiv", "FloatTrueDiv", "FloatPow",
+                    "OpaqueUnaryFn_sqrt"):
             return getattr(self, f"_print_{name}")(expr)
         if name in _CONVERSIONS:
             triton, python, c = _CONVERSIONS[name]
@@ -176,6 +181,34 @@ class _SizePrinter(sympy.printing.str.StrPrinter):
             raise NotImplementedError(f"size expression {e}")
         a, b = (self._print(x) for x in inner.args)
         return f"((({a}) + ({b}) - 1) {self.floordiv} ({b}))"
+
+    def _print_IntTrueDiv(self, e):
+        # a / b with a float result (`n / 4` in the code), as Python computes it: in doubles
+        return f"({self._double(e.args[0])} / {self._double(e.args[1])})"
+
+    _print_FloatTrueDiv = _print_IntTrueDiv
+
+    def _print_FloatPow(self, e):
+        # n ** 0.5 of a size (a patch grid's side), as Python's and C's pow compute it (a GPU's
+        # pow is not correctly rounded; its sqrt is)
+        base, exp = e.args
+        if self.triton:
+            return f"libdevice.sqrt({self._double(base)})" if exp == 0.5 else \
+                f"libdevice.pow({self._double(base)}, {self._double(exp)})"
+        spelling = "(({}) ** ({}))" if self.floordiv == "//" else "std::pow({}, {})"
+        return spelling.format(self._double(base), self._double(exp))
+
+    def _double(self, x) -> str:
+        """x as a double (a number a literal, else converted)."""
+        if x.is_number:
+            return self._print_Float(sympy.Float(x))
+        return self._print(x) if x.is_Function and type(x).__name__ in _FLOAT_VALUED else \
+            _CONVERSIONS["ToFloat"][0 if self.triton else 1 if self.floordiv == "//" else 2].format(self._print(x))
+
+    def _print_OpaqueUnaryFn_sqrt(self, e):
+        spelling = "libdevice.sqrt({})" if self.triton else "math.sqrt({})" if self.floordiv == "//" \
+            else "std::sqrt({})"
+        return spelling.format(self._double(e.args[0]))
 
     def _print_Pow(self, e):
         base, exp = e.args
@@ -922,6 +955,7 @@ class ScalarInput:
     with ops.scalar_arg."""
     name: str                     # the graph input (arg3)
     scalar: str                   # the kernel argument (scalar0)
+    rounded_to: Optional[torch.dtype] = None    # taken as a number of this dtype (see _number_as)
 
 
 @dataclass(eq=False)

@@ -5,6 +5,7 @@ so a new size runs the same compiled code: no new trace, no new kernel. Each tes
 result against eager on fresh random inputs and counts compiles, against torch.compile's count
 on the same sequence where the two should agree.
 """
+import math
 import re
 import warnings
 
@@ -279,6 +280,79 @@ def test_interpolation_by_a_float_scale_at_dynamic_sizes(kernel_backend, resize,
             got.sin().sum().backward()
             want.sin().sum().backward()
             torch.testing.assert_close(x.grad, x2.grad, rtol=1e-4, atol=1e-5)
+
+
+def patch_grid_and_scales(x):
+    """What diffusers' DiT and positional embeddings compute from a sequence length."""
+    b, n = x.shape
+    side = int(n ** 0.5)                                   # a patch grid's side
+    grid = torch.arange(side, dtype=torch.float32, device=x.device) / (side / 4)
+    y = x[:, : side * side].reshape(b, side, side) + grid
+    half = x[:, : int(n / 2)] * (n / 2 + 1.5) - 1 / n       # a float of the sizes as a number
+    return y / math.sqrt(n), half * -(n / n - 1), x * math.floor(n / 3) + math.ceil(n / 3)
+
+
+def test_floats_computed_from_sizes_stay_symbolic(kernel_backend):
+    """`n / 4`, `int(n / 2)`, `math.floor(n / 3)`, `n ** 0.5`, `math.sqrt(n)` of a dynamic size:
+    a float (or an int made of one) the graph computes from the sizes as Python does, not a
+    graph per size; TorchDynamo makes them SymFloats. Its -0.0 too (a negated zero)."""
+    calls = [(randn(3, n),) for n in (9, 16, 25, 36, 49)]
+    assert our_compiles(patch_grid_and_scales, calls) == 2
+    x = randn(3, 30)
+    assert torch.signbit(minicompile.compile(patch_grid_and_scales)(x)[1]).any()
+
+
+
+def test_floats_computed_from_sizes_in_training(kernel_backend):
+    """The backward computes them again from the sizes it is handed (partition: size
+    arithmetic is recomputed, never saved), and its kernels are generated."""
+    def f(x, w):
+        b, n = x.shape
+        side = int(n ** 0.5)
+        y = x[:, : side * side].reshape(b, side, side) * (side / 4) + w[:side, :side]
+        return (y / math.sqrt(n)).sin().sum() + (x * -(n / 3 - 1.5)).cos().mean() + (x[:, : int(n / 2)] ** 2).sum() / n
+    compiled = minicompile.compile(f)
+    for n in (9, 16, 25, 36):
+        x, w = randn(3, n).requires_grad_(), randn(8, 8).requires_grad_()
+        x2, w2 = (t.detach().clone().requires_grad_() for t in (x, w))
+        compiled(x, w).backward()
+        f(x2, w2).backward()
+        assert_same((x.grad, w.grad), (x2.grad, w2.grad))
+    assert minicompile.metrics.graphs == 2 and minicompile.metrics.backward_kernels > 0
+
+def branches_on_a_float_of_a_size(x):
+    n = x.shape[-1]
+    if n / 4 > 2.5:                     # (n = 10 is 2.5: False, at the boundary)
+        return x * (n / 4)
+    return x - n / 3
+
+
+def test_a_branch_on_a_float_of_a_size_is_guarded_as_the_code_computes_it(kernel_backend):
+    compiled = minicompile.compile(branches_on_a_float_of_a_size)
+    for n in (8, 12, 10, 20, 7, 11):
+        x = randn(2, n)
+        assert_same(compiled(x), branches_on_a_float_of_a_size(x))
+    assert minicompile.metrics.graphs == 3
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_a_float_of_sizes_meets_a_half_precision_tensor_as_a_number_does(kernel_backend, dtype):
+    """x + n / 7 with x in bfloat16: eager's CPU kernel takes the number as a bfloat16 first
+    (as a constant number is taken); x * (n / 3) as it is."""
+    def f(x):
+        n = x.shape[-1]
+        return x + n / 7, x * (n / 3), x > n / 9, x.float() / (n / 3)
+    calls = [(randn(3, n, dtype=dtype),) for n in (8, 12, 20, 28)]
+    assert our_compiles(f, calls, dtype=dtype) == 2
+
+
+def test_arithmetic_on_a_dynamic_float_keeps_it_an_input(kernel_backend):
+    """lr * 0.5, -lr, lr / 3 of a float that changes (a schedule's learning rate): the graph
+    computes them from the input, so a new value is no new graph."""
+    def f(x, lr):
+        return x * (lr * 0.5) - lr / 3 + (-lr)
+    calls = [(randn(5), lr) for lr in (0.1, 0.05, 0.025, 0.0125, 0.5)]
+    assert our_compiles(f, calls) == torch_compiles(f, calls) == 2
 
 
 def test_slices_from_the_end_by_a_dynamic_size(kernel_backend):

@@ -158,7 +158,8 @@ def _size_arithmetic(node: torch.fx.Node) -> bool:
     """Arithmetic on sizes the graph is generic in (dynamic shapes: a batch norm's n / (n - 1)),
     which the backward computes again from the sizes it is handed, rather than be handed a float."""
     return isinstance(node.meta.get("val"), (torch.SymInt, torch.SymFloat, torch.SymBool)) and (
-        getattr(node.target, "__module__", None) == "_operator" or node.target is torch.sym_float)
+        getattr(node.target, "__module__", None) in ("_operator", "math")
+        or node.target in (torch.sym_float, torch._sym_sqrt))
 
 
 # reductions read their input where they compute it (fused into their kernel): what they read

@@ -14,6 +14,7 @@ import dataclasses
 import functools
 import inspect
 import itertools
+import math
 import operator
 import sys
 import types
@@ -223,9 +224,8 @@ def _builtin_const(fn):
             text = tx.object_text(args[0], fn.__name__)      # a Python class's __str__/__repr__
             if text is not None:
                 return text
-        if fn is int and len(args) == 1 and not kwargs and isinstance(args[0], SymIntVariable) \
-                and type(args[0].example) is int:
-            return args[0]                      # int(T): the size itself, still symbolic
+        if fn in (int, float) and len(args) == 1 and not kwargs and isinstance(args[0], SymIntVariable):
+            return number_conversion(tx, fn, args[0])
         if fn in (set, frozenset) and len(args) <= 1 and not kwargs:
             # (a set is the frame's own, changed in place: never a constant, which the graph's
             # every call would hand out as one object)
@@ -241,6 +241,23 @@ def _builtin_const(fn):
         raise tx.unsupported(f"builtin {fn.__name__}() on non-constant arguments",
                              hint="it would need the tensor's values")
     return impl
+
+
+# A float made an int (`int(n / 2)`, `math.floor(h * scale)`): the size it gives stays symbolic
+FLOAT_TO_INT = {int: math.trunc, math.trunc: math.trunc, math.floor: math.floor, math.ceil: math.ceil}
+
+
+def number_conversion(tx, fn, v: SymIntVariable) -> VariableTracker:
+    """int(T), float(T), int(n / 2), math.floor(h * scale) of a symbolic number: still symbolic
+    (int of a float a graph node; the conversion of a number to its own type the number itself)."""
+    if fn is type(v.example) or fn in (math.floor, math.ceil, math.trunc) and type(v.example) is int:
+        return v
+    if fn is float:
+        return tx.output.sym_arith(torch.sym_float, v)
+    if any(type(getattr(d.node, "meta", {}).get("example_value")) is float for d in v.deps):
+        # an int of a float input (int(lr * 10)): not a size the backend can compute
+        return ConstantVariable(fn(v.as_example()))
+    return tx.output.sym_arith(FLOAT_TO_INT[fn], v)
 
 
 def _builtin_print(tx, args, kwargs):

@@ -13,6 +13,7 @@ import dataclasses
 import enum
 import functools
 import inspect
+import math
 import operator
 import sys
 import types
@@ -30,9 +31,9 @@ from .autograd_function import call_apply, is_apply
 from .breaks import ObservedException, Unsupported, never_traced
 from .bytecode import BINARY_OPS, COMPARE_OPS
 from .sources import AttrSource, HelperSource, ItemSource, RootSource, module_member_source
-from .builtin_calls import (_BUILTIN_HANDLERS, _COMPILING_QUERIES, ContainerReadVariable, class_attr, python_method, sort_order,
-                            _builtin_dict, _constant_state, _is_none, _is_plain_user_class,
-                            _runs_for_real)
+from .builtin_calls import (_BUILTIN_HANDLERS, _COMPILING_QUERIES, FLOAT_TO_INT, ContainerReadVariable, class_attr,
+                            python_method, sort_order, _builtin_dict, _constant_state, _is_none,
+                            _is_plain_user_class, _runs_for_real, number_conversion)
 from .output_graph import _is_internal_module_name
 from .values import (BaseListVariable, BoundMethodVariable, BuiltinVariable, ConstantMethodVariable,
                      AutocastVariable, ConstantVariable, DictVariable, DictViewVariable, ExceptionInitVariable,
@@ -41,7 +42,7 @@ from .values import (BaseListVariable, BoundMethodVariable, BuiltinVariable, Con
                      IteratorVariable, ListVariable, ModuleSliceVariable, ModelOutputVariable, NamedTupleVariable,
                      NestedFunctionVariable, NNModuleVariable, NullVariable, ObjectMethodVariable,
                      OpaqueConstantVariable, OperatorGetterVariable, PartialVariable,
-                     SetVariable, SuperVariable, TensorMethodVariable, TensorVariable,
+                     SetVariable, SuperVariable, SymIntVariable, TensorMethodVariable, TensorVariable,
                      TorchFunctionVariable, TupleVariable, TypeVariable, UserFunctionVariable,
                      UserObjectVariable, VariableTracker, WithExitVariable, _constant_result, _hashable,
                      _DictFromKeys, _NoOpCallable, _UnboundConstantMethod, _UnboundTensorMethod, example_of, is_constant_value,
@@ -205,6 +206,12 @@ class CallsMixin:
                                    "made at a graph break it would read minicompile's frame")
             err.own_frame = True
             raise err
+        if _hashable(real) and real in FLOAT_TO_INT and len(args) == 1 and not kwargs and \
+                isinstance(args[0], SymIntVariable):
+            return number_conversion(self, real, args[0])      # math.floor(n / 2): still a size
+        if real is math.sqrt and len(args) == 1 and not kwargs and isinstance(args[0], SymIntVariable) and \
+                self.output.sym_compare(operator.ge, args[0], ConstantVariable(0)):
+            return out.sym_arith(torch._sym_sqrt, args[0])            # math.sqrt(n): a float, symbolic
         if not out.inline_user_calls and self.parent is None and isinstance(
                 fn, (UserFunctionVariable, BoundMethodVariable, NestedFunctionVariable)) \
                 or not out.inline_user_calls and self.parent is None and isinstance(fn, NNModuleVariable) \

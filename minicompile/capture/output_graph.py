@@ -82,6 +82,11 @@ SIZE_ARITHMETIC = {"+": operator.add, "+=": operator.add, "-": operator.sub, "-=
                    "//=": operator.floordiv, "%": operator.mod, "%=": operator.mod}
 
 
+# Arithmetic whose result is a float, on sizes and float inputs (`n / 4`, `lr * 0.5`): a graph
+# node, which the backend computes from the sizes as Python would (lowering's scalar_arithmetic)
+FLOAT_ARITHMETIC = {"+": operator.add, "+=": operator.add, "-": operator.sub, "-=": operator.sub,
+                    "*": operator.mul, "*=": operator.mul, "/": operator.truediv, "/=": operator.truediv}
+
 # Ops that give a list of tensors as long as a size says (x.split(2)): with dynamic shapes they
 # specialize the sizes of what they split
 SIZED_OUTPUTS = {"split": 2, "chunk": 2, "tensor_split": 2, "unsafe_split": 2, "unsafe_chunk": 2,
@@ -986,25 +991,51 @@ class OutputGraph:
         return answer
 
     def _float_compare(self, op, a: VariableTracker, b: VariableTracker) -> Optional[bool]:
-        """A comparison of a float graph input (`if weight_decay != 0`) with a number or another
-        one: the example's answer, and a guard that the comparison still gives it (the float
-        stays a graph input). None where a side is neither (the caller specializes)."""
-        sides = []
-        for v in (a, b):
-            if isinstance(v, SymIntVariable) and v.proxy.node.op == "placeholder":
-                sides.append(v.proxy.node.meta["source_expr"])
-            elif isinstance(v, ConstantVariable) and not isinstance(v, SymIntVariable) and \
-                    type(v.value) in (int, float) and math.isfinite(v.value):
-                sides.append(repr(v.value))
-            else:
-                return None
+        """A comparison of a float computed from sizes or float inputs (`if n / 4 > 2.5`,
+        `if weight_decay != 0`) with a number or another one: the example's answer, and a guard
+        that the comparison still gives it, its float arithmetic written in the order the code
+        did it (so to the bit as the code computes it). None where a side is neither (the caller
+        specializes)."""
         symbol = COMPARE_SYMBOLS.get(op)
-        if symbol is None:
+        sides = [self._number_text(v) for v in (a, b)]
+        if symbol is None or None in sides:
             return None
         answer = bool(op(example_of(a), example_of(b)))
         text = f"({sides[0]} {symbol} {sides[1]})"
         self.guards.shape_condition(text if answer else f"not {text}", text)
         return answer
+
+    def _number_text(self, v) -> Optional[str]:
+        """A number of the trace (a variable, a graph node or a constant) as Python over the
+        frame's inputs: a float input by its source, float arithmetic node by node, an integer
+        size by its expression in the sizes; None where it cannot be written so."""
+        if isinstance(v, SymIntVariable):
+            v = v.proxy.node
+        elif isinstance(v, ConstantVariable):
+            v = v.value
+        if not isinstance(v, torch.fx.Node):
+            return repr(v) if type(v) in (int, float) and math.isfinite(v) else None
+        example = v.meta.get("example_value")
+        if type(example) is int:
+            try:
+                fake = self._fake_value(v)
+            except Exception:
+                return None
+            return repr(fake) if type(fake) is int else self._shape_condition_text(fake.node.expr)
+        if type(example) is not float:
+            return None
+        if v.op == "placeholder":
+            return v.meta["source_expr"]
+        operands = [self._number_text(a) for a in v.args]
+        if None in operands or v.kwargs:
+            return None
+        if v.target is operator.neg:
+            return f"(-{operands[0]})"
+        if v.target is torch._sym_sqrt:
+            return f"math.sqrt({operands[0]})"
+        symbol = {operator.add: "+", operator.sub: "-", operator.mul: "*", operator.truediv: "/",
+                  operator.pow: "**"}.get(v.target)
+        return f"({operands[0]} {symbol} {operands[1]})" if symbol else None
 
     def _sym_fake(self, v: VariableTracker):
         if isinstance(v, SymIntVariable):
@@ -1032,18 +1063,18 @@ class OutputGraph:
             names[sym] = sympy.Symbol(f"{expr_src}.size({src.idx})" if hasattr(src, "idx") else expr_src)
         return PythonPrinter().doprint(expr.xreplace(names))
 
-    def sym_arith(self, op, a: VariableTracker, b: VariableTracker) -> VariableTracker:
-        """Integer arithmetic on sizes, at least one of them symbolic: a graph node."""
+    def sym_arith(self, op, *operands: VariableTracker) -> VariableTracker:
+        """Arithmetic on sizes (or float inputs), at least one of them symbolic: a graph node."""
         try:
-            example = op(example_of(a), example_of(b))
+            example = op(*map(example_of, operands))
         except ArithmeticError as e:        # (n // 0): the trace now depends on the values
-            for v in (a, b):
+            for v in operands:
                 if isinstance(v, SymIntVariable):
                     v.as_example()           # static, guarded by value
             raise self.tx.observed(e) from None
-        proxy = self.tracer.create_proxy("call_function", op, (a.as_proxy(), b.as_proxy()), {})
+        proxy = self.tracer.create_proxy("call_function", op, tuple(v.as_proxy() for v in operands), {})
         self._set_meta(proxy.node, example)
-        deps = [t for v in (a, b) if isinstance(v, SymIntVariable) for t in v.deps]
+        deps = [t for v in operands if isinstance(v, SymIntVariable) for t in v.deps]
         return SymIntVariable(proxy, example, deps, self.specialize_sizes)
 
     def lift(self, proxies):

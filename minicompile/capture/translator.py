@@ -20,6 +20,7 @@ import collections.abc
 import enum
 import functools
 import inspect
+import math
 import operator
 import types
 from typing import Any, Callable, Dict, List, Optional, Tuple
@@ -35,7 +36,7 @@ from .sources import (AttrSource, ClosureCellSource, ItemSource, LocalSource, So
                       module_member_source)
 from .builtin_calls import (_BUILTIN_HANDLERS, ContainerReadVariable, _builtin_type, _constant_state, is_distribution,
                             _custom_getattr, _is_none, attr_source, class_attr, python_method)
-from .output_graph import (SIZE_ARITHMETIC, TENSOR_CONSTANT_ATTRS, TENSOR_TENSOR_ATTRS, _MISSING,
+from .output_graph import (FLOAT_ARITHMETIC, SIZE_ARITHMETIC, TENSOR_CONSTANT_ATTRS, TENSOR_TENSOR_ATTRS, _MISSING,
                            OutputGraph, _is_internal_module_name)
 from .values import (DELETED, NULL, BaseListVariable, BoundArgumentsVariable, BoundMethodVariable, BuiltinVariable,
                      CallableVariable, ClosureCellVariable, ConstantMethodVariable, ConstantVariable,
@@ -906,6 +907,13 @@ class InstructionTranslator(CallsMixin):
                 and all(type(v.example if isinstance(v, SymIntVariable) else getattr(v, "value", None)) is int
                         for v in (a, b)):
             return self.output.sym_arith(SIZE_ARITHMETIC[sym], a, b)
+        if (isinstance(a, SymIntVariable) or isinstance(b, SymIntVariable)) and sym in FLOAT_ARITHMETIC:
+            kinds = {_number_type(a), _number_type(b)}
+            if None not in kinds and (float in kinds or sym in ("/", "/=")):
+                return self.output.sym_arith(FLOAT_ARITHMETIC[sym], a, b)     # (a float, kept symbolic)
+        if sym in ("**", "**=") and isinstance(a, SymIntVariable) and not isinstance(b, SymIntVariable) and \
+                _number_type(b) is float and self.output.sym_compare(operator.ge, a, ConstantVariable(0)):
+            return self.output.sym_arith(operator.pow, a, b)     # (n ** 0.5 of a size: a float, not complex)
         if type(a) is DictVariable and type(b) is DictVariable and sym in ("|", "|="):
             if sym == "|":
                 return DictVariable({**a.items, **b.items})
@@ -1294,8 +1302,9 @@ class InstructionTranslator(CallsMixin):
     def _unary(self, op, name):
         v = self.pop()
         if isinstance(v, SymIntVariable) and op in (operator.neg, operator.pos):
-            # (-T: a slice's start, x[:, -T:]; kept symbolic)
-            self.push(v if op is operator.pos else self.output.sym_arith(operator.sub, ConstantVariable(0), v))
+            # (-T: a slice's start, x[:, -T:]; kept symbolic; -f of a float: its sign, zero's too)
+            self.push(v if op is operator.pos else self.output.sym_arith(operator.neg, v) if type(v.example) is float
+                      else self.output.sym_arith(operator.sub, ConstantVariable(0), v))
         elif v.is_constant():
             self.push(ConstantVariable(op(v.as_example())))
         elif isinstance(v, TensorVariable):
@@ -1472,6 +1481,15 @@ def _never_equal(a: VariableTracker, b: VariableTracker) -> bool:
     other = type(b.value) if isinstance(b, ConstantVariable) else \
         kinds[type(b)][0] if type(b) in kinds else None
     return kind is not None and other is not None and not issubclass(other, kind)
+
+
+def _number_type(v: VariableTracker) -> Optional[type]:
+    """int or float for a size, a number input or a finite number constant; else None."""
+    value = v.example if isinstance(v, SymIntVariable) else getattr(v, "value", None) \
+        if isinstance(v, ConstantVariable) else None
+    if type(value) is int or type(value) is float and math.isfinite(value):
+        return type(value)
+    return None
 
 
 def _holds_sizes(v: VariableTracker) -> bool:

@@ -65,7 +65,7 @@ def import_triton():
 
 # The libdevice functions the kernels call (CUDA's math library on a GPU, as Inductor calls
 # it), and the NumPy function that computes each in Triton's interpreter, which has none.
-INTERPRETED_LIBDEVICE = {"pow": "power", "tanh": "tanh"}
+INTERPRETED_LIBDEVICE = {"pow": "power", "tanh": "tanh", "sqrt": "sqrt"}
 
 
 def _patch_interpreter_libdevice():

@@ -576,7 +576,7 @@ def _namespace(backend: str, kernel_source: str, meta: dict, arg_dtypes: dict, o
     launcher (C++ libraries compiled and loaded; Triton kernels defined, and on a GPU compiled
     ahead for the dtypes of their arguments, lower/matmul.py's products with them, and loaded
     onto GPU `gpu` where it is given)."""
-    namespace: dict[str, Any] = {"torch": torch, "operator": operator, "pytree": pytree, "matmul": matmul,
+    namespace: dict[str, Any] = {"torch": torch, "math": math, "operator": operator, "pytree": pytree, "matmul": matmul,
                                  "memory": memory,
                                  "output_spec": output_spec,
                                  "empty_strided": memory.empty_strided, "as_layout": memory.as_layout,

@@ -250,6 +250,8 @@ def lower(gm: torch.fx.GraphModule, example_inputs) -> ir.Program:
                 # a size computed through a float (interpolate's trunc(size * scale)): its
                 # expression in the trace's shape environment
                 size = ir.size_expr(values[node])
+            elif size is None and target in _TO_INT and all(type(a) in (int, float) for a in args):
+                size = target(*args)          # (of sizes made static since the trace)
             if size is not None:
                 env[node] = size
                 continue

@@ -11,6 +11,7 @@ when stored).
 """
 from __future__ import annotations
 
+import dataclasses
 import functools
 import itertools
 import math
@@ -141,6 +142,8 @@ def _as_index_value(x, shape, dtype):
     if ir.is_symbolic(x):                # a dynamic size used as a number (x * T)
         return lambda idx: ops.size_value(x, cdtype)
     if isinstance(x, ir.ScalarInput):    # a dynamic float: a kernel argument
+        if x.rounded_to is not None:
+            return lambda idx: ops.round_to(ops.scalar_arg(x.scalar, cdtype), x.rounded_to)
         return lambda idx: ops.scalar_arg(x.scalar, cdtype)
     return None
 
@@ -168,8 +171,8 @@ def _origin(node) -> str:
 
 def _promoted(*xs) -> torch.dtype:
     # (a 0-dim tensor ranks below one with dims of its kind: u8 < i8 compares as uint8)
-    probes = [torch.empty((1,) if x.shape else (), dtype=x.dtype) if isinstance(x, TensorBox) else x
-              for x in xs]
+    probes = [torch.empty((1,) if x.shape else (), dtype=x.dtype) if isinstance(x, TensorBox)
+              else 1.0 if isinstance(x, ir.ScalarInput) else 1 if ir.is_symbolic(x) else x for x in xs]
     return torch.result_type(*probes) if len(probes) > 1 else probes[0].dtype
 
 
@@ -200,6 +203,8 @@ def _number_as(x, dtype):
     on a CPU). Theirs of mul and div, and add and sub on a GPU, take it as it is."""
     if dtype in (torch.float16, torch.bfloat16) and type(x) in (int, float):
         return torch.tensor(x, dtype=dtype).item()
+    if dtype in (torch.float16, torch.bfloat16) and isinstance(x, ir.ScalarInput):
+        return dataclasses.replace(x, rounded_to=dtype)        # (rounded in the kernel, as there)
     return x
 
 
@@ -268,6 +273,12 @@ def _arith(op, targets):
             # eager's CUDA kernel multiplies by the number's reciprocal, taken in double and
             # held in the compute dtype
             inverse = torch.tensor(1.0 / other, dtype=torch.float64).to(compute_dtype(meta.dtype)).item()
+            return _arith_box(node, values, "mul", [input, inverse])
+        if op == "truediv" and isinstance(other, ir.ScalarInput) and isinstance(input, TensorBox) and (
+                meta := _meta(node, values)) is not None and meta.device.type == "cuda" and meta.dtype.is_floating_point:
+            # so by a dynamic float's (the wrapper takes it in double: 1/0.0 is inf there too)
+            inverse = scalar_expression(input.program, f"(1.0 / {other.scalar} if {other.scalar} "
+                                                       f"else math.copysign(math.inf, {other.scalar}))")
             return _arith_box(node, values, "mul", [input, inverse])
         if op == "truediv" and isinstance(other, TensorBox) and other.is_host_number and (
                 meta := _meta(node, values)) is not None and meta.device.type == "cuda" \
@@ -1749,32 +1760,42 @@ _SIZE_OPS = {operator.add: operator.add, operator.sub: operator.sub, operator.mu
 
 
 def scalar_arithmetic(program: ir.Program, target, args):
-    """A float computed from sizes (a batch norm's `n / (n - 1)`, n a size symbol): a scalar
-    argument of the kernels (ir.ScalarInput), which the wrapper computes from the sizes in
-    Python, in the graph's order of operations (so to the bit as eager's Python computes it);
-    or None when this is not such arithmetic."""
+    """A float computed from sizes (a batch norm's `n / (n - 1)`, n a size symbol) or float
+    inputs: a scalar argument of the kernels (ir.ScalarInput), which the wrapper computes from
+    the sizes in Python, in the graph's order of operations (so to the bit as eager's Python
+    computes it); its Python value where the sizes it reads were made static after the trace
+    wrote it; or None when this is not such arithmetic."""
+    spelling = _FLOAT_OPS.get(target)
+    if spelling is None or len(args) != spelling.count("{}"):
+        return None
+    if all(type(a) in (int, float) for a in args):
+        return target(*args)
+
     def operand(a):
         if isinstance(a, ir.ScalarInput):
-            return a.name
-        if ir.is_symbolic(a) or (isinstance(a, (int, float)) and not isinstance(a, bool)):
+            return a.scalar
+        if ir.is_symbolic(a) or type(a) in (int, float):
             return f"({ir.render_size(a)})" if ir.is_symbolic(a) else repr(a)
         return None
-    if target is torch.sym_float and len(args) == 1 and ir.is_symbolic(args[0]):
-        expr = f"float({operand(args[0])})"
-    elif target is operator.neg and len(args) == 1 and isinstance(args[0], ir.ScalarInput):
-        expr = f"-{operand(args[0])}"            # (huber loss's backward: -(1.0 / numel))
-    elif target in _FLOAT_OPS and len(args) == 2 and None not in map(operand, args) \
-            and any(ir.is_symbolic(a) or isinstance(a, ir.ScalarInput) for a in args) \
-            and (target is operator.truediv or any(isinstance(a, (float, ir.ScalarInput)) for a in args)):
-        expr = f"{operand(args[0])} {_FLOAT_OPS[target]} {operand(args[1])}"
-    else:
+    operands = [operand(a) for a in args]
+    if None in operands or not any(ir.is_symbolic(a) or isinstance(a, ir.ScalarInput) for a in args):
         return None
+    if target in (operator.add, operator.sub, operator.mul, operator.neg, operator.pow) and \
+            not any(isinstance(a, (float, ir.ScalarInput)) for a in args):
+        return None                      # (integer arithmetic on sizes: size_arithmetic's)
+    return scalar_expression(program, spelling.format(*operands))
+
+
+def scalar_expression(program: ir.Program, expr: str) -> ir.ScalarInput:
+    """A kernel argument the wrapper computes in Python from the sizes and scalars."""
     name = f"scalar{len(program.scalars)}"
     program.scalars[name] = expr
     return ir.ScalarInput(name, name)
 
 
-_FLOAT_OPS = {operator.truediv: "/", operator.add: "+", operator.sub: "-", operator.mul: "*"}
+_FLOAT_OPS = {operator.truediv: "{} / {}", operator.add: "{} + {}", operator.sub: "{} - {}",
+              operator.mul: "{} * {}", operator.neg: "-{}", torch.sym_float: "float({})", operator.pow: "{} ** {}",
+              torch._sym_sqrt: "math.sqrt({})"}
 
 
 # the function and the method name their arguments differently (as keywords, each its own)
