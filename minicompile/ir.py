@@ -337,7 +337,7 @@ class Index:
     """sum(coeff * atom) + const, with atoms that are loop variables (str) or
     FloorDiv/Mod atoms. Immutable; + and * by ints fold as they go."""
 
-    __slots__ = ("terms", "const", "_hash")
+    __slots__ = ("terms", "const", "_hash", "_text")
 
     def __init__(self, terms: dict | None = None, const=0):
         # (lowering and code generation make hundreds of thousands of these for a large model:
@@ -352,6 +352,7 @@ class Index:
         self.terms = kept
         self.const = size_expr(const) if type(const) is not int and is_symbolic(const) else const
         self._hash = None
+        self._text = None          # render()'s, in Python's spelling (terms are sorted by it)
 
     @staticmethod
     def var(name: str) -> "Index":
@@ -544,6 +545,14 @@ class Index:
         return all(isinstance(a, str) for a in self.terms)
 
     def render(self, floordiv: str = "//") -> str:
+        if floordiv == "//":
+            # (kept: sorting the terms renders each nested one again, at every level)
+            if self._text is None:
+                self._text = self._render(floordiv)
+            return self._text
+        return self._render(floordiv)
+
+    def _render(self, floordiv: str) -> str:
         parts = []
         for atom, c in sorted(self.terms.items(), key=lambda t: str(t[0])):
             if isinstance(atom, str):

@@ -612,6 +612,23 @@ def test_index_simplification_keeps_a_whole_dividend():
     assert (odd % 96).simplify(ranges) == odd % 96
 
 
+
+def test_a_nested_index_is_rendered_once_per_level(monkeypatch):
+    """Terms are ordered by their text, and a division's text holds its inner index's: each
+    index is rendered once (it was once per comparison, at every level: exponential in the
+    depth, minutes for MaxViT's window and grid partitions at dynamic sizes)."""
+    from minicompile.ir import Index
+    import sympy
+    s0 = sympy.Symbol("s0", integer=True, positive=True)
+    calls = []
+    render = Index._render
+    monkeypatch.setattr(Index, "_render", lambda self, floordiv: calls.append(1) or render(self, floordiv))
+    index = Index.var("x0")
+    for level in range(12):
+        index = (index // (s0 + level)) * 3 + index % (s0 + level) + Index.var(f"x{level + 1}")
+    index.render()
+    assert len(calls) < 100
+
 def sliding_window(cache, new, seen: int, window: int = 6):
     """A sliding-window cache (transformers' Mistral): `seen` counts the rows so far (an int
     that changes every call: a symbol), what is kept starts at max(seen - window, 0), and the
