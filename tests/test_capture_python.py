@@ -2564,3 +2564,118 @@ def test_class_data_read_through_an_object_made_in_the_frame_is_guarded():
         assert _outcome(compiled, x) == _outcome(g, x) == ("ValueError", _outcome(g, x)[1])
     finally:
         torch.distributions.Distribution.set_default_validate_args(validating)
+
+
+class _WithOptionalLayers(torch.nn.Module):
+    """x-transformers' layout: ModuleLists holding None where a layer has no such part."""
+    def __init__(self):
+        super().__init__()
+        self.layers = torch.nn.ModuleList([torch.nn.Linear(4, 4) for _ in range(3)])
+        self.skips = torch.nn.ModuleList([None, torch.nn.Tanh(), None])
+
+    def forward(self, x):
+        for i in range(len(self.layers)):
+            x = self.layers[i](x)
+            if self.skips[i] is not None:
+                x = self.skips[i](x)
+        return x
+
+
+def test_a_none_held_in_a_module_list_is_indexed_and_guarded():
+    torch.manual_seed(0)
+    model, x = _WithOptionalLayers(), torch.randn(2, 4)
+    compiled = minicompile.compile(model)
+    assert_same(compiled(x), model(x))
+    model.skips[0] = torch.nn.ReLU()          # the None replaced: seen
+    assert_same(compiled(x), model(x))
+    no_break(_WithOptionalLayers(), x)
+
+
+def _maybe(fn):
+    """x-transformers' `maybe`: a wrapper made per call, named after what it wraps."""
+    @functools.wraps(fn)
+    def inner(x):
+        return x if x is None else fn(x)
+    return inner
+
+
+def _tagged(x):
+    "a helper's doc"
+    return x + 1
+
+
+_tagged.tag = "T"
+
+
+def test_functools_wraps_on_a_function_made_in_the_frame():
+    """Its name, doc, __wrapped__ and the wrapped one's __dict__ become the wrapper's, in the
+    trace and on the function handed out, as functools.update_wrapper sets them."""
+    def f(x):
+        g = _maybe(_tagged)
+        return g(x), g.__name__, g.__doc__, g.__wrapped__ is _tagged, g.tag, g
+    x = torch.randn(3)
+    got, want = minicompile.compile(f)(x), f(x)
+    assert_same(got[:5], want[:5])
+    g = got[5]
+    assert (g.__name__, g.__doc__, g.__wrapped__, g.tag) == ("_tagged", "a helper's doc", _tagged, "T")
+    norm = torch.nn.LayerNorm(3)
+    no_break(lambda x: _maybe(norm)(x) * 2, x)
+
+
+_BORDERS = {"reflect", "constant", "replicate"}
+
+
+def test_an_f_string_of_a_container_of_constants_read_from_outside_is_guarded():
+    """kornia's check messages (`f"... one of {_VALID_BORDERS}"`): the container's text, no
+    break, and a change to the container is seen."""
+    def f(x, border):
+        if border not in _BORDERS:
+            raise ValueError(f"Invalid border {border}; one of {sorted(_BORDERS)} / {_BORDERS}")
+        return x * 2, f"{_BORDERS!r}"
+    x = torch.randn(3)
+    compiled = minicompile.compile(f)
+    assert_same(compiled(x, "reflect"), f(x, "reflect"))
+    assert _outcome(compiled, x, "wrap") == _outcome(f, x, "wrap")
+    _BORDERS.add("wrap")
+    try:
+        assert_same(compiled(x, "wrap"), f(x, "wrap"))
+    finally:
+        _BORDERS.discard("wrap")
+    no_break(f, x, "reflect")
+
+
+class _Fp32Codebook(torch.nn.Module):
+    """vector-quantize-pytorch's codebooks: kept in float32 by a decorator."""
+    def __init__(self):
+        super().__init__()
+        self.register_buffer("embed", torch.randn(8, 4))
+
+    @torch.autocast("cpu", enabled=False)
+    def forward(self, x):
+        return x.float() @ self.embed.t(), torch.is_autocast_enabled("cpu")
+
+
+def test_autocast_as_a_decorator_is_entered_in_the_graph():
+    torch.manual_seed(0)
+    book, x = _Fp32Codebook(), torch.randn(4, 4)
+
+    def f(x):
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            y = torch.mm(x, x.t())
+            return book(y[:, :4])[0], y.dtype
+    assert_same(minicompile.compile(f)(x), f(x))
+    no_break(f, x)
+
+
+def test_assert_async_is_a_check_in_the_graph():
+    """kornia's value checks (torch._assert_async(cond, msg)): no break; where it fails, eager's
+    RuntimeError with its message."""
+    def adjust_gamma(x, gamma):
+        torch._assert_async((gamma >= 0).all(), "gamma must be non-negative")
+        return x.clamp(0, 1) ** gamma
+    x = torch.rand(2, 3)
+    compiled = minicompile.compile(adjust_gamma)
+    assert_same(compiled(x, torch.tensor(0.8)), adjust_gamma(x, torch.tensor(0.8)))
+    assert _outcome(compiled, x, torch.tensor(-1.0)) == _outcome(adjust_gamma, x, torch.tensor(-1.0))
+    assert _outcome(compiled, x, torch.tensor(-1.0))[0] == "RuntimeError"
+    no_break(adjust_gamma, x, torch.tensor(0.8))

@@ -152,9 +152,24 @@ def unsupported_construct_after_a_break(x):
     return total
 
 
+class _Base:
+    def scale(self, x):
+        return x * 2
+
+
+class _Derived(_Base):
+    def scale(self, x):
+        quiet_break()
+        return super().scale(x) + 1          # (zuko's DiagNormal.expand, after a break)
+
+
+def super_after_a_break(x):
+    return _Derived().scale(x).sin()
+
+
 @pytest.mark.parametrize("fn", [assert_after_a_break, raise_after_a_break, namedtuple_after_a_break,
                                 iterator_across_a_break, handled_inside_try, break_in_a_with_block,
-                                unsupported_construct_after_a_break])
+                                unsupported_construct_after_a_break, super_after_a_break])
 def test_the_rest_of_a_frame_runs_as_eager(fn):
     check_calls(fn, lambda: (torch.randn(3),))
 

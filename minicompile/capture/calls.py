@@ -209,6 +209,8 @@ class CallsMixin:
         if _hashable(real) and real in FLOAT_TO_INT and len(args) == 1 and not kwargs and \
                 isinstance(args[0], SymIntVariable):
             return number_conversion(self, real, args[0])      # math.floor(n / 2): still a size
+        if real is functools.update_wrapper and args and isinstance(args[0], NestedFunctionVariable):
+            return self.update_wrapper(*args, **kwargs)
         if real is math.sqrt and len(args) == 1 and not kwargs and isinstance(args[0], SymIntVariable) and \
                 self.output.sym_compare(operator.ge, args[0], ConstantVariable(0)):
             return out.sym_arith(torch._sym_sqrt, args[0])            # math.sqrt(n): a float, symbolic
@@ -327,7 +329,7 @@ class CallsMixin:
             if fn.value is torch.is_tensor and len(args) == 1 and not kwargs:
                 # answered by what the trace holds: a size stays symbolic (XGLM's max_pos)
                 return ConstantVariable(isinstance(args[0], TensorVariable))
-            if fn.value in (torch._check_tensor_all, torch._check_tensor_all_with):
+            if fn.value in (torch._check_tensor_all, torch._check_tensor_all_with, torch._assert_async):
                 checked = self.tensor_check(fn.value, args, kwargs)
                 if checked is not None:
                     return checked
@@ -1051,24 +1053,51 @@ class CallsMixin:
             tx = tx.parent
         return found
 
+    def update_wrapper(self, wrapper: NestedFunctionVariable, wrapped: VariableTracker,
+                       assigned: VariableTracker = None, updated: VariableTracker = None) -> VariableTracker:
+        """functools.update_wrapper (functools.wraps) on a function made in the frame: the
+        wrapped one's name, doc... become the wrapper's attributes, as Python sets them; what
+        the wrapped one's __dict__ holds is read through it when the wrapper's is asked for."""
+        names = functools.WRAPPER_ASSIGNMENTS if assigned is None else assigned.as_example()
+        updates = functools.WRAPPER_UPDATES if updated is None else updated.as_example()
+        if tuple(updates) not in ((), ("__dict__",)):
+            raise self.unsupported(f"functools.update_wrapper updating {updates}")
+        self.output.record_mutation(wrapper)
+        for name in names:
+            try:
+                wrapper.items[name] = self.load_attr(wrapped, name)
+            except ObservedException:
+                pass                                    # (Python skips what it lacks)
+        if updates:
+            wrapper.dict_of = wrapped
+        wrapper.items["__wrapped__"] = wrapped
+        return wrapper
+
     def tensor_check(self, fn, args, kwargs) -> Optional[VariableTracker]:
-        """torch._check_tensor_all(cond) or _check_tensor_all_with(error_type, cond), on a bool
-        tensor of the trace: a check in the graph (custom_ops.check), where its `.item()` would
+        """torch._check_tensor_all(cond), _check_tensor_all_with(error_type, cond) or
+        torch._assert_async(cond, msg) (its own message), on a bool tensor of the trace: a check in the graph (custom_ops.check), where its `.item()` would
         break the graph. It raises torch's error with torch's message; with a message of the
         caller's (a function, called on failure only) or another error type, the frame runs
         again as Python where it fails (RaisingPathTaken), and raises what eager does. None
         where the call is not such (torch's code is traced then)."""
-        try:
-            bound = inspect.signature(fn).bind(*args, **kwargs).arguments
-        except TypeError:
-            return None
-        cond, message = bound.get("cond"), bound.get("message", ConstantVariable(None))
+        if fn is torch._assert_async:         # (cond, msg=None): a C function, no signature
+            if kwargs or not 1 <= len(args) <= 2:
+                return None
+            bound = {"cond": args[0], "message": args[1] if len(args) > 1 else None}
+        else:
+            try:
+                bound = inspect.signature(fn).bind(*args, **kwargs).arguments
+            except TypeError:
+                return None
+        cond, message = bound.get("cond"), bound.get("message") or ConstantVariable(None)
         error = bound["error_type"].as_example() if "error_type" in bound else RuntimeError
         if not (isinstance(cond, TensorVariable) and cond.example.dtype == torch.bool
                 and not self.output.written_inputs):     # (as Translator.branch_to_raise)
             return None
+        if fn is torch._assert_async and cond.example.numel() != 1:
+            return None                      # (eager's own error: a value of several elements)
         exact = isinstance(message, ConstantVariable) and message.value is None and \
-            custom_ops.CHECK_ERRORS.get(getattr(error, "__name__", None)) is error
+            custom_ops.CHECK_ERRORS.get(getattr(error, "__name__", None)) is error and fn is not torch._assert_async
         self.output.call("call_function", custom_ops.check, [
             cond, ConstantVariable(error.__name__ if exact else custom_ops.RaisingPathTaken.__name__),
             ConstantVariable(TORCH_CHECK_MESSAGE if exact else None)], {})

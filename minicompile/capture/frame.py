@@ -110,6 +110,9 @@ def live_locals(tx, start_index: int) -> set:
                 break
             i += 1
     names.update(tx.code.co_cellvars)
+    code = tx.code
+    if "super" in code.co_names and "__class__" in code.co_freevars and code.co_argcount:
+        names.add(code.co_varnames[0])            # super() reads the first argument unnamed
     if _READS_FRAME_BY_NAME & set(tx.code.co_names):
         names.update(tx.code.co_varnames)        # eval("y"), locals()["y"]: any local
     return names
@@ -416,7 +419,8 @@ class TemplateBuilder:
             return ["nested", v, self.build(v.defaults) if v.defaults is not None else None, cells,
                     v.f_globals is self.tx.output.root_globals,
                     [(k, self.build(a)) for k, a in v.items.items()],
-                    [(k, self.build(a)) for k, a in kwdefaults]]
+                    [(k, self.build(a)) for k, a in kwdefaults],
+                    self.build(v.dict_of) if v.dict_of is not None else None]
         if isinstance(v, V.ClosureCellVariable):
             src = self._source_fn(v.source) if v.source is not None else None
             return ["src", src] if src is not None else ["const", v.cell]
@@ -554,6 +558,8 @@ def rebuild(t, outs, env, memo=None):
         r.__qualname__ = v.name
         if v.kwdefaults is not None:
             r.__kwdefaults__ = {k: rebuild(a, outs, env, memo) for k, a in t[6]}
+        if t[7] is not None:          # functools.wraps: the wrapped one's __dict__ copied
+            r.__dict__.update(getattr(rebuild(t[7], outs, env, memo), "__dict__", {}))
         for name, a in t[5]:
             setattr(r, name, rebuild(a, outs, env, memo))
     else:

@@ -377,10 +377,20 @@ def _end_for(tx, inst):
 
 
 # with blocks: torch.no_grad() and friends, torch.autocast, nullcontext -------------------
+_AUTOCAST_CLASSES = {torch.autocast, torch.amp.autocast, torch.cpu.amp.autocast, torch.cuda.amp.autocast}
+
+
 @handles("BEFORE_WITH")
 def _before_with(tx, inst):
     ctx = tx.pop()
     entered = ConstantVariable(None)
+    if isinstance(ctx, UserObjectVariable) and type(ctx.value) in _AUTOCAST_CLASSES:
+        # an autocast object made outside (@torch.autocast(...) on a function: its wrapper's
+        # `with autocast_instance:`): the same as one made here with its settings
+        if ctx.source is not None:
+            tx.output.guards.identity(ctx.source, ctx.value, "autocast object")
+        made = ctx.value
+        ctx = AutocastVariable(made.device, made.fast_dtype, made._enabled, made._cache_enabled)
     if not tx.output.inline_user_calls and isinstance(ctx, (GradModeVariable, AutocastVariable)):
         # a frame that runs eagerly enters it for real (a break here, the manager made again):
         # a break inside the block then calls the callee in its state, as eager

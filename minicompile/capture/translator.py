@@ -719,6 +719,10 @@ class InstructionTranslator(CallsMixin):
         CPython's function object holds."""
         if name in fn.items:
             return fn.items[name]
+        wrapped = fn.dict_of
+        if wrapped is not None and name in getattr(getattr(wrapped, "value", None) or getattr(wrapped, "module", None),
+                                                   "__dict__", {}):
+            return self.load_attr(wrapped, name)          # copied from its __dict__ by functools.wraps
         code = fn.code
         doc = code.co_consts[0] if code.co_consts and isinstance(code.co_consts[0], str) else None
         known = {"__name__": code.co_name, "__qualname__": fn.name, "__code__": code, "__doc__": doc,
@@ -1119,6 +1123,13 @@ class InstructionTranslator(CallsMixin):
         if not value.is_constant():
             if isinstance(value, (NNModuleVariable, TypeVariable, UserFunctionVariable)) and not spec:
                 v = value.as_example()
+            elif isinstance(value, UserObjectVariable) and value.source is not None and \
+                    type(value.value) in (set, frozenset, list, dict) and \
+                    is_constant_value(tuple(value.value) + tuple(getattr(value.value, "values", tuple)())):
+                # a container of constants read from outside (kornia's set of border names in an
+                # error message): its text, guarded to hold what it held
+                v = value.value
+                self.output.guards.constant(value.source, v)
             else:
                 raise self.unsupported(f"formatting {value.describe()} in an f-string",
                                        "the text would depend on a tensor's values")
@@ -1372,6 +1383,9 @@ class InstructionTranslator(CallsMixin):
                 for key, m in self.output.members(obj).items():
                     if m is sub:
                         return self.load_module_attr(obj, key)
+            if sub is None and isinstance(obj.module, (torch.nn.ModuleList, torch.nn.Sequential)):
+                # a None held in its place (ModuleList.append(None)): the member at that position
+                return self.load_module_attr(obj, list(self.output.members(obj))[idx.as_example()])
             raise self.unsupported(f"indexing {type(obj.module).__name__}")
         special = self.call_special(obj, "__getitem__", [idx])
         if special is not None:

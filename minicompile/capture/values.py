@@ -695,6 +695,7 @@ class NestedFunctionVariable(VariableTracker):
         self.kwdefaults = kwdefaults       # DictVariable or None
         self.closure = closure             # TupleVariable of CellVariable / ClosureCellVariable
         self.items: Dict[str, VariableTracker] = {}     # attributes set in the trace (fn.tag = 1)
+        self.dict_of = None        # what functools.update_wrapper copied the __dict__ of
 
     def describe(self):
         return f"NestedFunction({self.name})"
