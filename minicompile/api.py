@@ -311,12 +311,14 @@ class CompiledFunction:
                 logs.log("guards", f"[{seg.compile_id}] {where} (arguments passed another way)"
                                    f"\n{seg.guard_source}")
                 return seg
-        if offset == 0 and not eager and _n_entries(entries) < config.recompile_limit:
+        owner = _owner(F, args)
+        if offset == 0 and not eager and not _past_limit(entries, owner):
             seg = self._saved_segment(frame, args, kwargs)
             if seg is not None:
+                seg.owner = owner
                 entries.insert(0, seg)
                 return seg
-        if not eager and _n_entries(entries) >= config.recompile_limit:
+        if not eager and _past_limit(entries, owner):
             if (offset, eager) not in frame.limit_warned:      # once per frame, as Dynamo
                 frame.limit_warned.add((offset, eager))
                 logs.warn(_limit_text(self.fn, where, failures))
@@ -393,6 +395,7 @@ class CompiledFunction:
                 frame.frame_ids[offset] = next(_FRAME_IDS)
             fid = frame.frame_ids[offset]
             seg.compile_id = f"{fid}/{_n_entries(entries)}"
+            seg.owner = owner
             logs.log("guards", f"[{seg.compile_id}] {where}\n{seg.guard_source}")
             if offset == 0 and seg.compiled is not None and self._frame_store(frame):
                 frame_store.save(frame.store_key, seg)
@@ -588,9 +591,34 @@ def _is_torch_internal(modname: str) -> bool:
     return top in ("torch", "minicompile") or top in sys.stdlib_module_names
 
 
-def _n_entries(entries) -> int:
-    """Compiled entries (an entry re-bound for another call shape shares its compile id)."""
-    return len({getattr(e, "compile_id", id(e)) for e in entries})
+def _n_entries(entries, owner=None) -> int:
+    """Compiled entries (an entry re-bound for another call shape shares its compile id);
+    with `owner`, those compiled for it (_owner)."""
+    return len({getattr(e, "compile_id", id(e)) for e in entries
+                if owner is None or getattr(e, "owner", None) == owner})
+
+
+def _past_limit(entries, owner) -> bool:
+    """config.recompile_limit entries compiled for this owner, or eight times as many in all."""
+    return _n_entries(entries, owner) >= config.recompile_limit or \
+        _n_entries(entries) >= 8 * config.recompile_limit
+
+
+def _owner(F, args) -> tuple:
+    """What an entry is compiled for: the functions, classes and modules F's closure holds
+    (transformers' one wrapper function for every model class's forward, each with its own),
+    and the module passed as self. The recompile limit counts an owner's entries: without a
+    frame-evaluation hook, a frame past it runs eagerly with everything it calls."""
+    held = []
+    for cell in getattr(F, "__closure__", None) or ():
+        try:
+            value = cell.cell_contents
+        except ValueError:               # (an empty cell)
+            continue
+        if isinstance(value, (types.FunctionType, type, torch.nn.Module)):
+            held.append(id(value))
+    first = id(args[0]) if args and isinstance(args[0], torch.nn.Module) else None
+    return tuple(held), first
 
 
 def _add_shape_guards(seg) -> None:

@@ -2,6 +2,7 @@
 
 Every compiled result is compared with eager PyTorch on fresh random inputs.
 """
+import functools
 import os
 import subprocess
 import sys
@@ -152,6 +153,33 @@ def test_recompile_limit_falls_back_to_eager_with_warning():
     finally:
         minicompile.config.recompile_limit = limit
 
+
+def _returning_a_tuple(func):
+    """transformers' can_return_tuple: one wrapper function for every model class's forward."""
+    @functools.wraps(func)
+    def wrapper(self, *args, **kwargs):
+        return func(self, *args, **kwargs)
+    return wrapper
+
+
+def test_the_recompile_limit_counts_the_entries_of_each_wrapped_function_and_module():
+    """Entries of one code object made for other functions (a decorator's closure over each
+    class's forward) or another module as self do not count against each other, as in
+    Dynamo: twelve model classes behind one wrapper all compile (the ninth ran eagerly, and
+    with it everything it calls)."""
+    models = []
+    for i in range(12):
+        def forward(self, x, i=i):
+            return x * (i + 1) + self.w
+        model = type(f"Model{i}", (torch.nn.Module,), {"forward": _returning_a_tuple(forward)})()
+        model.w = torch.nn.Parameter(randn(3))
+        models.append(model)
+    x = randn(3)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        for model in models:
+            assert_same(minicompile.compile(model)(x), model(x))
+    assert minicompile.metrics.graphs == 12
 
 def with_print(x):
     y = x * 2
