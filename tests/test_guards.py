@@ -224,6 +224,9 @@ def test_fail_reason_tensor_metadata():
     assert g.fail_reason((torch.randn(4, 6),), {}) is None
     assert g.fail_reason((torch.randn(8, 6),), {}) == \
         "tensor 'x' size mismatch at index 0. expected 4, actual 8"
+    # every size before any stride, as Dynamo: a longer row is a new size, not a new layout
+    assert g.fail_reason((torch.randn(4, 9),), {}) == \
+        "tensor 'x' size mismatch at index 1. expected 6, actual 9"
     assert g.fail_reason((torch.randn(4, 6, dtype=torch.float16),), {}) == \
         "tensor 'x' dtype mismatch. expected Float, actual Half"
     assert g.fail_reason((torch.randn(6, 4).t(),), {}) == \

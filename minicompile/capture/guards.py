@@ -342,7 +342,7 @@ def dense_strides_expr(t: torch.Tensor, dynamic: set, e: str) -> str:
 def tensor_failure(v, name, ty, dtype, device, sizes, strides, requires_grad) -> Optional[str]:
     """Why tensor `v` fails the guard of a tensor seen with this metadata, in Dynamo's words
     and in Dynamo's order (TensorCheck::check_verbose): type, dtype, device, requires_grad,
-    rank, then size and stride dimension by dimension. None if it passes."""
+    rank, then the sizes, then the strides, dimension by dimension. None if it passes."""
     if not isinstance(v, torch.Tensor):
         return f"expected type of '{name}' to be a tensor type, ' but found {type(v)}"
     if type(v) is not ty:
@@ -365,7 +365,8 @@ def tensor_failure(v, name, ty, dtype, device, sizes, strides, requires_grad) ->
         if actual_sizes[i] != sizes[i]:
             return (f"tensor '{name}' size mismatch at index {i}. expected {sizes[i]}, "
                     f"actual {actual_sizes[i]}")
-        if actual_strides[i] != strides[i]:
+    for i in range(len(sizes)):              # (every size first: a new length is no layout)
+        if sizes[i] is not None and actual_strides[i] != strides[i]:
             return (f"tensor '{name}' stride mismatch at index {i}. expected {strides[i]}, "
                     f"actual {actual_strides[i]}")
     return None
