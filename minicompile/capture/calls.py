@@ -1075,11 +1075,12 @@ class CallsMixin:
 
     def tensor_check(self, fn, args, kwargs) -> Optional[VariableTracker]:
         """torch._check_tensor_all(cond), _check_tensor_all_with(error_type, cond) or
-        torch._assert_async(cond, msg) (its own message), on a bool tensor of the trace: a check in the graph (custom_ops.check), where its `.item()` would
-        break the graph. It raises torch's error with torch's message; with a message of the
-        caller's (a function, called on failure only) or another error type, the frame runs
-        again as Python where it fails (RaisingPathTaken), and raises what eager does. None
-        where the call is not such (torch's code is traced then)."""
+        torch._assert_async(cond, msg), on a bool tensor of the trace: a check in the graph
+        (custom_ops.check), where its `.item()` would break the graph. It raises torch's error
+        with torch's message; with a message of the caller's (a function, called on failure
+        only, or _assert_async's text) or another error type, the frame runs again as Python
+        where it fails (RaisingPathTaken), and raises what eager does. None where the call is
+        not such (torch's code is traced then)."""
         if fn is torch._assert_async:         # (cond, msg=None): a C function, no signature
             if kwargs or not 1 <= len(args) <= 2:
                 return None
@@ -1096,8 +1097,8 @@ class CallsMixin:
             return None
         if fn is torch._assert_async and cond.example.numel() != 1:
             return None                      # (eager's own error: a value of several elements)
-        exact = isinstance(message, ConstantVariable) and message.value is None and \
-            custom_ops.CHECK_ERRORS.get(getattr(error, "__name__", None)) is error and fn is not torch._assert_async
+        exact = fn is not torch._assert_async and isinstance(message, ConstantVariable) and \
+            message.value is None and custom_ops.CHECK_ERRORS.get(getattr(error, "__name__", None)) is error
         self.output.call("call_function", custom_ops.check, [
             cond, ConstantVariable(error.__name__ if exact else custom_ops.RaisingPathTaken.__name__),
             ConstantVariable(TORCH_CHECK_MESSAGE if exact else None)], {})

@@ -48,7 +48,7 @@ from .values import (DELETED, NULL, BaseListVariable, BoundArgumentsVariable, Bo
                      NNModuleVariable, NullVariable, ObjectMethodVariable, OpaqueConstantVariable,
                      PartialVariable, PythonModuleVariable,
                      SetVariable, SizeVariable, SliceVariable, SuperVariable, SymIntVariable, TensorMethodVariable,
-                     TensorVariable,
+                     TensorVariable, example_of,
                      TorchFunctionVariable, TupleVariable, TypeVariable, UserFunctionVariable,
                      UserObjectVariable, VariableTracker, _constant_result, _DictFromKeys,
                      _NoOpCallable, _UnboundConstantMethod, _UnboundTensorMethod, is_constant_value, dict_key, NO_KEY, key_variable, is_typing_form)
@@ -719,10 +719,14 @@ class InstructionTranslator(CallsMixin):
         CPython's function object holds."""
         if name in fn.items:
             return fn.items[name]
-        wrapped = fn.dict_of
-        if wrapped is not None and name in getattr(getattr(wrapped, "value", None) or getattr(wrapped, "module", None),
-                                                   "__dict__", {}):
-            return self.load_attr(wrapped, name)          # copied from its __dict__ by functools.wraps
+        if fn.dict_of is not None:
+            # copied from the wrapped one's __dict__ by functools.wraps (one made in the frame:
+            # its attributes set in the trace)
+            wrapped = fn.dict_of
+            held = wrapped.items if isinstance(wrapped, NestedFunctionVariable) else \
+                getattr(example_of(wrapped), "__dict__", {})
+            if name in held:
+                return self.load_attr(wrapped, name)
         code = fn.code
         doc = code.co_consts[0] if code.co_consts and isinstance(code.co_consts[0], str) else None
         known = {"__name__": code.co_name, "__qualname__": fn.name, "__code__": code, "__doc__": doc,
