@@ -6,6 +6,7 @@ import contextlib
 import dataclasses
 import enum
 import functools
+import inspect
 import itertools
 import keyword
 import operator
@@ -2679,3 +2680,25 @@ def test_assert_async_is_a_check_in_the_graph():
     assert _outcome(compiled, x, torch.tensor(-1.0)) == _outcome(adjust_gamma, x, torch.tensor(-1.0))
     assert _outcome(compiled, x, torch.tensor(-1.0))[0] == "RuntimeError"
     no_break(adjust_gamma, x, torch.tensor(0.8))
+
+
+class _Marker:
+    """einx's Tensor: a class used as an annotation, compared by identity."""
+
+
+def _annotated(x: _Marker, y: _Marker, z: float):
+    return x * y + z
+
+
+_SIGNATURE = inspect.signature(_annotated)
+
+
+def test_a_class_held_as_an_attribute_of_a_constant_is_the_class():
+    """`param.annotation is Tensor` on an inspect.Parameter (einx's frontend, under
+    x-transformers with a mask): the annotation is a class, not a method of the parameter."""
+    def f(a, b):
+        n = sum(1 for p in _SIGNATURE.parameters.values() if p.annotation is _Marker)
+        return _annotated(a, b, 1.0) * n
+    x, y = torch.randn(4), torch.randn(4)
+    assert_same(minicompile.compile(f)(x, y), f(x, y))
+    no_break(f, x, y)

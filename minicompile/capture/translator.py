@@ -628,6 +628,8 @@ class InstructionTranslator(CallsMixin):
                 raise self.observed(AttributeError(f"'{obj.tuple_cls.__name__}' object has no attribute '{name}'"))
         if isinstance(obj, ConstantVariable):
             attr = self.read_attribute(obj.value, name)      # (None.x: the code's AttributeError)
+            if isinstance(attr, type):
+                return self.output.wrap(attr, None)        # a class held as data (an annotation)
             if callable(attr):
                 return ConstantMethodVariable(obj, name)
             return _constant_result(obj, attr)
