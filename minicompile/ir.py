@@ -31,6 +31,7 @@ import contextlib
 import functools
 import itertools
 import math
+import operator
 import warnings
 from dataclasses import dataclass, field
 from typing import Any, Callable, Optional, Sequence
@@ -140,6 +141,13 @@ _CONVERSIONS = {
     "TruncToInt": ("({}).to(tl.int64)", "int({})", "static_cast<int64_t>({})"),
     "FloorToInt": ("tl.floor({}).to(tl.int64)", "int(({}) // 1)", "static_cast<int64_t>(std::floor({}))"),
 }
+
+
+# Arithmetic on sizes and float numbers (graph nodes whose value is a float: `n / 4`, `lr * 0.5`)
+# as Python writes it, for the wrapper that computes them and the guards that check them
+PYTHON_SPELLINGS = {operator.truediv: "({} / {})", operator.add: "({} + {})", operator.sub: "({} - {})",
+                    operator.mul: "({} * {})", operator.pow: "({} ** {})", operator.neg: "(-{})",
+                    torch.sym_float: "float({})", torch._sym_sqrt: "math.sqrt({})"}
 
 
 # the size functions whose value is a double

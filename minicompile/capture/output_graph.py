@@ -1027,15 +1027,10 @@ class OutputGraph:
         if v.op == "placeholder":
             return v.meta["source_expr"]
         operands = [self._number_text(a) for a in v.args]
-        if None in operands or v.kwargs:
+        spelling = ir.PYTHON_SPELLINGS.get(v.target)
+        if None in operands or v.kwargs or spelling is None or spelling.count("{}") != len(operands):
             return None
-        if v.target is operator.neg:
-            return f"(-{operands[0]})"
-        if v.target is torch._sym_sqrt:
-            return f"math.sqrt({operands[0]})"
-        symbol = {operator.add: "+", operator.sub: "-", operator.mul: "*", operator.truediv: "/",
-                  operator.pow: "**"}.get(v.target)
-        return f"({operands[0]} {symbol} {operands[1]})" if symbol else None
+        return spelling.format(*operands)
 
     def _sym_fake(self, v: VariableTracker):
         if isinstance(v, SymIntVariable):

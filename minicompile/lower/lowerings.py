@@ -1765,7 +1765,7 @@ def scalar_arithmetic(program: ir.Program, target, args):
     the sizes in Python, in the graph's order of operations (so to the bit as eager's Python
     computes it); its Python value where the sizes it reads were made static after the trace
     wrote it; or None when this is not such arithmetic."""
-    spelling = _FLOAT_OPS.get(target)
+    spelling = ir.PYTHON_SPELLINGS.get(target)
     if spelling is None or len(args) != spelling.count("{}"):
         return None
     if all(type(a) in (int, float) for a in args):
@@ -1791,11 +1791,6 @@ def scalar_expression(program: ir.Program, expr: str) -> ir.ScalarInput:
     name = f"scalar{len(program.scalars)}"
     program.scalars[name] = expr
     return ir.ScalarInput(name, name)
-
-
-_FLOAT_OPS = {operator.truediv: "{} / {}", operator.add: "{} + {}", operator.sub: "{} - {}",
-              operator.mul: "{} * {}", operator.neg: "-{}", torch.sym_float: "float({})", operator.pow: "{} ** {}",
-              torch._sym_sqrt: "math.sqrt({})"}
 
 
 # the function and the method name their arguments differently (as keywords, each its own)
