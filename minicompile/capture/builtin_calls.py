@@ -224,8 +224,6 @@ def _builtin_const(fn):
             text = tx.object_text(args[0], fn.__name__)      # a Python class's __str__/__repr__
             if text is not None:
                 return text
-        if fn in (int, float) and len(args) == 1 and not kwargs and isinstance(args[0], SymIntVariable):
-            return number_conversion(tx, fn, args[0])
         if fn in (set, frozenset) and len(args) <= 1 and not kwargs:
             # (a set is the frame's own, changed in place: never a constant, which the graph's
             # every call would hand out as one object)

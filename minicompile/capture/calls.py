@@ -206,9 +206,9 @@ class CallsMixin:
                                    "made at a graph break it would read minicompile's frame")
             err.own_frame = True
             raise err
-        if _hashable(real) and real in FLOAT_TO_INT and len(args) == 1 and not kwargs and \
-                isinstance(args[0], SymIntVariable):
-            return number_conversion(self, real, args[0])      # math.floor(n / 2): still a size
+        if _hashable(real) and (real in FLOAT_TO_INT or real is float) and len(args) == 1 and not kwargs \
+                and isinstance(args[0], SymIntVariable):
+            return number_conversion(self, real, args[0])      # int(n / 2), float(n): still symbolic
         if real is functools.update_wrapper and args and isinstance(args[0], NestedFunctionVariable):
             return self.update_wrapper(*args, **kwargs)
         if real is math.sqrt and len(args) == 1 and not kwargs and isinstance(args[0], SymIntVariable) and \
