@@ -156,8 +156,7 @@ _FLOAT_VALUED = {"ToFloat", "IntTrueDiv", "FloatTrueDiv", "FloatPow", "OpaqueUna
 
 class _SizePrinter(sympy.printing.str.StrPrinter):
     """Sizes as C / Python integer expressions: products instead of powers, floor division
-    and max/min spelled per language (all sizes are non-negative, where C's / is floor
-    division)."""
+    and max/min spelled per language."""
 
     def __init__(self, floordiv: str):
         super().__init__()
@@ -225,7 +224,14 @@ class _SizePrinter(sympy.printing.str.StrPrinter):
         raise NotImplementedError(f"size expression {e}")
 
     def _print_FloorDiv(self, e):
-        return f"(({self._print(e.args[0])}) {self.floordiv} ({self._print(e.args[1])}))"
+        a, b = (self._print(x) for x in e.args)
+        if (self.floordiv == "//" and not self.triton) or e.args[0].is_nonnegative:
+            return f"(({a}) {self.floordiv} ({b}))"
+        # C's and Triton's / truncate toward zero, Python's // floors: they differ where the
+        # numerator is negative, which simplifying a size can make it ((30 - s) // 2 is
+        # 15 + (-s) // 2). Less its floored remainder, the numerator is a multiple of b,
+        # which either division divides exactly.
+        return f"((({a}) - (((({a}) % ({b})) + ({b})) % ({b}))) {self.floordiv} ({b}))"
 
     def _print_Mod(self, e):
         return f"(({self._print(e.args[0])}) % ({self._print(e.args[1])}))"

@@ -320,6 +320,23 @@ def test_floats_computed_from_sizes_in_training(kernel_backend):
         assert_same((x.grad, w.grad), (x2.grad, w2.grad))
     assert minicompile.metrics.graphs == 2 and minicompile.metrics.backward_kernels > 0
 
+def test_a_size_floor_divided_with_a_negative_numerator_floors_in_every_language(kernel_backend):
+    """A stride-2 convolution's output side over a kernel of dynamic size k, (30 - k) // 2 + 1,
+    which sympy writes 16 + (-k) // 2: C's and Triton's integer division truncate toward zero
+    where Python's floors, so a kernel over that output wrote a row and a column past its
+    buffer (a wrong result, then a corrupted heap)."""
+    def f(x, w):
+        return torch.relu(F.conv2d(x, w, stride=2, padding=1)) * 2
+
+    compiled = minicompile.compile(f)
+    x = randn(2, 4, 28, 28)
+    for k in (3, 5, 7):
+        w = randn(4, 4, k, k)
+        minicompile.mark_dynamic(w, 2)
+        minicompile.mark_dynamic(w, 3)
+        assert_same(compiled(x, w), f(x, w))
+
+
 def branches_on_a_float_of_a_size(x):
     n = x.shape[-1]
     if n / 4 > 2.5:                     # (n = 10 is 2.5: False, at the boundary)
