@@ -1012,6 +1012,27 @@ def test_an_out_pair_comes_back_as_the_ops_result_type():
     torch.testing.assert_close(outs[0], x.max(1).values)
 
 
+def add_one_out_none(x):
+    return torch.add(x, 1, out=None) * 2
+
+
+def cholesky_of(a, out=None):
+    factor, info = torch.linalg.cholesky_ex(a, out=out)        # (linear_operator's default, passed on)
+    return factor, info
+
+
+def test_out_none_is_no_out():
+    """`out=None` is no `out` argument: the call returns its result (it returned None, and
+    unpacking cholesky_ex's pair raised where eager runs)."""
+    x = randn(3, 5)
+    torch.testing.assert_close(minicompile.compile(add_one_out_none)(x), add_one_out_none(x))
+    a = randn(4, 4)
+    a = a @ a.T + 4 * torch.eye(4, device=DEVICE)
+    factor, info = minicompile.compile(cholesky_of)(a)
+    torch.testing.assert_close(factor, torch.linalg.cholesky(a))
+    assert info.item() == 0
+
+
 @pytest.mark.parametrize("fn", [lambda x: (x.sum(), x.sum()), lambda x: (x.amax(-1), x.amax(-1)),
                                 lambda x: (x.argmax(), x.flatten().max(0).indices), lambda x: (x * 2, x * 2),
                                 lambda x: (x.sum(0), x.sum(0).view(5, 1)),

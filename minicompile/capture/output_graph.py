@@ -768,6 +768,10 @@ class OutputGraph:
     def call(self, kind: str, target, args: Sequence[VariableTracker],
              kwargs: Dict[str, VariableTracker]) -> VariableTracker:
         """Run `target` on the example values and, if tensors are involved, record a node."""
+        out = kwargs.get("out")
+        if isinstance(out, ConstantVariable) and out.value is None:
+            # out=None is no `out` (a library's default passed on: linear_operator's cholesky_ex)
+            kwargs = {k: v for k, v in kwargs.items() if k != "out"}
         if _python_dtype(kwargs.get("dtype")) is not None:
             kwargs = {**kwargs, "dtype": _python_dtype(kwargs["dtype"])}
         if kind == "call_method" and target == "to" and len(args) > 1 and _python_dtype(args[1]) is not None:
