@@ -1003,3 +1003,33 @@ def test_complex_values_between_pytorchs_ops_are_never_copied_by_a_kernel(kernel
         got = minicompile.compile(_rotary_in_complex_numbers)(x, w, pos)
     assert_same(got, _rotary_in_complex_numbers(x, w, pos))
     assert minicompile.metrics.kernels > 0
+
+
+def relative_positions(q, table):
+    n = q.shape[1]
+    dist = torch.arange(n)[:, None] - torch.arange(n)[None, :] + (n - 1)       # made on the CPU
+    keep = ~torch.zeros(n, n).to(device=q.device, dtype=torch.bool)
+    return (torch.einsum("bnc,nmc->bnm", q, table[dist]).masked_fill(~keep, 0.0) * 2 + keep.cumsum(-1)).sum()
+
+
+@pytest.mark.skipif(DEVICE != "cuda", reason="a CPU graph has one device")
+def test_cpu_positions_beside_gpu_tensors_are_constants_on_the_gpu():
+    """torchvision's MViT makes relative positions with torch.arange on the CPU and indexes a
+    CUDA table with them; timm's EdgeNeXt moves torch.zeros(shape) to the GPU: computed when
+    compiled (eager's values), the graph has one device, and generated kernels. In training,
+    the backward reads the constant itself."""
+    q, table = randn(2, 8, 8), randn(15, 8)
+    minicompile.metrics.reset()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        out = minicompile.compile(relative_positions)(q, table)
+    assert_same(out, relative_positions(q, table))
+    assert minicompile.metrics.kernels > 0
+    q2, t2 = (t.clone().requires_grad_() for t in (q, table))
+    q.requires_grad_(), table.requires_grad_()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        minicompile.compile(relative_positions)(q, table).backward()
+    relative_positions(q2, t2).backward()
+    assert_same((q.grad, table.grad), (q2.grad, t2.grad))
+    assert minicompile.metrics.backward_kernels > 0

@@ -441,6 +441,21 @@ def test_partition_saves_one_value_and_recomputes_the_pointwise_chain():
     assert len(part.saved) == 2 and part.saved_bytes == (8 * 4 + 8 * 5) * 4, part.saved
 
 
+def test_partition_recomputes_positions_made_from_no_input():
+    """Relative positions made with arange (torchvision's MViT, on the CPU beside CUDA tensors)
+    and used to index a parameter: the joint trace makes them a constant, which the backward
+    reads itself rather than be handed it, so lowering can put it on the device that reads it."""
+    from minicompile.autograd import partition, trace_joint
+
+    def f(q, table):
+        dist = torch.arange(6)[:, None] - torch.arange(6)[None, :] + 5
+        return (q @ table[dist].sum(1).T).sum()
+    q, table = randn(4, 3), randn(11, 3).requires_grad_()
+    part = partition(trace_joint(torch.fx.symbolic_trace(f), [q, table]))
+    assert part.saved == ["primals_1"], part.saved
+    assert any(n.op == "get_attr" for n in part.backward.graph.nodes)
+
+
 def test_backward_computes_a_recomputed_value_right_before_it_is_read():
     """Six layers of a @ w then sigmoid(a) * a: each layer's backward needs sigmoid(a), which
     the partition recomputes from the saved a. Recomputed where the joint graph has it (its

@@ -141,7 +141,10 @@ def _leaves_its_checkpoint(node: torch.fx.Node, forward: set) -> bool:
 
 
 def recomputable(node: torch.fx.Node) -> bool:
-    """Cheap enough for the backward to compute again: pointwise ops, views, getitem."""
+    """Cheap enough for the backward to compute again: pointwise ops, views, getitem; a
+    constant (the backward reads it where it is kept)."""
+    if node.op == "get_attr":
+        return True
     if node.op != "call_function":
         return False
     t = node.target

@@ -19,6 +19,7 @@ from __future__ import annotations
 import collections
 import logging
 import math
+import operator
 from typing import Any
 
 import torch
@@ -159,7 +160,84 @@ def _one_device(example_inputs, values) -> torch.device:
     return devices.pop() if devices else torch.device("cpu")     # (else every tensor is a CPU number)
 
 
+def _host_constants_folded(gm: torch.fx.GraphModule, example_inputs) -> None:
+    """A GPU graph's CPU tensors that no input feeds (positions made with torch.arange on the
+    CPU, `torch.zeros(shape).to(device)`: torchvision's MViT, timm's EdgeNeXt) computed now,
+    by the ops eager runs, so eager's values: each becomes a constant of the graph. One the
+    graph hands to a `.to(device)` is that call's result, on the device; one that indexes a
+    tensor on the graph's device is moved there (the same items are read). The graph then holds
+    one device, which one program's kernels are made for."""
+    def value(n):
+        return n.meta.get("example_value", n.meta.get("val"))
+
+    def device_of(v):
+        return v.device if isinstance(v, torch.Tensor) and not _a_number(v) else None
+
+    devices = collections.Counter(str(v.device) for v in example_inputs
+                                  if isinstance(v, torch.Tensor) and not _a_number(v))
+    if not devices:
+        return
+    main = torch.device(devices.most_common(1)[0][0])
+    nodes = [n for n in gm.graph.nodes if n.op not in ("placeholder", "output")]
+    if not any(device_of(value(n)) not in (None, main) for n in nodes):
+        return
+    real: dict = {}                       # node -> its value, computed as eager does
+    state = {name for name, _ in gm.named_parameters()} | {name for name, _ in gm.named_buffers()}
+    with torch.no_grad():
+        for n in nodes:
+            inputs = n.all_input_nodes
+            if n.op == "get_attr":
+                # a constant of the trace's (a module's tensor may change between calls, the
+                # optimizer's step writes its parameters)
+                attr = _fetch_attr(gm, n.target)
+                if isinstance(attr, torch.Tensor) and n.target not in state:
+                    real[n] = attr
+                continue
+            if n.op not in ("call_function", "call_method") or ir.draws_random_numbers(n) \
+                    or any(i not in real for i in inputs) or not isinstance(value(n), torch.Tensor) \
+                    or aliasing.written(n.op, n.target, n.args, n.kwargs, lambda a: isinstance(a, torch.fx.Node)):
+                continue
+            args, kwargs = torch.fx.node.map_arg((n.args, n.kwargs), lambda i: real[i])
+            try:
+                real[n] = n.target(*args, **kwargs) if n.op == "call_function" else \
+                    getattr(args[0], n.target)(*args[1:], **kwargs)
+            except Exception:                 # (lowering meets it as eager would)
+                continue
+    aten = torch.ops.aten
+    indexing = {operator.getitem, aten.index.Tensor, aten._unsafe_index.Tensor, aten.index_put.default,
+                aten._unsafe_index_put.default}
+    folded_any = False
+    for n in nodes:
+        # (not one the graph returns: a tensor of its own at each call)
+        if n not in real or all(u in real for u in n.users) or any(u.op == "output" for u in n.users):
+            continue
+        constant = real[n]
+        if n.op == "get_attr" and device_of(constant) in (None, main):
+            continue
+        if device_of(constant) not in (None, main):
+            # only as indices into a tensor on the graph's device
+            if not all(u.op == "call_function" and u.target in indexing and device_of(value(u.args[0])) == main
+                       and n not in u.args[0:1] for u in n.users):
+                continue
+            constant = constant.to(main)
+        name = f"_host_constant{len([m for m in gm.graph.nodes if m.op == 'get_attr'])}"
+        while hasattr(gm, name):
+            name += "_"
+        gm.register_buffer(name, constant)
+        with gm.graph.inserting_before(n):
+            folded = gm.graph.get_attr(name)
+        folded.meta["val"] = folded.meta["example_value"] = constant
+        n.replace_all_uses_with(folded)
+        folded_any = True
+    if folded_any:
+        for n in reversed(nodes):
+            if n in real and not n.users:
+                gm.graph.erase_node(n)
+        gm.recompile()
+
+
 def lower(gm: torch.fx.GraphModule, example_inputs) -> ir.Program:
+    _host_constants_folded(gm, example_inputs)
     values, shape_env = _traced_symbolic_values(gm, example_inputs)
     if values is None:
         values, shape_env = _symbolic_example_values(gm, example_inputs)
