@@ -2592,6 +2592,35 @@ def test_a_none_held_in_a_module_list_is_indexed_and_guarded():
     no_break(_WithOptionalLayers(), x)
 
 
+class _Adapters(torch.nn.Module):
+    """peft's IA3 / LoHa / LoKr: adapter weights in a ParameterDict, looked up by name."""
+    def __init__(self):
+        super().__init__()
+        self.scales = torch.nn.ParameterDict({"a": torch.nn.Parameter(torch.randn(4)),
+                                              "b": torch.nn.Parameter(torch.randn(4))})
+        self.shifts = torch.nn.ParameterList([torch.nn.Parameter(torch.randn(4)) for _ in range(2)])
+
+    def forward(self, x, name="a", i=-1):
+        return x * self.scales[name] + self.shifts[i] + sum(self.scales[k].sum() for k in self.scales)
+
+
+def test_parameter_dict_and_list_are_indexed_and_iterated():
+    """Indexed by a name or a position, iterated over their keys: the parameters, through
+    their sources (gradients reach them); a missing key raises what eager raises."""
+    torch.manual_seed(0)
+    model, x = _Adapters(), torch.randn(2, 4)
+    compiled = minicompile.compile(model)
+    for args in (("a", -1), ("b", 0)):
+        assert_same(compiled(x, *args), model(x, *args))
+    compiled(x, "b", 0).sum().backward()
+    assert model.scales["b"].grad is not None and model.shifts[0].grad is not None
+    no_break(_Adapters(), x)
+    with pytest.raises(AttributeError, match="no attribute 'z'"):
+        compiled(x, "z")
+    with pytest.raises(IndexError, match="out of range"):
+        compiled(x, "a", 5)
+
+
 def _maybe(fn):
     """x-transformers' `maybe`: a wrapper made per call, named after what it wraps."""
     @functools.wraps(fn)

@@ -82,6 +82,25 @@ def test_random_tensors_are_eagers_to_the_bit(kernel_backend):
         assert all(torch.equal(a, e) for a, e in zip(compiled(X), expected)), call
 
 
+def draws_over_a_transpose(x):
+    t = x.transpose(1, 2)
+    return torch.randn_like(t) + torch.rand_like(t), F.dropout(t, 0.5, training=True)
+
+
+@pytest.mark.parametrize("dynamic", [False, True])
+def test_random_numbers_of_a_transposed_input_at_symbolic_sizes(kernel_backend, dynamic):
+    """randn_like of a transpose fills its memory in order, so eager's (i, j) number is at the
+    transpose's place: at symbolic sizes the input was made contiguous and drew them in
+    another order (VITS's prior noise over a transposed matmul)."""
+    compiled = minicompile.compile(draws_over_a_transpose, dynamic=dynamic)
+    for n in (4, 6):
+        x = torch.randn(2, 3, n, device=DEVICE)
+        torch.manual_seed(n)
+        expected = draws_over_a_transpose(x)
+        torch.manual_seed(n)
+        assert all(torch.equal(a, e) for a, e in zip(compiled(x), expected)), n
+
+
 def test_dropout_module_in_training(kernel_backend):
     model = nn.Sequential(nn.Linear(19, 23), nn.Dropout(0.25), nn.ReLU(), nn.Dropout(0.5)).to(DEVICE).train()
     with torch.no_grad():

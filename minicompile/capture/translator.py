@@ -362,6 +362,8 @@ class InstructionTranslator(CallsMixin):
                 return [ConstantVariable(k) for k in self.output.members(v)]
             if isinstance(mod, (torch.nn.ParameterList,)):
                 return [self.load_module_attr(v, k) for k in self.output.members(v, "_parameters")]
+            if isinstance(mod, torch.nn.ParameterDict) and list(mod) == list(self.output.members(v, "_parameters")):
+                return [ConstantVariable(k) for k in mod]                 # its keys, in order
             raise self.unsupported(f"iterating over {type(mod).__name__}")
         if isinstance(v, TypeVariable) and isinstance(v.value, enum.EnumMeta):
             return [self.output.wrap(member, None) for member in v.value]
@@ -861,6 +863,20 @@ class InstructionTranslator(CallsMixin):
         if is_constant_value(attr):
             return ConstantVariable(attr)
         raise self.unsupported(f"super().{name} ({type(attr).__name__})")
+
+    def parameter_container_item(self, obj: NNModuleVariable, key) -> Optional[VariableTracker]:
+        """`params[i]` of a ParameterList, `params[name]` of a ParameterDict (peft's adapter
+        weights): the parameter, through its source; None where it holds something else there.
+        A key it does not have raises what eager raises."""
+        mod = obj.module
+        if not isinstance(mod, (torch.nn.ParameterList, torch.nn.ParameterDict)):
+            return None
+        try:
+            name = mod._get_abs_string_index(key) if isinstance(mod, torch.nn.ParameterList) else key
+            mod[key]
+        except (IndexError, KeyError, TypeError, AttributeError) as e:
+            raise self.observed(e) from None
+        return self.load_module_attr(obj, name) if name in self.output.members(obj, "_parameters") else None
 
     def load_module_attr(self, obj: NNModuleVariable, name: str) -> VariableTracker:
         if name in obj.items:                     # set earlier in the trace
@@ -1384,6 +1400,9 @@ class InstructionTranslator(CallsMixin):
             names = list(self.output.members(obj))[idx.as_example()]
             return ModuleSliceVariable([self.load_module_attr(obj, k) for k in names], type(obj.module))
         if isinstance(obj, NNModuleVariable) and idx.is_constant():
+            held = self.parameter_container_item(obj, idx.as_example())
+            if held is not None:
+                return held
             sub = obj.module[idx.as_example()]
             if isinstance(sub, torch.nn.Module):
                 for key, m in self.output.members(obj).items():

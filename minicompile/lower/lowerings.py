@@ -2963,13 +2963,19 @@ def _traced_arguments(node, values, mapped) -> dict:
 
 def _dense_traced_strides(shape, traced):
     """The traced argument's strides, where it was a dense tensor of this shape (contiguous,
-    channels-last...) with static sizes (plain ints: a fake tensor's may be SymInts); else
-    None."""
-    if not isinstance(traced, torch.Tensor) or list(traced.shape) != list(shape) \
-            or not all(type(v) is int for v in (*shape, *traced.stride())) \
-            or not ir.is_dense(shape, traced.stride()):
+    channels-last, transposed...); else None. Where the sizes are symbols (a fake tensor's
+    SymInts), the dense strides of `shape` in the traced value's order of dims in memory: a
+    random op draws its numbers in memory order (randn_like of a transpose, dropout's mask)."""
+    if not isinstance(traced, torch.Tensor) or len(traced.shape) != len(shape):
         return None
-    return list(traced.stride())
+    if all(type(v) is int for v in (*shape, *traced.stride())):
+        if list(traced.shape) != list(shape) or not ir.is_dense(shape, traced.stride()):
+            return None
+        return list(traced.stride())
+    hinted = [ir.hint(v) for v in traced.shape], [ir.hint(v) for v in traced.stride()]
+    if [ir.size_expr(v) for v in traced.shape] != [ir.size_expr(v) for v in shape] or not ir.is_dense(*hinted):
+        return None
+    return ir.dense_strides(shape, ir.stride_order(hinted[1]))
 
 
 def _strides_agree(shape, stride, traced) -> bool:
