@@ -2621,6 +2621,25 @@ def test_parameter_dict_and_list_are_indexed_and_iterated():
         compiled(x, "a", 5)
 
 
+def devices_and_legacy_tensors(x):
+    n = x.shape[-1]
+    scale = torch.FloatTensor([0.5]).to(x.device)        # TabNet's GLU
+    sizes = torch.IntTensor([n, 2 * n])                   # VITS's WaveNet
+    flags = torch.BoolTensor([[True, False]])
+    y = x.to(torch.device(x.device)) * scale
+    return torch.zeros(2, device=torch.device("cpu")) + y.sum(), sizes, flags, torch.LongTensor((1, 2)).dtype
+
+
+def test_torch_device_and_legacy_tensor_classes_are_traced():
+    """torch.device(...) of constants is a constant; torch.FloatTensor([...]) and its kin are
+    torch.tensor of the data, of their dtype: no graph break (Dynamo has none either)."""
+    x = torch.randn(3, 4)
+    got, want = minicompile.compile(devices_and_legacy_tensors)(x), devices_and_legacy_tensors(x)
+    assert_same(got[:3], want[:3])
+    assert [t.dtype for t in got[:3]] == [t.dtype for t in want[:3]] and got[3] == want[3]
+    no_break(devices_and_legacy_tensors, x)
+
+
 def _maybe(fn):
     """x-transformers' `maybe`: a wrapper made per call, named after what it wraps."""
     @functools.wraps(fn)

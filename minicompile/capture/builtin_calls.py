@@ -626,7 +626,7 @@ _PURE_FUNCTIONS = {inspect.signature, inspect.getfullargspec, inspect.isclass, i
                    inspect.ismethod, inspect.isgeneratorfunction, inspect.iscoroutinefunction,
                    inspect.isbuiltin, inspect.isroutine, inspect.getmro, inspect.unwrap,
                    dataclasses.fields, dataclasses.is_dataclass, torch.finfo, torch.iinfo,
-                   np.iinfo, np.finfo, np.dtype}
+                   np.iinfo, np.finfo, np.dtype, torch.device}
 
 
 # torch's "am I being compiled?" functions, and what they answer while capture traces

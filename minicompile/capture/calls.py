@@ -183,6 +183,17 @@ def _operator_statement(tx, fn, args, kwargs) -> Optional[VariableTracker]:
     return ConstantVariable(None)
 
 
+
+# the legacy typed-tensor classes, by the dtype and device of what torch.XTensor(data) makes
+_LEGACY_TENSOR_TYPES = {getattr(module, name): (dtype, device)
+                        for module, device in ((torch, "cpu"), (torch.cuda, "cuda"))
+                        for name, dtype in (("FloatTensor", torch.float32), ("DoubleTensor", torch.float64),
+                                            ("HalfTensor", torch.float16), ("BFloat16Tensor", torch.bfloat16),
+                                            ("ByteTensor", torch.uint8), ("CharTensor", torch.int8),
+                                            ("ShortTensor", torch.int16), ("IntTensor", torch.int32),
+                                            ("LongTensor", torch.int64), ("BoolTensor", torch.bool))
+                        if hasattr(module, name)}
+
 class CallsMixin:
     def make_autocast(self, cls, args, kwargs) -> AutocastVariable:
         """torch.autocast(...) (or its cuda/cpu subclasses) with constant arguments."""
@@ -440,6 +451,15 @@ class CallsMixin:
                 bound.apply_defaults()
                 return NamedTupleVariable([v if isinstance(v, VariableTracker) else self.output.wrap(v, None)
                                            for v in bound.arguments.values()], fn.value)
+            legacy = _LEGACY_TENSOR_TYPES.get(fn.value)
+            if legacy is not None and len(args) == 1 and not kwargs and \
+                    (isinstance(args[0], BaseListVariable) or
+                     args[0].is_constant() and isinstance(args[0].as_example(), (list, tuple))):
+                # torch.IntTensor([n]) (VITS), torch.FloatTensor([0.5]) (TabNet): torch.tensor of
+                # the data, of that type (of an int, the legacy call would make that many items)
+                dtype, device = legacy
+                return self.call_function(TorchFunctionVariable(torch.tensor), list(args),
+                                          {"dtype": ConstantVariable(dtype), "device": ConstantVariable(device)})
             if fn.value is torch.Size and all(a.is_constant() for a in args):
                 return ConstantVariable(torch.Size(*[a.as_example() for a in args]))
             if fn.value is super:
