@@ -312,8 +312,17 @@ def symbolic_fake(mode, value, dims, name: str):
                                                                        DimDynamic.DYNAMIC)
         return value
     sizes = [DimDynamic.DYNAMIC if d in dims else DimDynamic.STATIC for d in range(value.dim())]
-    return fake_of(mode, value, source=ConstantSource(name),
+    fake = fake_of(mode, value, source=ConstantSource(name),
                    symbolic_context=StatelessSymbolicContext(dynamic_sizes=sizes))
+    layout = gapped_layout(value.shape, value.stride()) if dims else None
+    if layout is not None and any(g != 1 for g in layout[1]):
+        # a view with room between items (a split's piece): strides over its own size
+        # symbols, where the fake tensor would have a symbol of their own
+        with mode:
+            made = torch.empty_strided(fake.shape, gapped_strides(fake.shape, *layout), dtype=fake.dtype,
+                                       device=fake.device)
+        fake = made.requires_grad_(value.requires_grad) if value.requires_grad else made
+    return fake
 
 
 def sizes_generic(symbolic: bool = True):
@@ -674,6 +683,33 @@ def dense_strides(shape: Sequence[int], order: Sequence[int]) -> list[int]:
     for d in reversed(order):
         strides[d] = acc
         acc = size_expr(acc * shape[d]) if is_symbolic(shape[d]) else acc * max(shape[d], 1)
+    return strides
+
+
+def gapped_layout(shape: Sequence[int], stride: Sequence[int]):
+    """(order, gaps) where a tensor's strides are those of a dense tensor with its dims in
+    `order` (outermost first) and a whole number of elements' room left after each dim's
+    items (`gaps[d]` times what the dims inside it span): 1 everywhere for a dense tensor; 2 for
+    the channels of x[:, :2] when x has 4. A view passed on at a graph break (a split's piece)
+    keeps its gaps at every size, so its strides are functions of its sizes. None where a
+    stride is not such a multiple (a broadcast's 0, a slice along an inner dim)."""
+    order = stride_order(stride)
+    gaps, span = [1] * len(shape), 1
+    for d in reversed(order):
+        if shape[d] == 1:
+            continue                          # (never stepped over: any stride will do)
+        if stride[d] < span or stride[d] % span:
+            return None
+        gaps[d], span = stride[d] // span, stride[d] * shape[d]
+    return order, gaps
+
+
+def gapped_strides(shape: Sequence, order: Sequence[int], gaps: Sequence[int]) -> list:
+    """The strides of `gapped_layout`'s (order, gaps) at these sizes (ints or SymInts)."""
+    strides, span = [0] * len(shape), 1
+    for d in reversed(order):
+        strides[d] = gaps[d] * span
+        span = strides[d] * shape[d]
     return strides
 
 

@@ -2640,6 +2640,23 @@ def test_torch_device_and_legacy_tensor_classes_are_traced():
     no_break(devices_and_legacy_tensors, x)
 
 
+_ADAPTER_SCALES = {"a": 1, "b": 2}
+
+
+def sets_with_dict_keys(x):
+    names = set() | _ADAPTER_SCALES.keys()                 # peft's mixed-adapter batch
+    return x + len(names), sorted(names), sorted({"a", "z"} & _ADAPTER_SCALES.keys()), \
+        type(frozenset({"b"}) ^ _ADAPTER_SCALES.keys())
+
+
+def test_a_set_operator_with_a_dicts_keys_on_the_right():
+    x = torch.randn(3)
+    got, want = minicompile.compile(sets_with_dict_keys)(x), sets_with_dict_keys(x)
+    assert_same(got[0], want[0])
+    assert got[1:] == want[1:]
+    no_break(sets_with_dict_keys, x)
+
+
 def _maybe(fn):
     """x-transformers' `maybe`: a wrapper made per call, named after what it wraps."""
     @functools.wraps(fn)

@@ -337,6 +337,38 @@ def test_a_size_floor_divided_with_a_negative_numerator_floors_in_every_language
         assert_same(compiled(x, w), f(x, w))
 
 
+def _prints_then_doubles(x):
+    print("", end="")                       # a graph break inside the called function
+    return x * 2
+
+
+def halves_through_a_break(inputs):
+    a, b = torch.split(inputs, [2, 2], dim=1)
+    return torch.cat([a, b - _prints_then_doubles(a)], 1)
+
+
+def test_a_split_piece_handed_on_at_a_break_stays_dynamic():
+    """The code after a break is handed the split's pieces: views with room between their
+    channels (a stride of 4 * n for 2 channels of n). Their strides are functions of their
+    sizes all the same, so the second length compiles them dynamic, as Dynamo does (6 graphs
+    for 10 lengths), not a graph per length until the recompile limit (VITS's WaveNet)."""
+    minicompile.reset()
+    minicompile.metrics.reset()
+    compiled = minicompile.compile(halves_through_a_break)
+    for n in (19, 29, 30, 54, 21, 66, 40, 33, 45, 50):
+        x = torch.randn(2, 4, n, device=DEVICE)
+        assert_same(compiled(x), halves_through_a_break(x))
+    assert minicompile.metrics.graphs == 6
+    piece = torch.randn(2, 6, 23, device=DEVICE)[:, 1:3]      # other room between channels
+    assert_same(compiled(torch.cat([piece, piece], 1)), halves_through_a_break(torch.cat([piece, piece], 1)))
+    guarded = minicompile.compile(lambda t: t * 3)
+    for n in (9, 12):
+        t = torch.randn(2, 6, n, device=DEVICE)[:, 1:3]
+        assert_same(guarded(t), t * 3)
+    dense = torch.randn(2, 2, 12, device=DEVICE)             # the same sizes, no room: guarded
+    assert_same(guarded(dense), dense * 3)
+
+
 def branches_on_a_float_of_a_size(x):
     n = x.shape[-1]
     if n / 4 > 2.5:                     # (n = 10 is 2.5: False, at the boundary)

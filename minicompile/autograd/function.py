@@ -91,7 +91,9 @@ class _Function(torch.autograd.Function):
         # an inference-mode input (a cached embedding, a teacher's output), or a view of one,
         # cannot be saved: the partition saves inputs and their views where eager may save a
         # copy of one (t.clone() * x, t.clone() @ w), so a copy it is
-        saved = [primals[k] if kind == "primal" else _laid_out(computed[k], stride)
+        # (a saved input too: at symbolic sizes the backward reads it dense, and an input may
+        # be a view with room between its items, a split's piece)
+        saved = [_laid_out(primals[k] if kind == "primal" else computed[k], stride)
                  for (kind, k), stride in zip(part.saved_from, plan.saved_strides)]
         ctx.sizes = [(k, saved[k]) for k in plan.sizes_at]       # (numbers: kept apart)
         if ctx.sizes:
@@ -212,7 +214,7 @@ def dense_strides(shape, order: list) -> tuple:
 
 
 def _laid_out(value, layout):
-    """A value the forward computed, laid out as `_layout` says the backward reads it."""
+    """A saved value laid out as `_layout` says the backward reads it."""
     if layout is None:
         return value
     if isinstance(layout, list):

@@ -65,7 +65,7 @@ from typing import Any, Callable, Dict, List, Optional, Tuple
 
 import torch
 
-from .. import autocast, config
+from .. import autocast, config, ir
 from ..aliasing import storage_address
 from .sources import AttrSource, GenericAttrSource, HelperSource, ItemSource, Source
 from .values import is_constant_value
@@ -314,28 +314,25 @@ def display(expr: str) -> str:
 
 def dense_order(t: torch.Tensor) -> Optional[List[int]]:
     """The dims from outermost to innermost when t's strides are those of a dense tensor with
-    its dims in that order (contiguous: 0, 1, ...; a transpose: 1, 0); None otherwise (a
-    slice, a broadcast). A dynamic tensor's strides are then functions of its sizes."""
-    order = sorted(range(t.dim()), key=lambda d: (-t.stride(d), d))
-    expected = 1
-    for d in reversed(order):
-        if t.size(d) != 1 and t.stride(d) != expected:
-            return None
-        expected *= t.size(d)
-    return order
+    its dims in that order, with whole gaps between items allowed (ir.gapped_layout: a split's
+    piece); None otherwise (a broadcast, a slice along an inner dim). A dynamic tensor's
+    strides are then functions of its sizes."""
+    layout = ir.gapped_layout(t.shape, t.stride())
+    return layout[0] if layout is not None else None
 
 
 def dense_strides_expr(t: torch.Tensor, dynamic: set, e: str) -> str:
     """The Python expression of t's strides over the sizes of `e` (the tensor in the guard):
     a dynamic dim's size is read, a static one is a literal."""
-    order = dense_order(t)
+    order, gaps = ir.gapped_layout(t.shape, t.stride())
     strides = [""] * t.dim()
     inner: List[str] = []
     for d in reversed(order):
         # a dim of size 1 is never stepped over: any stride will do (PyTorch's own, a product
         # of the other sizes, changes with them)
-        strides[d] = "*".join(inner) or "1" if t.size(d) != 1 else f"{e}.stride({d})"
-        inner.append(f"{e}.size({d})" if d in dynamic else str(t.size(d)))
+        gap = [str(gaps[d])] if gaps[d] != 1 else []
+        strides[d] = "*".join(gap + inner) or "1" if t.size(d) != 1 else f"{e}.stride({d})"
+        inner = gap + inner + [f"{e}.size({d})" if d in dynamic else str(t.size(d))]
     return "(" + ", ".join(strides) + ("," if len(strides) == 1 else "") + ")"
 
 

@@ -999,6 +999,13 @@ class InstructionTranslator(CallsMixin):
             if other is not None:                   # keys are constants: a set of them
                 keys = tuple(a.dict_var.items)
                 return SetVariable.made_by(lambda o: op(dict.fromkeys(keys).keys(), o), other)
+        if isinstance(b, DictViewVariable) and b.kind == "keys" and sym in ("&", "|", "-", "^") and (
+                isinstance(a, SetVariable) or a.is_constant() and isinstance(a.as_example(), (set, frozenset))):
+            # set() | d.keys() (peft's mixed-adapter batches): a set of the keys, as the view's
+            # reflected operator makes it
+            keys = tuple(b.dict_var.items)
+            first = a.maker() if isinstance(a, SetVariable) else (lambda v=a.as_example(): v)
+            return SetVariable.made_by(lambda: op(first(), dict.fromkeys(keys).keys()))
         if isinstance(a, BaseListVariable) and isinstance(b, BaseListVariable) and sym in ("+", "+="):
             if type(a) is type(b):
                 return type(a)(a.items + b.items)
