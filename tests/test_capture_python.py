@@ -10,6 +10,7 @@ import inspect
 import itertools
 import keyword
 import operator
+import re
 import typing
 import warnings
 
@@ -2655,6 +2656,62 @@ def test_a_set_operator_with_a_dicts_keys_on_the_right():
     assert_same(got[0], want[0])
     assert got[1:] == want[1:]
     no_break(sets_with_dict_keys, x)
+
+
+class _Operator:
+    """linear_operator's LinearOperator: its tensors in an OrderedDict attribute."""
+    def __init__(self):
+        self.kwargs = collections.OrderedDict(a=torch.ones(2), b=torch.full((2,), 2.0))
+
+
+_OPERATOR = _Operator()
+
+
+def sums_an_ordered_dicts_values(x):
+    out = x
+    for v in _OPERATOR.kwargs.values():
+        out = out + v
+    return out * len(list(_OPERATOR.kwargs.keys()))
+
+
+def test_an_ordered_dict_read_from_an_object_is_a_dict_of_the_trace():
+    x = torch.randn(2)
+    assert_same(minicompile.compile(sums_an_ordered_dicts_values)(x), sums_an_ordered_dicts_values(x))
+    no_break(sums_an_ordered_dicts_values, x)
+    _OPERATOR.kwargs["c"] = torch.ones(2)            # its keys are guarded
+    try:
+        assert_same(minicompile.compile(sums_an_ordered_dicts_values)(x), sums_an_ordered_dicts_values(x))
+    finally:
+        del _OPERATOR.kwargs["c"]
+
+
+class _Version:
+    """packaging.version.Version's way: a compiled pattern held by the class."""
+    _regex = re.compile(r"(\d+)\.(\d+)(?:\.dev(\d+))?")
+
+    def __init__(self, text):
+        match = self._regex.fullmatch(text)
+        if match is None:
+            raise ValueError(f"invalid version {text!r}")
+        self.release = (int(match.group(1)), int(match.group(2)))
+        self.dev = match.group(3) is not None
+
+
+def scales_by_version(x):
+    old = _Version("4.56.dev0")
+    found = re.findall(r"\d+", "v12-b7")
+    return x * (_Version("5.23").release > old.release) + old.dev + len(found), found
+
+
+def test_regular_expressions_on_constants_run_as_they_are():
+    """A compiled pattern (a class attribute: packaging's Version._regex, which peft's prefix
+    tuning parses on every call) and re's functions on constant strings run for real; their
+    matches are constants of the trace."""
+    x = torch.randn(3)
+    got, want = minicompile.compile(scales_by_version)(x), scales_by_version(x)
+    assert_same(got[0], want[0])
+    assert got[1] == want[1]
+    no_break(scales_by_version, x)
 
 
 def _maybe(fn):

@@ -13,6 +13,7 @@ import contextlib
 import dataclasses
 import functools
 import inspect
+import re
 import itertools
 import math
 import operator
@@ -626,7 +627,8 @@ _PURE_FUNCTIONS = {inspect.signature, inspect.getfullargspec, inspect.isclass, i
                    inspect.ismethod, inspect.isgeneratorfunction, inspect.iscoroutinefunction,
                    inspect.isbuiltin, inspect.isroutine, inspect.getmro, inspect.unwrap,
                    dataclasses.fields, dataclasses.is_dataclass, torch.finfo, torch.iinfo,
-                   np.iinfo, np.finfo, np.dtype, torch.device}
+                   np.iinfo, np.finfo, np.dtype, torch.device,
+                   re.compile, re.match, re.fullmatch, re.search, re.findall, re.split, re.escape}
 
 
 # torch's "am I being compiled?" functions, and what they answer while capture traces

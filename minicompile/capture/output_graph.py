@@ -16,6 +16,7 @@ and comparisons of them answered on the symbols.
 """
 from __future__ import annotations
 
+import collections
 import copy
 import functools
 import inspect
@@ -657,19 +658,23 @@ class OutputGraph:
             g.mapping_keys(source, value)
             return ModelOutputVariable(type(value), {k: self.wrap(value[k], AttrSource(source, k))
                                                      for k in value.keys()}, source)
-        if type(value) is dict:
+        if type(value) in (dict, collections.OrderedDict):
             if not all(is_constant_value(k) or is_identity_key(k) for k in value):
                 raise self.unsupported("a dict with non-constant keys")
             if source is not None:
                 g.dict_keys(source, value)
             return DictVariable({k: self.wrap(v, None if source is None else item_source(source, k, i))
-                                 for i, (k, v) in enumerate(value.items())}, source)
+                                 for i, (k, v) in enumerate(value.items())}, source, cls=type(value))
         from .frame import NULL_VALUE
         if value is NULL_VALUE:
             return NULL
-        if isinstance(value, (inspect.Signature, inspect.Parameter)) and source is not None:
-            # immutable (made once, by a decorator): its methods run on it for real
-            g.identity(source, value, type(value).__name__)
+        if isinstance(value, (inspect.Signature, inspect.Parameter)) and source is not None or \
+                isinstance(value, re.Pattern):
+            # immutable (made once, by a decorator; a compiled regular expression, packaging's
+            # Version._regex, whose class attribute is guarded where it has no source): its
+            # methods run on it for real
+            if source is not None:
+                g.identity(source, value, type(value).__name__)
             return OpaqueConstantVariable(value, source)
         if type(value) in (torch.no_grad, torch.enable_grad):
             # a grad-mode context manager object (@torch.no_grad() on a method keeps one)

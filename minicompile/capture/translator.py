@@ -22,6 +22,7 @@ import functools
 import inspect
 import math
 import operator
+import re
 import types
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
@@ -771,7 +772,8 @@ class InstructionTranslator(CallsMixin):
             return self.output.wrap(attr.__func__, None)
         if isinstance(attr, classmethod):
             return BoundMethodVariable(attr.__func__, self.output.wrap(type(obj.as_example()), None))
-        if is_constant_value(attr) or source is not None and not hasattr(type(attr), "__get__"):
+        if is_constant_value(attr) or isinstance(attr, re.Pattern) or \
+                source is not None and not hasattr(type(attr), "__get__"):
             if source is None and isinstance(obj, UserObjectVariable):
                 # (an object made in the frame: no place to read it through, so the class's own
                 # attribute is guarded to stay what it is: `Foo.scale = 3` after compiling)
