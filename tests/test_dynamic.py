@@ -369,6 +369,39 @@ def test_a_split_piece_handed_on_at_a_break_stays_dynamic():
     assert_same(guarded(dense), dense * 3)
 
 
+def branches_on_a_sum_of_a_size_divided(x):
+    n = x.shape[0]
+    if (n + 8) / 4 < 3:                 # n < 4: the guard must divide the sum, not n alone
+        return x * 2
+    return x - 1
+
+
+class _Average:
+    def __init__(self):
+        self.updates = 0
+
+
+def decays_by_updates(average, x):
+    average.updates += 1                # torch_ema's use_num_updates
+    return x * min(0.999, (1 + average.updates) / (10 + average.updates))
+
+
+def test_a_float_of_a_sum_of_sizes_is_guarded_with_its_parentheses(kernel_backend):
+    """The guard on `(n + 8) / 4 < 3` spelled the sum without parentheses (n + 8 / 4), so
+    the entry compiled at n = 5 (False) passed at n = 2, where the code takes the other side;
+    min() of such a float and a constant compared it the same way (a graph per call)."""
+    compiled = minicompile.compile(branches_on_a_sum_of_a_size_divided)
+    for n in (5, 6, 2, 3, 7):
+        x = randn(n)
+        assert_same(compiled(x), branches_on_a_sum_of_a_size_divided(x))
+    minicompile.metrics.reset()
+    average, compiled = _Average(), minicompile.compile(decays_by_updates)
+    for i in range(10):
+        x = randn(3)
+        assert_same(compiled(average, x), x * min(0.999, (2 + i) / (11 + i)))
+    assert minicompile.metrics.graphs == 2
+
+
 def branches_on_a_float_of_a_size(x):
     n = x.shape[-1]
     if n / 4 > 2.5:                     # (n = 10 is 2.5: False, at the boundary)

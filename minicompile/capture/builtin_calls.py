@@ -387,8 +387,10 @@ def _builtin_reduce(kind):
                 acc = tx.binary("+", acc, it)
             return acc
         if kind in ("min", "max") and not kwargs and any(isinstance(i, SymIntVariable) for i in items) \
-                and all(isinstance(i, SymIntVariable) or i.is_constant() and type(i.value) is int for i in items):
-            # of sizes: each comparison answered on the symbols (guarded where it depends on them)
+                and all(isinstance(i, SymIntVariable) or i.is_constant() and type(i.value) in (int, float)
+                        for i in items):
+            # of sizes (or floats made of them: torch_ema's min(decay, (1 + n) / (10 + n))): each
+            # comparison answered on the symbols (guarded where it depends on them)
             best = items[0]
             for other in items[1:]:
                 better = tx.output.sym_compare(operator.lt if kind == "max" else operator.gt, best, other)

@@ -1030,7 +1030,10 @@ class OutputGraph:
                 fake = self._fake_value(v)
             except Exception:
                 return None
-            return repr(fake) if type(fake) is int else self._shape_condition_text(fake.node.expr)
+            if type(fake) is int:
+                return repr(fake)
+            text = self._shape_condition_text(fake.node.expr)
+            return None if text is None else f"({text})"          # (an operand of what reads it)
         if type(example) is not float:
             return None
         if v.op == "placeholder":
