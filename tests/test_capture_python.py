@@ -3,6 +3,7 @@ is an iterator or a dict view, eager's type and liveness), in no more graphs tha
 explain finds for it."""
 import collections
 import contextlib
+import copy
 import dataclasses
 import enum
 import functools
@@ -2712,6 +2713,29 @@ def test_regular_expressions_on_constants_run_as_they_are():
     assert_same(got[0], want[0])
     assert got[1] == want[1]
     no_break(scales_by_version, x)
+
+
+_CONFIG_STATE = {"layers": 2, "ignore_keys": {"partial_rotary_factor"}}
+
+
+def copies_a_config_state(x):
+    state = copy.deepcopy(_CONFIG_STATE)       # a config's to_dict() (Moonshine's, on every call)
+    state["ignore_keys"].add("seen")
+    return x * state["layers"], sorted(state["ignore_keys"])
+
+
+def test_deepcopy_of_a_dict_holding_a_set_read_from_outside():
+    """A new set of the same items (their values guarded): the original is left as it was."""
+    x = torch.randn(3)
+    compiled = minicompile.compile(copies_a_config_state)
+    for extra in (None, "mrope_section"):
+        if extra:
+            _CONFIG_STATE["ignore_keys"].add(extra)
+        got, want = compiled(x), copies_a_config_state(x)
+        assert_same(got[0], want[0])
+        assert got[1] == want[1]
+    assert _CONFIG_STATE["ignore_keys"] == {"partial_rotary_factor", "mrope_section"}
+    no_break(copies_a_config_state, x)
 
 
 def _maybe(fn):

@@ -596,7 +596,7 @@ class CallsMixin:
         if v.is_constant():
             return self.output.wrap(how(v.as_example()), None)     # (a list of them: the frame's)
         if not shallow and type(v) in (ListVariable, DictVariable):
-            made = _deep_copied(v, {})         # (a config's to_dict(): deepcopy(self.__dict__))
+            made = _deep_copied(v, {}, self.output.guards)   # (a config's to_dict(): deepcopy(self.__dict__))
             if made is not None:
                 return made
         if not (isinstance(v, UserObjectVariable) and v.source is not None and not v.items
@@ -1289,10 +1289,11 @@ class _StandIns:
         return self._vars[id(value)][1]
 
 
-def _deep_copied(v: VariableTracker, memo: dict) -> Optional[VariableTracker]:
+def _deep_copied(v: VariableTracker, memo: dict, guards) -> Optional[VariableTracker]:
     """copy.deepcopy of lists and dicts of constants made or read in the trace: new containers
-    (sharing and cycles kept, as deepcopy's memo keeps them), the same immutable constants.
-    None where it holds anything else."""
+    (sharing and cycles kept, as deepcopy's memo keeps them), the same immutable constants; a
+    set of constants read from outside (a config's ignore_keys_at_rope_validation) a new set
+    of them, its items guarded. None where it holds anything else."""
     if v.is_constant():
         return v
     if id(v) in memo:
@@ -1300,12 +1301,18 @@ def _deep_copied(v: VariableTracker, memo: dict) -> Optional[VariableTracker]:
     if type(v) is ListVariable:
         made = memo[id(v)] = ListVariable([])
         for item in v.items:
-            made.items.append(_deep_copied(item, memo))
+            made.items.append(_deep_copied(item, memo, guards))
         return made if None not in made.items else None
     if type(v) is DictVariable:
         made = memo[id(v)] = DictVariable({}, cls=v.cls, factory=v.factory)
         for k, item in v.items.items():
-            made.items[k] = _deep_copied(item, memo)
+            made.items[k] = _deep_copied(item, memo, guards)
         return made if None not in made.items.values() else None
+    if isinstance(v, UserObjectVariable) and type(v.value) is set and v.source is not None and not v.items \
+            and all(is_constant_value(x) for x in v.value):
+        items = set(v.value)
+        guards.constant(v.source, items)
+        made = memo[id(v)] = SetVariable.made_by(copy.deepcopy, items)
+        return made
     return None
 
