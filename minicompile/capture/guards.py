@@ -594,7 +594,7 @@ class GuardBuilder:
             self.namespace["SAME_CONSTANT"] = same_constant      # (1.0 is the key 1 too)
             check = f"SAME_CONSTANT(list({{e}}.keys()), {expected})"
         self._add(("dict", e), source,
-                  [("type({e}) is dict", f"type({d}) is dict"),
+                  [(f"type({{e}}) is {self._type_name(type(value))}", f"type({d}) is {type(value).__name__}"),
                    (check, f"list({d}.keys()) == {keys!r}")],
                   f"{e}: dict type and keys")
 
