@@ -402,6 +402,29 @@ def test_a_float_of_a_sum_of_sizes_is_guarded_with_its_parentheses(kernel_backen
     assert minicompile.metrics.graphs == 2
 
 
+class _PerCodebookHeads(nn.Module):
+    """BarkFineModel's: an int argument picks a head and slices the input."""
+    def __init__(self):
+        super().__init__()
+        self.heads = nn.ModuleList([nn.Linear(8, 8) for _ in range(3)])
+
+    def forward(self, idx, x):
+        h = x[:, :, : idx + 1].sum(2)
+        return self.heads[idx - 1](h).relu()
+
+
+def test_an_int_read_twice_as_a_python_int_specializes_itself_alone(kernel_backend):
+    """dynamic=True: the index makes the int static; reading it again (the ModuleList looks it
+    up twice) took it for a size of some other tensor and made every input's dims static (a
+    graph per length)."""
+    model = _PerCodebookHeads().to(DEVICE)
+    compiled = minicompile.compile(model, dynamic=True)
+    for n in (7, 9, 12):
+        x = randn(2, n, 4, 8)
+        assert_same(compiled(2, x), model(2, x))
+    assert minicompile.metrics.graphs == 1
+
+
 def branches_on_a_float_of_a_size(x):
     n = x.shape[-1]
     if n / 4 > 2.5:                     # (n = 10 is 2.5: False, at the boundary)

@@ -520,6 +520,12 @@ class OutputGraph:
         if not nodes:
             return
         inputs = {id(n) for n in nodes}
+        if tensors:
+            # inputs made static already (a number read as an int a second time): nothing to do
+            static = {id(n) for n in self.root_graph.nodes if n.op == "placeholder"} - inputs
+            tensors = [t for t in tensors if id(t.node) not in static]
+            if not tensors:
+                return
         dims = {id(n): set(n.meta["dynamic_dims"]) for n in nodes}
         if tensors and all(id(t.node) in inputs for t in tensors):
             # the sizes of inputs: those dims alone (one read by `x.size(1)` says nothing of dim 0)
