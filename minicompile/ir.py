@@ -696,6 +696,8 @@ def gapped_layout(shape: Sequence[int], stride: Sequence[int]):
     order = stride_order(stride)
     gaps, span = [1] * len(shape), 1
     for d in reversed(order):
+        if shape[d] == 0:
+            return None                       # (no items: no layout to speak of)
         if shape[d] == 1:
             continue                          # (never stepped over: any stride will do)
         if stride[d] < span or stride[d] % span:

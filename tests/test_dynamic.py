@@ -367,6 +367,10 @@ def test_a_split_piece_handed_on_at_a_break_stays_dynamic():
         assert_same(guarded(t), t * 3)
     dense = torch.randn(2, 2, 12, device=DEVICE)             # the same sizes, no room: guarded
     assert_same(guarded(dense), dense * 3)
+    from minicompile import ir
+    assert ir.gapped_layout((2, 2, 9), (36, 9, 1)) == ([0, 1, 2], [2, 1, 1])
+    assert ir.gapped_layout((5, 0, 3), (3, 3, 1)) is None     # no items: no layout (it divided by 0)
+    assert ir.gapped_layout((4, 3), (1, 5)) is None           # a slice along the inner dim
 
 
 def branches_on_a_sum_of_a_size_divided(x):
