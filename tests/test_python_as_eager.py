@@ -1259,6 +1259,22 @@ def test_a_size_or_slice_bound_given_as_a_tensor_follows_each_calls_value():
     same_calls(sized_by_tensors, [lambda f, n=n: f(x, torch.tensor(n)) for n in (2, 3, 4, 6, 3)])
 
 
+def sliced_by_a_constant_tensor(x, y):
+    n = torch.IntTensor([3])                   # VITS's WaveNet: torch.IntTensor([hidden_size])
+    written = torch.tensor([3])
+    written.add_(x.sum().long().clamp(0, 2))   # written from an input: read at each call
+    return y[:, : n[0]] * 2, y[:, : written[0]]
+
+
+def test_a_slice_bound_made_of_constants_alone_is_that_constant():
+    """A bound computed from constants alone is the same number at every call: no break;
+    one that an input changed is read at each call, as before."""
+    y = torch.randn(2, 8)
+    calls = [lambda f, k=k: f(torch.full((4,), k), y) for k in (0.5, 5.0, -4.0)]
+    same_calls(sliced_by_a_constant_tensor, calls)
+    assert minicompile.explain(lambda y: y[:, : torch.IntTensor([3])[0]] * 2)(torch.randn(2, 8)).graph_break_count == 0
+
+
 def values_the_graph_reads(x, t):
     y = x.clone().fill_(t) + x.masked_fill(x > 0, t) + torch.clamp(x, -t, t)
     n = torch.div(x.shape[0], 4, rounding_mode="trunc") - 1        # a tensor of sizes only

@@ -1028,7 +1028,11 @@ def _dict_merge(tx, inst):
 
 @handles("BUILD_SLICE")
 def _build_slice(tx, inst):
-    parts = tx.popn(inst.arg)
+    # a bound that is a tensor made from constants alone (VITS's torch.IntTensor([n])[0]): its
+    # value, as the slice's __index__ reads it, is the same at every call
+    parts = [ConstantVariable(p.example.item()) if isinstance(p, TensorVariable) and p.example.dim() == 0
+             and not p.example.is_floating_point() and not p.example.is_complex() and p.example.dtype != torch.bool
+             and tx.output.made_of_constants(p) else p for p in tx.popn(inst.arg)]
     if all(p.is_constant() and not isinstance(p, SymIntVariable) for p in parts):
         tx.push(ConstantVariable(slice(*[p.as_example() for p in parts])))
     else:

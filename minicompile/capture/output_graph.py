@@ -1076,6 +1076,25 @@ class OutputGraph:
             names[sym] = sympy.Symbol(f"{expr_src}.size({src.idx})" if hasattr(src, "idx") else expr_src)
         return PythonPrinter().doprint(expr.xreplace(names))
 
+    def made_of_constants(self, t: "TensorVariable") -> bool:
+        """Whether a tensor of the trace is made from constants alone (VITS's
+        torch.IntTensor([hidden_size])[0]): no input, nothing random, nothing written in place
+        before it, so its value is the example's at every call."""
+        seen, todo = set(), [t.proxy.node]
+        while todo:
+            node = todo.pop()
+            if node in seen:
+                continue
+            seen.add(node)
+            if node.op in ("placeholder", "get_attr") or ir.draws_random_numbers(node) or \
+                    aliasing.written(node.op, node.target, node.args, node.kwargs, lambda a: isinstance(a, torch.fx.Node)):
+                return False
+            todo.extend(node.all_input_nodes)
+        # (a value written in place later is another node: the one read here is this one's)
+        return not any(n not in seen and any(i in seen for i in n.all_input_nodes) and
+                       aliasing.written(n.op, n.target, n.args, n.kwargs, lambda a: isinstance(a, torch.fx.Node))
+                       for n in self.root_graph.nodes)
+
     def sym_arith(self, op, *operands: VariableTracker) -> VariableTracker:
         """Arithmetic on sizes (or float inputs), at least one of them symbolic: a graph node."""
         try:
