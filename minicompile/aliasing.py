@@ -133,6 +133,11 @@ RUNNING_STATS = {
 }
 
 
+def node_writes(node) -> list:
+    """`written` of an FX node, whose tensor arguments are the nodes among its arguments."""
+    return written(node.op, node.target, node.args, node.kwargs, lambda a: isinstance(a, torch.fx.Node))
+
+
 def returns_written(kind: str, target, args, kwargs, constant: Callable[[Any], Any] = lambda v: v) -> bool:
     """The call's result is the tensor it wrote (`x.add_(y)` is x, `x += y` is x,
     `F.relu(x, inplace=True)` is x, `torch.mul(a, b, out=w)` is w)."""

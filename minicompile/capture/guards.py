@@ -312,18 +312,10 @@ def display(expr: str) -> str:
     return re.sub(r"^L\[(['\"])([A-Za-z_][A-Za-z0-9_]*)\1\]", r"\2", expr)
 
 
-def dense_order(t: torch.Tensor) -> Optional[List[int]]:
-    """The dims from outermost to innermost when t's strides are those of a dense tensor with
-    its dims in that order, with whole gaps between items allowed (ir.gapped_layout: a split's
-    piece); None otherwise (a broadcast, a slice along an inner dim). A dynamic tensor's
-    strides are then functions of its sizes."""
-    layout = ir.gapped_layout(t.shape, t.stride())
-    return layout[0] if layout is not None else None
-
-
 def dense_strides_expr(t: torch.Tensor, dynamic: set, e: str) -> str:
     """The Python expression of t's strides over the sizes of `e` (the tensor in the guard):
-    a dynamic dim's size is read, a static one is a literal."""
+    a dynamic dim's size is read, a static one is a literal. t is laid out as ir.gapped_layout
+    reads it (dense in some order of its dims, whole gaps allowed: a split's piece)."""
     order, gaps = ir.gapped_layout(t.shape, t.stride())
     strides = [""] * t.dim()
     inner: List[str] = []

@@ -39,7 +39,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from .. import aliasing, custom_ops, ir, logs
 from ..aliasing import storage_address
 from .breaks import Unsupported, never_traced
-from .guards import GuardBuilder, dense_order, storage_pattern, viewed_dict
+from .guards import GuardBuilder, storage_pattern, viewed_dict
 from .sources import (AttrSource, GenericAttrSource, HelperSource, ItemSource, LocalSource, RootSource, Source,
                       item_source)
 from .builtin_calls import _BUILTIN_HANDLERS
@@ -477,7 +477,7 @@ class OutputGraph:
         # the trace reads the size (the trace then depends on its value)
         dynamic = set(self.dynamic_policy(source.expr(), value)) if self.dynamic_policy else set()
         dynamic = {d for d in dynamic if value.size(d) >= 2}       # 0 and 1 are specialized
-        if dynamic and dense_order(value) is None:
+        if dynamic and ir.gapped_layout(value.shape, value.stride()) is None:
             dynamic = set()          # strides not a function of the sizes: static (see guards)
         node.meta["dynamic_dims"] = dynamic
         if dynamic:
@@ -1086,13 +1086,11 @@ class OutputGraph:
             if node in seen:
                 continue
             seen.add(node)
-            if node.op in ("placeholder", "get_attr") or ir.draws_random_numbers(node) or \
-                    aliasing.written(node.op, node.target, node.args, node.kwargs, lambda a: isinstance(a, torch.fx.Node)):
+            if node.op in ("placeholder", "get_attr") or ir.draws_random_numbers(node) or aliasing.node_writes(node):
                 return False
             todo.extend(node.all_input_nodes)
         # (a value written in place later is another node: the one read here is this one's)
-        return not any(n not in seen and any(i in seen for i in n.all_input_nodes) and
-                       aliasing.written(n.op, n.target, n.args, n.kwargs, lambda a: isinstance(a, torch.fx.Node))
+        return not any(n not in seen and any(i in seen for i in n.all_input_nodes) and aliasing.node_writes(n)
                        for n in self.root_graph.nodes)
 
     def sym_arith(self, op, *operands: VariableTracker) -> VariableTracker:

@@ -49,8 +49,7 @@ def _is_impure(node: torch.fx.Node) -> bool:
     if node.op in ("placeholder", "output") or ir.draws_random_numbers(node):
         return True
     if node.op in ("call_method", "call_function"):
-        return bool(aliasing.written(node.op, node.target, node.args, node.kwargs,
-                                     lambda a: isinstance(a, torch.fx.Node))) or \
+        return bool(aliasing.node_writes(node)) or \
             node.op == "call_function" and node.is_impure()
     return False
 

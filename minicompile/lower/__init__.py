@@ -195,7 +195,7 @@ def _host_constants_folded(gm: torch.fx.GraphModule, example_inputs) -> None:
                 continue
             if n.op not in ("call_function", "call_method") or ir.draws_random_numbers(n) \
                     or any(i not in real for i in inputs) or not isinstance(value(n), torch.Tensor) \
-                    or aliasing.written(n.op, n.target, n.args, n.kwargs, lambda a: isinstance(a, torch.fx.Node)):
+                    or aliasing.node_writes(n):
                 continue
             args, kwargs = torch.fx.node.map_arg((n.args, n.kwargs), lambda i: real[i])
             try:
@@ -212,14 +212,14 @@ def _host_constants_folded(gm: torch.fx.GraphModule, example_inputs) -> None:
         if n not in real or all(u in real for u in n.users) or any(u.op == "output" for u in n.users):
             continue
         constant = real[n]
-        if n.op == "get_attr" and device_of(constant) in (None, main):
-            continue
         if device_of(constant) not in (None, main):
             # only as indices into a tensor on the graph's device
             if not all(u.op == "call_function" and u.target in indexing and device_of(value(u.args[0])) == main
                        and n not in u.args[0:1] for u in n.users):
                 continue
             constant = constant.to(main)
+        elif n.op == "get_attr":
+            continue                          # (a constant on the graph's device already)
         name = f"_host_constant{len([m for m in gm.graph.nodes if m.op == 'get_attr'])}"
         while hasattr(gm, name):
             name += "_"
