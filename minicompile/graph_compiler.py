@@ -25,7 +25,7 @@ from .capture.output_graph import NodeByNode
 from .codegen import triton as triton_codegen, wrapper
 from .codegen.cpp import KernelCompileError
 from .functionalize import functionalize
-from .lower import lower
+from .lower import fold_host_constants, lower
 from .runtime import cache, cudagraphs
 
 
@@ -92,6 +92,7 @@ def _compile_training(gm: torch.fx.GraphModule, example_inputs, written=None, ov
     _compile_values takes it (a batch norm's running statistics, written by the forward);
     overwritten: the indices of the inputs the graph writes."""
     gpu = any(isinstance(t, torch.Tensor) and t.is_cuda for t in example_inputs)
+    fold_host_constants(gm, example_inputs)
     if _dynamic_dims(gm):
         try:
             with triton_codegen.compiling_together(gpu):

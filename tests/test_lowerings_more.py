@@ -1033,3 +1033,19 @@ def test_cpu_positions_beside_gpu_tensors_are_constants_on_the_gpu():
     relative_positions(q2, t2).backward()
     assert_same((q.grad, table.grad), (q2.grad, t2.grad))
     assert minicompile.metrics.backward_kernels > 0
+
+
+@pytest.mark.skipif(DEVICE != "cuda", reason="a CPU graph has one device")
+def test_cpu_tensors_made_from_sizes_are_made_on_the_gpu():
+    """At dynamic sizes the positions and `torch.zeros(n, n).to(device)` are made from the
+    input's sizes, so are no constants: made on the GPU instead (the same items), the graph has
+    one device and generated kernels at every size."""
+    compiled = minicompile.compile(relative_positions)
+    for n in (8, 11, 13):
+        q, table = randn(2, n, 8), randn(2 * n - 1, 8)
+        minicompile.metrics.reset()
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")     # (no "the graph runs on PyTorch's kernels")
+            out = compiled(q, table)
+        assert_same(out, relative_positions(q, table))
+        assert minicompile.metrics.recompiles == 0 or minicompile.metrics.kernels > 0

@@ -732,6 +732,45 @@ def test_a_value_computed_in_every_layer_is_computed_and_saved_once(kernel_backe
     for a, b in zip(ours[:3], args[:3]):
         assert_same(a.grad, b.grad)
 
+class RelativeBiasAttention(nn.Module):
+    """timm's MaxViT: a learnt table of relative position biases, gathered and permuted to
+    (heads, tokens, tokens), the attention mask of every window; the permute leaves the
+    bias's last dim strided."""
+
+    def __init__(self, heads=2, window=4, dim=8):
+        super().__init__()
+        self.heads, self.window = heads, window
+        self.qkv = nn.Linear(dim * heads, 3 * dim * heads)
+        self.table = nn.Parameter(torch.randn((2 * window - 1) ** 2, heads))
+        coords = torch.stack(torch.meshgrid(torch.arange(window), torch.arange(window), indexing="ij")).flatten(1)
+        rel = (coords[:, :, None] - coords[:, None, :]).permute(1, 2, 0) + (window - 1)
+        self.register_buffer("index", rel[..., 0] * (2 * window - 1) + rel[..., 1], persistent=False)
+
+    def forward(self, x):
+        b, n, c = x.shape
+        q, k, v = self.qkv(x).view(b, n, 3, self.heads, -1).permute(2, 0, 3, 1, 4).unbind(0)
+        bias = self.table[self.index.view(-1)].view(n, n, -1).permute(2, 0, 1)
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=bias.unsqueeze(0)).transpose(1, 2).reshape(b, n, c)
+
+
+def test_attention_bias_laid_out_as_traced_at_dynamic_sizes(kernel_backend):
+    """The bias handed to efficient attention is a broadcast view of a permuted table: at
+    symbolic sizes it was passed as a view of our own layout (heads innermost), and the GPU's
+    kernel, which takes a bias with its last dim contiguous, raised at the second batch size.
+    It is laid out as the traced argument was, at every size; gradients are eager's."""
+    torch.manual_seed(0)
+    model = RelativeBiasAttention().to(DEVICE)
+    ours = copy.deepcopy(model)
+    compiled = minicompile.compile(ours)
+    for batch in (3, 5, 7):
+        x = randn(batch, 16, 16)
+        assert_same(compiled(x), model(x))
+        compiled(x).square().sum().backward()
+        model(x).square().sum().backward()
+        for (name, a), b in zip(ours.named_parameters(), model.parameters()):
+            assert_same(a.grad, b.grad)
+
+
 def statistic_and_value(x, w):
     with torch.no_grad():
         scale = (x * w).abs().amax()         # a statistic, not differentiated

@@ -160,15 +160,82 @@ def _one_device(example_inputs, values) -> torch.device:
     return devices.pop() if devices else torch.device("cpu")     # (else every tensor is a CPU number)
 
 
-def _host_constants_folded(gm: torch.fx.GraphModule, example_inputs) -> None:
+# factories whose CPU result is the same tensor made on another device (no random numbers)
+_FACTORIES = {torch.zeros, torch.ones, torch.full, torch.empty, torch.arange, torch.eye}
+_MOVES = {"to", "cuda"}
+_INDEXING = {operator.getitem, torch.ops.aten.index.Tensor, torch.ops.aten._unsafe_index.Tensor,
+             torch.ops.aten.index_put.default, torch.ops.aten._unsafe_index_put.default}
+
+
+def _example(n):
+    return n.meta.get("example_value", n.meta.get("val"))
+
+
+def _made_on(main: torch.device, nodes, real: dict) -> bool:
+    """CPU tensors made from the graph's sizes alone, so not folded as constants: factory calls
+    (EdgeNeXt's `torch.zeros((B, H, W)).to(device)`, `torch.arange(n)` at dynamic sizes) and
+    what is computed from them, where they leave only as moves to `main` or as indices into a
+    tensor on `main`: all made on `main` instead (the same items; each `.to` is then a no-op)."""
+    def on_cpu(n) -> bool:
+        v = _example(n)
+        return isinstance(v, torch.Tensor) and not _a_number(v) and v.device.type == "cpu"
+
+    def leaves_for_main(n, u) -> bool:
+        v = _example(u)
+        if u.op == "call_method" and u.target in _MOVES:
+            return isinstance(v, torch.Tensor) and v.device == main
+        if u.op == "call_function" and u.target in _INDEXING and n not in u.args[0:1]:
+            base = _example(u.args[0]) if isinstance(u.args[0], torch.fx.Node) else None
+            return isinstance(base, torch.Tensor) and base.device == main
+        return False
+
+    group: list = []
+    for n in nodes:
+        tensors = [i for i in n.all_input_nodes if isinstance(_example(i), torch.Tensor)]
+        if n not in real and n.op in ("call_function", "call_method") and on_cpu(n) \
+                and not ir.draws_random_numbers(n) and not aliasing.node_writes(n) \
+                and all(i in group for i in tensors) and (tensors or n.target in _FACTORIES):
+            group.append(n)
+    changed = True
+    while changed:                 # what leaves the group otherwise is eager's CPU tensor
+        kept = [n for n in group if all(u in group or leaves_for_main(n, u) for u in n.users)
+                and all(i in group for i in n.all_input_nodes if isinstance(_example(i), torch.Tensor))]
+        changed, group = len(kept) != len(group), kept
+    if not group:
+        return False
+    made: dict = {}                # node -> (its kwargs, its value on main)
+    mode = getattr(_example(group[0]), "fake_mode", None)
+    try:
+        for n in group:
+            given = {**n.kwargs, "device": main} if n.target in _FACTORIES else n.kwargs
+            if mode is None:       # (the example's own values, as minicompile's capture records)
+                made[n] = given, _example(n).to(main)
+                continue
+            args, kwargs = torch.fx.node.map_arg((n.args, given), lambda i: made[i][1] if i in made
+                                                 else _example(i))
+            with mode:             # (a tracer's fake values, symbolic sizes)
+                made[n] = given, n.target(*args, **kwargs) if n.op == "call_function" else \
+                    getattr(args[0], n.target)(*args[1:], **kwargs)
+    except Exception:              # (left on the CPU: the graph runs on PyTorch's kernels)
+        return False
+    for n, (kwargs, value) in made.items():
+        n.kwargs = kwargs
+        for key in ("example_value", "val"):
+            if key in n.meta:
+                n.meta[key] = value
+    return True
+
+
+def fold_host_constants(gm: torch.fx.GraphModule, example_inputs) -> None:
     """A GPU graph's CPU tensors that no input feeds (positions made with torch.arange on the
     CPU, `torch.zeros(shape).to(device)`: torchvision's MViT, timm's EdgeNeXt) computed now,
     by the ops eager runs, so eager's values: each becomes a constant of the graph. One the
     graph hands to a `.to(device)` is that call's result, on the device; one that indexes a
     tensor on the graph's device is moved there (the same items are read). The graph then holds
-    one device, which one program's kernels are made for."""
-    def value(n):
-        return n.meta.get("example_value", n.meta.get("val"))
+    one device, which one program's kernels are made for. A graph compiled for training is
+    folded before its joint graph is traced: a constant saved for the backward is then read
+    by the backward itself, not handed on from the forward on the CPU."""
+    value = _example
 
     def device_of(v):
         return v.device if isinstance(v, torch.Tensor) and not _a_number(v) else None
@@ -203,9 +270,7 @@ def _host_constants_folded(gm: torch.fx.GraphModule, example_inputs) -> None:
                     getattr(args[0], n.target)(*args[1:], **kwargs)
             except Exception:                 # (lowering meets it as eager would)
                 continue
-    aten = torch.ops.aten
-    indexing = {operator.getitem, aten.index.Tensor, aten._unsafe_index.Tensor, aten.index_put.default,
-                aten._unsafe_index_put.default}
+    moved_any = _made_on(main, nodes, real)
     folded_any = False
     for n in nodes:
         # (not one the graph returns: a tensor of its own at each call)
@@ -214,7 +279,7 @@ def _host_constants_folded(gm: torch.fx.GraphModule, example_inputs) -> None:
         constant = real[n]
         if device_of(constant) not in (None, main):
             # only as indices into a tensor on the graph's device
-            if not all(u.op == "call_function" and u.target in indexing and device_of(value(u.args[0])) == main
+            if not all(u.op == "call_function" and u.target in _INDEXING and device_of(value(u.args[0])) == main
                        and n not in u.args[0:1] for u in n.users):
                 continue
             constant = constant.to(main)
@@ -229,6 +294,8 @@ def _host_constants_folded(gm: torch.fx.GraphModule, example_inputs) -> None:
         folded.meta["val"] = folded.meta["example_value"] = constant
         n.replace_all_uses_with(folded)
         folded_any = True
+    if moved_any and not folded_any:
+        gm.recompile()
     if folded_any:
         for n in reversed(nodes):
             if n in real and not n.users:
@@ -237,7 +304,7 @@ def _host_constants_folded(gm: torch.fx.GraphModule, example_inputs) -> None:
 
 
 def lower(gm: torch.fx.GraphModule, example_inputs) -> ir.Program:
-    _host_constants_folded(gm, example_inputs)
+    fold_host_constants(gm, example_inputs)
     values, shape_env = _traced_symbolic_values(gm, example_inputs)
     if values is None:
         values, shape_env = _symbolic_example_values(gm, example_inputs)

@@ -2980,11 +2980,14 @@ def _dense_traced_strides(shape, traced):
 
 def _strides_agree(shape, stride, traced) -> bool:
     """Whether a view of these strides is laid out as the traced value (over its dims longer
-    than 1); True where nothing was traced or the sizes are symbolic."""
-    if not isinstance(traced, torch.Tensor) or list(traced.shape) != list(shape) \
-            or any(ir.is_symbolic(v) for v in (*shape, *stride, *traced.stride())):
+    than 1, at the example's sizes); True where nothing was traced. At symbolic sizes the
+    strides' expressions must be the same: an op's kernel may take no other layout
+    (efficient attention's bias, last dim contiguous), so a view laid out otherwise is copied."""
+    if not isinstance(traced, torch.Tensor) or len(traced.shape) != len(shape) \
+            or [ir.size_expr(v) for v in traced.shape] != [ir.size_expr(v) for v in shape]:
         return True
-    return all(a == b for a, b, n in zip(stride, traced.stride(), shape) if n > 1)
+    return all(ir.size_expr(a) == ir.size_expr(b) for a, b, n in zip(stride, traced.stride(), traced.shape)
+               if ir.hint(n) > 1)
 
 
 def _stored_as(program: ir.Program, name: str):
