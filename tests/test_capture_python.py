@@ -2848,3 +2848,60 @@ def test_a_class_held_as_an_attribute_of_a_constant_is_the_class():
     x, y = torch.randn(4), torch.randn(4)
     assert_same(minicompile.compile(f)(x, y), f(x, y))
     no_break(f, x, y)
+
+
+class Irrep(tuple):
+    """e3nn's Irrep and Irreps: tuple subclasses that parse their arguments in __new__."""
+
+    def __new__(cls, spec, parity=None):
+        if isinstance(spec, Irrep):
+            return spec                     # (an instance is itself)
+        if isinstance(spec, str):
+            degree, parity = int(spec[:-1]), {"e": 1, "o": -1}[spec[-1]]
+        else:
+            degree = spec
+        if degree < 0:
+            raise ValueError(f"degree must be positive, got {degree}")
+        return super().__new__(cls, (degree, parity))
+
+    @property
+    def dim(self):
+        return 2 * self[0] + 1
+
+
+class Irreps(tuple):
+    def __new__(cls, text):
+        return super().__new__(cls, [(int(m), Irrep(ir)) for m, ir in (p.split("x") for p in text.split("+"))])
+
+    @property
+    def dim(self):
+        return sum(m * ir.dim for m, ir in self)
+
+
+def tuple_subclasses_made_in_the_frame(x, spec):
+    irreps = Irreps(spec)
+    first = Irrep(irreps[0][1])
+    return x[..., :irreps.dim] * first.dim, isinstance(first, Irrep), irreps == ((2, (0, 1)), (1, (1, -1))), \
+        type(irreps).__name__, Irrep(2, -1)
+
+
+def tuple_subclass_of_a_tensor(x):
+    return Irrep(x.shape[0] - 10)
+
+
+def test_a_tuple_subclass_with_its_own_new_is_made_in_the_trace():
+    """`Irreps("2x0e+1x1o")`, made on every call (e3nn's spherical harmonics, Gate): its
+    __new__ is inlined and tuple.__new__ of constants makes the instance, as eager's; no
+    break. A __new__ that raises raises as eager; one of values that are not constants (a
+    size at dynamic shapes stays a constant here) is the only break."""
+    compiled = minicompile.compile(tuple_subclasses_made_in_the_frame)
+    for n in (7, 9):
+        x = torch.randn(3, n)
+        ours, eager = compiled(x, "2x0e+1x1o"), tuple_subclasses_made_in_the_frame(x, "2x0e+1x1o")
+        assert_same(ours[0], eager[0])
+        assert ours[1:] == eager[1:] and type(ours[4]) is Irrep
+    assert minicompile.metrics.graph_breaks == 0
+    x = torch.randn(3)
+    assert _outcome(minicompile.compile(tuple_subclass_of_a_tensor), x) == _outcome(tuple_subclass_of_a_tensor, x)
+    assert _outcome(minicompile.compile(tuple_subclasses_made_in_the_frame), x, "2x0e+1x-1o") == \
+        _outcome(tuple_subclasses_made_in_the_frame, x, "2x0e+1x-1o")

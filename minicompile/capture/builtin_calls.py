@@ -538,6 +538,30 @@ def _builtin_id(tx, args, kwargs):
     raise tx.unsupported(f"id() of {v.describe()}")
 
 
+def _tuple_new(tx, args, kwargs):
+    """tuple.__new__(cls, items), as a tuple subclass's own __new__ calls it through super()
+    (e3nn's Irreps, Irrep): of constant items, the instance itself, a constant as a tuple of
+    constants read from outside is. Items that are not constants are not modelled."""
+    if kwargs or not 1 <= len(args) <= 2 or not isinstance(args[0], TypeVariable) \
+            or not issubclass(args[0].value, tuple):
+        raise tx.unsupported("tuple.__new__ with these arguments")
+    items = _builtin_container(TupleVariable)(tx, args[1:], {}).items
+    if not all(i.is_constant() for i in items):
+        raise tx.unsupported(f"a {args[0].value.__qualname__} holding values that are not constants",
+                             "an instance of a tuple subclass is modelled as a constant")
+    return ConstantVariable(tuple.__new__(args[0].value, [i.as_example() for i in items]))
+
+
+def tuple_subclass_with_python_new(cls) -> bool:
+    """A tuple subclass whose instances its own Python __new__ makes (e3nn's Irreps("1o")), with
+    no __init__ of its own: `cls(...)` is that __new__, inlined."""
+    return isinstance(cls, type) and type(cls) is type and issubclass(cls, tuple) \
+        and not hasattr(cls, "_fields") and not issubclass(cls, torch.Size) \
+        and isinstance(class_attr(cls, "__new__"), staticmethod) \
+        and isinstance(class_attr(cls, "__new__").__func__, types.FunctionType) \
+        and class_attr(cls, "__init__") is object.__init__
+
+
 _BUILTIN_HANDLERS: Dict[Any, Callable] = {
     len: _builtin_len, isinstance: _builtin_isinstance, getattr: _builtin_getattr,
     tuple: _builtin_container(TupleVariable), list: _builtin_container(ListVariable),
@@ -549,7 +573,7 @@ _BUILTIN_HANDLERS: Dict[Any, Callable] = {
     sorted: _builtin_reduce("sorted"), hasattr: _builtin_hasattr, dict: _builtin_dict,
     callable: _builtin_callable, type: _builtin_type, id: _builtin_id,
     setattr: _builtin_setattr, delattr: _builtin_setattr, functools.reduce: _functools_reduce,
-    issubclass: _builtin_issubclass, vars: _builtin_vars,
+    issubclass: _builtin_issubclass, vars: _builtin_vars, tuple.__new__: _tuple_new,
 }
 for _f in (itertools.product, itertools.chain, itertools.chain.from_iterable, itertools.combinations,
            itertools.combinations_with_replacement, itertools.permutations,

@@ -33,7 +33,8 @@ from .bytecode import BINARY_OPS, COMPARE_OPS
 from .sources import AttrSource, HelperSource, ItemSource, RootSource, module_member_source
 from .builtin_calls import (_BUILTIN_HANDLERS, _COMPILING_QUERIES, FLOAT_TO_INT, ContainerReadVariable, class_attr,
                             python_method, sort_order, _builtin_dict, _constant_state, _is_none,
-                            _is_plain_user_class, _runs_for_real, number_conversion)
+                            _is_plain_user_class, _runs_for_real, number_conversion,
+                            tuple_subclass_with_python_new)
 from .output_graph import _is_internal_module_name
 from .values import (BaseListVariable, BoundMethodVariable, BuiltinVariable, ConstantMethodVariable,
                      AutocastVariable, ConstantVariable, DictVariable, DictViewVariable, ExceptionInitVariable,
@@ -460,6 +461,9 @@ class CallsMixin:
                 dtype, device = legacy
                 return self.call_function(TorchFunctionVariable(torch.tensor), list(args),
                                           {"dtype": ConstantVariable(dtype), "device": ConstantVariable(device)})
+            if tuple_subclass_with_python_new(fn.value):
+                new, _ = self.class_member(fn.value, "__new__"), self.class_member(fn.value, "__init__")
+                return self.inline_call(new.__func__, [fn] + list(args), kwargs)
             if fn.value is torch.Size and all(a.is_constant() for a in args):
                 return ConstantVariable(torch.Size(*[a.as_example() for a in args]))
             if fn.value is super:

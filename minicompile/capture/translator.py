@@ -857,6 +857,8 @@ class InstructionTranslator(CallsMixin):
             return self.output.wrap(attr.__func__, None)
         if attr is object.__init__:
             return _NoOpCallable()
+        if attr is tuple.__new__:
+            return self.output.wrap(attr, None)
         if attr in (object.__setattr__, object.__getattribute__):
             return ObjectMethodVariable(name, obj)
         if isinstance(obj, ExceptionVariable) and name == "__init__" and \
