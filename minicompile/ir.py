@@ -67,6 +67,12 @@ def stride_of(t: torch.Tensor) -> list:
     return [size_expr(s) for s in t.stride()]
 
 
+def has_symbolic_layout(t: torch.Tensor) -> bool:
+    """Whether a tensor's sizes or strides are symbols: not where its SymInts are all numbers
+    by what the shape environment learnt (a trace whose sizes were specialized)."""
+    return any(is_symbolic(size_expr(s)) for s in (*t.shape, *t.stride()))
+
+
 def hint(size) -> int:
     """A size as the example has it: a symbolic size's value for the example's sizes."""
     return int(size.node.hint) if isinstance(size, torch.SymInt) else int(size)

@@ -771,6 +771,70 @@ def test_attention_bias_laid_out_as_traced_at_dynamic_sizes(kernel_backend):
             assert_same(a.grad, b.grad)
 
 
+class Pool(nn.Module):
+    def __init__(self, c, thw, stride):
+        super().__init__()
+        self.thw = thw
+        self.conv = nn.Conv3d(c, c, 3, stride=stride, padding=1, groups=c, bias=False)
+        self.norm = nn.LayerNorm(c)
+
+    def forward(self, x):
+        b, n, l, c = x.shape
+        cls, rest = torch.split(x, [1, l - 1], dim=2)
+        rest = self.conv(rest.transpose(2, 3).reshape(b * n, c, *self.thw))
+        rest = rest.reshape(b, n, c, -1).transpose(2, 3)
+        return self.norm(torch.cat((cls, rest), dim=2))
+
+
+class PooledAttention(nn.Module):
+    """torchvision's MViT v2 attention, cut down: q, k, v are strided views of one qkv product
+    (transpose, unbind), each pooled with its class token split off and put back; a relative
+    position term from q's tokens; the pooled q added to the result (residual pooling)."""
+
+    def __init__(self, dim=16, heads=2, thw=(2, 4, 4)):
+        super().__init__()
+        self.heads, self.head_dim = heads, dim // heads
+        self.qkv = nn.Linear(dim, 3 * dim)
+        self.pool_q = Pool(self.head_dim, thw, (1, 2, 2))
+        self.pool_k = Pool(self.head_dim, thw, (1, 2, 2))
+        self.pool_v = Pool(self.head_dim, thw, (1, 2, 2))
+        self.rel = nn.Parameter(torch.randn(3, self.head_dim) * 0.1)
+        self.proj = nn.Linear(dim, dim)
+
+    def forward(self, x):
+        b, n, c = x.shape
+        q, k, v = self.qkv(x).reshape(b, n, 3, self.heads, self.head_dim).transpose(1, 3).unbind(dim=2)
+        q, k, v = self.pool_q(q), self.pool_k(k), self.pool_v(v)
+        attn = (q * self.head_dim ** -0.5) @ k.transpose(2, 3)
+        tokens = q[:, :, 1:].reshape(b, self.heads, 2, 2, 2, self.head_dim)
+        rel = torch.einsum("bythwc,kc->bythwk", tokens, self.rel).reshape(b, self.heads, 8, -1)
+        attn[:, :, 1:, 1:] += rel.sum(-1, keepdim=True)
+        out = attn.softmax(dim=-1) @ v
+        out[:, :, 1:, :] += q[:, :, 1:, :]
+        return self.proj(out.transpose(1, 2).reshape(b, -1, c))
+
+
+def test_saved_views_with_room_between_items_are_read_as_handed_over(kernel_backend):
+    """q, k and v are strided views of one product; their class tokens, split off, are saved
+    for the backward, which reshapes what it computes from them. At dynamic sizes the
+    backward is handed them dense, where its graph was traced on the views: it does not run
+    on symbolic sizes, and compiled for each size it read them as the views, past their
+    memory (NaN gradients, on a GPU an illegal memory access: torchvision's MViT). Now its
+    values are those of its inputs as handed over, and its gradients are eager's at every
+    size."""
+    torch.manual_seed(0)
+    model = PooledAttention().to(DEVICE)
+    ours = copy.deepcopy(model)
+    compiled = minicompile.compile(ours)
+    for batch in (2, 3, 4):
+        x = randn(batch, 33, 16)
+        ours.zero_grad(), model.zero_grad()
+        compiled(x).square().sum().backward()
+        model(x).square().sum().backward()
+        for a, b in zip(ours.parameters(), model.parameters()):
+            assert_same(a.grad, b.grad)
+
+
 def statistic_and_value(x, w):
     with torch.no_grad():
         scale = (x * w).abs().amax()         # a statistic, not differentiated

@@ -79,15 +79,21 @@ def _examples(gm: torch.fx.GraphModule) -> list:
             continue
         val = node.meta["val"]
         if isinstance(val, torch.SymInt):            # a size, handed from the forward
-            node.meta["dynamic_dims"] = {0}
+            if ir.is_symbolic(ir.size_expr(val)):
+                node.meta["dynamic_dims"] = {0}
             examples.append(ir.hint(val))
         elif isinstance(val, torch.Tensor) and any(isinstance(s, torch.SymInt) for s in (*val.shape, *val.stride())):
-            node.meta["dynamic_dims"] = {d for d, s in enumerate(val.shape) if ir.is_symbolic(ir.size_expr(s))}
-            # dense, in the order of its dims in memory: as CompiledTraining hands it over
             shape = [ir.hint(s) for s in val.shape]
+            if ir.has_symbolic_layout(val):
+                node.meta["dynamic_dims"] = {d for d, s in enumerate(val.shape) if ir.is_symbolic(ir.size_expr(s))}
+                # dense, in the order of its dims in memory: as CompiledTraining hands it over
+                strides = dense_strides(shape, dim_order(val))
+            else:
+                # symbols the trace specialized (sizes a lowering decided on): laid out as
+                # traced, a view with room between its items too, as CompiledTraining hands it over
+                strides = [ir.hint(s) for s in val.stride()]
             with FakeTensorMode():
-                examples.append(torch.empty_strided(shape, dense_strides(shape, dim_order(val)),
-                                                    dtype=val.dtype, device=val.device))
+                examples.append(torch.empty_strided(shape, strides, dtype=val.dtype, device=val.device))
         else:
             examples.append(val)
     return examples

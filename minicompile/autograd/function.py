@@ -193,9 +193,8 @@ def _layout(value):
     which `_laid_out` makes the strides of each call's sizes; None for a size."""
     if not isinstance(value, torch.Tensor):
         return None
-    stride = value.stride()
-    if not any(isinstance(s, torch.SymInt) for s in (*value.shape, *stride)):
-        return stride
+    if not ir.has_symbolic_layout(value):       # (SymInts the trace specialized are numbers)
+        return tuple(ir.hint(s) for s in value.stride())
     return dim_order(value)
 
 

@@ -35,11 +35,17 @@ from .lowerings import (LOWERINGS, constant_tensor, copy_of, lookup, lookup_fact
 
 def _example_values(gm: torch.fx.GraphModule, example_inputs) -> dict[torch.fx.Node, Any]:
     """The value each node produced: from node.meta where the tracer left it (minicompile's
-    capture and TorchDynamo both do), otherwise by running the graph once."""
+    capture and TorchDynamo both do) and its inputs were laid out as the examples are,
+    otherwise by running the graph once on the examples. (A backward traced with a saved
+    value as a view with room between its items, and given it dense: its traced values are
+    not what the kernels will read.)"""
     nodes = list(gm.graph.nodes)
     if all("example_value" in n.meta or "val" in n.meta for n in nodes if n.op not in ("output",)):
-        return {n: n.meta.get("example_value", n.meta.get("val")) for n in nodes if n.op != "output"}
-    values: dict[torch.fx.Node, Any] = {}
+        values = {n: n.meta.get("example_value", n.meta.get("val")) for n in nodes if n.op != "output"}
+        placeholders = [n for n in nodes if n.op == "placeholder"]
+        if all(_laid_out_as(values[n], v) for n, v in zip(placeholders, example_inputs)):
+            return values
+    values = {}
 
     class Recorder(torch.fx.Interpreter):
         def run_node(self, n):
@@ -47,9 +53,22 @@ def _example_values(gm: torch.fx.GraphModule, example_inputs) -> dict[torch.fx.N
             values[n] = out
             return out
 
-    with torch.no_grad():
-        Recorder(gm).run(*example_inputs)
+    try:
+        with torch.no_grad():
+            Recorder(gm).run(*example_inputs)
+    except Exception as err:
+        raise NotImplementedError(f"the graph does not run on its example inputs: {type(err).__name__}: "
+                                  f"{str(err).splitlines()[0] if str(err) else ''}") from err
     return values
+
+
+def _laid_out_as(traced, example) -> bool:
+    """Whether a traced value has the example's sizes and strides (over dims longer than 1)."""
+    if not isinstance(example, torch.Tensor) or not isinstance(traced, torch.Tensor):
+        return True
+    shape, stride = _hinted(traced.shape), _hinted(traced.stride())
+    return shape == list(example.shape) and all(
+        a == b for a, b, n in zip(stride, example.stride(), example.shape) if n > 1)
 
 
 def _symbolic_example_values(gm: torch.fx.GraphModule, example_inputs):
