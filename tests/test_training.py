@@ -819,20 +819,22 @@ def test_saved_views_with_room_between_items_are_read_as_handed_over(kernel_back
     for the backward, which reshapes what it computes from them. At dynamic sizes the
     backward is handed them dense, where its graph was traced on the views: it does not run
     on symbolic sizes, and compiled for each size it read them as the views, past their
-    memory (NaN gradients, on a GPU an illegal memory access: torchvision's MViT). Now its
-    values are those of its inputs as handed over, and its gradients are eager's at every
-    size."""
+    memory (NaN gradients, on a GPU an illegal memory access: torchvision's MViT). Now such
+    a value is handed over as traced (autograd.function.SymbolicLayout), the backward is
+    generic in the batch size, and its gradients are eager's at every size."""
     torch.manual_seed(0)
     model = PooledAttention().to(DEVICE)
     ours = copy.deepcopy(model)
     compiled = minicompile.compile(ours)
-    for batch in (2, 3, 4):
+    minicompile.metrics.reset()
+    for batch in (2, 3, 4, 5):
         x = randn(batch, 33, 16)
         ours.zero_grad(), model.zero_grad()
         compiled(x).square().sum().backward()
         model(x).square().sum().backward()
         for a, b in zip(ours.parameters(), model.parameters()):
             assert_same(a.grad, b.grad)
+    assert minicompile.metrics.graphs == 2            # the first size's, then one for every size
 
 
 def statistic_and_value(x, w):

@@ -25,7 +25,7 @@ import torch
 from torch._subclasses.fake_tensor import FakeTensorMode
 
 from .. import ir, logs, metrics
-from .function import CompiledTraining, dense_strides, dim_order
+from .function import CompiledTraining, SymbolicLayout
 from .joint import Joint, trace_joint
 from .partition import Partition, partition
 from .to_torch import to_torch
@@ -86,8 +86,9 @@ def _examples(gm: torch.fx.GraphModule) -> list:
             shape = [ir.hint(s) for s in val.shape]
             if ir.has_symbolic_layout(val):
                 node.meta["dynamic_dims"] = {d for d, s in enumerate(val.shape) if ir.is_symbolic(ir.size_expr(s))}
-                # dense, in the order of its dims in memory: as CompiledTraining hands it over
-                strides = dense_strides(shape, dim_order(val))
+                # as CompiledTraining hands it over: dense in the order of its dims in memory,
+                # or the traced view where its strides are those at every size
+                strides = SymbolicLayout.of(val).strides(shape)
             else:
                 # symbols the trace specialized (sizes a lowering decided on): laid out as
                 # traced, a view with room between its items too, as CompiledTraining hands it over

@@ -187,37 +187,52 @@ class _Function(torch.autograd.Function):
 
 def _layout(value):
     """What the backward was compiled to read of a saved value: its strides (a tuple); where
-    its sizes or strides are symbolic (dynamic shapes), its dims from the outermost in memory
-    to the innermost (a list: the backward was compiled for the value dense in that order,
-    whatever view of a larger buffer the joint graph traced; autograd/__init__._examples), from
-    which `_laid_out` makes the strides of each call's sizes; None for a size."""
+    its sizes or strides are symbolic (dynamic shapes), a `SymbolicLayout`, from which
+    `_laid_out` makes the strides of each call's sizes; None for a size."""
     if not isinstance(value, torch.Tensor):
         return None
     if not ir.has_symbolic_layout(value):       # (SymInts the trace specialized are numbers)
         return tuple(ir.hint(s) for s in value.stride())
-    return dim_order(value)
+    return SymbolicLayout.of(value)
 
 
-def dim_order(value: torch.Tensor) -> list:
-    """value's dims from the outermost in memory to the innermost (by the example's strides)."""
-    hints = [ir.hint(s) for s in value.stride()]
-    return sorted(range(len(hints)), key=lambda d: -hints[d])
+class SymbolicLayout(tuple):
+    """(order, gaps, fixed): how the backward reads a saved value of symbolic sizes, as the
+    joint graph traced it where that holds at every size, since the backward's graph may view
+    it only so (q's class token split off one qkv product: torchvision's MViT). `fixed`: the
+    traced strides, where they are numbers and one dim, the outermost, has a symbolic size
+    (a batch dim). Else `gaps`: ir.gapped_layout's room after each
+    dim's items, where the traced strides are those at every size. Else (gaps None) dense, its
+    dims in `order`, from the outermost in memory to the innermost."""
 
+    @classmethod
+    def of(cls, value: torch.Tensor) -> "SymbolicLayout":
+        hints = [ir.hint(s) for s in value.shape], [ir.hint(s) for s in value.stride()]
+        traced = ir.stride_of(value)
+        symbolic = [d for d, n in enumerate(value.shape) if ir.is_symbolic(ir.size_expr(n))]
+        if not any(ir.is_symbolic(s) for s in traced) and len(symbolic) == 1 and \
+                hints[1][symbolic[0]] == max(hints[1]) and ir.gapped_layout(*hints) is not None:
+            # (one dim of symbolic size, the outermost: its items never overlap at any size)
+            return cls((None, None, tuple(traced)))
+        layout = ir.gapped_layout(*hints)
+        if layout is not None and any(g != 1 for g in layout[1]) and \
+                [ir.size_expr(s) for s in ir.gapped_strides(value.shape, *layout)] == traced:
+            return cls((*layout, None))
+        return cls((ir.stride_order(hints[1]), None, None))
 
-def dense_strides(shape, order: list) -> tuple:
-    """The strides of a tensor of `shape` dense in memory with its dims in `order`."""
-    stride, step = [0] * len(shape), 1
-    for d in reversed(order):
-        stride[d], step = step, step * max(shape[d], 1)
-    return tuple(stride)
+    def strides(self, shape) -> tuple:
+        order, gaps, fixed = self
+        if fixed is not None:
+            return fixed
+        return tuple(ir.gapped_strides(shape, order, gaps) if gaps is not None else ir.dense_strides(shape, order))
 
 
 def _laid_out(value, layout):
     """A saved value laid out as `_layout` says the backward reads it."""
     if layout is None:
         return value
-    if isinstance(layout, list):
-        layout = dense_strides(value.shape, layout)
+    if isinstance(layout, SymbolicLayout):
+        layout = layout.strides(value.shape)
     return as_layout(value, layout)
 
 

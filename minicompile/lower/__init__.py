@@ -118,7 +118,8 @@ def _traced_symbolic_values(gm: torch.fx.GraphModule, example_inputs):
     graph traced on size symbols (autograd/) hold each node's fake value in `meta["val"]`, its
     sizes expressions of the trace's symbols. Taken where each placeholder's value is laid out
     as its example input (the forward's are the trace's primals; a backward's inputs are dense,
-    in the order of their dims in memory, as CompiledTraining hands them over) and every symbol
+    in the order of their dims in memory, or views with room between their items, as
+    CompiledTraining hands them over: autograd.function.SymbolicLayout) and every symbol
     of the trace's shape environment is some input's size (a dim, or a size input, that is that
     symbol alone), which the wrapper reads. Running the graph again would work the same sizes
     out once more, over symbols of its own per dynamic dim. (None, None) otherwise."""
@@ -137,7 +138,15 @@ def _traced_symbolic_values(gm: torch.fx.GraphModule, example_inputs):
                     or _hinted(val.shape) != list(example.shape) or _hinted(val.stride()) != list(example.stride()) \
                     or {d for d, size in enumerate(val.shape) if isinstance(size, torch.SymInt)} != dims:
                 return None, None
-            if dims and ir.stride_of(val) != ir.dense_strides(ir.shape_of(val), ir.stride_order(example.stride())):
+            # (its traced strides where they are numbers; else dense in the order of its dims in
+            # memory, or a view with room between its items, at every size)
+            layout = ir.gapped_layout(example.shape, example.stride())
+            expected = list(example.stride()) if not any(ir.is_symbolic(s) for s in ir.stride_of(val)) \
+                and list(example.stride()) == _hinted(val.stride()) else \
+                ir.dense_strides(ir.shape_of(val), ir.stride_order(example.stride())) \
+                if layout is None or all(g == 1 for g in layout[1]) else \
+                [ir.size_expr(s) for s in ir.gapped_strides(ir.shape_of(val), *layout)]
+            if dims and ir.stride_of(val) != expected:
                 return None, None
         elif dims or isinstance(val, (torch.SymInt, torch.SymFloat, torch.SymBool)):
             return None, None
