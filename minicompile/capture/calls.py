@@ -462,7 +462,8 @@ class CallsMixin:
                 return self.call_function(TorchFunctionVariable(torch.tensor), list(args),
                                           {"dtype": ConstantVariable(dtype), "device": ConstantVariable(device)})
             if tuple_subclass_with_python_new(fn.value):
-                new, _ = self.class_member(fn.value, "__new__"), self.class_member(fn.value, "__init__")
+                new = self.class_member(fn.value, "__new__")
+                self.class_member(fn.value, "__init__")        # (guarded to stay object's: not called)
                 return self.inline_call(new.__func__, [fn] + list(args), kwargs)
             if fn.value is torch.Size and all(a.is_constant() for a in args):
                 return ConstantVariable(torch.Size(*[a.as_example() for a in args]))

@@ -138,15 +138,7 @@ def _traced_symbolic_values(gm: torch.fx.GraphModule, example_inputs):
                     or _hinted(val.shape) != list(example.shape) or _hinted(val.stride()) != list(example.stride()) \
                     or {d for d, size in enumerate(val.shape) if isinstance(size, torch.SymInt)} != dims:
                 return None, None
-            # (its traced strides where they are numbers; else dense in the order of its dims in
-            # memory, or a view with room between its items, at every size)
-            layout = ir.gapped_layout(example.shape, example.stride())
-            expected = list(example.stride()) if not any(ir.is_symbolic(s) for s in ir.stride_of(val)) \
-                and list(example.stride()) == _hinted(val.stride()) else \
-                ir.dense_strides(ir.shape_of(val), ir.stride_order(example.stride())) \
-                if layout is None or all(g == 1 for g in layout[1]) else \
-                [ir.size_expr(s) for s in ir.gapped_strides(ir.shape_of(val), *layout)]
-            if dims and ir.stride_of(val) != expected:
+            if dims and ir.stride_of(val) != _strides_at_every_size(val, example):
                 return None, None
         elif dims or isinstance(val, (torch.SymInt, torch.SymFloat, torch.SymBool)):
             return None, None
@@ -165,6 +157,18 @@ def _traced_symbolic_values(gm: torch.fx.GraphModule, example_inputs):
 
 def _a_number(tensor) -> bool:
     return tensor.dim() == 0 and tensor.device.type == "cpu"
+
+
+def _strides_at_every_size(val, example) -> list:
+    """The strides, over the symbols of `val`'s sizes, of a tensor laid out as `example` is at
+    every size: its strides where they are numbers (a batch dim outermost); else dense in the
+    order of its dims in memory, or a view with whole gaps between its items (ir.gapped_layout)."""
+    if list(example.stride()) == ir.stride_of(val):
+        return list(example.stride())
+    layout = ir.gapped_layout(example.shape, example.stride())
+    if layout is None or all(g == 1 for g in layout[1]):
+        return ir.dense_strides(ir.shape_of(val), ir.stride_order(example.stride()))
+    return [ir.size_expr(s) for s in ir.gapped_strides(ir.shape_of(val), *layout)]
 
 
 def _one_device(example_inputs, values) -> torch.device:
