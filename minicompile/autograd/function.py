@@ -91,8 +91,8 @@ class _Function(torch.autograd.Function):
         # an inference-mode input (a cached embedding, a teacher's output), or a view of one,
         # cannot be saved: the partition saves inputs and their views where eager may save a
         # copy of one (t.clone() * x, t.clone() @ w), so a copy it is
-        # (a saved input too: at symbolic sizes the backward reads it dense, and an input may
-        # be a view with room between its items, a split's piece)
+        # (a saved input too: the backward reads each saved value as `_layout` says, and an
+        # input may be laid out otherwise, a split's piece)
         saved = [_laid_out(primals[k] if kind == "primal" else computed[k], stride)
                  for (kind, k), stride in zip(part.saved_from, plan.saved_strides)]
         ctx.sizes = [(k, saved[k]) for k in plan.sizes_at]       # (numbers: kept apart)
