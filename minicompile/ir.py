@@ -721,6 +721,14 @@ def gapped_strides(shape: Sequence, order: Sequence[int], gaps: Sequence[int]) -
     return strides
 
 
+def layout_strides(shape: Sequence, order: Sequence[int], gaps: Sequence[int] | None = None) -> list:
+    """The strides at these sizes of a tensor dense with its dims in `order` (outermost first),
+    with `gaps` (gapped_layout's) room after each dim's items where given."""
+    if gaps is None or all(g == 1 for g in gaps):
+        return dense_strides(shape, order)
+    return [size_expr(s) for s in gapped_strides(shape, order, gaps)]
+
+
 def stride_order(stride: Sequence[int]) -> list[int]:
     """The dims from outermost to innermost memory position (ties: the earlier dim outer)."""
     return sorted(range(len(stride)), key=lambda d: (-stride[d], d))

@@ -201,30 +201,27 @@ class SymbolicLayout(tuple):
     joint graph traced it where that holds at every size, since the backward's graph may view
     it only so (q's class token split off one qkv product: torchvision's MViT). `fixed`: the
     traced strides, where they are numbers and one dim, the outermost, has a symbolic size
-    (a batch dim). Else `gaps`: ir.gapped_layout's room after each
-    dim's items, where the traced strides are those at every size. Else (gaps None) dense, its
-    dims in `order`, from the outermost in memory to the innermost."""
+    (a batch dim). Else `gaps`: ir.gapped_layout's room after each dim's items, where the
+    traced strides are those at every size. Else (gaps None) dense, its dims in `order`, from
+    the outermost in memory to the innermost."""
 
     @classmethod
     def of(cls, value: torch.Tensor) -> "SymbolicLayout":
         hints = [ir.hint(s) for s in value.shape], [ir.hint(s) for s in value.stride()]
         traced = ir.stride_of(value)
+        layout = ir.gapped_layout(*hints)
         symbolic = [d for d, n in enumerate(value.shape) if ir.is_symbolic(ir.size_expr(n))]
         if not any(ir.is_symbolic(s) for s in traced) and len(symbolic) == 1 and \
-                hints[1][symbolic[0]] == max(hints[1]) and ir.gapped_layout(*hints) is not None:
+                hints[1][symbolic[0]] == max(hints[1]) and layout is not None:
             # (one dim of symbolic size, the outermost: its items never overlap at any size)
             return cls((None, None, tuple(traced)))
-        layout = ir.gapped_layout(*hints)
-        if layout is not None and any(g != 1 for g in layout[1]) and \
-                [ir.size_expr(s) for s in ir.gapped_strides(value.shape, *layout)] == traced:
+        if layout is not None and any(g != 1 for g in layout[1]) and ir.layout_strides(value.shape, *layout) == traced:
             return cls((*layout, None))
         return cls((ir.stride_order(hints[1]), None, None))
 
     def strides(self, shape) -> tuple:
         order, gaps, fixed = self
-        if fixed is not None:
-            return fixed
-        return tuple(ir.gapped_strides(shape, order, gaps) if gaps is not None else ir.dense_strides(shape, order))
+        return fixed if fixed is not None else tuple(ir.layout_strides(shape, order, gaps))
 
 
 def _laid_out(value, layout):

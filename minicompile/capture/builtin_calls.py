@@ -13,10 +13,10 @@ import contextlib
 import dataclasses
 import functools
 import inspect
-import re
 import itertools
 import math
 import operator
+import re
 import sys
 import types
 import typing

@@ -184,7 +184,6 @@ def _operator_statement(tx, fn, args, kwargs) -> Optional[VariableTracker]:
     return ConstantVariable(None)
 
 
-
 # the legacy typed-tensor classes, by the dtype and device of what torch.XTensor(data) makes
 _LEGACY_TENSOR_TYPES = {getattr(module, name): (dtype, device)
                         for module, device in ((torch, "cpu"), (torch.cuda, "cuda"))
@@ -194,6 +193,7 @@ _LEGACY_TENSOR_TYPES = {getattr(module, name): (dtype, device)
                                             ("ShortTensor", torch.int16), ("IntTensor", torch.int32),
                                             ("LongTensor", torch.int64), ("BoolTensor", torch.bool))
                         if hasattr(module, name)}
+
 
 class CallsMixin:
     def make_autocast(self, cls, args, kwargs) -> AutocastVariable:

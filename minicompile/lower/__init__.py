@@ -166,9 +166,8 @@ def _strides_at_every_size(val, example) -> list:
     if list(example.stride()) == ir.stride_of(val):
         return list(example.stride())
     layout = ir.gapped_layout(example.shape, example.stride())
-    if layout is None or all(g == 1 for g in layout[1]):
-        return ir.dense_strides(ir.shape_of(val), ir.stride_order(example.stride()))
-    return [ir.size_expr(s) for s in ir.gapped_strides(ir.shape_of(val), *layout)]
+    order, gaps = layout if layout is not None else (ir.stride_order(example.stride()), None)
+    return ir.layout_strides(ir.shape_of(val), order, gaps)
 
 
 def _one_device(example_inputs, values) -> torch.device:
@@ -203,6 +202,18 @@ def _example(n):
     return n.meta.get("example_value", n.meta.get("val"))
 
 
+def _device_of(v):
+    """A tensor's device; None for anything else, a CPU number included (it goes anywhere)."""
+    return v.device if isinstance(v, torch.Tensor) and not _a_number(v) else None
+
+
+def _indexes_into(n, u, main: torch.device) -> bool:
+    """Whether `u` uses `n` as an index into a tensor on `main` (the same items are read where
+    the index is on `main` too)."""
+    return u.op == "call_function" and u.target in _INDEXING and n not in u.args[0:1] \
+        and isinstance(u.args[0], torch.fx.Node) and _device_of(_example(u.args[0])) == main
+
+
 def _made_on(main: torch.device, nodes, real: dict) -> bool:
     """CPU tensors made from the graph's sizes alone, so not folded as constants: factory calls
     (EdgeNeXt's `torch.zeros((B, H, W)).to(device)`, `torch.arange(n)` at dynamic sizes) and
@@ -213,13 +224,9 @@ def _made_on(main: torch.device, nodes, real: dict) -> bool:
         return isinstance(v, torch.Tensor) and not _a_number(v) and v.device.type == "cpu"
 
     def leaves_for_main(n, u) -> bool:
-        v = _example(u)
         if u.op == "call_method" and u.target in _MOVES:
-            return isinstance(v, torch.Tensor) and v.device == main
-        if u.op == "call_function" and u.target in _INDEXING and n not in u.args[0:1]:
-            base = _example(u.args[0]) if isinstance(u.args[0], torch.fx.Node) else None
-            return isinstance(base, torch.Tensor) and base.device == main
-        return False
+            return _device_of(_example(u)) == main
+        return _indexes_into(n, u, main)
 
     group: list = []
     for n in nodes:
@@ -267,18 +274,13 @@ def fold_host_constants(gm: torch.fx.GraphModule, example_inputs) -> None:
     one device, which one program's kernels are made for. A graph compiled for training is
     folded before its joint graph is traced: a constant saved for the backward is then read
     by the backward itself, not handed on from the forward on the CPU."""
-    value = _example
-
-    def device_of(v):
-        return v.device if isinstance(v, torch.Tensor) and not _a_number(v) else None
-
     devices = collections.Counter(str(v.device) for v in example_inputs
                                   if isinstance(v, torch.Tensor) and not _a_number(v))
     if not devices:
         return
     main = torch.device(devices.most_common(1)[0][0])
     nodes = [n for n in gm.graph.nodes if n.op not in ("placeholder", "output")]
-    if not any(device_of(value(n)) not in (None, main) for n in nodes):
+    if not any(_device_of(_example(n)) not in (None, main) for n in nodes):
         return
     real: dict = {}                       # node -> its value, computed as eager does
     state = {name for name, _ in gm.named_parameters()} | {name for name, _ in gm.named_buffers()}
@@ -293,7 +295,7 @@ def fold_host_constants(gm: torch.fx.GraphModule, example_inputs) -> None:
                     real[n] = attr
                 continue
             if n.op not in ("call_function", "call_method") or ir.draws_random_numbers(n) \
-                    or any(i not in real for i in inputs) or not isinstance(value(n), torch.Tensor) \
+                    or any(i not in real for i in inputs) or not isinstance(_example(n), torch.Tensor) \
                     or aliasing.node_writes(n):
                 continue
             args, kwargs = torch.fx.node.map_arg((n.args, n.kwargs), lambda i: real[i])
@@ -309,10 +311,8 @@ def fold_host_constants(gm: torch.fx.GraphModule, example_inputs) -> None:
         if n not in real or all(u in real for u in n.users) or any(u.op == "output" for u in n.users):
             continue
         constant = real[n]
-        if device_of(constant) not in (None, main):
-            # only as indices into a tensor on the graph's device
-            if not all(u.op == "call_function" and u.target in _INDEXING and device_of(value(u.args[0])) == main
-                       and n not in u.args[0:1] for u in n.users):
+        if _device_of(constant) not in (None, main):
+            if not all(_indexes_into(n, u, main) for u in n.users):
                 continue
             constant = constant.to(main)
         elif n.op == "get_attr":
@@ -326,12 +326,11 @@ def fold_host_constants(gm: torch.fx.GraphModule, example_inputs) -> None:
         folded.meta["val"] = folded.meta["example_value"] = constant
         n.replace_all_uses_with(folded)
         folded_any = True
-    if moved_any and not folded_any:
-        gm.recompile()
     if folded_any:
         for n in reversed(nodes):
             if n in real and not n.users:
                 gm.graph.erase_node(n)
+    if moved_any or folded_any:
         gm.recompile()
 
 
