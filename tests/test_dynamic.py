@@ -640,6 +640,22 @@ def test_an_int_argument_that_changes_becomes_symbolic(kernel_backend):
         minicompile.compile(view_rows)(torch.randn(6), 4)
 
 
+def int_arithmetic_past_int64(x, n):
+    m = n * 8
+    return x + m % 1000, x[m % 5], m
+
+
+def test_int_arithmetic_on_an_int_argument_is_exact_past_int64(kernel_backend):
+    # the kernels compute a symbolic int in int64, Python exactly: 8 * n past int64 must not
+    # wrap (n * 8 % 1000 of 2**61 is 616, not 0); such a call recompiles with n static
+    compiled = minicompile.compile(int_arithmetic_past_int64)
+    minicompile.metrics.reset()
+    for n in (5, 6, 7, 2 ** 61, 2 ** 62 + 3, 9, -(2 ** 61)):
+        x = randn(5, 7, device=DEVICE)
+        assert_same(compiled(x, n), int_arithmetic_past_int64(x, n))
+    assert minicompile.metrics.graphs == 5     # 5, then generic in n, then one per value past int64
+
+
 SCALE = 2.0
 
 

@@ -75,6 +75,9 @@ METADATA_METHODS = {"size", "dim", "ndimension", "numel", "nelement", "stride",
                     "get_device", "storage_offset", "type", "__len__", "is_signed"}
 
 
+INT64_MIN, INT64_MAX = -2 ** 63, 2 ** 63 - 1
+
+
 # Integer arithmetic kept symbolic on dynamic sizes (anything else specializes them)
 COMPARE_SYMBOLS = {operator.eq: "==", operator.ne: "!=", operator.lt: "<", operator.le: "<=",
                    operator.gt: ">", operator.ge: ">="}
@@ -1102,10 +1105,29 @@ class OutputGraph:
                 if isinstance(v, SymIntVariable):
                     v.as_example()           # static, guarded by value
             raise self.tx.observed(e) from None
+        if type(example) is int and not INT64_MIN <= example <= INT64_MAX:
+            # the kernels compute ints in int64, Python exactly: a result past int64 is made
+            # here, from the operands' values (static from now on, guarded by value)
+            for v in operands:
+                if isinstance(v, SymIntVariable):
+                    v.as_example()
+            return ConstantVariable(example)
         proxy = self.tracer.create_proxy("call_function", op, tuple(v.as_proxy() for v in operands), {})
         self._set_meta(proxy.node, example)
         deps = [t for v in operands if isinstance(v, SymIntVariable) for t in v.deps]
-        return SymIntVariable(proxy, example, deps, self.specialize_sizes)
+        result = SymIntVariable(proxy, example, deps, self.specialize_sizes)
+        if type(example) is int and (abs(example) > 2 ** 31 or any(not isinstance(t, TensorVariable) for t in deps)):
+            # an int input (unbounded, unlike a size) or a large result: that it stays in
+            # int64 on the calls to come is a condition of the guard (else a recompile
+            # makes it above); one that cannot be written so makes the operands static
+            text = self._number_text(result)
+            if text is None:
+                for v in operands:
+                    if isinstance(v, SymIntVariable):
+                        v.as_example()
+                return ConstantVariable(example)
+            self.guards.shape_condition(f"{INT64_MIN} <= {text} <= {INT64_MAX}", f"{text} fits in int64")
+        return result
 
     def lift(self, proxies):
         """Proxies (nested in tuples/lists/dicts) of an enclosing graph -> inputs of the
