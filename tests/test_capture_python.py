@@ -2905,3 +2905,34 @@ def test_a_tuple_subclass_with_its_own_new_is_made_in_the_trace():
     assert _outcome(minicompile.compile(tuple_subclass_of_a_tensor), x) == _outcome(tuple_subclass_of_a_tensor, x)
     assert _outcome(minicompile.compile(tuple_subclasses_made_in_the_frame), x, "2x0e+1x-1o") == \
         _outcome(tuple_subclasses_made_in_the_frame, x, "2x0e+1x-1o")
+
+
+class _RunsAsPython(torch.nn.Module):
+    @minicompile.disable
+    def forward(self, x):
+        return x * 3
+
+
+class _SlicedHead(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.net = torch.nn.Sequential(torch.nn.Linear(6, 8), _RunsAsPython(), torch.nn.GELU(), torch.nn.Linear(8, 2))
+        self.blocks = torch.nn.ModuleList([torch.nn.Linear(6, 6), _RunsAsPython(), torch.nn.Tanh()])
+
+    def forward(self, x):
+        for block in self.blocks[1:]:
+            x = block(x)
+        return self.net[:3](x) + 1
+
+
+def test_a_slice_of_a_sequential_called_across_a_graph_break_is_the_container_eager_makes():
+    # a break inside the slice's call runs the slice as Python: it must be the Sequential
+    # (or ModuleList) eager's slicing makes, not a list of its modules
+    model = _SlicedHead()
+    compiled = minicompile.compile(model)
+    for rows in (4, 5):
+        x = torch.randn(rows, 6)
+        assert_same(compiled(x), model(x))
+    # an op that fails inside the slice fails with eager's error, not "'list' is not callable"
+    with pytest.raises(RuntimeError, match="same dtype"):
+        compiled(torch.randn(4, 6, dtype=torch.float64))

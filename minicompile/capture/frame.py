@@ -342,6 +342,10 @@ class TemplateBuilder:
             return ["src", self._source_fn(v.source)]
         if isinstance(v, V.SetVariable):                # made again each time, as eager made it
             return ["set", v.maker()]
+        if isinstance(v, V.ModuleSliceVariable) and v.parent is not None and len(v.items) == len(v.sliced) \
+                and all(a is b for a, b in zip(v.items, v.sliced)):
+            # a slice of a Sequential or ModuleList: the container eager's slicing makes
+            return ["call", ["attr", self.build(v.parent), "__getitem__"], [["const", v.index]], []]
         if isinstance(v, V.NamedTupleVariable):
             return ["namedtuple", v.tuple_cls, [self.build(i) for i in v.items]]
         if isinstance(v, V.BaseListVariable):

@@ -1409,7 +1409,8 @@ class InstructionTranslator(CallsMixin):
                 and isinstance(obj.module, (torch.nn.ModuleList, torch.nn.Sequential)):
             # a slice of a ModuleList (`self.layers[:n]`): its modules, each through its source
             names = list(self.output.members(obj))[idx.as_example()]
-            return ModuleSliceVariable([self.load_module_attr(obj, k) for k in names], type(obj.module))
+            return ModuleSliceVariable([self.load_module_attr(obj, k) for k in names], type(obj.module),
+                                       obj, idx.as_example())
         if isinstance(obj, NNModuleVariable) and idx.is_constant():
             held = self.parameter_container_item(obj, idx.as_example())
             if held is not None:

@@ -190,9 +190,12 @@ class ModuleSliceVariable(ListVariable):
     read through its source. Eager makes a new container of the class: called, a Sequential's
     slice runs its modules in order; type() is the class."""
 
-    def __init__(self, items, module_cls: type):
+    def __init__(self, items, module_cls: type, parent: Optional[VariableTracker] = None,
+                 index: Optional[slice] = None):
         super().__init__(items)
         self.module_cls = module_cls
+        self.parent, self.index = parent, index       # parent[index] makes it again (a graph break)
+        self.sliced = list(items)
 
 
 class SizeVariable(TupleVariable):
