@@ -163,6 +163,8 @@ def _resolve_backend(backend) -> tuple[Callable, str]:
 class CompiledFunction:
     """A function whose calls go through minicompile's cache of compiled entries."""
 
+    _minicompile_original = "fn"          # (capture.breaks.COMPILED_ORIGINAL: traced inside another's)
+
     def __init__(self, fn: Callable, *, fullgraph: bool, backend, dynamic, options=None):
         self.fn = fn
         self.options = dict(options or {})
@@ -779,6 +781,8 @@ class CompiledModule(torch.nn.Module):
     """What compile(module) returns: it behaves like the original module (its parameters,
     state_dict keys and attributes are the original's), and its forward is compiled."""
 
+    _minicompile_original = "_orig_mod"   # (capture.breaks.COMPILED_ORIGINAL: traced inside another's)
+
     def __init__(self, mod: torch.nn.Module, **options):
         super().__init__()
         self._orig_mod = mod
@@ -796,6 +800,15 @@ class CompiledModule(torch.nn.Module):
         self.__dict__["_inner"], self.__dict__["_options"] = inner, options
         self.__dict__["_forward_fn"] = _function_of(inner.forward)
         self.__dict__["_own_call"] = own_call is not None
+
+    def __call__(self, *args, **kwargs):
+        # the original's call (call_around) runs its hooks and the global ones; nn.Module's
+        # call of this wrapper would run the global ones a second time (torch.compile's
+        # OptimizedModule does, with a warning). Hooks put on the wrapper itself run as
+        # nn.Module runs them.
+        if self._forward_hooks or self._forward_pre_hooks or self._backward_hooks or self._backward_pre_hooks:
+            return super().__call__(*args, **kwargs)
+        return self.forward(*args, **kwargs)
 
     def forward(self, *args, **kwargs):
         if self._own_call:

@@ -444,3 +444,73 @@ def test_values_on_the_cpu_in_a_gpu_graph_stay_on_the_cpu(fn):
             for e, g in zip(torch.utils._pytree.tree_leaves(expected), torch.utils._pytree.tree_leaves(got)):
                 assert g.device == e.device
                 torch.testing.assert_close(g, e)
+
+
+@minicompile.compile
+def _compiled_on_its_own(x):
+    return x.sin() * 2
+
+
+def _calls_a_compiled_function(x):
+    return _compiled_on_its_own(x + 1).cos()
+
+
+class _Block(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.lin = nn.Linear(6, 6)
+
+    def forward(self, x):
+        return F.gelu(self.lin(x)) + x
+
+
+class _Blocks(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.blocks = nn.ModuleList([minicompile.compile(_Block()) for _ in range(3)])
+
+    def forward(self, x):
+        for block in self.blocks:
+            x = block(x)
+        return x
+
+
+def test_a_compiled_function_or_module_called_in_another_trace_is_traced_there():
+    # as TorchDynamo inlines the original of a torch.compile'd callable it meets: one graph,
+    # no break in minicompile's own call machinery
+    compiled = minicompile.compile(_calls_a_compiled_function)
+    x = torch.randn(5)
+    expected = _calls_a_compiled_function(x)     # (compiles the inner one on its own)
+    minicompile.metrics.reset()
+    assert_same(compiled(x), expected)
+    assert minicompile.metrics.graphs == 1 and minicompile.metrics.graph_breaks == 0
+    model = _Blocks().eval()
+    compiled = minicompile.compile(model)
+    with torch.no_grad():
+        x = torch.randn(4, 6)
+        expected = model(x)
+        minicompile.metrics.reset()
+        assert_same(compiled(x), expected)
+    assert minicompile.metrics.graphs == 1 and minicompile.metrics.graph_breaks == 0
+
+
+def test_global_module_hooks_run_once_per_module_call_through_a_compiled_module():
+    # the wrapper compile() returns is no module of eager's: global hooks see the model's
+    # modules only (torch.compile's OptimizedModule is seen too, with a warning)
+    seen = []
+    model = nn.Sequential(nn.Linear(3, 3), nn.ReLU())
+    handle = nn.modules.module.register_module_forward_hook(lambda m, args, out: seen.append(type(m).__name__))
+    try:
+        x = torch.randn(2, 3)
+        model(x)
+        expected, seen[:] = list(seen), []
+        compiled = minicompile.compile(model)
+        for _ in range(2):
+            compiled(x)
+            assert seen == expected == ["Linear", "ReLU", "Sequential"]
+            seen.clear()
+        compiled.register_forward_hook(lambda m, args, out: seen.append("own"))
+        compiled(x)                     # a hook on the wrapper itself runs too
+        assert seen.count("own") == 1
+    finally:
+        handle.remove()

@@ -26,6 +26,12 @@ def source_line(filename: str, lineno: Optional[int]) -> str:
 DISABLE_MARK = "_minicompile_disable"
 
 
+# A compiled callable's class (api.CompiledFunction, api.CompiledModule) names under this the
+# attribute that holds what it compiles: a trace that calls it calls that (hooks included),
+# as TorchDynamo inlines the original of a torch.compile'd function or module it meets
+COMPILED_ORIGINAL = "_minicompile_original"
+
+
 def never_traced(fn) -> Optional[str]:
     """Why `fn` must run as Python, never traced: marked by minicompile.disable, or by
     torch.compiler.disable (whose marks TorchDynamo reads), or None."""

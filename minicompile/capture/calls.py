@@ -28,7 +28,7 @@ import torch.fx
 from .. import custom_ops, ir, optim
 from . import polyfills, pytree_calls
 from .autograd_function import call_apply, is_apply
-from .breaks import ObservedException, Unsupported, never_traced
+from .breaks import COMPILED_ORIGINAL, ObservedException, Unsupported, never_traced
 from .bytecode import BINARY_OPS, COMPARE_OPS
 from .sources import AttrSource, HelperSource, ItemSource, RootSource, module_member_source
 from .builtin_calls import (_BUILTIN_HANDLERS, _COMPILING_QUERIES, FLOAT_TO_INT, ContainerReadVariable, class_attr,
@@ -212,6 +212,10 @@ class CallsMixin:
                       kwargs: Dict[str, VariableTracker]) -> VariableTracker:
         out = self.output
         real = getattr(fn, "value", None)
+        if isinstance(fn, (UserObjectVariable, NNModuleVariable)) and (original := getattr(
+                type(fn.module if isinstance(fn, NNModuleVariable) else fn.value), COMPILED_ORIGINAL, None)):
+            # one compiled on its own, called in this trace: what it compiles, traced here
+            return self.call_function(self.load_attr(fn, original), args, kwargs)
         if self.parent is None and _hashable(real) and real in _READ_THE_CALLER and \
                 (real not in (vars, dir) or not args):
             err = self.unsupported(f"call to {real.__name__}(), which reads the frame that calls it",
