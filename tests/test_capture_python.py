@@ -2936,3 +2936,64 @@ def test_a_slice_of_a_sequential_called_across_a_graph_break_is_the_container_ea
     # an op that fails inside the slice fails with eager's error, not "'list' is not callable"
     with pytest.raises(RuntimeError, match="same dtype"):
         compiled(torch.randn(4, 6, dtype=torch.float64))
+
+
+def _keyed_by_tensors(a, b, c):
+    seen = {a: "a"}
+    seen[b] = "b"
+    if c in seen:
+        return a * len(seen)
+    names = [seen[t] for t in (a, b)]
+    return a + b if names == ["a", "b"] else a - b
+
+
+def test_a_dict_keyed_by_tensors_is_keyed_by_which_tensor_each_is():
+    # Python hashes a tensor by identity: the trace's dict holds one key per tensor, and the
+    # guard checks that the call's tensors are one object where they were (f(x, x) is not f(x, y))
+    compiled = minicompile.compile(_keyed_by_tensors)
+    x, y = torch.randn(3), torch.randn(3)
+    for args in [(x, y, x), (x, y, torch.randn(3)), (x, x, y), (y, x, x), (x, y, y)]:
+        assert_same(compiled(*args), _keyed_by_tensors(*args))
+    assert minicompile.metrics.graph_breaks == 0
+
+
+class _TiedHead(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.embed = torch.nn.Embedding(11, 6)
+        self.mix = torch.nn.Linear(6, 6)
+        self.head = torch.nn.Linear(6, 11, bias=False)
+        self.head.weight = self.embed.weight              # tied, as a language model's are
+        self.register_buffer("scale", torch.tensor(0.5))
+
+    def forward(self, ids):
+        return self.head(torch.tanh(self.mix(self.embed(ids))) * self.scale)
+
+
+def test_functional_call_runs_the_module_on_the_given_tensors_in_one_graph():
+    from torch.func import functional_call
+    model = _TiedHead()
+    before = dict(model.named_parameters())
+
+    def step(params, ids):
+        return functional_call(model, params, (ids,))
+    compiled = minicompile.compile(step)
+    for n in (5, 7):
+        ids = torch.randint(0, 11, (2, n))
+        params = {k: (v * 1.5).detach().requires_grad_() for k, v in model.named_parameters()}
+        params["scale"] = torch.tensor(2.0)
+        ref = {k: v.detach().clone().requires_grad_() for k, v in params.items()}
+        out, expected = compiled(params, ids), step(ref, ids)
+        assert_same(out, expected)
+        out.square().mean().backward()
+        expected.square().mean().backward()
+        for k in params:
+            if params[k].requires_grad:
+                assert_same(params[k].grad, ref[k].grad)
+    assert minicompile.metrics.graph_breaks == 0
+    # the module has its own tensors back, the tie kept
+    assert dict(model.named_parameters()) == before and model.head.weight is model.embed.weight
+    # two values for one tied tensor: eager's error
+    params = {k: v.detach().clone() for k, v in model.named_parameters(remove_duplicate=False)}
+    with pytest.raises(ValueError, match="tied"):
+        compiled(params, ids)

@@ -25,6 +25,7 @@ from typing import Any, Callable, Dict, Optional
 import numpy as np
 import torch
 import torch.fx
+from torch.nn.utils._named_member_accessor import NamedMemberAccessor
 
 
 from .breaks import ObservedException, Unsupported
@@ -738,8 +739,10 @@ def _custom_getattr(cls) -> bool:
 _BUILTIN_BASES = (object, dict, list, tuple, set, frozenset, str, int, float, type)
 
 
-# classes of the standard library written in Python, whose methods the capture can trace
-_PYTHON_STDLIB_CLASSES = {contextlib._GeneratorContextManager, contextlib.suppress}
+# classes of the standard library's and torch's written in Python, whose methods the capture
+# can trace (torch.func.functional_call swaps a module's tensors through a NamedMemberAccessor)
+_PYTHON_LIBRARY_CLASSES = {contextlib._GeneratorContextManager, contextlib.suppress,
+                           NamedMemberAccessor}
 
 
 def is_distribution(cls) -> bool:
@@ -758,7 +761,7 @@ def _is_plain_user_class(cls) -> bool:
         return False
     top = cls.__module__.split(".")[0]
     if (top in sys.stdlib_module_names or top in ("torch", "builtins", "numpy")) and \
-            cls not in _PYTHON_STDLIB_CLASSES and not is_distribution(cls):
+            cls not in _PYTHON_LIBRARY_CLASSES and not is_distribution(cls):
         return False
     if issubclass(cls, (BaseException, torch.nn.Module, torch.Tensor, tuple, list, dict, set)):
         return False

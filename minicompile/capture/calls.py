@@ -47,7 +47,7 @@ from .values import (BaseListVariable, BoundMethodVariable, BuiltinVariable, Con
                      TorchFunctionVariable, TupleVariable, TypeVariable, UserFunctionVariable,
                      UserObjectVariable, VariableTracker, WithExitVariable, _constant_result, _hashable,
                      _DictFromKeys, _NoOpCallable, _UnboundConstantMethod, _UnboundTensorMethod, example_of, is_constant_value,
-                     is_model_output_class, dict_key, NO_KEY)
+                     is_model_output_class, dict_key, key_variable, NO_KEY)
 
 
 MAX_INLINE_DEPTH = 32
@@ -935,30 +935,34 @@ class CallsMixin:
                 obj.items = {k: obj.items[k] for k in real}
                 if fn.name == "popitem":
                     (k, v), = popped.items()
-                    return TupleVariable([ConstantVariable(k), v])
+                    return TupleVariable([key_variable(k), v])
                 return ConstantVariable(result)
+            if fn.name in ("pop", "setdefault") and (not args or dict_key(args[0]) is NO_KEY):
+                raise self.unsupported(f"dict.{fn.name}() of {args[0].describe() if args else 'no key'}")
             self.mutate(obj)
             if fn.name == "update":
                 new = _builtin_dict(self, args, kwargs)
                 obj.items.update(new.items)
                 return ConstantVariable(None)
             if fn.name == "pop":
-                key = args[0].as_example()
+                key = dict_key(args[0])
                 if key in obj.items:
                     return obj.items.pop(key)
                 if len(args) > 1:
                     return args[1]
                 raise self.unsupported(f"dict.pop of missing key {key!r}")
             if fn.name == "setdefault":
-                key = args[0].as_example()
+                key = dict_key(args[0])
                 if key not in obj.items:
                     obj.items[key] = args[1] if len(args) > 1 else ConstantVariable(None)
                 return obj.items[key]
             if fn.name == "clear":
                 obj.items.clear()
                 return ConstantVariable(None)
+            if not obj.items:
+                raise self.observed(KeyError("popitem(): dictionary is empty"))
             k, v = obj.items.popitem()
-            return TupleVariable([ConstantVariable(k), v])
+            return TupleVariable([key_variable(k), v])
         if isinstance(obj, DictVariable) and fn.name == "get" and args and (key := dict_key(args[0])) is not NO_KEY:
             default = args[1] if len(args) > 1 else ConstantVariable(None)
             return obj.items.get(key, default)

@@ -300,7 +300,7 @@ class TemplateBuilder:
         self._source_fn = source_fn
 
     # the kinds `rebuild` makes before their parts, so that a part may refer back to them
-    _CYCLIC_KINDS = ("list", "dict", "obj", "copy", "nested")
+    _CYCLIC_KINDS = ("list", "dict", "keyeddict", "obj", "copy", "nested")
 
     def build(self, v):
         key = id(v)
@@ -316,6 +316,12 @@ class TemplateBuilder:
             raise self.tx.unsupported(f"a reference cycle through a {t[0]!r} value",
                                       "minicompile cannot rebuild it as a Python value")
         return t
+
+    def _dict_items(self, v):
+        if any(isinstance(k, V.TensorKey) for k in v.items):         # keys made as the values are
+            return ["keyeddict", [(self.build(k.var) if isinstance(k, V.TensorKey) else ["const", k], self.build(i))
+                                  for k, i in v.items.items()]]
+        return ["dict", [(k, self.build(i)) for k, i in v.items.items()]]
 
     def _build(self, v):
         if isinstance(v, V.TensorVariable):
@@ -353,10 +359,11 @@ class TemplateBuilder:
         if isinstance(v, V.ModelOutputVariable):
             return ["modeloutput", v.cls, [(k, self.build(i)) for k, i in v.items.items()]]
         if isinstance(v, V.DictVariable):
+            items = self._dict_items(v)
             if v.cls is not dict:                  # an OrderedDict, a defaultdict
                 return ["call", ["const", v.cls], ([self.build(v.factory)] if v.factory is not None else [])
-                        + [["dict", [(k, self.build(i)) for k, i in v.items.items()]]], []]
-            return ["dict", [(k, self.build(i)) for k, i in v.items.items()]]
+                        + [items], []]
+            return items
         if isinstance(v, V.OperatorGetterVariable):
             return ["call", ["const", v.cls], [self.build(a) for a in v.args],
                     [(k, self.build(a)) for k, a in v.kwargs.items()]]
@@ -505,6 +512,10 @@ def rebuild(t, outs, env, memo=None):
         r = memo[key] = {}
         for k, x in t[1]:
             r[k] = rebuild(x, outs, env, memo)
+    elif kind == "keyeddict":
+        r = memo[key] = {}
+        for k, x in t[1]:
+            r[rebuild(k, outs, env, memo)] = rebuild(x, outs, env, memo)
     elif kind == "modeloutput":
         r = t[1](**{k: rebuild(x, outs, env, memo) for k, x in t[2]})
     elif kind == "iter":

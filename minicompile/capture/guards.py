@@ -228,6 +228,12 @@ def storage_pattern(*tensors) -> tuple:
     return tuple(first.setdefault(p, i) for i, p in enumerate(ptrs))
 
 
+def object_pattern(*values) -> tuple:
+    """For each value, the position of the first one that is the same object."""
+    first: dict = {}
+    return tuple(first.setdefault(id(v), i) for i, v in enumerate(values))
+
+
 # how the generated code writes a local before it is named: \x01<n>\x01 (no repr() in the code
 # can hold a control character)
 LOCAL = "\x01"
@@ -820,6 +826,16 @@ class GuardBuilder:
                   [(f"STORAGE_PATTERN({refs}) == {pattern}",
                     "the graph writes an input, and the inputs now share memory differently")],
                   "tensor inputs share memory as in the trace (the graph writes one)",
+                  stack=False, others=sources[1:])
+
+    def object_pattern(self, sources: List[Source], pattern: tuple):
+        """Which of these values are one object: as in the trace (tensors it used as dict keys)."""
+        self.namespace["OBJECT_PATTERN"] = object_pattern
+        refs = ", ".join(["{e}"] + [f"{{e{j + 1}}}" for j in range(len(sources) - 1)])
+        self._add(("objects",), sources[0],
+                  [(f"OBJECT_PATTERN({refs}) == {pattern}",
+                    "tensors used as dict keys are now one object where they were two, or two where one")],
+                  "tensors used as dict keys are one object where they were in the trace",
                   stack=False, others=sources[1:])
 
     def global_state(self):

@@ -29,7 +29,7 @@ from .values import (DELETED, NULL, BaseListVariable, BoundMethodVariable, Built
                      NestedFunctionVariable, NNModuleVariable, PythonModuleVariable, SetVariable,
                      SliceVariable, SuperVariable, SymIntVariable, TensorVariable, TupleVariable,
                      TypeVariable, UserObjectVariable, WithExitVariable,
-                     AutocastVariable, NullContextVariable, dict_key, is_constant_value, NO_KEY)
+                     AutocastVariable, NullContextVariable, dict_key, is_constant_value, key_example, set_key, NO_KEY)
 
 
 # ===================================================================================
@@ -443,10 +443,13 @@ def store_item(tx, obj, idx, value):
     tx.no_tensor_bounds(idx)
     if isinstance(obj, TensorVariable):
         tx.output.call("call_function", operator.setitem, [obj, idx, value], {})
-    elif isinstance(obj, (ListVariable, DictVariable)) and idx.is_constant():
+    elif isinstance(obj, ListVariable) and idx.is_constant():
         key = idx.as_example()
-        if isinstance(obj, ListVariable) and isinstance(key, slice):
+        if isinstance(key, slice):
             value = tx.iterate(value)                # l[1:3] = iterable
+        tx.mutate(obj)
+        obj.items[key] = value
+    elif isinstance(obj, DictVariable) and (key := dict_key(idx)) is not NO_KEY:
         tx.mutate(obj)
         obj.items[key] = value
     else:
@@ -461,9 +464,14 @@ def _delete_subscr(tx, inst):
 
 def delete_item(tx, obj, idx):
     """del obj[idx] (also operator.delitem)."""
-    if isinstance(obj, (ListVariable, DictVariable)) and idx.is_constant():
+    if isinstance(obj, ListVariable) and idx.is_constant():
         tx.mutate(obj)
         del obj.items[idx.as_example()]
+    elif isinstance(obj, DictVariable) and (key := dict_key(idx)) is not NO_KEY:
+        if key not in obj.items:
+            raise tx.observed(KeyError(key_example(key)))
+        tx.mutate(obj)
+        del obj.items[key]
     else:
         raise tx.unsupported(f"del on {obj.describe()}")
 
@@ -805,7 +813,8 @@ def identical(tx, a, b) -> bool:
         r = False              # a size is an int, never None: not read (that would make it static)
     elif a.is_constant() and b.is_constant():
         r = a.as_example() is b.as_example()
-    elif (key_a := dict_key(a)) is not NO_KEY and (key_b := dict_key(b)) is not NO_KEY:
+    elif not isinstance(a, TensorVariable) and not isinstance(b, TensorVariable) and \
+            (key_a := dict_key(a)) is not NO_KEY and (key_b := dict_key(b)) is not NO_KEY:
         r = key_a is key_b                 # classes, functions, typing forms: each is itself
     elif _is_singleton(a) and not b.is_constant() or _is_singleton(b) and not a.is_constant():
         r = False              # None, True, False...: never an object the trace tracks
@@ -825,6 +834,9 @@ def identical(tx, a, b) -> bool:
     elif isinstance(a, _OBJECTS) and isinstance(b, _OBJECTS) and \
             (getattr(a, "source", None) is None or getattr(b, "source", None) is None):
         r = False                  # one made in the frame: only itself (a is b, above) is it
+    elif any(isinstance(t, TensorVariable) and isinstance(o, UserObjectVariable) and not isinstance(o.value, torch.Tensor)
+             for t, o in ((a, b), (b, a))):
+        r = False                  # a tensor is no object of another type (`t is not _MISSING`)
     else:
         raise tx.unsupported(f"'is' between {a.describe()} and {b.describe()}")
     return r
@@ -848,7 +860,7 @@ def contains(tx, container, item) -> bool:
         r = item.as_example() in container.as_example()
     elif isinstance(container, DictVariable) and (key := dict_key(item)) is not NO_KEY:
         r = key in container.items
-    elif isinstance(container, SetVariable) and (key := dict_key(item)) is not NO_KEY:
+    elif isinstance(container, SetVariable) and (key := set_key(item)) is not NO_KEY:
         r = key in container.real                         # (mode in {Mode.TRAIN, Mode.EVAL})
     elif item.is_constant() and isinstance(container, DictViewVariable) and container.kind == "keys":
         r = item.as_example() in container.dict_var.items
@@ -967,7 +979,7 @@ def _map_add(tx, inst):
 def _set_add(tx, inst):
     item = tx.pop()
     s = tx.stack[-inst.arg]
-    key = dict_key(item)
+    key = set_key(item)
     if not isinstance(s, SetVariable) or key is NO_KEY:
         raise tx.unsupported(f"adding {item.describe()} to a set",
                                "sets of Python constants are modelled, not sets of tensors")
@@ -977,7 +989,7 @@ def _set_add(tx, inst):
 
 @handles("BUILD_SET")
 def _build_set(tx, inst):
-    keys = [dict_key(i) for i in tx.popn(inst.arg)]      # constants, and objects that are their own key
+    keys = [set_key(i) for i in tx.popn(inst.arg)]      # constants, and objects that are their own key
     if any(k is NO_KEY for k in keys):
         raise tx.unsupported("a set of values that are neither constants nor classes, functions or Enum members")
     tx.push(SetVariable.made_by(set, keys))

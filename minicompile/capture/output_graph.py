@@ -39,7 +39,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from .. import aliasing, custom_ops, ir, logs
 from ..aliasing import storage_address
 from .breaks import Unsupported, never_traced
-from .guards import GuardBuilder, storage_pattern, viewed_dict
+from .guards import GuardBuilder, object_pattern, storage_pattern, viewed_dict
 from .sources import (AttrSource, GenericAttrSource, HelperSource, ItemSource, LocalSource, RootSource, Source,
                       item_source)
 from .builtin_calls import _BUILTIN_HANDLERS
@@ -322,6 +322,7 @@ class OutputGraph:
         # and the sources of inputs whose memory the trace writes (guard_written_inputs)
         self.input_storages: Dict[Any, List[Source]] = {}
         self.written_inputs: set = set()
+        self.tensor_keys: List[TensorVariable] = []    # the call's tensors used as dict keys
         # an op was traced where the frame catches what it raises (a try or with body, here
         # or in a caller inlined): see Segment.rerun_on_raise
         self.ops_under_handler = False
@@ -1232,6 +1233,14 @@ class OutputGraph:
                 holder[loc[1]] = list(holder[loc[1]])
                 holder[loc[1]][loc[2]] = copy
         return True
+
+    def guard_tensor_keys(self) -> None:
+        """The call's tensors the trace used as dict keys: a dict holds one key for one object,
+        so the guard checks they are one object where they were (values.tensor_keys_to)."""
+        by_source = {v.source.expr(): v for v in self.tensor_keys}
+        if len(by_source) > 1:
+            keys = list(by_source.values())
+            self.guards.object_pattern([v.source for v in keys], object_pattern(*[v.example for v in keys]))
 
     def guard_written_inputs(self) -> None:
         """The graph writes inputs: the backend's functional graph is right only while the

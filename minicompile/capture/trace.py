@@ -23,7 +23,7 @@ from .bytecode import check_python_version, handler_at
 from .guards import ArgBinding, bind_arguments, frame_target
 from .sources import AttrSource, ItemSource, LocalSource, RootSource
 from .values import (DELETED, NULL, ClosureCellVariable, DictVariable, GlobalWritesVariable, IteratorVariable,
-                     ListVariable, UserObjectVariable, WithExitVariable)
+                     ListVariable, UserObjectVariable, WithExitVariable, tensor_keys_to)
 from .output_graph import OutputGraph, _is_internal_module_name
 from .translator import InstructionTranslator
 
@@ -157,7 +157,7 @@ def trace_segment(fn, args: tuple, kwargs: dict, offset: int = 0, *, breaks: boo
 
     # tracing runs the ops on real values: random ones draw from PyTorch's generator, which
     # is put back as it was, so the compiled code draws what eager would (ir.RANDOM_FUNCTIONS)
-    with ir.preserved_rng():
+    with ir.preserved_rng(), tensor_keys_to(output.tensor_keys):
         try:
             output.tx = tx
             for k in stack_names:
@@ -241,6 +241,7 @@ def trace_segment(fn, args: tuple, kwargs: dict, offset: int = 0, *, breaks: boo
     output.graph.eliminate_dead_code(is_impure_node=_is_impure)
     gm = torch.fx.GraphModule(output.root_module, output.graph)
     output.guard_written_inputs()
+    output.guard_tensor_keys()
     input_exprs = [s.expr() for s in output.input_sources]
     n_calls = sum(1 for n in gm.graph.nodes if n.op in ("call_function", "call_method", "call_module"))
     seg = F.Segment(code=code, offset=offset, gm=gm, example_inputs=list(output.input_examples),

@@ -52,7 +52,8 @@ from .values import (DELETED, NULL, BaseListVariable, BoundArgumentsVariable, Bo
                      TensorVariable, example_of,
                      TorchFunctionVariable, TupleVariable, TypeVariable, UserFunctionVariable,
                      UserObjectVariable, VariableTracker, _constant_result, _DictFromKeys,
-                     _NoOpCallable, _UnboundConstantMethod, _UnboundTensorMethod, is_constant_value, dict_key, NO_KEY, key_variable, is_typing_form)
+                     _NoOpCallable, _UnboundConstantMethod, _UnboundTensorMethod, is_constant_value, dict_key, NO_KEY, key_example,
+                     key_variable, is_typing_form)
 from .calls import CallsMixin
 from .iterators import ITERATORS, drain, user_iter
 from . import instructions  # noqa: F401  (registers the opcode handlers)
@@ -1388,7 +1389,7 @@ class InstructionTranslator(CallsMixin):
                 self.mutate(obj)
                 obj.items[key] = value
             if key not in obj.items:
-                raise self.observed(KeyError(key))
+                raise self.observed(KeyError(key_example(key)))
             return obj.items[key]
         if isinstance(obj, ConstantVariable) and idx.is_constant():
             return ConstantVariable(self.on_constants(operator.getitem, obj.value, idx.as_example()))

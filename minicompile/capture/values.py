@@ -19,6 +19,8 @@ generators and exceptions save theirs with `state()`).
 """
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import itertools
 import enum
 import types
@@ -117,8 +119,50 @@ def is_typing_form(k) -> bool:
     return type(k).__module__ == "typing"
 
 
+class TensorKey:
+    """A tensor as a key of a dict the frame made (`{p: name for name, p in m.named_parameters()}`):
+    Python hashes a tensor by identity, so two keys are one where they are one tensor (its
+    variable's identity(); two of the call's own tensors are one where they were one object in
+    the trace, which the guard then checks: see `tensor_keys_to`)."""
+    __slots__ = ("var",)
+
+    def __init__(self, var: "TensorVariable"):
+        self.var = var.identity()
+
+    def __hash__(self):
+        return id(self.var.example)
+
+    def __eq__(self, other):
+        return isinstance(other, TensorKey) and other.var.example is self.var.example
+
+    def __repr__(self):
+        return self.var.describe()
+
+
+# the trace in progress collects here the call's own tensors it used as dict keys
+_TENSOR_KEYS: contextvars.ContextVar[Optional[list]] = contextvars.ContextVar("tensor_keys", default=None)
+
+
+@contextlib.contextmanager
+def tensor_keys_to(sink: list):
+    """While tracing, the variables of the call's tensors used as dict keys go into `sink`:
+    the guard keeps which of them are one object (OutputGraph.guard_tensor_keys)."""
+    token = _TENSOR_KEYS.set(sink)
+    try:
+        yield sink
+    finally:
+        _TENSOR_KEYS.reset(token)
+
+
+def key_example(k):
+    """A dict key of the trace as the Python value eager's dict has."""
+    return k.var.example if isinstance(k, TensorKey) else k
+
+
 def key_variable(k) -> "VariableTracker":
     """The variable for one of a dict's keys, read out of it (iteration, items())."""
+    if isinstance(k, TensorKey):
+        return k.var
     if is_constant_value(k):
         return ConstantVariable(k)
     if type(k) is tuple and is_identity_key(k) and all(is_constant_value(i) or isinstance(i, type) for i in k):
@@ -244,10 +288,10 @@ class DictVariable(VariableTracker):
         self.cls, self.factory = cls, factory
 
     def as_proxy(self):
-        return {k: v.as_proxy() for k, v in self.items.items()}
+        return {key_example(k): v.as_proxy() for k, v in self.items.items()}
 
     def as_example(self):
-        items = {k: v.as_example() for k, v in self.items.items()}
+        items = {key_example(k): v.as_example() for k, v in self.items.items()}
         if self.factory is not None:
             return self.cls(self.factory.as_example(), items)
         return items if self.cls is dict else self.cls(items)
@@ -966,9 +1010,15 @@ def _contains_tensor_value(v) -> bool:
 NO_KEY = object()
 
 
+def set_key(v: VariableTracker):
+    """The set item a variable stands for: dict_key's, but no tensor (sets hold constants)."""
+    return NO_KEY if isinstance(v, TensorVariable) else dict_key(v)
+
+
 def dict_key(v: VariableTracker):
-    """The dict key a variable stands for: a constant's value, or an identity key's object
-    (is_identity_key: a class, a function, a typing form); NO_KEY for anything else."""
+    """The dict key a variable stands for: a constant's value, an identity key's object
+    (is_identity_key: a class, a function, a typing form), a tensor's TensorKey; NO_KEY for
+    anything else."""
     if v.is_constant():
         return v.as_example()
     value = getattr(v, "value", NO_KEY)
@@ -977,5 +1027,11 @@ def dict_key(v: VariableTracker):
         return value
     if type(v) is TupleVariable:
         keys = tuple(dict_key(i) for i in v.items)
-        return keys if NO_KEY not in keys else NO_KEY
+        return keys if not any(k is NO_KEY or isinstance(k, TensorKey) for k in keys) else NO_KEY
+    if isinstance(v, TensorVariable):
+        key = TensorKey(v)
+        sink = _TENSOR_KEYS.get()
+        if key.var.source is not None and sink is not None:
+            sink.append(key.var)
+        return key
     return NO_KEY
