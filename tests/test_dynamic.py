@@ -563,6 +563,29 @@ def test_a_size_read_as_an_int_makes_only_its_own_dim_static(capsys):
     assert ours == 1
 
 
+def test_a_size_of_a_computed_tensor_read_as_an_int_makes_only_the_dims_it_is_made_of_static(capsys):
+    """An RNN-style loop over the length of a tensor the graph computed (an embedding of the
+    ids): the length is ids' dim 1, so that dim alone becomes static, and new batch sizes reuse
+    the graph."""
+    embed = nn.Embedding(97, 8)
+
+    def f(ids):
+        h = embed(ids)
+        _, n, _ = h.size()
+        s = torch.zeros_like(h[:, 0])
+        for t in range(n):
+            s = s * 0.5 + h[:, t]
+        return s
+    calls = [(torch.randint(0, 97, (b, n)),) for b, n in ((2, 5), (3, 9), (4, 9), (5, 9), (7, 9))]
+    minicompile.set_logs(dynamic=True)
+    try:
+        with torch.no_grad():
+            assert our_compiles(f, calls) == 2
+    finally:
+        minicompile.set_logs(dynamic=False)
+    assert "dims [1] made static" in capsys.readouterr().out
+
+
 def test_attention_with_a_dynamic_sequence_length(kernel_backend):
     import math
 
@@ -654,6 +677,31 @@ def test_int_arithmetic_on_an_int_argument_is_exact_past_int64(kernel_backend):
         x = randn(5, 7, device=DEVICE)
         assert_same(compiled(x, n), int_arithmetic_past_int64(x, n))
     assert minicompile.metrics.graphs == 5     # 5, then generic in n, then one per value past int64
+
+
+SIZES_SET_BY_A_NUMBER = {
+    "unfold": lambda x, n: (x.unfold(0, n, 1).shape, x.unfold(0, n, 1) + 1),
+    "pool": lambda x, n: F.avg_pool1d(x[None], n).shape[-1],
+    "split": lambda x, n: (len(x.split(n)), x.split(n)[-1] * 2),
+    "chunk": lambda x, n: len(x.chunk(n)),
+    "linspace": lambda x, n: (torch.linspace(0, 1, n).shape, torch.linspace(0, 1, n) + x[0, 0]),
+    "diag": lambda x, n: x.diag(n).shape,
+    "arange of a float": lambda x, a: (torch.arange(0, a, 0.25).sum(), len(torch.arange(0, a, 0.25))),
+    "interpolate by a float": lambda x, a: F.interpolate(x[None], scale_factor=a) * 2,
+}
+
+
+@pytest.mark.parametrize("name", SIZES_SET_BY_A_NUMBER)
+def test_sizes_an_int_or_float_argument_sets_are_its_own(name):
+    # a number argument that changed is a graph input; where an op's sizes (or how many
+    # tensors it gives) follow from its value, the number is static again, not the value of
+    # the call that compiled (the tensors' sizes did not change, so nothing else recompiled)
+    fn = SIZES_SET_BY_A_NUMBER[name]
+    compiled = minicompile.compile(fn)
+    numbers = (1.5, 2.25, 3.0, 4.75) if "float" in name else (2, 3, 4, 5)
+    x = randn(12, 6)
+    for n in numbers:
+        assert_same(compiled(x, n), fn(x, n))
 
 
 SCALE = 2.0

@@ -560,9 +560,17 @@ class OutputGraph:
             return ConstantVariable(t.example.size(d))
         proxy = self.tracer.create_proxy("call_method", "size", (t.as_proxy(), d), {})
         self._set_meta(proxy.node, t.example.size(d))
-        # (read from an input: the one dim it reveals)
-        dep = types.SimpleNamespace(node=t.node, dim=d) if t.node.op == "placeholder" else t
-        return SymIntVariable(proxy, t.example.size(d), [dep], self.specialize_sizes)
+        # read from an input: the one dim it reveals; from another tensor: the input dims its
+        # size is made of (else all of them)
+        if t.node.op == "placeholder":
+            deps = [types.SimpleNamespace(node=t.node, dim=d)]
+        else:
+            try:
+                size = self._fake_value(t.node).shape[d]
+            except Exception:       # (no fake run: _is_dynamic_dim assumed it dynamic)
+                size = None
+            deps = self._input_dims_of(size.node.expr.free_symbols) if isinstance(size, torch.SymInt) else None
+        return SymIntVariable(proxy, t.example.size(d), deps or [t], self.specialize_sizes)
 
     def shape_of(self, t: TensorVariable) -> VariableTracker:
         return SizeVariable([self.size_of(t, d) for d in range(t.example.dim())])
@@ -580,7 +588,39 @@ class OutputGraph:
             fake = self._fake_value(node)
         except Exception:           # the graph so far does not run on fake tensors: assume so
             return True
-        return isinstance(fake.shape[d], torch.SymInt)
+        if isinstance(fake.shape[d], torch.SymInt):
+            return True
+        self._specialized_by_shape_functions()
+        return False
+
+    def _specialized_by_shape_functions(self) -> None:
+        """Sizes PyTorch's shape functions made constants as the graph ran on fake tensors
+        (unfold's size, a pooling's kernel, linspace's steps: `Eq(s, 3)` in the shape
+        environment): a size the trace reads is then a constant only at that value, so those
+        inputs become static (guarded by value), as if the trace had read them."""
+        replaced = [sym for sym, value in self._fake[0].shape_env.replacements.items()
+                    if getattr(value, "is_Integer", False)]
+        read = [dep for dep in self._input_dims_of(replaced) or () if dep.node.meta.get("dynamic_dims")]
+        if read:
+            self.specialize_sizes(read, "PyTorch's shape function of an op needs its value")
+
+    def _input_dims_of(self, symbols) -> Optional[list]:
+        """The graph inputs' dims (and int inputs) that these size symbols of the fake run
+        stand for, as specialize_sizes takes them; None where one stands for none."""
+        shape_env = self._fake[0].shape_env
+        by_name = {n.name: n for n in self.root_graph.nodes if n.op == "placeholder"}
+        dims = []
+        for sym in symbols:
+            sources = shape_env.var_to_sources.get(sym)
+            if not sources:
+                return None
+            for src in sources:            # (one symbol for sizes equal in the trace: each of them)
+                node = by_name.get(getattr(getattr(src, "base", src), "source_name", None))
+                if node is None:
+                    return None
+                dims.append(types.SimpleNamespace(node=node, dim=src.idx) if hasattr(src, "idx")
+                            else types.SimpleNamespace(node=node))
+        return dims
 
     def _fake_value(self, node: torch.fx.Node):
         """The node's value as a fake tensor with symbolic sizes for the dynamic input dims,
@@ -820,6 +860,12 @@ class OutputGraph:
             sized = self._dynamic_size_call(kind, target, args, kwargs)
             if sized is not None:
                 return sized
+        if has_tensor or kind == "call_function" and _of_torch(target):
+            for v in sym_leaves(list(args) + list(kwargs.values())):
+                if type(v.example) is float and not _float_is_a_value(name):
+                    # (arange's end, interpolate's scale: it may set a size, which the fake
+                    # tensors cannot follow): static, guarded by value
+                    v.as_example()
         ex_args = [example_of(a) for a in args]
         ex_kwargs = {k: example_of(v) for k, v in kwargs.items()}
         if has_tensor and (kind == "call_method" and target in EFFECT_METHODS or
@@ -949,6 +995,8 @@ class OutputGraph:
                 d = dim.as_example()
             if self._is_dynamic_dim(t, d % t.example.dim()):
                 self.specialize_sizes([t], f"{name}() gives as many tensors as dim {d}'s size says")
+            for v in sym_leaves(list(args[1:]) + list(kwargs.values())):
+                v.as_example()          # (a split size, a count of chunks: static, guarded by value)
         proxy = self.tracer.create_proxy(kind, target, self.lift(tuple(_graph_arg(a) for a in args)),
                                          self.lift({k: _graph_arg(v) for k, v in kwargs.items()}))
         self._set_meta(proxy.node, result)
@@ -1295,6 +1343,26 @@ def _is_python_named_tuple(v: VariableTracker) -> bool:
     """A namedtuple of a Python class (a PackedSequence, whose fields and methods the callee
     reads): a graph holds it as a plain tuple."""
     return isinstance(v, NamedTupleVariable) and hasattr(v.tuple_cls, "_fields")
+
+
+# operator's names for the ATen ops they call (x / a is aten.div)
+_OPERATOR_ATEN = {"truediv": "div", "floordiv": "floor_divide", "mod": "remainder"}
+
+
+@functools.lru_cache(maxsize=None)
+def _float_is_a_value(name: str) -> bool:
+    """Whether an op takes a float argument as a value of its elements only, never as
+    something that sets a size: a pointwise op (ATen's tag), a foreach one, a fill. A float
+    graph input stays symbolic in those; any other op gets its value."""
+    if name.startswith("_foreach_") or name in ("fill", "fill_", "full_like"):
+        return True
+    base = name.strip("_")
+    for candidate in (base, base[1:]):             # (__rmul__, __itruediv__)
+        packet = getattr(torch.ops.aten, _OPERATOR_ATEN.get(candidate, candidate), None)
+        if isinstance(packet, torch._ops.OpOverloadPacket) and \
+                any(torch.Tag.pointwise in getattr(packet, o).tags for o in packet.overloads()):
+            return True
+    return False
 
 
 def _graph_arg(v: VariableTracker):
