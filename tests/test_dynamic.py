@@ -684,7 +684,7 @@ SIZES_SET_BY_A_NUMBER = {
     "pool": lambda x, n: F.avg_pool1d(x[None], n).shape[-1],
     "split": lambda x, n: (len(x.split(n)), x.split(n)[-1] * 2),
     "chunk": lambda x, n: len(x.chunk(n)),
-    "linspace": lambda x, n: (torch.linspace(0, 1, n).shape, torch.linspace(0, 1, n) + x[0, 0]),
+    "linspace": lambda x, n: (torch.linspace(0, 1, n).shape, torch.linspace(0, 1, n, device=x.device) + x[0, 0]),
     "diag": lambda x, n: x.diag(n).shape,
     "arange of a float": lambda x, a: (torch.arange(0, a, 0.25).sum(), len(torch.arange(0, a, 0.25))),
     "interpolate by a float": lambda x, a: F.interpolate(x[None], scale_factor=a) * 2,
