@@ -2997,3 +2997,21 @@ def test_functional_call_runs_the_module_on_the_given_tensors_in_one_graph():
     params = {k: v.detach().clone() for k, v in model.named_parameters(remove_duplicate=False)}
     with pytest.raises(ValueError, match="tied"):
         compiled(params, ids)
+
+
+def _pops_a_missing_key(x, key):
+    d = {"a": x, x: "tensor"}
+    try:
+        d.pop(key)
+        d.pop(key)
+    except KeyError as e:
+        return x * len(d), repr(e.args[0]) if isinstance(e.args[0], str) else "a tensor"
+    return x, ""
+
+
+def test_dict_pop_of_a_missing_key_raises_keyerror_in_the_graph():
+    compiled = minicompile.compile(_pops_a_missing_key)
+    x = torch.randn(3)
+    for key in ("a", "b", x):
+        assert_same(compiled(x, key), _pops_a_missing_key(x, key))
+    assert minicompile.metrics.graph_breaks == 0

@@ -47,7 +47,7 @@ from .values import (BaseListVariable, BoundMethodVariable, BuiltinVariable, Con
                      TorchFunctionVariable, TupleVariable, TypeVariable, UserFunctionVariable,
                      UserObjectVariable, VariableTracker, WithExitVariable, _constant_result, _hashable,
                      _DictFromKeys, _NoOpCallable, _UnboundConstantMethod, _UnboundTensorMethod, example_of, is_constant_value,
-                     is_model_output_class, dict_key, key_variable, NO_KEY)
+                     is_model_output_class, dict_key, key_example, key_variable, NO_KEY)
 
 
 MAX_INLINE_DEPTH = 32
@@ -950,7 +950,7 @@ class CallsMixin:
                     return obj.items.pop(key)
                 if len(args) > 1:
                     return args[1]
-                raise self.unsupported(f"dict.pop of missing key {key!r}")
+                raise self.observed(KeyError(key_example(key)))
             if fn.name == "setdefault":
                 key = dict_key(args[0])
                 if key not in obj.items:
