@@ -462,8 +462,8 @@ class _Functionalizer:
         bound.update(zip(names, node.args))
         bound.update(node.kwargs)
         call = self._new("call_function", aliasing.batch_norm_training,
-                         [self.current(bound[n]) for n in ("input", "running_mean", "running_var", "weight", "bias")]
-                         + [bound["momentum"], bound["eps"]])
+                         [self.current(bound[n]) for n in ("input", "running_mean", "running_var", "weight", "bias",
+                                                          "momentum", "eps")])
         out = self._new("call_function", operator.getitem, [call, 0])
         stat = {("arg", 1): 1, ("kwarg", "running_mean"): 1, ("arg", 2): 2, ("kwarg", "running_var"): 2}
         return [self._new("call_function", operator.getitem, [call, stat[loc]]) for loc in where], out

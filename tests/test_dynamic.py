@@ -704,6 +704,37 @@ def test_sizes_an_int_or_float_argument_sets_are_its_own(name):
         assert_same(compiled(x, n), fn(x, n))
 
 
+def batch_norm_by_momentum(x, running_mean, momentum):
+    return F.batch_norm(x, running_mean, torch.ones(6, device=x.device), training=True, momentum=momentum), running_mean
+
+
+@pytest.mark.parametrize("dynamic", [None, True])
+def test_a_float_argument_of_batch_norm_is_read_in_the_functional_graph(dynamic):
+    # functionalization handed batch_norm's momentum on as the captured graph's node: a float
+    # graph input then named no value of the new graph (KeyError in lowering)
+    compiled = minicompile.compile(batch_norm_by_momentum, dynamic=dynamic)
+    for momentum in (0.1, 0.2, 0.5, 0.9):
+        x, stats = randn(8, 6), randn(6)
+        assert_same(compiled(x, stats.clone(), momentum), batch_norm_by_momentum(x, stats.clone(), momentum))
+
+
+def add_into(x, out):
+    return torch.add(x, 1, out=out)
+
+
+def test_out_resized_by_eager_at_a_dynamic_size_is_resized():
+    # whether eager resizes `out` hangs on the sizes: a dynamic entry compiled where they
+    # matched must not run where they differ (the write back failed there)
+    compiled = minicompile.compile(add_into)
+    for n in (2, 3, 4, 5):
+        x = randn(n)
+        out, ref = torch.empty(3, device=DEVICE), torch.empty(3, device=DEVICE)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", UserWarning)      # (eager's deprecation of the resize)
+            assert_same(compiled(x, out), add_into(x, ref))
+        assert_same(out, ref)
+
+
 SCALE = 2.0
 
 

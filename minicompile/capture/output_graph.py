@@ -889,7 +889,13 @@ class OutputGraph:
         out_given, returned = ex_kwargs.get("out"), None
         if out_given is not None:
             # written on copies, and back only if the sizes stay: an `out=` of other sizes is
-            # resized by PyTorch, which the graph cannot model (and the examples must not see)
+            # resized by PyTorch, which the graph cannot model (and the examples must not see).
+            # Whether it is hangs on the sizes: static, guarded by value
+            if self.has_dynamic_inputs():
+                self.specialize_sizes([v for v in leaves if isinstance(v, TensorVariable)],
+                                      f"{name}(out=...) resizes its out tensor where the sizes differ")
+                for v in sym_leaves(leaves):
+                    v.as_example()
             ex_kwargs["out"] = _map_tensors(lambda t: t.clone(), out_given)
         try:
             with _ExampleOps(self.input_storages) as watch:
