@@ -735,6 +735,21 @@ def test_out_resized_by_eager_at_a_dynamic_size_is_resized():
         assert_same(out, ref)
 
 
+def size_as_python_compares_and_adds_it(x, n):
+    grown = x.shape + (n,)
+    return x * 1, x.shape == [x.shape[0], 6], list(x.shape) == x.shape, x.shape != [x.shape[0], 6], \
+        isinstance(grown, torch.Size), grown.numel(), isinstance((n,) + x.shape, torch.Size)
+
+
+def test_a_torch_size_with_dynamic_sizes_compares_and_adds_as_python():
+    # a tuple (torch.Size) never equals a list; torch.Size + tuple is a torch.Size, tuple +
+    # torch.Size a tuple: also where a size or the int beside it is symbolic
+    compiled = minicompile.compile(size_as_python_compares_and_adds_it)
+    for rows, n in ((2, 2), (3, 3), (4, 4), (5, 5), (4, 7)):
+        x = randn(rows, 6)
+        assert_same(compiled(x, n), size_as_python_compares_and_adds_it(x, n))
+
+
 SCALE = 2.0
 
 

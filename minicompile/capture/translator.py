@@ -975,7 +975,9 @@ class InstructionTranslator(CallsMixin):
                 return ConstantVariable(answer)
         if sym in ("==", "!=") and isinstance(a, BaseListVariable) and isinstance(b, BaseListVariable) \
                 and any(isinstance(v, SymIntVariable) for v in (*a.items, *b.items)):
-            same = self.same_items(a, b)
+            # (a tuple, torch.Size among them, never equals a list)
+            same = self.same_items(a, b) if issubclass(a.python_type, list) == issubclass(b.python_type, list) \
+                else False
             if same is not None:
                 return ConstantVariable(same == (sym == "=="))
         # sizes inside tuples (`x.size()[:-1] + (heads, -1)`) are kept as they are below: folding
@@ -986,12 +988,10 @@ class InstructionTranslator(CallsMixin):
             return self.output.call("call_function", op, [a, b], {})
         if isinstance(b, ConstantVariable) and isinstance(b.value, (tuple, list)) and \
                 isinstance(a, BaseListVariable):
-            b = (TupleVariable if isinstance(b.value, tuple) else ListVariable)(
-                [ConstantVariable(v) for v in b.value])
+            b = _sequence_variable(b.value)
         if isinstance(a, ConstantVariable) and isinstance(a.value, (tuple, list)) and \
                 isinstance(b, BaseListVariable):
-            a = (TupleVariable if isinstance(a.value, tuple) else ListVariable)(
-                [ConstantVariable(v) for v in a.value])
+            a = _sequence_variable(a.value)
         if isinstance(a, DictVariable) and isinstance(b, DictVariable) and sym in ("|", "|="):
             if sym == "|=":                          # that very dict changes
                 self.mutate(a)
@@ -1570,6 +1570,14 @@ def _operand_type(v: VariableTracker) -> Optional[type]:
 
 
 @functools.lru_cache(maxsize=4096)
+def _sequence_variable(value):
+    """A constant tuple, torch.Size or list as a variable of its kind, its items constants
+    (for an operator with a sequence holding sizes: torch.Size + (n,) is a torch.Size)."""
+    kind = SizeVariable if isinstance(value, torch.Size) else TupleVariable if isinstance(value, tuple) \
+        else ListVariable
+    return kind([ConstantVariable(v) for v in value])
+
+
 def _is_python_class(cls) -> bool:
     """A class of the user's (not torch's, not a builtin), whose attributes may be set."""
     return isinstance(cls, type) and type(cls) in (type, abc.ABCMeta) and not _torch_or_builtin(cls)
