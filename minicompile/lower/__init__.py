@@ -396,9 +396,11 @@ def lower(gm: torch.fx.GraphModule, example_inputs) -> ir.Program:
             program.outputs, program.output_spec = pytree.tree_flatten(outputs)
             program.outputs = _own_values(program.outputs, node.args[0], env, values)
             traced = pytree.tree_leaves(torch.fx.node.map_arg(node.args[0], lambda n: values.get(n)))
+            ran = pytree.tree_leaves(torch.fx.node.map_arg(node.args[0], lambda n: n.meta.get("example_value")))
             if len(traced) == len(program.outputs):
-                program.outputs = [_on_eager_device(program, _eager_layout(o, v), v)
-                                   for o, v in zip(program.outputs, traced)]
+                program.outputs = [_on_eager_device(program, _eager_layout(o, v, e), v)
+                                   for o, v, e in zip(program.outputs, traced,
+                                                      ran if len(ran) == len(traced) else traced)]
                 _expanded_as_eager(program.outputs, env, values)
             break
         args = torch.fx.node.map_arg(node.args, lambda n: env[n])
@@ -586,13 +588,15 @@ def _on_eager_device(program, box, value):
     return TensorBox(on_the_cpu, program, [stored])
 
 
-def _eager_layout(box, value):
+def _eager_layout(box, value, ran=None):
     """A graph output computed here is stored in the dense layout eager gives it (a relu of a
     channels-last convolution's result is channels-last): set before it is stored, or a copy
     if it is already stored otherwise (on a CPU, an input of a channels-last convolution that
     eager returns contiguous). PyTorch's result that comes back dense in another order than
     eager's (a convolution given a channels-last input here) is copied too, so code that views
-    the output behaves as in eager."""
+    the output behaves as in eager. `ran`: the output as eager's kernels made it in the trace,
+    whose dim order is eager's where the symbolic run's shape functions differ (a batch norm
+    or `2 ** x` of a transposed input is contiguous in eager, transposed by its meta kernel)."""
     if not isinstance(box, TensorBox) or not isinstance(value, torch.Tensor) \
             or value.dim() != len(box.shape):
         return box
@@ -604,10 +608,18 @@ def _eager_layout(box, value):
         # a graph generic in sizes: the order of eager's strides as the example has them (the
         # entry's guard keeps each input's layout, so the order holds for every call)
         hinted = _hinted(value.stride())
-        if box.computation is None or box.is_realized or hinted is None or 0 in hinted:
+        if hinted is None or 0 in hinted:
             return box
-        box.wanted_stride = ir.dense_strides(box.shape, ir.stride_order(hinted))
-        return box
+        if isinstance(ran, torch.Tensor) and not isinstance(ran, torch._subclasses.FakeTensor) and \
+                list(ran.shape) == _hinted(value.shape) and 0 not in ran.stride() and \
+                ir.stride_order(ran.stride()) != ir.stride_order(hinted):
+            # eager's kernel laid it out otherwise than its shape function says
+            value = ran
+        elif box.computation is None or box.is_realized:
+            return box
+        else:
+            box.wanted_stride = ir.dense_strides(box.shape, ir.stride_order(hinted))
+            return box
     stride = ir.dense_strides(box.shape, ir.stride_order(value.stride()))
     if box.computation is None:
         dense = value.is_contiguous() or (value.dim() == 4 and value.is_contiguous(memory_format=torch.channels_last))
