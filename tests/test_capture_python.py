@@ -3015,3 +3015,23 @@ def test_dict_pop_of_a_missing_key_raises_keyerror_in_the_graph():
     for key in ("a", "b", x):
         assert_same(compiled(x, key), _pops_a_missing_key(x, key))
     assert minicompile.metrics.graph_breaks == 0
+
+
+def _reads_a_free_variable_before_it_is_bound(x):
+    def inner():
+        return y + 1
+    try:
+        inner()
+    except NameError as e:
+        caught = (type(e).__name__, str(e))
+    y = x * 2
+    return inner(), caught
+
+
+def test_a_free_variable_read_before_it_is_bound_raises_pythons_nameerror():
+    # CPython raises NameError for a free variable, UnboundLocalError for a local of the frame
+    compiled = minicompile.compile(_reads_a_free_variable_before_it_is_bound)
+    x = torch.randn(3)
+    got, want = compiled(x), _reads_a_free_variable_before_it_is_bound(x)
+    assert got[1] == want[1] and want[1][0] == "NameError"
+    assert_same(got[0], want[0])

@@ -750,6 +750,55 @@ def test_a_torch_size_with_dynamic_sizes_compares_and_adds_as_python():
         assert_same(compiled(x, n), size_as_python_compares_and_adds_it(x, n))
 
 
+LAID_OUT_BY_EAGERS_KERNEL = {
+    "batch norm": lambda x: F.batch_norm(x, torch.zeros(6, device=x.device), torch.ones(6, device=x.device)),
+    "rrelu": lambda x: F.rrelu(x, 0.1, 0.3, training=False),
+    "power of a number": lambda x: 2 ** x.clamp(max=3),
+}
+
+
+@pytest.mark.parametrize("name", LAID_OUT_BY_EAGERS_KERNEL)
+def test_an_output_at_dynamic_sizes_is_laid_out_as_eagers_kernel_lays_it_out(name):
+    # of a transposed input, eager's kernel makes these contiguous where their shape
+    # functions (the symbolic run) say transposed: the output is eager's, and views as eager's
+    fn = LAID_OUT_BY_EAGERS_KERNEL[name]
+    compiled = minicompile.compile(fn, dynamic=True)
+    for x in (randn(8, 6), randn(9, 6), randn(6, 8).t()):
+        got, want = compiled(x), fn(x)
+        assert_same(got, want)
+        assert got.stride() == want.stride()
+        assert_same(got.view(-1), want.view(-1))
+
+
+def add_a_number(x, n):
+    return x.double() + n
+
+
+def clamp_by(x, bound):
+    return x.clamp(max=bound), torch.add(x, x, alpha=bound)
+
+
+@pytest.mark.parametrize("dynamic", [None, True])
+def test_numbers_past_what_the_kernels_take_are_eagers(dynamic):
+    # an int in [2**63, 2**64) is no int64 (eager takes it; the kernels wrapped it), and a
+    # float past float32's range is refused by eager's clamp (the symbolic kernel returned x)
+    compiled = minicompile.compile(add_a_number, dynamic=dynamic)
+    for n in (3, 4, 2 ** 63, 2 ** 63 + 1, 2 ** 64 - 1, -(2 ** 63), 5):
+        x = randn(4)
+        assert_same(compiled(x, n), add_a_number(x, n))
+    compiled = minicompile.compile(clamp_by, dynamic=dynamic)
+    for bound in (0.5, 1.5, float("inf"), 2.5, 1e39, -1e300, 0.25):
+        x = randn(4)
+        try:
+            want = clamp_by(x, bound)
+        except RuntimeError as e:
+            with pytest.raises(RuntimeError, match="without overflow"):
+                compiled(x, bound)
+            assert "without overflow" in str(e)
+        else:
+            assert_same(compiled(x, bound), want)
+
+
 SCALE = 2.0
 
 

@@ -521,7 +521,7 @@ class GuardBuilder:
             if dynamic:
                 # any value (as in TorchDynamo); the backend adds `>= 2` if it used an int as a size
                 check.parts = [(f"type({{e}}) is {kind}", f"type({d}) is {kind}")]
-                if kind == "int":        # (the kernels take int64: a larger one is eager's OverflowError)
+                if kind == "int":        # (the kernels take int64: a larger one is static, api's policy)
                     check.parts.append((f"-{2**63} <= {{e}} < {2**63}", f"{d} fits in int64"))
                 check.comment = f"{e}: a {kind} graph input (dynamic)"
             else:

@@ -640,6 +640,9 @@ def _load_deref(tx, inst):
     name = inst.argval
     cell = tx.closure_cells.get(name)
     if isinstance(cell, CellVariable):                  # a local of a frame in the trace
+        if cell.name not in cell.tx.locals and cell.name not in cell.tx.lazy_locals:
+            raise tx.observed(NameError(f"cannot access free variable '{name}' where it is not "
+                                        "associated with a value in enclosing scope"))
         tx.push(cell.tx.load_local(cell.name))
     elif isinstance(cell, ClosureCellVariable):
         tx.push(tx.read_cell(cell, name))

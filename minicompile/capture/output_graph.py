@@ -593,6 +593,29 @@ class OutputGraph:
         self._specialized_by_shape_functions()
         return False
 
+    def _float_arguments(self, name: str, floats: List[SymIntVariable], leaves: list) -> None:
+        """Float graph inputs given to an op: static (guarded by value) where the op may take one
+        as a size (arange's end, interpolate's scale: the fake tensors cannot follow it). Where it
+        is a value of elements, eager converts it to the tensors' dtype, and many ops refuse one
+        past that dtype's range ("value cannot be converted to type float without overflow",
+        clamp's bound, add's alpha): the guard keeps it within range, and one past it is static,
+        so the op's own check runs on it."""
+        widths = [torch.finfo(v.example.dtype).max for v in leaves if isinstance(v, TensorVariable)
+                  and v.example.dtype in (torch.float32, torch.float16, torch.bfloat16)]
+        for v in floats:
+            if not _float_is_a_value(name):
+                v.as_example()
+                continue
+            if not widths:
+                continue
+            limit = min(widths)
+            text = self._number_text(v)
+            if text is None or math.isfinite(v.example) and abs(v.example) > limit:
+                v.as_example()
+            else:
+                self.guards.shape_condition(f"(-{limit!r} <= {text} <= {limit!r} or abs({text}) == 1e999 or "
+                                            f"{text} != {text})", f"{text} is within the range of the tensors' dtype")
+
     def _specialized_by_shape_functions(self) -> None:
         """Sizes PyTorch's shape functions made constants as the graph ran on fake tensors
         (unfold's size, a pooling's kernel, linspace's steps: `Eq(s, 3)` in the shape
@@ -861,11 +884,9 @@ class OutputGraph:
             if sized is not None:
                 return sized
         if has_tensor or kind == "call_function" and _of_torch(target):
-            for v in sym_leaves(list(args) + list(kwargs.values())):
-                if type(v.example) is float and not _float_is_a_value(name):
-                    # (arange's end, interpolate's scale: it may set a size, which the fake
-                    # tensors cannot follow): static, guarded by value
-                    v.as_example()
+            floats = [v for v in sym_leaves(list(args) + list(kwargs.values())) if type(v.example) is float]
+            if floats:
+                self._float_arguments(name, floats, leaves)
         ex_args = [example_of(a) for a in args]
         ex_kwargs = {k: example_of(v) for k, v in kwargs.items()}
         if has_tensor and (kind == "call_method" and target in EFFECT_METHODS or
