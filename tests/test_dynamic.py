@@ -767,7 +767,8 @@ def test_an_output_at_dynamic_sizes_is_laid_out_as_eagers_kernel_lays_it_out(nam
         got, want = compiled(x), fn(x)
         assert_same(got, want)
         assert got.stride() == want.stride()
-        assert_same(got.view(-1), want.view(-1))
+        if want.is_contiguous():            # (on a GPU, eager's batch norm keeps the input's layout)
+            assert_same(got.view(-1), want.view(-1))
 
 
 def add_a_number(x, n):
