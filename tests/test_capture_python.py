@@ -2947,6 +2947,14 @@ def _keyed_by_tensors(a, b, c):
     return a + b if names == ["a", "b"] else a - b
 
 
+def _made_by_dict_and_ordered_dict(a, b):
+    pairs = dict(zip((a, b), (1, 2)))
+    ordered = collections.OrderedDict(((b, 1), (a, 2)))
+    ordered.move_to_end(b)
+    first = next(iter(ordered))
+    return a * len(pairs) + first, sum(k.sum() * v for k, v in pairs.items())
+
+
 def test_a_dict_keyed_by_tensors_is_keyed_by_which_tensor_each_is():
     # Python hashes a tensor by identity: the trace's dict holds one key per tensor, and the
     # guard checks that the call's tensors are one object where they were (f(x, x) is not f(x, y))
@@ -2954,6 +2962,9 @@ def test_a_dict_keyed_by_tensors_is_keyed_by_which_tensor_each_is():
     x, y = torch.randn(3), torch.randn(3)
     for args in [(x, y, x), (x, y, torch.randn(3)), (x, x, y), (y, x, x), (x, y, y)]:
         assert_same(compiled(*args), _keyed_by_tensors(*args))
+    compiled = minicompile.compile(_made_by_dict_and_ordered_dict)
+    for args in [(x, y), (x, x), (y, x)]:
+        assert_same(compiled(*args), _made_by_dict_and_ordered_dict(*args))
     assert minicompile.metrics.graph_breaks == 0
 
 

@@ -38,7 +38,7 @@ from .values import (DELETED, AutocastVariable, BaseListVariable, BoundMethodVar
                      PartialVariable, PythonModuleVariable, SetVariable, SliceVariable, SuperVariable,
                      SymIntVariable, TensorMethodVariable, TensorVariable,
                      TupleVariable, TypeVariable, UserObjectVariable, VariableTracker, example_of,
-                     _contains_tensor, is_constant_value, key_variable)
+                     _contains_tensor, dict_key, is_constant_value, key_variable, NO_KEY)
 
 
 # ----------------------------------------------------------------------------------------
@@ -466,9 +466,10 @@ def _builtin_dict(tx, args, kwargs):
         else:
             for pair in tx.iterate(src):
                 k, v = tx.unpack(pair, 2)
-                if not k.is_constant():
-                    raise tx.unsupported("dict() with non-constant keys")
-                items[k.as_example()] = v
+                key = dict_key(k)              # (a constant, a class or function, a tensor)
+                if key is NO_KEY:
+                    raise tx.unsupported(f"dict() with a key {k.describe()}")
+                items[key] = v
     items.update(kwargs)
     return DictVariable(items)
 

@@ -928,7 +928,10 @@ class CallsMixin:
                 if obj.cls is not collections.OrderedDict:
                     raise self.unsupported(f"dict.{fn.name}() with arguments")
                 real = collections.OrderedDict((k, k) for k in obj.items)
-                result = self.on_constants(getattr(real, fn.name), *[a.as_example() for a in args],
+                operands = [a.as_example() for a in args]
+                if fn.name == "move_to_end" and args and dict_key(args[0]) is not NO_KEY:
+                    operands[0] = dict_key(args[0])            # (a key as the dict holds it)
+                result = self.on_constants(getattr(real, fn.name), *operands,
                                            **{k: v.as_example() for k, v in kwargs.items()})
                 self.mutate(obj)
                 popped = {k: obj.items[k] for k in obj.items if k not in real}
