@@ -113,7 +113,7 @@ def _dynamic_policy(frame: "_FrameCache", offset: int, dynamic, backend):
             key, seen = frame.saw(offset, source, t)
             if dynamic is None and seen is not None and seen != t:
                 frame.auto_dynamic[key] = {0}
-            if type(t) is int and not -2 ** 63 <= t < 2 ** 63:
+            if type(t) is int and not ir.INT64_MIN <= t <= ir.INT64_MAX:
                 return set()            # (the kernels take int64: one past it is static, by value)
             return {0} if dynamic in (True, "numbers") or frame.auto_dynamic.get(key) else set()
         dims = set(getattr(t, "_dynamo_dynamic_indices", ()))

@@ -149,6 +149,10 @@ _CONVERSIONS = {
 }
 
 
+# the ints the kernels compute with (Python's are unbounded: one past these is made static)
+INT64_MIN, INT64_MAX = -2 ** 63, 2 ** 63 - 1
+
+
 # Arithmetic on sizes and float numbers (graph nodes whose value is a float: `n / 4`, `lr * 0.5`)
 # as Python writes it, for the wrapper that computes them and the guards that check them
 PYTHON_SPELLINGS = {operator.truediv: "({} / {})", operator.add: "({} + {})", operator.sub: "({} - {})",

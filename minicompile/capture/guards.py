@@ -224,14 +224,18 @@ def storage_pattern(*tensors) -> tuple:
             ptrs = [p - o * t.element_size() if o else p for p, o, t in zip(ptrs, offsets, tensors)]
     if len(set(ptrs)) == len(ptrs):
         return tuple(range(len(ptrs)))
-    first: dict = {}
-    return tuple(first.setdefault(p, i) for i, p in enumerate(ptrs))
+    return _first_positions(ptrs)
 
 
 def object_pattern(*values) -> tuple:
     """For each value, the position of the first one that is the same object."""
+    return _first_positions(map(id, values))
+
+
+def _first_positions(keys) -> tuple:
+    """For each key, the position of its first occurrence."""
     first: dict = {}
-    return tuple(first.setdefault(id(v), i) for i, v in enumerate(values))
+    return tuple(first.setdefault(k, i) for i, k in enumerate(keys))
 
 
 # how the generated code writes a local before it is named: \x01<n>\x01 (no repr() in the code
@@ -522,7 +526,7 @@ class GuardBuilder:
                 # any value (as in TorchDynamo); the backend adds `>= 2` if it used an int as a size
                 check.parts = [(f"type({{e}}) is {kind}", f"type({d}) is {kind}")]
                 if kind == "int":        # (the kernels take int64: a larger one is static, api's policy)
-                    check.parts.append((f"-{2**63} <= {{e}} < {2**63}", f"{d} fits in int64"))
+                    check.parts.append((f"{ir.INT64_MIN} <= {{e}} <= {ir.INT64_MAX}", f"{d} fits in int64"))
                 check.comment = f"{e}: a {kind} graph input (dynamic)"
             else:
                 check.parts = [(f"type({{e}}) is {kind}", f"type({d}) is {kind}"), self._equals(value, d)]
@@ -820,22 +824,21 @@ class GuardBuilder:
 
     def storage_pattern(self, sources: List[Source], pattern: tuple):
         """Which of these tensors share memory: as in the trace (the graph writes one of them)."""
-        self.namespace["STORAGE_PATTERN"] = storage_pattern
-        refs = ", ".join(["{e}"] + [f"{{e{j + 1}}}" for j in range(len(sources) - 1)])
-        self._add(("storages",), sources[0],
-                  [(f"STORAGE_PATTERN({refs}) == {pattern}",
-                    "the graph writes an input, and the inputs now share memory differently")],
-                  "tensor inputs share memory as in the trace (the graph writes one)",
-                  stack=False, others=sources[1:])
+        self._pattern("STORAGE_PATTERN", storage_pattern, sources, pattern,
+                      "the graph writes an input, and the inputs now share memory differently",
+                      "tensor inputs share memory as in the trace (the graph writes one)")
 
     def object_pattern(self, sources: List[Source], pattern: tuple):
         """Which of these values are one object: as in the trace (tensors it used as dict keys)."""
-        self.namespace["OBJECT_PATTERN"] = object_pattern
+        self._pattern("OBJECT_PATTERN", object_pattern, sources, pattern,
+                      "tensors used as dict keys are now one object where they were two, or two where one",
+                      "tensors used as dict keys are one object where they were in the trace")
+
+    def _pattern(self, name: str, fn, sources: List[Source], pattern: tuple, failure: str, comment: str):
+        """One check over many sources: fn of their values (named `name` in the guard) is `pattern`."""
+        self.namespace[name] = fn
         refs = ", ".join(["{e}"] + [f"{{e{j + 1}}}" for j in range(len(sources) - 1)])
-        self._add(("objects",), sources[0],
-                  [(f"OBJECT_PATTERN({refs}) == {pattern}",
-                    "tensors used as dict keys are now one object where they were two, or two where one")],
-                  "tensors used as dict keys are one object where they were in the trace",
+        self._add((name,), sources[0], [(f"{name}({refs}) == {pattern}", failure)], comment,
                   stack=False, others=sources[1:])
 
     def global_state(self):

@@ -75,9 +75,6 @@ METADATA_METHODS = {"size", "dim", "ndimension", "numel", "nelement", "stride",
                     "get_device", "storage_offset", "type", "__len__", "is_signed"}
 
 
-INT64_MIN, INT64_MAX = -2 ** 63, 2 ** 63 - 1
-
-
 # Integer arithmetic kept symbolic on dynamic sizes (anything else specializes them)
 COMPARE_SYMBOLS = {operator.eq: "==", operator.ne: "!=", operator.lt: "<", operator.le: "<=",
                    operator.gt: ">", operator.ge: ">="}
@@ -1174,19 +1171,19 @@ class OutputGraph:
 
     def sym_arith(self, op, *operands: VariableTracker) -> VariableTracker:
         """Arithmetic on sizes (or float inputs), at least one of them symbolic: a graph node."""
+        def static():
+            for v in sym_leaves(list(operands)):
+                v.as_example()               # static, guarded by value
+
         try:
             example = op(*map(example_of, operands))
         except ArithmeticError as e:        # (n // 0): the trace now depends on the values
-            for v in operands:
-                if isinstance(v, SymIntVariable):
-                    v.as_example()           # static, guarded by value
+            static()
             raise self.tx.observed(e) from None
-        if type(example) is int and not INT64_MIN <= example <= INT64_MAX:
+        if type(example) is int and not ir.INT64_MIN <= example <= ir.INT64_MAX:
             # the kernels compute ints in int64, Python exactly: a result past int64 is made
-            # here, from the operands' values (static from now on, guarded by value)
-            for v in operands:
-                if isinstance(v, SymIntVariable):
-                    v.as_example()
+            # here, from the operands' values
+            static()
             return ConstantVariable(example)
         proxy = self.tracer.create_proxy("call_function", op, tuple(v.as_proxy() for v in operands), {})
         self._set_meta(proxy.node, example)
@@ -1198,11 +1195,9 @@ class OutputGraph:
             # makes it above); one that cannot be written so makes the operands static
             text = self._number_text(result)
             if text is None:
-                for v in operands:
-                    if isinstance(v, SymIntVariable):
-                        v.as_example()
+                static()
                 return ConstantVariable(example)
-            self.guards.shape_condition(f"{INT64_MIN} <= {text} <= {INT64_MAX}", f"{text} fits in int64")
+            self.guards.shape_condition(f"{ir.INT64_MIN} <= {text} <= {ir.INT64_MAX}", f"{text} fits in int64")
         return result
 
     def lift(self, proxies):

@@ -398,9 +398,10 @@ def lower(gm: torch.fx.GraphModule, example_inputs) -> ir.Program:
             traced = pytree.tree_leaves(torch.fx.node.map_arg(node.args[0], lambda n: values.get(n)))
             ran = pytree.tree_leaves(torch.fx.node.map_arg(node.args[0], lambda n: n.meta.get("example_value")))
             if len(traced) == len(program.outputs):
+                if len(ran) != len(traced):
+                    ran = [None] * len(traced)
                 program.outputs = [_on_eager_device(program, _eager_layout(o, v, e), v)
-                                   for o, v, e in zip(program.outputs, traced,
-                                                      ran if len(ran) == len(traced) else traced)]
+                                   for o, v, e in zip(program.outputs, traced, ran)]
                 _expanded_as_eager(program.outputs, env, values)
             break
         args = torch.fx.node.map_arg(node.args, lambda n: env[n])
