@@ -65,10 +65,12 @@ def user_module(mod: torch.nn.Module) -> torch.nn.Module:
 
 
 def has_hooks(mod: torch.nn.Module) -> bool:
-    """Forward hooks run around the module's forward (FSDP2's are some)."""
-    return bool(mod._forward_hooks or mod._forward_pre_hooks
-                or torch.nn.modules.module._global_forward_hooks
-                or torch.nn.modules.module._global_forward_pre_hooks)
+    """Hooks run around the module's forward (FSDP2's are some): forward hooks, and backward
+    hooks, which nn.Module's call attaches to the forward's inputs and outputs."""
+    module = torch.nn.modules.module
+    return bool(mod._forward_hooks or mod._forward_pre_hooks or mod._backward_hooks or mod._backward_pre_hooks
+                or module._global_forward_hooks or module._global_forward_pre_hooks
+                or module._global_backward_hooks or module._global_backward_pre_hooks)
 
 
 def runs_around(mod: torch.nn.Module) -> bool:
@@ -108,7 +110,7 @@ def describe(mod: torch.nn.Module) -> str:
         return (f"{type(mod).__name__}.forward runs as PyTorch around the compiled {inner}.forward "
                 f"(it gathers the parameters; its hooks reduce-scatter the gradients)")
     fsdp2 = _fsdp() is not None and isinstance(mod, _fsdp().FSDPModule)
-    return (f"{inner}'s forward hooks run as Python around its compiled forward"
+    return (f"{inner}'s hooks run as Python around its compiled forward"
             + (" (FSDP2's: they all-gather its parameters and free them after; in the backward "
                "they gather them again and reduce-scatter the gradients)" if fsdp2 else ""))
 

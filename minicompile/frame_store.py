@@ -92,6 +92,8 @@ def _record(seg) -> dict:
     compiled, code = seg.compiled, seg.guard_code
     if seg.offset != 0 or seg.eager or seg.end != "return":
         raise NotSaved("only a frame that returns, with no graph break, is saved")
+    if seg.subclass_outputs:
+        raise NotSaved("an output of a tensor subclass (its class is not saved)")
     if type(compiled) is not wrapper.CompiledGraph or compiled.cache_key is None or compiled.shape_guards:
         raise NotSaved("only one generated graph that writes no input, with no conditions between "
                        "sizes, is saved (not a graph for training, with CUDA graphs, or not in the "
@@ -111,7 +113,7 @@ def _record(seg) -> dict:
             "where": code.where, "template": _template(seg.template, *saving, memo),
             "effects": [_effect(e, *saving, memo) for e in seg.effects],
             "cache_key": compiled.cache_key, "input_sources": seg.input_sources,
-            "n_calls": seg.n_calls, "gm": gm}
+            "n_calls": seg.n_calls, "gm": gm, "inference": (seg.inference_whole, seg.inference_outputs)}
 
 
 def _plain(value) -> bool:
@@ -410,6 +412,7 @@ def _segment(record: dict, F, args, kwargs):
     seg = Segment(code=F.__code__, offset=0, gm=pickle.loads(record["gm"]), example_inputs=[], end="return",
                   template=template, n_calls=record["n_calls"],
                   compiled=compiled, input_sources=list(record["input_sources"]), effects=effects)
+    seg.inference_whole, seg.inference_outputs = record.get("inference", (False, None))
     seg.use(code)
     cache.count("frames_loaded")
     return seg, inputs

@@ -866,8 +866,17 @@ class Registered(torch.nn.Module):
         return x + 1
 
 
+class WithBuffer(torch.nn.Module):
+    def __init__(self, n):
+        super().__init__()
+        self.register_buffer("kernel", torch.arange(n, dtype=torch.float32))
+
+    def forward(self, x):
+        return x * self.kernel
+
+
 def makes_modules_that_need_python(x):
-    return Registered()(x) + torch.nn.Linear(3, 3)(x)
+    return Registered()(x) + torch.nn.Linear(3, 3)(x) + WithBuffer(3)(x)
 
 
 def test_modules_made_in_the_frame():
@@ -1980,6 +1989,23 @@ def test_forward_hooks_run_around_an_inlined_forward_as_in_eager():
     assert "backward hooks" in str(minicompile.explain(net)(x).break_reasons[0])
 
 
+def test_backward_hooks_on_the_compiled_module_itself_run_as_in_eager():
+    """nn.Module's call attaches them to the forward's inputs and outputs: they run around the
+    compiled forward (a pre-hook's new grad_output and a hook's new grad_input are taken)."""
+    results = []
+    for compiled in (False, True):
+        torch.manual_seed(0)
+        net, seen = torch.nn.Sequential(torch.nn.Linear(13, 7), torch.nn.Tanh()), []
+        net.register_full_backward_pre_hook(lambda m, grad_out: seen.append("pre") or (grad_out[0] * 10,))
+        net.register_full_backward_hook(lambda m, grad_in, grad_out: seen.append("full") or (grad_in[0] * 0,))
+        x = torch.randn(5, 13, requires_grad=True)
+        (minicompile.compile(net) if compiled else net)(x).sum().backward()
+        results.append((seen, net[0].weight.grad, x.grad))
+    assert results[0][0] == results[1][0] == ["pre", "full"]
+    assert_same(results[1][1], results[0][1])
+    assert_same(results[1][2], results[0][2])
+
+
 class Doubled(torch.nn.Linear):
     """A module class with its own __call__ (Hugging Face's checkpointing layers have one)."""
 
@@ -3046,3 +3072,40 @@ def test_a_free_variable_read_before_it_is_bound_raises_pythons_nameerror():
     got, want = compiled(x), _reads_a_free_variable_before_it_is_bound(x)
     assert got[1] == want[1] and want[1][0] == "NameError"
     assert_same(got[0], want[0])
+
+
+class Tagged(torch.Tensor):
+    """A tensor subclass that keeps torch.Tensor's __torch_function__: its ops give Tagged."""
+
+    def tag(self):
+        return "tagged"
+
+
+def test_a_plain_tensor_subclass_comes_back_as_its_class():
+    def f(x, y):
+        out = x * 2 + y
+        return out, out, y + 1, x, out.sum()
+
+    x = torch.randn(7, 5).as_subclass(Tagged).requires_grad_()
+    y = torch.randn(7, 5)
+    got, expected = minicompile.compile(f)(x, y), f(x, y)
+    assert [type(t) for t in got] == [type(t) for t in expected] == [Tagged, Tagged, torch.Tensor, Tagged, Tagged]
+    assert got[0] is got[1] and got[3] is x and got[0].tag() == "tagged"
+    for g, e in zip(got, expected):
+        assert_same(g.detach().as_subclass(torch.Tensor), e.detach().as_subclass(torch.Tensor))
+    grad = torch.autograd.grad(got[4], x)[0]
+    torch.testing.assert_close(grad, torch.autograd.grad(expected[4], x)[0])
+
+
+def test_numpy_scalars_index_and_scale_in_the_graph():
+    def f(x, bounds):
+        y = x * 2
+        return y[:, bounds[0]:bounds[1]] + 1, y[np.int64(2)], x * np.float32(0.5) + np.int64(3)
+
+    x = torch.randn(8, 9)
+    bounds = (np.int64(1), np.int64(5))
+    compiled = minicompile.compile(f)
+    got, expected = compiled(x, bounds), f(x, bounds)
+    for g, e in zip(got, expected):
+        assert_same(g, e)
+    no_break(f, x, bounds)

@@ -189,7 +189,7 @@ def test_matches_eager_under_the_same_engine(results, case):
 
 
 @pytest.mark.parametrize("case, said", [
-    ("fsdp2_per_block-gpt_blocks", "FSDPBlock's forward hooks run as Python around its compiled forward"),
+    ("fsdp2_per_block-gpt_blocks", "FSDPBlock's hooks run as Python around its compiled forward"),
     ("fsdp1_per_block-gpt_blocks", "FullyShardedDataParallel.forward runs as PyTorch around the "
                                    "compiled Block.forward")])
 def test_sharded_blocks_break_the_graph_where_fsdp_communicates(results, case, said):
@@ -208,7 +208,7 @@ def test_logs_say_what_runs_around_the_compiled_forward(results):
     assert "DistributedDataParallel.forward runs as PyTorch around the compiled MLP.forward" \
         in logs["ddp-mlp"]["log"]
     assert "all-reduced by DDP's hooks" in logs["ddp-mlp"]["log"]
-    assert "FSDPBlock's forward hooks run as Python around its compiled forward" \
+    assert "FSDPBlock's hooks run as Python around its compiled forward" \
         in logs["fsdp2_per_block-gpt_blocks"]["log"]
     assert "FullyShardedDataParallel.forward runs as PyTorch" in logs["fsdp1-mlp"]["log"]
 

@@ -158,3 +158,38 @@ def test_a_saved_template_keeps_shared_and_cyclic_parts():
     items[1].append(items)
     saved = frame_store._template(["tuple", [items, items]], lambda c: c, lambda s: s)
     assert saved[1][0] is saved[1][1] and saved[1][0][1][1] is saved[1][0]
+
+
+INFERENCE_PROGRAM = textwrap.dedent("""
+    import json, os, sys
+    import torch, minicompile
+    sys.path.insert(0, os.environ["MODELS"])
+    import inference_file
+    torch.manual_seed(0)
+    x = torch.randn(6, 4)
+    got, want = minicompile.compile(inference_file.halved_sine)(x), inference_file.halved_sine(x)
+    torch.testing.assert_close(got, want)
+    assert got.is_inference() and want.is_inference()
+    info = minicompile.cache_info()
+    print(json.dumps({"saved": info["frames_saved"], "loaded": info["frames_loaded"]}))
+""")
+
+
+def test_a_saved_frame_keeps_the_inference_tensors_of_its_inference_mode_block(tmp_path):
+    models = tmp_path / "models"
+    models.mkdir()
+    (models / "inference_file.py").write_text(textwrap.dedent("""
+        import torch
+
+        def halved_sine(x):
+            with torch.inference_mode():
+                return x.sin() / 2
+    """))
+    env = {**os.environ, "MINICOMPILE_CACHE_DIR": str(tmp_path / "cache"), "MINICOMPILE_GRAPH_CACHE": "1",
+           "MINICOMPILE_CPU_BACKEND": "cpp", "MODELS": str(models), "PYTHONDONTWRITEBYTECODE": "1"}
+    results = []
+    for _ in range(2):
+        out = subprocess.run([sys.executable, "-c", INFERENCE_PROGRAM], capture_output=True, text=True, env=env)
+        assert out.returncode == 0, out.stderr[-3000:]
+        results.append(json.loads(out.stdout.strip().splitlines()[-1]))
+    assert results == [{"saved": 1, "loaded": 0}, {"saved": 0, "loaded": 1}]

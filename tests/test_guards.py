@@ -187,6 +187,21 @@ def test_grad_mode_change():
         torch.set_grad_enabled(True)
 
 
+def asks_the_mode_inside_blocks(x):
+    with torch.no_grad():
+        off = torch.is_grad_enabled()
+        with torch.autocast("cpu", torch.bfloat16):
+            cast = torch.is_autocast_enabled("cpu"), torch.get_autocast_dtype("cpu")
+    return x * 2 + off + 2 * cast[0] + 4 * (cast[1] is torch.bfloat16) + 8 * torch.is_grad_enabled()
+
+
+def test_grad_and_autocast_modes_read_inside_their_blocks_are_not_guarded_on_each_call():
+    # (the entry's modes are guarded: inside a block the trace knows them; a guard on the
+    # value read inside failed on every call, a graph each time)
+    calls = [call(torch.randn(5))] * 3
+    assert run_both(asks_the_mode_inside_blocks, calls) == (1, 1)
+
+
 def defaulted(x, flag=True):
     return x * 2 if flag else x - 1
 

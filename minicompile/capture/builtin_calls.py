@@ -32,7 +32,8 @@ from .breaks import ObservedException, Unsupported
 from .sources import AttrSource, GenericAttrSource, ItemSource, Source, item_source
 from .values import (DELETED, AutocastVariable, BaseListVariable, BoundMethodVariable, BuiltinVariable,
                      CallableVariable, CellVariable, ConstantMethodVariable, ConstantVariable, DictVariable,
-                     DictViewVariable, ExceptionVariable, GeneratorVariable, GradModeVariable, IteratorVariable,
+                     DictViewVariable, ExceptionVariable, GeneratorVariable, GradModeVariable, InferenceModeVariable,
+                     IteratorVariable,
                      LazyIteratorVariable, ListVariable, ModuleSliceVariable, ModelOutputVariable,
                      NestedFunctionVariable, NNModuleVariable, NullContextVariable, OperatorGetterVariable,
                      PartialVariable, PythonModuleVariable, SetVariable, SliceVariable, SuperVariable,
@@ -497,7 +498,8 @@ _NOT_CALLABLE = (TensorVariable, BaseListVariable, DictVariable, DictViewVariabl
                  NullContextVariable, CellVariable, PythonModuleVariable)
 # (a grad-mode or autocast context manager object is a decorator too: callable)
 _CALLABLE = (CallableVariable, NNModuleVariable, TensorMethodVariable, BoundMethodVariable, ConstantMethodVariable,
-             PartialVariable, NestedFunctionVariable, OperatorGetterVariable, GradModeVariable, AutocastVariable)
+             PartialVariable, NestedFunctionVariable, OperatorGetterVariable, GradModeVariable, AutocastVariable,
+             InferenceModeVariable)
 
 
 def _builtin_type(tx, args, kwargs):

@@ -39,7 +39,7 @@ from .output_graph import _is_internal_module_name
 from .values import (BaseListVariable, BoundMethodVariable, BuiltinVariable, ConstantMethodVariable,
                      AutocastVariable, ConstantVariable, DictVariable, DictViewVariable, ExceptionInitVariable,
                      ExceptionVariable, BoundArgumentsVariable,
-                     GeneratorVariable, GradModeVariable, NullContextVariable,
+                     GeneratorVariable, GradModeVariable, InferenceModeVariable, NullContextVariable,
                      IteratorVariable, ListVariable, ModuleSliceVariable, ModelOutputVariable, NamedTupleVariable,
                      NestedFunctionVariable, NNModuleVariable, NullVariable, ObjectMethodVariable,
                      OpaqueConstantVariable, OperatorGetterVariable, PartialVariable,
@@ -328,6 +328,13 @@ class CallsMixin:
                 self.set_grad(mode)
                 return GradModeVariable(mode, prev)
             return GradModeVariable(fn.value is torch.enable_grad)
+        if isinstance(fn, TypeVariable) and fn.value is torch.inference_mode:
+            bound = inspect.signature(torch.inference_mode).bind(*args, **kwargs).arguments
+            mode = bound.get("mode", ConstantVariable(True))
+            if not (mode.is_constant() and isinstance(mode.as_example(), bool)):
+                raise self.unsupported(f"torch.inference_mode({mode.describe()})",
+                                       "a decorator made in the frame runs as Python")
+            return InferenceModeVariable(mode.as_example())
         if isinstance(fn, TorchFunctionVariable):
             self.break_at_optimizer_step(fn)      # (an LR scheduler's wrapper of it has torch's name)
             # (looked up without importing torch._dynamo: that import alone takes seconds, and
@@ -783,7 +790,13 @@ class CallsMixin:
         it cannot be traced or changes anything but the stand-in."""
         from .higher_order import trial
         with trial(self) as changed_outside:
-            self.inline_call(cls.__init__, [UserObjectVariable(object.__new__(cls), None)] + list(args), kwargs)
+            try:
+                self.inline_call(cls.__init__, [UserObjectVariable(object.__new__(cls), None)] + list(args), kwargs)
+            except ObservedException as e:
+                # (what it raised on the stand-in, register_buffer's "before Module.__init__()"
+                # for one: made for real at a break, the call raises what eager's does, if anything)
+                raise self.unsupported(f"{cls.__qualname__}.__init__ raised {e.exc.cls.__name__} on a stand-in "
+                                       "for the new module") from None
             if changed_outside():
                 raise self.unsupported(f"{cls.__qualname__}.__init__ changes state outside the module")
 

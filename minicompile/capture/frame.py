@@ -416,6 +416,9 @@ class TemplateBuilder:
         if isinstance(v, V.GradModeVariable):
             src = self._source_fn(v.source) if getattr(v, "source", None) is not None else None
             return ["src", src] if src is not None else ["grad", v.enabled, v.before]
+        if isinstance(v, V.InferenceModeVariable):
+            src = self._source_fn(v.source) if getattr(v, "source", None) is not None else None
+            return ["src", src] if src is not None else ["new", torch.inference_mode, [["const", v.mode]], []]
         if isinstance(v, V.AutocastVariable):
             return ["new", torch.autocast, [["const", v.device_type]],
                     [(k, ["const", getattr(v, k)]) for k in ("dtype", "enabled", "cache_enabled")]]
@@ -613,6 +616,37 @@ def _lazy_iterator(kind, fn, iterators, count, strict, bounds):
     return itertools.islice(iterators[0], wanted - read, None if stop is None else max(stop - read, 0), step)
 
 
+def _as_inference_tensors(outs, positions: list) -> list:
+    """The graph's outputs, those at `positions` made inference tensors where they are not
+    (a copy made in inference mode; outputs that share memory share the copy's)."""
+    outs, copies = list(outs), {}
+    with torch.inference_mode():
+        for k in positions:
+            t = outs[k]
+            if not isinstance(t, torch.Tensor) or t.is_inference():
+                continue
+            storage = t.untyped_storage()
+            copy = copies.get(storage.data_ptr()) if storage.nbytes() else None
+            if copy is None:
+                copy = copies[storage.data_ptr()] = storage.clone()
+            outs[k] = torch.empty(0, dtype=t.dtype, device=t.device).set_(
+                copy, t.storage_offset(), t.size(), t.stride())
+    return outs
+
+
+def _as_subclasses(outs, classes: list) -> list:
+    """The graph's outputs, each at a position of `classes` viewed as its class (one output
+    object twice stays one object)."""
+    outs, made = list(outs), {}
+    for k, cls in classes:
+        t = outs[k]
+        if isinstance(t, torch.Tensor) and type(t) is not cls:
+            if id(t) not in made:
+                made[id(t)] = (t, t.as_subclass(cls))
+            outs[k] = made[id(t)][1]
+    return outs
+
+
 @dataclass
 class Segment:
     """One traced piece of a frame (see the module docstring). Its generated functions (the
@@ -645,6 +679,14 @@ class Segment:
     rerun_on_raise: bool = False
     rerun_draws: bool = False         # ... and the graph draws random numbers: the generators'
                                       # states are kept, for the rerun to draw eager's
+    # a torch.inference_mode() block in the trace: the graph's outputs eager makes inference
+    # tensors (their positions), and whether every op of the graph is inside such a block
+    # (the graph then runs in inference mode; else those outputs are made so after it runs)
+    inference_outputs: Optional[list] = None
+    inference_whole: bool = False
+    # outputs eager makes of a tensor subclass (an op on one gives one, as torch.Tensor's
+    # __torch_function__ makes it): [(position, the class)]; the compiled code's are made so
+    subclass_outputs: Optional[list] = None
     guard: Callable = None            # (F, args, kwargs) -> bool
     guard_source: str = ""
     get_inputs: Callable = None       # (F, args, kwargs) -> the graph's inputs
@@ -673,12 +715,15 @@ class Segment:
             inputs = self.get_inputs(F, args, kwargs)
         rng = ir.rng_states() if self.rerun_draws else None
         try:
-            if self.compiled is not None:
-                outs = self.compiled(*inputs)
-            else:      # not compiled (no ops, or a frame run eagerly): node by node
-                if self.node_by_node is None:
-                    self.node_by_node = NodeByNode(self.gm)
-                outs = self.node_by_node(*inputs)
+            if self.inference_whole:
+                with torch.inference_mode():
+                    outs = self._run_graph(inputs)
+            else:
+                outs = self._run_graph(inputs)
+                if self.inference_outputs:
+                    outs = _as_inference_tensors(outs, self.inference_outputs)
+            if self.subclass_outputs:
+                outs = _as_subclasses(outs, self.subclass_outputs)
         except Exception as exc:
             # (a failed check of a branch's side: the frame raises there, on the side the graph
             # left out; no input was written, the writes are made after the graph)
@@ -751,6 +796,13 @@ class Segment:
                 return ("raised", *self._raised(exc, before, f_locals))
         _read_cells(f_locals, memo)
         return ("resume", self.instructions[nxt].offset, _live_state(f_locals, stack))
+
+    def _run_graph(self, inputs):
+        if self.compiled is not None:
+            return self.compiled(*inputs)
+        if self.node_by_node is None:      # not compiled (no ops, or a frame run eagerly)
+            self.node_by_node = NodeByNode(self.gm)
+        return self.node_by_node(*inputs)
 
     def _raised(self, exc: BaseException, before: list, f_locals: dict) -> tuple:
         """(offset, live state) from which the rest of the frame, run as Python, goes on as

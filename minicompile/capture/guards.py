@@ -842,18 +842,21 @@ class GuardBuilder:
                   stack=False, others=sources[1:])
 
     def global_state(self):
-        """PyTorch's global state that changes what ops compute: grad mode, the default dtype,
+        """PyTorch's global state that changes what ops compute: grad mode, inference mode, the default dtype,
         autocast (on which device, to which dtype), and whether float32 matrix products may use TF32 (a template
         kernel decides that as it is compiled), as Dynamo's GLOBAL_STATE guard checks them."""
         # torch's functions under names of the guard's own (one lookup, not `torch.` and then
         # the function in torch's module dict)
         self.namespace.update(GRAD_ENABLED=torch.is_grad_enabled,
+                              INFERENCE_MODE=torch.is_inference_mode_enabled,
                               AUTOCAST_ENABLED=torch.is_autocast_enabled,
                               AUTOCAST_DTYPE=torch.get_autocast_dtype,
                               ALLOW_TF32=torch._C._get_cublas_allow_tf32,
                               DEFAULT_DTYPE=torch.get_default_dtype)
         checks = [(f"GRAD_ENABLED() is {torch.is_grad_enabled()}",
                    "GLOBAL_STATE changed: grad_mode"),
+                  (f"INFERENCE_MODE() is {torch.is_inference_mode_enabled()}",    # (what it makes)
+                   "GLOBAL_STATE changed: inference_mode"),
                   (f"DEFAULT_DTYPE() is {torch.get_default_dtype()}",      # (factories, 2 * int tensor)
                    "GLOBAL_STATE changed: default_dtype"),
                   (f"ALLOW_TF32() is {torch._C._get_cublas_allow_tf32()}",

@@ -25,7 +25,7 @@ from .sources import ItemSource, RootSource
 from .iterators import dropped, iter_of, next_item, pep_479
 from .values import (DELETED, NULL, BaseListVariable, BoundMethodVariable, BuiltinVariable, CellVariable,
                      ClosureCellVariable, ConstantVariable, DictVariable, DictViewVariable, ExceptionVariable,
-                     GeneratorVariable, GradModeVariable, ListVariable, ModelOutputVariable,
+                     GeneratorVariable, GradModeVariable, InferenceModeVariable, ListVariable, ModelOutputVariable,
                      NestedFunctionVariable, NNModuleVariable, PythonModuleVariable, SetVariable,
                      SliceVariable, SuperVariable, SymIntVariable, TensorVariable, TupleVariable,
                      TypeVariable, UserObjectVariable, WithExitVariable,
@@ -391,7 +391,8 @@ def _before_with(tx, inst):
             tx.output.guards.identity(ctx.source, ctx.value, "autocast object")
         made = ctx.value
         ctx = AutocastVariable(made.device, made.fast_dtype, made._enabled, made._cache_enabled)
-    if not tx.output.inline_user_calls and isinstance(ctx, (GradModeVariable, AutocastVariable)):
+    if not tx.output.inline_user_calls and isinstance(ctx, (GradModeVariable, AutocastVariable,
+                                                            InferenceModeVariable)):
         # a frame that runs eagerly enters it for real (a break here, the manager made again):
         # a break inside the block then calls the callee in its state, as eager
         raise tx.unsupported(f"with-block on {ctx.describe()} in a frame that runs eagerly",
@@ -403,6 +404,8 @@ def _before_with(tx, inst):
         undo = lambda tx: tx.set_grad(prev)          # noqa: E731
     elif isinstance(ctx, AutocastVariable):
         undo, entered = tx.enter_autocast(ctx), ctx
+    elif isinstance(ctx, InferenceModeVariable) and ctx.mode:
+        undo = tx.enter_inference_mode()
     elif isinstance(ctx, NullContextVariable):
         undo, entered = (lambda tx: None), ctx.enter_result
     elif isinstance(ctx, UserObjectVariable) and tx.output.inline_user_calls and all(isinstance(

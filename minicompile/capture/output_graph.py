@@ -36,7 +36,7 @@ import torch.fx
 from torch.fx.proxy import GraphAppendingTracer
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from .. import aliasing, custom_ops, ir, logs
+from .. import aliasing, autocast, custom_ops, ir, logs
 from ..aliasing import storage_address
 from .breaks import Unsupported, never_traced
 from .guards import GuardBuilder, object_pattern, storage_pattern, viewed_dict
@@ -48,7 +48,7 @@ if TYPE_CHECKING:
     from .translator import InstructionTranslator
 from .values import (NULL, BaseListVariable, BoundMethodVariable, BuiltinVariable, ClosureCellVariable,
                      ConstantVariable, DictVariable, GlobalWritesVariable, NestedFunctionVariable,
-                     PartialVariable, DictViewVariable, GradModeVariable, IteratorVariable, ListVariable,
+                     PartialVariable, DictViewVariable, GradModeVariable, InferenceModeVariable, IteratorVariable, ListVariable,
                      ModelOutputVariable, NamedTupleVariable, NNModuleVariable, OpaqueConstantVariable,
                      PythonModuleVariable, SizeVariable, SymIntVariable, TensorVariable,
                      TorchFunctionVariable,
@@ -212,6 +212,16 @@ def _of_torch(fn) -> bool:
 _STATE_GETTER_PREFIXES = ("get_", "is_", "are_", "has_", "initial_seed", "_get_")
 
 
+def _state_of_the_trace(fn, args, kwargs) -> bool:
+    """A read of state the guard checks at the frame's entry (guards.global_state) and the
+    trace's own blocks set after it (`with torch.no_grad():` ... `torch.is_grad_enabled()`):
+    the trace's answer holds on every call the guard lets through."""
+    if fn in (torch.is_grad_enabled, torch.is_inference_mode_enabled, torch.get_default_dtype):
+        return True
+    device = args[0] if args else kwargs.get("device_type", "cuda")
+    return fn in (torch.is_autocast_enabled, torch.get_autocast_dtype) and device in autocast.DEVICES
+
+
 def _sets_global_state(fn, name: str) -> bool:
     """torch.set_default_dtype(...), torch.use_deterministic_algorithms(...), torch.seed():
     run for their effect on PyTorch's global state (checked before they run on the examples)."""
@@ -319,10 +329,17 @@ class OutputGraph:
         # and the sources of inputs whose memory the trace writes (guard_written_inputs)
         self.input_storages: Dict[Any, List[Source]] = {}
         self.written_inputs: set = set()
+        # id of each tensor input -> (it, its first source, its dynamic dims)
+        self._input_tensors: Dict[int, tuple] = {}
         self.tensor_keys: List[TensorVariable] = []    # the call's tensors used as dict keys
         # an op was traced where the frame catches what it raises (a try or with body, here
         # or in a caller inlined): see Segment.rerun_on_raise
         self.ops_under_handler = False
+        # torch.inference_mode() blocks the trace is inside: PyTorch's guards, entered for real
+        # (the examples made there are inference tensors), innermost last; `inference_blocks`:
+        # whether the trace entered one (Segment.inference_outputs)
+        self.inference_guards: list = []
+        self.inference_blocks = False
         self.module_sources: set = set()       # sources of the modules read (their ints stay static)
         # the captured frame's globals: read as `G` (the called function's own) by the guard
         self.root_globals = root_func.__globals__
@@ -359,6 +376,12 @@ class OutputGraph:
         # held weakly: the frame holds the graph, and a cycle back would keep what the trace
         # read (a generator, the call's tensors) alive past the trace, until a collection
         self._tx = weakref.ref(tx) if tx is not None else None
+
+    def leave_inference_mode(self, depth: int) -> None:
+        """Exit the inference-mode blocks entered for real past the first `depth` (the block
+        ends, or the trace leaves it at a break)."""
+        while len(self.inference_guards) > depth:
+            self.inference_guards.pop().__exit__(None, None, None)
 
     def record_mutation(self, var: VariableTracker):
         if hasattr(var, "state"):                 # an iterator: its position
@@ -484,6 +507,12 @@ class OutputGraph:
         if dynamic:
             self._dynamic_dims.append(dynamic)
         self._last_placeholder = node
+        seen = self._input_tensors.setdefault(id(value), (value, source, dynamic))
+        if seen[1] is not source and (dynamic or seen[2]):
+            # one tensor under two sources (f(x, x)): its sizes are one set of symbols in the
+            # graph, so a call with two tensors is another entry (TorchDynamo's duplicate-input
+            # guard)
+            self.guards.same_object(seen[1], source, True)
         self.input_sources.append(source)
         self.input_examples.append(value)
         self.input_storages.setdefault(storage_address(value), []).append(source)
@@ -753,6 +782,14 @@ class OutputGraph:
             var = GradModeVariable(type(value) is torch.enable_grad)
             var.source = source          # (entered: a break passes on this very object)
             return var
+        if type(value) is torch.inference_mode:
+            # (@torch.inference_mode() on a function keeps one: its wrapper calls its clone)
+            if source is not None:
+                g.type_check(source, type(value))
+                g.constant(AttrSource(source, "mode"), value.mode)
+            var = InferenceModeVariable(value.mode)
+            var.source = source
+            return var
         if isinstance(value, types.MethodType) and type(value.__self__) in (torch.no_grad, torch.enable_grad) \
                 and value.__func__ is type(value.__self__).__exit__ and source is not None:
             # the exit of a grad-mode block a break was inside (frame.py's "gradexit"): the
@@ -998,7 +1035,7 @@ class OutputGraph:
                     # F._none_or_dtype, torch._assert, is taken as it answers)
                     raise self.unsupported(f"{name}() returns None: called for its effect",
                                            "it runs as Python at a graph break, on every call")
-                if name.startswith(_STATE_GETTER_PREFIXES):
+                if name.startswith(_STATE_GETTER_PREFIXES) and not _state_of_the_trace(target, ex_args, ex_kwargs):
                     # PyTorch's global state read (torch.get_num_threads()): asked again by the
                     # guard, as the trace folds the answer in
                     label = "STATE_" + re.sub(r"[^A-Za-z0-9]+", "_", name)
@@ -1211,6 +1248,8 @@ class OutputGraph:
 
     def _set_meta(self, node: torch.fx.Node, example):
         node.meta["example_value"] = example
+        if self.inference_blocks:
+            node.meta["inference_mode"] = torch.is_inference_mode_enabled()
         if self.tx is not None:
             fn, lineno, text = self.tx.location()
             node.meta["source"] = (fn, lineno, text)

@@ -230,6 +230,7 @@ def trace_segment(fn, args: tuple, kwargs: dict, offset: int = 0, *, breaks: boo
                     break_grad = torch.is_grad_enabled()     # inside a grad-mode block
                 effects = _effect_templates(output, builder, source_fn)
         finally:
+            output.leave_inference_mode(0)
             torch._C._set_grad_enabled(grad)
             autocast.set_state(autocast_state)
             output.tx = None
@@ -254,9 +255,32 @@ def trace_segment(fn, args: tuple, kwargs: dict, offset: int = 0, *, breaks: boo
                     rerun_on_raise=(output.ops_under_handler or bool(effects)) and not output.written_inputs)
     seg.rerun_draws = (seg.rerun_on_raise or custom_ops.checks_branches(gm.graph)) and \
         any(ir.draws_random_numbers(n) for n in gm.graph.nodes)
+    if output.inference_blocks:
+        seg.inference_whole, seg.inference_outputs = _inference_outputs(gm, builder.proxies)
+    seg.subclass_outputs = _subclass_outputs(builder.proxies)
     seg.guard_builder, seg.binding = output.guards, binding
     seg.use(output.guards.build(binding, input_exprs))
     return seg
+
+
+def _inference_outputs(gm: torch.fx.GraphModule, proxies) -> tuple:
+    """(whether every op of the graph ran in inference mode, the positions of the outputs
+    that are inference tensors): see Segment.inference_outputs."""
+    ops = [n for n in gm.graph.nodes if n.op in ("call_function", "call_method", "call_module")
+           and n.target is not torch._C._set_grad_enabled]
+    whole = all(n.meta.get("inference_mode") for n in ops)
+    outputs = [k for k, p in enumerate(proxies) if isinstance(t := p.node.meta.get("example_value"), torch.Tensor)
+               and t.is_inference()]
+    return whole, outputs
+
+
+def _subclass_outputs(proxies) -> Optional[list]:
+    """[(position, class)] of the outputs that are of a tensor subclass taking torch.Tensor's
+    __torch_function__ (whose ops make the subclass again), or None."""
+    found = [(k, type(t)) for k, p in enumerate(proxies) if isinstance(t := p.node.meta.get("example_value"), torch.Tensor)
+             and type(t) is not torch.Tensor and getattr(type(t).__torch_function__, "__func__", None)
+             is torch.Tensor.__torch_function__.__func__]
+    return found or None
 
 
 def _open_blocks_resumable(tx) -> bool:

@@ -40,6 +40,7 @@ from .builtin_calls import (_BUILTIN_HANDLERS, ContainerReadVariable, _builtin_t
 from .output_graph import (FLOAT_ARITHMETIC, SIZE_ARITHMETIC, TENSOR_CONSTANT_ATTRS, TENSOR_TENSOR_ATTRS, _MISSING,
                            OutputGraph, _is_internal_module_name)
 from .values import (DELETED, NULL, BaseListVariable, BoundArgumentsVariable, BoundMethodVariable, BuiltinVariable,
+                     InferenceModeVariable,
                      CallableVariable, ClosureCellVariable, ConstantMethodVariable, ConstantVariable,
                      DictVariable, DictViewVariable, ExceptionInitVariable, ExceptionVariable,
                      GeneratorVariable, GradModeVariable,
@@ -160,6 +161,7 @@ class InstructionTranslator(CallsMixin):
                     kw_before = self.kw_names
                     undo_mark = len(out.undo_log)
                     grad_before = torch.is_grad_enabled()
+                    inference_depth = len(out.inference_guards)
                     nodes_before = set(out.graph.nodes) if inst.opname.startswith("CALL") else None
                 try:
                     if handler is None:
@@ -185,6 +187,7 @@ class InstructionTranslator(CallsMixin):
                     if not root:
                         raise
                     out.rollback(undo_mark)
+                    out.leave_inference_mode(inference_depth)
                     torch._C._set_grad_enabled(grad_before)
                     if nodes_before is not None:
                         for node in reversed(list(out.graph.nodes)):
@@ -492,6 +495,8 @@ class InstructionTranslator(CallsMixin):
             raise self.unsupported(f"tensor attribute .{name}")
         if name == "__class__" and isinstance(obj, GradModeVariable):
             return TypeVariable(torch.enable_grad if obj.enabled else torch.no_grad)
+        if isinstance(obj, InferenceModeVariable) and name in ("__class__", "mode"):
+            return TypeVariable(torch.inference_mode) if name == "__class__" else ConstantVariable(obj.mode)
         if name == "__class__":
             return _builtin_type(self, [obj], {})          # its type is guarded, or fixed
         if isinstance(obj, NNModuleVariable):
@@ -1182,6 +1187,22 @@ class InstructionTranslator(CallsMixin):
             node = self.output.graph.call_function(torch._C._set_grad_enabled, (enabled,))
             self.output._set_meta(node, None)
             torch._C._set_grad_enabled(enabled)
+
+    def enter_inference_mode(self):
+        """Enter `with torch.inference_mode():`: grad mode off (a node, as no_grad's) and
+        inference mode on for real, so that the tensors the block makes are inference tensors
+        as in eager; returns what its exit does."""
+        out, grad_before = self.output, torch.is_grad_enabled()
+        self.set_grad(False)
+        out.inference_blocks = True
+        guard = torch._C._InferenceMode(True)
+        guard.__enter__()
+        out.inference_guards.append(guard)
+
+        def leave(tx):
+            tx.output.leave_inference_mode(len(out.inference_guards) - 1)
+            tx.set_grad(grad_before)
+        return leave
 
     def enter_autocast(self, ctx):
         """Enter `with torch.autocast(...)`: the state set for real (so example values are

@@ -171,13 +171,25 @@ def key_variable(k) -> "VariableTracker":
                       "only a dict's constant keys become variables")
 
 
+def _python_numbers(v):
+    """v with numpy's scalars as Python numbers, inside tuples, lists and slices too: what a
+    graph's argument may hold (PyTorch reads np.int64(3) as 3 where it takes a number)."""
+    if isinstance(v, np.generic):
+        return v.item()
+    if type(v) in (tuple, list):
+        return type(v)(_python_numbers(i) for i in v)
+    if type(v) is slice:
+        return slice(_python_numbers(v.start), _python_numbers(v.stop), _python_numbers(v.step))
+    return v
+
+
 class ConstantVariable(VariableTracker):
     def __init__(self, value, source: Optional[Source] = None):
         self.value = value
         self.source = source
 
     def as_proxy(self):
-        return self.value
+        return _python_numbers(self.value)
 
     def as_example(self):
         return self.value
@@ -759,6 +771,18 @@ class GradModeVariable(VariableTracker):
 
     def describe(self):
         return f"GradMode({self.enabled})"
+
+
+class InferenceModeVariable(VariableTracker):
+    """torch.inference_mode() as a context manager (mode True: grad mode off too). Tensors
+    the block makes are inference tensors; the trace makes them so (it enters the mode for
+    real), and so does the compiled code (frame.Segment's `inference_outputs`)."""
+
+    def __init__(self, mode: bool = True):
+        self.mode = mode
+
+    def describe(self):
+        return f"torch.inference_mode({self.mode})"
 
 
 class NullContextVariable(VariableTracker):
