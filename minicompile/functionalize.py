@@ -28,6 +28,7 @@ metadata (`t_`, `resize_`), a written input that shares memory with another inpu
 from __future__ import annotations
 
 import collections
+import contextlib
 import inspect
 import operator
 from dataclasses import dataclass, field
@@ -36,6 +37,7 @@ from typing import Any, Callable
 import torch
 import torch.fx
 import torch.utils._pytree as pytree
+from torch.autograd.graph import increment_version
 from torch.multiprocessing.reductions import StorageWeakRef
 
 from . import aliasing, ir
@@ -61,6 +63,9 @@ class Epilogue:
     description: list = field(default_factory=list)   # for the logs and the book
     read: frozenset | None = None  # the outputs the user's output is made from (None: any)
     unseen: frozenset = frozenset()   # inputs written under no_grad only: copied so too
+    # {input index i: the in-place ops that write it}: its version counter goes up as many
+    # times as eager's (autograd's check that a tensor saved for backward is unchanged)
+    writes: dict = field(default_factory=dict)
 
     def __call__(self, compiled: Callable, inputs):
         outs = compiled(*inputs)
@@ -70,11 +75,14 @@ class Epilogue:
             # (a kernel may have stored the new value straight into the input: nothing to copy,
             # unless autograd must see the write: a value with a history, into a tensor that
             # takes it on, as eager's write makes it)
-            if value is not x and (value.data_ptr() != x.data_ptr() or not _same_places(value, x)
-                                   or value.requires_grad and i not in self.unseen):
+            copied = value is not x and (value.data_ptr() != x.data_ptr() or not _same_places(value, x)
+                                         or value.requires_grad and i not in self.unseen)
+            if copied:
                 into.append(x)
                 new.append(value)
                 at.append(i)
+            for _ in range(self.writes.get(i, 1) - copied):       # (copy_ counts one)
+                increment_version(x)
         if len(into) > 1 and not any(t.requires_grad for t in into + new):
             # one call per device and dtype pair (a launch or a few on a GPU, where each copy_
             # is one): a ResNet's 106 running statistics and 53 counts of batches (a write
@@ -271,6 +279,7 @@ class _Functionalizer:
         self.inputs: list = []
         self.grad = torch.is_grad_enabled()       # the grad mode at this point of the graph
         self.seen_writes: set = set()              # roots written with grad mode on
+        self.write_counts = collections.Counter()   # root -> the in-place ops writing it
 
     def resolve(self, a):
         while a in self.same:
@@ -304,7 +313,10 @@ class _Functionalizer:
         try:
             ex_args = torch.fx.node.map_arg(node.args, lambda a: a.meta.get("example_value"))
             ex_kwargs = torch.fx.node.map_arg(node.kwargs, lambda a: a.meta.get("example_value"))
-            with torch.no_grad():
+            # (TorchDynamo's example values are fake tensors: a Python number among the
+            # arguments, a setitem's value, becomes one of their mode's)
+            fake_mode = ir.fake_mode_of([ex_args, ex_kwargs])
+            with torch.no_grad(), fake_mode if fake_mode is not None else contextlib.nullcontext():
                 node.meta["example_value"] = _run(node, ex_args, ex_kwargs)
         except Exception:          # lowering runs the graph itself where a value is missing
             pass
@@ -384,6 +396,7 @@ class _Functionalizer:
                                           "is not a tensor of the graph")
         new_values, result = self._functional(node, where, targets)
         for t, v in zip(targets, new_values):
+            self.write_counts[self.root[t]] += 1
             # written under no_grad, or through detach() (F.embedding's max_norm renormalizes
             # weight.detach()): eager's tensor keeps its history (a later use is differentiated
             # into it), its new value unseen by autograd
@@ -560,7 +573,8 @@ class _Functionalizer:
                  for j, l in enumerate(result) if l[0] == "view"]
         said += [f"output {j} is input {self.inputs[l[1]].name} itself" for j, l in enumerate(result) if l[0] == "input"]
         unseen = frozenset(position[p] for p in written if p not in self.seen_writes)
-        return gm, Epilogue(spec, result, copies, said, read, unseen)
+        writes = {position[p]: self.write_counts[p] for p in written}
+        return gm, Epilogue(spec, result, copies, said, read, unseen, writes)
 
 
 def functionalize(gm: torch.fx.GraphModule, example_inputs, training: bool = False):

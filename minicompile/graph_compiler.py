@@ -255,6 +255,14 @@ def backend(gm: torch.fx.GraphModule, example_inputs):
     A graph that must record gradients (grad mode on and an input that requires grad) is
     compiled for training: a forward and a backward graph (autograd/)."""
     training = _records_gradients(gm, example_inputs)
+    if training and any(isinstance(v, torch.SymInt) for v in example_inputs):
+        # TorchDynamo's graph is generic in its sizes (the SymInt inputs) and reused for every
+        # size; the joint trace is generic only in dims capture marks, and code compiled for
+        # the example's sizes would be reused at others (TorchDynamo does not check the
+        # conditions minicompile's own guard would)
+        logs.warn("minicompile: a training graph TorchDynamo made generic in its sizes runs on "
+                  "PyTorch's kernels, not compiled (minicompile.compile(..., dynamic=True) compiles it)")
+        return as_traced(gm)
     try:
         return compile_graph(gm, example_inputs, training)
     except NotImplementedError as err:

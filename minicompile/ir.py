@@ -38,6 +38,7 @@ from typing import Any, Callable, Optional, Sequence
 
 import sympy
 import torch
+import torch.utils._pytree as pytree
 
 # --------------------------------------------------------------------------- symbolic sizes
 
@@ -281,6 +282,12 @@ def render_size(size, floordiv: str = "//") -> str:
 
 def size_symbols(size) -> set[str]:
     return {str(v) for v in size.free_symbols} if is_symbolic(size) else set()
+
+
+def fake_mode_of(values):
+    """The fake-tensor mode of the first fake tensor among `values` (nested), or None."""
+    from torch._subclasses.fake_tensor import FakeTensor
+    return next((v.fake_mode for v in pytree.tree_leaves(values) if isinstance(v, FakeTensor)), None)
 
 
 def fake_mode():

@@ -5,6 +5,7 @@ so a new size runs the same compiled code: no new trace, no new kernel. Each tes
 result against eager on fresh random inputs and counts compiles, against torch.compile's count
 on the same sequence where the two should agree.
 """
+import copy
 import math
 import re
 import warnings
@@ -629,6 +630,46 @@ def test_as_a_torch_compile_backend_with_dynamic_true(kernel_backend):
     torch._dynamo.reset()
 
 
+def _sets_a_row(x):
+    x[0] = 5.0
+    x[:, 1] = -1.0
+    return x * 2
+
+
+def _weighted_sum(x, w):
+    return (x * w).sum() + (x @ w.unsqueeze(1)).sum()
+
+
+@pytest.mark.filterwarnings("ignore:minicompile. a training graph TorchDynamo made generic")
+def test_as_a_torch_compile_backend_writes_and_trains_at_every_size():
+    """TorchDynamo reuses its size-generic graph at every size: what minicompile makes of it
+    (a Python scalar written into an input; a training graph) must hold at each size, not only
+    at the first call's."""
+    torch._dynamo.reset()
+    writes = torch.compile(_sets_a_row, backend=minicompile.backend, dynamic=True)
+    trains = torch.compile(_weighted_sum, backend=minicompile.backend, dynamic=True)
+    norm = torch.compile(torch.nn.BatchNorm1d(5), backend=minicompile.backend)
+    eager_norm = copy.deepcopy(norm._orig_mod)
+    for n in (7, 13, 9):
+        mine = randn(n, n + 2)
+        theirs = mine.clone()
+        assert_same(writes(mine), _sets_a_row(theirs))
+        assert_same(mine, theirs)
+        w = torch.randn(n + 2, requires_grad=True)
+        x = randn(n, n + 2).requires_grad_()
+        trains(x, w).backward()
+        got = x.grad, w.grad
+        x.grad = w.grad = None
+        _weighted_sum(x, w).backward()
+        assert_same(got[0], x.grad)
+        assert_same(got[1], w.grad)
+        with torch.no_grad():
+            batch = randn(n, 5)
+            assert_same(norm(batch), eager_norm(batch))
+    assert_same(norm._orig_mod.running_var, eager_norm.running_var)
+    torch._dynamo.reset()
+
+
 def test_other_backends_stay_static():
     # a backend that does not say it takes dynamic graphs gets static ones: each size compiles
     seen = []
@@ -1010,3 +1051,39 @@ def test_nested_views_of_a_dynamic_batch_simplify_each_index_once(monkeypatch):
         x = torch.randn(b, 256, 8, device=DEVICE)
         assert_same(compiled(x), unrolled(x))
     assert len(calls) < 300
+
+
+def _branches_on_equal_sizes(a, b):
+    if a.shape[0] == b.shape[0]:
+        return a * 2
+    return b * 3
+
+
+def _writes_the_second(a, b):
+    b.add_(a.sum())
+    return a + 1
+
+
+@pytest.mark.filterwarnings("ignore:minicompile.*shares memory with another input")
+@pytest.mark.parametrize("dynamic", [True, None])
+def test_one_tensor_passed_twice_is_an_entry_of_its_own(dynamic):
+    """f(x, x) traces one tensor under two names, one set of size symbols: a later call with
+    two tensors of other sizes must not reuse it (TorchDynamo's duplicate-input guard)."""
+    compiled = minicompile.compile(_branches_on_equal_sizes, dynamic=dynamic)
+    for n in (7, 13):
+        x = randn(n, n)
+        assert_same(compiled(x, x), _branches_on_equal_sizes(x, x))
+    a, b = randn(9, 9), randn(8, 9)
+    assert_same(compiled(a, b), _branches_on_equal_sizes(a, b))
+    assert_same(compiled(b, b), _branches_on_equal_sizes(b, b))
+
+    written = minicompile.compile(_writes_the_second, dynamic=dynamic)
+    for n in (7, 13):
+        x, y = randn(n, n), None
+        y = x.clone()
+        assert_same(written(x, x), _writes_the_second(y, y))
+        assert_same(x, y)
+    base = randn(9, 9)
+    mine, theirs = base.clone(), base.clone()
+    assert_same(written(mine, mine[1:]), _writes_the_second(theirs, theirs[1:]))
+    assert_same(mine, theirs)

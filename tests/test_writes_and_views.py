@@ -1123,3 +1123,39 @@ def test_an_inference_tensor_written_in_place_outside_inference_mode_raises():
         return t * 2
     with pytest.raises(RuntimeError, match="Inplace update to inference tensor"):
         minicompile.compile(f)(t)
+
+
+def _doubles_then_adds(x):
+    x.mul_(2)
+    x.add_(1)
+    return x + 1
+
+
+def _writes_a_slice(x):
+    x[1:].mul_(2)
+    return x.sum()
+
+
+@pytest.mark.parametrize("fn", [_doubles_then_adds, _writes_a_slice])
+def test_a_written_input_counts_its_writes_as_eagers_so_autograd_sees_them(fn):
+    """The kernel may store the new value straight into the input: its version counter goes
+    up all the same, once per in-place op as in eager, and so a tensor saved for backward and
+    then written by the compiled call makes backward raise eager's error (a gradient from the
+    changed values otherwise)."""
+    compiled = minicompile.compile(fn)
+    for make in (lambda: randn(7, 9), lambda: randn(9, 7).t()):
+        mine, theirs = make(), None
+        theirs = mine.clone()
+        before = mine._version, theirs._version
+        compiled(mine)
+        fn(theirs)
+        assert mine._version - before[0] == theirs._version - before[1]
+
+    for run in (fn, compiled):
+        a = torch.randn(5, 4, requires_grad=True)
+        b = a * 1
+        y = b.sin()                             # saves b for backward
+        with torch.no_grad():
+            run(b)
+        with pytest.raises(RuntimeError, match="modified by an inplace operation"):
+            y.sum().backward()

@@ -17,6 +17,7 @@ and leaves realization to the fusion passes.
 from __future__ import annotations
 
 import collections
+import contextlib
 import logging
 import math
 import operator
@@ -53,13 +54,23 @@ def _example_values(gm: torch.fx.GraphModule, example_inputs) -> dict[torch.fx.N
             values[n] = out
             return out
 
+    # a graph of TorchDynamo's generic in its sizes (SymInt inputs, fake values of symbolic
+    # sizes): run on those fake values, in their mode, so every value's sizes and strides are
+    # the symbolic ones (the examples' would bake in the first call's)
+    traced = [n.meta.get("example_value", n.meta.get("val")) for n in nodes if n.op == "placeholder"]
+    fake_mode = ir.fake_mode_of(traced) if any(
+        isinstance(v, torch.SymInt) or isinstance(v, torch.Tensor) and _symbolic(v) for v in traced) else None
     try:
-        with torch.no_grad():
-            Recorder(gm).run(*example_inputs)
+        with torch.no_grad(), fake_mode if fake_mode is not None else contextlib.nullcontext():
+            Recorder(gm).run(*(traced if fake_mode is not None else example_inputs))
     except Exception as err:
         raise NotImplementedError(f"the graph does not run on its example inputs: {type(err).__name__}: "
                                   f"{str(err).splitlines()[0] if str(err) else ''}") from err
     return values
+
+
+def _symbolic(t: torch.Tensor) -> bool:
+    return any(isinstance(n, torch.SymInt) for n in (*t.shape, *t.stride()))
 
 
 def _laid_out_as(traced, example) -> bool:

@@ -1251,7 +1251,8 @@ def _batch_statistics(input, running_mean, running_var, momentum):
     shape, program, device = list(input.shape), input.program, input.device
     channels, ndim = shape[1], len(shape)
     n = math.prod(shape) // channels if channels else 0
-    if n <= 1:
+    if not isinstance(n, int) or n <= 1:
+        # (one value per channel: eager raises; a count of size symbols: PyTorch's kernel)
         return NotImplemented
     stats_dtype = compute_dtype(input.dtype)
     channels_first = _view(input, [channels, shape[0], *shape[2:]],
