@@ -162,6 +162,10 @@ def _resolve_backend(backend) -> tuple[Callable, str]:
                      f"(gm, example_inputs) -> callable, not {backend!r}")
 
 
+def _compiled_function(fn, fullgraph, backend, dynamic, options):
+    return CompiledFunction(fn, fullgraph=fullgraph, backend=backend, dynamic=dynamic, options=options)
+
+
 class CompiledFunction:
     """A function whose calls go through minicompile's cache of compiled entries."""
 
@@ -192,6 +196,12 @@ class CompiledFunction:
         self._optimizer = optim.step_method(fn)
         if not hasattr(self, "__name__"):            # a partial, a callable object
             self.__name__ = getattr(self._func, "__name__", None) or type(fn).__name__
+
+    def __reduce__(self):
+        """Copied (deepcopy: an EMA of the model) or pickled (torch.save(model)) as what it
+        compiles and how: the copy is compiled again, and finds the compiled entries this one
+        made (they are keyed by code, not by object)."""
+        return _compiled_function, (self.fn, self.fullgraph, self._backend_arg, self.dynamic, self.options)
 
     def __get__(self, obj, objtype=None):
         """Decorating a method in a class body: read from an instance, bound to it (as a
@@ -802,6 +812,24 @@ class CompiledModule(torch.nn.Module):
         self.__dict__["_inner"], self.__dict__["_options"] = inner, options
         self.__dict__["_forward_fn"] = _function_of(inner.forward)
         self.__dict__["_own_call"] = own_call is not None
+        # (its training flag is the original's: read and written there, as any attribute)
+        del self.__dict__["training"]
+
+    # the wrapper's own attributes; every other write goes to the original module, whose
+    # forward the compiled code runs (`compiled.fc = nn.Linear(8, 10)`: a new head, trained)
+    _OWN_ATTRIBUTES = frozenset({"_orig_mod", "_compiled_forward", "_around_logged"})
+
+    def __setattr__(self, name, value):
+        if name in CompiledModule._OWN_ATTRIBUTES or "_orig_mod" not in self.__dict__["_modules"]:
+            super().__setattr__(name, value)
+        else:
+            setattr(self._orig_mod, name, value)
+
+    def __delattr__(self, name):
+        if name in CompiledModule._OWN_ATTRIBUTES:
+            super().__delattr__(name)
+        else:
+            delattr(self._orig_mod, name)
 
     def __call__(self, *args, **kwargs):
         # the original's call (call_around) runs its hooks and the global ones; nn.Module's
@@ -884,10 +912,12 @@ def compile(model: Callable | None = None, *, fullgraph: bool = False, dynamic: 
 
 def compile_regions(model: torch.nn.Module, block: type | None = None, **options) -> torch.nn.Module:
     """Regional compilation: every submodule of class `block` (by default the class with the
-    most instances in `model`, the layers of a transformer) replaced in place by its compiled
-    form. All of them run one code object, whose guards check a block by its type and whose
-    graph takes the block's parameters as inputs: the first block compiles, every other reuses
-    that graph. `options` are compile()'s. Returns `model`."""
+    most instances in `model`, the layers of a transformer) compiled in place, as
+    nn.Module.compile() does: its forward becomes the compiled one, and the module stays where
+    it was, so the model's names (state_dict, named_parameters, get_submodule) and its hooks
+    are eager's. All of them run one code object, whose guards check a block by its type and
+    whose graph takes the block's parameters as inputs: the first block compiles, every other
+    reuses that graph. `options` are compile()'s. Returns `model`."""
     if not isinstance(model, torch.nn.Module):
         raise TypeError(f"compile_regions takes an nn.Module, not {type(model).__name__}")
     if block is None:
@@ -900,11 +930,10 @@ def compile_regions(model: torch.nn.Module, block: type | None = None, **options
                              "name the block class to compile")
         block = max(counts, key=counts.get)
     replaced = 0
-    for parent in list(model.modules()):
-        for name, child in list(parent.named_children()):
-            if type(child) is block:
-                setattr(parent, name, compile(child, **options))
-                replaced += 1
+    for child in model.modules():
+        if type(child) is block and not isinstance(child.__dict__.get("forward"), CompiledFunction):
+            child.forward = compile(child.forward, **options)      # (an attribute of the instance)
+            replaced += 1
     if not replaced:
         raise ValueError(f"compile_regions: the model has no submodule of class {block.__name__}")
     return model

@@ -362,6 +362,60 @@ def test_training_keeps_gradients():
         assert minicompile.metrics.kernels > 0
 
 
+def test_a_compiled_module_that_has_run_can_be_deep_copied():
+    """(an EMA of the compiled model, a copy for evaluation): the copy is compiled as the
+    original is, runs on its own parameters, and reuses the original's compiled entries."""
+    import copy
+    torch.manual_seed(0)
+    compiled = minicompile.compile(Block().to(DEVICE))
+    x = randn(9, 24)
+    with torch.no_grad():
+        compiled(x)
+        twin = copy.deepcopy(compiled)
+        for p in twin.parameters():
+            p.mul_(0.5)
+        minicompile.metrics.reset()
+        assert_same(twin(x), twin._orig_mod(x))
+        assert_same(compiled(x), compiled._orig_mod(x))
+    assert isinstance(twin, minicompile.api.CompiledModule) and minicompile.metrics.graphs == 0
+
+
+def test_attributes_written_on_the_compiled_module_reach_the_model():
+    """(a new head to fine-tune, a flag, train()/eval()): written where the compiled forward
+    reads them, as torch.compile's OptimizedModule forwards them."""
+    torch.manual_seed(0)
+    model = Block()
+    compiled = minicompile.compile(model)
+    x = torch.randn(2, 24)
+    compiled(x)
+    compiled.norm = nn.Identity()                  # a new tail, and a new scale
+    compiled.scale = 3.0
+    compiled.tag = "head"
+    out = compiled(x)
+    assert_same(out, F.gelu(model.fc(x)) * 3 + x[:, :16])
+    assert model.tag == "head" and compiled.tag == "head" and isinstance(model.norm, nn.Identity)
+    compiled.eval()
+    assert not compiled.training and not model.training and not model.fc.training
+    del compiled.tag
+    assert not hasattr(model, "tag")
+
+
+def test_a_compiled_model_pickles_whole():
+    """torch.save(model) of a compiled model, or of one whose blocks compile_regions compiled:
+    it loads compiled, with its weights."""
+    import io
+    torch.manual_seed(0)
+    x = torch.randn(9, 24)
+    for make in (lambda m: minicompile.compile(m), lambda m: minicompile.compile_regions(m, nn.Linear)):
+        model = make(Block())
+        expected = model(x)
+        buffer = io.BytesIO()
+        torch.save(model, buffer)
+        buffer.seek(0)
+        loaded = torch.load(buffer, weights_only=False)
+        assert_same(loaded(x), expected)
+
+
 def test_the_cycle_collector_is_paused_only_while_compiling(monkeypatch):
     import gc
     from minicompile.capture import trace

@@ -1,6 +1,7 @@
 """The runtime modes and switches: minicompile.disable, compile(disable=True), mode="reduce-overhead"
 (CUDA graphs on a GPU; on a CPU the default path, said in the `cudagraphs` log)."""
 import contextlib
+import copy
 import io
 
 import pytest
@@ -317,13 +318,38 @@ def test_regional_compilation_compiles_one_graph_for_every_layer(kernel_backend)
     with torch.no_grad():
         expected = model(x)
         assert minicompile.compile_regions(model) is model        # the block class found: Layer
-        assert all(isinstance(layer, minicompile.api.CompiledModule) for layer in model.layers)
+        assert all(type(layer) is Layer and isinstance(layer.forward, minicompile.api.CompiledFunction)
+                   for layer in model.layers)
         torch.testing.assert_close(model(x), expected, rtol=1e-4, atol=1e-5)
         assert minicompile.metrics.graphs == 1 and minicompile.metrics.recompiles == 0
         model.layers[2].lin.weight.mul_(2)                         # each layer's own parameters
-        torch.testing.assert_close(model(x), torch.nn.Sequential(model.embed, *[
-            l._orig_mod for l in model.layers])(x), rtol=1e-4, atol=1e-5)
+        eager = copy.deepcopy(model)
+        for layer in eager.layers:
+            del layer.forward
+        torch.testing.assert_close(model(x), eager(x), rtol=1e-4, atol=1e-5)
     assert minicompile.metrics.graphs == 1
+    # compiled in place: the model's names, and so its checkpoints, are eager's
+    assert list(model.state_dict()) == list(eager.state_dict())
+    model.load_state_dict(eager.state_dict())
+    assert model.get_submodule("layers.3.lin") is model.layers[3].lin
+
+
+def test_regional_compilation_keeps_the_blocks_hooks():
+    torch.manual_seed(0)
+    results = []
+    for regions in (False, True):
+        torch.manual_seed(0)
+        model, seen = Stack(depth=3), []
+        model.layers[1].register_forward_hook(lambda m, args, out: out * 2)
+        model.layers[2].register_full_backward_pre_hook(lambda m, grad_out: seen.append(1) or (grad_out[0] * 10,))
+        if regions:
+            minicompile.compile_regions(model)
+        x = torch.randn(4, 16, requires_grad=True)
+        model(x).sum().backward()
+        results.append((seen, model.embed.weight.grad, x.grad))
+    assert results[0][0] == results[1][0] == [1]
+    torch.testing.assert_close(results[1][1], results[0][1], rtol=1e-4, atol=1e-4)
+    torch.testing.assert_close(results[1][2], results[0][2], rtol=1e-4, atol=1e-4)
 
 
 def test_compiling_each_layer_in_a_loop_shares_the_graph():
