@@ -336,7 +336,8 @@ def test_int64_wraps(kernel_backend):
 def test_floats_through_integers_and_back(kernel_backend):
     """float(int(x)) of x in (-1, 0) is +0.0 (GCC folded it into trunc(x), -0.0 under
     -fno-trapping-math); int64s past 2**53 are rounded once; on a CPU, a float past int8's
-    range wraps through a wide integer as eager's conversion does (200.0 -> -56)."""
+    range wraps through a wide integer as eager's conversion does (200.0 -> -56), and a negative
+    float to uint8 wraps (-5.5 -> 251)."""
     x = t([-0.5, -0.9, 0.5, 1.7, -3.2, 100.0, -100.0, 7.0], torch.float32)
     check_compiled(lambda x: (1 / x.int().float(), 1 / x.long().float(), 1 / x.to(torch.int16).float()), x)
     big = t([2**60 + 2**36 + 1, 2**60 + 3 * 2**36, -5, 2**53 + 1], torch.int64)
@@ -346,6 +347,11 @@ def test_floats_through_integers_and_back(kernel_backend):
         wide = t([200.0, -200.0, 300.7, -0.5], torch.float32)
         minicompile.metrics.reset()
         check_compiled(lambda x: (x.to(torch.int8).float(), x.to(torch.uint8).to(torch.int32)), wide)
+    # a negative float to uint8 wraps (through int64, as PyTorch's cast): on a GPU too, whose
+    # direct conversion gives 0
+    negative = t([-300.7, -200.2, -5.5, -1.0, 100.2, 1000.0], torch.float32)
+    minicompile.metrics.reset()
+    check_compiled(lambda x: x.to(torch.uint8), negative)
 
 
 def test_integer_scalars_wrap_into_the_tensors_dtype(kernel_backend):

@@ -2526,8 +2526,19 @@ def test_a_python_descriptor_is_traced_and_its_class_guarded():
         _Scaled.factor = old
 
 
+class _CoercingMeta(type(torch.distributions.Normal)):
+    def __call__(cls, *args, **kwargs):
+        if len(args) == 2 and isinstance(args[1], float):
+            args = (args[0], torch.full_like(args[0], args[1]))
+        return super().__call__(*args, **kwargs)
+
+
+class _Coerced(torch.distributions.Normal, metaclass=_CoercingMeta):
+    pass
+
+
 @pytest.mark.parametrize("name", ["normal", "categorical", "bernoulli", "multivariate_normal", "independent",
-                                  "invalid_scale", "kl_divergence"])
+                                  "invalid_scale", "kl_divergence", "transformed", "metaclass_call"])
 def test_torch_distributions_are_made_in_the_graph(name):
     """torch.distributions objects made in the frame (lazy properties, constraints, their
     arguments validated as eager validates them: a check in the graph): no graph break, eager's
@@ -2544,6 +2555,11 @@ def test_torch_distributions_are_made_in_the_graph(name):
         "invalid_scale": lambda x: D.Normal(x, x.abs() - 10).log_prob(x),
         # (its registry is a dict keyed by pairs of classes)
         "kl_divergence": lambda x: D.kl_divergence(D.Normal(x, 1.0), D.Normal(x * 0, 2.0)),
+        "transformed": lambda x: D.TransformedDistribution(D.Normal(x, 1.0), [
+            D.transforms.AffineTransform(1.0, 2.0), D.transforms.SigmoidTransform()]).log_prob(torch.sigmoid(x))
+        + D.LogNormal(x, 0.5).log_prob(x.exp()),
+        # (a metaclass with a __call__ of its own, as pyro's distributions have)
+        "metaclass_call": lambda x: _Coerced(x, x.abs() + 0.5).log_prob(x * 2),
     }
     fn = fns[name]
     compiled = minicompile.compile(fn)

@@ -1087,3 +1087,70 @@ def test_one_tensor_passed_twice_is_an_entry_of_its_own(dynamic):
     mine, theirs = base.clone(), base.clone()
     assert_same(written(mine, mine[1:]), _writes_the_second(theirs, theirs[1:]))
     assert_same(mine, theirs)
+
+
+class _Holder:
+    def __init__(self, x):
+        self.shape, self.x = x.shape[:-1], x
+
+
+def _reshaped_after_a_break(x):
+    held = _Holder(x)
+    print("", end="")                      # a graph break with `held` live
+    return held.x.sum(-1).reshape(held.shape) * 2
+
+
+def _expanded(x, n):
+    return x.expand(torch.Size((n,)) + x.shape) * 2
+
+
+def _windowed(x, window):
+    return x[window] * 2
+
+
+def _sliced_by_a_tensor(x):
+    n = torch.floor(torch.as_tensor(7 * x.shape[-1] / 5)).long()
+    return (x * 2)[..., :n] + 1
+
+
+@pytest.mark.parametrize("case", ["size_held_by_an_object", "size_made_of_an_int", "window_passed_in",
+                                  "slice_bound_by_a_tensor"])
+def test_sizes_and_windows_the_call_passes_become_symbolic_not_a_graph_each(case):
+    """A torch.Size an object holds across a break (a distribution's batch shape), one made of
+    an int argument (`sample((n,))`), a tuple of slices passed in (sliding windows): their ints
+    change from call to call, and automatic dynamic takes them as it takes an int argument, as
+    TorchDynamo does. A slice bounded by a tensor breaks the graph, and the rest is compiled."""
+    fn, calls = {
+        "size_held_by_an_object": (_reshaped_after_a_break, [(randn(n, 5),) for n in (7, 13, 33, 40, 41)]),
+        "size_made_of_an_int": (_expanded, [(randn(5), n) for n in (3, 4, 7, 9, 11)]),
+        "window_passed_in": (_windowed, [(randn(4, 64), (slice(None), slice(s, s + 16))) for s in range(0, 48, 6)]),
+        "slice_bound_by_a_tensor": (_sliced_by_a_tensor, [(randn(2, n),) for n in (700, 701, 703, 705)]),
+    }[case]
+    compiled = minicompile.compile(fn)
+    minicompile.metrics.reset()
+    for args in calls:
+        assert_same(compiled(*args), fn(*args))
+    frames = 2 if case in ("size_held_by_an_object", "slice_bound_by_a_tensor") else 1
+    # (each frame: its first compile, and one generic in what changed)
+    limit = 2 * frames if case != "slice_bound_by_a_tensor" else 2 * len(calls)
+    assert minicompile.metrics.graphs <= limit
+
+
+_QKV = torch.randn(8, 24)
+
+
+def _attention_unpacking_qkv(x):
+    B, T, D = x.shape
+    q, k, v = (x @ _QKV).view(B, T, 3, 2, 4).permute(2, 0, 3, 1, 4)
+    return F.scaled_dot_product_attention(q, k, v, is_causal=True)
+
+
+def test_unpacking_a_tensor_makes_only_its_first_dim_static():
+    """`q, k, v = qkv` reads the length of the first dim (3, static here): the batch and the
+    sequence length stay dynamic (a graph per shape before), as in TorchDynamo."""
+    compiled = minicompile.compile(_attention_unpacking_qkv)
+    minicompile.metrics.reset()
+    for B, T in [(2, 7), (2, 13), (3, 33), (4, 9), (5, 17)]:
+        x = randn(B, T, 8)
+        assert_same(compiled(x), _attention_unpacking_qkv(x))
+    assert minicompile.metrics.graphs <= 3

@@ -1883,3 +1883,26 @@ def test_a_zero_dim_cpu_constant_in_a_gpu_training_graph_is_compiled():
                 torch.testing.assert_close(g, e)
     assert not [w for w in caught if "PyTorch's kernels" in str(w.message)]
     assert minicompile.metrics.backward_kernels > 0
+
+
+def test_a_step_under_detect_anomaly_is_compiled_and_checks_its_gradients():
+    """(a first debugging step) The joint trace runs with anomaly mode off; the compiled
+    backward's gradients are checked as any Function's: a NaN raises, as in eager."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(13, 8), nn.Tanh(), nn.Linear(8, 3))
+    twin = copy.deepcopy(model)
+    compiled = minicompile.compile(twin)
+    x = torch.randn(6, 13)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")          # (anomaly mode warns that it is on)
+        with torch.autograd.detect_anomaly():
+            compiled(x).sum().backward()
+            model(x).sum().backward()
+            for p, q in zip(model.parameters(), twin.parameters()):
+                torch.testing.assert_close(q.grad, p.grad)
+            bad = x.clone()
+            bad[0, 0] = float("nan")
+            for m in (model, compiled):
+                with pytest.raises(RuntimeError, match="nan"):
+                    m(bad).sum().backward()
+    assert minicompile.metrics.kernels > 0

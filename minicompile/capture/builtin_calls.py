@@ -749,18 +749,23 @@ _PYTHON_LIBRARY_CLASSES = {contextlib._GeneratorContextManager, contextlib.suppr
 
 
 def is_distribution(cls) -> bool:
-    """A torch.distributions class (Normal, Categorical..., and their constraints): Python
+    """A torch.distributions class (Normal, Categorical..., their constraints and transforms): Python
     objects over tensors, made in the frame as a user's class is (their argument validation is
     a branch to a raise, checked in the graph)."""
     return isinstance(cls, type) and issubclass(cls, (torch.distributions.Distribution,
-                                                      torch.distributions.constraints.Constraint))
+                                                      torch.distributions.constraints.Constraint,
+                                                      torch.distributions.transforms.Transform))
 
 
-def _is_plain_user_class(cls) -> bool:
+def _is_plain_user_class(cls, past_metaclass_call: bool = False) -> bool:
     """A class written in Python whose instances are ordinary objects (no custom __new__, no
-    metaclass, not a torch or builtin type; __slots__ are fine): safe to create inside the
-    trace."""
-    if not isinstance(cls, type) or type(cls) not in (type, abc.ABCMeta):
+    metaclass that changes how an instance is made, not a torch or builtin type; __slots__ are
+    fine): safe to create inside the trace. past_metaclass_call: its metaclass's own __call__
+    is traced (or is being), so only type.__call__'s part remains."""
+    if not isinstance(cls, type) or not issubclass(type(cls), type):
+        return False
+    meta_call = class_attr(type(cls), "__call__")
+    if meta_call is not type.__call__ and not (past_metaclass_call and isinstance(meta_call, types.FunctionType)):
         return False
     top = cls.__module__.split(".")[0]
     if (top in sys.stdlib_module_names or top in ("torch", "builtins", "numpy")) and \

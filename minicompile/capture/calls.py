@@ -43,10 +43,10 @@ from .values import (BaseListVariable, BoundMethodVariable, BuiltinVariable, Con
                      IteratorVariable, ListVariable, ModuleSliceVariable, ModelOutputVariable, NamedTupleVariable,
                      NestedFunctionVariable, NNModuleVariable, NullVariable, ObjectMethodVariable,
                      OpaqueConstantVariable, OperatorGetterVariable, PartialVariable,
-                     SetVariable, SuperVariable, SymIntVariable, TensorMethodVariable, TensorVariable,
+                     SetVariable, SizeVariable, SuperVariable, SymIntVariable, TensorMethodVariable, TensorVariable,
                      TorchFunctionVariable, TupleVariable, TypeVariable, UserFunctionVariable,
                      UserObjectVariable, VariableTracker, WithExitVariable, _constant_result, _hashable,
-                     _DictFromKeys, _NoOpCallable, _UnboundConstantMethod, _UnboundTensorMethod, example_of, is_constant_value,
+                     _DictFromKeys, _MakeInstance, _NoOpCallable, _UnboundConstantMethod, _UnboundTensorMethod, example_of, is_constant_value,
                      is_model_output_class, dict_key, key_example, key_variable, NO_KEY)
 
 
@@ -274,6 +274,10 @@ class CallsMixin:
             return self.call_cached(fn.func, args, kwargs, owner=fn.self_var)
         if isinstance(fn, _NoOpCallable):
             return ConstantVariable(None)
+        if isinstance(fn, _MakeInstance):
+            if not _is_plain_user_class(fn.cls, past_metaclass_call=True):
+                raise self.unsupported(f"making a {fn.cls.__qualname__} past its metaclass's __call__")
+            return self.new_object(fn.cls, args, kwargs)
         if isinstance(fn, ExceptionInitVariable):
             if kwargs:
                 raise self.unsupported("BaseException.__init__ with keyword arguments")
@@ -476,6 +480,9 @@ class CallsMixin:
                 new = self.class_member(fn.value, "__new__")
                 self.class_member(fn.value, "__init__")        # (guarded to stay object's: not called)
                 return self.inline_call(new.__func__, [fn] + list(args), kwargs)
+            if fn.value is torch.Size and len(args) == 1 and not kwargs and \
+                    any(isinstance(i, SymIntVariable) for i in self.iterate(args[0])):
+                return SizeVariable(self.iterate(args[0]))      # torch.Size((n,)) of a symbolic n
             if fn.value is torch.Size and all(a.is_constant() for a in args):
                 return ConstantVariable(torch.Size(*[a.as_example() for a in args]))
             if fn.value is super:
@@ -486,6 +493,12 @@ class CallsMixin:
                     # reading state) decides on each call, as Python
                     raise self.unsupported(f"{fn.value.__name__}({args[0].describe()}): not a member's value")
                 return self.output.wrap(fn.value(*[a.as_example() for a in args]), None)   # Color("r")
+            meta_call = class_attr(type(fn.value), "__call__")
+            if isinstance(meta_call, types.FunctionType) and _is_plain_user_class(fn.value, past_metaclass_call=True):
+                # a metaclass's own __call__ (pyro's distributions coerce their arguments
+                # there), traced; its super().__call__ makes the instance (_MakeInstance)
+                self.output.guards.class_member(type(fn.value), "__call__", meta_call)
+                return self.inline_call(meta_call, [fn] + list(args), kwargs)
             if _is_plain_user_class(fn.value):
                 return self.new_object(fn.value, args, kwargs)
             if isinstance(fn.value, type) and issubclass(fn.value, torch.nn.Module) and \

@@ -443,6 +443,8 @@ class TemplateBuilder:
                 return ["src", self._source_fn(v.source)]
             return ["partial", self.build(v.func), [self.build(a) for a in v.args],
                     [(k, self.build(a)) for k, a in v.keywords.items()]]
+        if isinstance(v, V.SliceVariable):        # (a bound the graph computed: a size)
+            return ["new", slice, [self.build(p) for p in v.parts], []]
         raise self.tx.unsupported(f"{v.describe()} live across a graph break",
                                   "minicompile cannot rebuild it as a Python value")
 

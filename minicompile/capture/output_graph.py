@@ -50,7 +50,7 @@ from .values import (NULL, BaseListVariable, BoundMethodVariable, BuiltinVariabl
                      ConstantVariable, DictVariable, GlobalWritesVariable, NestedFunctionVariable,
                      PartialVariable, DictViewVariable, GradModeVariable, InferenceModeVariable, IteratorVariable, ListVariable,
                      ModelOutputVariable, NamedTupleVariable, NNModuleVariable, OpaqueConstantVariable,
-                     PythonModuleVariable, SizeVariable, SymIntVariable, TensorVariable,
+                     PythonModuleVariable, SizeVariable, SliceVariable, SymIntVariable, TensorVariable,
                      TorchFunctionVariable,
                      TupleVariable, TypeVariable, UserFunctionVariable, UserObjectVariable,
                      VariableTracker, WithExitVariable, example_of, _contains_tensor, _contains_tensor_value,
@@ -715,6 +715,21 @@ class OutputGraph:
             return var
         return self._wrap(value, None)
 
+    def _numbers_one_by_one(self, value, source: Source) -> Optional[VariableTracker]:
+        """A torch.Size, a slice or a tuple of slices the call passes in (a distribution's
+        batch shape, monai's sliding windows): its ints read one by one, each as automatic
+        dynamic takes an int argument, so one that changes becomes symbolic rather than a
+        graph per value. None where none is (the whole is then a constant, its parts guarded)."""
+        if type(value) is slice:
+            self.guards.type_check(source, slice)
+            parts = [self.wrap(getattr(value, a), AttrSource(source, a)) for a in ("start", "stop", "step")]
+            return SliceVariable(parts) if any(isinstance(p, SymIntVariable) for p in parts) else None
+        self.guards.sequence(source, value)
+        items = [self.wrap(v, ItemSource(source, i)) for i, v in enumerate(value)]
+        if not any(isinstance(v, (SymIntVariable, SliceVariable)) for v in items):
+            return None
+        return SizeVariable(items, source) if type(value) is torch.Size else TupleVariable(items, source)
+
     def _wrap(self, value, source: Optional[Source]) -> VariableTracker:
         g = self.guards
         if isinstance(value, torch.Tensor):
@@ -731,6 +746,10 @@ class OutputGraph:
         if self.dynamic_policy and _may_be_dynamic_number(value, source, self.module_sources) \
                 and self.dynamic_policy(source.expr(), value):
             return self.add_number_input(value, source)
+        if (type(value) in (slice, torch.Size) or type(value) is tuple and any(type(i) is slice for i in value)) \
+                and self.dynamic_policy and _from_the_arguments(source, self.module_sources):
+            var = self._numbers_one_by_one(value, source)
+            return var if var is not None else ConstantVariable(value, source)
         if is_constant_value(value):
             if source is not None:
                 g.constant(source, value)
@@ -1476,12 +1495,24 @@ def _may_be_dynamic_number(value, source, module_sources=frozenset()) -> bool:
     nn.Module (its attributes stay specialized)."""
     if type(value) not in (int, float):
         return False
+    s = _base_past_modules(source, module_sources)
+    return isinstance(s, LocalSource) or type(value) is float and isinstance(s, RootSource) and s.expr() == "G"
+
+
+def _from_the_arguments(source, module_sources) -> bool:
+    """Whether `source` reads from the frame's arguments (not through an nn.Module): where a
+    torch.Size, a slice or a tuple of slices holds ints automatic dynamic may take one by one."""
+    return isinstance(_base_past_modules(source, module_sources), LocalSource)
+
+
+def _base_past_modules(source, module_sources):
+    """The root `source` reads from (an argument, the globals), or None through a module."""
     s = source
     while isinstance(s, (AttrSource, ItemSource)):
         s = s.base
         if s.expr() in module_sources:
-            return False
-    return isinstance(s, LocalSource) or type(value) is float and isinstance(s, RootSource) and s.expr() == "G"
+            return None
+    return s
 
 
 _MISSING = object()

@@ -53,7 +53,7 @@ from .values import (DELETED, NULL, BaseListVariable, BoundArgumentsVariable, Bo
                      TensorVariable, example_of,
                      TorchFunctionVariable, TupleVariable, TypeVariable, UserFunctionVariable,
                      UserObjectVariable, VariableTracker, _constant_result, _DictFromKeys,
-                     _NoOpCallable, _UnboundConstantMethod, _UnboundTensorMethod, is_constant_value, dict_key, NO_KEY, key_example,
+                     _NoOpCallable, _MakeInstance, _UnboundConstantMethod, _UnboundTensorMethod, is_constant_value, dict_key, NO_KEY, key_example,
                      key_variable, is_typing_form)
 from .calls import CallsMixin
 from .iterators import ITERATORS, drain, user_iter
@@ -346,7 +346,12 @@ class InstructionTranslator(CallsMixin):
         self.output.add_side_effect(var)
 
     def unpack_tensor(self, t: TensorVariable, n: int) -> List[VariableTracker]:
-        self.output.specialize_sizes([t], "the trace unpacked a tensor")
+        if t.example.dim():
+            # the length of its first dim is all the unpacking reads (`q, k, v = qkv`): that
+            # size is made static, the others stay as they are
+            length = self.output.size_of(t, 0)
+            if isinstance(length, SymIntVariable):
+                length.as_example()
         if t.example.dim() == 0 or len(t.example) != n:
             raise self.unsupported(f"unpacking a tensor of shape {tuple(t.example.shape)} into {n}")
         return [self.output.call("call_function", operator.getitem, [t, ConstantVariable(i)], {})
@@ -836,7 +841,10 @@ class InstructionTranslator(CallsMixin):
         """super(cls, obj).name: the first class after `cls` in obj's MRO that defines it."""
         obj = sup.obj
         target = obj.value if isinstance(obj, TypeVariable) else obj.as_example()
-        mro = target.__mro__ if isinstance(obj, TypeVariable) else type(target).__mro__
+        # (a class method's super() walks the class's own MRO; a metaclass method's, whose obj
+        # is a class that is an instance of it, the metaclass's, as Python's super does)
+        own = isinstance(obj, TypeVariable) and isinstance(target, type) and issubclass(target, sup.cls)
+        mro = target.__mro__ if own else type(target).__mro__
         if sup.cls not in mro:
             raise self.unsupported("super(): the object is not an instance of the class")
         for klass in mro[mro.index(sup.cls) + 1:]:
@@ -863,6 +871,8 @@ class InstructionTranslator(CallsMixin):
             return self.output.wrap(attr.__func__, None)
         if attr is object.__init__:
             return _NoOpCallable()
+        if attr is type.__call__ and isinstance(obj, TypeVariable):
+            return _MakeInstance(target)
         if attr is tuple.__new__:
             return self.output.wrap(attr, None)
         if attr in (object.__setattr__, object.__getattribute__):

@@ -932,6 +932,15 @@ class _NoOpCallable(VariableTracker):
     """object.__init__ reached through super(): calling it does nothing."""
 
 
+class _MakeInstance(VariableTracker):
+    """type.__call__ of a class, reached through super() in its metaclass's own __call__
+    (pyro's distributions): calling it makes an instance as the class's call would, past the
+    metaclass's __call__."""
+
+    def __init__(self, cls: type):
+        self.cls = cls
+
+
 class OperatorGetterVariable(VariableTracker):
     """operator.itemgetter(*keys), attrgetter(*names) or methodcaller(name, *args, **kwargs):
     calling it reads those items or attributes, or calls that method, of its argument."""

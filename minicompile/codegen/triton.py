@@ -234,6 +234,11 @@ class TritonWriter(KernelWriter):
             # are right whatever the register holds above them.
             x = self._emit(f"(({x}).to(tl.uint16, bitcast=True).to(tl.int32) ^ 0x8000) - 0x8000")
             src_dtype = torch.int32
+        if dtype == torch.uint8 and (src_dtype is None or src_dtype.is_floating_point):
+            # a float to uint8 through int64, as PyTorch's cast does (c10's TypeCast): a negative
+            # value wraps (-5.5 -> 251), where a GPU's direct conversion gives 0
+            x = self._emit(f"({x}).to(tl.int64)")
+            src_dtype = torch.int64
         return super().to_dtype(x, dtype, src_dtype)
 
     def sqrt(self, x):
