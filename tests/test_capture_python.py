@@ -970,8 +970,23 @@ class Noisy(torch.autograd.Function):
         return grad
 
 
+class ClassmethodClip(torch.autograd.Function):
+    """forward and backward as classmethods (entmax's Functions are written so)."""
+
+    @classmethod
+    def forward(cls, ctx, x):
+        out = torch.clamp(x, min=0)
+        ctx.save_for_backward(out)
+        return out
+
+    @classmethod
+    def backward(cls, ctx, grad):
+        (out,) = ctx.saved_tensors
+        return grad * (out > 0) * 2                 # not the derivative: it must be this one
+
+
 def applies_functions(x):
-    return Square.apply(x, 0.5) + SquareFn.apply(x).sin()
+    return Square.apply(x, 0.5) + SquareFn.apply(x).sin() + ClassmethodClip.apply(x * 3)
 
 
 @pytest.mark.parametrize("backend", ["eager", "minicompile"])

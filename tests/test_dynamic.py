@@ -648,14 +648,14 @@ def test_as_a_torch_compile_backend_writes_and_trains_at_every_size():
     torch._dynamo.reset()
     writes = torch.compile(_sets_a_row, backend=minicompile.backend, dynamic=True)
     trains = torch.compile(_weighted_sum, backend=minicompile.backend, dynamic=True)
-    norm = torch.compile(torch.nn.BatchNorm1d(5), backend=minicompile.backend)
+    norm = torch.compile(torch.nn.BatchNorm1d(5).to(DEVICE), backend=minicompile.backend)
     eager_norm = copy.deepcopy(norm._orig_mod)
     for n in (7, 13, 9):
         mine = randn(n, n + 2)
         theirs = mine.clone()
         assert_same(writes(mine), _sets_a_row(theirs))
         assert_same(mine, theirs)
-        w = torch.randn(n + 2, requires_grad=True)
+        w = torch.randn(n + 2, device=DEVICE, requires_grad=True)
         x = randn(n, n + 2).requires_grad_()
         trains(x, w).backward()
         got = x.grad, w.grad
@@ -1136,7 +1136,7 @@ def test_sizes_and_windows_the_call_passes_become_symbolic_not_a_graph_each(case
     assert minicompile.metrics.graphs <= limit
 
 
-_QKV = torch.randn(8, 24)
+_QKV = torch.randn(8, 24, device=DEVICE)
 
 
 def _attention_unpacking_qkv(x):

@@ -56,9 +56,13 @@ def is_apply(fn) -> bool:
         isinstance(getattr(fn.self_var, "value", None), type)
 
 
-def _static(cls, name):
+def _call_method(tx, cls, name, args):
+    """cls.name(*args), traced: a staticmethod as written (the usual), a classmethod with cls
+    first (entmax's Functions)."""
     attr = class_attr(cls, name)
-    return attr.__func__ if isinstance(attr, staticmethod) else attr
+    if isinstance(attr, classmethod):
+        return tx.inline_call(attr.__func__, [tx.output.wrap(cls, None)] + list(args), {})
+    return tx.inline_call(attr.__func__ if isinstance(attr, staticmethod) else attr, list(args), {})
 
 
 def call_apply(tx, cls: type, args, kwargs):
@@ -76,7 +80,7 @@ def call_apply(tx, cls: type, args, kwargs):
         grads = [tx.output.call("call_function", torch.ones_like, [o], {}) if isinstance(o, TensorVariable)
                  else ConstantVariable(None) for o in outputs]
         tx.set_grad(False)                  # (the engine runs backward without recording)
-        tx.inline_call(_static(cls, "backward"), [ctx] + grads, {})
+        _call_method(tx, cls, "backward", [ctx] + grads)
         if changed_outside(ctx):
             raise tx.unsupported(f"{cls.__qualname__}'s forward or backward changes state outside it")
         if "dirty" in ctx.items:
@@ -110,10 +114,10 @@ def _forward(tx, cls: type, args):
     tx.set_grad(False)
     try:
         if _is_setup_context_defined(cls.setup_context):
-            result = tx.inline_call(_static(cls, "forward"), list(args), {})
-            tx.inline_call(_static(cls, "setup_context"), [ctx, TupleVariable(list(args)), result], {})
+            result = _call_method(tx, cls, "forward", list(args))
+            _call_method(tx, cls, "setup_context", [ctx, TupleVariable(list(args)), result])
         else:
-            result = tx.inline_call(_static(cls, "forward"), [ctx] + list(args), {})
+            result = _call_method(tx, cls, "forward", [ctx] + list(args))
     finally:
         tx.set_grad(before)
     return ctx, result
