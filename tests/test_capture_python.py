@@ -13,6 +13,7 @@ import keyword
 import operator
 import re
 import typing
+import weakref
 import warnings
 
 import numpy as np
@@ -3140,3 +3141,38 @@ def test_numpy_scalars_index_and_scale_in_the_graph():
     for g, e in zip(got, expected):
         assert_same(g, e)
     no_break(f, x, bounds)
+
+
+class _Inverse:
+    def __init__(self, of):
+        self.of = of
+
+    def __call__(self, y):
+        return (y - self.of.shift) / self.of.scale
+
+
+class _Affine:
+    """keeps its inverse through a weak reference, as torch 2.11's distributions transforms do"""
+
+    def __init__(self, scale, shift):
+        self.scale, self.shift, self._inv = scale, shift, None
+
+    @property
+    def inv(self):
+        inv = self._inv() if self._inv is not None else None
+        if inv is None:
+            inv = _Inverse(self)
+            self._inv = weakref.ref(inv)
+        return inv
+
+
+def test_a_weak_reference_to_an_object_of_the_frame():
+    def f(x):
+        t = _Affine(2.0, 1.0)
+        return t.inv(x) * 3 + t.inv(x), t
+
+    x = torch.randn(4)
+    (got, mine), (expected, theirs) = minicompile.compile(f)(x), f(x)
+    assert_same(got, expected)
+    assert type(mine._inv) is weakref.ReferenceType and mine._inv() is None and theirs._inv() is None
+    no_break(f, x)

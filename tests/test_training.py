@@ -1906,3 +1906,38 @@ def test_a_step_under_detect_anomaly_is_compiled_and_checks_its_gradients():
                 with pytest.raises(RuntimeError, match="nan"):
                     m(bad).sum().backward()
     assert minicompile.metrics.kernels > 0
+
+
+def _sets_gradients_by_hand(model, x):
+    loss = model(x).pow(2).mean()
+    grads = torch.autograd.grad(loss, list(model.parameters()))
+    for p, g in zip(model.parameters(), grads):
+        p.grad = g * 2
+    total = sum(p.grad.sum() for p in model.parameters())        # (read back in the trace)
+    model.bias.grad = None
+    return loss.detach(), total
+
+
+def test_gradients_assigned_by_hand_are_set_after_the_graph():
+    """`p.grad = g` over a model's parameters (a gradient transformed by hand): one graph, the
+    gradients set as eager sets them, later reads in the frame seeing them; a gradient of another
+    shape raises eager's error."""
+    torch.manual_seed(0)
+    model = nn.Linear(13, 3)
+    twin = copy.deepcopy(model)
+    compiled = minicompile.compile(_sets_gradients_by_hand)
+    minicompile.metrics.reset()
+    for _ in range(2):
+        x = torch.randn(5, 13)
+        got, expected = compiled(twin, x), _sets_gradients_by_hand(model, x)
+        for g, e in zip(got, expected):
+            assert_same(g, e)
+        assert_same(twin.weight.grad, model.weight.grad)
+        assert twin.bias.grad is None and model.bias.grad is None
+    assert (minicompile.metrics.graphs, minicompile.metrics.graph_breaks) == (1, 0)
+
+    def wrong_shape(p):
+        p.grad = torch.zeros(2)
+    for fn in (wrong_shape, minicompile.compile(wrong_shape)):
+        with pytest.raises(RuntimeError, match="same size"):
+            fn(nn.Parameter(torch.randn(3)))

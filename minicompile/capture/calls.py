@@ -45,7 +45,7 @@ from .values import (BaseListVariable, BoundMethodVariable, BuiltinVariable, Con
                      OpaqueConstantVariable, OperatorGetterVariable, PartialVariable,
                      SetVariable, SizeVariable, SuperVariable, SymIntVariable, TensorMethodVariable, TensorVariable,
                      TorchFunctionVariable, TupleVariable, TypeVariable, UserFunctionVariable,
-                     UserObjectVariable, VariableTracker, WithExitVariable, _constant_result, _hashable,
+                     UserObjectVariable, VariableTracker, WeakRefVariable, WithExitVariable, _constant_result, _hashable,
                      _DictFromKeys, _MakeInstance, _NoOpCallable, _UnboundConstantMethod, _UnboundTensorMethod, example_of, is_constant_value,
                      is_model_output_class, dict_key, key_example, key_variable, NO_KEY)
 
@@ -447,6 +447,11 @@ class CallsMixin:
             for module in fn.items:
                 out = self.call_function(module, [out], {})
             return out
+        if isinstance(fn, TypeVariable) and fn.value is weakref.ref and len(args) == 1 and not kwargs and \
+                isinstance(args[0], UserObjectVariable) and args[0].source is None:
+            return WeakRefVariable(args[0])            # (an object of the frame's: alive in the trace)
+        if isinstance(fn, WeakRefVariable) and not args and not kwargs:
+            return fn.target
         if isinstance(fn, UserObjectVariable) and isinstance(fn.value, weakref.ReferenceType) and \
                 not args and not kwargs:
             # ref(): what it refers to now (or None), read through it by the guard too

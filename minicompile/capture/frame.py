@@ -30,6 +30,7 @@ import dis
 import functools
 import itertools
 import types
+import weakref
 from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, List, Optional
 
@@ -443,6 +444,8 @@ class TemplateBuilder:
                 return ["src", self._source_fn(v.source)]
             return ["partial", self.build(v.func), [self.build(a) for a in v.args],
                     [(k, self.build(a)) for k, a in v.keywords.items()]]
+        if isinstance(v, V.WeakRefVariable):
+            return ["new", weakref.ref, [self.build(v.target)], []]
         if isinstance(v, V.SliceVariable):        # (a bound the graph computed: a size)
             return ["new", slice, [self.build(p) for p in v.parts], []]
         raise self.tx.unsupported(f"{v.describe()} live across a graph break",

@@ -48,7 +48,7 @@ if TYPE_CHECKING:
     from .translator import InstructionTranslator
 from .values import (NULL, BaseListVariable, BoundMethodVariable, BuiltinVariable, ClosureCellVariable,
                      ConstantVariable, DictVariable, GlobalWritesVariable, NestedFunctionVariable,
-                     PartialVariable, DictViewVariable, GradModeVariable, InferenceModeVariable, IteratorVariable, ListVariable,
+                     PartialVariable, DictViewVariable, GradModeVariable, InferenceModeVariable, TensorAttributeWrites, IteratorVariable, ListVariable,
                      ModelOutputVariable, NamedTupleVariable, NNModuleVariable, OpaqueConstantVariable,
                      PythonModuleVariable, SizeVariable, SliceVariable, SymIntVariable, TensorVariable,
                      TorchFunctionVariable,
@@ -338,6 +338,7 @@ class OutputGraph:
         # torch.inference_mode() blocks the trace is inside: PyTorch's guards, entered for real
         # (the examples made there are inference tensors), innermost last; `inference_blocks`:
         # whether the trace entered one (Segment.inference_outputs)
+        self._tensor_writes: Dict[str, TensorAttributeWrites] = {}    # tensor_attribute_writes
         self.inference_guards: list = []
         self.inference_blocks = False
         self.module_sources: set = set()       # sources of the modules read (their ints stay static)
@@ -376,6 +377,16 @@ class OutputGraph:
         # held weakly: the frame holds the graph, and a cycle back would keep what the trace
         # read (a generator, the call's tensors) alive past the trace, until a collection
         self._tx = weakref.ref(tx) if tx is not None else None
+
+    def tensor_attribute_writes(self, source: Source, make: bool = True):
+        """The TensorAttributeWrites of the call's tensor at `source` (made, and a side effect,
+        on first use where `make`; else None where the trace wrote none of its attributes)."""
+        key = source.expr()
+        var = self._tensor_writes.get(key)
+        if var is None and make:
+            var = self._tensor_writes[key] = TensorAttributeWrites(source)
+            self.add_side_effect(var)
+        return var
 
     def leave_inference_mode(self, depth: int) -> None:
         """Exit the inference-mode blocks entered for real past the first `depth` (the block

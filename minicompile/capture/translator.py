@@ -40,7 +40,7 @@ from .builtin_calls import (_BUILTIN_HANDLERS, ContainerReadVariable, _builtin_t
 from .output_graph import (FLOAT_ARITHMETIC, SIZE_ARITHMETIC, TENSOR_CONSTANT_ATTRS, TENSOR_TENSOR_ATTRS, _MISSING,
                            OutputGraph, _is_internal_module_name)
 from .values import (DELETED, NULL, BaseListVariable, BoundArgumentsVariable, BoundMethodVariable, BuiltinVariable,
-                     InferenceModeVariable,
+                     InferenceModeVariable, WeakRefVariable,
                      CallableVariable, ClosureCellVariable, ConstantMethodVariable, ConstantVariable,
                      DictVariable, DictViewVariable, ExceptionInitVariable, ExceptionVariable,
                      GeneratorVariable, GradModeVariable,
@@ -493,6 +493,9 @@ class InstructionTranslator(CallsMixin):
                 return out.call("call_method", "detach", [obj], {})
             if callable(getattr(torch.Tensor, name, None)):
                 return TensorMethodVariable(obj, name)
+            written = out.tensor_attribute_writes(obj.source, make=False) if obj.source is not None else None
+            if written is not None and name in written.items:
+                return written.items[name]          # (set earlier in the trace)
             if name == "grad" and obj.source is not None and obj.example.is_leaf:
                 # a leaf's gradient from outside the frame (clip_grad_norm_ over parameters):
                 # a graph input, or None, guarded as any
@@ -1338,6 +1341,17 @@ class InstructionTranslator(CallsMixin):
         if isinstance(obj, TensorVariable) and name == "requires_grad":
             self.requires_grad_(obj, [value], {})
             return
+        if isinstance(obj, TensorVariable) and name == "grad" and obj.source is not None and obj.example.is_leaf \
+                and (_is_none(value) or isinstance(value, TensorVariable) and
+                     (value.example.shape, value.example.dtype, value.example.device)
+                     == (obj.example.shape, obj.example.dtype, obj.example.device)):
+            # `p.grad = g` (a gradient transformed by hand, averaged, clipped): set after the
+            # graph, seen by later reads in the trace (another size, dtype or device: eager
+            # raises, at a break)
+            writes = self.output.tensor_attribute_writes(obj.source)
+            self.output.record_mutation(writes)
+            writes.items[name] = value
+            return
         raise self.unsupported(f"setting attribute .{name} of {obj.describe()}",
                                "a side effect on an object outside the graph",
                                "it runs for real at a graph break")
@@ -1545,7 +1559,8 @@ class InstructionTranslator(CallsMixin):
         if isinstance(v, (TensorVariable, NNModuleVariable, BaseListVariable, DictVariable,
                           UserObjectVariable, CallableVariable, NestedFunctionVariable, PartialVariable,
                           BoundMethodVariable, IteratorVariable, SymIntVariable, GeneratorVariable,
-                          LazyIteratorVariable, ExceptionVariable)):
+                          LazyIteratorVariable, ExceptionVariable, WeakRefVariable, GradModeVariable,
+                          InferenceModeVariable)):
             return False                  # a value the trace tracks is never None
         raise self.unsupported(f"'is None' on {v.describe()}")
 

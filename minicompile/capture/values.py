@@ -932,6 +932,31 @@ class _NoOpCallable(VariableTracker):
     """object.__init__ reached through super(): calling it does nothing."""
 
 
+class TensorAttributeWrites(VariableTracker):
+    """`p.grad = g` on a tensor of the call's (a leaf: a parameter): the values the trace gave
+    its attributes (`items`), which later reads in the trace see, set on the real tensor after
+    the graph."""
+
+    def __init__(self, source: Source):
+        self.source = source
+        self.items: Dict[str, VariableTracker] = {}
+
+    def describe(self):
+        return f"attributes of {self.source.expr()}"
+
+
+class WeakRefVariable(VariableTracker):
+    """weakref.ref(obj) of an object made in the frame (torch.distributions' Transform.inv on
+    torch 2.11 keeps its inverse so): in the trace it refers to the object; where it outlives the
+    trace, a real weak reference to the object made then."""
+
+    def __init__(self, target: VariableTracker):
+        self.target = target
+
+    def describe(self):
+        return f"weakref.ref({self.target.describe()})"
+
+
 class _MakeInstance(VariableTracker):
     """type.__call__ of a class, reached through super() in its metaclass's own __call__
     (pyro's distributions): calling it makes an instance as the class's call would, past the
