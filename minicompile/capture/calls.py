@@ -485,9 +485,9 @@ class CallsMixin:
                 new = self.class_member(fn.value, "__new__")
                 self.class_member(fn.value, "__init__")        # (guarded to stay object's: not called)
                 return self.inline_call(new.__func__, [fn] + list(args), kwargs)
-            if fn.value is torch.Size and len(args) == 1 and not kwargs and \
-                    any(isinstance(i, SymIntVariable) for i in self.iterate(args[0])):
-                return SizeVariable(self.iterate(args[0]))      # torch.Size((n,)) of a symbolic n
+            if fn.value is torch.Size and len(args) == 1 and not kwargs and isinstance(args[0], BaseListVariable) \
+                    and any(isinstance(i, SymIntVariable) for i in args[0].items):
+                return SizeVariable(list(args[0].items))      # torch.Size((n,)) of a symbolic n
             if fn.value is torch.Size and all(a.is_constant() for a in args):
                 return ConstantVariable(torch.Size(*[a.as_example() for a in args]))
             if fn.value is super:

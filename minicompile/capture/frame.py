@@ -631,11 +631,11 @@ def _as_inference_tensors(outs, positions: list) -> list:
             if not isinstance(t, torch.Tensor) or t.is_inference():
                 continue
             storage = t.untyped_storage()
-            copy = copies.get(storage.data_ptr()) if storage.nbytes() else None
-            if copy is None:
-                copy = copies[storage.data_ptr()] = storage.clone()
+            cloned = copies.get(storage.data_ptr()) if storage.nbytes() else None
+            if cloned is None:
+                cloned = copies[storage.data_ptr()] = storage.clone()
             outs[k] = torch.empty(0, dtype=t.dtype, device=t.device).set_(
-                copy, t.storage_offset(), t.size(), t.stride())
+                cloned, t.storage_offset(), t.size(), t.stride())
     return outs
 
 

@@ -48,7 +48,8 @@ if TYPE_CHECKING:
     from .translator import InstructionTranslator
 from .values import (NULL, BaseListVariable, BoundMethodVariable, BuiltinVariable, ClosureCellVariable,
                      ConstantVariable, DictVariable, GlobalWritesVariable, NestedFunctionVariable,
-                     PartialVariable, DictViewVariable, GradModeVariable, InferenceModeVariable, TensorAttributeWrites, IteratorVariable, ListVariable,
+                     PartialVariable, DictViewVariable, GradModeVariable, InferenceModeVariable, IteratorVariable,
+                     ListVariable, TensorAttributeWrites,
                      ModelOutputVariable, NamedTupleVariable, NNModuleVariable, OpaqueConstantVariable,
                      PythonModuleVariable, SizeVariable, SliceVariable, SymIntVariable, TensorVariable,
                      TorchFunctionVariable,
@@ -335,10 +336,10 @@ class OutputGraph:
         # an op was traced where the frame catches what it raises (a try or with body, here
         # or in a caller inlined): see Segment.rerun_on_raise
         self.ops_under_handler = False
+        self._tensor_writes: Dict[str, TensorAttributeWrites] = {}    # tensor_attribute_writes
         # torch.inference_mode() blocks the trace is inside: PyTorch's guards, entered for real
         # (the examples made there are inference tensors), innermost last; `inference_blocks`:
         # whether the trace entered one (Segment.inference_outputs)
-        self._tensor_writes: Dict[str, TensorAttributeWrites] = {}    # tensor_attribute_writes
         self.inference_guards: list = []
         self.inference_blocks = False
         self.module_sources: set = set()       # sources of the modules read (their ints stay static)
