@@ -143,3 +143,23 @@ def test_inference_mode_false_and_as_a_decorator_made_in_the_frame_run_as_eager(
         with torch.inference_mode():
             _same(minicompile.compile(fn)(x), fn(x))
         _same(minicompile.compile(fn)(x), fn(x))
+
+
+def _rows_where(h, mask):
+    rows = torch.where(mask)[0]
+    return (h[rows] * 2).sum(0), torch.argwhere(mask).shape[0]
+
+
+def test_ops_made_of_others_are_watched_under_inference_mode():
+    """Under inference mode an op made of others reaches the capture's watch whole
+    (torch.where(mask), argwhere: of nonzero, whose size depends on the mask's values): the
+    trace must see its parts, as it does elsewhere, or a graph would keep one mask's size."""
+    compiled = minicompile.compile(_rows_where)
+    for n in (14, 22):
+        h = torch.randn(n, 8)
+        for p in (0.3, 0.6):
+            mask = torch.rand(n) < p
+            with torch.inference_mode():
+                got, expected = compiled(h, mask), _rows_where(h, mask)
+            torch.testing.assert_close(got[0], expected[0])
+            assert got[1] == expected[1]

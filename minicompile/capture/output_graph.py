@@ -143,6 +143,14 @@ class _ExampleOps(TorchDispatchMode):
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
+        if func in _COMPOSITE:
+            # an op made of others (torch.where(mask) of nonzero, dropout of bernoulli) reaches
+            # the mode whole where autograd's keys are off (inference tensors): its parts are
+            # watched, as they are where autograd decomposes it first
+            with self:                  # (the parts come through this mode again)
+                made = func.decompose(*args, **kwargs)
+            if made is not NotImplemented:
+                return made
         schema = func._schema
         if torch.Tag.nondeterministic_seeded in func.tags:
             self.draws_random = True
@@ -159,6 +167,21 @@ class _ExampleOps(TorchDispatchMode):
                     if isinstance(t, torch.Tensor) and storage_address(t) in self.storages:
                         raise _InputWritten(str(func))
         return func(*args, **kwargs)
+
+
+class _CompositeOps(dict):
+    """{op: whether it is made of other ops (a CompositeImplicitAutograd kernel)}, asked once
+    per op."""
+
+    def __missing__(self, func):
+        made = self[func] = torch._C._dispatch_has_kernel_for_dispatch_key(func.name(), "CompositeImplicitAutograd")
+        return made
+
+    def __contains__(self, func):
+        return self[func]
+
+
+_COMPOSITE = _CompositeOps()
 
 
 # ops whose result's sizes come from values they read that torch does not tag so: a packed
