@@ -163,3 +163,22 @@ def test_ops_made_of_others_are_watched_under_inference_mode():
                 got, expected = compiled(h, mask), _rows_where(h, mask)
             torch.testing.assert_close(got[0], expected[0])
             assert got[1] == expected[1]
+
+
+def _relative_coordinates(x):
+    coords = torch.flatten(torch.stack(torch.meshgrid(torch.arange(3), torch.arange(4), indexing="ij")), 1)
+    relative = (coords[:, :, None] - coords[:, None, :]).permute(1, 2, 0).contiguous()
+    relative[:, :, 0] += 2                          # (BEiT's relative position index)
+    relative[:, :, 1] *= 3
+    return x + relative.sum(-1)[:, :1]
+
+
+def test_a_slice_written_in_place_under_inference_mode_stays_in_the_graph():
+    """An inference tensor's views are not tracked (no _base): the region `r[:, :, 0] += 2`
+    writes is still the slice, not the whole of r (a break per call before)."""
+    x = torch.randn(12, 1)
+    metrics.reset()
+    with torch.inference_mode():
+        got, expected = minicompile.compile(_relative_coordinates)(x), _relative_coordinates(x)
+    torch.testing.assert_close(got, expected)
+    assert (metrics.graphs, metrics.graph_breaks) == (1, 0)

@@ -1426,7 +1426,10 @@ def _written_region(kind, target, example: torch.Tensor, ex_args) -> torch.Tenso
                 region = example[ex_args[1]]
         except Exception:                # noqa: BLE001 (eager's own error comes from the call)
             return example
-        if isinstance(region, torch.Tensor) and region._base is not None:
+        # (a view shares x's memory; _base would say so too, but an inference tensor's views
+        # are not tracked)
+        if isinstance(region, torch.Tensor) and storage_address(region) is not None and \
+                storage_address(region) == storage_address(example):
             return region
     return example
 
