@@ -1108,22 +1108,28 @@ def _windowed(x, window):
     return x[window] * 2
 
 
+def _resized(x, size):
+    return F.interpolate(x, size=size, mode="bilinear", align_corners=False) * 2
+
+
 def _sliced_by_a_tensor(x):
     n = torch.floor(torch.as_tensor(7 * x.shape[-1] / 5)).long()
     return (x * 2)[..., :n] + 1
 
 
 @pytest.mark.parametrize("case", ["size_held_by_an_object", "size_made_of_an_int", "window_passed_in",
-                                  "slice_bound_by_a_tensor"])
+                                  "output_size_passed_in", "slice_bound_by_a_tensor"])
 def test_sizes_and_windows_the_call_passes_become_symbolic_not_a_graph_each(case):
     """A torch.Size an object holds across a break (a distribution's batch shape), one made of
-    an int argument (`sample((n,))`), a tuple of slices passed in (sliding windows): their ints
+    an int argument (`sample((n,))`), a tuple of slices passed in (sliding windows), an output
+    size passed in as a tuple of ints (an interpolation's): their ints
     change from call to call, and automatic dynamic takes them as it takes an int argument, as
     TorchDynamo does. A slice bounded by a tensor breaks the graph, and the rest is compiled."""
     fn, calls = {
         "size_held_by_an_object": (_reshaped_after_a_break, [(randn(n, 5),) for n in (7, 13, 33, 40, 41)]),
         "size_made_of_an_int": (_expanded, [(randn(5), n) for n in (3, 4, 7, 9, 11)]),
         "window_passed_in": (_windowed, [(randn(4, 64), (slice(None), slice(s, s + 16))) for s in range(0, 48, 6)]),
+        "output_size_passed_in": (_resized, [(randn(1, 3, 5, 5), (h, h + 1)) for h in (8, 10, 12, 14, 16)]),
         "slice_bound_by_a_tensor": (_sliced_by_a_tensor, [(randn(2, n),) for n in (700, 701, 703, 705)]),
     }[case]
     compiled = minicompile.compile(fn)
