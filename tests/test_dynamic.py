@@ -1118,7 +1118,7 @@ def _sliced_by_a_tensor(x):
 
 
 @pytest.mark.parametrize("case", ["size_held_by_an_object", "size_made_of_an_int", "window_passed_in",
-                                  "output_size_passed_in", "slice_bound_by_a_tensor"])
+                                  "output_size_passed_in", "index_with_ellipsis", "slice_bound_by_a_tensor"])
 def test_sizes_and_windows_the_call_passes_become_symbolic_not_a_graph_each(case):
     """A torch.Size an object holds across a break (a distribution's batch shape), one made of
     an int argument (`sample((n,))`), a tuple of slices passed in (sliding windows), an output
@@ -1130,6 +1130,7 @@ def test_sizes_and_windows_the_call_passes_become_symbolic_not_a_graph_each(case
         "size_made_of_an_int": (_expanded, [(randn(5), n) for n in (3, 4, 7, 9, 11)]),
         "window_passed_in": (_windowed, [(randn(4, 64), (slice(None), slice(s, s + 16))) for s in range(0, 48, 6)]),
         "output_size_passed_in": (_resized, [(randn(1, 3, 5, 5), (h, h + 1)) for h in (8, 10, 12, 14, 16)]),
+        "index_with_ellipsis": (_windowed, [(randn(2, 3, 64), (Ellipsis, None, slice(s, s + 8))) for s in range(0, 40, 5)]),
         "slice_bound_by_a_tensor": (_sliced_by_a_tensor, [(randn(2, n),) for n in (700, 701, 703, 705)]),
     }[case]
     compiled = minicompile.compile(fn)

@@ -751,7 +751,7 @@ class OutputGraph:
         return self._wrap(value, None)
 
     def _numbers_one_by_one(self, value, source: Source) -> Optional[VariableTracker]:
-        """A torch.Size, a slice, or a tuple of ints and slices the call passes in (a
+        """A torch.Size, a slice, or a tuple of ints and slices (an index) the call passes in (a
         distribution's batch shape, monai's sliding windows, an interpolation's output size):
         its ints read one by one, each as automatic dynamic takes an int argument, so one that
         changes becomes symbolic rather than a graph per value. None where none is (the whole
@@ -783,7 +783,7 @@ class OutputGraph:
                 and self.dynamic_policy(source.expr(), value):
             return self.add_number_input(value, source)
         if (type(value) in (slice, torch.Size) or type(value) is tuple and value and
-                all(type(i) in (slice, int) for i in value)) \
+                all(type(i) in (slice, int) or i is None or i is Ellipsis for i in value)) \
                 and self.dynamic_policy and _from_the_arguments(source, self.module_sources):
             var = self._numbers_one_by_one(value, source)
             return var if var is not None else ConstantVariable(value, source)
