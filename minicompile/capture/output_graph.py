@@ -143,7 +143,7 @@ class _ExampleOps(TorchDispatchMode):
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
-        if func in _COMPOSITE:
+        if _made_of_others(func):
             # an op made of others (torch.where(mask) of nonzero, dropout of bernoulli) reaches
             # the mode whole where autograd's keys are off (inference tensors): its parts are
             # watched, as they are where autograd decomposes it first
@@ -169,19 +169,10 @@ class _ExampleOps(TorchDispatchMode):
         return func(*args, **kwargs)
 
 
-class _CompositeOps(dict):
-    """{op: whether it is made of other ops (a CompositeImplicitAutograd kernel)}, asked once
-    per op."""
-
-    def __missing__(self, func):
-        made = self[func] = torch._C._dispatch_has_kernel_for_dispatch_key(func.name(), "CompositeImplicitAutograd")
-        return made
-
-    def __contains__(self, func):
-        return self[func]
-
-
-_COMPOSITE = _CompositeOps()
+@functools.cache
+def _made_of_others(func) -> bool:
+    """Whether the op is made of other ops (a CompositeImplicitAutograd kernel): asked once per op."""
+    return torch._C._dispatch_has_kernel_for_dispatch_key(func.name(), "CompositeImplicitAutograd")
 
 
 # ops whose result's sizes come from values they read that torch does not tag so: a packed

@@ -1615,7 +1615,6 @@ def _operand_type(v: VariableTracker) -> Optional[type]:
     return type(v.as_example()) if v.is_constant() else None
 
 
-@functools.lru_cache(maxsize=4096)
 def _sequence_variable(value):
     """A constant tuple, torch.Size or list as a variable of its kind, its items constants
     (for an operator with a sequence holding sizes: torch.Size + (n,) is a torch.Size)."""
@@ -1624,6 +1623,7 @@ def _sequence_variable(value):
     return kind([ConstantVariable(v) for v in value])
 
 
+@functools.lru_cache(maxsize=4096)
 def _is_python_class(cls) -> bool:
     """A class of the user's (not torch's, not a builtin), whose attributes may be set."""
     return isinstance(cls, type) and type(cls) in (type, abc.ABCMeta) and not _torch_or_builtin(cls)
