@@ -282,6 +282,15 @@ class _WrittenUnseen(torch.autograd.Function):
         return grad, None
 
 
+# a node's meta key: the node is `x.data` (a detach whose tensor has a version counter of its
+# own: eager's writes through it leave x's version as it was, so a tensor saved for backward
+# and written so raises nothing, and the backward reads its new value)
+OWN_VERSION_COUNTER = "own_version_counter"
+# a node's meta key: the node computes (part of) an in-place op's write into these graph
+# inputs (their indices), made a value by functionalize.py
+WRITES_INPUTS = "writes_inputs"
+
+
 def written_unseen(dest, value):
     """dest's new value `value`, written under no_grad: autograd goes on seeing dest (a later
     use's gradient flows into dest's history unchanged), as eager's tensor keeps its own.

@@ -64,7 +64,8 @@ class Epilogue:
     read: frozenset | None = None  # the outputs the user's output is made from (None: any)
     unseen: frozenset = frozenset()   # inputs written under no_grad only: copied so too
     # {input index i: the in-place ops that write it}: its version counter goes up as many
-    # times as eager's (autograd's check that a tensor saved for backward is unchanged)
+    # times as eager's (autograd's check that a tensor saved for backward is unchanged); none
+    # where every write is through `x.data`, which leaves the version as it was
     writes: dict = field(default_factory=dict)
 
     def __call__(self, compiled: Callable, inputs):
@@ -77,6 +78,9 @@ class Epilogue:
             # takes it on, as eager's write makes it)
             copied = value is not x and (value.data_ptr() != x.data_ptr() or not _same_places(value, x)
                                          or value.requires_grad and i not in self.unseen)
+            if copied and self.writes.get(i, 1) == 0:
+                x.data.copy_(value)
+                continue
             if copied:
                 into.append(x)
                 new.append(value)
@@ -280,6 +284,7 @@ class _Functionalizer:
         self.grad = torch.is_grad_enabled()       # the grad mode at this point of the graph
         self.seen_writes: set = set()              # roots written with grad mode on
         self.write_counts = collections.Counter()   # root -> the in-place ops writing it
+        self.writing: frozenset = frozenset()      # the inputs the write being made a value writes
 
     def resolve(self, a):
         while a in self.same:
@@ -320,6 +325,8 @@ class _Functionalizer:
                 node.meta["example_value"] = _run(node, ex_args, ex_kwargs)
         except Exception:          # lowering runs the graph itself where a value is missing
             pass
+        if self.writing:
+            node.meta[aliasing.WRITES_INPUTS] = self.writing
         return node
 
     def _fresh(self, old, new):
@@ -394,9 +401,16 @@ class _Functionalizer:
             if t not in self.root or not _is_tensor_node(t):
                 raise NotImplementedError(f"`{node.format_node()}` writes into something that "
                                           "is not a tensor of the graph")
-        new_values, result = self._functional(node, where, targets)
+        self.writing = frozenset(self.inputs.index(self.root[t]) for t in targets if self.root[t] in self.inputs)
+        try:
+            self._write_values(node, targets, *self._functional(node, where, targets))
+        finally:
+            self.writing = frozenset()
+
+    def _write_values(self, node, targets, new_values, result):
         for t, v in zip(targets, new_values):
-            self.write_counts[self.root[t]] += 1
+            if not any(n.meta.get(aliasing.OWN_VERSION_COUNTER) for n in self.chain.get(t, ())):
+                self.write_counts[self.root[t]] += 1
             # written under no_grad, or through detach() (F.embedding's max_norm renormalizes
             # weight.detach()): eager's tensor keeps its history (a later use is differentiated
             # into it), its new value unseen by autograd

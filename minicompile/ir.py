@@ -342,6 +342,16 @@ def symbolic_fake(mode, value, dims, name: str):
     return fake
 
 
+def symbolic_float(mode, value: float, name: str) -> torch.SymFloat:
+    """The float `value` as a symbol of `mode`'s shape environment (a float the graph is
+    generic in: ops record it as an input instead of its value)."""
+    from torch._dynamo.source import ConstantSource
+    from torch.fx.experimental.symbolic_shapes import DimDynamic
+    source = ConstantSource(name)
+    symbol = mode.shape_env.create_unspecified_symbol(value, source, DimDynamic.DYNAMIC)
+    return mode.shape_env.create_symfloatnode(symbol, hint=value, source=source)
+
+
 def sizes_generic(symbolic: bool = True):
     """Ops run under the Python dispatcher where sizes are symbols, as TorchDynamo runs them:
     composite ops (matmul, linear) then decompose through code written for symbolic sizes
@@ -365,7 +375,8 @@ def symbol_reads(value, name: str):
     sizes = [(size, f"{name}.size({d})") for d, size in enumerate(value.shape)] \
         if isinstance(value, torch.Tensor) else [(value, name)]
     for size, read in sizes:
-        raw = getattr(size.node, "_expr", size.node.expr) if isinstance(size, torch.SymInt) else None
+        raw = getattr(size.node, "_expr", size.node.expr) if isinstance(size, (torch.SymInt, torch.SymFloat)) \
+            else None
         if raw is not None and raw.is_Symbol:
             yield str(raw), read
 

@@ -1729,6 +1729,63 @@ def test_a_language_models_loss_trains_at_new_lengths(kernel_backend):
     assert minicompile.metrics.graphs == 2
 
 
+def _mixup_loss(x, w, ya, yb, lam):
+    logits = (x @ w).relu()
+    return lam * F.cross_entropy(logits, ya) + (1 - lam) * F.cross_entropy(logits, yb)
+
+
+def _scaled_tanh(x, w, n):
+    return ((x @ w) * n).tanh().sum() / n
+
+
+class _ReverseGradient(torch.autograd.Function):
+    """A domain-adversarial network's gradient reversal layer: its scale changes every step."""
+
+    @staticmethod
+    def forward(ctx, x, alpha):
+        ctx.alpha = alpha
+        return x.view_as(x)
+
+    @staticmethod
+    def backward(ctx, grad):
+        return -ctx.alpha * grad, None
+
+
+def _adversarial_loss(x, w, alpha):
+    return _ReverseGradient.apply(x @ w, alpha).square().sum()
+
+
+@pytest.mark.parametrize("fn, values", [(_mixup_loss, (0.3, 0.71, 0.12, 0.9)), (_scaled_tanh, (3, 5, 7, 2)),
+                                        (_adversarial_loss, (0.05, 0.15, 0.25, 0.35))],
+                         ids=["float", "int", "autograd_function"])
+def test_a_number_argument_that_changes_each_step_trains_in_one_generic_graph(
+        kernel_backend, compiled_training, fn, values):
+    """A float passed in that changes every step (a mixup weight, a loss scale) or an int (a
+    multiplier) is an input of the joint graph, as automatic dynamic makes it in inference: the
+    forward and the backward read it as a run-time number, so the second value compiles once
+    and every later value runs the same code (compiled for each value, the frame ran eagerly
+    after the recompile limit); one handed to an autograd.Function whose forward and backward
+    use it as a value too. Loss and gradients as eager's at every value."""
+    w = randn(6, 5).requires_grad_()
+    compiled = minicompile.compile(fn)
+    for v in values:
+        x = randn(7, 6).requires_grad_()
+        args = (torch.randint(0, 5, (7,), device=DEVICE), torch.randint(0, 5, (7,), device=DEVICE)) \
+            if fn is _mixup_loss else ()
+        results = []
+        for f in (fn, compiled):
+            w.grad = x.grad = None
+            loss = f(x, w, *args, v)
+            loss.backward()
+            results.append((loss, w.grad, x.grad))
+        for got, expected in zip(*reversed(results)):
+            assert_same(got, expected)
+    assert minicompile.metrics.graphs == 2 and minicompile.metrics.recompiles == 1
+    generic = compiled_training[-1]
+    assert not any("arg" in g and "==" in g for g in generic.shape_guards), generic.shape_guards
+    assert len(generic.backward.kernels) > 0
+
+
 def test_a_generic_backward_not_made_for_the_calls_sizes_runs_its_graph_on_pytorchs_kernels(
         kernel_backend, compiled_training):
     """Where the compiled backward's own conditions on its inputs' sizes do not hold, the

@@ -1159,3 +1159,58 @@ def test_a_written_input_counts_its_writes_as_eagers_so_autograd_sees_them(fn):
             run(b)
         with pytest.raises(RuntimeError, match="modified by an inplace operation"):
             y.sum().backward()
+
+
+class _ScaledByABuffer(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.register_buffer("scale", torch.rand(5, device=DEVICE) + 0.5)
+
+    def forward(self, x):
+        y = x * self.scale                 # eager's product saves scale for x's gradient
+        self.scale.mul_(2)                 # and then it is written
+        return y
+
+
+def _saved_as_a_value_then_written(x, s):
+    y = x * (s * 2)                        # eager saves s * 2, not s: its backward raises nothing
+    s.mul_(3)
+    return y
+
+
+def test_an_input_eager_saves_for_backward_and_the_graph_writes_raises_at_backward_as_eager():
+    """A tensor eager's autograd saves as it is, written later in the function: eager's
+    backward raises (the write moved its version counter); the compiled call's too (it gave
+    the gradient of the old value). Where eager saved a value computed from the tensor, both
+    give that value's gradient."""
+    for module in (_ScaledByABuffer(), minicompile.compile(_ScaledByABuffer())):
+        x = randn(3, 5).requires_grad_()
+        y = module(x)
+        with pytest.raises(RuntimeError, match="modified by an inplace operation"):
+            y.sum().backward()
+    grads = []
+    for fn in (_saved_as_a_value_then_written, minicompile.compile(_saved_as_a_value_then_written)):
+        torch.manual_seed(1)
+        x, s = randn(3, 5).requires_grad_(), randn(5)
+        fn(x, s).square().sum().backward()
+        grads.append((x.grad, s))
+    torch.testing.assert_close(grads[1], grads[0])
+
+
+def _data_written_after_a_product(x, w):
+    y = x @ w
+    w.data.mul_(0.5)                       # an update autograd does not see
+    return y.sum()
+
+
+def test_a_write_through_data_after_a_use_is_read_by_the_backward_as_eager():
+    """x @ w saves w for x's gradient; `w.data.mul_(0.5)` after it leaves w's version as it
+    was (`.data` has a counter of its own), so eager's backward reads the halved w. The compiled
+    call's read the w of before the write, and moved w's version."""
+    results = []
+    for fn in (_data_written_after_a_product, minicompile.compile(_data_written_after_a_product)):
+        torch.manual_seed(1)
+        x, w = randn(7, 13).requires_grad_(), randn(13, 5).requires_grad_()
+        fn(x, w).backward()
+        results.append((x.grad, w.grad, w.detach(), w._version))
+    torch.testing.assert_close(results[1], results[0])

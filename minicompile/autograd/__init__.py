@@ -52,7 +52,7 @@ def compile_training(gm: torch.fx.GraphModule, example_inputs, compile_values, w
     with metrics.timed("partition"):
         part = partition(joint)
     _log(part)
-    primals = [v for v in example_inputs if isinstance(v, torch.Tensor)]
+    primals = [example_inputs[i] for i in _primal_index(joint)]
     forward_graph, backward_graph = to_torch(part.forward), to_torch(part.backward)
     backward_inputs = _examples(backward_graph)
     _examples(forward_graph)                # (its dynamic dims marked; the primals are its examples)
@@ -60,13 +60,17 @@ def compile_training(gm: torch.fx.GraphModule, example_inputs, compile_values, w
     backward = compile_values(backward_graph, backward_inputs)
     metrics.backward_kernels += len(getattr(backward, "kernels", ()))
     primal = _primal_index(joint)
-    compiled = CompiledTraining(joint, part, forward, backward, {primal[i] for i in overwritten if i in primal}, gm)
+    overwritten = {primal[i] for i in overwritten if i in primal}
+    # what eager's autograd saves as it is and a later op writes: eager's backward finds it
+    # written (an error) or, written through `.data`, reads its new value; so does this one
+    compiled = CompiledTraining(joint, part, forward, backward, overwritten, gm,
+                                sorted(overwritten & joint.saved_by_eager))
     # what the forward's code relies on, over the user's graph inputs (the forward's are its
     # tensor inputs), and what the joint trace did (once: a forward lowered from the joint
     # trace's own values has its conditions too)
-    tensor_at = [i for i, (kind, _) in enumerate(joint.inputs) if kind == "tensor"]
+    primal_at = list(primal)
     compiled.shape_guards = list(dict.fromkeys(
-        [re.sub(r"\barg(\d+)\b", lambda m: f"arg{tensor_at[int(m.group(1))]}", cond)
+        [re.sub(r"\barg(\d+)\b", lambda m: f"arg{primal_at[int(m.group(1))]}", cond)
          for cond in getattr(forward, "shape_guards", ())] + joint.shape_conditions))
     return compiled
 
@@ -84,6 +88,9 @@ def _examples(gm: torch.fx.GraphModule) -> list:
             if ir.is_symbolic(ir.size_expr(val)):
                 node.meta["dynamic_dims"] = {0}
             examples.append(ir.hint(val))
+        elif isinstance(val, torch.SymFloat):        # a float input the graph is generic in
+            node.meta["dynamic_dims"] = {0}
+            examples.append(float(val.node.hint))
         elif isinstance(val, torch.Tensor) and any(isinstance(s, torch.SymInt) for s in (*val.shape, *val.stride())):
             shape = [ir.hint(s) for s in val.shape]
             if ir.has_symbolic_layout(val):
@@ -104,15 +111,16 @@ def _examples(gm: torch.fx.GraphModule) -> list:
 
 def _in_forward(joint: Joint, written: dict) -> dict:
     """gm's {output index: input index} as the forward graph's: its outputs are gm's tensor
-    outputs (then the saved values), its inputs gm's tensor inputs."""
+    outputs (then the saved values), its inputs gm's primals."""
     primal = _primal_index(joint)
     return {joint.outputs[k][1]: primal[i] for k, i in written.items()
             if joint.outputs[k][0] == "tensor" and i in primal}
 
 
 def _primal_index(joint: Joint) -> dict:
-    """gm's input index -> the forward graph's (its tensor inputs only)."""
-    return {i: p for p, i in enumerate(i for i, (kind, _) in enumerate(joint.inputs) if kind == "tensor")}
+    """gm's input index -> the forward graph's (its primals: tensor inputs, and the numbers
+    it is generic in)."""
+    return {i: p for p, i in enumerate(i for i, (kind, _) in enumerate(joint.inputs) if kind == "primal")}
 
 
 def _log(part: Partition) -> None:

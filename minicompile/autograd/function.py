@@ -22,7 +22,8 @@ class CompiledTraining:
     """Call it with the graph's inputs: its outputs, recorded by autograd as one node whose
     backward is the compiled backward graph."""
 
-    def __init__(self, joint, partition, forward, backward, overwritten=frozenset(), values_graph=None):
+    def __init__(self, joint, partition, forward, backward, overwritten=frozenset(), values_graph=None,
+                 saved_as_eager=()):
         self.joint, self.partition = joint, partition
         self.forward, self.backward = forward, backward
         # the values-only graph, which a differentiable backward runs again with PyTorch's
@@ -31,9 +32,16 @@ class CompiledTraining:
         self.values_graph = values_graph if values_graph is not None and not overwritten and not any(
             ir.draws_random_numbers(n) for n in values_graph.graph.nodes) else None
         self.shape_guards: list = []
-        # inputs the backward reads as they were, which get new values (by the forward, or
-        # after it): saved as copies made before the forward runs
-        self.saved_overwritten = {k for kind, k in partition.saved_from if kind == "primal" and k in overwritten}
+        # inputs that get new values (by the forward, or after it) and that eager's autograd
+        # saves as they are before that (joint.py's `_SavesOf`): saved so here
+        # too, whatever the partition saves, so that the backward raises where eager's does
+        # (the write moved their version counter) or reads what eager's reads (written through
+        # `.data`, which leaves the version as it was)
+        self.saved_as_eager = list(saved_as_eager)
+        # other inputs the backward reads as they were, which get new values: saved as copies
+        # made before the forward runs (eager saved a value computed from them)
+        self.saved_overwritten = {k for kind, k in partition.saved_from if kind == "primal" and k in overwritten
+                                  and k not in self.saved_as_eager}
         # the layout the backward was compiled for, per saved value (where its sizes are
         # symbols: the order of its dims in memory, its strides made for each call's sizes)
         placeholders = [n.meta["val"] for n in partition.backward.graph.nodes if n.op == "placeholder"]
@@ -59,14 +67,14 @@ class CompiledTraining:
             range(joint.output_spec.num_leaves)) else None
 
     def __call__(self, *args):
-        tensors = [a for a, (kind, _) in zip(args, self.joint.inputs) if kind == "tensor"]
+        primals = [a for a, (kind, _) in zip(args, self.joint.inputs) if kind == "primal"]
         if self.no_gradient:
-            tensors = [t.detach() if k in self.no_gradient and t.requires_grad else t
-                       for k, t in enumerate(tensors)]
+            primals = [t.detach() if k in self.no_gradient and getattr(t, "requires_grad", False) else t
+                       for k, t in enumerate(primals)]
         # recorded with grad mode on: which outputs carry gradients was decided by the trace,
         # grad mode switches inside the graph included (the others are non-differentiable)
         with torch.enable_grad():
-            outs = _Function.apply(self, *tensors)
+            outs = _Function.apply(self, *primals)
         if self.joint.grad_mode_after is not None:     # the graph's torch.set_grad_enabled
             torch._C._set_grad_enabled(self.joint.grad_mode_after)
         leaves = [outs[k] if kind == "tensor" else k(*args) if kind == "size" else k
@@ -81,36 +89,39 @@ class CompiledTraining:
 
 class _Function(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, plan: CompiledTraining, *tensors):
+    def forward(ctx, plan: CompiledTraining, *primals):
         joint, part = plan.joint, plan.partition
-        before = {k: tensors[k].clone() for k in plan.saved_overwritten}
-        result = plan.forward(*tensors)
+        before = {k: primals[k].clone() for k in plan.saved_overwritten}
+        result = plan.forward(*primals)
+        tensors = [t for t in primals if isinstance(t, torch.Tensor)]
         outs = [_own_tensor(o, tensors) for o in result[:joint.num_outputs]]
         computed = list(result[joint.num_outputs:])
-        primals = [before.get(k, t) for k, t in enumerate(tensors)] if before else tensors
+        kept = [before.get(k, t) for k, t in enumerate(primals)] if before else primals
         # an inference-mode input (a cached embedding, a teacher's output), or a view of one,
         # cannot be saved: the partition saves inputs and their views where eager may save a
         # copy of one (t.clone() * x, t.clone() @ w), so a copy it is
         # (a saved input too: the backward reads each saved value as `_layout` says, and an
         # input may be laid out otherwise, a split's piece)
-        saved = [_laid_out(primals[k] if kind == "primal" else computed[k], stride)
+        saved = [_laid_out(kept[k] if kind == "primal" else computed[k], stride)
                  for (kind, k), stride in zip(part.saved_from, plan.saved_strides)]
         ctx.sizes = [(k, saved[k]) for k in plan.sizes_at]       # (numbers: kept apart)
         if ctx.sizes:
             saved = [t for t in saved if isinstance(t, torch.Tensor)]
-        ctx.save_for_backward(*[t.clone() if t.is_inference() else t for t in saved])
+        ctx.num_saved = len(saved)
+        ctx.save_for_backward(*[t.clone() if t.is_inference() else t for t in saved],
+                              *[primals[k] for k in plan.saved_as_eager])
         ctx.shapes = plan.tangent_shapes or [o.shape for o, d in zip(outs, joint.differentiable) if d]
         ctx.plan = plan
         # what a differentiable backward reads: the inputs (the graph run again), or those that
         # need gradients, for the node that raises (_not_differentiable): all, not those saved
-        ctx.inputs = tensors if plan.values_graph is not None else [t for t in tensors if t.requires_grad]
+        ctx.inputs = primals if plan.values_graph is not None else [t for t in tensors if t.requires_grad]
         ctx.set_materialize_grads(False)       # an output the caller did not use: None
         ctx.mark_non_differentiable(*[o for o, d in zip(outs, joint.differentiable) if not d])
         return tuple(outs)
 
     @staticmethod
     def backward(ctx, *grad_outputs):
-        saved = list(ctx.saved_tensors)
+        saved = list(ctx.saved_tensors)[:ctx.num_saved]
         for k, size in ctx.sizes:
             saved.insert(k, size)
         # from here the list alone holds the saved values (unless the graph is kept:
@@ -143,7 +154,7 @@ class _Function(torch.autograd.Function):
             # this graph) runs once, when the gradient flows on into it, as in eager; asked of
             # the input itself, autograd.grad would run it too
             inputs = [t.view_as(t) if isinstance(t, torch.Tensor) and t.requires_grad else t for t in ctx.inputs]
-        args = [inputs[k] if kind == "tensor" else k for kind, k in joint.inputs]
+        args = [inputs[k] if kind == "primal" else k for kind, k in joint.inputs]
         with torch.enable_grad(), autocast.off():
             leaves = pytree.tree_flatten(plan.values_graph(*args))[0]
         outs = [leaves[i] for i, v in enumerate(leaves) if isinstance(v, torch.Tensor)]

@@ -43,14 +43,15 @@ aten = torch.ops.aten
 @dataclass
 class Joint:
     graph: torch.fx.GraphModule
-    num_primals: int               # tensor inputs of the user's graph, in order
+    num_primals: int               # tensor inputs of the user's graph, and the numbers it is
+                                   # generic in (dynamic), in order
     num_outputs: int               # tensor outputs of the forward (the joint's first outputs)
     differentiable: list           # per forward tensor output: does it carry a gradient?
     grad_inputs: list              # per gradient output: which primal it is the gradient of
     reached_by: list               # per primal: the differentiable outputs whose autograd graph
                                    # reaches it (none of those the caller used: its gradient is
                                    # None, as in eager; a formula that gives zeros still reaches)
-    inputs: list                   # the user's graph inputs: ("tensor", primal k) or ("const", v)
+    inputs: list                   # the user's graph inputs: ("primal", k) or ("const", v)
     outputs: list                  # its output leaves: ("tensor", k), ("const", v) or ("size", f),
                                    # f(*graph inputs) computing a size from the inputs' sizes
     output_spec: Any               # the pytree structure of its output
@@ -59,6 +60,9 @@ class Joint:
     shape_conditions: list = field(default_factory=list)
                                    # dynamic shapes: what the trace needed of the user's graph
                                    # inputs' sizes (`arg0.size(0) == arg2.size(1)`)
+    saved_by_eager: frozenset = frozenset()
+                                   # the primals eager's autograd saves as they are (or a view
+                                   # of them) for an op other than one that writes them
 
 
 @functools.lru_cache(maxsize=None)
@@ -119,26 +123,28 @@ def trace_joint(gm: torch.fx.GraphModule, example_inputs, from_capture: bool = T
     from torch._subclasses.fake_tensor import FakeTensorMode
 
     example_inputs = list(example_inputs)
-    tensor_at = [i for i, v in enumerate(example_inputs) if isinstance(v, torch.Tensor)]
-    needs_grad = [example_inputs[i].requires_grad for i in tensor_at]
-    inputs = [("tensor", tensor_at.index(i)) if i in tensor_at else ("const", v)
+    dynamic = [set(n.meta.get("dynamic_dims", ())) for n in gm.graph.nodes if n.op == "placeholder"]
+    # the primals: the tensor inputs, and the numbers the graph is generic in (a mixup weight,
+    # a loss scale that changes every step), which the forward and the backward read as inputs
+    primal_at = [i for i, v in enumerate(example_inputs)
+                 if isinstance(v, torch.Tensor) or (dynamic[i] and type(v) in (int, float))]
+    needs_grad = [getattr(example_inputs[i], "requires_grad", False) for i in primal_at]
+    inputs = [("primal", primal_at.index(i)) if i in primal_at else ("const", v)
               for i, v in enumerate(example_inputs)]
 
-    dynamic = [set(n.meta.get("dynamic_dims", ())) for n in gm.graph.nodes if n.op == "placeholder"]
     symbolic = any(dynamic)
     if symbolic:
-        if any(dims and not isinstance(v, torch.Tensor) for v, dims in zip(example_inputs, dynamic)):
-            raise NotImplementedError("a number the graph is generic in is one of its inputs")
         mode = ir.fake_mode()
-        primals = [ir.symbolic_fake(mode, example_inputs[i], dynamic[i], f"arg{i}") for i in tensor_at]
+        primals = [ir.symbolic_float(mode, example_inputs[i], f"arg{i}") if type(example_inputs[i]) is float
+                   else ir.symbolic_fake(mode, example_inputs[i], dynamic[i], f"arg{i}") for i in primal_at]
         from_capture = False            # (capture's values have the example's sizes)
     else:
         mode = FakeTensorMode(allow_non_fake_inputs=True)
         with ir.quiet_grad_reads():        # (one warnings filter for a model's hundreds of weights)
-            primals = [mode.from_tensor(example_inputs[i]) for i in tensor_at]
+            primals = [mode.from_tensor(example_inputs[i]) for i in primal_at]
 
     def run(tensors, interpreter=torch.fx.Interpreter):
-        args = [tensors[k] if kind == "tensor" else k for kind, k in inputs]
+        args = [tensors[k] if kind == "primal" else k for kind, k in inputs]
         return pytree.tree_flatten(interpreter(gm).run(*args))
 
     # which outputs carry gradients, and their shapes: as capture ran them (eager's values), or
@@ -156,7 +162,7 @@ def trace_joint(gm: torch.fx.GraphModule, example_inputs, from_capture: bool = T
     tensor_outs = [i for i, v in enumerate(leaves) if isinstance(v, torch.Tensor)]
     outputs = [("tensor", tensor_outs.index(i)) if i in tensor_outs else ("const", v)
                for i, v in enumerate(leaves)]
-    reads = _symbol_reads(primals, tensor_at) if symbolic else {}
+    reads = _symbol_reads(primals, primal_at) if symbolic else {}
     if any(isinstance(v, (torch.SymFloat, torch.SymBool)) for v in leaves):
         raise NotImplementedError("the graph returns a float or bool computed from its sizes")
     # a size the graph returns (a cache's length += x.shape[1]): computed from the inputs' sizes
@@ -170,12 +176,16 @@ def trace_joint(gm: torch.fx.GraphModule, example_inputs, from_capture: bool = T
         tangents = [torch.empty(leaves[i].shape, dtype=leaves[i].dtype, device=leaves[i].device)
                     for i, d in zip(tensor_outs, differentiable) if d]
     grad_inputs: list = []
+    saved_by_eager: set = set()
 
     def joint(primals, tangents):
         nonlocal reached_by
-        leafs = [p.detach().requires_grad_(n) for p, n in zip(primals, needs_grad)]
-        with torch.set_grad_enabled(grad_on), _AsCompiledCodeComputes():
-            outs, _ = run(leafs, torch.fx.Interpreter if captured is None else watching)
+        leafs = [p.detach().requires_grad_(n) if isinstance(p, torch.Tensor) else p
+                 for p, n in zip(primals, needs_grad)]
+        saves = _SavesOf(leafs, primal_at, saved_by_eager)
+        with torch.set_grad_enabled(grad_on), _AsCompiledCodeComputes(), saves:
+            outs, _ = run(leafs, functools.partial(saves.interpreter,
+                                                   torch.fx.Interpreter if captured is None else watching))
         if captured is not None:
             if [isinstance(o, torch.Tensor) for o in outs] != [isinstance(v, torch.Tensor) for v in leaves] \
                     or [(o.requires_grad, o.shape, o.dtype, o.device) for o in (outs[i] for i in tensor_outs)] \
@@ -222,13 +232,47 @@ def trace_joint(gm: torch.fx.GraphModule, example_inputs, from_capture: bool = T
     modes = [n.args[0] for n in gm.graph.nodes if n.target is torch._C._set_grad_enabled]
     conditions = ir.shape_conditions(mode.shape_env, reads) if symbolic else []
     return Joint(graph, len(primals), len(tensor_outs), differentiable, list(grad_inputs), reached_by,
-                 inputs, outputs, spec, modes[-1] if modes else None, conditions)
+                 inputs, outputs, spec, modes[-1] if modes else None, conditions,
+                 frozenset(saved_by_eager))
 
 
-def _symbol_reads(primals: list, tensor_at: list) -> dict:
+class _SavesOf(torch.autograd.graph.saved_tensors_hooks):
+    """Inside it, autograd's saves of the primals `leafs` (or of views of them) for backward,
+    made while `interpreter(...)` runs a node, are noted in `found` (their indices), but for
+    saves by the op that writes the tensor (functionalize.py marks its nodes: a batch norm's
+    running statistics, `h[0].mul_(w)`'s h[0]), which eager's in-place op saves after its write,
+    or as a copy. What eager saves as it is, and a later op writes in place, eager's backward
+    finds changed (its version counter moved: an error) or reads as it is then (written
+    through `.data`). primal_at: each primal's place among the graph's inputs."""
+
+    def __init__(self, leafs: list, primal_at: list, found: set):
+        at = {id(t): k for k, t in enumerate(leafs) if isinstance(t, torch.Tensor)}
+        self.running = None
+
+        def pack(t):
+            k = at.get(id(t), at.get(id(t._base)) if t._base is not None else None)
+            if k is not None and self.running is not None and \
+                    primal_at[k] not in self.running.meta.get(aliasing.WRITES_INPUTS, ()):
+                found.add(k)
+            return t
+        super().__init__(pack, lambda t: t)
+
+    def interpreter(self, make, gm):
+        """make(gm), an FX interpreter, noting the node it runs."""
+        interpreter = make(gm)
+        run_node = interpreter.run_node
+
+        def noting(node):
+            self.running = node
+            return run_node(node)
+        interpreter.run_node = noting
+        return interpreter
+
+
+def _symbol_reads(primals: list, primal_at: list) -> dict:
     """Where each size symbol is read from the user's graph inputs: {"s0": "arg3.size(0)"}."""
     reads = {}
-    for p, i in zip(primals, tensor_at):
+    for p, i in zip(primals, primal_at):
         for symbol, read in ir.symbol_reads(p, f"arg{i}"):
             reads.setdefault(symbol, read)
     return reads

@@ -95,7 +95,7 @@ def nbytes(node: torch.fx.Node) -> int | float:
     val = node.meta.get("val")
     if isinstance(val, torch.Tensor):     # (sizes that are symbols: the example's)
         return ir.hint(val.numel()) * val.element_size()
-    if isinstance(val, (int, float, bool, torch.SymInt)) or val is None:
+    if isinstance(val, (int, float, bool, torch.SymInt, torch.SymFloat, torch.SymBool)) or val is None:
         return 0
     return math.inf
 

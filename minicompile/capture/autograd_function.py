@@ -86,7 +86,7 @@ def call_apply(tx, cls: type, args, kwargs):
         if "dirty" in ctx.items:
             raise tx.unsupported(f"{cls.__qualname__}'s forward writes its inputs in place (ctx.mark_dirty)",
                                  "a graph node does not write its inputs: it runs as Python, at a graph break")
-    return tx.output.call("call_function", apply_of(cls), list(args), {})
+    return tx.output.call("call_function", apply_of(cls), list(args), {}, floats_traced=True)
 
 
 _APPLY = weakref.WeakKeyDictionary()

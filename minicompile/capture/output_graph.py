@@ -925,8 +925,11 @@ class OutputGraph:
 
     # -- graph nodes --------------------------------------------------------------------
     def call(self, kind: str, target, args: Sequence[VariableTracker],
-             kwargs: Dict[str, VariableTracker]) -> VariableTracker:
-        """Run `target` on the example values and, if tensors are involved, record a node."""
+             kwargs: Dict[str, VariableTracker], floats_traced: bool = False) -> VariableTracker:
+        """Run `target` on the example values and, if tensors are involved, record a node.
+        floats_traced: what the call does with its float arguments was traced (an
+        autograd.Function's forward and backward), which read them as values or made them static:
+        those left symbolic stay so."""
         out = kwargs.get("out")
         if isinstance(out, ConstantVariable) and out.value is None:
             # out=None is no `out` (a library's default passed on: linear_operator's cholesky_ex)
@@ -966,7 +969,7 @@ class OutputGraph:
                 return sized
         if has_tensor or kind == "call_function" and _of_torch(target):
             floats = [v for v in sym_leaves(list(args) + list(kwargs.values())) if type(v.example) is float]
-            if floats:
+            if floats and not floats_traced:
                 self._float_arguments(name, floats, leaves)
         ex_args = [example_of(a) for a in args]
         ex_kwargs = {k: example_of(v) for k, v in kwargs.items()}

@@ -490,7 +490,9 @@ class InstructionTranslator(CallsMixin):
             if name == "data":
                 # the same memory, cut off from autograd: what detach() gives (writes through
                 # it are ones autograd does not see, as functionalize.py takes a detach's)
-                return out.call("call_method", "detach", [obj], {})
+                data = out.call("call_method", "detach", [obj], {})
+                data.node.meta[aliasing.OWN_VERSION_COUNTER] = True
+                return data
             if callable(getattr(torch.Tensor, name, None)):
                 return TensorMethodVariable(obj, name)
             written = out.tensor_attribute_writes(obj.source, make=False) if obj.source is not None else None
