@@ -291,6 +291,14 @@ OWN_VERSION_COUNTER = "own_version_counter"
 WRITES_INPUTS = "writes_inputs"
 
 
+def stored_into(value: torch.Tensor, x: torch.Tensor) -> bool:
+    """Whether compiled code stored the new value `value` of x straight into x's memory: one
+    tensor, or two that begin at one address and take the same memory element for element (a
+    dim of size 1 has a stride that says nothing: x[::2] of 2 elements is (1,) by (2,))."""
+    return value is x or (value.data_ptr() == x.data_ptr() and value.shape == x.shape and all(
+        sv == sx for sv, sx, n in zip(value.stride(), x.stride(), x.shape) if n > 1))
+
+
 def written_unseen(dest, value):
     """dest's new value `value`, written under no_grad: autograd goes on seeing dest (a later
     use's gradient flows into dest's history unchanged), as eager's tensor keeps its own.

@@ -29,8 +29,11 @@ cpp_tensor_guards = os.environ.get("MINICOMPILE_CPP_GUARDS", "1") != "0"
 cxx = os.environ.get("CXX", "g++")
 # 512-bit vectors where the CPU has them (GCC prefers 256 by default): row reductions and the
 # vector math library's exp run twice as wide; on a CPU without AVX-512 the flag does nothing.
+# No fused multiply-adds the source does not write: eager rounds a * b before it adds c (with
+# one, a * a - b * b of equal a and b is a rounding error, not 0: sqrt of it NaN), as Inductor's
+# C++ code does too.
 cxx_flags = ["-O3", "-march=native", "-mprefer-vector-width=512", "-fopenmp", "-fno-math-errno",
-             "-fno-trapping-math", "-shared", "-fPIC", "-std=c++17"]
+             "-fno-trapping-math", "-ffp-contract=off", "-shared", "-fPIC", "-std=c++17"]
 # Linked after the source: glibc's vector math library (exp, tanh, erf... on 8 floats at once).
 cxx_libs = ["-lmvec"] if sys.platform.startswith("linux") else []
 

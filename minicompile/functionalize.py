@@ -46,12 +46,6 @@ from . import aliasing, ir
 # ---------------------------------------------------------------------------------------
 # The run-time half
 # ---------------------------------------------------------------------------------------
-def _same_places(a: torch.Tensor, b: torch.Tensor) -> bool:
-    """Two tensors that begin at one address take the same memory, element for element (a
-    dim of size 1 has a stride that says nothing: x[::2] of 2 elements is (1,) by (2,))."""
-    return a.shape == b.shape and all(sa == sb for sa, sb, n in zip(a.stride(), b.stride(), a.shape) if n > 1)
-
-
 @dataclass
 class Epilogue:
     """What the compiled functional graph's outputs become, on every call. Each leaf of the
@@ -69,15 +63,17 @@ class Epilogue:
     writes: dict = field(default_factory=dict)
 
     def __call__(self, compiled: Callable, inputs):
+        # (a compiled training graph counts the writes the forward stored straight into an
+        # input before it saves that input for the backward, as eager's saves follow its writes)
+        versions = [inputs[i]._version for i, _ in self.copies]
         outs = compiled(*inputs)
         into, new, at = [], [], []
-        for i, k in self.copies:
+        for (i, k), version in zip(self.copies, versions):
             x, value = inputs[i], outs[k]
             # (a kernel may have stored the new value straight into the input: nothing to copy,
             # unless autograd must see the write: a value with a history, into a tensor that
             # takes it on, as eager's write makes it)
-            copied = value is not x and (value.data_ptr() != x.data_ptr() or not _same_places(value, x)
-                                         or value.requires_grad and i not in self.unseen)
+            copied = not aliasing.stored_into(value, x) or (value is not x and value.requires_grad and i not in self.unseen)
             if copied and self.writes.get(i, 1) == 0:
                 x.data.copy_(value)
                 continue
@@ -85,7 +81,7 @@ class Epilogue:
                 into.append(x)
                 new.append(value)
                 at.append(i)
-            for _ in range(self.writes.get(i, 1) - copied):       # (copy_ counts one)
+            for _ in range(self.writes.get(i, 1) - copied - (x._version - version)):   # (copy_ counts one)
                 increment_version(x)
         if len(into) > 1 and not any(t.requires_grad for t in into + new):
             # one call per device and dtype pair (a launch or a few on a GPU, where each copy_

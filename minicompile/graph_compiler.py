@@ -54,7 +54,7 @@ def _compile_functional(gm: torch.fx.GraphModule, example_inputs, training: bool
         and not (training and getattr(example_inputs[i], "requires_grad", False))}
     if training:
         compiled = _compile_training(functional, example_inputs, written,
-                                     {i for i, _ in epilogue.copies} if epilogue is not None else set())
+                                     epilogue.writes if epilogue is not None else {})
     else:
         compiled = _compile_values(functional, example_inputs, written)
     if config.cudagraphs:
@@ -85,12 +85,12 @@ class WithEpilogue:
         return getattr(self.compiled, name)
 
 
-def _compile_training(gm: torch.fx.GraphModule, example_inputs, written=None, overwritten=frozenset()):
+def _compile_training(gm: torch.fx.GraphModule, example_inputs, written=None, overwritten=None):
     """The forward and backward of a graph that records gradients (autograd/), generic in its
     dynamic dimensions, or where that cannot be (an op decides on a size), compiled for the
     example's sizes (its dynamic dimensions specialized, and guarded). written: as
     _compile_values takes it (a batch norm's running statistics, written by the forward);
-    overwritten: the indices of the inputs the graph writes."""
+    overwritten: {index of an input the graph writes: the in-place ops that write it}."""
     gpu = any(isinstance(t, torch.Tensor) and t.is_cuda for t in example_inputs)
     fold_host_constants(gm, example_inputs)
     if _dynamic_dims(gm):

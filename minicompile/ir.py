@@ -872,6 +872,7 @@ def use_ops(handler):
 # config.fallback_random is off): a float32 in [0, 1) and a standard normal one, from Philox
 # 4x32-10 as Triton's tl.rand and tl.randn draw them (the C++ kernels compute the same bits);
 # seed is an int64 value, offset an int32 (the element's position).
+# neg_float(x) is -x of a float: the sign of a zero is flipped too (Triton's `-x` is 0 - x).
 # opaque(x) is x, as a value the compiler may not reason about (on a GPU, Triton's LLVM would
 # otherwise narrow an int32 abs of a widened int16 back to the int16 abs that gets -32768 wrong).
 # name -> number of operands.
@@ -880,7 +881,7 @@ POINTWISE_OPS = {
     "maximum": 2, "minimum": 2,
     "eq": 2, "ne": 2, "lt": 2, "le": 2, "gt": 2, "ge": 2,
     "logical_and": 2, "logical_or": 2,
-    "neg": 1, "abs": 1, "relu": 1, "exp": 1, "log": 1, "sqrt": 1, "rsqrt": 1,
+    "neg": 1, "neg_float": 1, "abs": 1, "relu": 1, "exp": 1, "log": 1, "sqrt": 1, "rsqrt": 1,
     "sin": 1, "cos": 1, "tanh": 1, "sigmoid": 1, "erf": 1, "reciprocal": 1,
     "floor": 1, "ceil": 1, "logical_not": 1, "isnan": 1,
     "rand": 2, "randn": 2,

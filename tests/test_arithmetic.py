@@ -335,23 +335,60 @@ def test_int64_wraps(kernel_backend):
 
 def test_floats_through_integers_and_back(kernel_backend):
     """float(int(x)) of x in (-1, 0) is +0.0 (GCC folded it into trunc(x), -0.0 under
-    -fno-trapping-math); int64s past 2**53 are rounded once; on a CPU, a float past int8's
-    range wraps through a wide integer as eager's conversion does (200.0 -> -56), and a negative
-    float to uint8 wraps (-5.5 -> 251)."""
+    -fno-trapping-math); int64s past 2**53 are rounded once; a float past int8's or int16's
+    range wraps through a wide integer as eager's conversion does (200.0 -> -56; a GPU's
+    conversion saturated), and a negative float to uint8 wraps (-5.5 -> 251)."""
     x = t([-0.5, -0.9, 0.5, 1.7, -3.2, 100.0, -100.0, 7.0], torch.float32)
     check_compiled(lambda x: (1 / x.int().float(), 1 / x.long().float(), 1 / x.to(torch.int16).float()), x)
     big = t([2**60 + 2**36 + 1, 2**60 + 3 * 2**36, -5, 2**53 + 1], torch.int64)
     minicompile.metrics.reset()
     check_compiled(lambda i: i.float() - 2.0**60, big, exact=True)
-    if kernel_backend == "cpp":
-        wide = t([200.0, -200.0, 300.7, -0.5], torch.float32)
-        minicompile.metrics.reset()
-        check_compiled(lambda x: (x.to(torch.int8).float(), x.to(torch.uint8).to(torch.int32)), wide)
+    wide = t([200.0, -200.0, 300.7, -0.5, -102582.0, 40000.0], torch.float32)
+    minicompile.metrics.reset()
+    check_compiled(lambda x: (x.to(torch.int8).float(), x.to(torch.uint8).to(torch.int32),
+                              (x * 1).to(torch.int16), (x * 1).to(torch.int8)), wide)
     # a negative float to uint8 wraps (through int64, as PyTorch's cast): on a GPU too, whose
     # direct conversion gives 0
     negative = t([-300.7, -200.2, -5.5, -1.0, 100.2, 1000.0], torch.float32)
     minicompile.metrics.reset()
     check_compiled(lambda x: x.to(torch.uint8), negative)
+
+
+def test_a_product_is_rounded_before_it_is_added(kernel_backend):
+    """a * a - b * b of equal a and b is 0, as eager rounds each product before subtracting:
+    the C++ compiler had fused one product into the subtraction (a multiply-add, rounded once),
+    leaving a rounding error of either sign, and sqrt of it NaN in half the places."""
+    torch.manual_seed(0)
+    a = torch.randn(1000, device=DEVICE)
+    check_compiled(lambda a, b: (torch.sqrt(a * a - b * b), torch.sign(a * b - b * a)), a, a.clone(), exact=True)
+
+
+def test_half_precision_powers_are_the_devices_kernels(kernel_backend):
+    """float16 x ** 0.5: pow on a CPU (eager's kernel calls it for every exponent: (-inf) ** 0.5
+    is inf), sqrt on a GPU (CUDA's kernel: NaN); x ** 2 and x ** 3 multiply."""
+    x = t([-float("inf"), 65504.0, 2.0, 7.3, 0.0, -0.0, -3.5], torch.float16)
+    check_compiled(lambda x: (x ** 0.5, x ** 2, x ** 3), x, exact=True)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.float64])
+def test_negating_a_zero_flips_its_sign(kernel_backend, dtype):
+    """-(+0.0) is -0.0, so 1 / -x at x = +0.0 is -inf: Triton's unary minus is 0 - x, which
+    gave +0.0 and +inf."""
+    x = t([0.0, -0.0, 1.5, -2.0, float("inf")], dtype)
+    check_compiled(lambda x: (1 / (-x), 1 / torch.neg(x * 2)), x, exact=True)
+
+
+@pytest.mark.skipif(DEVICE != "cpu", reason="eager's result is the CPU's conversion (x86's)")
+def test_a_float_past_an_integers_range_converts_as_eagers_cpu_kernels(kernel_backend):
+    """NaN, infinities and floats past int32's or int64's range convert to the type's lowest
+    value in eager's CPU kernels (x86's conversion). A C++ conversion of them is undefined:
+    GCC folded a constant one (a NaN to 0, 1e20 to the highest value) and int(x) made float
+    again into trunc(x), keeping 3e9 in an "int32"."""
+    if kernel_backend != "cpp":
+        pytest.skip("the C++ kernels' conversion")
+    x = t([-1.5, 0.5, 2.0, -3.0, 3e9, -1e30, float("inf"), float("nan")], torch.float64)
+    check_compiled(lambda x: (torch.where(x > 0, float("nan"), x).long(), torch.where(x > 0, 1e20, x).int(),
+                              x.int().double(), x.long(), x.float().int(), x.bfloat16().long()), x)
 
 
 def test_integer_scalars_wrap_into_the_tensors_dtype(kernel_backend):

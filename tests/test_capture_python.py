@@ -3176,3 +3176,81 @@ def test_a_weak_reference_to_an_object_of_the_frame():
     assert_same(got, expected)
     assert type(mine._inv) is weakref.ReferenceType and mine._inv() is None and theirs._inv() is None
     no_break(f, x)
+
+
+def _subtracts_twice_the_second(a, b):
+    return a - 2 * b
+
+
+def _first_times_ten_plus_second(*args, **kwargs):
+    return args[0] * 10 + args[1]
+
+
+_P = inspect.Parameter
+# what decorator libraries set (tensordict's dispatch, tensorly's backends): inspect reports it,
+# a call binds the code's own parameters
+_subtracts_twice_the_second.__signature__ = inspect.Signature(
+    [_P("b", _P.POSITIONAL_OR_KEYWORD), _P("a", _P.POSITIONAL_OR_KEYWORD)])
+_first_times_ten_plus_second.__signature__ = inspect.Signature(
+    [_P("self", _P.POSITIONAL_OR_KEYWORD, default=None), _P("tensordict", _P.POSITIONAL_OR_KEYWORD, default=None)])
+
+
+@pytest.mark.parametrize("fn", [_subtracts_twice_the_second, _first_times_ten_plus_second])
+def test_a_call_binds_the_codes_parameters_not_a_signature_set_on_the_function(fn):
+    """A function whose __signature__ was replaced: Python binds a call to its code's own
+    parameters. Bound by the signature, `a - 2 * b` was `b - 2 * a`, and *args, **kwargs
+    wrappers (every tensordict module, neuraloperator's FNO) raised UnboundLocalError;
+    compiled directly, KeyError."""
+    x, y = torch.randn(5), torch.randn(5)
+    assert_same(minicompile.compile(lambda x, y: fn(x, y) + 1)(x, y), fn(x, y) + 1)
+    assert_same(minicompile.compile(fn)(x, y), fn(x, y))
+
+
+@torch.compile(backend="eager")
+def _compiled_by_torch(x):
+    return x.sin() * 2
+
+
+class _ContractsWithATorchCompiledMethod(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.weight = torch.nn.Parameter(torch.randn(4, 3))
+        self.head = torch.compile(torch.nn.Linear(3, 2), backend="eager")
+
+    @torch.compile(backend="eager")
+    def _contract(self, a, b):
+        return torch.einsum("bi,io->bo", a, b)
+
+    def forward(self, x):
+        return self.head(self._contract(x, self.weight).relu())
+
+
+def test_functions_methods_and_modules_torch_compile_wraps_are_traced_as_what_they_wrap():
+    """torch.compile's wrappers (a library's method decorated with it: torch-harmonics' spectral
+    convolution) called in a compiled frame: what they wrap is traced there, as TorchDynamo
+    inlines them. Traced, the wrapper turned TorchDynamo on for the frames under the trace,
+    and TorchDynamo then compiled minicompile's own (an AssertionError)."""
+    def f(x):
+        return _compiled_by_torch(x + 1) + 1
+    x = torch.randn(5, 4)
+    assert_same(minicompile.compile(f)(x), f(x))
+    model = _ContractsWithATorchCompiledMethod()
+    compiled = minicompile.compile(model)
+    for m in (model, compiled):
+        model.zero_grad()
+        m(x).square().mean().backward()
+        if m is model:
+            expected = (model(x), model.weight.grad.clone())
+    assert_same(compiled(x), expected[0])
+    assert_same(model.weight.grad, expected[1])
+    no_break(f, x)
+
+
+def test_the_result_type_of_tensors_and_numbers_is_known_when_tracing():
+    """torch.result_type reads dtypes and whether a tensor has dims, which the guards check:
+    it broke the graph as a data-dependent call, and the resumed code broke again."""
+    def f(x):
+        return x.to(torch.result_type(x, 2.5)) + 1
+    for x in (torch.randint(0, 5, (3, 5)), torch.randn(3, 5, dtype=torch.float64)):
+        assert_same(minicompile.compile(f)(x), f(x))
+        no_break(f, x)

@@ -1214,3 +1214,34 @@ def test_a_write_through_data_after_a_use_is_read_by_the_backward_as_eager():
         fn(x, w).backward()
         results.append((x.grad, w.grad, w.detach(), w._version))
     torch.testing.assert_close(results[1], results[0])
+
+
+class _MovingAverage(nn.Module):
+    """A buffer updated in place, then read by a product that saves it for backward."""
+
+    def __init__(self):
+        super().__init__()
+        self.w = nn.Parameter(torch.randn(8, device=DEVICE))
+        self.register_buffer("ema", torch.rand(8, device=DEVICE) + 0.5)
+
+    def forward(self, x):
+        self.ema.mul_(0.9).add_(x.detach().mean(0) * 0.1)
+        return (x * self.w * self.ema).sum()
+
+
+def test_a_buffer_written_then_saved_for_backward_trains_as_eager():
+    """The forward stores the buffer's new value straight into it, and saves it: its version
+    moves before it is saved, as eager's two writes come before its product saves it (the
+    backward raised "is at version 2; expected version 0")."""
+    torch.manual_seed(0)
+    modules = [_MovingAverage(), None]
+    modules[1] = minicompile.compile(copy.deepcopy(modules[0]))
+    results = []
+    for m in modules:
+        torch.manual_seed(1)
+        inner = getattr(m, "_orig_mod", m)
+        version = inner.ema._version              # (deepcopy writes the copy once)
+        for _ in range(2):
+            m(randn(4, 8)).backward()
+        results.append((inner.w.grad, inner.ema, inner.ema._version - version))
+    torch.testing.assert_close(results[1], results[0])

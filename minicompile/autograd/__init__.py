@@ -32,11 +32,13 @@ from .to_torch import to_torch
 
 
 def compile_training(gm: torch.fx.GraphModule, example_inputs, compile_values, written=None,
-                     overwritten=frozenset()) -> CompiledTraining:
+                     overwritten=None) -> CompiledTraining:
     """gm's forward and backward, compiled by `compile_values(gm, example_inputs, written)`.
     written: {output index: input index} of gm, outputs written back into inputs after the
     call (a batch norm's running statistics), which the forward may store straight into them.
-    overwritten: the indices of gm's inputs that get new values (those and any others)."""
+    overwritten: {index of a gm input that gets a new value: the in-place ops that write it
+    (none where each is through `.data`)}."""
+    overwritten = overwritten or {}
     try:
         # (off under torch.autograd.detect_anomaly(): its checks of the trace's own backward on
         # fake tensors fail; the compiled backward's gradients are checked as any Function's)
@@ -56,15 +58,16 @@ def compile_training(gm: torch.fx.GraphModule, example_inputs, compile_values, w
     forward_graph, backward_graph = to_torch(part.forward), to_torch(part.backward)
     backward_inputs = _examples(backward_graph)
     _examples(forward_graph)                # (its dynamic dims marked; the primals are its examples)
-    forward = compile_values(forward_graph, primals, _in_forward(joint, written or {}))
+    stored = _in_forward(joint, written or {})
+    forward = compile_values(forward_graph, primals, stored)
     backward = compile_values(backward_graph, backward_inputs)
     metrics.backward_kernels += len(getattr(backward, "kernels", ()))
     primal = _primal_index(joint)
-    overwritten = {primal[i] for i in overwritten if i in primal}
+    overwritten = {primal[i]: n for i, n in overwritten.items() if i in primal}
     # what eager's autograd saves as it is and a later op writes: eager's backward finds it
     # written (an error) or, written through `.data`, reads its new value; so does this one
     compiled = CompiledTraining(joint, part, forward, backward, overwritten, gm,
-                                sorted(overwritten & joint.saved_by_eager))
+                                sorted(overwritten.keys() & joint.saved_by_eager), stored)
     # what the forward's code relies on, over the user's graph inputs (the forward's are its
     # tensor inputs), and what the joint trace did (once: a forward lowered from the joint
     # trace's own values has its conditions too)

@@ -14,7 +14,9 @@ from __future__ import annotations
 import torch
 import torch.utils._pytree as pytree
 
-from .. import autocast, ir
+from torch.autograd.graph import increment_version
+
+from .. import aliasing, autocast, ir
 from ..runtime.memory import as_layout
 
 
@@ -22,10 +24,13 @@ class CompiledTraining:
     """Call it with the graph's inputs: its outputs, recorded by autograd as one node whose
     backward is the compiled backward graph."""
 
-    def __init__(self, joint, partition, forward, backward, overwritten=frozenset(), values_graph=None,
-                 saved_as_eager=()):
+    def __init__(self, joint, partition, forward, backward, overwritten=None, values_graph=None,
+                 saved_as_eager=(), stored=None):
+        """overwritten: {primal that gets a new value: the in-place ops that write it}; stored:
+        {forward output: the primal it may be stored straight into}."""
         self.joint, self.partition = joint, partition
         self.forward, self.backward = forward, backward
+        self.overwritten, self.stored = overwritten or {}, stored or {}
         # the values-only graph, which a differentiable backward runs again with PyTorch's
         # autograd: not where it draws random numbers (the draws would not be the forward's),
         # nor where it writes its inputs (run again, it would read the values written)
@@ -33,10 +38,10 @@ class CompiledTraining:
             ir.draws_random_numbers(n) for n in values_graph.graph.nodes) else None
         self.shape_guards: list = []
         # inputs that get new values (by the forward, or after it) and that eager's autograd
-        # saves as they are before that (joint.py's `_SavesOf`): saved so here
-        # too, whatever the partition saves, so that the backward raises where eager's does
-        # (the write moved their version counter) or reads what eager's reads (written through
-        # `.data`, which leaves the version as it was)
+        # saves as they are before that (joint.py's `_SavesOf`): their versions are kept, so
+        # that the backward raises where eager's does (the write moved their version counter),
+        # and they are read as they are (written through `.data`, which leaves the version as
+        # it was, eager's backward reads the new values)
         self.saved_as_eager = list(saved_as_eager)
         # other inputs the backward reads as they were, which get new values: saved as copies
         # made before the forward runs (eager saved a value computed from them)
@@ -93,6 +98,14 @@ class _Function(torch.autograd.Function):
         joint, part = plan.joint, plan.partition
         before = {k: primals[k].clone() for k in plan.saved_overwritten}
         result = plan.forward(*primals)
+        ctx.versions = [(primals[k], primals[k]._version) for k in plan.saved_as_eager]
+        for k, p in plan.stored.items():
+            if aliasing.stored_into(result[k], primals[p]):
+                # the forward stored the new value straight into the input: its version moves
+                # now, before a value is saved, as eager's saves follow its writes (the
+                # epilogue moves it no further)
+                for _ in range(plan.overwritten.get(p, 1)):
+                    increment_version(primals[p])
         tensors = [t for t in primals if isinstance(t, torch.Tensor)]
         outs = [_own_tensor(o, tensors) for o in result[:joint.num_outputs]]
         computed = list(result[joint.num_outputs:])
@@ -107,9 +120,7 @@ class _Function(torch.autograd.Function):
         ctx.sizes = [(k, saved[k]) for k in plan.sizes_at]       # (numbers: kept apart)
         if ctx.sizes:
             saved = [t for t in saved if isinstance(t, torch.Tensor)]
-        ctx.num_saved = len(saved)
-        ctx.save_for_backward(*[t.clone() if t.is_inference() else t for t in saved],
-                              *[primals[k] for k in plan.saved_as_eager])
+        ctx.save_for_backward(*[t.clone() if t.is_inference() else t for t in saved])
         ctx.shapes = plan.tangent_shapes or [o.shape for o, d in zip(outs, joint.differentiable) if d]
         ctx.plan = plan
         # what a differentiable backward reads: the inputs (the graph run again), or those that
@@ -121,7 +132,14 @@ class _Function(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, *grad_outputs):
-        saved = list(ctx.saved_tensors)[:ctx.num_saved]
+        for t, version in ctx.versions:
+            if t._version != version:
+                raise RuntimeError(
+                    "one of the variables needed for gradient computation has been modified by an inplace "
+                    f"operation: [{t.type()} {list(t.shape)}] is at version {t._version}; expected version "
+                    f"{version} instead. Hint: the variable was written in place after it was used (in eager, "
+                    "after autograd saved it)")
+        saved = list(ctx.saved_tensors)
         for k, size in ctx.sizes:
             saved.insert(k, size)
         # from here the list alone holds the saved values (unless the graph is kept:

@@ -31,6 +31,7 @@ from .autograd_function import call_apply, is_apply
 from .breaks import COMPILED_ORIGINAL, ObservedException, Unsupported, never_traced
 from .bytecode import BINARY_OPS, COMPARE_OPS
 from .sources import AttrSource, HelperSource, ItemSource, RootSource, module_member_source
+from .guards import code_signature
 from .builtin_calls import (_BUILTIN_HANDLERS, _COMPILING_QUERIES, FLOAT_TO_INT, ContainerReadVariable, class_attr,
                             python_method, sort_order, _builtin_dict, _constant_state, _is_none,
                             _is_plain_user_class, _runs_for_real, number_conversion,
@@ -216,6 +217,18 @@ class CallsMixin:
                 type(fn.module if isinstance(fn, NNModuleVariable) else fn.value), COMPILED_ORIGINAL, None)):
             # one compiled on its own, called in this trace: what it compiles, traced here
             return self.call_function(self.load_attr(fn, original), args, kwargs)
+        if isinstance(fn, NNModuleVariable) and type(fn.module).__name__ == "OptimizedModule" \
+                and isinstance(getattr(fn.module, "_orig_mod", None), torch.nn.Module):
+            # torch.compile's: its module, traced here, as TorchDynamo inlines it (its wrapper
+            # would turn TorchDynamo on for the frames under this trace)
+            return self.call_function(self.load_attr(fn, "_orig_mod"), args, kwargs)
+        if isinstance(fn, (UserFunctionVariable, BoundMethodVariable)) and callable(
+                wrapped := getattr(getattr(fn, "func", real), "_torchdynamo_orig_callable", None)):
+            # a function or method torch.compile wraps: what it wraps
+            if isinstance(fn, BoundMethodVariable):
+                return self.call_function(BoundMethodVariable(wrapped, fn.self_var, fn.source), args, kwargs)
+            return self.call_function(UserFunctionVariable(wrapped, AttrSource(fn.source, "_torchdynamo_orig_callable")
+                                                           if fn.source is not None else None), args, kwargs)
         if self.parent is None and _hashable(real) and real in _READ_THE_CALLER and \
                 (real not in (vars, dir) or not args):
             err = self.unsupported(f"call to {real.__name__}(), which reads the frame that calls it",
@@ -413,8 +426,9 @@ class CallsMixin:
                 if a.is_constant():
                     return a.as_example()
                 if fn.value in (dataclasses.fields, dataclasses.is_dataclass) and \
-                        isinstance(a, UserObjectVariable):
-                    return type(a.value)          # an instance's fields are its class's (guarded)
+                        isinstance(a, (UserObjectVariable, TensorVariable)):
+                    # an instance's fields are its class's (guarded; a tensor's, by its guard)
+                    return type(a.value if isinstance(a, UserObjectVariable) else a.example)
                 if isinstance(a, BoundMethodVariable) and isinstance(a.self_var, (NNModuleVariable, UserObjectVariable)):
                     return types.MethodType(a.func, a.self_var.as_example())   # its function is fixed
                 raise self.unsupported(f"{fn.describe()} on {a.describe()}, not a constant")
@@ -1000,6 +1014,12 @@ class CallsMixin:
         if isinstance(obj, DictVariable) and fn.name == "get" and args and (key := dict_key(args[0])) is not NO_KEY:
             default = args[1] if len(args) > 1 else ConstantVariable(None)
             return obj.items.get(key, default)
+        if isinstance(obj, SizeVariable) and fn.name == "numel" and not args and not kwargs:
+            # the product of the sizes, symbolic where one is
+            product = ConstantVariable(1)
+            for item in obj.items:
+                product = self.binary("*", product, item)
+            return product
         if isinstance(obj, BaseListVariable) and fn.name in ("index", "count") \
                 and all(a.is_constant() for a in args) and obj.is_constant():
             return ConstantVariable(getattr(obj.as_example(), fn.name)(*[a.as_example() for a in args]))
@@ -1184,8 +1204,7 @@ class CallsMixin:
             raise self.unsupported(f"call to coroutine function {name}")
         if self.depth + 1 > MAX_INLINE_DEPTH:
             raise self.unsupported(f"call to {name}: inlining depth limit {MAX_INLINE_DEPTH}")
-        # the function's own parameters, not those of a function it wraps (functools.wraps)
-        sig = inspect.signature(func, follow_wrapped=False)
+        sig = code_signature(func)
         try:
             bound = sig.bind(*args, **kwargs)
         except TypeError as e:

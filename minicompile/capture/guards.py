@@ -126,6 +126,17 @@ class ArgBinding:
         return [f"{indent}L = {{{items}}}", f"{indent}G = F.__globals__"]
 
 
+def code_signature(func: types.FunctionType) -> inspect.Signature:
+    """The parameters a call of the plain function `func` binds: its code's (with its defaults),
+    not a `__signature__` set on it, which inspect reports instead (decorator libraries set one:
+    tensordict's dispatch, tensorly's backends), nor a wrapped function's (functools.wraps)."""
+    if "__signature__" not in getattr(func, "__dict__", ()):
+        return inspect.signature(func, follow_wrapped=False)
+    plain = types.FunctionType(func.__code__, func.__globals__, func.__name__, func.__defaults__, func.__closure__)
+    plain.__kwdefaults__ = func.__kwdefaults__
+    return inspect.signature(plain, follow_wrapped=False)
+
+
 def bind_arguments(func: types.FunctionType, args: tuple, kwargs: dict
                    ) -> Tuple[ArgBinding, Dict[str, Any]]:
     """Bind a call of the plain function `func` the way CPython would.
@@ -141,7 +152,7 @@ def bind_arguments(func: types.FunctionType, args: tuple, kwargs: dict
         i += 1
     varkw = code.co_varnames[i] if code.co_flags & inspect.CO_VARKEYWORDS else None
 
-    sig = inspect.signature(func, follow_wrapped=False)
+    sig = code_signature(func)
     bound = sig.bind(*args, **kwargs)            # TypeError exactly as the call would raise
     bound.apply_defaults()
     values = {("." + k[8:] if k.startswith("implicit") and "." + k[8:] in code.co_varnames else k): v

@@ -843,6 +843,9 @@ def identical(tx, a, b) -> bool:
     elif any(isinstance(t, TensorVariable) and isinstance(o, UserObjectVariable) and not isinstance(o.value, torch.Tensor)
              for t, o in ((a, b), (b, a))):
         r = False                  # a tensor is no object of another type (`t is not _MISSING`)
+    elif any(c.is_constant() and isinstance(o, UserObjectVariable) and type(o.value) is not type(c.as_example())
+             for c, o in ((a, b), (b, a))):
+        r = False                  # an object is no constant of another type (`value is NO_DEFAULT`, an enum)
     else:
         raise tx.unsupported(f"'is' between {a.describe()} and {b.describe()}")
     return r

@@ -101,6 +101,8 @@ SIZE_READS = {"size", "numel", "nelement", "stride", "__len__", "storage_offset"
 
 METADATA_FUNCTIONS = {torch.is_tensor, torch.is_floating_point, torch.is_complex, torch.numel,
                       len, isinstance,
+                      # of dtypes and whether a tensor has dims, which the guards check
+                      torch.result_type,
                       # whether an argument overrides torch functions: a tensor subclass, which
                       # the tensor's type guard (`type(x) is Tensor`) already rules out
                       torch._C._has_torch_function, torch._C._has_torch_function_unary,

@@ -493,6 +493,8 @@ class InstructionTranslator(CallsMixin):
                 data = out.call("call_method", "detach", [obj], {})
                 data.node.meta[aliasing.OWN_VERSION_COUNTER] = True
                 return data
+            if name == "__class__":
+                return _builtin_type(self, [obj], {})      # type(x): guarded, or torch.Tensor
             if callable(getattr(torch.Tensor, name, None)):
                 return TensorMethodVariable(obj, name)
             written = out.tensor_attribute_writes(obj.source, make=False) if obj.source is not None else None
@@ -1040,6 +1042,14 @@ class InstructionTranslator(CallsMixin):
             return type(a)(a.items * b.value)
         if sym in ("==", "!=") and (_never_equal(a, b) or _never_equal(b, a)):
             return ConstantVariable(sym == "!=")
+        if sym in ("==", "!=") and isinstance(a, BaseListVariable) and isinstance(b, BaseListVariable) \
+                and isinstance(a, ListVariable) == isinstance(b, ListVariable) and len(a.items) != len(b.items):
+            # sequences of two lengths differ, their items unread (`index != ()` of a tensor index)
+            return ConstantVariable(sym == "!=")
+        if sym in ("==", "!=") and isinstance(b, UserObjectVariable) and \
+                isinstance(a, (UserFunctionVariable, NestedFunctionVariable)):
+            # a function's == knows only functions: the object's own == answers (reflected)
+            return self.binary(sym, b, a)
         if sym in ("==", "!=") and isinstance(a, NestedFunctionVariable):
             return ConstantVariable((a is b) == (sym == "=="))    # functions compare by identity
         if sym in ("==", "!=") and isinstance(a, NNModuleVariable):

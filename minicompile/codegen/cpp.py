@@ -95,6 +95,16 @@ template <typename T> static inline T mc_abs(T a) {
     else return std::abs(a);
 }
 """),
+    (('mc_to_int',), r"""
+// A float to an integer type: NaN and a value past the type's range give its lowest value, as
+// x86's conversion (eager's kernels) does at run time. C++ leaves that case undefined, and GCC
+// folds a constant one otherwise (a NaN to 0, 1e20 to the highest value), or a float made
+// int and float again into trunc(x) whatever its size.
+template <typename I, typename F> static inline I mc_to_int(F v) {
+    const double d = static_cast<double>(v), lowest = static_cast<double>(std::numeric_limits<I>::min());
+    return d >= lowest && d < -lowest ? static_cast<I>(d) : std::numeric_limits<I>::min();
+}
+"""),
     (('mc_floor',), r"""
 // floor and ceil of an integer are the integer (std::floor would make it a double)
 template <typename T> static inline T mc_floor(T a) {
@@ -270,6 +280,7 @@ class CppWriter(KernelWriter):
         "eq": "({0} == {1})", "ne": "({0} != {1})", "lt": "({0} < {1})", "le": "({0} <= {1})",
         "gt": "({0} > {1})", "ge": "({0} >= {1})", "logical_and": "({0} && {1})",
         "logical_or": "({0} || {1})", "logical_not": "(!{0})", "neg": "mc_neg({0})",
+        "neg_float": "(-{0})",
         "opaque": "{0}", "abs": "mc_abs({0})", "relu": "mc_relu({0})", "exp": "mc_exp({0})", "log": "std::log({0})",
         "sqrt": "std::sqrt({0})", "rsqrt": "(1 / std::sqrt({0}))", "sin": "std::sin({0})",
         "cos": "std::cos({0})", "tanh": "std::tanh({0})", "sigmoid": "mc_sigmoid({0})",
@@ -335,7 +346,9 @@ class CppWriter(KernelWriter):
             return f"({size} <= (int64_t(1) << 53) ? {via_double} : static_cast<{t}>({x}))"
         if src_dtype is not None and src_dtype.is_floating_point and dtype in (torch.int8, torch.uint8, torch.int16):
             # through a wide integer, as eager's conversion wraps (300.0 -> int8 44)
-            return f"static_cast<{t}>(static_cast<int64_t>({x}))"
+            return f"static_cast<{t}>(mc_to_int<int64_t>({x}))"
+        if src_dtype is not None and src_dtype.is_floating_point and dtype in (torch.int32, torch.int64):
+            return f"mc_to_int<{t}>({x})"
         return self.cast_expr(x, dtype)
 
     def render_size(self, size):

@@ -178,6 +178,7 @@ class TritonWriter(KernelWriter):
         "eq": "({0} == {1})", "ne": "({0} != {1})", "lt": "({0} < {1})", "le": "({0} <= {1})",
         "gt": "({0} > {1})", "ge": "({0} >= {1})", "logical_and": "({0} & {1})",
         "logical_or": "({0} | {1})", "logical_not": "({0} == 0)", "neg": "(-{0})",
+        "neg_float": "({0} * -1.0)",
         "abs": "tl.abs({0})", "relu": "tl.where({0} < 0, 0, {0})", "exp": "tl.exp({0})",
         "log": "tl.log({0})", "sqrt": "tl.sqrt({0})", "rsqrt": "tl.rsqrt({0})", "sin": "tl.sin({0})",
         "cos": "tl.cos({0})", "tanh": "libdevice.tanh({0})", "sigmoid": "tl.sigmoid({0})",
@@ -234,9 +235,10 @@ class TritonWriter(KernelWriter):
             # are right whatever the register holds above them.
             x = self._emit(f"(({x}).to(tl.uint16, bitcast=True).to(tl.int32) ^ 0x8000) - 0x8000")
             src_dtype = torch.int32
-        if dtype == torch.uint8 and (src_dtype is None or src_dtype.is_floating_point):
-            # a float to uint8 through int64, as PyTorch's cast does (c10's TypeCast): a negative
-            # value wraps (-5.5 -> 251), where a GPU's direct conversion gives 0
+        if dtype in (torch.uint8, torch.int8, torch.int16) and (src_dtype is None or src_dtype.is_floating_point):
+            # a float to a narrow integer through int64, as PyTorch's cast does (c10's
+            # TypeCast): a value past its range wraps (-5.5 -> uint8 251, 300.7 -> int8 44),
+            # where a GPU's direct conversion saturates (0, 127, -32768)
             x = self._emit(f"({x}).to(tl.int64)")
             src_dtype = torch.int64
         return super().to_dtype(x, dtype, src_dtype)

@@ -224,8 +224,18 @@ def _arith_box(node, values, op, inputs):
 # --------------------------------------------------------------------------- pointwise
 
 for _name in ["exp", "log", "sqrt", "rsqrt", "sin", "cos", "tanh", "sigmoid",
-              "reciprocal", "neg", "relu"]:
+              "reciprocal", "relu"]:
     _unary(_name, (lambda n: (lambda x: getattr(ops, n)(x)))(_name))
+
+
+@register([torch.neg, torch.Tensor.neg, "neg", torch.negative, torch.Tensor.negative, "negative"], "input",
+          pointwise=True)
+def _neg(node, values, input):
+    """-x; of a float, ops.neg_float, whose zero's sign is flipped too (Triton's unary minus is
+    0 - x, which makes -(+0.0) +0.0: 1 / -x was +inf where eager's is -inf)."""
+    meta = _meta(node, values)
+    float_ = meta is not None and meta.dtype.is_floating_point
+    return _pointwise_box(node, values, ops.neg_float if float_ else ops.neg, [input])
 
 
 @register([torch.abs, torch.Tensor.abs, "abs", torch.absolute], "input", pointwise=True)
@@ -320,11 +330,12 @@ _arith("logical_or", [torch.logical_or, "logical_or"])
 
 @register([operator.pow, torch.pow, torch.Tensor.pow, "pow"], "input, exponent", pointwise=True)
 def _pow(node, values, input, exponent):
-    """x ** k as PyTorch's CPU kernel computes it, so that special values come out the same
+    """x ** k as PyTorch's kernels compute it, so that special values come out the same
     (inf ** 2.5 is inf, (-8) ** (1/3) is NaN, 0 ** -1 is inf). k = 0 and 1: 1 and x. A float
     result: k = 0.5, -0.5 and -1 are sqrt, rsqrt and reciprocal, k = 2, 3 and -2 are
-    multiplications (on a CPU, bfloat16 products each rounded, as there; for float16,
-    PyTorch calls pow for every k: so do we), any other k or a tensor exponent is ops.pow.
+    multiplications (on a CPU, bfloat16 products each rounded, as there; for float16, its CPU
+    kernel calls pow for every k: so do we, where (-inf) ** 0.5 is inf and CUDA's sqrt NaN),
+    any other k or a tensor exponent is ops.pow.
     An integer result (an integer k >= 0): k - 1 multiplications, which wrap as PyTorch's
     integer powers do; up to k = 8, else PyTorch's kernel."""
     meta = _meta(node, values)
@@ -351,7 +362,7 @@ def _pow(node, values, input, exponent):
             for _ in range(int(k) - 1):
                 y = ops.mul(y, x)
             return y
-    elif meta.dtype == torch.float16 or k not in (0.5, -0.5, -1, 2, 3, -2):
+    elif (meta.dtype == torch.float16 and meta.device.type == "cpu") or k not in (0.5, -0.5, -1, 2, 3, -2):
         def fn(x):
             return ops.pow(x, ops.constant(float(k), cd))
     else:
