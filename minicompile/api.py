@@ -906,8 +906,20 @@ def compile(model: Callable | None = None, *, fullgraph: bool = False, dynamic: 
     if not callable(model):
         raise TypeError(f"minicompile.compile takes a function or an nn.Module, not "
                         f"{type(model).__name__}")
+    if getattr(model, "__func__", None) is torch.autograd.Function.apply.__func__:
+        model = _calling_apply(model.__self__)
     return CompiledFunction(model, fullgraph=fullgraph, backend=backend, dynamic=dynamic,
                             options=options)
+
+
+def _calling_apply(cls: type) -> Callable:
+    """`cls.apply` (an autograd.Function's, compiled on its own: mambapy's `pscan = PScan.apply`)
+    as a function whose frame calls it, which capture traces as any call of it; the frame of
+    Function.apply itself hands on to a C method through super()."""
+    def apply(*args, **kwargs):
+        return cls.apply(*args, **kwargs)
+    apply.__qualname__ = f"{cls.__qualname__}.apply"
+    return apply
 
 
 def compile_regions(model: torch.nn.Module, block: type | None = None, **options) -> torch.nn.Module:

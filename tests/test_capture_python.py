@@ -3254,3 +3254,116 @@ def test_the_result_type_of_tensors_and_numbers_is_known_when_tracing():
     for x in (torch.randint(0, 5, (3, 5)), torch.randn(3, 5, dtype=torch.float64)):
         assert_same(minicompile.compile(f)(x), f(x))
         no_break(f, x)
+
+
+class _NoDefault(enum.IntEnum):
+    ZERO = 0
+
+
+class _Holder:
+    def __init__(self, t):
+        self.t = t
+
+
+class _Marker:
+    def __call__(self, v):
+        return True
+
+
+def _leaf(v):
+    return False
+
+
+_LEAVES = (_leaf, _Marker())
+
+
+class _Spec:
+    expected = {"x", "y", "z"}
+
+
+def _value_or_default(x, b):
+    return x + 1 if b is _NoDefault.ZERO else (x + 1) * b.t
+
+
+def _one_of_the_leaves(x, is_leaf):
+    return (x + 1) * 2 if is_leaf in _LEAVES else x + 1
+
+
+def _indexed_unless_empty(x, index):
+    return (x + 1)[index] if index != () else x + 1
+
+
+def _flattened_by_numel(x):
+    return x.reshape(x.shape.numel())
+
+
+def _by_class_checks(x):
+    y = x * 2
+    if y.__class__ is list or dataclasses.is_dataclass(y):
+        return y
+    return y + 1
+
+
+def _over_the_expected_keys(x):
+    out = x
+    for k in sorted({k for k in _Spec.expected}):
+        out = out * 2 if k == "x" else out + 1
+    return out
+
+
+@pytest.mark.parametrize("fn, make", [
+    (_value_or_default, lambda n: (torch.randn(n), _Holder(torch.randn(n)))),
+    (_one_of_the_leaves, lambda n: (torch.randn(n), _LEAVES[1])),
+    (_indexed_unless_empty, lambda n: (torch.randn(n, 3), (torch.tensor([0, 2]),))),
+    (_flattened_by_numel, lambda n: (torch.randn(n, 3),)),
+    (_by_class_checks, lambda n: (torch.randn(n),)),
+    (_over_the_expected_keys, lambda n: (torch.randn(n),)),
+], ids=["object_is_an_enum_member", "function_equals_an_object", "tuples_of_two_lengths", "size_numel",
+        "tensor_class_and_dataclass_checks", "a_set_read_from_a_class"])
+def test_plain_python_checks_libraries_make_on_every_call_trace_without_a_break(fn, make):
+    """What tensordict and Lightning ask on every op: an object `is` an enum member, a
+    function == an object (`is_leaf in LEAVES`), a tuple != () with a tensor in it, a
+    torch.Size's numel() with a dynamic size, `x.__class__ is list`, dataclasses.is_dataclass(x),
+    a set a class holds iterated: each broke the graph, or ran the frame as Python."""
+    compiled = minicompile.compile(fn)
+    minicompile.metrics.reset()
+    for n in (7, 13, 33):
+        args = make(n)
+        assert_same(compiled(*args), fn(*args))
+    assert minicompile.metrics.graph_breaks == 0 and minicompile.metrics.graphs <= 2
+
+
+def test_a_set_read_from_outside_is_guarded_by_its_items_in_order():
+    x = torch.randn(5)
+    compiled = minicompile.compile(_over_the_expected_keys)
+    assert_same(compiled(x), _over_the_expected_keys(x))
+    _Spec.expected = {"x", "w"}
+    try:
+        assert_same(compiled(x), _over_the_expected_keys(x))
+    finally:
+        _Spec.expected = {"x", "y", "z"}
+
+
+class _SquarePlusOne(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x):
+        ctx.save_for_backward(x)
+        return x * x + 1
+
+    @staticmethod
+    def backward(ctx, g):
+        (x,) = ctx.saved_tensors
+        return 2 * x * g
+
+
+def test_an_autograd_functions_apply_compiled_on_its_own():
+    """minicompile.compile(MyFunction.apply) (mambapy exports `pscan = PScan.apply`): one graph,
+    where Function.apply's own frame (super().apply, a C method) ran as Python."""
+    compiled = minicompile.compile(_SquarePlusOne.apply)
+    minicompile.metrics.reset()
+    x = torch.randn(7, 5, requires_grad=True)
+    y = compiled(x)
+    y.sum().backward()
+    assert_same(y, x * x + 1)
+    assert_same(x.grad, 2 * x.detach())
+    assert minicompile.metrics.graphs == 1

@@ -597,6 +597,17 @@ class GuardBuilder:
         key's repr is, else the list held in the namespace (classes, typing forms, Enum members)."""
         return repr(keys) if all(_plain_key(k) for k in keys) else self._ref(keys, "KEYS_")
 
+    def set_items(self, source: Source, value):
+        """A set read from outside the frame and iterated: its items in the order it iterates
+        them (where hashes collide, a set's order hangs on its history, not only on its items)."""
+        e = source.expr()
+        d = display(e)
+        items = list(value)
+        self._add(("set", e), source,
+                  [(f"type({{e}}) is {self._ref(type(value), 'TYPE_')}", f"type({d}) is {type(value).__name__}"),
+                   (f"list({{e}}) == {self._keys_expr(items)}", f"list({d}) == {items!r}")],
+                  f"{e}: set items, in the order it iterates them")
+
     def dict_keys(self, source: Source, value: dict):
         e = source.expr()
         d = display(e)

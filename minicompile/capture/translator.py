@@ -387,6 +387,11 @@ class InstructionTranslator(CallsMixin):
             if n is None or not n.is_constant():
                 raise self.unsupported(f"iterating over {v.describe()}: no constant length")
             return [self.call_special(v, "__getitem__", [ConstantVariable(i)]) for i in range(n.as_example())]
+        if isinstance(v, UserObjectVariable) and v.source is not None and type(v.value) in (set, frozenset) \
+                and all(is_constant_value(x) for x in v.value):
+            # a set of constants read from outside (a class's expected keys): its items
+            self.output.guards.set_items(v.source, v.value)
+            return [ConstantVariable(x) for x in v.value]
         if isinstance(v, UserObjectVariable):
             it = user_iter(self, v)                   # its class's __iter__
             if it is not None:
