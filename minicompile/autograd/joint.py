@@ -143,8 +143,8 @@ def trace_joint(gm: torch.fx.GraphModule, example_inputs, from_capture: bool = T
         with ir.quiet_grad_reads():        # (one warnings filter for a model's hundreds of weights)
             primals = [mode.from_tensor(example_inputs[i]) for i in primal_at]
 
-    def run(tensors, interpreter=torch.fx.Interpreter):
-        args = [tensors[k] if kind == "primal" else k for kind, k in inputs]
+    def run(values, interpreter=torch.fx.Interpreter):
+        args = [values[k] if kind == "primal" else k for kind, k in inputs]
         return pytree.tree_flatten(interpreter(gm).run(*args))
 
     # which outputs carry gradients, and their shapes: as capture ran them (eager's values), or
