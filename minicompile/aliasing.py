@@ -133,6 +133,11 @@ RUNNING_STATS = {
 }
 
 
+# Of those, the ones whose writes leave the statistics' version counters as they were (ATen's
+# batch norm kernels update them through their data; instance norm copies into them, a write)
+UNVERSIONED_WRITES = {F.batch_norm, torch.batch_norm, torch.native_batch_norm}
+
+
 def node_writes(node) -> list:
     """`written` of an FX node, whose tensor arguments are the nodes among its arguments."""
     return written(node.op, node.target, node.args, node.kwargs, lambda a: isinstance(a, torch.fx.Node))

@@ -405,7 +405,8 @@ class _Functionalizer:
 
     def _write_values(self, node, targets, new_values, result):
         for t, v in zip(targets, new_values):
-            if not any(n.meta.get(aliasing.OWN_VERSION_COUNTER) for n in self.chain.get(t, ())):
+            if not (node.op == "call_function" and node.target in aliasing.UNVERSIONED_WRITES) and \
+                    not any(n.meta.get(aliasing.OWN_VERSION_COUNTER) for n in self.chain.get(t, ())):
                 self.write_counts[self.root[t]] += 1
             # written under no_grad, or through detach() (F.embedding's max_norm renormalizes
             # weight.detach()): eager's tensor keeps its history (a later use is differentiated

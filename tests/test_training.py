@@ -1998,3 +1998,47 @@ def test_gradients_assigned_by_hand_are_set_after_the_graph():
     for fn in (wrong_shape, minicompile.compile(wrong_shape)):
         with pytest.raises(RuntimeError, match="same size"):
             fn(nn.Parameter(torch.randn(3)))
+
+
+def test_a_float_argument_handed_past_a_graph_break_keeps_one_generic_graph():
+    """A training step with a break in it (a print, a log line) whose float changes every call:
+    the graph before the break returns the float for the code after it, and the joint trace
+    took no float output, so that graph was compiled for each value (8 graphs in 6 calls,
+    then the frame ran eagerly)."""
+    layer = nn.Linear(13, 5).to(DEVICE)
+
+    def step(x, lam):
+        h = layer(lam * x).tanh()
+        print(end="")
+        return (h * lam).pow(2).sum()
+    compiled = minicompile.compile(step)
+    minicompile.metrics.reset()
+    for lam in (0.3, 0.7, 0.45, 0.9, 0.1, 0.2):
+        x = randn(6, 13)
+        grads = []
+        for f in (step, compiled):
+            layer.zero_grad()
+            f(x, lam).backward()
+            grads.append(layer.weight.grad.clone())
+        assert_same(grads[1], grads[0])
+    assert minicompile.metrics.graphs <= 4
+
+
+def test_floats_in_a_tuple_argument_are_read_one_by_one():
+    """Loss weights passed as a tuple, `(lam, T)`: each float is taken as a float argument is
+    (symbolic once it changes); the tuple was guarded whole, a graph per value."""
+    layer = nn.Linear(13, 5).to(DEVICE)
+
+    def step(x, c):
+        return (layer(c[0] * x) / c[1]).pow(2).mean()
+    compiled = minicompile.compile(step)
+    minicompile.metrics.reset()
+    for v in (0.3, 0.7, 0.45, 0.9, 0.1):
+        x = randn(6, 13)
+        grads = []
+        for f in (step, compiled):
+            layer.zero_grad()
+            f(x, (v, 1.5)).backward()
+            grads.append(layer.weight.grad.clone())
+        assert_same(grads[1], grads[0])
+    assert minicompile.metrics.graphs <= 2

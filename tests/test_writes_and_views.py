@@ -1245,3 +1245,69 @@ def test_a_buffer_written_then_saved_for_backward_trains_as_eager():
             m(randn(4, 8)).backward()
         results.append((inner.w.grad, inner.ema, inner.ema._version - version))
     torch.testing.assert_close(results[1], results[0])
+
+
+class _UpdatesAnAverageThroughData(nn.Module):
+    """Multiplies by a buffer, then updates it through `.data`, as EMA trackers do."""
+
+    def __init__(self):
+        super().__init__()
+        self.l = nn.Linear(13, 7).to(DEVICE)
+        self.register_buffer("ema", torch.randn(7, device=DEVICE))
+
+    def forward(self, x):
+        h = self.l(x)
+        y = (h * self.ema).tanh()
+        self.ema.data.mul_(0.9).add_(h.detach().mean(0), alpha=0.1)
+        return y
+
+
+class _ReadsTheRunningVarianceFirst(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.l, self.bn = nn.Linear(13, 7).to(DEVICE), nn.BatchNorm1d(7).to(DEVICE)
+
+    def forward(self, x):
+        h = self.l(x)
+        return self.bn(h) + h * self.bn.running_var       # the product saves running_var
+
+
+@pytest.mark.parametrize("make", [_UpdatesAnAverageThroughData, _ReadsTheRunningVarianceFirst])
+def test_a_buffer_saved_and_then_updated_trains_as_eager(make):
+    """The backward reads what eager's does: the tanh eager saved was computed from the
+    buffer before its `.data` update (the compiled backward computed it again from the new
+    one: wrong gradients); batch norm's update of its running statistics leaves their versions
+    as they were, as eager's kernel does (the backward raised "modified by an inplace
+    operation")."""
+    torch.manual_seed(0)
+    model = make()
+    mine = copy.deepcopy(model)
+    compiled = minicompile.compile(mine)
+    results = []
+    for m, inner in ((model, model), (compiled, mine)):
+        versions = [b._version for b in inner.buffers()]
+        torch.manual_seed(1)
+        m(randn(6, 13)).pow(2).mean().backward()
+        results.append(([p.grad for p in inner.parameters()], list(inner.buffers()),
+                        [b._version - v for b, v in zip(inner.buffers(), versions)]))
+    torch.testing.assert_close(results[1], results[0])
+
+
+def _doubles_one_through_data(w, a, b):
+    y = (w * b).sum()
+    a.data.mul_(2)
+    return y
+
+
+def test_a_write_through_data_into_an_input_passed_twice_leaves_its_version():
+    """One tensor passed as two inputs, written through `.data` (the graph runs on PyTorch's
+    kernels, its inputs sharing memory): `.data` is run as `.data`, not as the detach it is
+    traced as, whose writes moved the version and made the backward raise."""
+    results = []
+    for fn in (_doubles_one_through_data, minicompile.compile(_doubles_one_through_data)):
+        torch.manual_seed(0)
+        w, x = randn(7, 13).requires_grad_(), randn(7, 13)
+        version = x._version
+        fn(w, x, x).backward()
+        results.append((w.grad, x, x._version - version))
+    torch.testing.assert_close(results[1], results[0])

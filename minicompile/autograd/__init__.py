@@ -51,8 +51,9 @@ def compile_training(gm: torch.fx.GraphModule, example_inputs, compile_values, w
         # no fake kernel): the caller runs the graph on PyTorch's kernels, and says why
         raise NotImplementedError(f"the joint forward+backward graph could not be traced: "
                                   f"{type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}") from err
+    primal = _primal_index(joint)
     with metrics.timed("partition"):
-        part = partition(joint)
+        part = partition(joint, {primal[i] for i in overwritten if i in primal})
     _log(part)
     primals = [example_inputs[i] for i in _primal_index(joint)]
     forward_graph, backward_graph = to_torch(part.forward), to_torch(part.backward)
@@ -62,7 +63,6 @@ def compile_training(gm: torch.fx.GraphModule, example_inputs, compile_values, w
     forward = compile_values(forward_graph, primals, stored)
     backward = compile_values(backward_graph, backward_inputs)
     metrics.backward_kernels += len(getattr(backward, "kernels", ()))
-    primal = _primal_index(joint)
     overwritten = {primal[i]: n for i, n in overwritten.items() if i in primal}
     # what eager's autograd saves as it is and a later op writes: eager's backward finds it
     # written (an error) or, written through `.data`, reads its new value; so does this one

@@ -163,12 +163,14 @@ def trace_joint(gm: torch.fx.GraphModule, example_inputs, from_capture: bool = T
     outputs = [("tensor", tensor_outs.index(i)) if i in tensor_outs else ("const", v)
                for i, v in enumerate(leaves)]
     reads = _symbol_reads(primals, primal_at) if symbolic else {}
-    if any(isinstance(v, (torch.SymFloat, torch.SymBool)) for v in leaves):
+    if any(isinstance(v, torch.SymBool) or isinstance(v, torch.SymFloat) and not v.node.expr.is_Symbol
+           for v in leaves):
         raise NotImplementedError("the graph returns a float or bool computed from its sizes")
-    # a size the graph returns (a cache's length += x.shape[1]): computed from the inputs' sizes
-    # by Python on each call, as the generated code's wrapper computes one
-    outputs = [("size", _size_function(v, reads, len(example_inputs))) if isinstance(v, torch.SymInt) else o
-               for o, v in zip(outputs, leaves)]
+    # a size the graph returns (a cache's length += x.shape[1]), or a float input it hands on (to
+    # the code after a break): computed from the inputs by Python on each call, as the
+    # generated code's wrapper computes one
+    outputs = [("size", _size_function(v, reads, len(example_inputs))) if isinstance(v, (torch.SymInt, torch.SymFloat))
+               else o for o, v in zip(outputs, leaves)]
     differentiable = [leaves[i].requires_grad for i in tensor_outs]
     reached_by = None if captured is not None else \
         _reached_by([leaves[i] for i, d in zip(tensor_outs, differentiable) if d], primals)

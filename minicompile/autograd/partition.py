@@ -234,7 +234,10 @@ def _fused_into_readers(node: torch.fx.Node) -> bool:
                for user in _readers(node))
 
 
-def partition(joint: Joint) -> Partition:
+def partition(joint: Joint, overwritten=frozenset()) -> Partition:
+    """overwritten: the primals (by index) that get new values after the forward, which the
+    backward may read as they are then (an input written through `.data`, as eager's backward
+    reads it where eager saved the input itself), so nothing is computed again from them."""
     graph = joint.graph.graph
     placeholders = [n for n in graph.nodes if n.op == "placeholder"]
     primals, tangents = placeholders[:joint.num_primals], placeholders[joint.num_primals:]
@@ -246,7 +249,9 @@ def partition(joint: Joint) -> Partition:
     # what the backward computes again from saved values comes right before it is first read:
     # at the top, a value of every layer would be held through the whole backward
     recomputable_here = needed_by_bwd - reads_tangent
-    held: set = set()
+    # what is computed from an input that gets a new value is computed in the forward, from
+    # its value then (eager saved such a value: the tanh of it, not the input)
+    held: set = {user for k in overwritten for user in _readers(primals[k])} - reads_tangent
     # what a checkpointed call returns to the forward after it is saved (_leaves_its_checkpoint)
     checkpointed = [n for n in needed_by_bwd if _checkpointed(n)]
     forward = _ancestors([o for o in fwd_outs if isinstance(o, torch.fx.Node)]) if checkpointed else set()

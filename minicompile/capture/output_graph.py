@@ -744,11 +744,11 @@ class OutputGraph:
         return self._wrap(value, None)
 
     def _numbers_one_by_one(self, value, source: Source) -> Optional[VariableTracker]:
-        """A torch.Size, a slice, or a tuple of ints and slices (an index) the call passes in (a
-        distribution's batch shape, monai's sliding windows, an interpolation's output size):
-        its ints read one by one, each as automatic dynamic takes an int argument, so one that
-        changes becomes symbolic rather than a graph per value. None where none is (the whole
-        is then a constant, its parts guarded)."""
+        """A torch.Size, a slice, or a tuple of numbers and slices (an index) the call passes in
+        (a distribution's batch shape, monai's sliding windows, an interpolation's output size,
+        loss weights): its numbers read one by one, each as automatic dynamic takes a number
+        argument, so one that changes becomes symbolic rather than a graph per value. None where
+        none is (the whole is then a constant, its parts guarded)."""
         if type(value) is slice:
             self.guards.type_check(source, slice)
             parts = [self.wrap(getattr(value, a), AttrSource(source, a)) for a in ("start", "stop", "step")]
@@ -776,7 +776,7 @@ class OutputGraph:
                 and self.dynamic_policy(source.expr(), value):
             return self.add_number_input(value, source)
         if (type(value) in (slice, torch.Size) or type(value) is tuple and value and
-                all(type(i) in (slice, int) or i is None or i is Ellipsis for i in value)) \
+                all(type(i) in (slice, int, float) or i is None or i is Ellipsis for i in value)) \
                 and self.dynamic_policy and _from_the_arguments(source, self.module_sources):
             var = self._numbers_one_by_one(value, source)
             return var if var is not None else ConstantVariable(value, source)
@@ -1554,6 +1554,11 @@ def _base_past_modules(source, module_sources):
 _MISSING = object()
 
 
+def _data_of(t: torch.Tensor) -> torch.Tensor:
+    """t.data: a detach whose version counter is its own (writes through it leave t's as it was)."""
+    return t.data
+
+
 class NodeByNode:
     """A traced graph run node by node, each node calling its target: eager's results, as
     torch.fx.Interpreter gives them (not the graph module's own code, which names a function
@@ -1581,6 +1586,8 @@ class NodeByNode:
                 self.steps.append(("value", value, (), {}, slot[n]))
             elif n.op == "call_module":
                 self.steps.append(("call", gm.get_submodule(n.target), args, kwargs, slot[n]))
+            elif n.op == "call_method" and n.meta.get(aliasing.OWN_VERSION_COUNTER):
+                self.steps.append(("call", _data_of, args, kwargs, slot[n]))    # `x.data`, traced as a detach
             elif n.op == "call_method":
                 self.steps.append(("method", n.target, args, kwargs, slot[n]))
             elif n.op == "call_function":
