@@ -3367,3 +3367,17 @@ def test_an_autograd_functions_apply_compiled_on_its_own():
     assert_same(y, x * x + 1)
     assert_same(x.grad, 2 * x.detach())
     assert minicompile.metrics.graphs == 1
+
+
+def test_a_legacy_tensor_type_converts_in_the_graph():
+    """x.type(torch.FloatTensor) (TAPAS' aggregation mask): the legacy type's dtype, on the CPU;
+    it broke the graph (a class a graph cannot hold)."""
+    def f(x):
+        mask = torch.logical_not(torch.isnan(x)).type(torch.FloatTensor)
+        return (mask * x.nan_to_num()).sum() + x.nan_to_num().type(torch.DoubleTensor).sum()
+    x = torch.randn(7)
+    x[2] = float("nan")
+    got, expected = minicompile.compile(f)(x), f(x)
+    assert got.dtype == expected.dtype == torch.float64
+    torch.testing.assert_close(got, expected)
+    no_break(f, x)

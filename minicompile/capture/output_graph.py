@@ -940,6 +940,14 @@ class OutputGraph:
             kwargs = {**kwargs, "dtype": _python_dtype(kwargs["dtype"])}
         if kind == "call_method" and target == "to" and len(args) > 1 and _python_dtype(args[1]) is not None:
             args = [args[0], _python_dtype(args[1]), *args[2:]]
+        if kind == "call_method" and target == "type" and len(args) == 2 and not kwargs and \
+                isinstance(args[1], TypeVariable) and type(args[1].value).__name__ == "tensortype" and \
+                isinstance(args[0], TensorVariable):
+            # x.type(torch.FloatTensor), a legacy tensor type (TAPAS): its dtype, on the CPU or,
+            # for torch.cuda's, a GPU (x's own where it is on one)
+            legacy, device = args[1].value, args[0].example.device
+            device = device if legacy.is_cuda and device.type == "cuda" else torch.device("cuda" if legacy.is_cuda else "cpu")
+            target, args = "to", [args[0], ConstantVariable(device), ConstantVariable(legacy.dtype)]
         has_tensor = _contains_tensor(list(args) + list(kwargs.values()))
         if kind == "call_method" and isinstance(target, str) and target.startswith("__") \
                 and target.endswith("__") and callable(getattr(operator, target, None)):
