@@ -52,10 +52,12 @@ def compile_training(gm: torch.fx.GraphModule, example_inputs, compile_values, w
         raise NotImplementedError(f"the joint forward+backward graph could not be traced: "
                                   f"{type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}") from err
     primal = _primal_index(joint)
+    # gm's inputs that get new values, as the joint graph's primals: {primal: the ops writing it}
+    overwritten = {primal[i]: n for i, n in overwritten.items() if i in primal}
     with metrics.timed("partition"):
-        part = partition(joint, {primal[i] for i in overwritten if i in primal})
+        part = partition(joint, overwritten.keys())
     _log(part)
-    primals = [example_inputs[i] for i in _primal_index(joint)]
+    primals = [example_inputs[i] for i in primal]
     forward_graph, backward_graph = to_torch(part.forward), to_torch(part.backward)
     backward_inputs = _examples(backward_graph)
     _examples(forward_graph)                # (its dynamic dims marked; the primals are its examples)
@@ -63,7 +65,6 @@ def compile_training(gm: torch.fx.GraphModule, example_inputs, compile_values, w
     forward = compile_values(forward_graph, primals, stored)
     backward = compile_values(backward_graph, backward_inputs)
     metrics.backward_kernels += len(getattr(backward, "kernels", ()))
-    overwritten = {primal[i]: n for i, n in overwritten.items() if i in primal}
     # what eager's autograd saves as it is and a later op writes: eager's backward finds it
     # written (an error) or, written through `.data`, reads its new value; so does this one
     compiled = CompiledTraining(joint, part, forward, backward, overwritten, gm,

@@ -604,7 +604,7 @@ class GuardBuilder:
         d = display(e)
         items = list(value)
         self._add(("set", e), source,
-                  [(f"type({{e}}) is {self._ref(type(value), 'TYPE_')}", f"type({d}) is {type(value).__name__}"),
+                  [(f"type({{e}}) is {self._type_name(type(value))}", f"type({d}) is {type(value).__name__}"),
                    (f"list({{e}}) == {self._keys_expr(items)}", f"list({d}) == {items!r}")],
                   f"{e}: set items, in the order it iterates them")
 
