@@ -291,9 +291,14 @@ class _WrittenUnseen(torch.autograd.Function):
 # own: eager's writes through it leave x's version as it was, so a tensor saved for backward
 # and written so raises nothing, and the backward reads its new value)
 OWN_VERSION_COUNTER = "own_version_counter"
-# a node's meta key: the node computes (part of) an in-place op's write into these graph
-# inputs (their indices), made a value by functionalize.py
-WRITES_INPUTS = "writes_inputs"
+# a node's meta key: the node computes (part of) an in-place op's write, made a value by
+# functionalize.py, into these tensors (the names of the nodes that own their memory in the
+# captured graph: a graph input, or the op that computed it)
+WRITES = "writes"
+# a node's meta key: the node's value is what a tensor of the captured graph (named: the node
+# that owns its memory) holds until a later in-place op writes it again; eager's autograd,
+# saving that tensor for backward, finds it changed then
+WRITTEN_LATER = "written_later"
 
 
 def stored_into(value: torch.Tensor, x: torch.Tensor) -> bool:

@@ -183,7 +183,7 @@ class CompiledFunction:
         self._steps = weakref.WeakKeyDictionary()     # optimizer -> its compiled step
         self._around_logged: set = set()      # ids of modules whose hooks' log line was printed
         self.quiet = False            # True for a function compiled on its own at a graph break
-        self._frame, self._frame_generation = None, -1
+        self._frame, self._frame_generation, self._frame_code = None, -1, None
         # the Python function the calls run, and what `fn` passes it before the caller's
         # arguments (a bound method's self, a partial's arguments): guards.frame_target
         self._func = None
@@ -218,7 +218,9 @@ class CompiledFunction:
         if self._per_call:
             self._retarget()
         frame = self._frame
-        if frame is None or self._frame_generation != _GENERATION or self._optimizer is not None:
+        # (the function's code may be replaced: IPython's autoreload edits it in place)
+        if frame is None or self._frame_generation != _GENERATION or self._optimizer is not None \
+                or self._frame_code is not getattr(self._func, "__code__", None):
             # found once, not per call (the key is computed, the cache looked up): a hit's
             # cost is the guard and the compiled code
             if self._optimizer is not None:
@@ -229,14 +231,16 @@ class CompiledFunction:
                 self._no_code()
                 return self.fn(*args, **kwargs)
             frame = self._frame = _CACHES.setdefault(self._key, _FrameCache())
-            self._frame_generation = _GENERATION
+            self._frame_generation, self._frame_code = _GENERATION, self._func.__code__
         F, a, k = self._func, args, kwargs
         if self._pre:
             a = self._pre + args
         if self._pre_kw:
             k = {**self._pre_kw, **kwargs}
-        if frame.eager_calls and frame.runs_eagerly(F, a, k) or _forward_ad._current_level >= 0:
-            # (forward-mode AD's dual tensors carry tangents no graph computes: eager does)
+        if frame.eager_calls and frame.runs_eagerly(F, a, k) or _forward_ad._current_level >= 0 or \
+                torch._C._len_torch_dispatch_stack() or torch._C._len_torch_function_stack() and _user_modes():
+            # (forward-mode AD's dual tensors carry tangents no graph computes: eager does; so
+            # it does what a dispatch or torch function mode the caller entered makes of each op)
             return self.fn(*args, **kwargs)
         # the newest entry of the frame's start whose guard holds: the common case, one graph
         for seg in frame.segments.get((0, False), ()):
@@ -1085,6 +1089,13 @@ def _graph_code(cap) -> str:
 
 
 _warned_python = False
+
+
+def _user_modes() -> bool:
+    """Whether a torch function mode other than torch.set_default_device's is active (a mode
+    that counts, logs or changes the ops a function calls, which compiled code does not make)."""
+    from torch.utils._device import DeviceContext
+    return any(not isinstance(m, DeviceContext) for m in torch.overrides._get_current_function_mode_stack())
 
 
 def _python_supported() -> bool:

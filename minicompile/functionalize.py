@@ -222,6 +222,39 @@ def _fills_a_mask(x, index, value) -> bool:
         all(v == 1 or v == p for v, p in zip(tail, place[len(place) - len(tail):]))
 
 
+def _keeps_history(node) -> bool:
+    """Whether an in-place op leaves the autograd history of the tensor it writes as it was
+    (eager's non-differentiable ones do: after `v.logical_not_()` a later use's gradient flows
+    on into v's history; `v.gt_(0)` gives v a comparison's, of zero gradient). Asked of
+    autograd, on meta tensors: the op run on a tensor with a history."""
+    def meta(a):
+        ex = _example(a) if isinstance(a, torch.fx.Node) else a
+        if not isinstance(ex, torch.Tensor):
+            return ex
+        return torch.empty_strided(ex.shape, ex.stride(), dtype=ex.dtype, device="meta")
+    if not (node.op == "call_method" or node.op == "call_function" and callable(node.target)) or \
+            aliasing.written(node.op, node.target, node.args, node.kwargs, _is_tensor_node) != [("arg", 0)]:
+        return False
+    try:
+        args = [meta(a) for a in node.args]
+        kwargs = {k: meta(v) for k, v in node.kwargs.items()}
+        written = args[0]
+        if not isinstance(written, torch.Tensor) or not written.dtype.is_floating_point:
+            return False
+        with torch.enable_grad():
+            args[0] = written.requires_grad_() * 1
+            history = args[0].grad_fn
+            _run(node, args, kwargs)
+        return args[0].grad_fn is history
+    except Exception:                  # noqa: BLE001 (sizes that are symbols, an op meta lacks)
+        return False
+
+
+def _is_as_strided(node) -> bool:
+    return node.op == "call_method" and node.target == "as_strided" or \
+        node.op == "call_function" and node.target in (torch.as_strided, torch.Tensor.as_strided)
+
+
 def _is_detach(node) -> bool:
     return node.op == "call_method" and node.target == "detach" or \
         node.op == "call_function" and node.target in (torch.detach, torch.ops.aten.detach.default)
@@ -280,7 +313,9 @@ class _Functionalizer:
         self.grad = torch.is_grad_enabled()       # the grad mode at this point of the graph
         self.seen_writes: set = set()              # roots written with grad mode on
         self.write_counts = collections.Counter()   # root -> the in-place ops writing it
-        self.writing: frozenset = frozenset()      # the inputs the write being made a value writes
+        self.writing: frozenset = frozenset()      # the roots the write being made a value writes
+        self.writing_node = None                   # and the node that writes them
+        self.history: dict = {}                    # root -> the new nodes that held its value, in turn
 
     def resolve(self, a):
         while a in self.same:
@@ -301,6 +336,11 @@ class _Functionalizer:
         # (made again where the grad mode changed: a view made under no_grad carries no
         # gradient to the uses after it, where eager's view, made with grad, does)
         if made is None or made[0] != (self.version[r], self.grad):
+            if self.version[r] and r.op == "placeholder" and _is_as_strided(a):
+                # its offset and strides place it in the input's memory, which the new value (a
+                # tensor of the input's shape, laid out afresh) is not
+                raise NotImplementedError(f"`{a.format_node()}` views input {r.name} by its memory "
+                                          "after a write into it")
             parent, base = self.parent[a], self.current(self.parent[a])
             node = self.graph.node_copy(a, lambda x: base if self.resolve(x) is parent else self.current(x))
             node.meta = dict(a.meta)
@@ -322,11 +362,14 @@ class _Functionalizer:
         except Exception:          # lowering runs the graph itself where a value is missing
             pass
         if self.writing:
-            node.meta[aliasing.WRITES_INPUTS] = self.writing
+            node.meta[aliasing.WRITES] = self.writing
+            # (where the user's code wrote it: what error messages about the value quote)
+            node.meta.update((k, v) for k, v in self.writing_node.meta.items() if k in ("source", "stack_trace"))
         return node
 
     def _fresh(self, old, new):
         self.root[old], self.chain[old], self.value[old], self.version[old] = old, [], new, 0
+        self.history[old] = [new]
 
     def run(self):
         out = None
@@ -397,7 +440,7 @@ class _Functionalizer:
             if t not in self.root or not _is_tensor_node(t):
                 raise NotImplementedError(f"`{node.format_node()}` writes into something that "
                                           "is not a tensor of the graph")
-        self.writing = frozenset(self.inputs.index(self.root[t]) for t in targets if self.root[t] in self.inputs)
+        self.writing, self.writing_node = frozenset(self.root[t].name for t in targets), node
         try:
             self._write_values(node, targets, *self._functional(node, where, targets))
         finally:
@@ -408,10 +451,11 @@ class _Functionalizer:
             if not (node.op == "call_function" and node.target in aliasing.UNVERSIONED_WRITES) and \
                     not any(n.meta.get(aliasing.OWN_VERSION_COUNTER) for n in self.chain.get(t, ())):
                 self.write_counts[self.root[t]] += 1
-            # written under no_grad, or through detach() (F.embedding's max_norm renormalizes
-            # weight.detach()): eager's tensor keeps its history (a later use is differentiated
-            # into it), its new value unseen by autograd
-            unseen = not self.grad or any(_is_detach(n) for n in self.chain.get(t, ()))
+            # written under no_grad, through detach() (F.embedding's max_norm renormalizes
+            # weight.detach()), or by an op autograd does not differentiate: eager's tensor keeps
+            # its history (a later use is differentiated into it), its new value unseen by autograd
+            unseen = not self.grad or any(_is_detach(n) for n in self.chain.get(t, ())) or \
+                self.training and _keeps_history(node)
             if self.training and unseen and getattr(_example(t), "requires_grad", False):
                 v = self._new("call_function", aliasing.written_unseen, [self.current(t), v])
             elif not unseen:
@@ -516,6 +560,7 @@ class _Functionalizer:
             t = base
         self.value[r] = new
         self.version[r] += 1
+        self.history[r].append(new)
 
     def _aliases(self, nodes) -> dict:
         """Each argument of `nodes` -> the tensor it stands for (`y = x.add_(1)`: y is x)."""
@@ -573,6 +618,11 @@ class _Functionalizer:
                        if alias[a] not in chain and alias[a] is not r}
             result.append(("view", base, Replay(chain, r, alias, sources,
                                                 [self.made_with_grad[v] for v in chain])))
+        final = set(self.value.values())
+        for r, values in self.history.items():
+            for v in values[:-1]:
+                if v not in final:
+                    v.meta[aliasing.WRITTEN_LATER] = r.name
         read = frozenset(range(len(outs)))     # the leaves' (a written input's new value may be one)
         copies = [(position[p], output(self.value[p])) for p in written]
         self.graph.output(tuple(outs))

@@ -102,6 +102,14 @@ def test_the_key_names_what_the_code_depends_on():
     assert key != cache.graph_key(gm, [torch.randn(5, 4).t()])
     with minicompile.config.patch(cpu_backend="triton"):
         assert key != cache.graph_key(gm, [torch.randn(4, 5)])
+    # the default dtype: `torch.ones(3)` and `2.5 * int_tensor` are made in it, the graph's
+    # text the same (after torch.set_default_dtype(torch.float64), float32 code was loaded)
+    default = torch.get_default_dtype()
+    torch.set_default_dtype(torch.float64)
+    try:
+        assert key != cache.graph_key(gm, [torch.randn(4, 5, dtype=torch.float32)])
+    finally:
+        torch.set_default_dtype(default)
 
     def local(x):
         return x + 1

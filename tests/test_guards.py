@@ -390,3 +390,120 @@ def test_a_forward_replaced_on_torchs_own_class_is_seen():
     finally:
         nn.Linear.forward = original
     assert_same(compiled(x), model(x))
+
+
+def test_one_tensor_passed_twice_is_guarded_as_one_in_training():
+    """A graph traced with one tensor as two arguments (self-attention's q, k, v) takes them
+    for one: in training, one fake tensor and one gradient. A later call with two tensors
+    (cross-attention) is another entry, as TorchDynamo's duplicate-input guard makes it: it ran
+    the first graph and computed with the first argument twice."""
+    def attention(q, k, v):
+        return torch.softmax(q @ k.transpose(-1, -2) / 4.0, dim=-1) @ v
+
+    compiled = minicompile.compile(attention)
+    x, memory = torch.randn(2, 5, 16, requires_grad=True), torch.randn(2, 7, 16, requires_grad=True)
+    compiled(x, x, x).sum().backward()
+    results = []
+    for f in (attention, compiled):
+        x.grad = memory.grad = None
+        out = f(x, memory, memory)
+        out.sum().backward()
+        results.append((out, x.grad, memory.grad))
+    assert_same(results[1], results[0])
+
+
+def test_a_function_whose_code_is_replaced_runs_the_new_code():
+    """IPython's autoreload replaces an edited function's `__code__` in place: the compiled
+    function runs the new code (it ran the graph of the old one), for a function and for a
+    module's forward."""
+    def f(x):
+        return x * 2
+
+    class Doubling(nn.Module):
+        def forward(self, x):
+            return x * 2
+
+    x = torch.randn(4)
+    compiled, module = minicompile.compile(f), Doubling()
+    compiled_module = minicompile.compile(module)
+    compiled(x), compiled_module(x)
+    f.__code__ = (lambda x: x * 3).__code__
+    Doubling.forward.__code__ = (lambda self, x: x * 3).__code__
+    assert_same(compiled(x), x * 3)
+    assert_same(compiled_module(x), x * 3)
+
+
+class _SubtractsForAdd(torch.overrides.TorchFunctionMode):
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        if func in (torch.add, torch.Tensor.add, torch.Tensor.__add__):
+            func = torch.sub
+        return func(*args, **(kwargs or {}))
+
+
+class _CountsMultiplications(torch.utils._python_dispatch.TorchDispatchMode):
+    count = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if func is torch.ops.aten.mul.Tensor:
+            type(self).count += 1
+        return func(*args, **(kwargs or {}))
+
+
+def test_a_call_under_a_torch_function_or_dispatch_mode_does_what_the_mode_makes_of_it():
+    """A mode the caller enters after compiling (one that changes or counts ops) sees the ops
+    eager's call makes: such a call runs eagerly, as TorchDynamo's does under a dispatch mode
+    (the compiled kernels never reach the dispatcher, and the guard did not look at modes)."""
+    def f(x, y):
+        return (x + y) * y
+
+    compiled = minicompile.compile(f)
+    x, y = torch.randn(5), torch.randn(5)
+    compiled(x, y)
+    with _SubtractsForAdd():
+        assert_same(compiled(x, y), (x - y) * y)
+    with _CountsMultiplications():
+        compiled(x, y)
+    assert _CountsMultiplications.count == 1
+    assert_same(compiled(x, y), (x + y) * y)
+
+
+def test_torch_set_default_device_is_guarded_not_run_eagerly():
+    """torch.set_default_device's mode changes where `torch.ones(3)` is made: a call under
+    another (or none) compiles again; under it, the graph still compiles."""
+    def f(x):
+        return x + torch.ones(3)
+
+    compiled = minicompile.compile(f)
+    compiled(torch.randn(3))
+    torch.set_default_device("cpu")
+    try:
+        compiled(torch.randn(3))
+        compiled(torch.randn(3))
+    finally:
+        torch.set_default_device(None)
+    assert minicompile.metrics.graphs == 2
+
+
+def test_a_builtin_or_torch_function_patched_after_compile_is_called():
+    """`builtins.abs = ...`, `F.linear = ...` (unittest.mock.patch does this; nn.Linear's
+    forward then calls the patch): the guard sees it and the code traced again calls it. Only
+    names a graph's trace read are guarded."""
+    import builtins
+    import torch.nn.functional as F
+
+    def f(x):
+        return abs(x) + 1
+
+    linear = nn.Linear(4, 3)
+    compiled, compiled_linear = minicompile.compile(f), minicompile.compile(linear)
+    x = torch.randn(2, 4)
+    compiled(x), compiled_linear(x)
+    old_abs, old_linear = builtins.abs, F.linear
+    builtins.abs = lambda t: t * 10
+    F.linear = lambda t, w, b=None: old_linear(t, w, b) * 0
+    try:
+        assert_same(compiled(x), x * 10 + 1)
+        assert_same(compiled_linear(x), torch.zeros(2, 3))
+    finally:
+        builtins.abs, F.linear = old_abs, old_linear
+    assert_same(compiled(x), x.abs() + 1)

@@ -302,3 +302,19 @@ def test_outputs_keep_eagers_layout_after_the_dynamic_recompile(layout):
         got, want = compiled(x), f(x)
         assert_same(got, want)
         assert [g.stride() for g in got] == [w.stride() for w in want]
+
+
+def test_a_returned_view_of_a_products_result_has_eagers_strides_in_dims_of_size_one():
+    """A dim of size 1 may have any stride, and a view of a buffer read it as 0: kornia's blur
+    of a batch of 1 (a depthwise convolution's result viewed) came back with strides (0, 99,
+    11, 1) where eager's are (297, 99, 11, 1), which code reading strides sees."""
+    import torch.nn.functional as F
+    k, w = torch.randn(3, 1, 3, 3), torch.randn(12, 5)
+    cases = [(lambda x: F.conv2d(x, k, groups=3, padding=1).view(x.shape), torch.rand(1, 3, 9, 11)),
+             (lambda x: (x @ w).view(1, 7, 5), torch.rand(7, 12)),
+             (lambda x: (x @ w).view(7, 1, 5), torch.rand(7, 12))]
+    for fn, x in cases:
+        minicompile.reset()
+        expected, got = fn(x), minicompile.compile(fn)(x)
+        torch.testing.assert_close(got, expected)
+        assert got.stride() == expected.stride()

@@ -1786,6 +1786,40 @@ def test_a_number_argument_that_changes_each_step_trains_in_one_generic_graph(
     assert len(generic.backward.kernels) > 0
 
 
+def _focal_term(x, w, gamma):
+    p = (x @ w).sigmoid()
+    return ((1 - p) ** gamma * p.log()).sum() + (x ** gamma).nan_to_num(0.5).sum()
+
+
+def _number_to_a_power(x, w, base):
+    return (base ** (x @ w)).sum() + (x * torch.full(x.shape, base, device=DEVICE)).sum()
+
+
+@pytest.mark.parametrize("fn", [_focal_term, _number_to_a_power], ids=["x ** k", "k ** x"])
+def test_a_power_by_a_float_that_changes_each_step_trains_in_one_generic_graph(kernel_backend, fn):
+    """A focal loss's gamma, changing every step, as a power's exponent (or a number raised to
+    a tensor, a fill value): PyTorch's backward of a power reads the number as a double, which
+    fixed its value (a graph per value), and torch.full took it as a size. The gradients are
+    eager's at the values its kernels treat apart (0.5 and -0.5 are sqrt and rsqrt: -0.0's
+    gradient is -inf; 0 gives zeros), at zeros, negatives and NaNs of the input."""
+    w = randn(6, 5).requires_grad_()
+    compiled = minicompile.compile(fn)
+    special = torch.tensor([0.0, -0.0, -1.5, 2.0, 0.3, float("nan")], device=DEVICE)
+    for v in (0.7, 0.5, 2.0, 0.0, -0.5, 1.0, 3.0, 2.5, 1.7):
+        x = randn(7, 6)
+        x[0] = special
+        results = []
+        for f in (fn, compiled):
+            xs = x.clone().requires_grad_()
+            w.grad = None
+            loss = f(xs, w, v)
+            loss.backward()
+            results.append((loss, w.grad, xs.grad))
+        for got, expected in zip(*reversed(results)):
+            torch.testing.assert_close(got, expected, equal_nan=True)
+    assert minicompile.metrics.graphs == 2 and minicompile.metrics.recompiles == 1
+
+
 def test_a_generic_backward_not_made_for_the_calls_sizes_runs_its_graph_on_pytorchs_kernels(
         kernel_backend, compiled_training):
     """Where the compiled backward's own conditions on its inputs' sizes do not hold, the

@@ -17,7 +17,7 @@ import torch.nn.functional as F
 
 import minicompile
 from conftest import DEVICE
-from helpers import randn
+from helpers import assert_same, randn
 
 
 def observe(out, inputs):
@@ -1311,3 +1311,172 @@ def test_a_write_through_data_into_an_input_passed_twice_leaves_its_version():
         fn(w, x, x).backward()
         results.append((w.grad, x, x._version - version))
     torch.testing.assert_close(results[1], results[0])
+
+
+def _written_saved_written_through_data(x, w):
+    x.mul_(2)
+    y = x * w                              # eager saves x (as it is after the first write)
+    x.data.add_(1)                         # and its backward reads the x of after this one
+    return y
+
+
+def _written_saved_written_again(x, w):
+    x.mul_(2)
+    y = x * w
+    x.add_(1)                              # eager's backward raises: x changed since it was saved
+    return y
+
+
+def _saved_result_written(x, w):
+    e = (x * w).exp()                      # exp saves its result
+    e.add_(1)                              # which eager's backward finds changed
+    return e
+
+
+def _saved_result_written_through_data(x, w):
+    e = (x * w).exp()
+    y = e * 3
+    e.data.add_(1)                         # eager's backward reads the new e
+    return y
+
+
+@pytest.mark.parametrize("fn", [_written_saved_written_through_data, _written_saved_written_again,
+                                _saved_result_written, _saved_result_written_through_data])
+def test_a_tensor_saved_for_backward_and_then_written_is_read_or_refused_as_eager(fn):
+    """Eager's autograd saves a tensor, not its value: written in place after it is saved (an
+    input written before too, or a value the graph computed), eager's backward raises, or,
+    written through `.data`, reads the new values. The compiled backward read the value of
+    when it was saved (a wrong gradient, or no error)."""
+    results = []
+    for run in (fn, minicompile.compile(fn)):
+        torch.manual_seed(1)
+        x, w = randn(6, 5) + 3, randn(6, 5).requires_grad_()
+        version = x._version
+        try:
+            run(x, w).square().sum().backward()
+            results.append((w.grad, x, x._version - version))
+        except RuntimeError as err:
+            assert "modified by an inplace operation" in str(err)
+            results.append("raised")
+    _assert_same_outcome(*results)
+
+
+def _sigmoid_and_product(x, w):
+    h = x @ w
+    return torch.sigmoid(h), h * 2, h
+
+
+@pytest.mark.parametrize("written", [0, 1, 2])
+def test_an_output_written_after_the_call_raises_at_backward_where_eagers_saved_it(written):
+    """sigmoid saves its result, which the caller then writes: eager's backward raises, as
+    the compiled one now does (it recomputed the sigmoid from the saved product). Eager saves
+    neither h * 2 nor h, and its backward runs with either written; the compiled forward saves
+    h (to compute the sigmoid's gradient from), and, h written, its backward computes the
+    gradients from the graph run again (it raised, as torch.compile's does)."""
+    results = []
+    for run in (_sigmoid_and_product, minicompile.compile(_sigmoid_and_product)):
+        torch.manual_seed(1)
+        x, w = randn(6, 5), randn(5, 4).requires_grad_()
+        outs = run(x, w)
+        outs[written].mul_(-1)
+        try:
+            sum(o.sum() for o in outs[:2]).backward()
+            results.append(w.grad)
+        except RuntimeError as err:
+            assert "modified by an inplace operation" in str(err)
+            results.append("raised")
+    _assert_same_outcome(*results)
+
+
+def _assert_same_outcome(eager, compiled):
+    if isinstance(eager, str) or isinstance(compiled, str):
+        assert compiled == eager
+    else:
+        torch.testing.assert_close(compiled, eager)
+
+
+def _clone_read_by_an_extern(x):
+    v = x.clone()
+    return torch.div(v, 2, rounding_mode="floor"), v
+
+
+def test_a_returned_clone_read_by_an_op_without_a_lowering_is_a_tensor_of_its_own():
+    """An op lowering leaves to PyTorch (div with rounding_mode) read the clone as a view of
+    the input's buffer, and the output, the same value, became the input itself: writing the
+    returned clone wrote x (in training, where the graph returns the clone to autograd)."""
+    for requires_grad in (False, True):
+        x = randn(3, 4).requires_grad_(requires_grad)
+        before = x.detach().clone()
+        _, v = minicompile.compile(_clone_read_by_an_extern)(x)
+        assert v.untyped_storage().data_ptr() != x.untyped_storage().data_ptr()
+        with torch.no_grad():
+            v.add_(100)
+        assert torch.equal(x.detach(), before)
+
+
+def _written_then_viewed_by_its_memory(a):
+    a[torch.tensor([0], device=a.device)] = 1.0
+    return a.as_strided([3], [1], a.storage_offset()) * 2
+
+
+def test_as_strided_of_an_input_written_before_reads_its_memory_as_eager():
+    """as_strided's offset and strides place the view in the input's memory, which the input's
+    new value (a tensor of its own) is not: it read 3 elements too far on, in an input with an
+    offset (base[1:]). Such a graph runs on PyTorch's kernels."""
+    for make in (lambda: randn(4, 3), lambda: randn(5, 3)[1:]):
+        base = make()
+        ours = base._base.clone()[1:] if base._base is not None else base.clone()
+        expected = _written_then_viewed_by_its_memory(base)
+        got = minicompile.compile(_written_then_viewed_by_its_memory)(ours)
+        torch.testing.assert_close(got, expected)
+        torch.testing.assert_close(ours, base)
+
+
+def _not_differentiated_in_place(a):
+    v = a + 1
+    v.logical_not_()                     # not differentiable: v keeps its history
+    w = a * 3
+    w.gt_(0)
+    return v, w + a
+
+
+def test_an_in_place_op_autograd_does_not_differentiate_leaves_the_history_as_eager():
+    """`v.logical_not_()`: eager's autograd leaves v's history as it was (a later use's
+    gradient flows on into it); made a value (logical_not(v)), it lost it: v did not require
+    grad, a's gradient was short. `w.gt_(0)` makes w's history a comparison's (zero gradient),
+    as a value does."""
+    results = []
+    for fn in (_not_differentiated_in_place, minicompile.compile(_not_differentiated_in_place)):
+        torch.manual_seed(0)
+        a = randn(4, 5).requires_grad_()
+        v, y = fn(a)
+        (v.sum() + y.sum()).backward()
+        results.append((v, y, v.requires_grad, a.grad))
+    assert_same(results[1], results[0])
+
+
+def _taken_then_negated(a):
+    v = torch.take(a, torch.tensor([1, 2], device=a.device))     # eager saves a for its backward
+    a.logical_not_()
+    return v
+
+
+def test_an_input_eager_saves_and_a_later_op_writes_makes_the_backward_raise():
+    """torch.take saves its input; written after (here by the graph's own non-differentiable
+    op, which a leaf allows; or after the call), eager's backward raises. The compiled backward,
+    which needs no more than the input's size, ran."""
+    for fn in (_taken_then_negated, minicompile.compile(_taken_then_negated)):
+        a = randn(4).requires_grad_()
+        v = fn(a)
+        with pytest.raises(RuntimeError, match="modified by an inplace operation"):
+            v.sum().backward()
+
+
+def test_an_input_whose_negation_is_pending_is_read_as_its_values():
+    """`z.conj().imag` is a view whose memory holds the values negated until resolved (its
+    negative bit): the kernels read the memory, every value with the wrong sign. Such a graph
+    runs on PyTorch's kernels."""
+    z = torch.randn(5, dtype=torch.complex64, device=DEVICE)
+    x = z.conj().imag
+    assert x.is_neg()
+    torch.testing.assert_close(minicompile.compile(lambda t: t * 2 + 1)(x), x * 2 + 1)

@@ -11,6 +11,8 @@ the graph run again by PyTorch, whose own backward then serves: the compiled bac
 """
 from __future__ import annotations
 
+import weakref
+
 import torch
 import torch.utils._pytree as pytree
 
@@ -43,6 +45,9 @@ class CompiledTraining:
         # and they are read as they are (written through `.data`, which leaves the version as
         # it was, eager's backward reads the new values)
         self.saved_as_eager = list(saved_as_eager)
+        # the others eager saves as they are: a write after the call (in eager code, or the next
+        # graph's) makes eager's backward raise, and so this one (watched, not held)
+        self.saved_and_watched = sorted(joint.saved_by_eager - set(saved_as_eager))
         # other inputs the backward reads as they were, which get new values: saved as copies
         # made before the forward runs (eager saved a value computed from them)
         self.saved_overwritten = {k for kind, k in partition.saved_from if kind == "primal" and k in overwritten
@@ -99,6 +104,7 @@ class _Function(torch.autograd.Function):
         before = {k: primals[k].clone() for k in plan.saved_overwritten}
         result = plan.forward(*primals)
         ctx.versions = [(primals[k], primals[k]._version) for k in plan.saved_as_eager]
+        ctx.watched = [(weakref.ref(primals[k]), primals[k]._version) for k in plan.saved_and_watched]
         for k, p in plan.stored.items():
             if aliasing.stored_into(result[k], primals[p]):
                 # the forward stored the new value straight into the input: its version moves
@@ -117,10 +123,13 @@ class _Function(torch.autograd.Function):
         # input may be laid out otherwise, a split's piece)
         saved = [_laid_out(kept[k] if kind == "primal" else computed[k], stride)
                  for (kind, k), stride in zip(part.saved_from, plan.saved_strides)]
+        ctx.written_outputs = _watch_outputs_saved(saved, outs, plan) if plan.values_graph is not None else ()
         ctx.sizes = [(k, saved[k]) for k in plan.sizes_at]       # (numbers: kept apart)
         if ctx.sizes:
             saved = [t for t in saved if isinstance(t, torch.Tensor)]
-        ctx.save_for_backward(*[t.clone() if t.is_inference() else t for t in saved])
+        # (and the outputs eager saves: their versions checked as the saved values are read)
+        ctx.save_for_backward(*[t.clone() if t.is_inference() else t for t in saved],
+                              *[outs[k] for k in plan.joint.outputs_saved_by_eager])
         ctx.shapes = plan.tangent_shapes or [o.shape for o, d in zip(outs, joint.differentiable) if d]
         ctx.plan = plan
         # what a differentiable backward reads: the inputs (the graph run again), or those that
@@ -132,14 +141,20 @@ class _Function(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, *grad_outputs):
-        for t, version in ctx.versions:
-            if t._version != version:
+        for t, version in ctx.versions + [(ref(), version) for ref, version in ctx.watched]:
+            if t is not None and t._version != version:
                 raise RuntimeError(
                     "one of the variables needed for gradient computation has been modified by an inplace "
                     f"operation: [{t.type()} {list(t.shape)}] is at version {t._version}; expected version "
                     f"{version} instead. Hint: the variable was written in place after it was used (in eager, "
                     "after autograd saved it)")
+        if any(o() is not None and o()._version != version for o, version in ctx.written_outputs):
+            # an output the backward reads (eager's reads a value of its own) that the caller
+            # wrote in place: the gradients of the graph run again on the inputs
+            grads = _Function._differentiable_gradients(ctx, grad_outputs)
+            return tuple(g.detach() if isinstance(g, torch.Tensor) else g for g in grads)
         saved = list(ctx.saved_tensors)
+        del saved[len(saved) - len(ctx.plan.joint.outputs_saved_by_eager):]
         for k, size in ctx.sizes:
             saved.insert(k, size)
         # from here the list alone holds the saved values (unless the graph is kept:
@@ -212,6 +227,25 @@ class _Function(torch.autograd.Function):
         for k, g in zip(joint.grad_inputs, grads):
             result[k] = g if joint.reached_by[k] & used else None
         return (None, *result)
+
+
+def _watch_outputs_saved(saved: list, outs: list, plan) -> list:
+    """Each saved value that is (the memory of) an output eager's autograd does not save, which
+    the partition chose to save, replaced in `saved` by an alias with a version counter of its
+    own: the caller may write the output in place, which eager's backward does not see (nor
+    raise for: the write moves the output's version, not the alias's). -> [(a weak reference to
+    each such output, its version)], for the backward to see whether it was written."""
+    outputs = {aliasing.storage_address(o): o for k, o in enumerate(outs)
+               if k not in plan.joint.outputs_saved_by_eager}
+    outputs.pop(None, None), outputs.pop(0, None)       # (no memory: nothing to write)
+    watched = []
+    for i, (t, (kind, _)) in enumerate(zip(saved, plan.partition.saved_from)):
+        out = outputs.get(aliasing.storage_address(t)) if kind == "computed" and isinstance(t, torch.Tensor) else None
+        if out is not None:
+            saved[i] = torch.empty(0, dtype=t.dtype, device=t.device).set_(
+                t.untyped_storage(), t.storage_offset(), t.shape, t.stride())
+            watched.append((weakref.ref(out), out._version))
+    return watched
 
 
 def _layout(value):

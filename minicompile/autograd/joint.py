@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import os
 import sys
 import types
 from dataclasses import dataclass, field
@@ -63,6 +64,10 @@ class Joint:
     saved_by_eager: frozenset = frozenset()
                                    # the primals eager's autograd saves as they are (or a view
                                    # of them) for an op other than one that writes them
+    outputs_saved_by_eager: frozenset = frozenset()
+                                   # the forward's tensor outputs (by index) eager's autograd
+                                   # saves (or a view of their memory): one the caller writes
+                                   # makes the backward raise
 
 
 @functools.lru_cache(maxsize=None)
@@ -94,7 +99,18 @@ def decompositions() -> dict:
                aten.multilabel_margin_loss_forward.default):
         table.pop(op, None)
     table[aten.max_pool2d_with_indices.default] = _max_pool_saving_offsets
+    # a power by a float the graph is generic in stays one op: its decomposition asks whether
+    # the exponent is 2 or 0.5 (some torch versions), which would fix its value
+    for op in (aten.pow.Tensor_Scalar, aten.pow.Scalar):
+        if op in table:
+            table[op] = functools.partial(_unless_symbolic_float, table[op])
     return table
+
+
+def _unless_symbolic_float(decomposition, *args, **kwargs):
+    if any(isinstance(a, torch.SymFloat) for a in args):
+        return NotImplemented
+    return decomposition(*args, **kwargs)
 
 
 def _max_pool_saving_offsets(x, kernel_size, stride=(), padding=0, dilation=1, ceil_mode=False):
@@ -179,12 +195,16 @@ def trace_joint(gm: torch.fx.GraphModule, example_inputs, from_capture: bool = T
                     for i, d in zip(tensor_outs, differentiable) if d]
     grad_inputs: list = []
     saved_by_eager: set = set()
+    saved_then_written: set = set()
+    outputs_saved: set = set()
+    placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
+    placeholders = [placeholders[i] for i in primal_at]
 
     def joint(primals, tangents):
         nonlocal reached_by
         leafs = [p.detach().requires_grad_(n) if isinstance(p, torch.Tensor) else p
                  for p, n in zip(primals, needs_grad)]
-        saves = _SavesOf(leafs, primal_at, saved_by_eager)
+        saves = _SavesOf(leafs, placeholders, saved_by_eager, saved_then_written)
         with torch.set_grad_enabled(grad_on), _AsCompiledCodeComputes(), saves:
             outs, _ = run(leafs, functools.partial(saves.interpreter,
                                                    torch.fx.Interpreter if captured is None else watching))
@@ -194,6 +214,10 @@ def trace_joint(gm: torch.fx.GraphModule, example_inputs, from_capture: bool = T
                     != [(v.requires_grad, v.shape, v.dtype, v.device) for v in (leaves[i] for i in tensor_outs)]:
                 raise _NotAsCaptured      # (a graph compiled again for other sizes, say)
             reached_by = _reached_by([outs[i] for i, d in zip(tensor_outs, differentiable) if d], leafs)
+        # outputs eager's autograd saves (or a view of their memory), which a write after the
+        # graph makes its backward raise (not the primals': those are saved as they are)
+        outputs_saved.update(j for j, i in enumerate(tensor_outs) if saves.saves(outs[i]) and not any(
+            (outs[i] if outs[i]._base is None else outs[i]._base) is p for p in leafs))
         # the outputs in eager's layout (a value computed channels-last is made contiguous)
         outs = [_as_laid_out(outs[i], leaves[i]) for i in tensor_outs]
         wanted = [k for k, n in enumerate(needs_grad) if n]
@@ -223,6 +247,10 @@ def trace_joint(gm: torch.fx.GraphModule, example_inputs, from_capture: bool = T
     if _writes(graph):
         raise NotImplementedError("the joint graph writes an input (functionalization left a copy_ "
                                   "into it)")
+    if saved_then_written:
+        # (eager's backward then raises, or reads what `.data` wrote; PyTorch's kernels run it so)
+        raise NotImplementedError(f"a tensor eager's autograd saves for backward ({', '.join(sorted(saved_then_written))}) "
+                                  "is written in place after it is saved")
     for node in list(graph.graph.nodes):       # aliases of values are the values
         if node.op == "call_function" and node.target in (aten.alias.default, aten.detach.default):
             node.replace_all_uses_with(node.args[0])
@@ -235,40 +263,81 @@ def trace_joint(gm: torch.fx.GraphModule, example_inputs, from_capture: bool = T
     conditions = ir.shape_conditions(mode.shape_env, reads) if symbolic else []
     return Joint(graph, len(primals), len(tensor_outs), differentiable, list(grad_inputs), reached_by,
                  inputs, outputs, spec, modes[-1] if modes else None, conditions,
-                 frozenset(saved_by_eager))
+                 frozenset(saved_by_eager), frozenset(outputs_saved))
 
 
 class _SavesOf(torch.autograd.graph.saved_tensors_hooks):
-    """Inside it, autograd's saves of the primals `leafs` (or of views of them) for backward,
-    made while `interpreter(...)` runs a node, are noted in `found` (their indices), but for
-    saves by the op that writes the tensor (functionalize.py marks its nodes: a batch norm's
-    running statistics, `h[0].mul_(w)`'s h[0]), which eager's in-place op saves after its write,
-    or as a copy. What eager saves as it is, and a later op writes in place, eager's backward
-    finds changed (its version counter moved: an error) or reads as it is then (written
-    through `.data`). primal_at: each primal's place among the graph's inputs."""
+    """Inside it, autograd's saves for backward made while `interpreter(...)` runs gm's nodes
+    are followed to the node whose value each saved tensor is (or is a view of). Eager saves a
+    tensor, not a value: one that a later in-place op writes (functionalize.py marks the values
+    so held: aliasing.WRITTEN_LATER) its backward finds changed (its version counter moved: an
+    error) or, written through `.data`, reads as it is then. Noted: in `primals`, the primals
+    (by index) saved so; in `overwritten`, any other tensor so saved (the graph's own values:
+    eager's backward would not read what the forward computed); in `saved`, every tensor
+    saved (by the tensor that owns its memory). Saves by the op that writes the tensor do not
+    count (`h[0].mul_(w)`'s h[0], a batch norm's running statistics): eager's in-place op saves
+    what it needs after its write, or a copy. placeholders: gm's node of each primal."""
 
-    def __init__(self, leafs: list, primal_at: list, found: set):
-        at = {id(t): k for k, t in enumerate(leafs) if isinstance(t, torch.Tensor)}
-        self.running = None
+    def __init__(self, leafs: list, placeholders: list, primals: set, overwritten: set):
+        # (each tensor held: an id is not reused by another while the trace runs)
+        self.node_of = {id(t): (node, t) for t, node in zip(leafs, placeholders) if isinstance(t, torch.Tensor)}
+        self.primal_of = {node: k for k, node in enumerate(placeholders)}
+        self.primals, self.overwritten = primals, overwritten
+        self.saved: dict = {}
+        self.pending: dict = {}        # id(tensor) -> (tensor, the node that saved it): a value
+        self.running = None            # of a node not run yet (its own output, saved as it runs)
 
         def pack(t):
-            k = at.get(id(t), at.get(id(t._base)) if t._base is not None else None)
-            if k is not None and self.running is not None and \
-                    primal_at[k] not in self.running.meta.get(aliasing.WRITES_INPUTS, ()):
-                found.add(k)
+            base = t if t._base is None else t._base
+            self.saved[id(base)] = base
+            if self.running is not None:
+                found = self.node_of.get(id(base))
+                if found is None:
+                    self.pending[id(base)] = (base, self.running)
+                else:
+                    self._note(found[0], self.running)
             return t
         super().__init__(pack, lambda t: t)
 
+    def _note(self, node, saver) -> None:
+        root = node.meta.get(aliasing.WRITTEN_LATER)
+        if root is not None and root in saver.meta.get(aliasing.WRITES, ()):
+            return
+        if node in self.primal_of:
+            self.primals.add(self.primal_of[node])
+        elif root is not None:
+            self.overwritten.add(_described(node))
+
     def interpreter(self, make, gm):
-        """make(gm), an FX interpreter, noting the node it runs."""
+        """make(gm), an FX interpreter, noting the node it runs and the values it makes."""
         interpreter = make(gm)
         run_node = interpreter.run_node
 
         def noting(node):
             self.running = node
-            return run_node(node)
+            result = run_node(node)
+            for value in pytree.tree_leaves(result):
+                if isinstance(value, torch.Tensor):
+                    self.node_of[id(value)] = (node, value)
+                    # (an item of a tuple the node returns is the value of the getitem after it)
+                    if id(value) in self.pending and isinstance(result, torch.Tensor):
+                        self._note(node, self.pending.pop(id(value))[1])
+            return result
         interpreter.run_node = noting
         return interpreter
+
+    def saves(self, t: torch.Tensor) -> bool:
+        """Whether autograd saved t, or a view of t's memory, for backward."""
+        return id(t if t._base is None else t._base) in self.saved
+
+
+def _described(node: torch.fx.Node) -> str:
+    """Node's value, as the user's code made it: `x.mul_(2)` (line 12 of model.py)."""
+    source = node.meta.get("source")
+    if source is None:
+        return node.name
+    filename, lineno, text = source
+    return f"`{text.strip()}` (line {lineno} of {os.path.basename(filename)})"
 
 
 def _symbol_reads(primals: list, primal_at: list) -> dict:
@@ -491,7 +560,12 @@ class _AsCompiledCodeComputes(torch.overrides.TorchFunctionMode):
     runs with it off (inside autograd.Function.forward).
 
     A product's gradient is eager's (_ProdAsEager): traced, PyTorch's formula always takes the
-    products of the other elements, which eager takes only where the input holds a zero."""
+    products of the other elements, which eager takes only where the input holds a zero.
+
+    A power whose exponent (or base) is a float the graph is generic in (a focal loss's gamma
+    that changes each step) is traced with its gradient written out (_PowByNumber,
+    _NumberToPower): PyTorch's backward of a power by a number reads the number as a double,
+    which would fix its value (a graph per value)."""
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
@@ -505,6 +579,11 @@ class _AsCompiledCodeComputes(torch.overrides.TorchFunctionMode):
         if func is F.adaptive_avg_pool2d and isinstance(x, torch.Tensor) and x.dim() == 4 \
                 and _global(args[1] if len(args) > 1 else kwargs.get("output_size")):
             return x.mean((-2, -1), keepdim=True)
+        if func in _POWERS and len(args) == 2 and not kwargs and any(isinstance(a, torch.SymFloat) for a in args):
+            base, exponent = reversed(args) if func is torch.Tensor.__rpow__ else args
+            if isinstance(base, torch.Tensor) != isinstance(exponent, torch.Tensor):
+                return _PowByNumber.apply(base, exponent) if isinstance(base, torch.Tensor) \
+                    else _NumberToPower.apply(exponent, base)
         if func is torch.lstm and torch.is_grad_enabled() and torch._C._get_mkldnn_enabled():
             torch._C._set_mkldnn_enabled(False)      # (flags() would also set TF32, and warn)
             try:
@@ -516,6 +595,49 @@ class _AsCompiledCodeComputes(torch.overrides.TorchFunctionMode):
                 and ir.conv_input_channels_last(x.device, x.dtype, result.shape):
             result = func(x.contiguous(memory_format=torch.channels_last), *args[1:], **kwargs)
         return result
+
+
+_POWERS = (torch.pow, torch.Tensor.pow, torch.Tensor.__pow__, torch.Tensor.__rpow__)
+
+
+class _PowByNumber(torch.autograd.Function):
+    """x ** k for a float k the graph is generic in, and its gradient as eager's (pow_backward:
+    zeros where k is 0, else k * x ** (k - 1)), the powers PyTorch's own (which picks sqrt or a
+    product by k's value)."""
+
+    @staticmethod
+    def forward(ctx, x, k):
+        ctx.save_for_backward(x)
+        ctx.k = k
+        return aten.pow.Tensor_Scalar(x, k)
+
+    @staticmethod
+    def backward(ctx, grad):
+        x, = ctx.saved_tensors
+        k = ctx.k
+        d = aten.mul.Tensor(aten.pow.Tensor_Scalar(x, k - 1), k)
+        zero = aten.eq.Scalar(aten.scalar_tensor.default(k, dtype=torch.float64, device=x.device), 0)
+        return aten.where.self(zero, aten.zeros_like.default(grad), aten.mul.Tensor(grad, d)), None
+
+
+class _NumberToPower(torch.autograd.Function):
+    """k ** x for a float k the graph is generic in, and its gradient as eager's
+    (pow_backward_exponent: k ** x * log(k), log(k) in double; zeros where k is 0 and x >= 0)."""
+
+    @staticmethod
+    def forward(ctx, x, k):
+        out = aten.pow.Scalar(k, x)
+        ctx.save_for_backward(x, out)
+        ctx.k = k
+        return out
+
+    @staticmethod
+    def backward(ctx, grad):
+        x, out = ctx.saved_tensors
+        k = aten.scalar_tensor.default(ctx.k, dtype=torch.float64, device=x.device)
+        d = aten.mul.Tensor(out, aten.log.default(k))
+        zero = aten.logical_and.default(aten.eq.Scalar(k, 0), aten.ge.Scalar(x, 0))
+        return aten.mul.Tensor(grad, aten.where.self(zero, aten.zeros_like.default(d), d)), None
 
 
 class _ProdAsEager(torch.autograd.Function):

@@ -883,6 +883,19 @@ class GuardBuilder:
                    "GLOBAL_STATE changed: default_dtype"),
                   (f"ALLOW_TF32() is {torch._C._get_cublas_allow_tf32()}",
                    "GLOBAL_STATE changed: torch.backends.cuda.matmul.allow_tf32")]
+        # torch.set_default_device's mode (the device of `torch.ones(3)`): the same, or none
+        # (a call under another mode runs eagerly: api.py)
+        modes = torch.overrides._get_current_function_mode_stack()
+        if modes:
+            self.namespace.update(FUNCTION_MODES=torch.overrides._get_current_function_mode_stack)
+            held = ", ".join(self._ref(m, "MODE_") for m in modes)
+            checks.append((f"all(a is b for a, b in zip(FUNCTION_MODES(), ({held},))) and "
+                           f"FUNCTION_MODE_COUNT() == {len(modes)}",
+                           "GLOBAL_STATE changed: torch function modes (torch.set_default_device)"))
+        else:
+            checks.append(("FUNCTION_MODE_COUNT() == 0",
+                           "GLOBAL_STATE changed: a torch function mode (torch.set_default_device)"))
+        self.namespace.update(FUNCTION_MODE_COUNT=torch._C._len_torch_function_stack)
         for device, dtype in zip(autocast.DEVICES, autocast.state()):
             on = f"AUTOCAST_ENABLED({device!r})"
             checks.append((f"not {on}" if dtype is None else

@@ -39,7 +39,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from .. import aliasing, autocast, custom_ops, ir, logs
 from ..aliasing import storage_address
 from .breaks import Unsupported, never_traced
-from .guards import GuardBuilder, object_pattern, storage_pattern, viewed_dict
+from .guards import GuardBuilder, display, object_pattern, storage_pattern, viewed_dict
 from .sources import (AttrSource, GenericAttrSource, HelperSource, ItemSource, LocalSource, RootSource, Source,
                       item_source)
 from .builtin_calls import _BUILTIN_HANDLERS
@@ -536,10 +536,11 @@ class OutputGraph:
             self._dynamic_dims.append(dynamic)
         self._last_placeholder = node
         seen = self._input_tensors.setdefault(id(value), (value, source, dynamic))
-        if seen[1] is not source and (dynamic or seen[2]):
-            # one tensor under two sources (f(x, x)): its sizes are one set of symbols in the
-            # graph, so a call with two tensors is another entry (TorchDynamo's duplicate-input
-            # guard)
+        if seen[1] is not source:
+            # one tensor under two sources (f(x, x)): a call with two tensors is another entry
+            # (TorchDynamo's duplicate-input guard), as the graph may take them for one (the
+            # joint graph of training does: one gradient, one tensor; with dynamic dims, one
+            # set of size symbols)
             self.guards.same_object(seen[1], source, True)
         self.input_sources.append(source)
         self.input_examples.append(value)
@@ -1080,6 +1081,13 @@ class OutputGraph:
             if name in SIZE_READS or target in (torch.numel, len):
                 self.specialize_sizes([a for a in args if isinstance(a, TensorVariable)],
                                              f"the trace read {name}()")
+            if name == "storage_offset" and args and isinstance(args[0], TensorVariable):
+                # (the tensor guards check sizes and strides, not where in its memory a tensor
+                # begins): each input whose memory it is, at its offset
+                for source in self.input_storages.get(storage_address(args[0].example), ()):
+                    example = self.input_examples[self.input_sources.index(source)]
+                    self.guards.shape_condition(f"{source.expr()}.storage_offset() == {example.storage_offset()}",
+                                                f"{display(source.expr())}.storage_offset() == {example.storage_offset()}")
             if has_tensor and not (name in METADATA_METHODS or target in METADATA_FUNCTIONS):
                 err = self.unsupported(
                     f"data-dependent operation {name}() (returns {type(result).__name__})",
@@ -1473,12 +1481,18 @@ def _is_python_named_tuple(v: VariableTracker) -> bool:
 _OPERATOR_ATEN = {"truediv": "div", "floordiv": "floor_divide", "mod": "remainder"}
 
 
+# ops that take a float as a value of elements, whatever tags a torch version gives them
+_FLOAT_VALUE_OPS = {"fill", "fill_", "full", "full_like", "new_full", "leaky_relu", "elu", "celu",
+                    "softplus", "hardtanh", "threshold", "hardshrink", "softshrink", "clamp", "clip",
+                    "lerp", "addcmul", "addcdiv", "nan_to_num", "masked_fill", "where"}
+
+
 @functools.lru_cache(maxsize=None)
 def _float_is_a_value(name: str) -> bool:
     """Whether an op takes a float argument as a value of its elements only, never as
     something that sets a size: a pointwise op (ATen's tag), a foreach one, a fill. A float
     graph input stays symbolic in those; any other op gets its value."""
-    if name.startswith("_foreach_") or name in ("fill", "fill_", "full_like"):
+    if name.startswith("_foreach_") or name in _FLOAT_VALUE_OPS:
         return True
     base = name.strip("_")
     for candidate in (base, base[1:]):             # (__rmul__, __itruediv__)

@@ -290,6 +290,9 @@ class InstructionTranslator(CallsMixin):
         if name in b:
             if self.globals_source is not None:    # a global of that name would hide it (`len = ...`)
                 self.output.guards.has_key(self.globals_source, name, False)
+                # and the builtin is the same (`builtins.print = ...`, mock.patch("builtins.open"))
+                self.output.guards.identity(ItemSource(self.output.root_source(b, "BUILTINS"), name), b[name],
+                                            "builtin")
             return self.output.wrap(b[name], None)
         if self.globals_source is not None:        # (defined later: the name is then found)
             self.output.guards.has_key(self.globals_source, name, False)
@@ -643,7 +646,12 @@ class InstructionTranslator(CallsMixin):
             # even on torch's own modules: a user may replace it; torch's code reading its own
             # modules has no source (trusted)
             src = AttrSource(obj.source, name) if obj.source is not None else None
-            return out.wrap(getattr(mod, name), src)
+            value = getattr(mod, name)
+            if src is None and mod in _PATCHED_NAMESPACES and callable(value) and not isinstance(value, type):
+                # but for the functions of the namespaces users patch (`F.linear = ...`, which
+                # nn.Linear's forward then calls; unittest.mock.patch("torch.sigmoid"))
+                src = AttrSource(out.root_source(mod, mod.__name__), name)
+            return out.wrap(value, src)
         if isinstance(obj, NamedTupleVariable):
             idx = obj.field_index(name)
             if idx is not None:
@@ -1656,6 +1664,10 @@ def _own_descriptor_methods(attr) -> bool:
     base = next((b for b in _DESCRIPTOR_BASES if isinstance(attr, b)), None)
     return base is not None and type(attr) is not base and any(
         getattr(type(attr), m, None) is not getattr(base, m, None) for m in ("__get__", "__set__", "__delete__"))
+
+
+# the modules whose functions torch's own code reads and users replace: those reads are guarded
+_PATCHED_NAMESPACES = (torch, torch.nn.functional)
 
 
 def _torch_or_builtin(cls: type) -> bool:

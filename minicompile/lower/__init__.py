@@ -362,6 +362,11 @@ def lower(gm: torch.fx.GraphModule, example_inputs) -> ir.Program:
     for i, (node, value) in enumerate(zip(placeholders, example_inputs)):
         traced = values.get(node, value)
         if isinstance(value, torch.Tensor):
+            if value.is_neg() or value.is_conj():
+                # (its memory holds the values negated, or conjugated, until resolved: what a
+                # kernel would read)
+                raise NotImplementedError(f"input {node.name} is a view whose negation or conjugation "
+                                          "is pending (z.conj().imag): PyTorch's kernels read it")
             if not isinstance(traced, torch.Tensor):
                 traced = value
             buf = ir.InputBuffer(f"arg{i}", ir.shape_of(traced), ir.stride_of(traced), 0,
@@ -612,6 +617,10 @@ def _eager_layout(box, value, ran=None):
     if not isinstance(box, TensorBox) or not isinstance(value, torch.Tensor) \
             or value.dim() != len(box.shape):
         return box
+    # a dim of size 1 may have any stride, which a view of a buffer reads as 0: eager's, where
+    # the output is returned as a view (code may read it: x.stride())
+    box.size_one_strides = {d: s for d, (n, s) in enumerate(zip(value.shape, value.stride()))
+                            if type(n) is int and n == 1 and type(s) is int}
     if box.computation is not None and not box.is_realized and any(
             st == 0 and ir.hint(n) > 1 for st, n in zip(ir.stride_of(value), value.shape)):
         box.eager_stride = ir.stride_of(value)      # expanded (fusion's RealizeOutputs)

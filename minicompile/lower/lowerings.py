@@ -672,9 +672,13 @@ def _cast(node, values, input):
     if meta is None or not isinstance(input, TensorBox) or meta.device != input.device:
         return NotImplemented
     box = _pointwise_box(node, values, lambda x: x, [input])
-    if isinstance(box, TensorBox) and meta.dtype == input.dtype and _origin(node) not in ("clone",):
+    if isinstance(box, TensorBox) and meta.dtype == input.dtype and node.target not in _CLONES:
         box.data.aliases = True          # .contiguous(), .to(same dtype), .detach() may return x itself
     return box
+
+
+# (a clone is a tensor of its own, in every spelling the graphs have)
+_CLONES = ("clone", torch.clone, torch.Tensor.clone, torch.ops.aten.clone.default)
 
 
 @register(["to"], "input, *args, device=None, dtype=None, non_blocking=False, copy=False, memory_format=None")
@@ -2870,7 +2874,10 @@ def lower_fallback(program: ir.Program, node, values, target, args, kwargs, stri
                 # traced argument was (an internal op may need the contiguous copy the traced
                 # graph made: _embedding_bag's indices)
                 if view is not None and _strides_agree(view.shape, view.stride, traced):
-                    x.data = view
+                    if x.data.aliases:
+                        x.data = view
+                    else:       # (a clone, a copy: a tensor of its own to the other readers)
+                        x = TensorBox(view, x.program)
             # stored as the traced argument was where that layout was dense: the op's kernel
             # may take no other (a GPU's native_group_norm takes contiguous input only, and a
             # value lowering would store channels-last is then copied)

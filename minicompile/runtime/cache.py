@@ -120,7 +120,9 @@ def _describe(value) -> tuple:
 
 def graph_key(gm: torch.fx.GraphModule, example_inputs) -> str:
     """The key of a graph's compiled code; NotCacheable where something cannot be named."""
-    parts = [gm.code, _versions(), torch.is_grad_enabled(), torch.backends.cuda.matmul.allow_tf32]
+    # (and the global state lowering reads: the dtype of `torch.ones(3)`, of `2.5 * int_tensor`)
+    parts = [gm.code, _versions(), torch.is_grad_enabled(), torch.backends.cuda.matmul.allow_tf32,
+             torch.get_default_dtype()]
     for node in gm.graph.nodes:
         if node.op in ("call_function", "call_method"):
             parts.append((node.name, _target_name(node.target), bool(node.meta.get("draws_random"))))
