@@ -128,7 +128,54 @@ def class_made_with_type(x):
     return box.value + 1
 
 
-FUNCTIONS = [dict_views_are_live, dict_view_across_a_break, iterator_passed_to_a_call_at_a_break,
+def _annotated(a: typing.Union[int, str], b: typing.Optional[torch.Tensor] = None, c: int | None = None):
+    pass
+
+
+_SIGNATURE, _UNION = inspect.signature(_annotated), int | None
+
+
+def annotations_compared(x):
+    # (einx reads parameters' annotations: a typing form is data, not a method)
+    kinds = [p.annotation is torch.Tensor or p.annotation == "Tensor" for p in _SIGNATURE.parameters.values()]
+    return x + sum(kinds), _UNION == "T"
+
+
+class _Message(typing.TypedDict, total=False):
+    name: str
+    value: object
+    scale: float
+
+
+def typeddict_made(x):
+    # (pyro makes one per sample site)
+    message = _Message(name="a", value=x, scale=2.0)
+    message["scale"] = 3.0
+    return message["name"], message["value"] * message["scale"], type(message).__name__
+
+
+class _Copied:
+    def __init__(self, t):
+        self.t = t
+
+    def expanded(self):
+        new = self.__new__(type(self))       # torch.distributions' expand() makes its copy so
+        new.t = self.t * 2
+        return new
+
+
+def instance_made_by_new(x):
+    return _Copied(x).expanded().t + 1
+
+
+def sorted_items_with_tensor_values(x):
+    # the names differ: the tensors are never compared
+    d = {"b": x, "a": x * 2}
+    return [k for k, _ in sorted(d.items())], sorted(d.items())[0][1] + 1
+
+
+FUNCTIONS = [annotations_compared, typeddict_made, instance_made_by_new, sorted_items_with_tensor_values,
+             dict_views_are_live, dict_view_across_a_break, iterator_passed_to_a_call_at_a_break,
              iterator_keeps_its_type, numpy_scalars_and_info, dict_fromkeys, itertools_loops,
              partial_and_reduce, in_sets_and_lists, tuple_plus_constant_tuple,
              identity_and_equality_of_user_objects, import_inside, augmented_assignment_on_an_input,
@@ -169,6 +216,18 @@ def same(a, b) -> bool:
     if isinstance(a, (tuple, list)):
         return type(a) is type(b) and len(a) == len(b) and all(same(p, q) for p, q in zip(a, b))
     return type(a) is type(b) and a == b
+
+
+@pytest.mark.parametrize("fn", [annotations_compared, typeddict_made, instance_made_by_new,
+                                sorted_items_with_tensor_values], ids=lambda f: f.__name__)
+def test_library_idioms_are_one_graph_as_in_dynamo(fn):
+    """What libraries do around their tensors (einx reads annotations, pyro makes TypedDicts,
+    torch.distributions' expand() calls self.__new__, linear_operator sorts its kwargs' items):
+    each broke the graph, or ran the frame as Python, where TorchDynamo makes one graph."""
+    x = torch.randn(3)
+    explained = minicompile.explain(fn)(x.clone())
+    assert (explained.graph_count, explained.graph_break_count, explained.break_reasons) == (1, 0, [])
+    assert same(minicompile.compile(fn)(x.clone()), fn(x.clone()))
 
 
 @pytest.mark.parametrize("fn", FUNCTIONS, ids=lambda f: f.__name__)

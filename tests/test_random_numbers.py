@@ -236,3 +236,20 @@ def test_an_explicit_generator_is_not_drawn_from_while_tracing(kernel_backend):
         g2 = torch.Generator(device=DEVICE).manual_seed(seed)
         torch.testing.assert_close(compiled(X, g2), fn(X, g1))
         assert torch.equal(g1.get_state(), g2.get_state())
+
+
+def _draws_one_it_does_not_use(a):
+    unused = torch.rand_like(a)               # noqa: F841 (eager's draw all the same)
+    return a * torch.rand_like(a)
+
+
+def test_a_random_draw_whose_result_is_unused_is_drawn_in_training_too():
+    """A graph for training dropped a random op nothing read (the joint graph's dead code): the
+    next draw, and every one after the call, differed from eager's under the same seed."""
+    results = []
+    for fn in (_draws_one_it_does_not_use, minicompile.compile(_draws_one_it_does_not_use)):
+        torch.manual_seed(3)
+        a = torch.randn(4, 5, device=DEVICE, requires_grad=True)
+        out = fn(a)
+        results.append((out.detach(), torch.rand(3, device=DEVICE)))
+    torch.testing.assert_close(results[1], results[0])

@@ -377,7 +377,8 @@ def _impure_by_op():
         if node.op != "call_function" or not isinstance(node.target, torch._ops.OpOverload):
             return node.is_impure()
         if node.target not in memo:
-            memo[node.target] = node.is_impure()
+            # (a random op whose result is not used still advances the generator, as eager's)
+            memo[node.target] = node.is_impure() or torch.Tag.nondeterministic_seeded in node.target.tags
         return memo[node.target]
     return impure
 

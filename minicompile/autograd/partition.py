@@ -275,8 +275,8 @@ def partition(joint: Joint, overwritten=frozenset()) -> Partition:
     only_saved = _ancestors(computed) - _ancestors(fwd_nodes)
     # a check (custom_ops.check: an assert on a tensor's values) is read by nothing: the
     # forward runs it all the same
-    checks = [n for n in graph.nodes if n.op == "call_function" and n.target is custom_ops.check
-              and n not in reads_tangent]
+    checks = [n for n in graph.nodes if n.op == "call_function" and n not in reads_tangent and (
+        n.target is custom_ops.check or not n.users and _draws_random(n))]
     forward = _subgraph(joint.graph, primals, fwd_outs + computed,
                         _placed(joint.graph, primals, fwd_outs + computed + checks, early=only_saved))
     backward = _subgraph(joint.graph, saved + tangents, grads, order)

@@ -433,14 +433,48 @@ def sort_order(tx, items, kwargs, kind: str = "sorted") -> list:
     if not reverse.is_constant() or set(kwargs) - {"key", "reverse", "default"}:
         raise tx.unsupported(f"{kind}() with arguments that are not constants")
     keys = [item if key is None or _is_none(key) else tx.call_function(key, [item], {}) for item in items]
-    if not all(k.is_constant() for k in keys):
-        raise tx.unsupported(f"{kind}() of values whose keys are not constants",
-                             "which comes first would depend on tensors' values")
-    values = [k.as_example() for k in keys]
+    if all(k.is_constant() for k in keys):
+        values = [k.as_example() for k in keys]
+    else:
+        # tuples compared item by item, as far as the first that differs (sorted(d.items())
+        # of distinct names: the values, tensors, are never compared)
+        values = [_ComparedAsPython(k, tx, kind) for k in keys]
     if kind == "sorted":
         return sorted(range(len(items)), key=values.__getitem__, reverse=reverse.as_example())
     pick = min if kind == "min" else max
     return [pick(range(len(items)), key=values.__getitem__)] if items else []
+
+
+@functools.total_ordering
+class _ComparedAsPython:
+    """A sort key as Python compares it: a tuple item by item, up to the first items that
+    differ, each a constant; a comparison that reaches another value is refused (its order would
+    depend on tensors' values)."""
+
+    def __init__(self, key, tx, kind):
+        self.parts = key.items if isinstance(key, TupleVariable) else None
+        self.key, self.tx, self.kind = key, tx, kind
+
+    def _order(self, other) -> int:
+        if self.parts is not None and other.parts is not None:
+            for a, b in zip(self.parts, other.parts):
+                if not (a.is_constant() and b.is_constant()):
+                    break
+                if a.as_example() != b.as_example():
+                    return -1 if a.as_example() < b.as_example() else 1
+            else:
+                return (len(self.parts) > len(other.parts)) - (len(self.parts) < len(other.parts))
+        elif self.key.is_constant() and other.key.is_constant():
+            a, b = self.key.as_example(), other.key.as_example()
+            return 0 if a == b else -1 if a < b else 1
+        raise self.tx.unsupported(f"{self.kind}() of values whose keys are not constants",
+                                  "which comes first would depend on tensors' values")
+
+    def __eq__(self, other):
+        return self._order(other) == 0
+
+    def __lt__(self, other):
+        return self._order(other) < 0
 
 
 def _builtin_setattr(tx, args, kwargs):

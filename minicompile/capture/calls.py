@@ -17,6 +17,7 @@ import math
 import operator
 import sys
 import types
+import typing
 import weakref
 from typing import Dict, List, Optional, Tuple
 
@@ -474,10 +475,18 @@ class CallsMixin:
             call = self.class_member(type(fn.value), "__call__")
             if isinstance(call, types.FunctionType):          # an object with a Python __call__
                 return self.inline_call(call, [fn] + list(args), kwargs)
+        if getattr(fn, "value", None) is object.__new__ and len(args) == 1 and not kwargs and \
+                isinstance(args[0], TypeVariable) and _is_plain_user_class(args[0].value) and \
+                class_attr(args[0].value, "__new__") is object.__new__ and class_attr(args[0].value, "__del__") is None:
+            # `self.__new__(type(self))` (torch.distributions' expand): an instance made in the
+            # frame, its __init__ not run
+            return UserObjectVariable(self.on_constants(object.__new__, args[0].value), None)
         if isinstance(fn, BuiltinVariable):
             return _BUILTIN_HANDLERS[fn.value](self, args, kwargs)
         if isinstance(fn, ConstantMethodVariable):
             return self.call_constant_method(fn, args, kwargs)
+        if isinstance(fn, TypeVariable) and typing.is_typeddict(fn.value):
+            return _BUILTIN_HANDLERS[dict](self, args, kwargs)     # (a TypedDict makes a dict)
         if isinstance(fn, TypeVariable):
             if is_model_output_class(fn.value):
                 return self.new_model_output(fn.value, args, kwargs)

@@ -53,7 +53,7 @@ from .values import (NULL, BaseListVariable, BoundMethodVariable, BuiltinVariabl
                      ModelOutputVariable, NamedTupleVariable, NNModuleVariable, OpaqueConstantVariable,
                      PythonModuleVariable, SizeVariable, SliceVariable, SymIntVariable, TensorVariable,
                      TorchFunctionVariable,
-                     TupleVariable, TypeVariable, UserFunctionVariable, UserObjectVariable,
+                     TupleVariable, TypeVariable, UserFunctionVariable, UserObjectVariable, is_typing_form,
                      VariableTracker, WithExitVariable, example_of, _contains_tensor, _contains_tensor_value,
                      _hashable, is_constant_value, is_identity_key, is_model_output_class, sym_leaves)
 
@@ -894,6 +894,8 @@ class OutputGraph:
             if is_identity_key(value):
                 # an Enum's member (a typing form): it may stand for itself, a dict's key
                 g.identity(source, value, type(value).__name__)
+                if is_typing_form(value) or isinstance(value, types.UnionType):
+                    return ConstantVariable(value, source)     # (data: compared, read, a key)
             else:
                 g.type_check(source, type(value))     # its attributes are guarded one by one
             return UserObjectVariable(value, source)

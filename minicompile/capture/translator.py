@@ -617,6 +617,8 @@ class InstructionTranslator(CallsMixin):
                     return self.inline_call(fallback, [obj, ConstantVariable(name)], {})
                 raise self.observed(AttributeError(
                     f"'{type(value).__name__}' object has no attribute '{name}'"))
+            if name == "__new__" and attr is object.__new__:
+                return ConstantVariable(object.__new__)       # (calls.py makes the instance)
             read = ContainerReadVariable.of(obj, attr)
             if read is not None:
                 return read
@@ -664,9 +666,9 @@ class InstructionTranslator(CallsMixin):
             attr = self.read_attribute(obj.value, name)      # (None.x: the code's AttributeError)
             if isinstance(attr, type):
                 return self.output.wrap(attr, None)        # a class held as data (an annotation)
-            if callable(attr):
+            if callable(attr) and not _typing_form(attr):
                 return ConstantMethodVariable(obj, name)
-            return _constant_result(obj, attr)
+            return _constant_result(obj, attr)        # (Optional[T], int | str: data too)
         if isinstance(obj, (BaseListVariable, DictVariable)):
             cls = obj.python_type if isinstance(obj, BaseListVariable) else obj.cls
             if not hasattr(cls, name):             # (hasattr(a_list, "shape") is False)
@@ -1465,7 +1467,7 @@ class InstructionTranslator(CallsMixin):
             return ConstantVariable(self.on_constants(operator.getitem, obj.value, idx.as_example()))
         if isinstance(obj, (BuiltinVariable, TypeVariable)) and isinstance(obj.value, type) and \
                 not isinstance(obj.value, enum.EnumMeta) and hasattr(obj.value, "__class_getitem__") or \
-                isinstance(obj, UserObjectVariable) and is_typing_form(obj.value):
+                isinstance(obj, (UserObjectVariable, ConstantVariable)) and is_typing_form(obj.value):
             # an annotation (list[Any], dict[str, int], List[torch.Tensor] for torch.jit.annotate):
             # a typing form, evaluated as Python does
             parts = idx.items if isinstance(idx, TupleVariable) else [idx]
@@ -1664,6 +1666,11 @@ def _own_descriptor_methods(attr) -> bool:
     base = next((b for b in _DESCRIPTOR_BASES if isinstance(attr, b)), None)
     return base is not None and type(attr) is not base and any(
         getattr(type(attr), m, None) is not getattr(base, m, None) for m in ("__get__", "__set__", "__delete__"))
+
+
+def _typing_form(value) -> bool:
+    """A typing construct (Optional[T], List[int], int | str), callable but data: an annotation."""
+    return isinstance(value, types.UnionType) or is_typing_form(value)
 
 
 # the modules whose functions torch's own code reads and users replace: those reads are guarded
