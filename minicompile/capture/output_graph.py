@@ -894,7 +894,7 @@ class OutputGraph:
             if is_identity_key(value):
                 # an Enum's member (a typing form): it may stand for itself, a dict's key
                 g.identity(source, value, type(value).__name__)
-                if is_typing_form(value) or isinstance(value, types.UnionType):
+                if is_typing_form(value):
                     return ConstantVariable(value, source)     # (data: compared, read, a key)
             else:
                 g.type_check(source, type(value))     # its attributes are guarded one by one

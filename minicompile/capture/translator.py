@@ -666,9 +666,9 @@ class InstructionTranslator(CallsMixin):
             attr = self.read_attribute(obj.value, name)      # (None.x: the code's AttributeError)
             if isinstance(attr, type):
                 return self.output.wrap(attr, None)        # a class held as data (an annotation)
-            if callable(attr) and not _typing_form(attr):
+            if callable(attr) and not is_typing_form(attr):
                 return ConstantMethodVariable(obj, name)
-            return _constant_result(obj, attr)        # (Optional[T], int | str: data too)
+            return _constant_result(obj, attr)        # (Optional[T], callable, is data too)
         if isinstance(obj, (BaseListVariable, DictVariable)):
             cls = obj.python_type if isinstance(obj, BaseListVariable) else obj.cls
             if not hasattr(cls, name):             # (hasattr(a_list, "shape") is False)
@@ -1666,11 +1666,6 @@ def _own_descriptor_methods(attr) -> bool:
     base = next((b for b in _DESCRIPTOR_BASES if isinstance(attr, b)), None)
     return base is not None and type(attr) is not base and any(
         getattr(type(attr), m, None) is not getattr(base, m, None) for m in ("__get__", "__set__", "__delete__"))
-
-
-def _typing_form(value) -> bool:
-    """A typing construct (Optional[T], List[int], int | str), callable but data: an annotation."""
-    return isinstance(value, types.UnionType) or is_typing_form(value)
 
 
 # the modules whose functions torch's own code reads and users replace: those reads are guarded

@@ -115,8 +115,8 @@ def is_identity_key(k) -> bool:
 
 
 def is_typing_form(k) -> bool:
-    """An object of the typing module: List, Optional[int], a TypeVar."""
-    return type(k).__module__ == "typing"
+    """An object of the typing module (List, Optional[int], a TypeVar), or a union (int | None)."""
+    return type(k).__module__ == "typing" or isinstance(k, types.UnionType)
 
 
 class TensorKey:
