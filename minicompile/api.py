@@ -22,6 +22,7 @@ from typing import Any, Callable
 
 import torch
 import torch.autograd.forward_ad as _forward_ad
+from torch.utils._device import DeviceContext
 
 from . import config, distributed, frame_store, ir, logs, metrics, optim
 from .capture import SUPPORTED_VERSIONS, Unsupported
@@ -1094,7 +1095,6 @@ _warned_python = False
 def _user_modes() -> bool:
     """Whether a torch function mode other than torch.set_default_device's is active (a mode
     that counts, logs or changes the ops a function calls, which compiled code does not make)."""
-    from torch.utils._device import DeviceContext
     return any(not isinstance(m, DeviceContext) for m in torch.overrides._get_current_function_mode_stack())
 
 

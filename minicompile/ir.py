@@ -158,6 +158,7 @@ INT64_MIN, INT64_MAX = -2 ** 63, 2 ** 63 - 1
 # as Python writes it, for the wrapper that computes them and the guards that check them
 PYTHON_SPELLINGS = {operator.truediv: "({} / {})", operator.add: "({} + {})", operator.sub: "({} - {})",
                     operator.mul: "({} * {})", operator.pow: "({} ** {})", operator.neg: "(-{})",
+                    operator.abs: "abs({})",
                     torch.sym_float: "float({})", torch._sym_sqrt: "math.sqrt({})"}
 
 
@@ -329,6 +330,10 @@ def symbolic_fake(mode, value, dims, name: str):
                                                                        DimDynamic.DYNAMIC)
         return value
     sizes = [DimDynamic.DYNAMIC if d in dims else DimDynamic.STATIC for d in range(value.dim())]
+    if value.is_leaf and value.grad is not None:
+        # (a weight's gradient from the last step: not what the graph takes, and a fake of it
+        # would bring size symbols of its own, tied to the weight's by a condition no input reads)
+        value = value.detach().requires_grad_(value.requires_grad)
     fake = fake_of(mode, value, source=ConstantSource(name),
                    symbolic_context=StatelessSymbolicContext(dynamic_sizes=sizes))
     layout = gapped_layout(value.shape, value.stride()) if dims else None

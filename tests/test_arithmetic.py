@@ -381,14 +381,16 @@ def test_negating_a_zero_flips_its_sign(kernel_backend, dtype):
 @pytest.mark.skipif(DEVICE != "cpu", reason="eager's result is the CPU's conversion (x86's)")
 def test_a_float_past_an_integers_range_converts_as_eagers_cpu_kernels(kernel_backend):
     """NaN, infinities and floats past int32's or int64's range convert to the type's lowest
-    value in eager's CPU kernels (x86's conversion). A C++ conversion of them is undefined:
+    value in eager's CPU kernels (x86's conversion; to int8 or int16 through int32, whose lowest
+    value has zero low bits). A C++ conversion of them is undefined:
     GCC folded a constant one (a NaN to 0, 1e20 to the highest value) and int(x) made float
     again into trunc(x), keeping 3e9 in an "int32"."""
     if kernel_backend != "cpp":
         pytest.skip("the C++ kernels' conversion")
     x = t([-1.5, 0.5, 2.0, -3.0, 3e9, -1e30, float("inf"), float("nan")], torch.float64)
     check_compiled(lambda x: (torch.where(x > 0, float("nan"), x).long(), torch.where(x > 0, 1e20, x).int(),
-                              x.int().double(), x.long(), x.float().int(), x.bfloat16().long()), x)
+                              x.int().double(), x.long(), x.float().int(), x.bfloat16().long(),
+                              x.short(), x.char(), x.float().short(), (x * 1e9).float().short()), x)
 
 
 def test_integer_scalars_wrap_into_the_tensors_dtype(kernel_backend):
@@ -629,3 +631,36 @@ def test_a_kernel_the_compiler_rejects_runs_on_pytorch(monkeypatch):
     with pytest.warns(UserWarning, match="did not compile, so this graph runs on PyTorch's kernels"):
         assert torch.equal(f(x), torch.sigmoid(x) * 2 + 1)
     assert torch.equal(f(x), torch.sigmoid(x) * 2 + 1)
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_half_precision_times_a_zero_dim_float32_tensor_as_eager(kernel_backend, dtype):
+    """x_f16 / torch.tensor(1e5): eager's CPU kernels take a second operand that is a 0-dim
+    float32 (or float64) tensor as a number, in float32, unrounded; it was rounded to float16
+    first (1e5 is inf there: every result 0). A first one (s * x) is converted, as on a GPU."""
+    x = t([-300.5, 2047.0, 3.0, -0.001, 65000.0, 1.5, 0.1], dtype)
+    check_compiled(lambda x, s, d: (x * s, x / s, s * x, x / d, x * torch.tensor(0.7, device=x.device)),
+                   x, t(1e5, torch.float32), t(1e-8, torch.float64))
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_a_dynamic_size_added_to_half_precision_is_rounded_to_it(kernel_backend, dtype):
+    """ones_f16 + n with n a dynamic size (2049): eager converts n to float16 first (2048), as it
+    converts a constant; the size was added exactly (2050)."""
+    def fn(x):
+        n = x.shape[0]
+        return x + n, x == n, x - n * 3
+
+    compiled = minicompile.compile(fn, dynamic=True)
+    for n in (2049, 4099, 257):
+        x = torch.full((n,), float(n - 1), dtype=dtype, device=DEVICE)
+        for got, expected in zip(compiled(x), fn(x)):
+            assert torch.equal(got, expected)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.float64])
+def test_a_short_sum_of_negative_zeros_is_positive_zero(kernel_backend, dtype):
+    """Eager's sum starts from +0.0: a sum or mean of -0.0s over a short (unrolled) or size-one
+    dim is +0.0 (1 / it is inf); it was -0.0."""
+    x = torch.full((4, 3, 1), -0.0, dtype=dtype, device=DEVICE)
+    check_compiled(lambda x: (1 / x.sum(0), 1 / x.sum(2), 1 / x.mean(1), 1 / x.sum((1, 2))), x)

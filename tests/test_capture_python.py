@@ -3439,3 +3439,185 @@ def test_a_legacy_tensor_type_converts_in_the_graph():
     assert got.dtype == expected.dtype == torch.float64
     torch.testing.assert_close(got, expected)
     no_break(f, x)
+
+
+_SEEN_NAMES = {"relu"}
+
+
+class _SeenModules:
+    def __init__(self):
+        self.seen = set()
+
+
+def test_a_set_from_outside_changed_in_the_frame_is_changed_as_eager_changes_it():
+    """`seen.update(names)`, `.add`, `.discard`, `|=` on a set the frame reads from a global or
+    an object (einx's backend registry): no graph break; the real set holds what eager's holds
+    after each call, in eager's order, and later reads in the frame see the change."""
+    def register(x, holder, name):
+        _SEEN_NAMES.update({"gelu", name})
+        holder.seen.add(name)
+        holder.seen |= {"silu"}
+        _SEEN_NAMES.discard("relu")
+        return x * len(_SEEN_NAMES) + len(holder.seen) + ("gelu" in _SEEN_NAMES), sorted(holder.seen)
+
+    compiled = minicompile.compile(register)
+    minicompile.metrics.reset()
+    x = torch.randn(4)
+    eager_holder, holder = _SeenModules(), _SeenModules()
+    for name in ("tanh", "tanh", "mish"):
+        _SEEN_NAMES.clear()
+        _SEEN_NAMES.add("relu")
+        expected = register(x, eager_holder, name)
+        eager_names = list(_SEEN_NAMES)
+        _SEEN_NAMES.clear()
+        _SEEN_NAMES.add("relu")
+        got = compiled(x, holder, name)
+        assert_same(got[0], expected[0])
+        assert got[1] == expected[1]
+        assert list(_SEEN_NAMES) == eager_names and list(holder.seen) == list(eager_holder.seen)
+    assert minicompile.metrics.graph_breaks == 0
+    _SEEN_NAMES.clear()
+    _SEEN_NAMES.add("relu")
+
+
+def test_a_set_from_outside_changed_before_a_graph_break_is_changed_once():
+    """A set's change before a break, then read after it: made once, before the code after the
+    break reads it."""
+    def f(x, holder):
+        holder.seen.add("a")
+        print_count = len(holder.seen)
+        y = x * print_count
+        if y.sum() > 0:                  # a graph break on the tensor's value
+            y = y + len(holder.seen)
+        holder.seen.add("b")
+        return y, len(holder.seen)
+
+    compiled = minicompile.compile(f)
+    for shift in (5.0, -5.0):
+        x = torch.randn(3) + shift
+        eager_holder, holder = _SeenModules(), _SeenModules()
+        expected, got = f(x, eager_holder), compiled(x, holder)
+        assert_same(got[0], expected[0])
+        assert got[1] == expected[1] and holder.seen == eager_holder.seen
+
+
+class _Task(enum.Enum):
+    BINARY = "binary"
+    MULTICLASS = "multiclass"
+
+
+def _task_from_str(value):
+    # lightning_utilities' StrEnum.from_str, which torchmetrics' functional metrics call
+    for name, member in _Task.__members__.items():
+        if value.lower() in (name.lower(), member.value):
+            return member
+    raise ValueError(value)
+
+
+def test_an_enums_members_mapping_is_read_in_the_graph():
+    """Enum.__members__ (a mappingproxy): iterated, its items, `in`, len(), an item: one graph
+    and no break (it ran the frame as Python); a write to it raises eager's own TypeError."""
+    def f(x, task):
+        member = _task_from_str(task)
+        names = [k for k in _Task.__members__]
+        return x * len(names) + (member is _Task.MULTICLASS) + ("BINARY" in _Task.__members__) \
+            + len(_Task.__members__["BINARY"].value)
+
+    x = torch.randn(3)
+    compiled = minicompile.compile(f)
+    minicompile.metrics.reset()
+    for task in ("multiclass", "BINARY"):
+        assert_same(compiled(x, task), f(x, task))
+    assert minicompile.metrics.graph_breaks == 0
+
+    def writes(x):
+        _Task.__members__["OTHER"] = 1
+        return x
+
+    with pytest.raises(TypeError):
+        minicompile.compile(writes)(x)
+
+
+class _SettingsWithDefaults:
+    def __init__(self):
+        self._values = {"scale": 2.0}
+        self.wrapped = object()
+
+    @property
+    def scale(self):
+        return self._values["scale"]
+
+    @property
+    def shift(self):                        # not set on the wrapped object: AttributeError
+        return self.wrapped.shift
+
+    def __getattr__(self, name):            # a default for every missing setting
+        return 0.5
+
+
+def test_a_property_raising_attribute_error_falls_back_to_getattr():
+    """Python calls the class's __getattr__ when a property raises AttributeError (a config with
+    defaults, a wrapper forwarding to what it wraps): a read, hasattr and getattr with a default
+    answer as eager's (they let the error out, or answered False / the default)."""
+    settings = _SettingsWithDefaults()
+
+    def f(x):
+        return x * settings.scale + settings.shift + hasattr(settings, "shift") \
+            + getattr(settings, "shift", 7.0)
+
+    x = torch.randn(5)
+    assert_same(minicompile.compile(f)(x), f(x))
+
+
+class _DecoderConfig:
+    def __init__(self):
+        self.layers = 2
+        self.names = ["q", "k"]
+
+
+_DECODER_CONFIG = _DecoderConfig()
+
+
+def test_a_copy_of_the_frames_own_copy_of_a_config():
+    """Whisper's decoder deepcopies its config and sets an attribute, and the cache it makes
+    deepcopies that copy again: no graph break (one per forward); the second copy has the
+    first's state as the frame left it, a deep copy its own lists, a shallow one the very same."""
+    def f(x):
+        first = copy.deepcopy(_DECODER_CONFIG)
+        first.layers = 3
+        deep = copy.deepcopy(first)
+        deep.layers += 1
+        deep.names.append("v")
+        shallow = copy.copy(first)
+        shallow.names.append("o")
+        return x * first.layers + deep.layers, list(first.names), list(deep.names), list(shallow.names)
+
+    x = torch.randn(4)
+    compiled = minicompile.compile(f)
+    minicompile.metrics.reset()
+    for _ in range(2):
+        got, expected = compiled(x), f(x)
+        assert_same(got[0], expected[0])
+        assert got[1:] == expected[1:]
+    assert minicompile.metrics.graph_breaks == 0
+    assert _DECODER_CONFIG.layers == 2 and _DECODER_CONFIG.names == ["q", "k"]
+
+
+class _Stage(enum.Enum):
+    TRAIN = "train"
+    EVAL = "eval"
+
+
+def test_an_enum_looked_up_by_value_is_compared_by_identity():
+    """`Stage(value) is Stage.TRAIN` and len(Stage): one graph per stage (the frame ran as
+    Python: 'is' between two objects)."""
+    def f(x, stage):
+        current = _Stage(stage)
+        return (x * 2 if current is _Stage.TRAIN else x * 3) + len(_Stage) + (current is not _Stage.EVAL)
+
+    compiled = minicompile.compile(f)
+    minicompile.metrics.reset()
+    for stage in ("train", "eval", "train"):
+        x = torch.randn(3)
+        assert_same(compiled(x, stage), f(x, stage))
+    assert minicompile.metrics.graph_breaks == 0 and minicompile.metrics.graphs == 2

@@ -465,6 +465,90 @@ def test_arithmetic_on_a_dynamic_float_keeps_it_an_input(kernel_backend):
     assert our_compiles(f, calls) == torch_compiles(f, calls) == 2
 
 
+@pytest.mark.parametrize("expression", [
+    lambda x, v: x * abs(v), lambda x, v: x * v ** 2, lambda x, v: x * 2 ** v, lambda x, v: x * pow(v, 3),
+    lambda x, v: x * v ** 0.5, lambda x, v: x * 2.0 ** -v, lambda x, v: x * torch.tensor(v),
+    lambda x, v: x + torch.tensor(v, dtype=torch.float64)],
+    ids=["abs", "square", "two_to_the", "pow", "sqrt", "negative_power", "tensor", "tensor_float64"])
+def test_a_power_abs_or_tensor_of_a_changing_float_is_no_graph_per_value(kernel_backend, expression):
+    """abs(v), v ** 2, 2 ** v, v ** 0.5, torch.tensor(v) of a float that changes each call (a
+    focal loss's annealed gamma): as TorchDynamo, a graph that takes the float, not one per
+    value; the power computed in Python as eager's code does (a fractional power of a negative
+    base, complex in Python, is guarded off)."""
+    calls = [(randn(5), v) for v in (1.5, 2.7, 3.2, 4.9, 0.25)]
+    assert our_compiles(expression, calls) == 2
+    for v in (-1.5, 0.0):               # a new graph or eager's own error, never a wrong value
+        x = randn(5)
+        try:
+            expected = expression(x, v)
+        except ZeroDivisionError:
+            with pytest.raises(ZeroDivisionError):
+                minicompile.compile(expression)(x, v)
+            continue
+        assert_same(minicompile.compile(expression)(x, v), expected)
+
+
+def test_a_split_along_a_dim_that_never_changes_keeps_the_others_dynamic(kernel_backend):
+    """qkv.chunk(3, -1) of a projection, unbind(0) of a stacked pair, split(x, [1, n - 1]): the
+    number of pieces is fixed by a dim that does not change (or by the list): the batch and
+    sequence sizes stay dynamic, one graph (every size was a graph: specializing the split dim
+    made every dim static); a list that no longer adds up raises as eager's split does."""
+    def attention(x):
+        q, k, v = x.chunk(3, dim=-1)
+        return (q @ k.transpose(-1, -2)).softmax(-1) @ v
+
+    def pair(x):
+        a, b = x.unbind(0)
+        return a * b + 1
+
+    def head_and_rest(x):
+        first, rest = x.split([1, x.shape[0] - 1])
+        return first * 2 + rest.sum(0)
+
+    for fn, shapes in ((attention, [(2, 5, 24), (3, 7, 24), (4, 9, 24)]), (pair, [(2, 5, 3), (2, 7, 4), (2, 9, 6)]),
+                       (head_and_rest, [(4, 5), (7, 5), (9, 5)])):
+        assert our_compiles(fn, [(randn(*shape),) for shape in shapes], dynamic=True) == 1
+    fixed = minicompile.compile(lambda x: x.split([2, 3]), dynamic=True)
+    fixed(randn(5, 2))
+    with pytest.raises(RuntimeError):
+        fixed(randn(6, 2))
+
+
+@pytest.mark.parametrize("fn", [
+    lambda x: x * 2 if x.shape[0] else x, lambda x: x + len(x) if x.numel() else x,
+    lambda x: x * (x.shape[0] ** 2) + x.shape[1] ** 3,
+    lambda x: x.reshape(math.prod(x.shape)) + 1], ids=["truth", "numel_truth", "square", "prod"])
+def test_python_on_a_size_that_keeps_it_symbolic(kernel_backend, fn):
+    """`if n:`, n ** 2, math.prod(x.shape) of a dynamic size: a size still (TorchDynamo's
+    too), not a graph per size."""
+    calls = [(randn(n, n),) for n in (3, 5, 7, 9, 12)]
+    assert our_compiles(fn, calls, dynamic=True) == 1
+    assert our_compiles(fn, calls) == 2
+
+
+def test_training_with_a_weight_argument_that_has_a_gradient_stays_size_generic(kernel_backend):
+    """dynamic=True, `f(x, w)` with w a weight passed in whose .grad the last step left: one
+    graph for every sequence length (the joint trace gave up on a condition tying the stale
+    gradient's sizes to w's, and compiled a graph per size); gradients equal eager's."""
+    def f(x, w):
+        return (x @ w).tanh()
+
+    minicompile.reset()
+    minicompile.metrics.reset()
+    compiled = minicompile.compile(f, dynamic=True)
+    w = randn(8, 8).requires_grad_()
+    twin = w.detach().clone().requires_grad_()
+    warm = randn(2, 3, 8)
+    for weight in (w, twin):             # an eager step first: each weight has a .grad
+        f(warm, weight).sum().backward()
+    for length in (5, 7, 16):
+        x = randn(2, length, 8)
+        compiled(x, w).sum().backward()
+        f(x, twin).sum().backward()
+        assert_same(w.grad, twin.grad)
+    assert minicompile.metrics.graphs == 1
+
+
 def test_slices_from_the_end_by_a_dynamic_size(kernel_backend):
     """x[:, 3 - T:], x[:, -T:] (Mamba's last T steps of a padded convolution): a start that is
     negative for every size counts from the end, as Python's slices do, at every length."""

@@ -10,6 +10,7 @@ in both), and the dynamic-shape ones with the default `dynamic=None`, where both
 more after a size changes and then reuse a graph generic in that size (tests/test_dynamic.py
 has more of those, and ints that change, which both make symbolic inputs under dynamic=None).
 """
+import functools
 import re
 import warnings
 
@@ -507,3 +508,133 @@ def test_a_builtin_or_torch_function_patched_after_compile_is_called():
     finally:
         builtins.abs, F.linear = old_abs, old_linear
     assert_same(compiled(x), x.abs() + 1)
+
+
+def _scaling(k):
+    def act(x):
+        return x * k
+    return act
+
+
+def test_a_closure_or_bound_method_made_per_call_is_guarded_by_its_code():
+    """A closure, a lambda or a bound method the caller makes anew for each call (an
+    activation built from a config, `default(val, self.get_decay)` as ema-pytorch passes it) is
+    guarded by its code and what it holds, as TorchDynamo's CLOSURE_MATCH: one compile, not one
+    per call; a cell, a default or an attribute that changes is seen."""
+    def apply(x, act):
+        return act(x) + 1
+
+    x = torch.randn(5, 3)
+    calls = [call(x, _scaling(2.0)), call(x, _scaling(2.0)), call(x, lambda t, k=3.0: t * k),
+             call(x, lambda t, k=3.0: t * k), call(x, lambda t, k=4.0: t * k), call(x, _scaling(torch.randn(3)))]
+    ours, theirs = run_both(apply, calls)
+    assert ours <= theirs
+
+    class Decay:
+        def __init__(self, w):
+            self.w = w
+
+        def get(self):
+            return self.w * 2 + 1
+
+    def default(value, make):
+        return value if value is not None else make()
+
+    first, second = Decay(torch.randn(3)), Decay(torch.randn(3))
+    ours, theirs = run_both(default, [call(None, first.get), call(None, first.get), call(None, second.get)])
+    assert ours == theirs == 1
+
+    def scaled(x, act):
+        return act(x) * act.scale
+
+    act = _scaling(2.0)
+    act.scale = 3.0
+    other = _scaling(2.0)
+    other.scale = 5.0
+    compiled = minicompile.compile(scaled)
+    assert_same(compiled(x, act), scaled(x, act))
+    assert_same(compiled(x, other), scaled(x, other))
+
+
+def test_a_closure_passed_in_is_itself_in_the_compiled_code():
+    """The function the caller passed is the one the compiled code gives back and compares
+    (not one made again from its code), and two passed in are one or two as the caller's are."""
+    def returns(x, act):
+        return act(x), act
+
+    def same(x, f, g):
+        return x + 1 if f is g else x - 1
+
+    compiled, compiled_same = minicompile.compile(returns), minicompile.compile(same)
+    x = torch.randn(4)
+    for k in (2.0, 3.0):
+        act = _scaling(k)
+        out, back = compiled(x, act)
+        assert back is act
+        assert_same(out, x * k)
+        assert_same(compiled_same(x, act, act), x + 1)
+        assert_same(compiled_same(x, act, _scaling(k)), x - 1)
+
+
+def test_a_closure_made_before_a_graph_break_and_used_after_compiles_once():
+    """vector-quantize's pack_one returns a closure the code calls after a graph break: the
+    resume function receives a new closure each call, guarded by its code (it recompiled per
+    call)."""
+    def pack_one(t):
+        shape = t.shape
+
+        def unpack_one(y):
+            return y.reshape(shape)
+        return t.flatten(), unpack_one
+
+    def f(x):
+        y, unpack = pack_one(x)
+        if y.sum() > 0:
+            y = y * 2
+        else:
+            y = y - 1
+        return unpack(y + 1)
+
+    calls = [call(torch.randn(3, 5) + 2.0) for _ in range(4)]
+    ours, theirs = run_both(f, calls)
+    assert ours == theirs
+    assert minicompile.metrics.recompiles == 0
+
+
+def _logged(fn):
+    @functools.wraps(fn)
+    def wrapper(*args, **kwargs):
+        return fn(*args, **kwargs)
+    return wrapper
+
+
+def test_a_function_guarded_by_its_code_has_its_own_name_doc_and_annotations():
+    """Two activations wrapped by one decorator share the wrapper's code: their names, docs and
+    annotations are their own (read through them, and guarded: a rename is seen), not the
+    code's ('wrapper'); a function made in the frame has its annotations."""
+    def relu(t: torch.Tensor) -> torch.Tensor:
+        """max(t, 0)"""
+        return t.relu()
+
+    def tanh(t):
+        return t.tanh()
+
+    acts = [_logged(relu), _logged(tanh)]
+
+    def f(x):
+        def local(t: torch.Tensor, k: float = 2.0):
+            return t * k
+        out = {a.__name__: a(x) for a in acts}
+        return out, acts[0].__doc__, sorted(acts[0].__annotations__), sorted(local.__annotations__), \
+            hasattr(acts[1], "__wrapped__")
+
+    compiled = minicompile.compile(f)
+    x = torch.randn(4)
+    for rename in (None, "rectifier"):
+        if rename:
+            acts[0].__name__ = rename
+        got, expected = compiled(x), f(x)
+        assert sorted(got[0]) == sorted(expected[0])
+        for name in expected[0]:
+            assert_same(got[0][name], expected[0][name])
+        assert got[1:] == expected[1:]

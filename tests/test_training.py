@@ -2079,3 +2079,55 @@ def test_floats_in_a_tuple_argument_are_read_one_by_one():
             grads.append(layer.weight.grad.clone())
         assert_same(grads[1], grads[0])
     assert minicompile.metrics.graphs <= 2
+
+
+def test_an_input_made_to_require_grad_in_the_step_is_a_graph_break_there():
+    """FGSM's `x = x.clone().requires_grad_()`, then `x.grad` read after backward: a graph break
+    at requires_grad_ (TorchDynamo's too), so that x is a real leaf whose gradient the code
+    reads; the frame ran as Python. Gradients, the perturbed loss and x.grad equal eager's."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(7, 11), nn.Tanh(), nn.Linear(11, 3)).to(DEVICE)
+    twin = copy.deepcopy(model)
+
+    def fgsm_step(net, x, y):
+        x = x.clone().requires_grad_(True)
+        loss = F.cross_entropy(net(x), y)
+        loss.backward()
+        perturbed = (x + 0.1 * x.grad.sign()).detach()
+        return F.cross_entropy(net(perturbed), y), x.grad
+
+    x, y = randn(6, 7), torch.randint(0, 3, (6,), device=DEVICE)
+    minicompile.metrics.reset()
+    got = minicompile.compile(fgsm_step)(model, x, y)
+    expected = fgsm_step(twin, x, y)
+    assert_same(got[0], expected[0])
+    assert_same(got[1], expected[1])
+    for p, q in zip(model.parameters(), twin.parameters()):
+        assert_same(p.grad, q.grad)
+    assert minicompile.metrics.graphs >= 2
+
+
+def test_detach_in_place_of_a_tensor_the_graph_made_is_no_graph_break():
+    """`s.detach_()` in a forward (a stop-gradient written in place): from there on s carries no
+    gradient, and a view taken before keeps its history, as in eager; no graph break (it broke,
+    its reason wrongly saying detach_ changes sizes)."""
+    w = randn(7, 7).requires_grad_()
+
+    def f(x):
+        h = x @ w
+        s = h * 1.5
+        before = s[0]
+        s.detach_()
+        return (torch.tanh(h) + s).sum() + before.sum() * 2, s.requires_grad
+
+    x = randn(5, 7)
+    expected = f(x)
+    expected[0].backward()
+    expected_grad, w.grad = w.grad.clone(), None
+    minicompile.metrics.reset()
+    got = minicompile.compile(f)(x)
+    got[0].backward()
+    assert_same(got[0], expected[0])
+    assert got[1] is expected[1] is False
+    assert_same(w.grad, expected_grad)
+    assert minicompile.metrics.graph_breaks == 0

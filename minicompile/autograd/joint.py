@@ -217,7 +217,7 @@ def trace_joint(gm: torch.fx.GraphModule, example_inputs, from_capture: bool = T
         # outputs eager's autograd saves (or a view of their memory), which a write after the
         # graph makes its backward raise (not the primals': those are saved as they are)
         outputs_saved.update(j for j, i in enumerate(tensor_outs) if saves.saves(outs[i]) and not any(
-            (outs[i] if outs[i]._base is None else outs[i]._base) is p for p in leafs))
+            _memory_owner(outs[i]) is p for p in leafs))
         # the outputs in eager's layout (a value computed channels-last is made contiguous)
         outs = [_as_laid_out(outs[i], leaves[i]) for i in tensor_outs]
         wanted = [k for k, n in enumerate(needs_grad) if n]
@@ -288,7 +288,7 @@ class _SavesOf(torch.autograd.graph.saved_tensors_hooks):
         self.running = None            # of a node not run yet (its own output, saved as it runs)
 
         def pack(t):
-            base = t if t._base is None else t._base
+            base = _memory_owner(t)
             self.saved[id(base)] = base
             if self.running is not None:
                 found = self.node_of.get(id(base))
@@ -328,7 +328,12 @@ class _SavesOf(torch.autograd.graph.saved_tensors_hooks):
 
     def saves(self, t: torch.Tensor) -> bool:
         """Whether autograd saved t, or a view of t's memory, for backward."""
-        return id(t if t._base is None else t._base) in self.saved
+        return id(_memory_owner(t)) in self.saved
+
+
+def _memory_owner(t: torch.Tensor) -> torch.Tensor:
+    """The tensor that owns t's memory: t's base if t is a view, else t."""
+    return t if t._base is None else t._base
 
 
 def _described(node: torch.fx.Node) -> str:

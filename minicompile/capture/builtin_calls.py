@@ -11,6 +11,7 @@ from __future__ import annotations
 import abc
 import contextlib
 import dataclasses
+import enum
 import functools
 import inspect
 import itertools
@@ -58,6 +59,8 @@ def _builtin_len(tx, args, kwargs):
         return tx.output.size_of(x, 0)          # (symbolic where dim 0 is dynamic)
     if isinstance(x, ConstantVariable):
         return ConstantVariable(len(x.value))
+    if isinstance(x, TypeVariable) and isinstance(x.value, enum.EnumMeta):
+        return ConstantVariable(len(x.value))        # an Enum's members (fixed when it is made)
     if isinstance(x, NNModuleVariable):
         mod = x.module
         if isinstance(mod, (torch.nn.ModuleList, torch.nn.Sequential, torch.nn.ModuleDict)):
@@ -233,6 +236,11 @@ def _builtin_const(fn):
             if all(i.is_constant() for i in items):
                 made = SetVariable.operand(args[0], items) if args else []
                 return SetVariable.made_by(set, made) if fn is set else ConstantVariable(frozenset(made))
+        if fn is abs and len(args) == 1 and not kwargs and isinstance(args[0], SymIntVariable) \
+                and type(args[0].example) is float:
+            return tx.output.sym_arith(operator.abs, args[0])        # abs(v) of a float input
+        if fn is pow and len(args) == 2 and not kwargs and any(isinstance(a, SymIntVariable) for a in args):
+            return tx.binary("**", *args)
         if all(a.is_constant() for a in args) and all(v.is_constant() for v in kwargs.values()):
             return ConstantVariable(tx.on_constants(fn, *[a.as_example() for a in args],
                                                     **{k: v.as_example() for k, v in kwargs.items()}))

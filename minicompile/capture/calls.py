@@ -38,7 +38,7 @@ from .builtin_calls import (_BUILTIN_HANDLERS, _COMPILING_QUERIES, FLOAT_TO_INT,
                             _is_plain_user_class, _runs_for_real, number_conversion,
                             tuple_subclass_with_python_new)
 from .output_graph import _is_internal_module_name
-from .values import (BaseListVariable, BoundMethodVariable, BuiltinVariable, ConstantMethodVariable,
+from .values import (DELETED, BaseListVariable, BoundMethodVariable, BuiltinVariable, ConstantMethodVariable,
                      AutocastVariable, ConstantVariable, DictVariable, DictViewVariable, ExceptionInitVariable,
                      ExceptionVariable, BoundArgumentsVariable,
                      GeneratorVariable, GradModeVariable, InferenceModeVariable, NullContextVariable,
@@ -239,8 +239,15 @@ class CallsMixin:
         if _hashable(real) and (real in FLOAT_TO_INT or real is float) and len(args) == 1 and not kwargs \
                 and isinstance(args[0], SymIntVariable):
             return number_conversion(self, real, args[0])      # int(n / 2), float(n): still symbolic
-        if real is functools.update_wrapper and args and isinstance(args[0], NestedFunctionVariable):
+        if real is functools.update_wrapper and args and isinstance(args[0], NestedFunctionVariable) \
+                and args[0].source is None:
             return self.update_wrapper(*args, **kwargs)
+        if real is math.prod and len(args) == 1 and not kwargs and isinstance(args[0], BaseListVariable) \
+                and any(isinstance(i, SymIntVariable) for i in args[0].items):
+            product = ConstantVariable(1)
+            for item in args[0].items:             # math.prod(x.shape): sizes, multiplied symbolically
+                product = self.binary("*", product, item)
+            return product
         if real is math.sqrt and len(args) == 1 and not kwargs and isinstance(args[0], SymIntVariable) and \
                 self.output.sym_compare(operator.ge, args[0], ConstantVariable(0)):
             return out.sym_arith(torch._sym_sqrt, args[0])            # math.sqrt(n): a float, symbolic
@@ -560,7 +567,7 @@ class CallsMixin:
             raise self.unsupported("requires_grad_() with a flag that is not a constant")
         if t.example.requires_grad == bool(flag.as_example()):
             return t
-        if flag.as_example() and t.source is None and t.example.grad_fn is None:
+        if flag.as_example() and t.source is None and t.example.grad_fn is None and not self.output.leaf_breaks:
             from .higher_order import leaf_requiring_grad
             made = self.output.call("call_function", leaf_requiring_grad, [t], {})
             t.proxy, t.example = made.proxy, made.example      # every reference to t sees it
@@ -650,12 +657,14 @@ class CallsMixin:
         if shallow and type(v) in (ListVariable, DictVariable):   # a new container, the same items
             return ListVariable(list(v.items)) if type(v) is ListVariable else \
                 DictVariable(dict(v.items), cls=v.cls, factory=v.factory)
-        if v.is_constant():
-            return self.output.wrap(how(v.as_example()), None)     # (a list of them: the frame's)
         if not shallow and type(v) in (ListVariable, DictVariable):
             made = _deep_copied(v, {}, self.output.guards)   # (a config's to_dict(): deepcopy(self.__dict__))
             if made is not None:
                 return made
+        if v.is_constant():
+            return self.output.wrap(how(v.as_example()), None)     # (a list of them: the frame's)
+        if isinstance(v, UserObjectVariable) and v.source is None and v.snapshot is not None:
+            return self._copy_of_a_copy(v, how)
         if not (isinstance(v, UserObjectVariable) and v.source is not None and not v.items
                 and _constant_state(v.value)):
             raise self.unsupported(f"{how.__name__} of {v.describe()}",
@@ -667,6 +676,33 @@ class CallsMixin:
             if isinstance(value, (list, dict)):
                 var.overrides[name] = self.output.wrap(value, AttrSource(v.source, name)) if shallow \
                     else self.output.wrap(value, None)
+        return var
+
+    def _copy_of_a_copy(self, v: UserObjectVariable, how) -> VariableTracker:
+        """A copy of the frame's own copy of a config (Whisper's decoder deepcopies its config,
+        sets an attribute, and the cache it makes deepcopies that again): made for real from
+        its state as the trace has it, where that is constants."""
+        state = copy.copy(v.value)
+        for name, item in v.items.items():
+            if item is DELETED:
+                state.__dict__.pop(name, None)
+            elif item.is_constant():
+                state.__dict__[name] = item.as_example()
+            else:
+                raise self.unsupported(f"{how.__name__} of {v.describe()} holding {item.describe()}",
+                                       "only copies of objects whose state is constants are modelled")
+        if not _constant_state(state):
+            raise self.unsupported(f"{how.__name__} of {v.describe()}",
+                                   "only copies of objects whose state is constants are modelled")
+        made = how(state)
+        var = UserObjectVariable(made, None, snapshot=copy.deepcopy(made))
+        for name, value in vars(made).items():
+            if isinstance(value, (list, dict)):
+                if how is copy.copy:       # the very containers of the copied one
+                    v.items.setdefault(name, self.output.wrap(value, None))
+                    var.overrides[name] = v.items[name]
+                else:
+                    var.overrides[name] = self.output.wrap(value, None)
         return var
 
     def group_by_device_and_dtype(self, args, kwargs) -> VariableTracker:
@@ -1369,10 +1405,13 @@ def _deep_copied(v: VariableTracker, memo: dict, guards) -> Optional[VariableTra
     (sharing and cycles kept, as deepcopy's memo keeps them), the same immutable constants; a
     set of constants read from outside (a config's ignore_keys_at_rope_validation) a new set
     of them, its items guarded. None where it holds anything else."""
-    if v.is_constant():
-        return v
     if id(v) in memo:
         return memo[id(v)]
+    if isinstance(v, SetVariable):
+        made = memo[id(v)] = SetVariable.made_by(copy.deepcopy, v.make())     # (its items guarded)
+        return made
+    if v.is_constant() and type(v) not in (ListVariable, DictVariable):
+        return v
     if type(v) is ListVariable:
         made = memo[id(v)] = ListVariable([])
         for item in v.items:

@@ -347,6 +347,8 @@ class TemplateBuilder:
         if isinstance(v, (V.BaseListVariable, V.DictVariable)) and v.source is not None \
                 and self._source_fn(v.source) is not None:
             return ["src", self._source_fn(v.source)]
+        if isinstance(v, V.SetVariable) and v.source is not None and self._source_fn(v.source) is not None:
+            return ["src", self._source_fn(v.source)]       # the real one (its changes: effects)
         if isinstance(v, V.SetVariable):                # made again each time, as eager made it
             return ["set", v.maker()]
         if isinstance(v, V.ModuleSliceVariable) and v.parent is not None and len(v.items) == len(v.sliced) \
@@ -423,6 +425,8 @@ class TemplateBuilder:
         if isinstance(v, V.AutocastVariable):
             return ["new", torch.autocast, [["const", v.device_type]],
                     [(k, ["const", getattr(v, k)]) for k in ("dtype", "enabled", "cache_enabled")]]
+        if isinstance(v, V.NestedFunctionVariable) and v.source is not None and self._source_fn(v.source):
+            return ["src", self._source_fn(v.source)]          # the call's own
         if isinstance(v, V.NestedFunctionVariable):
             # its cells: a new one holding the value of a local of the frame, or a real cell
             # (one per local of the captured frame itself, shared by every function made from
@@ -435,7 +439,8 @@ class TemplateBuilder:
                     v.f_globals is self.tx.output.root_globals,
                     [(k, self.build(a)) for k, a in v.items.items()],
                     [(k, self.build(a)) for k, a in kwdefaults],
-                    self.build(v.dict_of) if v.dict_of is not None else None]
+                    self.build(v.dict_of) if v.dict_of is not None else None,
+                    self.build(v.annotations) if v.annotations is not None else None]
         if isinstance(v, V.ClosureCellVariable):
             src = self._source_fn(v.source) if v.source is not None else None
             return ["src", src] if src is not None else ["const", v.cell]
@@ -583,6 +588,8 @@ def rebuild(t, outs, env, memo=None):
             r.__kwdefaults__ = {k: rebuild(a, outs, env, memo) for k, a in t[6]}
         if t[7] is not None:          # functools.wraps: the wrapped one's __dict__ copied
             r.__dict__.update(getattr(rebuild(t[7], outs, env, memo), "__dict__", {}))
+        if t[8] is not None:
+            r.__annotations__ = rebuild(t[8], outs, env, memo)
         for name, a in t[5]:
             setattr(r, name, rebuild(a, outs, env, memo))
     else:
@@ -769,6 +776,9 @@ class Segment:
             elif kind == "dict":
                 obj.clear()
                 obj.update(t)
+            elif kind == "setsteps":
+                for name, operands in t:
+                    getattr(obj, name)(*operands)
             elif kind == "setitems":
                 for name, value in t:
                     if value == ["deleted"]:

@@ -754,23 +754,17 @@ class GuardBuilder:
                   f"{e}: no attribute {name!r} of its own")
 
     def cache_kept(self, cached, args: tuple, kwargs: dict, result):
-        """The trace took a cached function's result. A cache without bound keeps it until
-        cache_clear() (which empties it and zeroes its counts; a later call runs it again). A
-        bounded one (lru_cache's 128 by default) drops it after calls with other arguments, and
-        eager's call would then run the function again, effects and all: the check makes the
-        call eager makes, and holds while it gives back the very object the trace took."""
+        """The trace took a cached function's result. The cache drops it at cache_clear(), or
+        (lru_cache's bounded one) after calls with other arguments, and eager's call would then
+        run the function again, effects and all: the check makes the call eager makes (a look-up
+        while the entry is there), and holds while it gives back the very object the trace took.
+        (Counting the cache's misses would not see a cache_clear() followed by as many calls.)"""
         ref = self._ref(cached, "CACHED_")
-        if getattr(cached, "cache_parameters", dict)().get("maxsize") is not None:
-            call, returned = self._ref((args, kwargs), "CALL_"), self._ref(result, "RETURNED_")
-            self._add(("cache_call", ref, call), None,
-                      [(f"{ref}(*{call}[0], **{call}[1]) is {returned}",
-                        f"{cached.__qualname__} was called again (its cache had dropped the entry)")],
-                      f"{cached.__qualname__}: called as eager calls it")
-            return
-        misses = cached.cache_info().misses
-        self._add(("cache", ref), None,
-                  [(f"{ref}.cache_info().misses >= {misses}", f"{cached.__qualname__}.cache_clear() was called")],
-                  f"{cached.__qualname__}: its cache kept")
+        call, returned = self._ref((args, kwargs), "CALL_"), self._ref(result, "RETURNED_")
+        self._add(("cache_call", ref, call), None,
+                  [(f"{ref}(*{call}[0], **{call}[1]) is {returned}",
+                    f"{cached.__qualname__} was called again (its cache had dropped the entry)")],
+                  f"{cached.__qualname__}: called as eager calls it")
 
     def imported(self, name: str, module):
         """An import the trace made (`import x`, `from x import y` in the function): eager's

@@ -9,6 +9,7 @@ attributes and items, operators, calls and functions, control flow, with-blocks,
 from __future__ import annotations
 
 import collections.abc
+import enum
 import importlib.util
 import operator
 import sys
@@ -132,12 +133,18 @@ def _make_function(tx, inst):
         return
     flags = inst.arg or 0
     closure = tx.pop() if flags & 0x08 else None
-    if flags & 0x04:
-        tx.pop()                                    # annotations
+    annotations = _annotations(tx, tx.pop()) if flags & 0x04 else None
     kwdefaults = tx.pop() if flags & 0x02 else None
     defaults = tx.pop() if flags & 0x01 else None
-    tx.push(NestedFunctionVariable(code, tx.f_globals, code.co_qualname, defaults,
-                                     kwdefaults, closure))
+    fn = NestedFunctionVariable(code, tx.f_globals, code.co_qualname, defaults, kwdefaults, closure)
+    fn.annotations = annotations
+    tx.push(fn)
+
+
+def _annotations(tx, value) -> DictVariable:
+    """A function's annotations as MAKE_FUNCTION takes them: (name, value, name, value...)."""
+    items = tx.unpack(value)
+    return DictVariable({items[i].as_example(): items[i + 1] for i in range(0, len(items), 2)})
 
 
 @handles("SET_FUNCTION_ATTRIBUTE", versions=[(3, 13)])
@@ -151,6 +158,8 @@ def _set_function_attribute(tx, inst):
         fn.kwdefaults = value
     elif flag == 0x01:
         fn.defaults = value
+    elif flag == 0x04:
+        fn.annotations = _annotations(tx, value)
     tx.push(fn)
 
 
@@ -807,6 +816,9 @@ def identical(tx, a, b) -> bool:
     """`a is b` (also operator.is_), guarded where it depends on the call."""
     if a is b:
         r = True
+    elif isinstance(a, UserObjectVariable) and isinstance(b, UserObjectVariable) and \
+            isinstance(a.value, enum.Enum) and isinstance(b.value, enum.Enum):
+        r = a.value is b.value           # an Enum's members: each held by identity (OutputGraph.wrap)
     elif isinstance(a, _OBJECTS) and isinstance(b, _OBJECTS) and \
             getattr(a, "source", None) is not None and getattr(b, "source", None) is not None:
         # two of the call's objects (lists, dicts, objects): one read under two sources is

@@ -50,7 +50,7 @@ from .values import (NULL, BaseListVariable, BoundMethodVariable, BuiltinVariabl
                      ConstantVariable, DictVariable, GlobalWritesVariable, NestedFunctionVariable,
                      PartialVariable, DictViewVariable, GradModeVariable, InferenceModeVariable, IteratorVariable,
                      ListVariable, TensorAttributeWrites,
-                     ModelOutputVariable, NamedTupleVariable, NNModuleVariable, OpaqueConstantVariable,
+                     ModelOutputVariable, NamedTupleVariable, NNModuleVariable, OpaqueConstantVariable, SetVariable,
                      PythonModuleVariable, SizeVariable, SliceVariable, SymIntVariable, TensorVariable,
                      TorchFunctionVariable,
                      TupleVariable, TypeVariable, UserFunctionVariable, UserObjectVariable, is_typing_form,
@@ -286,6 +286,22 @@ def _is_torch_callable(v) -> bool:
     return False
 
 
+def _copies_alike(s: set) -> bool:
+    """Whether a copy of s iterates in s's order, in a table of its size (where hashes collide,
+    a set's order hangs on its history, which a copy does not have): then the trace's copy
+    changes as s does."""
+    copied = s.copy()
+    return list(copied) == list(s) and sys.getsizeof(copied) == sys.getsizeof(s)
+
+
+def _made_per_call(fn) -> bool:
+    """A user's function made by running code (a closure, a lambda, a function defined in
+    another), which a caller may make anew for each call: not one of torch's."""
+    return isinstance(fn, types.FunctionType) and ("<locals>" in fn.__qualname__ or "<lambda>" in fn.__qualname__) \
+        and not _is_internal_module_name(fn.__globals__.get("__name__", "")) and never_traced(fn) is None \
+        and not _is_torch_callable(fn)
+
+
 def _is_module_method(fn) -> bool:
     """A method of one of torch's nn.Module classes read from the class (SqueezeBERT's
     `nn.LayerNorm.forward(self, x)`): Python to inline like the module's own call, not an op."""
@@ -383,6 +399,7 @@ class OutputGraph:
         # caller: dynamic=True, automatic dynamic, mark_dynamic); None: every shape is static
         self.dynamic_policy: Optional[Callable] = None
         self.breaks_allowed = False          # root-frame Unsupported -> GraphBreak
+        self.leaf_breaks = False             # a graph-made tensor made to require grad: a break
         self.instruction_budget = 200_000     # unrolled loops: a bound, not a hang
 
     @property
@@ -603,6 +620,54 @@ class OutputGraph:
                 logs.log("dynamic", f"{n.meta['source_expr']}: dims {sorted(static)} made static: {why}{where}")
                 n.meta["dynamic_dims"].difference_update(static)
 
+    def _fix_piece_count(self, name: str, args, kwargs) -> None:
+        """split, chunk, unbind... give as many tensors as a size says: where that size is
+        dynamic, the Python the trace runs on them depends on it, so it becomes static (and a
+        split size, a count of chunks, guarded by value). split(x, [1, n - 1]) gives as many
+        as its list holds, each as long as it says: its sizes stay symbolic."""
+        t, at = args[0], SIZED_OUTPUTS[name]
+        sections = args[1] if len(args) > 1 else kwargs.get("split_size_or_sections", kwargs.get("split_size"))
+        if name == "split" and isinstance(sections, BaseListVariable):
+            return
+        if at is None:                      # hsplit, vsplit, dsplit: a dim of their own
+            d = {"vsplit": 0, "hsplit": 1 if t.example.dim() > 1 else 0, "dsplit": 2}[name]
+        else:
+            d = kwargs.get("dim", args[at] if len(args) > at else ConstantVariable(0)).as_example()
+        if self._is_dynamic_dim(t, d % t.example.dim()):
+            self.specialize_dim(t, d % t.example.dim(), f"{name}() gives as many tensors as dim {d}'s size says")
+        for v in sym_leaves(list(args[1:]) + list(kwargs.values())):
+            v.as_example()
+
+    def specialize_dim(self, t: "TensorVariable", d: int, why: str) -> None:
+        """specialize_sizes for one dim of t: the input dims its size is computed from (in the
+        graph so far on fake tensors), not all of them (qkv.chunk(3, -1) of a projection fixes
+        the hidden size, not the batch's and the sequence's)."""
+        reads = None
+        if t.node.op != "placeholder":
+            try:
+                size = self._fake_value(t.node).shape[d]
+                reads = self._input_dims(size.node.expr) if isinstance(size, torch.SymInt) else None
+            except Exception:          # (the graph so far does not run on fake tensors)
+                reads = None
+        else:
+            reads = [types.SimpleNamespace(node=t.node, dim=d)]
+        self.specialize_sizes(reads if reads else [t], why)
+
+    def _input_dims(self, expr) -> Optional[list]:
+        """The input dims a size expression reads ((node, dim) namespaces); None where a symbol
+        is not an input's dim."""
+        shape_env = self._fake[0].shape_env
+        by_name = {n.name: n for n in self.root_graph.nodes if n.op == "placeholder"}
+        found = []
+        for sym in expr.free_symbols:
+            sources = shape_env.var_to_sources.get(sym)
+            src = sources[0] if sources else None
+            node = by_name.get(getattr(getattr(src, "base", src), "source_name", None))
+            if node is None or not hasattr(src, "idx"):
+                return None
+            found.append(types.SimpleNamespace(node=node, dim=src.idx))
+        return found
+
     # -- sizes read by the traced code, with dynamic shapes ------------------------------
     def has_dynamic_inputs(self) -> bool:
         return any(self._dynamic_dims)
@@ -738,7 +803,7 @@ class OutputGraph:
                 self.guards.same_object(source, var.source, True)
             else:
                 var = self._wrap(value, source)
-                if type(value) in (list, dict) or isinstance(var, UserObjectVariable):
+                if type(value) in (list, dict, set) or isinstance(var, (UserObjectVariable, NestedFunctionVariable)):
                     self._containers[id(value)] = (value, var)
             self._by_source[key] = var
             return var
@@ -807,7 +872,18 @@ class OutputGraph:
             g.mapping_keys(source, value)
             return ModelOutputVariable(type(value), {k: self.wrap(value[k], AttrSource(source, k))
                                                      for k in value.keys()}, source)
-        if type(value) in (dict, collections.OrderedDict):
+        if type(value) is set and source is not None and len(value) <= _SET_ITEMS_GUARDED \
+                and all(is_constant_value(x) for x in value) and _copies_alike(value):
+            # a set from outside the frame (the names a registry has seen): its items, in the
+            # order it iterates them, are guarded; the trace changes a copy of it, and what it
+            # does is made on the real one after the graph, its operations replayed
+            g.set_items(source, value)
+            var = SetVariable(functools.partial(set.copy, value.copy()))
+            var.source = source
+            return var
+        if type(value) in (dict, collections.OrderedDict) or type(value) is types.MappingProxyType and \
+                source is not None and all(is_constant_value(v) or is_identity_key(v) for v in value.values()):
+            # (a mappingproxy of constants: an Enum's __members__, read only: translator.mutate)
             if not all(is_constant_value(k) or is_identity_key(k) for k in value):
                 raise self.unsupported("a dict with non-constant keys")
             if source is not None:
@@ -899,6 +975,15 @@ class OutputGraph:
             else:
                 g.type_check(source, type(value))     # its attributes are guarded one by one
             return UserObjectVariable(value, source)
+        if source is not None and _made_per_call(value):
+            return self._function_by_code(value, source)
+        if python_method and source is not None:
+            # a bound method is made anew by each attribute read (`self.get_decay` passed on):
+            # guarded by its function, its object through its own source
+            g.type_check(source, types.MethodType)
+            g.identity(AttrSource(source, "__func__"), value.__func__, "function")
+            self_var = self.wrap(value.__self__, AttrSource(source, "__self__"))
+            return BoundMethodVariable(value.__func__, self_var, source)
         # callables and modules: guarded by identity when read from a guardable place
         if source is not None:
             g.identity(source, value, type(value).__name__)
@@ -923,6 +1008,33 @@ class OutputGraph:
         raise self.unsupported(f"a value of type {type(value).__qualname__}",
                                "only tensors, Python constants, tuples/lists/dicts, functions "
                                "and nn.Modules can be traced so far")
+
+    def _function_by_code(self, fn: types.FunctionType, source: Source) -> NestedFunctionVariable:
+        """A function made at run time (a closure, a lambda) that the call passes in: each call
+        may pass a new one, so it is guarded by its code, as TorchDynamo's CLOSURE_MATCH, and its
+        defaults and cells are read through its source (guarded as the trace reads them)."""
+        g = self.guards
+        g.type_check(source, types.FunctionType)
+        g.identity(AttrSource(source, "__code__"), fn.__code__, "code")
+        g.identity(AttrSource(source, "__globals__"), fn.__globals__, "globals")
+        defaults = self.wrap(fn.__defaults__, AttrSource(source, "__defaults__"))
+        kwdefaults = self.wrap(fn.__kwdefaults__, AttrSource(source, "__kwdefaults__"))
+        if isinstance(kwdefaults, ConstantVariable) and fn.__kwdefaults__ is not None:
+            kwdefaults = DictVariable({k: ConstantVariable(v) for k, v in fn.__kwdefaults__.items()})
+        cells = []
+        for i, cell in enumerate(fn.__closure__ or ()):
+            var = self.cells.get(id(cell))
+            if var is None:
+                cell_source = ItemSource(AttrSource(source, "__closure__"), i)
+                var = self.cells[id(cell)] = ClosureCellVariable(cell, cell_source,
+                                                                 AttrSource(cell_source, "cell_contents"))
+            cells.append(var)
+        var = NestedFunctionVariable(fn.__code__, fn.__globals__, fn.__qualname__,
+                                     defaults if fn.__defaults__ is not None else None,
+                                     kwdefaults if fn.__kwdefaults__ is not None else None,
+                                     TupleVariable(cells) if fn.__closure__ else None)
+        var.source, var.real = source, fn
+        return var
 
     def unsupported(self, reason, explanation="", hint="") -> Unsupported:
         stack = self.tx.user_stack() if self.tx is not None else []
@@ -951,6 +1063,22 @@ class OutputGraph:
             legacy, device = args[1].value, args[0].example.device
             device = device if legacy.is_cuda and device.type == "cuda" else torch.device("cuda" if legacy.is_cuda else "cpu")
             target, args = "to", [args[0], ConstantVariable(device), ConstantVariable(legacy.dtype)]
+        if kind == "call_function" and target in (torch.tensor, torch.as_tensor, torch.scalar_tensor) \
+                and len(args) == 1 and isinstance(args[0], SymIntVariable) and type(args[0].example) is float \
+                and set(kwargs) <= {"dtype", "device", "requires_grad"}:
+            # torch.tensor(v) of a float input: a fill, so that v stays symbolic (a graph per
+            # value otherwise), in the dtype torch.tensor gives a float
+            kwargs = {**kwargs, "dtype": kwargs.get("dtype") or ConstantVariable(torch.get_default_dtype())}
+            target, args = torch.full, [ConstantVariable(()), args[0]]
+        if (kind, target) in (("call_method", "detach_"), ("call_function", torch.detach_)) and len(args) == 1 \
+                and not kwargs and isinstance(args[0], TensorVariable) and args[0].source is None \
+                and args[0].example._base is None:
+            # s.detach_() of a tensor the graph made: from here on it stands for s.detach() (every
+            # reference to it sees that; views made before keep their history, as eager's do)
+            t = args[0]
+            made = self.call("call_function", torch.detach, [t], {})
+            t.proxy, t.example = made.proxy, made.example
+            return t
         has_tensor = _contains_tensor(list(args) + list(kwargs.values()))
         if kind == "call_method" and isinstance(target, str) and target.startswith("__") \
                 and target.endswith("__") and callable(getattr(operator, target, None)):
@@ -1116,18 +1244,7 @@ class OutputGraph:
             return ConstantVariable(result)
         if isinstance(result, (tuple, list)) and name in SIZED_OUTPUTS and args and \
                 isinstance(args[0], TensorVariable) and self.has_dynamic_inputs():
-            # as many tensors as the size of the dim it splits says: where that size is dynamic,
-            # the Python the trace runs on them depends on it
-            t, at = args[0], SIZED_OUTPUTS[name]
-            if at is None:                      # hsplit, vsplit, dsplit: a dim of their own
-                d = {"vsplit": 0, "hsplit": 1 if t.example.dim() > 1 else 0, "dsplit": 2}[name]
-            else:
-                dim = kwargs.get("dim", args[at] if len(args) > at else ConstantVariable(0))
-                d = dim.as_example()
-            if self._is_dynamic_dim(t, d % t.example.dim()):
-                self.specialize_sizes([t], f"{name}() gives as many tensors as dim {d}'s size says")
-            for v in sym_leaves(list(args[1:]) + list(kwargs.values())):
-                v.as_example()          # (a split size, a count of chunks: static, guarded by value)
+            self._fix_piece_count(name, args, kwargs)
         proxy = self.tracer.create_proxy(kind, target, self.lift(tuple(_graph_arg(a) for a in args)),
                                          self.lift({k: _graph_arg(v) for k, v in kwargs.items()}))
         self._set_meta(proxy.node, result)
@@ -1366,6 +1483,9 @@ class OutputGraph:
         if not where:
             return False
         name = target if isinstance(target, str) else getattr(target, "__name__", target)
+        if name == "detach_":
+            raise self.unsupported("detach_() of a tensor from outside the graph, or of a view",
+                                   "what autograd records of the caller's tensors is changed as Python")
         if aliasing.writes_metadata(kind, target):
             raise self.unsupported(f"in-place {name} changes a tensor's sizes or strides",
                                    "only writes of values are modelled")
@@ -1481,6 +1601,11 @@ def _is_python_named_tuple(v: VariableTracker) -> bool:
 
 # operator's names for the ATen ops they call (x / a is aten.div)
 _OPERATOR_ATEN = {"truediv": "div", "floordiv": "floor_divide", "mod": "remainder"}
+
+
+# a set from outside the frame up to this size is read (and guarded) item by item; a larger
+# one is an object whose operations run at a graph break
+_SET_ITEMS_GUARDED = 64
 
 
 # ops that take a float as a value of elements, whatever tags a torch version gives them

@@ -23,7 +23,7 @@ from .bytecode import check_python_version, handler_at
 from .guards import ArgBinding, bind_arguments, frame_target
 from .sources import AttrSource, ItemSource, LocalSource, RootSource
 from .values import (DELETED, NULL, ClosureCellVariable, DictVariable, GlobalWritesVariable, IteratorVariable,
-                     ListVariable, UserObjectVariable, WithExitVariable, tensor_keys_to)
+                     ListVariable, SetVariable, UserObjectVariable, WithExitVariable, tensor_keys_to)
 from .output_graph import OutputGraph, _is_internal_module_name
 from .translator import InstructionTranslator
 
@@ -63,6 +63,8 @@ def _effect_templates(output, builder, source_fn):
             effects.append(("advance", source_fn(var.source), var.index))
         elif isinstance(var, ListVariable):
             effects.append(("list", source_fn(var.source), ["tuple", [builder.build(v) for v in var.items]]))
+        elif isinstance(var, SetVariable):
+            effects.append(("setsteps", source_fn(var.source), list(var.steps)))
         elif type(var) is DictVariable:          # (a ModelOutput's are its attributes)
             effects.append(("dict", source_fn(var.source),
                             [(k, builder.build(v)) for k, v in var.items.items()]))
@@ -93,15 +95,31 @@ def traceable_target(fn) -> Tuple[types.FunctionType, tuple, dict]:
     return func, pre, pre_kw
 
 
-def trace_segment(fn, args: tuple, kwargs: dict, offset: int = 0, *, breaks: bool = True,
-                  eager: bool = False, sources_in_templates: bool = True, dynamic=None):
+class _LeafLeaves(Exception):
+    """A leaf the graph made (`x.clone().requires_grad_()`) would leave it: trace again,
+    breaking the graph at the call that makes it (_leaves_stay_inside)."""
+
+
+def trace_segment(fn, args: tuple, kwargs: dict, offset: int = 0, **options):
+    """_trace_segment; where a leaf the graph made would leave it, traced again with a graph
+    break at the call that makes the leaf, as TorchDynamo breaks there (an FGSM step's
+    `x.clone().requires_grad_()`, whose `.grad` the code reads after backward)."""
+    try:
+        return _trace_segment(fn, args, kwargs, offset, **options)
+    except _LeafLeaves:
+        return _trace_segment(fn, args, kwargs, offset, leaf_breaks=True, **options)
+
+
+def _trace_segment(fn, args: tuple, kwargs: dict, offset: int = 0, *, breaks: bool = True,
+                   eager: bool = False, sources_in_templates: bool = True, dynamic=None, leaf_breaks: bool = False):
     """Trace `fn`'s code from `offset` to a return or a graph break -> frame.Segment.
 
     offset 0: (args, kwargs) are the call's arguments. A resume offset: args is () and kwargs
     the live state at that point (locals by name, the value stack as ___stack0, ...).
     breaks=False: any Unsupported propagates (a whole-graph capture, fullgraph=True).
     eager=True: the frame runs eagerly (Dynamo skipped it): user calls are not inlined and
-    any instruction the concrete executor knows is a break."""
+    any instruction the concrete executor knows is a break.
+    leaf_breaks=True: a graph-made tensor made to require grad is a graph break there."""
     from . import frame as F
     check_python_version()
     kwargs = dict(kwargs or {})
@@ -122,6 +140,7 @@ def trace_segment(fn, args: tuple, kwargs: dict, offset: int = 0, *, breaks: boo
     output.breaks_allowed = breaks
     output.inline_user_calls = not eager
     output.dynamic_policy = dynamic
+    output.leaf_breaks = leaf_breaks
     output.guards.global_state()
     gsrc = None
     if not _is_internal_module_name(func.__globals__.get("__name__", "")):
@@ -305,6 +324,8 @@ def _leaves_stay_inside(output: OutputGraph, builder, binding) -> None:
         why = "a tensor made to require grad (requires_grad = True) leaves the graph"
     elif not any(isinstance(t, torch.Tensor) and t.requires_grad for t in output.input_examples):
         why = "a tensor made to require grad (requires_grad = True) in a graph no input of which does"
+    if why is not None and output.breaks_allowed and not output.leaf_breaks:
+        raise _LeafLeaves(why)
     if why is not None:
         raise _skipping(Unsupported(why, "its gradient could be read, or the graph's outputs would carry none"),
                         why, output, binding)

@@ -58,6 +58,7 @@ from .values import (DELETED, NULL, BaseListVariable, BoundArgumentsVariable, Bo
 from .calls import CallsMixin
 from .iterators import ITERATORS, drain, user_iter
 from . import instructions  # noqa: F401  (registers the opcode handlers)
+from .instructions import identical
 
 
 
@@ -447,6 +448,11 @@ class InstructionTranslator(CallsMixin):
             raise self.observed(e) from None
 
     def truth(self, v: VariableTracker, opname: str) -> bool:
+        if isinstance(v, SymIntVariable):
+            # `if n:` of a size: n != 0, guarded as a comparison (true for every dynamic dim)
+            answer = self.output.sym_compare(operator.ne, v, ConstantVariable(0))
+            if answer is not None:
+                return answer
         if isinstance(v, ConstantVariable):
             return bool(v.value)
         if isinstance(v, (BaseListVariable, DictVariable)):
@@ -622,7 +628,15 @@ class InstructionTranslator(CallsMixin):
             read = ContainerReadVariable.of(obj, attr)
             if read is not None:
                 return read
-            found = self.class_attribute(obj, name, attr)
+            fallback = python_method(type(value), "__getattr__") if not generic else None
+            try:
+                found = self.class_attribute(obj, name, attr)
+            except ObservedException as raised:
+                # a property that raises AttributeError: Python calls the class's __getattr__
+                if fallback is None or not (isinstance(raised.exc, ExceptionVariable)
+                                            and issubclass(raised.exc.cls, AttributeError)):
+                    raise
+                return self.inline_call(fallback, [obj, ConstantVariable(name)], {})
             if found is not None:
                 return found
             raise self.unsupported(f"attribute .{name} of {type(value).__name__}")
@@ -752,11 +766,20 @@ class InstructionTranslator(CallsMixin):
             self.output.guards.class_member(cls, name, attr)
         return attr
 
-    def nested_function_attr(self, fn: NestedFunctionVariable, name: str) -> VariableTracker:
+    def nested_function_attr(self, fn: NestedFunctionVariable, name: str) -> VariableTracker:  # noqa: C901
         """An attribute of a function made in the frame: one set in the trace, or what
         CPython's function object holds."""
         if name in fn.items:
             return fn.items[name]
+        if fn.source is not None and name not in _FUNCTION_PARTS:
+            # one the call passed in, guarded by its code: what else it holds (a name and a doc
+            # functools.wraps set, `fn.scale`) read through it, and so guarded
+            present = hasattr(fn.real, name)
+            if name not in _FUNCTION_ATTRIBUTES:
+                self.output.guards.has_attr(fn.source, name, present)
+            if present:
+                return self.output.wrap(getattr(fn.real, name), AttrSource(fn.source, name))
+            raise self.observed(AttributeError(f"'function' object has no attribute '{name}'"))
         if fn.dict_of is not None:
             # copied from the wrapped one's __dict__ by functools.wraps (one made in the frame:
             # its attributes set in the trace)
@@ -775,6 +798,10 @@ class InstructionTranslator(CallsMixin):
             return fn.defaults if fn.defaults is not None else ConstantVariable(None)
         if name == "__kwdefaults__":
             return fn.kwdefaults if fn.kwdefaults is not None else ConstantVariable(None)
+        if name == "__annotations__":
+            if fn.annotations is None:             # (made on first read, as CPython makes it)
+                fn.annotations = DictVariable({})
+            return fn.annotations
         if hasattr(types.FunctionType, name):
             raise self.unsupported(f"attribute .{name} of {fn.describe()}")
         raise self.observed(AttributeError(f"'function' object has no attribute '{name}'"))
@@ -969,6 +996,18 @@ class InstructionTranslator(CallsMixin):
         raise self.unsupported(f"attribute {name!r} of {type(mod).__name__} "
                                f"({type(attr).__name__})")
 
+    def _real_float_power(self, a: VariableTracker, b: VariableTracker) -> bool:
+        """Whether `a ** b`, a symbolic number among them (`n ** 0.5` of a size, `v ** 2`, `2 ** v`
+        of a float input), is a float on every call the guard admits: kept symbolic, computed by
+        the wrapper in Python as eager's code does. A negative base to a fractional power is
+        complex: the base's sign becomes a condition of the guard."""
+        kinds = (_number_type(a), _number_type(b))
+        if None in kinds or float not in kinds or not any(isinstance(v, SymIntVariable) for v in (a, b)):
+            return False
+        if kinds[1] is int or not isinstance(a, SymIntVariable) and a.value >= 0:
+            return True
+        return bool(self.output.sym_compare(operator.ge, a, ConstantVariable(0)))
+
     def binary(self, sym: str, a: VariableTracker, b: VariableTracker) -> VariableTracker:
         op = BINARY_OPS.get(sym) or COMPARE_OPS[sym]
         if (isinstance(a, SymIntVariable) or isinstance(b, SymIntVariable)) and sym in SIZE_ARITHMETIC \
@@ -979,9 +1018,12 @@ class InstructionTranslator(CallsMixin):
             kinds = {_number_type(a), _number_type(b)}
             if None not in kinds and (float in kinds or sym in ("/", "/=")):
                 return self.output.sym_arith(FLOAT_ARITHMETIC[sym], a, b)     # (a float, kept symbolic)
-        if sym in ("**", "**=") and isinstance(a, SymIntVariable) and not isinstance(b, SymIntVariable) and \
-                _number_type(b) is float and self.output.sym_compare(operator.ge, a, ConstantVariable(0)):
-            return self.output.sym_arith(operator.pow, a, b)     # (n ** 0.5 of a size: a float, not complex)
+        if sym in ("**", "**=") and self._real_float_power(a, b):
+            return self.output.sym_arith(operator.pow, a, b)
+        if sym in ("**", "**=") and isinstance(a, SymIntVariable) and type(a.example) is int and \
+                isinstance(b, ConstantVariable) and not isinstance(b, SymIntVariable) and type(b.value) is int \
+                and 0 <= b.value <= 8:
+            return self.output.sym_arith(operator.pow, a, b)     # n ** 2 of a size: a size
         if type(a) is DictVariable and type(b) is DictVariable and sym in ("|", "|="):
             if sym == "|":
                 return DictVariable({**a.items, **b.items})
@@ -1066,7 +1108,8 @@ class InstructionTranslator(CallsMixin):
             # a function's == knows only functions: the object's own == answers (reflected)
             return self.binary(sym, b, a)
         if sym in ("==", "!=") and isinstance(a, NestedFunctionVariable):
-            return ConstantVariable((a is b) == (sym == "=="))    # functions compare by identity
+            # functions compare by identity (two the call passes in: guarded so)
+            return ConstantVariable(identical(self, a, b) == (sym == "=="))
         if sym in ("==", "!=") and isinstance(a, NNModuleVariable):
             same = isinstance(b, NNModuleVariable) and self.output.same_module(a, b)
             return ConstantVariable(same if sym == "==" else not same)
@@ -1317,7 +1360,7 @@ class InstructionTranslator(CallsMixin):
             self.output.record_mutation(obj)          # an exception of the trace: its own
             obj.items[name] = value
             return
-        if isinstance(obj, NestedFunctionVariable) and not name.startswith("__"):
+        if isinstance(obj, NestedFunctionVariable) and obj.source is None and not name.startswith("__"):
             self.output.record_mutation(obj)          # a function made in the frame: its own
             obj.items[name] = value
             return
@@ -1387,8 +1430,10 @@ class InstructionTranslator(CallsMixin):
         """`obj` is about to change in place: the change can be rolled back (a break inside an
         inlined call), and a list or dict from outside the frame gets the change made on the
         real one after the graph, as Dynamo replays its side effects."""
+        if isinstance(obj, DictVariable) and obj.cls is types.MappingProxyType:
+            raise self.unsupported(f"a change to a read-only {obj.describe()}", "eager raises its own error")
         if obj.source is not None:
-            if not isinstance(obj, (ListVariable, DictVariable)) or isinstance(obj, ModelOutputVariable) \
+            if not isinstance(obj, (ListVariable, DictVariable, SetVariable)) or isinstance(obj, ModelOutputVariable) \
                     or isinstance(obj, DictVariable) and not all(is_constant_value(k) for k in obj.items):
                 raise self.unsupported(f"mutation of {obj.describe()} that came from outside the frame",
                                        "changing Python state outside the frame is done for real "
@@ -1606,6 +1651,12 @@ def _never_equal(a: VariableTracker, b: VariableTracker) -> bool:
     other = type(b.value) if isinstance(b, ConstantVariable) else \
         kinds[type(b)][0] if type(b) in kinds else None
     return kind is not None and other is not None and not issubclass(other, kind)
+
+
+# what a function guarded by its code is made of: the trace's own variables of them
+_FUNCTION_PARTS = {"__code__", "__defaults__", "__kwdefaults__", "__closure__", "__globals__"}
+# what every function has (no guard that it does)
+_FUNCTION_ATTRIBUTES = {"__name__", "__qualname__", "__doc__", "__module__", "__dict__", "__annotations__"}
 
 
 def _number_type(v: VariableTracker) -> Optional[type]:

@@ -755,6 +755,9 @@ class NestedFunctionVariable(VariableTracker):
         self.closure = closure             # TupleVariable of CellVariable / ClosureCellVariable
         self.items: Dict[str, VariableTracker] = {}     # attributes set in the trace (fn.tag = 1)
         self.dict_of = None        # what functools.update_wrapper copied the __dict__ of
+        self.annotations = None    # DictVariable, once made or read
+        self.source = None         # one the call passed in (made at run time, guarded by code)
+        self.real = None           # and that function
 
     def describe(self):
         return f"NestedFunction({self.name})"
@@ -894,6 +897,15 @@ class SetVariable(BaseListVariable):
 
     def changed(self) -> None:
         self.items = [ConstantVariable(v) for v in self.real]
+
+    def state(self) -> int:
+        """How far it has changed (OutputGraph.rollback undoes the steps after)."""
+        return len(self.steps)
+
+    def restore(self, steps: int) -> None:
+        del self.steps[steps:]
+        self.real = self.make()
+        self.changed()
 
     def as_example(self):
         return self.make()

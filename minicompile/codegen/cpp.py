@@ -345,8 +345,11 @@ class CppWriter(KernelWriter):
             size = f"std::abs({x})" if src_dtype.is_signed else x
             return f"({size} <= (int64_t(1) << 53) ? {via_double} : static_cast<{t}>({x}))"
         if src_dtype is not None and src_dtype.is_floating_point and dtype in (torch.int8, torch.uint8, torch.int16):
-            # through a wide integer, as eager's conversion wraps (300.0 -> int8 44)
-            return f"static_cast<{t}>(mc_to_int<int64_t>({x}))"
+            # through a wider integer, as eager's conversion wraps (300.0 -> int8 44): int32 for
+            # the signed ones (3e9 -> int16 0, as x86's 32-bit conversion gives eager's), int64
+            # for uint8
+            wide = "int64_t" if dtype == torch.uint8 else "int32_t"
+            return f"static_cast<{t}>(mc_to_int<{wide}>({x}))"
         if src_dtype is not None and src_dtype.is_floating_point and dtype in (torch.int32, torch.int64):
             return f"mc_to_int<{t}>({x})"
         return self.cast_expr(x, dtype)

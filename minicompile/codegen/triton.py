@@ -514,6 +514,9 @@ def kernel_source(kernel, buffers, graph=None):
                             result = _first_best(writer, reduce_fn, block, positions, floating)
                         else:
                             result = _row_reduce(writer, reduce_fn, block, nan_aware)
+                            if reduce_fn == "tl.sum" and floating:
+                                # from +0.0, as eager's sum: a full block of -0.0s adds no padding
+                                result = writer._emit(f"{result} + 0.0")
                     else:
                         acc, pos, v = f"acc{k}", f"pos{k}", f"v{k}"
                         value = m.run(x_idx, r_idx)

@@ -406,7 +406,7 @@ def build(program: ir.Program, steps: list, written: dict | None = None) -> Comp
                 if argument:
                     return (f"reinterpret_tensor({v.base.name}, {sizes(v.shape)}, {sizes(v.stride)}, "
                             f"{ir.render_size(v.offset)})")
-                ones = getattr(value, "size_one_strides", {})
+                ones = value.size_one_strides
                 stride = [ones.get(d, st) if n == 1 else st for d, (n, st) in enumerate(zip(v.shape, v.stride))]
                 return (f"torch.as_strided({v.base.name}, {sizes(v.shape)}, {sizes(stride)}, "
                         f"{v.base.name}.storage_offset() + {ir.render_size(v.offset)})")

@@ -17,6 +17,7 @@ class TensorBox(ir.IRNode):
         self.wanted_stride = None              # the layout it gets when realized (a graph output's)
         self.eager_stride = None               # an expanded graph output's strides in eager (0
                                                # where it repeats): returned as a view, if it can be
+        self.size_one_strides: dict = {}       # dim -> eager's stride, for its dims of size one
         self.reads = [r for r in reads if isinstance(r, TensorBox)]
         for r in self.reads:
             r.readers.append(self)

@@ -141,6 +141,8 @@ def _as_index_value(x, shape, dtype):
         return lambda idx: ops.constant(x, cdtype)
     if ir.is_symbolic(x):                # a dynamic size used as a number (x * T)
         return lambda idx: ops.size_value(x, cdtype)
+    if isinstance(x, _RoundedSize):
+        return lambda idx: ops.round_to(ops.size_value(x.size, cdtype), x.dtype)
     if isinstance(x, ir.ScalarInput):    # a dynamic float: a kernel argument
         if x.rounded_to is not None:
             return lambda idx: ops.round_to(ops.scalar_arg(x.scalar, cdtype), x.rounded_to)
@@ -205,7 +207,16 @@ def _number_as(x, dtype):
         return torch.tensor(x, dtype=dtype).item()
     if dtype in (torch.float16, torch.bfloat16) and isinstance(x, ir.ScalarInput):
         return dataclasses.replace(x, rounded_to=dtype)        # (rounded in the kernel, as there)
+    if dtype in (torch.float16, torch.bfloat16) and ir.is_symbolic(x):
+        return _RoundedSize(x, dtype)                          # (x + n of a dynamic size n)
     return x
+
+
+@dataclasses.dataclass(frozen=True)
+class _RoundedSize:
+    """A size (a symbolic int) as an operand of a float16 or bfloat16 op: rounded to it."""
+    size: Any
+    dtype: torch.dtype
 
 
 # Arithmetic whose result is bool is logic, as in PyTorch (True + True is True): said so,
@@ -298,6 +309,13 @@ def _arith(op, targets):
                                   host_numbers=True)
         if op in ("add", "sub") and (meta := _meta(node, values)) is not None and meta.device.type == "cpu":
             input, other = _number_as(input, meta.dtype), _number_as(other, meta.dtype)
+        if op in ("mul", "truediv") and (meta := _meta(node, values)) is not None and meta.device.type == "cpu" \
+                and meta.dtype in (torch.float16, torch.bfloat16) and isinstance(other, TensorBox) \
+                and not other.shape and other.dtype in (torch.float32, torch.float64):
+            # eager's CPU kernels take a second operand that is a 0-dim tensor of another float
+            # dtype as a number, in float32, unrounded (x_f16 / torch.tensor(1e5) is not x / inf;
+            # a first one, torch.tensor(1e5) * x, is converted to float16): computed so
+            return _pointwise_box(node, values, getattr(ops, op), [input, other], common=torch.float32)
         return _arith_box(node, values, op, [input, other])
     return lower
 
@@ -773,6 +791,8 @@ def _unrolled_reduction(meta, input, ranges, reduction_type, acc, inner_fn) -> T
     def row(idx):
         combine = getattr(ops, UNROLLED[reduction_type])
         total = inner_fn(idx, positions[0])
+        if reduction_type in ("sum", "mean") and acc.is_floating_point:
+            total = ops.add(ops.constant(0.0, acc), total)     # (from +0.0, as eager's: -0.0 + -0.0 is +0.0)
         for position in positions[1:]:
             total = combine(total, inner_fn(idx, position))
         return ops.truediv(total, ops.constant(float(len(positions)), acc)) if reduction_type == "mean" else total
@@ -1755,7 +1775,7 @@ def _numel(node, values, input):
 
 
 def size_arithmetic(target, args):
-    """operator.add/sub/mul/floordiv/mod/neg on sizes (ints and symbolic expressions): the
+    """operator.add/sub/mul/floordiv/mod/neg/pow on sizes (ints and symbolic expressions): the
     result as a size, or None when these are not sizes."""
     if target not in _SIZE_OPS or len(args) != (1 if target is operator.neg else 2) or not all(
             (isinstance(a, int) and not isinstance(a, bool)) or ir.is_symbolic(a) for a in args):
@@ -1772,7 +1792,8 @@ def size_arithmetic(target, args):
 
 
 _SIZE_OPS = {operator.add: operator.add, operator.sub: operator.sub, operator.mul: operator.mul,
-             operator.floordiv: operator.floordiv, operator.mod: operator.mod, operator.neg: operator.neg}
+             operator.floordiv: operator.floordiv, operator.mod: operator.mod, operator.neg: operator.neg,
+             operator.pow: operator.pow}
 
 
 def scalar_arithmetic(program: ir.Program, target, args):
