@@ -3621,3 +3621,90 @@ def test_an_enum_looked_up_by_value_is_compared_by_identity():
         x = torch.randn(3)
         assert_same(compiled(x, stage), f(x, stage))
     assert minicompile.metrics.graph_breaks == 0 and minicompile.metrics.graphs == 2
+
+
+class _Negatable:
+    def __init__(self, t):
+        self.t = t
+
+    def __neg__(self):
+        return _Negatable(-self.t * 2)
+
+    def __invert__(self):
+        return _Negatable(self.t + 100)
+
+    def __pos__(self):
+        return _Negatable(self.t + 1)
+
+
+def test_unary_operators_on_an_object_call_its_class_methods():
+    """-w, ~w, +w of a Python class's object (a wrapper of tensors): its __neg__, __invert__,
+    __pos__ traced, one graph (the frame ran as Python)."""
+    def f(x):
+        w = _Negatable(x)
+        return (-w).t + (~w).t + (+w).t
+
+    x = torch.randn(4)
+    minicompile.metrics.reset()
+    assert_same(minicompile.compile(f)(x), f(x))
+    assert minicompile.metrics.graphs == 1 and minicompile.metrics.graph_breaks == 0
+
+
+class _Cacheable:
+    pass
+
+
+def test_an_attribute_set_then_deleted_on_an_object_from_outside():
+    """`obj.cache = ...; ...; del obj.cache` on an object passed in: one graph (the frame ran as
+    Python); after the call the object has no such attribute, as after eager's."""
+    def f(x, obj):
+        obj.cache = x * 2
+        y = obj.cache + 1
+        del obj.cache
+        return y, hasattr(obj, "cache")
+
+    x, holder, eager_holder = torch.randn(3), _Cacheable(), _Cacheable()
+    holder.cache = eager_holder.cache = "stale"
+    minicompile.metrics.reset()
+    got, expected = minicompile.compile(f)(x, holder), f(x, eager_holder)
+    assert_same(got[0], expected[0])
+    assert got[1] is expected[1] is False and vars(holder) == vars(eager_holder) == {}
+    assert minicompile.metrics.graph_breaks == 0
+
+
+def test_hasattr_of_functions_made_in_the_frame_or_passed_in():
+    """hasattr(fn, "__closure__" / "__globals__" / "__call__" / "__wrapped__") of a lambda made
+    in the frame and of a wrapped closure passed in: eager's answers (an internal error ran the
+    frame as Python)."""
+    def f(x, wrapped):
+        lam = lambda t: t + 1  # noqa: E731
+        checks = [hasattr(lam, "__closure__"), hasattr(lam, "__globals__"), hasattr(lam, "__call__"),
+                  hasattr(lam, "__wrapped__"), hasattr(wrapped, "__wrapped__"), hasattr(wrapped, "__closure__"),
+                  hasattr(wrapped, "nope")]
+        return lam(x) * sum(checks), checks
+
+    wrapped = functools.wraps(len)(lambda t: t)
+    x = torch.randn(3)
+    got, expected = minicompile.compile(f)(x, wrapped), f(x, wrapped)
+    assert_same(got[0], expected[0])
+    assert got[1] == expected[1]
+
+
+def test_max_of_an_empty_sequence_raises_in_the_frame_as_in_eager():
+    """max([]) in a try block (a default when nothing is there): the ValueError goes to the
+    frame's handler (an internal error ran the frame as Python)."""
+    def f(x, items, shapes):
+        try:
+            m = max(items)
+        except ValueError:
+            m = -1
+        try:
+            n = min(shapes, key=lambda s: s[0])
+        except ValueError:
+            n = (7,)
+        return x * m + n[0]
+
+    x = torch.randn(3)
+    minicompile.metrics.reset()
+    assert_same(minicompile.compile(f)(x, [], []), f(x, [], []))
+    assert minicompile.metrics.graph_breaks == 0

@@ -202,8 +202,14 @@ def _attribute_present(tx, obj: VariableTracker, name: str) -> bool:
         if issubclass(e.exc.cls, AttributeError):
             return False
         raise
-    except Unsupported:
-        return hasattr(obj.as_example(), name)
+    except Unsupported as unread:
+        if isinstance(obj, NestedFunctionVariable):      # (one the trace made: every function's)
+            return hasattr(obj.real if obj.real is not None else types.FunctionType, name)
+        try:
+            example = obj.as_example()
+        except NotImplementedError:                      # (no value to ask: a graph break)
+            raise unread from None
+        return hasattr(example, name)
 
 
 def _builtin_container(kind):
@@ -417,10 +423,11 @@ def _builtin_reduce(kind):
                 return items[order[0]]
             if "default" in kwargs:
                 return kwargs["default"]
-            raise tx.unsupported(f"{kind}() of an empty sequence")
+            tx.on_constants(min if kind == "min" else max, [])      # Python's ValueError
         if all(i.is_constant() for i in items) and all(v.is_constant() for v in kwargs.values()):
             fn = {"min": min, "max": max, "any": any, "all": all, "sorted": sorted}[kind]
-            r = fn([i.as_example() for i in items], **{k: v.as_example() for k, v in kwargs.items()})
+            # (Python's own error where it raises: max([]), a key that fails)
+            r = tx.on_constants(fn, [i.as_example() for i in items], **{k: v.as_example() for k, v in kwargs.items()})
             if kind == "sorted":
                 return ListVariable([ConstantVariable(x) for x in r])
             return ConstantVariable(r)

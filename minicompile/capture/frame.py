@@ -788,7 +788,10 @@ class Segment:
             else:
                 store = object.__setattr__ if kind == "objattrs" else setattr
                 for name, value in t:
-                    store(obj, name, value)
+                    if value == ["deleted"]:          # (set in the trace, then deleted)
+                        vars(obj).pop(name, None)
+                    else:
+                        store(obj, name, value)
         if self.end == "return":
             return ("return", result)
         if self.end == "raise":            # the frame raised it (its effects are made)

@@ -78,7 +78,8 @@ def _effect_templates(output, builder, source_fn):
             # ran its class's own __setattr__ or property setter already (a module's as
             # nn.Module.__setattr__ decides: a parameter, a buffer or a plain attribute)
             kind = "objattrs" if isinstance(var, UserObjectVariable) else "attrs"
-            effects.append((kind, source_fn(var.source), [(k, builder.build(v)) for k, v in var.items.items()]))
+            effects.append((kind, source_fn(var.source), [(k, ["deleted"] if v is DELETED else builder.build(v))
+                                                          for k, v in var.items.items()]))
     output.guard_container_aliasing()
     return effects
 

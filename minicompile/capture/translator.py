@@ -766,9 +766,10 @@ class InstructionTranslator(CallsMixin):
             self.output.guards.class_member(cls, name, attr)
         return attr
 
-    def nested_function_attr(self, fn: NestedFunctionVariable, name: str) -> VariableTracker:  # noqa: C901
+    def nested_function_attr(self, fn: NestedFunctionVariable, name: str) -> VariableTracker:
         """An attribute of a function made in the frame: one set in the trace, or what
-        CPython's function object holds."""
+        CPython's function object holds; of one the call passed in (guarded by its code), what
+        the real one holds."""
         if name in fn.items:
             return fn.items[name]
         if fn.source is not None and name not in _FUNCTION_PARTS:
@@ -1349,6 +1350,14 @@ class InstructionTranslator(CallsMixin):
             self.output.record_mutation(obj)
             obj.items[name] = DELETED
             return
+        if value is DELETED and isinstance(obj, UserObjectVariable) and obj.source is not None and \
+                obj.snapshot is None and obj.overrides.get(name, DELETED) is not DELETED:
+            # one the trace set on an object from outside (`obj.cache = ...; del obj.cache`):
+            # deleted after the graph; later reads in the trace see it gone
+            self.output.record_mutation(obj)
+            obj.overrides[name] = DELETED
+            self.output.add_side_effect(obj)
+            return
         if value is DELETED:
             if not (isinstance(obj, UserObjectVariable) and obj.snapshot is not None):
                 raise self.unsupported(f"deleting attribute .{name} of {obj.describe()}")
@@ -1471,6 +1480,8 @@ class InstructionTranslator(CallsMixin):
             self.push(ConstantVariable(op(v.as_example())))
         elif isinstance(v, TensorVariable):
             self.push(self.output.call("call_function", op, [v], {}))
+        elif (result := self.call_special(v, f"__{op.__name__}__", [])) is not None:
+            self.push(result)                  # its class's __neg__ (a wrapper of tensors)
         else:
             raise self.unsupported(f"{name} of {v.describe()}")
 
