@@ -173,6 +173,7 @@ def _special(obj, name: str):
 
 
 _NONE = object()
+_DELETED = object()          # an attribute or item the trace deleted (its template: ["deleted"])
 
 
 def execute(inst, stack: list, f_locals: dict, f_globals: dict, kw_names, call: Callable,
@@ -759,7 +760,7 @@ class Segment:
             if kind == "list":
                 t = list(rebuild(t, outs, env, memo))
             elif kind in ("attrs", "objattrs", "dict", "setitems"):
-                t = [(name, vt if vt[0] == "deleted" else rebuild(vt, outs, env, memo)) for name, vt in t]
+                t = [(name, _DELETED if vt[0] == "deleted" else rebuild(vt, outs, env, memo)) for name, vt in t]
             effects.append((kind, obj, t))
         if self.end in ("return", "raise"):
             result = rebuild(self.template, outs, env, memo)
@@ -781,14 +782,14 @@ class Segment:
                     getattr(obj, name)(*operands)
             elif kind == "setitems":
                 for name, value in t:
-                    if value == ["deleted"]:
+                    if value is _DELETED:
                         obj.pop(name, None)        # (made by the trace, or there: read, so guarded)
                     else:
                         obj[name] = value
             else:
                 store = object.__setattr__ if kind == "objattrs" else setattr
                 for name, value in t:
-                    if value == ["deleted"]:          # (set in the trace, then deleted)
+                    if value is _DELETED:             # (set in the trace, then deleted)
                         vars(obj).pop(name, None)
                     else:
                         store(obj, name, value)
