@@ -345,11 +345,9 @@ class TemplateBuilder:
             return ["const", NULL_VALUE]
         if isinstance(v, V.ConstantVariable):
             return ["const", v.value]
-        if isinstance(v, (V.BaseListVariable, V.DictVariable)) and v.source is not None \
+        if isinstance(v, (V.BaseListVariable, V.DictVariable, V.NestedFunctionVariable)) and v.source is not None \
                 and self._source_fn(v.source) is not None:
-            return ["src", self._source_fn(v.source)]
-        if isinstance(v, V.SetVariable) and v.source is not None and self._source_fn(v.source) is not None:
-            return ["src", self._source_fn(v.source)]       # the real one (its changes: effects)
+            return ["src", self._source_fn(v.source)]       # the call's own (its changes: effects)
         if isinstance(v, V.SetVariable):                # made again each time, as eager made it
             return ["set", v.maker()]
         if isinstance(v, V.ModuleSliceVariable) and v.parent is not None and len(v.items) == len(v.sliced) \
@@ -426,8 +424,6 @@ class TemplateBuilder:
         if isinstance(v, V.AutocastVariable):
             return ["new", torch.autocast, [["const", v.device_type]],
                     [(k, ["const", getattr(v, k)]) for k in ("dtype", "enabled", "cache_enabled")]]
-        if isinstance(v, V.NestedFunctionVariable) and v.source is not None and self._source_fn(v.source):
-            return ["src", self._source_fn(v.source)]          # the call's own
         if isinstance(v, V.NestedFunctionVariable):
             # its cells: a new one holding the value of a local of the frame, or a real cell
             # (one per local of the captured frame itself, shared by every function made from
