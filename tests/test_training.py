@@ -1871,6 +1871,24 @@ def test_a_reduction_over_a_sliced_dynamic_dim_sums_every_element(kernel_backend
     assert minicompile.metrics.graphs == 2
 
 
+def _padded_to_a_multiple_of_four(x):
+    padding = (-x.shape[1]) % 4
+    return F.pad(x, (0, 0, 0, padding)).unflatten(1, (-1, 4)).relu().sum(2)
+
+
+def test_a_sequence_padded_to_a_multiple_trains_at_every_size_in_one_graph(kernel_backend):
+    """`unflatten(1, (-1, 4))` of a padded sequence: the joint trace asked whether eager's output
+    was contiguous, of strides make_fx had not traced (an error), and each new length compiled
+    a graph for its sizes."""
+    compiled = minicompile.compile(_padded_to_a_multiple_of_four)
+    for length in (5, 6, 7, 9, 13):
+        x = randn(2, length, 6).requires_grad_()
+        grad = randn(2, (length + 3) // 4, 6)
+        expected = torch.autograd.grad(_padded_to_a_multiple_of_four(x), x, grad)[0]
+        torch.testing.assert_close(torch.autograd.grad(compiled(x), x, grad)[0], expected)
+    assert minicompile.metrics.graphs == 2
+
+
 def _statistics_of_a_longer_row(x, lin):
     h = lin(x)
     b = torch.cat([h, h[:, :1]], dim=1)

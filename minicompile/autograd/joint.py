@@ -199,6 +199,9 @@ def trace_joint(gm: torch.fx.GraphModule, example_inputs, from_capture: bool = T
     outputs_saved: set = set()
     placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
     placeholders = [placeholders[i] for i in primal_at]
+    # the outputs eager's code lays out contiguous: asked here, as make_fx traces only what its
+    # own trace computes (a sizes-generic value's strides are expressions it did not record)
+    contiguous_in_eager = [leaves[i].is_contiguous() for i in tensor_outs]
 
     def joint(primals, tangents):
         nonlocal reached_by
@@ -219,7 +222,8 @@ def trace_joint(gm: torch.fx.GraphModule, example_inputs, from_capture: bool = T
         outputs_saved.update(j for j, i in enumerate(tensor_outs) if saves.saves(outs[i]) and not any(
             _memory_owner(outs[i]) is p for p in leafs))
         # the outputs in eager's layout (a value computed channels-last is made contiguous)
-        outs = [_as_laid_out(outs[i], leaves[i]) for i in tensor_outs]
+        outs = [outs[i].contiguous() if c and not outs[i].is_contiguous() else outs[i]
+                for i, c in zip(tensor_outs, contiguous_in_eager)]
         wanted = [k for k, n in enumerate(needs_grad) if n]
         grads = torch.autograd.grad([o for o, d in zip(outs, differentiable) if d],
                                     [leafs[k] for k in wanted], tangents, allow_unused=True)
@@ -685,13 +689,6 @@ def _products_of_the_others(x, dim):
 def _global(output_size) -> bool:
     """An adaptive pool's output size that is 1 x 1."""
     return output_size == 1 or (isinstance(output_size, (tuple, list)) and list(output_size) == [1, 1])
-
-
-def _as_laid_out(value, eager):
-    """value contiguous where eager's is (and value is not)."""
-    if isinstance(value, torch.Tensor) and eager.is_contiguous() and not value.is_contiguous():
-        return value.contiguous()
-    return value
 
 
 def _fold_views(gm: torch.fx.GraphModule) -> None:
