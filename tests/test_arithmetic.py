@@ -512,6 +512,15 @@ def test_clamp_keeps_the_sign_of_a_zero_at_its_bound(kernel_backend):
         assert torch.equal(got.signbit(), expected.signbit()) and torch.equal(got, expected)
 
 
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_erf_of_a_negative_zero_in_half_precision_is_negative_zero(kernel_backend, dtype):
+    """ATen's float32 erf for half precision gives its result x's sign bit: erf(-0.0) is -0.0
+    (the compiled code chose the sign by `x < 0`, and gave +0.0)."""
+    x = t([0.0, -0.0, 1e-3, -1e-3, 2.0, -2.0, -0.0, 0.0, 0.5], dtype)
+    got, expected = minicompile.compile(lambda x: torch.erf(x))(x), torch.erf(x)
+    assert torch.equal(got.signbit(), expected.signbit()) and torch.equal(got, expected)
+
+
 @pytest.mark.parametrize("dtype", [torch.int64, torch.int32, torch.uint8])
 def test_clamp_of_integers_with_float_and_nan_bounds(kernel_backend, dtype):
     """An integer tensor clamped to float bounds is a float tensor (this compiled to bad C++)."""

@@ -525,7 +525,8 @@ def _erf_of_eager(device, dtype, in_gelu=False):
         for coefficient in (-1.453152027, 1.421413741, -0.284496736, 0.254829592):
             r = ops.add(ops.mul(r, t), c(coefficient))
         y = ops.sub(c(1.0), ops.mul(ops.mul(t, ops.exp(ops.neg(ops.mul(x, x)))), r))
-        return ops.where(ops.lt(x, c(0.0)), ops.neg(y), y)
+        # (ATen gives y the sign of x: -0.0 stays -0.0, where y is 0)
+        return ops.where(ops.eq(x, c(0.0)), x, ops.where(ops.lt(x, c(0.0)), ops.neg(y), y))
     return erf
 
 
