@@ -1058,7 +1058,6 @@ class ScalarInput:
     with ops.scalar_arg."""
     name: str                     # the graph input (arg3)
     scalar: str                   # the kernel argument (scalar0)
-    rounded_to: Optional[torch.dtype] = None    # taken as a number of this dtype (see _number_as)
 
 
 @dataclass(eq=False)

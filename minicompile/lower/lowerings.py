@@ -141,12 +141,11 @@ def _as_index_value(x, shape, dtype):
         return lambda idx: ops.constant(x, cdtype)
     if ir.is_symbolic(x):                # a dynamic size used as a number (x * T)
         return lambda idx: ops.size_value(x, cdtype)
-    if isinstance(x, _RoundedSize):
-        return lambda idx: ops.round_to(ops.size_value(x.size, cdtype), x.dtype)
     if isinstance(x, ir.ScalarInput):    # a dynamic float: a kernel argument
-        if x.rounded_to is not None:
-            return lambda idx: ops.round_to(ops.scalar_arg(x.scalar, cdtype), x.rounded_to)
         return lambda idx: ops.scalar_arg(x.scalar, cdtype)
+    if isinstance(x, _Rounded):
+        load = _as_index_value(x.number, shape, dtype)
+        return lambda idx: ops.round_to(load(idx), x.dtype)
     return None
 
 
@@ -205,17 +204,16 @@ def _number_as(x, dtype):
     on a CPU). Theirs of mul and div, and add and sub on a GPU, take it as it is."""
     if dtype in (torch.float16, torch.bfloat16) and type(x) in (int, float):
         return torch.tensor(x, dtype=dtype).item()
-    if dtype in (torch.float16, torch.bfloat16) and isinstance(x, ir.ScalarInput):
-        return dataclasses.replace(x, rounded_to=dtype)        # (rounded in the kernel, as there)
-    if dtype in (torch.float16, torch.bfloat16) and ir.is_symbolic(x):
-        return _RoundedSize(x, dtype)                          # (x + n of a dynamic size n)
+    if dtype in (torch.float16, torch.bfloat16) and (isinstance(x, ir.ScalarInput) or ir.is_symbolic(x)):
+        return _Rounded(x, dtype)            # (a dynamic float, or x + n of a dynamic size n)
     return x
 
 
 @dataclasses.dataclass(frozen=True)
-class _RoundedSize:
-    """A size (a symbolic int) as an operand of a float16 or bfloat16 op: rounded to it."""
-    size: Any
+class _Rounded:
+    """A number known only when the kernel runs (a dynamic float, a size) as an operand of a
+    float16 or bfloat16 op: rounded to its dtype in the kernel, as eager's kernel takes it."""
+    number: Any
     dtype: torch.dtype
 
 
