@@ -134,6 +134,17 @@ def _dynamic_policy(frame: "_FrameCache", offset: int, dynamic, backend):
                 auto |= changed
             dims |= {d for d in auto if d < t.dim()}      # (dims seen to change at another rank: not these)
         return dims
+
+    def iterator_advanced(source: str, left: int) -> bool:
+        """Whether an iterator the frame reads at `source` had another number of items left
+        when a trace of this frame met it before (it is advanced across calls: `next(batches)`
+        each step): then it is an object the graph does not read, as TorchDynamo's (next() on
+        it is a graph break), not one graph per item it has left."""
+        key, seen = frame.saw(offset, source, ("iterator", left))
+        if seen is not None and seen != ("iterator", left):
+            frame.auto_dynamic[key] = {0}
+        return bool(frame.auto_dynamic.get(key))
+    policy.iterator_advanced = iterator_advanced
     return policy
 
 

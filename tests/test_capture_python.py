@@ -312,6 +312,30 @@ def test_an_iterator_from_the_caller_is_advanced_as_in_eager():
         assert list(mine) == list(theirs) == [3, 4]
 
 
+def _scaled_by_the_next_item(x, items):
+    return x * next(items)
+
+
+def test_an_iterator_advanced_across_calls_is_read_at_a_break_not_recompiled_per_call():
+    """`next(batches)` each step: the iterator, guarded by the items it had left, compiled again
+    at every call until the recompile limit. Once its count of items left is seen to change it
+    is an object the graph does not read (TorchDynamo's: next() on it is a graph break)."""
+    compiled = minicompile.compile(_scaled_by_the_next_item)
+    mine, theirs = iter([1.5 * k for k in range(1, 13)]), iter([1.5 * k for k in range(1, 13)])
+    x = torch.randn(5)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")               # (the recompile limit's warning)
+        for _ in range(12):
+            assert torch.equal(compiled(x, mine), _scaled_by_the_next_item(x, theirs))
+    assert minicompile.metrics.graphs <= 3 and minicompile.metrics.recompiles <= 2
+    minicompile.reset()
+    minicompile.metrics.reset()
+    compiled, fresh = minicompile.compile(_scaled_by_the_next_item), lambda: iter([2.0, 3.0])
+    for _ in range(3):                               # a new iterator each call: read in the graph
+        assert torch.equal(compiled(x, fresh()), _scaled_by_the_next_item(x, fresh()))
+    assert minicompile.metrics.graphs == 1 and minicompile.metrics.graph_breaks == 0
+
+
 def test_explain_keeps_the_reason_of_a_break_with_no_graph():
     def f(x):
         quiet_break()

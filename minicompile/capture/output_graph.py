@@ -942,8 +942,11 @@ class OutputGraph:
             # read from a copy of it (it is not advanced); what the trace takes from it is taken
             # from the real one after the graph (an effect)
             g.type_check(source, type(value))
-            items_src = HelperSource("REMAINING", source)
             remaining = list(copy.copy(value))
+            advanced = getattr(self.dynamic_policy, "iterator_advanced", None)
+            if advanced is not None and advanced(source.expr(), len(remaining)):
+                return UserObjectVariable(value, source)
+            items_src = HelperSource("REMAINING", source)
             g.sequence(items_src, remaining)
             return IteratorVariable([self.wrap(v, ItemSource(items_src, i)) for i, v in enumerate(remaining)],
                                     source=source, python_type=type(value))
