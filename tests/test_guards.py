@@ -638,3 +638,61 @@ def test_a_function_guarded_by_its_code_has_its_own_name_doc_and_annotations():
         for name in expected[0]:
             assert_same(got[0][name], expected[0][name])
         assert got[1:] == expected[1:]
+
+
+VERBOSE = False
+_cached_runs: list = []
+
+
+def _tripled_verbosely(x):
+    if VERBOSE:                          # read by the helper, which then breaks the graph
+        print("scaled")
+    return x * 3
+
+
+def _plus_one_then_logged(x):
+    return _tripled_verbosely(x + 1) - 2
+
+
+def test_facts_read_by_a_call_that_breaks_the_graph_are_not_guarded(capsys):
+    """A call the trace gives up (a graph break there: it runs as Python) guarded what it read
+    before giving up: flipping VERBOSE, which only the call reads, compiled the graph before it
+    again (the called function's own frame, compiled on its own, rightly is).
+    (TorchDynamo traces again from the start, with the break at the call.)"""
+    global VERBOSE
+    compiled = minicompile.compile(_plus_one_then_logged)
+    x = torch.randn(5)
+    minicompile.set_logs(recompiles=True)
+    try:
+        for verbose in (True, False, True):
+            VERBOSE = verbose
+            assert torch.equal(compiled(x), _plus_one_then_logged(x))
+    finally:
+        VERBOSE = False
+        minicompile.set_logs(recompiles=False)
+    assert "Recompiling function _plus_one_then_logged" not in capsys.readouterr().out
+
+
+@functools.lru_cache(maxsize=1)
+def _table(n):
+    _cached_runs.append(n)               # (an effect: the call runs as Python, at a graph break)
+    return torch.arange(n) * 1.5
+
+
+def _scaled_by_a_table(x, n):
+    return x[:n] * _table(n)
+
+
+def test_a_bounded_cache_that_drops_entries_compiles_once_per_argument():
+    """Called with 5, 3, 5, 3...: `_table(n)`'s call breaks the graph, but the trace's attempt to
+    inline it had guarded `len(_cached_runs)`, which each call's miss changes: a compile per
+    call until the recompile limit."""
+    compiled = minicompile.compile(_scaled_by_a_table, dynamic=False)
+    x = torch.randn(8)
+    _cached_runs.clear()
+    _table.cache_clear()
+    for k in range(6):
+        n = 3 if k % 2 else 5
+        assert torch.equal(compiled(x, n), x[:n] * torch.arange(n) * 1.5)
+    assert len(_cached_runs) == 6                        # (eager's: each call misses)
+    assert minicompile.metrics.graphs == 4               # before and after the break, for each n

@@ -429,6 +429,23 @@ class GuardBuilder:
                                  self._user_stack() if stack else None, others=list(others)))
         self._by_key[key] = self.checks[-1]
 
+    def mark(self) -> int:
+        return len(self.checks)
+
+    def drop_since(self, mark: int) -> None:
+        """Forget the facts found after `mark` by an instruction the trace then gave up (a graph
+        break there: the instruction runs as Python, and the graph relies on nothing it read),
+        but those of graph inputs it added (a placeholder stays) and conditions between sizes."""
+        kept = {id(c) for c in self.checks[:mark]}
+        for key, check in list(self._by_key.items()):
+            if id(check) in kept or check.tensor is not None or check.slow is not None \
+                    or check.refresh is not None or key[0] == "shape":
+                kept.add(id(check))
+            else:
+                del self._by_key[key]
+                self._seen.discard(key)
+        self.checks = [c for c in self.checks if id(c) in kept]
+
     def _user_stack(self):
         """The user's frames at the instruction the tracer is running (for the `# line` part
         of a failure reason). The tracer owns this builder as `output.guards`, and its

@@ -160,7 +160,8 @@ class InstructionTranslator(CallsMixin):
                     # checkpoint to roll the graph back to (an inlined call may have added nodes)
                     stack_before = list(self.stack)
                     kw_before = self.kw_names
-                    undo_mark = len(out.undo_log)
+                    undo_mark, effects_before = len(out.undo_log), len(out.side_effects)
+                    guards_mark = out.guards.mark()
                     grad_before = torch.is_grad_enabled()
                     inference_depth = len(out.inference_guards)
                     nodes_before = set(out.graph.nodes) if inst.opname.startswith("CALL") else None
@@ -188,6 +189,8 @@ class InstructionTranslator(CallsMixin):
                     if not root:
                         raise
                     out.rollback(undo_mark)
+                    del out.side_effects[effects_before:]    # (their changes are undone)
+                    out.guards.drop_since(guards_mark)
                     out.leave_inference_mode(inference_depth)
                     torch._C._set_grad_enabled(grad_before)
                     if nodes_before is not None:
