@@ -1175,7 +1175,7 @@ def endless(x):
     return x * sum(itertools.islice(g, 1, 6, 2)), next(g), list(filter(None, [0, 3, 0, 5]))
 
 
-class Bag:
+class DoublingBag:
     def __init__(self, items):
         self.items = items
 
@@ -1187,7 +1187,7 @@ class Bag:
 def test_generators_and_lazy_iterators_do_what_eager_does_in_eagers_order():
     x = torch.randn(3)
     for fn in (generators_run_as_far_as_they_are_read, sends, endless,
-               lambda x: (sum(x * v for v in Bag([1, 2])), list(Bag([4])))):
+               lambda x: (sum(x * v for v in DoublingBag([1, 2])), list(DoublingBag([4])))):
         del LOG[:]
         expected, eager_log = fn(x), list(LOG)
         del LOG[:]
@@ -2968,23 +2968,23 @@ def test_assert_async_is_a_check_in_the_graph():
     no_break(adjust_gamma, x, torch.tensor(0.8))
 
 
-class _Marker:
+class _EinxTensor:
     """einx's Tensor: a class used as an annotation, compared by identity."""
 
 
-def _annotated(x: _Marker, y: _Marker, z: float):
+def _annotated_by_einx(x: _EinxTensor, y: _EinxTensor, z: float):
     return x * y + z
 
 
-_SIGNATURE = inspect.signature(_annotated)
+_EINX_SIGNATURE = inspect.signature(_annotated_by_einx)
 
 
 def test_a_class_held_as_an_attribute_of_a_constant_is_the_class():
     """`param.annotation is Tensor` on an inspect.Parameter (einx's frontend, under
     x-transformers with a mask): the annotation is a class, not a method of the parameter."""
     def f(a, b):
-        n = sum(1 for p in _SIGNATURE.parameters.values() if p.annotation is _Marker)
-        return _annotated(a, b, 1.0) * n
+        n = sum(1 for p in _EINX_SIGNATURE.parameters.values() if p.annotation is _EinxTensor)
+        return _annotated_by_einx(a, b, 1.0) * n
     x, y = torch.randn(4), torch.randn(4)
     assert_same(minicompile.compile(f)(x, y), f(x, y))
     no_break(f, x, y)

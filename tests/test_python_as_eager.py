@@ -466,12 +466,12 @@ def test_pep_479_the_sign_of_zero_and_ints_past_int64():
     same_calls(adds, [lambda f, n=n: f(xi, n) for n in (5, 6, 2**64 + 1, 7)])
 
 
-class Level(__import__("enum").IntEnum):
+class Volume(__import__("enum").IntEnum):
     HIGH = 3
 
 
 def scales_by_a_level(x):
-    return x * Level.HIGH + 1
+    return x * Volume.HIGH + 1
 
 
 def test_an_int_enum_member_in_a_kernel_is_its_number():
@@ -669,9 +669,6 @@ def test_a_generator_let_go_of_while_paused_is_closed_when_eager_closes_it(fn):
     x = torch.randn(3, requires_grad=True)
     with torch.enable_grad():
         same_calls(fn, [lambda f: (torch.set_grad_enabled(True), f(x, log := []), log, torch.is_grad_enabled())[1:]] * 2)
-
-
-Pair = collections.namedtuple("Pair", "first second")
 
 
 def types_of(x):
@@ -876,7 +873,7 @@ def test_exceptions_see_the_exception_their_callers_handle():
     same_calls(exception_context, [lambda f: f(X)] * 2)
 
 
-class Adds:
+class StepsByOne:
     def step(self, x):
         return x + 1
 
@@ -887,7 +884,7 @@ class Subtracts:
 
 
 def test_a_class_whose_bases_change_finds_its_methods_anew():
-    class Stepper(Adds):
+    class Stepper(StepsByOne):
         pass
 
     def step(x, obj):
