@@ -57,15 +57,28 @@ SAME_AS_OUT_OF_PLACE = {
 
 def method_name(kind: str, target) -> Optional[str]:
     """The tensor method a call runs: 'add_' for `x.add_(y)` (a call_method node) and for
-    `torch.Tensor.add_(x, y)` or `torch.relu_(x)` (a function); None for anything else."""
+    `torch.Tensor.add_(x, y)`, `torch.relu_(x)` or `F.leaky_relu_(x)` (torch._C._nn's, which
+    has no method of that name) (a function); None for anything else."""
     if kind == "call_method":
         return target if isinstance(target, str) else None
     name = getattr(target, "__name__", None)
     if not isinstance(name, str):
         return None
-    if getattr(torch.Tensor, name, None) is target or getattr(torch, name, None) is target:
+    if any(getattr(home, name, None) is target for home in (torch.Tensor, torch, torch._C._nn)):
         return name
     return None
+
+
+def out_of_place(kind: str, target, name: str) -> tuple:
+    """(kind, target) of the call that computes what in-place `name` (SAME_AS_OUT_OF_PLACE)
+    writes, with the same arguments: the tensor method without its `_`, or, where tensors have
+    none (`celu`, `leaky_relu`), the function beside the in-place one (torch.celu,
+    torch._C._nn.leaky_relu)."""
+    base = name[:-1]
+    if hasattr(torch.Tensor, base):
+        return "call_method", base
+    home = next(h for h in (torch, torch._C._nn) if kind == "call_function" and getattr(h, name, None) is target)
+    return "call_function", getattr(home, base)
 
 
 def inplace_flag(target, args, kwargs, constant: Callable = lambda v: v) -> bool:

@@ -486,7 +486,7 @@ class _Functionalizer:
                 value = self._new("call_function", aliasing.overwritten, [args[0], value])
             return [value], "same"
         if single and name in aliasing.SAME_AS_OUT_OF_PLACE:
-            value = self._new("call_method", name[:-1], args, kwargs)
+            value = self._new(*aliasing.out_of_place(kind, target, name), args, kwargs)
             return [self._cast(value, targets[0])], "same"
         if single and kind == "call_function" and aliasing.inplace_flag(target, node.args, node.kwargs):
             if "inplace" in kwargs:

@@ -91,6 +91,32 @@ def test_writes_through_views_of_an_input(kernel_backend, name):
     assert_same_effects(WRITES[name], one(7, 5))
 
 
+# torch.nn.functional's in-place activations that tensors have no method of (torch._C._nn's
+# leaky_relu_, hardtanh_, elu_; torch.celu_, torch.selu_): on a value the graph computed, the
+# write was not seen (the call, dead code, was dropped: y came back unchanged) or its
+# out-of-place twin was looked up as a tensor method (celu: an error, and PyTorch's kernels)
+INPLACE_ACTIVATIONS = {
+    "F.leaky_relu_": lambda y: F.leaky_relu_(y, 0.1), "F.hardtanh_": lambda y: F.hardtanh_(y, -0.5, 0.5),
+    "F.elu_": lambda y: F.elu_(y, 0.7), "F.celu_": lambda y: F.celu_(y), "F.selu_": lambda y: F.selu_(y),
+    "F.threshold_": lambda y: F.threshold_(y, 0.5, -1.0), "F.hardswish": lambda y: F.hardswish(y, inplace=True),
+}
+
+
+@pytest.mark.parametrize("name", list(INPLACE_ACTIVATIONS))
+def test_an_inplace_activation_of_a_computed_value_is_applied(kernel_backend, name):
+    activation = INPLACE_ACTIVATIONS[name]
+
+    def scaled_then_activated(x):
+        y = x * 3
+        activation(y)
+        return y
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")              # (not on PyTorch's kernels)
+        assert_same_effects(scaled_then_activated, one(7, 5))
+        assert_same_effects(lambda x: (activation(x), x.sum())[1], one(7, 5))
+
+
 def view_written_and_returned(x):
     v = x[1]
     v.add_(1)
