@@ -456,11 +456,17 @@ class _Functionalizer:
             # its history (a later use is differentiated into it), its new value unseen by autograd
             unseen = not self.grad or any(_is_detach(n) for n in self.chain.get(t, ())) or \
                 self.training and _keeps_history(node)
-            if self.training and unseen and getattr(_example(t), "requires_grad", False):
-                v = self._new("call_function", aliasing.written_unseen, [self.current(t), v])
-            elif not unseen:
-                self.seen_writes.add(self.root[t])
+            root = self.root[t]
+            # (the tensor written keeps its history: the root's, where a view of it is written,
+            # though the view, made under no_grad, does not require grad itself)
+            hidden = self.training and unseen and getattr(_example(root), "requires_grad", False)
+            if not unseen:
+                self.seen_writes.add(root)
+            before = self.current(root) if hidden else None
             self._assign(t, v)
+            if hidden:
+                kept = self._new("call_function", aliasing.written_unseen, [before, self.value[root]])
+                self.value[root] = self.history[root][-1] = kept
         if result == "same":                    # x.add_(y) returns x
             self.same[node] = targets[0]
         elif isinstance(result, torch.fx.Node) and isinstance(_example(node), torch.Tensor):

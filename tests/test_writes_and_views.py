@@ -878,11 +878,27 @@ def clamps_a_value_unseen(x, w):
     return y * 2
 
 
-@pytest.mark.parametrize("fn", [halves_an_input_unseen, clamps_a_value_unseen])
+def zeroes_a_row_of_an_input_unseen(x, w):
+    with torch.no_grad():
+        w[0].zero_()                  # (a view made under no_grad: it does not require grad)
+        w.t()[1].fill_(2.0)
+    return (x @ w).tanh()
+
+
+def clamps_a_row_of_a_value_unseen(x, w):
+    y = x @ w
+    with torch.no_grad():
+        y[1:].clamp_(-0.1, 0.1)
+    return y * 2
+
+
+@pytest.mark.parametrize("fn", [halves_an_input_unseen, clamps_a_value_unseen, zeroes_a_row_of_an_input_unseen,
+                                clamps_a_row_of_a_value_unseen])
 def test_a_write_under_no_grad_keeps_the_tensors_history(fn):
     """Written under no_grad, a tensor that requires grad keeps its history in eager: a later
     use is differentiated into it, at its new value (the compiled graph's output carried no
-    gradient: backward() raised)."""
+    gradient: backward() raised). So too where the write is through a view (the view, made
+    under no_grad, does not require grad: the tensor written does)."""
     results = []
     minicompile.reset()
     for f in (fn, minicompile.compile(fn)):
