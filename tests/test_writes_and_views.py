@@ -1239,6 +1239,32 @@ def test_an_input_eager_saves_for_backward_and_the_graph_writes_raises_at_backwa
     torch.testing.assert_close(grads[1], grads[0])
 
 
+def _exp_in_place_then_shifted(x):
+    y = x * 2
+    y.exp_()                               # its backward reads y as exp_ wrote it
+    y.add_(1)
+    return y
+
+
+def _relu_in_place_then_accumulated(x):
+    h = F.relu(x * 3, inplace=True)
+    h += x
+    return h
+
+
+@pytest.mark.filterwarnings("ignore:minicompile. the graph runs on PyTorch's kernels")
+@pytest.mark.parametrize("fn", [_exp_in_place_then_shifted, _relu_in_place_then_accumulated])
+def test_an_inplace_op_whose_saved_result_is_written_again_raises_at_backward_as_eager(fn):
+    """`y.exp_()` saves its own result for backward; `y.add_(1)` then changes it, and eager's
+    backward raises. The compiled call's backward gave the gradient of the program written
+    without the writes (saves by the op that writes a tensor were all taken to be of its
+    value before the write)."""
+    for run in (fn, minicompile.compile(fn)):
+        x = randn(3, 4).requires_grad_()
+        with pytest.raises(RuntimeError, match="modified by an inplace operation"):
+            run(x).sum().backward()
+
+
 def _data_written_after_a_product(x, w):
     y = x @ w
     w.data.mul_(0.5)                       # an update autograd does not see

@@ -280,7 +280,8 @@ class _SavesOf(torch.autograd.graph.saved_tensors_hooks):
     eager's backward would not read what the forward computed); in `saved`, every tensor
     saved (by the tensor that owns its memory). Saves by the op that writes the tensor do not
     count (`h[0].mul_(w)`'s h[0], a batch norm's running statistics): eager's in-place op saves
-    what it needs after its write, or a copy. placeholders: gm's node of each primal."""
+    what it needs after its write, or a copy; but its save of its own result does (`y.exp_()`
+    saves y as it wrote it, which a later write changes). placeholders: gm's node of each primal."""
 
     def __init__(self, leafs: list, placeholders: list, primals: set, overwritten: set):
         # (each tensor held: an id is not reused by another while the trace runs)
@@ -305,7 +306,7 @@ class _SavesOf(torch.autograd.graph.saved_tensors_hooks):
 
     def _note(self, node, saver) -> None:
         root = node.meta.get(aliasing.WRITTEN_LATER)
-        if root is not None and root in saver.meta.get(aliasing.WRITES, ()):
+        if root is not None and root in saver.meta.get(aliasing.WRITES, ()) and node is not saver:
             return
         if node in self.primal_of:
             self.primals.add(self.primal_of[node])
