@@ -163,3 +163,22 @@ def test_explicit_casts_pass_on_a_plain_graph():
     got = explicit(x, w)
     assert sum(n.target == "to" for n in explicit.graph.nodes) == 2
     assert_like_eager(got, expected)
+
+
+def _scaled_by_its_own_sum_under_autocast(x, w):
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        y = x @ w
+        s = float(y.float().sum())          # a graph break inside the block: the frame runs eagerly
+        return (y @ w * s).float().sum()
+
+
+def test_a_frame_skipped_for_a_break_inside_autocast_is_traced_once():
+    """The skip's guard was built inside the block, so it asked for autocast on (and C++'s
+    tensor checks took autocast's dispatch key): it failed at every call's entry, and every
+    call traced the frame again."""
+    compiled = minicompile.compile(_scaled_by_its_own_sum_under_autocast)
+    w = torch.randn(4, 4)
+    for _ in range(4):
+        x = torch.randn(3, 4)
+        torch.testing.assert_close(compiled(x, w), _scaled_by_its_own_sum_under_autocast(x, w))
+    assert minicompile.metrics.graph_breaks == 1

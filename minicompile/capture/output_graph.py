@@ -386,6 +386,7 @@ class OutputGraph:
         # objects from outside the frame changed by the trace (global lists, attributes):
         # the changes are made on the real objects after the graph runs
         self.side_effects: List[VariableTracker] = []
+        self.entry_modes: Optional[tuple] = None     # (grad mode, autocast state) at the frame's entry
         # the lists, dicts and other objects read from outside the frame: id -> (the object,
         # its variable)
         self._containers: Dict[int, Tuple[Any, VariableTracker]] = {}

@@ -169,6 +169,7 @@ def _trace_segment(fn, args: tuple, kwargs: dict, offset: int = 0, *, breaks: bo
             tx.closure_cells[name] = output.cells[id(cell)] = ClosureCellVariable(
                 cell, src, AttrSource(src, "cell_contents"))
     grad, autocast_state = torch.is_grad_enabled(), autocast.state()
+    output.entry_modes = grad, autocast_state       # (a skip's guard is checked at a call's entry)
     break_grad = None
     ns = output.guards.namespace
 
@@ -344,10 +345,18 @@ def _guard_so_far(output: OutputGraph, binding) -> Optional[Callable]:
     guard(F, args, kwargs) -> bool. Where it holds, a new trace would stop there too; where it
     fails (another instance of a class, a lazy module since initialized), the frame is traced
     again. None where it cannot be built (the skip then holds for every call)."""
+    grad, autocast_state = torch.is_grad_enabled(), autocast.state()
+    entry = output.entry_modes
     try:
+        if entry is not None:    # (built where a call's check runs: with the modes of the entry,
+            torch._C._set_grad_enabled(entry[0])      # not those of a block the trace is in)
+            autocast.set_state(entry[1])
         return output.guards.build(binding, [s.expr() for s in output.input_sources]).guard
     except Exception:            # (a guard for a trace cut short: a skip that always holds)
         return None
+    finally:
+        torch._C._set_grad_enabled(grad)
+        autocast.set_state(autocast_state)
 
 
 def capture(fn, args: tuple, kwargs: dict) -> Capture:
