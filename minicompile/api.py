@@ -348,6 +348,13 @@ class CompiledFunction:
                 seg.owner = owner
                 entries.insert(0, seg)
                 return seg
+        if eager and offset and _past_limit(entries, None):
+            # the rest of a skipped frame, traced again for each call (a float a break handed
+            # on, `1 / (1 + loss.item())`, guarded by its value): past the limit, CPython runs it
+            seg = ResumeSegment(self._func.__code__, offset, kwargs, _PAST_THE_LIMIT)
+            if seg.resumable():
+                entries.insert(0, seg)
+                return seg
         if not eager and _past_limit(entries, owner):
             if (offset, eager) not in frame.limit_warned:      # once per frame, as Dynamo
                 frame.limit_warned.add((offset, eager))
@@ -544,6 +551,8 @@ _AT_HANDLER = Unsupported("an exception raised at a graph break in a try block",
                           "the frame goes on at its handler, which runs as Python")
 _GRAPH_RAISED = Unsupported("a graph that raised at run time",
                             "the frame runs again from the graph's start, as Python")
+_PAST_THE_LIMIT = Unsupported("the rest of a frame that runs eagerly, traced again at every call",
+                              "past the recompile limit, it runs as Python")
 
 
 def _note_eager(entries: list, err) -> None:

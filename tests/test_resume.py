@@ -534,3 +534,24 @@ def test_a_callee_that_breaks_inside_a_grad_mode_or_autocast_block(fn, outer):
         assert minicompile.explain(fn)(x, w).graph_count >= 2       # the callee's graphs
     finally:
         torch.set_grad_enabled(prev)
+
+
+def _accumulates_with_weights_from_items(xs, w):
+    total = torch.zeros(())
+    for x in xs:                                 # a break in a loop: the frame is skipped
+        loss = (x * w).square().mean()
+        weight = 1.0 / (1.0 + loss.item())       # a new float each call, guarded by its value
+        total = total + loss * weight
+    return total
+
+
+def test_the_rest_of_a_skipped_frame_guarded_by_a_changing_float_is_not_traced_at_every_call():
+    """Each call traced the rest of the frame again (its float, a new value every call, is
+    guarded by value) and kept it: as many entries as calls, and a trace per call. Past the
+    recompile limit the rest runs as Python."""
+    compiled, w = minicompile.compile(_accumulates_with_weights_from_items), torch.randn(4)
+    for _ in range(3 * minicompile.config.recompile_limit):
+        xs = [torch.randn(3, 4) for _ in range(2)]
+        torch.testing.assert_close(compiled(xs, w), _accumulates_with_weights_from_items(xs, w))
+    frame = minicompile.api._CACHES[compiled._key]
+    assert max(len(entries) for entries in frame.segments.values()) <= minicompile.config.recompile_limit + 1

@@ -43,7 +43,7 @@ from .builtin_calls import class_attr
 from .bytecode import (BINARY_OP_SYMBOLS, BINARY_OPS, COMPARE_OPS, _cmp_symbol, current_version,
                        exception_table, handler_at)
 from .output_graph import NodeByNode
-from .resume import RaisedAt, call_resumed
+from .resume import RaisedAt, call_resumed, resume_code
 
 NULL_VALUE = type("NULL_VALUE", (), {"__repr__": lambda self: "NULL"})()
 VERSION = current_version()
@@ -889,6 +889,10 @@ class ResumeSegment:
         self.code, self.offset, self.why = code, offset, why
         self.shape = _state_shape(kwargs)
         self.guard_source = f"# the rest of {code.co_name} from offset {offset} runs as Python: {why.reason}"
+
+    def resumable(self) -> bool:
+        """Whether a resume function can be written for this state (resume.py)."""
+        return resume_code(self.code, self.offset, *self.shape) is not None
 
     def guard(self, F, args, kwargs) -> bool:
         return not args and _state_shape(kwargs) == self.shape
