@@ -1245,3 +1245,28 @@ def test_unpacking_a_tensor_makes_only_its_first_dim_static():
         x = randn(B, T, 8)
         assert_same(compiled(x), _attention_unpacking_qkv(x))
     assert minicompile.metrics.graphs <= 3
+
+
+def _checks_by_an_unused_reshape(x):
+    y = x.abs()
+    y.reshape(2, -1)                     # nothing reads it: eager's raises where numel is odd
+    return y * 2
+
+
+def _checks_by_an_unused_expand(x):
+    x.expand(4, 6)
+    return x + 1
+
+
+@pytest.mark.parametrize("fn, bad", [(_checks_by_an_unused_reshape, (5, 7)), (_checks_by_an_unused_expand, (3, 6))])
+def test_a_view_nothing_reads_still_checks_its_sizes_as_eager(fn, bad):
+    """A dead view was dropped before lowering, and with it the condition between sizes that its
+    compiled code would check: at a size eager's view refuses, the compiled call returned."""
+    compiled = minicompile.compile(fn, dynamic=True)
+    x = torch.randn(4, 6)
+    torch.testing.assert_close(compiled(x), fn(x))
+    with pytest.raises(RuntimeError) as theirs:
+        fn(torch.randn(*bad))
+    with pytest.raises(RuntimeError) as mine:
+        compiled(torch.randn(*bad))
+    assert str(mine.value) == str(theirs.value)

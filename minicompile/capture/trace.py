@@ -54,6 +54,22 @@ def _is_impure(node: torch.fx.Node) -> bool:
     return False
 
 
+# views whose sizes must fit their input's (`y.reshape(2, -1)`: its numel even)
+_CHECKED_VIEWS = {"view", "reshape", "expand", "unflatten", "view_as", "expand_as", "narrow", "select",
+                  torch.reshape, torch.narrow, torch.select, torch.unflatten}
+
+
+def _impure_at_dynamic_sizes(graph: torch.fx.Graph):
+    """_is_impure, and where the graph is generic in sizes, a view nothing reads whose sizes
+    must fit its input's: the compiled code checks them (its guards) as eager's view raises."""
+    dynamic = any(n.meta.get("dynamic_dims") for n in graph.nodes if n.op == "placeholder")
+
+    def impure(node: torch.fx.Node) -> bool:
+        return _is_impure(node) or dynamic and node.op in ("call_method", "call_function") and \
+            node.target in _CHECKED_VIEWS
+    return impure
+
+
 def _effect_templates(output, builder, source_fn):
     effects = []
     for var in output.side_effects:
@@ -260,7 +276,7 @@ def _trace_segment(fn, args: tuple, kwargs: dict, offset: int = 0, *, breaks: bo
     output.tx = tx
     output.graph.output(tuple(p.node for p in builder.proxies))
     _leaves_stay_inside(output, builder, binding)
-    output.graph.eliminate_dead_code(is_impure_node=_is_impure)
+    output.graph.eliminate_dead_code(is_impure_node=_impure_at_dynamic_sizes(output.graph))
     gm = torch.fx.GraphModule(output.root_module, output.graph)
     output.guard_written_inputs()
     output.guard_tensor_keys()
