@@ -696,3 +696,31 @@ def test_a_bounded_cache_that_drops_entries_compiles_once_per_argument():
         assert torch.equal(compiled(x, n), x[:n] * torch.arange(n) * 1.5)
     assert len(_cached_runs) == 6                        # (eager's: each call misses)
     assert minicompile.metrics.graphs == 4               # before and after the break, for each n
+
+
+class _RescalesItsWeight(nn.Module):
+    """As the old nn.utils.spectral_norm's hook: a plain tensor attribute replaced each call by
+    one computed from a parameter (which requires grad)."""
+
+    def __init__(self):
+        super().__init__()
+        self.raw = nn.Parameter(torch.randn(5, 6))
+        self.weight = self.raw.detach().clone()
+
+    def forward(self, x):
+        self.weight = self.raw * 2.0
+        return x @ self.weight.t()
+
+
+def test_an_attribute_a_module_replaces_is_not_guarded_as_it_was():
+    """`self.weight = computed` read the old value to ask whether it was the same (and guarded
+    it: requires_grad False), so the second call, which found the computed one, compiled again."""
+    model, twin = _RescalesItsWeight(), _RescalesItsWeight()
+    twin.load_state_dict(model.state_dict())
+    twin.weight = model.weight.clone()
+    compiled = minicompile.compile(model)
+    for _ in range(3):
+        x = torch.randn(3, 6)
+        torch.testing.assert_close(compiled(x), twin(x))
+        torch.testing.assert_close(model.weight, twin.weight)
+    assert minicompile.metrics.graphs == 1 and minicompile.metrics.recompiles == 0

@@ -1403,7 +1403,10 @@ class InstructionTranslator(CallsMixin):
             self.output.add_side_effect(obj)
             return
         if isinstance(obj, NNModuleVariable) and obj.source is not None:
-            if (name in obj.items or hasattr(obj.module, name)) and value is self.load_module_attr(obj, name):
+            # (a value with no source is not what the module holds: not read, nor guarded, for
+            # the comparison: spectral_norm's `self.weight = computed` over a plain tensor)
+            if (name in obj.items or hasattr(obj.module, name) and getattr(value, "source", None) is not None) \
+                    and value is self.load_module_attr(obj, name):
                 return                  # `self.count += 1`: the buffer itself, written in place
             # replayed with setattr after the graph (nn.Module's own: a parameter, buffer or
             # plain attribute as it decides); later reads in the trace see the new value
