@@ -22,6 +22,7 @@ found_inf) runs its own `step()`, with the reason in the `graph_breaks` log.
 from __future__ import annotations
 
 import inspect
+import types
 import weakref
 from itertools import chain
 from typing import Callable
@@ -133,7 +134,8 @@ class CompiledStep:
     def __init__(self, opt, compile_update: Callable, scheduled: bool = False):
         self._opt, self.scheduled = weakref.ref(opt), scheduled      # (the cache of steps is weak)
         sgd = _kind(opt) == "sgd"
-        self.update = compile_update(sgd_update if sgd else adam_update)
+        self._compile_update, self._update_fn = compile_update, sgd_update if sgd else adam_update
+        self._updates: dict = {}         # a group's position -> its compiled update
         self._gather, self._apply = (self._gather_sgd, self._sgd) if sgd else (self._gather_adam, self._adam)
         self.init_takes_amsgrad = "amsgrad" in inspect.signature(opt._init_group).parameters
         self.decoupled = type(opt) is torch.optim.AdamW          # (where groups do not say)
@@ -173,6 +175,20 @@ class CompiledStep:
                 post_hook(opt, args, kwargs)
         return loss
 
+    def _update_of(self, group) -> Callable:
+        """The compiled update of this group: each its own function (named for its position),
+        so that groups of other shapes (a learning rate per layer) are not recompiles of one
+        function, which would reach the recompile limit where a model has many."""
+        at = next(i for i, g in enumerate(self.opt.param_groups) if g is group)
+        update = self._updates.get(at)
+        if update is None:
+            fn = self._update_fn
+            name = f"{fn.__name__}_of_group_{at}"
+            code = fn.__code__.replace(co_name=name, co_qualname=name)
+            update = self._updates[at] = self._compile_update(
+                types.FunctionType(code, fn.__globals__, name, fn.__defaults__))
+        return update
+
     def _gather_sgd(self, group) -> tuple:
         params, grads, bufs = [], [], []
         if self.opt._init_group(group, params, grads, bufs):
@@ -180,7 +196,7 @@ class CompiledStep:
         return params, grads, bufs
 
     def _sgd(self, group, params, grads, bufs) -> None:
-        new_bufs = self.update(params, grads, bufs, -group["lr"], group["weight_decay"],
+        new_bufs = self._update_of(group)(params, grads, bufs, -group["lr"], group["weight_decay"],
                                group["momentum"], 1 - group["dampening"], group["nesterov"],
                                group["maximize"])
         if group["momentum"] != 0:
@@ -203,7 +219,7 @@ class CompiledStep:
         neg_step_sizes = [-(lr / (1 - beta1 ** n)) for n in counts]
         bias_correction2_sqrts = [(1 - beta2 ** n) ** 0.5 for n in counts]
         weight_decay = group["weight_decay"]
-        self.update(params, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs, neg_step_sizes,
+        self._update_of(group)(params, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs, neg_step_sizes,
                     bias_correction2_sqrts, 1 - lr * weight_decay, 1 - beta1, beta2, 1 - beta2,
                     group["eps"], weight_decay, group.get("decoupled_weight_decay", self.decoupled),
                     group["amsgrad"], group["maximize"])

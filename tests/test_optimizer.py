@@ -4,6 +4,7 @@ the same parameters and gradients (fresh random values of awkward sizes, a non-c
 parameter, two parameter groups, a parameter whose gradient appears late): after every step the
 parameters and the optimizer's state must be eager's."""
 import copy
+import warnings
 
 import pytest
 import torch
@@ -170,6 +171,36 @@ def test_training_loop_with_backward_and_step():
         for p, q in zip(model.parameters(), twin.parameters()):
             assert_same(q, p)
             assert q.grad is None
+
+
+@pytest.mark.parametrize("cls", [torch.optim.AdamW, torch.optim.SGD])
+def test_a_learning_rate_per_layer_compiles_each_groups_update_once(cls):
+    """Twelve layers of other widths, a parameter group each (layer-wise learning rates): every
+    group's update was a recompile of one function, which reached the recompile limit (the
+    groups after ran eagerly, and the step was slower than eager's)."""
+    torch.manual_seed(0)
+    widths = [6] + [4 + i for i in range(12)] + [3]
+    model = torch.nn.Sequential(*[torch.nn.Linear(a, b) for a, b in zip(widths[:-1], widths[1:])]).to(DEVICE)
+    twin = copy.deepcopy(model)
+    extra = {"momentum": 0.9} if cls is torch.optim.SGD else {}
+    eager_opt, opt = [cls([{"params": layer.parameters(), "lr": 0.01 * 0.9 ** i} for i, layer in enumerate(m)],
+                          lr=0.01, **extra) for m in (model, twin)]
+
+    def train_step(m, o, x):
+        loss = m(x).square().mean()
+        loss.backward()
+        o.step()
+        o.zero_grad()
+        return loss
+
+    step = minicompile.compile(train_step)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", UserWarning)            # (the recompile limit's warning)
+        for _ in range(3):
+            x = randn(5, 6)
+            assert_same(step(twin, opt, x), train_step(model, eager_opt, x))
+    for p, q in zip(model.parameters(), twin.parameters()):
+        assert_same(q, p)
 
 
 def test_clipping_gradients_of_a_parameters_generator_as_eager(recwarn):
