@@ -1270,3 +1270,21 @@ def test_a_view_nothing_reads_still_checks_its_sizes_as_eager(fn, bad):
     with pytest.raises(RuntimeError) as mine:
         compiled(torch.randn(*bad))
     assert str(mine.value) == str(theirs.value)
+
+
+def _halved_aligned_and_doubled(x):
+    n = x.shape[0]
+    head = x[: n >> 1]
+    aligned = x[: n & ~3]
+    rest = n & 3
+    return head.sum(0) * rest, aligned * 2, x.new_zeros(n << 1, x.shape[1]) + 1
+
+
+def test_shifts_and_masks_of_a_size_keep_it_dynamic():
+    """n >> 1, n & ~3, n & 3, n << 1 of a dynamic size (an alignment, a half): a graph per size."""
+    compiled = minicompile.compile(_halved_aligned_and_doubled, dynamic=True)
+    for n in (5, 6, 9, 13, 16):
+        x = torch.randn(n, 3)
+        for got, want in zip(compiled(x), _halved_aligned_and_doubled(x)):
+            torch.testing.assert_close(got, want)
+    assert minicompile.metrics.graphs == 1

@@ -1014,6 +1014,9 @@ class InstructionTranslator(CallsMixin):
 
     def binary(self, sym: str, a: VariableTracker, b: VariableTracker) -> VariableTracker:
         op = BINARY_OPS.get(sym) or COMPARE_OPS[sym]
+        shifted = _as_size_arithmetic(sym, a, b)
+        if shifted is not None:              # n >> 1, n << 2, n & 7, n & ~7 of a size
+            return shifted(self.output)
         if (isinstance(a, SymIntVariable) or isinstance(b, SymIntVariable)) and sym in SIZE_ARITHMETIC \
                 and all(type(v.example if isinstance(v, SymIntVariable) else getattr(v, "value", None)) is int
                         for v in (a, b)):
@@ -1674,6 +1677,25 @@ def _never_equal(a: VariableTracker, b: VariableTracker) -> bool:
 _FUNCTION_PARTS = {"__code__", "__defaults__", "__kwdefaults__", "__closure__", "__globals__"}
 # what every function has (no guard that it does)
 _FUNCTION_ATTRIBUTES = {"__name__", "__qualname__", "__doc__", "__module__", "__dict__", "__annotations__"}
+
+
+def _as_size_arithmetic(sym: str, a: VariableTracker, b: VariableTracker) -> Optional[Callable]:
+    """A shift or mask of a symbolic int by a constant, written as the arithmetic sizes have
+    (the same value for every int, negative ones too): n >> k is n // 2**k, n << k is n * 2**k,
+    n & (2**k - 1) is n % 2**k, n & -2**k (~(2**k - 1)) is n - n % 2**k. -> a function of the
+    output graph that makes it, or None."""
+    op = sym.rstrip("=") if sym not in ("==", "!=", "<=", ">=") else None
+    if op not in (">>", "<<", "&") or not isinstance(a, SymIntVariable) or type(a.example) is not int \
+            or isinstance(b, SymIntVariable) or not isinstance(b, ConstantVariable) or type(b.value) is not int:
+        return None
+    k = b.value
+    if op in (">>", "<<") and 0 <= k <= 62:
+        return lambda out: out.sym_arith(operator.floordiv if op == ">>" else operator.mul, a, ConstantVariable(2 ** k))
+    if op == "&" and k > 0 and k & (k + 1) == 0:
+        return lambda out: out.sym_arith(operator.mod, a, ConstantVariable(k + 1))
+    if op == "&" and k < 0 and -k & (-k - 1) == 0:
+        return lambda out: out.sym_arith(operator.sub, a, out.sym_arith(operator.mod, a, ConstantVariable(-k)))
+    return None
 
 
 def _number_type(v: VariableTracker) -> Optional[type]:
