@@ -3733,3 +3733,53 @@ def test_max_of_an_empty_sequence_raises_in_the_frame_as_in_eager():
     minicompile.metrics.reset()
     assert_same(minicompile.compile(f)(x, [], []), f(x, [], []))
     assert minicompile.metrics.graph_breaks == 0
+
+
+class _Positive:
+    """A validating field: a data descriptor whose __get__ and __set__ are Python."""
+
+    def __set_name__(self, owner, name):
+        self.slot = "_" + name
+
+    def __get__(self, obj, objtype=None):
+        return self if obj is None else getattr(obj, self.slot)
+
+    def __set__(self, obj, value):
+        if value <= 0:
+            raise ValueError(f"{self.slot[1:]} must be positive, not {value}")
+        setattr(obj, self.slot, value)
+
+
+class _Scaling:
+    factor = _Positive()
+
+    def __init__(self, factor):
+        self.factor = factor
+
+
+_SCALING = _Scaling(2.0)
+
+
+def _scaled_through_fields(x, k):
+    made = _Scaling(k)                       # set through the field's __set__
+    _SCALING.factor = _SCALING.factor + 1    # read and written on an object from outside
+    try:
+        _Scaling(-k)
+    except ValueError as err:
+        k = k + len(str(err))
+    return x * made.factor * _SCALING.factor + k
+
+
+def test_a_data_descriptor_of_pythons_is_traced_not_a_reason_to_run_the_frame_as_python():
+    """A field whose class has Python __get__ and __set__ (attrs-, pydantic- or hand-written
+    validation): its read and its write ran the frame as Python (a break at LOAD_ATTR is not
+    resumed)."""
+    global _SCALING
+    results, x = [], torch.randn(4)
+    for fn in (_scaled_through_fields, minicompile.compile(_scaled_through_fields)):
+        _SCALING = _Scaling(2.0)
+        results.append([(fn(x, k), _SCALING.factor, _SCALING.__dict__.copy()) for k in (1.5, 1.5, 3.0)])
+    for (got, factor, state), (want, eager_factor, eager_state) in zip(results[1], results[0]):
+        torch.testing.assert_close(got, want)
+        assert factor == eager_factor and state == eager_state
+    assert minicompile.metrics.graph_breaks == 0

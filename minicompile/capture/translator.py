@@ -854,14 +854,16 @@ class InstructionTranslator(CallsMixin):
             self.store_attr(obj, attr.attrname or name, value)
             return value
         get = python_method(type(attr), "__get__")
+        data = class_attr(type(attr), "__set__") is not None or class_attr(type(attr), "__delete__") is not None
         if get is not None and isinstance(obj, UserObjectVariable) and \
-                class_attr(type(attr), "__set__") is None and class_attr(type(attr), "__delete__") is None:
+                (not data or python_method(type(attr), "__set__") is not None):
             # a descriptor whose class's __get__ is Python (torch.distributions' lazy_property,
-            # a cache of the user's) and that sets nothing: its __get__, traced; an instance
-            # attribute of that name, read before, wins as in Python
+            # a cache of the user's; a validating field, whose __set__ is Python too): its
+            # __get__, traced; an instance attribute of that name, read before, wins as in
+            # Python, but for a data descriptor (one with a __set__), which wins over it
             cls = type(obj.value)
             self.class_member(cls, name)
-            if source is not None and hasattr(obj.value, "__dict__"):
+            if not data and source is not None and hasattr(obj.value, "__dict__"):
                 # (one set on the instance since, as lazy_property's __get__ does, hides it)
                 self.output.guards.not_own_attr(source, name, class_attr(cls, "__getattribute__") in (
                     object.__getattribute__, torch.nn.Module.__getattribute__))
@@ -1341,6 +1343,13 @@ class InstructionTranslator(CallsMixin):
                     raise self.observed(AttributeError(
                         f"property {name!r} of {cls.__name__!r} object has no setter"))
                 self.inline_call(attr.fset, [obj, value], {})
+                return
+            put = python_method(type(attr), "__set__")
+            if put is not None and python_method(type(attr), "__get__") is not None:
+                # a data descriptor of Python's (a validating field): its __set__, traced
+                self.class_member(cls, name)
+                descriptor = self.output.wrap(attr, self.output.root_source(attr, f"descriptor_{name}"))
+                self.inline_call(put, [descriptor, obj, value], {})
                 return
             if hasattr(type(attr), "__set__") and not isinstance(attr, types.MemberDescriptorType):
                 raise self.unsupported(f"setting .{name} of {obj.describe()} through a "
