@@ -81,6 +81,59 @@ def out_of_place(kind: str, target, name: str) -> tuple:
     return "call_function", getattr(home, base)
 
 
+def saves_what_it_wrote(node: torch.fx.Node) -> bool:
+    """Whether eager's autograd, running the in-place op a functionalized node stands for
+    (`h.relu_()`, F.leaky_relu(h, inplace=True), now out of place), saves the tensor it wrote,
+    as it is after the write: a later write to it makes eager's backward raise. (Its
+    out-of-place twin may save its input instead: leaky_relu does.) Asked of eager once per op
+    and arguments, on a small tensor; an op with other tensor arguments is not asked (False)."""
+    args, kwargs = node.args[1:], dict(node.kwargs)
+    if not node.args or any(isinstance(a, torch.fx.Node) for a in (*args, *kwargs.values())):
+        return False
+    try:
+        key = (node.op, node.target, args, tuple(sorted(kwargs.items())))
+        hash(key)
+    except TypeError:
+        return False
+    if key not in _SAVES_WHAT_IT_WROTE:
+        _SAVES_WHAT_IT_WROTE[key] = _asked_of_eager(node.op, node.target, args, kwargs)
+    return _SAVES_WHAT_IT_WROTE[key]
+
+
+_SAVES_WHAT_IT_WROTE: dict = {}
+
+
+def _asked_of_eager(kind: str, target, args: tuple, kwargs: dict) -> bool:
+    written = torch.randn(6, requires_grad=True) * 1        # (not a leaf: it may be written)
+    if kind == "call_method" and hasattr(torch.Tensor, f"{target}_"):
+        run = lambda t: getattr(t, f"{target}_")(*args, **kwargs)       # noqa: E731
+    elif kind == "call_function" and "inplace" in _parameters(target):
+        bound = inspect.signature(target).bind(written, *args, **kwargs)
+        bound.arguments["inplace"] = True
+        run = lambda t: target(t, *bound.args[1:], **bound.kwargs)      # noqa: E731
+    elif kind == "call_function" and any(getattr(h, getattr(target, "__name__", ""), None) is target
+                                         and hasattr(h, f"{target.__name__}_") for h in (torch, torch._C._nn)):
+        home = next(h for h in (torch, torch._C._nn) if getattr(h, target.__name__, None) is target)
+        run = lambda t: getattr(home, f"{target.__name__}_")(t, *args, **kwargs)   # noqa: E731
+    else:
+        return False
+    saved = []
+    try:
+        with torch.enable_grad(), torch.autograd.graph.saved_tensors_hooks(
+                lambda t: saved.append(t) or t, lambda t: t):
+            result = run(written)
+    except Exception:            # (eager refuses these arguments here: nothing to say)
+        return False
+    return any(t is result for t in saved)
+
+
+def _parameters(target) -> tuple:
+    try:
+        return tuple(inspect.signature(target).parameters)
+    except (TypeError, ValueError):
+        return ()
+
+
 def inplace_flag(target, args, kwargs, constant: Callable = lambda v: v) -> bool:
     """`inplace=True` given to a function of torch.nn.functional (by keyword or position)."""
     if "inplace" in kwargs:

@@ -1252,8 +1252,14 @@ def _relu_in_place_then_accumulated(x):
     return h
 
 
+def _leaky_then_clipped_in_place(x):
+    h = F.leaky_relu(x * 3, 0.1, inplace=True)     # eager's saves h as it wrote it (the
+    return F.hardtanh(h, inplace=True)             # out-of-place leaky_relu saves its input)
+
+
 @pytest.mark.filterwarnings("ignore:minicompile. the graph runs on PyTorch's kernels")
-@pytest.mark.parametrize("fn", [_exp_in_place_then_shifted, _relu_in_place_then_accumulated])
+@pytest.mark.parametrize("fn", [_exp_in_place_then_shifted, _relu_in_place_then_accumulated,
+                                _leaky_then_clipped_in_place])
 def test_an_inplace_op_whose_saved_result_is_written_again_raises_at_backward_as_eager(fn):
     """`y.exp_()` saves its own result for backward; `y.add_(1)` then changes it, and eager's
     backward raises. The compiled call's backward gave the gradient of the program written

@@ -202,12 +202,16 @@ def trace_joint(gm: torch.fx.GraphModule, example_inputs, from_capture: bool = T
     # the outputs eager's code lays out contiguous: asked here, as make_fx traces only what its
     # own trace computes (a sizes-generic value's strides are expressions it did not record)
     contiguous_in_eager = [leaves[i].is_contiguous() for i in tensor_outs]
+    # in-place ops whose eager autograd saves what they wrote, written again later (asked of
+    # eager here, outside the trace's modes)
+    saving_writes = {n for n in gm.graph.nodes if n.meta.get(aliasing.WRITES)
+                     and n.meta.get(aliasing.WRITTEN_LATER) is not None and aliasing.saves_what_it_wrote(n)}
 
     def joint(primals, tangents):
         nonlocal reached_by
         leafs = [p.detach().requires_grad_(n) if isinstance(p, torch.Tensor) else p
                  for p, n in zip(primals, needs_grad)]
-        saves = _SavesOf(leafs, placeholders, saved_by_eager, saved_then_written)
+        saves = _SavesOf(leafs, placeholders, saved_by_eager, saved_then_written, saving_writes)
         with torch.set_grad_enabled(grad_on), _AsCompiledCodeComputes(), saves:
             outs, _ = run(leafs, functools.partial(saves.interpreter,
                                                    torch.fx.Interpreter if captured is None else watching))
@@ -281,13 +285,16 @@ class _SavesOf(torch.autograd.graph.saved_tensors_hooks):
     saved (by the tensor that owns its memory). Saves by the op that writes the tensor do not
     count (`h[0].mul_(w)`'s h[0], a batch norm's running statistics): eager's in-place op saves
     what it needs after its write, or a copy; but its save of its own result does (`y.exp_()`
-    saves y as it wrote it, which a later write changes). placeholders: gm's node of each primal."""
+    saves y as it wrote it, which a later write changes), and so does the op whose eager
+    in-place form saves its result where its out-of-place twin, run here, saves its input
+    (`saving_writes`: leaky_relu). placeholders: gm's node of each primal."""
 
-    def __init__(self, leafs: list, placeholders: list, primals: set, overwritten: set):
+    def __init__(self, leafs: list, placeholders: list, primals: set, overwritten: set, saving_writes: set):
         # (each tensor held: an id is not reused by another while the trace runs)
         self.node_of = {id(t): (node, t) for t, node in zip(leafs, placeholders) if isinstance(t, torch.Tensor)}
         self.primal_of = {node: k for k, node in enumerate(placeholders)}
         self.primals, self.overwritten = primals, overwritten
+        self.saving_writes = saving_writes     # (nodes of in-place ops whose eager save is their result)
         self.saved: dict = {}
         self.pending: dict = {}        # id(tensor) -> (tensor, the node that saved it): a value
         self.running = None            # of a node not run yet (its own output, saved as it runs)
@@ -321,6 +328,8 @@ class _SavesOf(torch.autograd.graph.saved_tensors_hooks):
         def noting(node):
             self.running = node
             result = run_node(node)
+            if node in self.saving_writes:
+                self.overwritten.add(_described(node))     # (eager's in-place op saved it so)
             for value in pytree.tree_leaves(result):
                 if isinstance(value, torch.Tensor):
                     self.node_of[id(value)] = (node, value)
