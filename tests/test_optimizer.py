@@ -149,6 +149,14 @@ def test_learning_rate_scheduler_and_hooks():
     assert minicompile.metrics.graphs == 2           # a new learning rate does not recompile
 
 
+def train_step(m, o, x):
+    loss = m(x).square().mean()
+    loss.backward()
+    o.step()
+    o.zero_grad()
+    return loss
+
+
 def test_training_loop_with_backward_and_step():
     torch.manual_seed(1)
     model = torch.nn.Sequential(torch.nn.Linear(9, 17), torch.nn.GELU(), torch.nn.Linear(17, 3)).to(DEVICE)
@@ -156,13 +164,6 @@ def test_training_loop_with_backward_and_step():
     eager_opt = torch.optim.AdamW(model.parameters(), lr=0.01)
     opt = torch.optim.AdamW(twin.parameters(), lr=0.01)
     compiled = minicompile.compile(twin)
-
-    def train_step(m, o, x):
-        loss = m(x).square().mean()
-        loss.backward()
-        o.step()
-        o.zero_grad()
-        return loss
 
     step = minicompile.compile(train_step)
     for _ in range(3):
@@ -185,13 +186,6 @@ def test_a_learning_rate_per_layer_compiles_each_groups_update_once(cls):
     extra = {"momentum": 0.9} if cls is torch.optim.SGD else {}
     eager_opt, opt = [cls([{"params": layer.parameters(), "lr": 0.01 * 0.9 ** i} for i, layer in enumerate(m)],
                           lr=0.01, **extra) for m in (model, twin)]
-
-    def train_step(m, o, x):
-        loss = m(x).square().mean()
-        loss.backward()
-        o.step()
-        o.zero_grad()
-        return loss
 
     step = minicompile.compile(train_step)
     with warnings.catch_warnings():
