@@ -365,6 +365,9 @@ WRITES = "writes"
 # that owns its memory) holds until a later in-place op writes it again; eager's autograd,
 # saving that tensor for backward, finds it changed then
 WRITTEN_LATER = "written_later"
+# a node's meta key: the node is a view of the memory of a tensor of the captured graph (named
+# as in WRITES), or a detach of it (`.data` too)
+VIEW_OF = "view_of"
 
 
 def stored_into(value: torch.Tensor, x: torch.Tensor) -> bool:

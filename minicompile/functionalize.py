@@ -344,6 +344,7 @@ class _Functionalizer:
             parent, base = self.parent[a], self.current(self.parent[a])
             node = self.graph.node_copy(a, lambda x: base if self.resolve(x) is parent else self.current(x))
             node.meta = dict(a.meta)
+            node.meta[aliasing.VIEW_OF] = r.name
             made = self.made[a] = ((self.version[r], self.grad), node)
         return made[1]
 

@@ -1271,6 +1271,59 @@ def test_an_inplace_op_whose_saved_result_is_written_again_raises_at_backward_as
             run(x).sum().backward()
 
 
+def _squared_in_place(x, w):
+    y = x * 2
+    y.mul_(y)                              # eager saves `other`, y, then writes y
+    return y
+
+
+def _half_scaled_by_the_other_half(x, w):
+    y = x * 2
+    y[:2].mul_(y[2:])                      # a view of the memory it writes
+    return y
+
+
+def _scaled_by_itself_detached(x, w):
+    y = x * 2
+    y.addcmul_(w, y.detach())              # detach() shares y's version counter
+    return y
+
+
+def _squared_in_place_input(x, w):
+    x.mul_(x)
+    return x * w
+
+
+def _scaled_by_its_data(x, w):
+    y = x * 2
+    y.mul_(y.data)                         # no error (`.data` has a version counter of its own):
+    return y * w                           # eager's backward reads y.data as mul_ wrote it
+
+
+@pytest.mark.filterwarnings("ignore:minicompile. the graph runs on PyTorch's kernels")
+@pytest.mark.parametrize("fn", [_squared_in_place, _half_scaled_by_the_other_half,
+                                _scaled_by_itself_detached, _squared_in_place_input, _scaled_by_its_data])
+def test_an_inplace_op_handed_what_it_writes_as_another_argument_behaves_as_eager(fn):
+    """`y.mul_(y)`: eager's mul_ saves its other argument, the tensor it then writes, and its
+    backward raises. The compiled call's gave a gradient (saves by the op that writes a tensor
+    were all taken to be of the argument it writes), or none at all for an input; and through
+    `y.data`, whose new value eager's backward reads, the gradient of y before the write."""
+    outcomes = []
+    for run in (fn, minicompile.compile(fn)):
+        torch.manual_seed(0)
+        x0, w = randn(4, 3).requires_grad_(), randn(4, 3).requires_grad_()
+        try:
+            run(x0 * 1, w).sum().backward()
+            outcomes.append((x0.grad, w.grad))
+        except RuntimeError as e:
+            assert "modified by an inplace operation" in str(e)
+            outcomes.append(None)
+    if outcomes[0] is None:
+        assert outcomes[1] is None
+    else:
+        torch.testing.assert_close(outcomes[1], outcomes[0])
+
+
 def _data_written_after_a_product(x, w):
     y = x @ w
     w.data.mul_(0.5)                       # an update autograd does not see

@@ -284,10 +284,11 @@ class _SavesOf(torch.autograd.graph.saved_tensors_hooks):
     eager's backward would not read what the forward computed); in `saved`, every tensor
     saved (by the tensor that owns its memory). Saves by the op that writes the tensor do not
     count (`h[0].mul_(w)`'s h[0], a batch norm's running statistics): eager's in-place op saves
-    what it needs after its write, or a copy; but its save of its own result does (`y.exp_()`
-    saves y as it wrote it, which a later write changes), and so does the op whose eager
-    in-place form saves its result where its out-of-place twin, run here, saves its input
-    (`saving_writes`: leaky_relu). placeholders: gm's node of each primal."""
+    what it needs after its write, or a copy; but its save of another argument that shares the
+    memory it writes counts (`y.mul_(y)`: `_also_read_by`), so does its save of its own result
+    (`y.exp_()` saves y as it wrote it, which a later write changes), and so does the op whose
+    eager in-place form saves its result where its out-of-place twin, run here, saves its
+    input (`saving_writes`: leaky_relu). placeholders: gm's node of each primal."""
 
     def __init__(self, leafs: list, placeholders: list, primals: set, overwritten: set, saving_writes: set):
         # (each tensor held: an id is not reused by another while the trace runs)
@@ -313,8 +314,11 @@ class _SavesOf(torch.autograd.graph.saved_tensors_hooks):
 
     def _note(self, node, saver) -> None:
         root = node.meta.get(aliasing.WRITTEN_LATER)
-        if root is not None and root in saver.meta.get(aliasing.WRITES, ()) and node is not saver:
-            return
+        memory = root or node.meta.get(aliasing.VIEW_OF)
+        if memory is not None and memory in saver.meta.get(aliasing.WRITES, ()) and node is not saver:
+            if not _also_read_by(saver, node, memory):
+                return
+            root = memory      # (the op's own write moves the version counter its save shares)
         if node in self.primal_of:
             self.primals.add(self.primal_of[node])
         elif root is not None:
@@ -343,6 +347,22 @@ class _SavesOf(torch.autograd.graph.saved_tensors_hooks):
     def saves(self, t: torch.Tensor) -> bool:
         """Whether autograd saved t, or a view of t's memory, for backward."""
         return id(_memory_owner(t)) in self.saved
+
+
+def _also_read_by(writer: torch.fx.Node, node: torch.fx.Node, memory: str) -> bool:
+    """Whether the functionalized in-place op `writer` is handed node, or a view of the memory
+    it writes, as an argument it does not write (`y.mul_(y)`'s other, `y[:2].mul_(y[3:])`'s,
+    `y.addcmul_(w, y.detach())`'s): eager saves that argument as it is, and its own write then
+    moves the version counter they share, which makes eager's backward raise, or, through
+    `.data`, changes what that backward reads. (The written argument is the first, or what
+    aliasing.written finds: a batch norm's running statistics.)"""
+    locators = aliasing.node_writes(writer) or [("arg", 0)]
+    written = [aliasing.locate(loc, writer.args, writer.kwargs) for loc in locators
+               if loc[0] != "arg" or loc[1] < len(writer.args)]
+
+    def holds_it(a) -> bool:
+        return isinstance(a, torch.fx.Node) and (a is node or a.meta.get(aliasing.VIEW_OF) == memory)
+    return sum(map(holds_it, (*writer.args, *writer.kwargs.values()))) > sum(map(holds_it, written))
 
 
 def _memory_owner(t: torch.Tensor) -> torch.Tensor:
