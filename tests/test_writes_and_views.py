@@ -450,6 +450,35 @@ def test_an_expanded_result_is_eagers_view_at_every_size(kernel_backend, name):
     assert minicompile.metrics.graphs == 2
 
 
+# functions of one size n whose result is a view with gaps of a value they computed
+STRIDED_VIEWS = {
+    "(x + 1)[:, :3]": lambda x: (x + 1)[:, :3],
+    "(x * 2).t()[:2]": lambda x: (x * 2).t()[:2],
+    "x.exp()[:, 2]": lambda x: x.exp()[:, 2],
+    "x.sin()[1::2, ::3]": lambda x: x.sin()[1::2, ::3],
+    "(x @ x.t()).diagonal()": lambda x: (x @ x.t()).diagonal(),
+    "x.softmax(-1)[..., -1]": lambda x: x.softmax(-1)[..., -1],
+}
+
+
+@pytest.mark.parametrize("name", list(STRIDED_VIEWS))
+def test_a_view_of_an_intermediate_has_eagers_strides_at_every_size(kernel_backend, name):
+    """Eager returns `(x + 1)[:, :3]` as a view of the whole sum, strides (6, 1) for an (n, 6)
+    x: so does minicompile, at every size (the later calls run a graph generic in sizes). It
+    returned a dense copy of the view, strides (3, 1): not contiguous in eager, contiguous here."""
+    fn = STRIDED_VIEWS[name]
+    minicompile.reset()
+    minicompile.metrics.reset()
+    compiled = minicompile.compile(fn)
+    for n in (7, 13, 6):
+        x = randn(n, 6)
+        expected, got = fn(x), compiled(x)
+        torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-5)
+        assert got.stride() == expected.stride() and got.is_contiguous() == expected.is_contiguous()
+        got.add_(1)                                    # (its own memory: a write is the caller's)
+    assert minicompile.metrics.graphs == 2
+
+
 def test_an_extern_result_has_eagers_strides_in_dims_of_size_one():
     """PyTorch's op given a view whose dims of size 1 have other strides than eager's view (the
     wrapper's views of an unsqueeze) may return them too (sdpa does): the result is restrided

@@ -69,12 +69,13 @@ def _view_of_made_buffer(box: TensorBox):
 
 
 def _expanded_view(box: TensorBox, link: TensorBox):
-    """An expanded value (`(a * 2).expand(4, -1, -1)`, `x.sum(0, True).expand_as(x)`) as eager's
-    view of the buffer of the value it expands (`link`), stored for it where it was not: eager's
-    result repeats elements in memory (a write into it raises), and a copy would be larger.
-    The view has eager's strides exactly, a dim of size 1's too (any stride reads the same
-    elements, but code may read `.stride()`). None, `link` left as it was, where the view's
-    strides are not eager's."""
+    """An expanded value (`(a * 2).expand(4, -1, -1)`, `x.sum(0, True).expand_as(x)`), or a
+    view with gaps (`(x + 1)[:, :5]`), as eager's view of the buffer of the value it views
+    (`link`), stored for it where it was not: eager's result repeats elements in memory (a
+    write into it raises; a copy would be larger), or has eager's strides (code may read them,
+    or view the result). The view has eager's strides exactly, a dim of size 1's too (any
+    stride reads the same elements, but code may read `.stride()`). None, `link` left as it
+    was, where the view's strides are not eager's."""
     data = link.data
     link.realize()
     view = as_view_of_buffer(box)

@@ -621,9 +621,9 @@ def _eager_layout(box, value, ran=None):
     # the output is returned as a view (code may read it: x.stride())
     box.size_one_strides = {d: s for d, (n, s) in enumerate(zip(value.shape, value.stride()))
                             if type(n) is int and n == 1 and type(s) is int}
-    if box.computation is not None and not box.is_realized and any(
-            st == 0 and ir.hint(n) > 1 for st, n in zip(ir.stride_of(value), value.shape)):
-        box.eager_stride = ir.stride_of(value)      # expanded (fusion's RealizeOutputs)
+    if box.computation is not None and not box.is_realized and (any(
+            st == 0 and ir.hint(n) > 1 for st, n in zip(ir.stride_of(value), value.shape)) or _strided_view(value)):
+        box.eager_stride = ir.stride_of(value)      # expanded, or a view (fusion's RealizeOutputs)
         return box
     if any(ir.is_symbolic(s) for s in (*box.shape, *ir.stride_of(value))):
         # a graph generic in sizes: the order of eager's strides as the example has them (the
@@ -649,6 +649,17 @@ def _eager_layout(box, value, ran=None):
         return box.laid_out(stride)
     box.wanted_stride = stride
     return box
+
+
+def _strided_view(value) -> bool:
+    """Eager's value is laid out with gaps no dense layout has (`(x + 1)[:, :5]`, `y[:, 2]`):
+    a view of a larger tensor, which eager returns. (Asked of the example's sizes: where a
+    graph generic in sizes returns the view, its strides are eager's at every size.)"""
+    shape, stride = _hinted(value.shape), _hinted(value.stride())
+    if shape is None or stride is None or 0 in shape:
+        return False
+    layout = ir.gapped_layout(shape, stride)
+    return layout is None or any(g != 1 for g in layout[1])
 
 
 def _expanded_as_eager(outputs, env, values) -> None:
