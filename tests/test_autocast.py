@@ -9,6 +9,7 @@ nothing (transformers' `maybe_autocast(enabled=False)` when autocast is off) lea
 import contextlib
 import warnings
 
+import pytest
 import torch
 import torch.nn.functional as F
 
@@ -168,17 +169,102 @@ def test_explicit_casts_pass_on_a_plain_graph():
 def _scaled_by_its_own_sum_under_autocast(x, w):
     with torch.autocast("cpu", dtype=torch.bfloat16):
         y = x @ w
-        s = float(y.float().sum())          # a graph break inside the block: the frame runs eagerly
+        s = float(y.float().sum())          # a graph break inside the block
         return (y @ w * s).float().sum()
 
 
-def test_a_frame_skipped_for_a_break_inside_autocast_is_traced_once():
-    """The skip's guard was built inside the block, so it asked for autocast on (and C++'s
-    tensor checks took autocast's dispatch key): it failed at every call's entry, and every
-    call traced the frame again."""
+def test_a_break_inside_autocast_is_traced_once():
+    """The frame is resumed after the break, and traced no more after the second call (whose
+    new `s` makes the rest generic in it). (Its frame was skipped, whose guard, built inside
+    the block, asked for autocast on and failed at every call's entry: every call traced it.)"""
     compiled = minicompile.compile(_scaled_by_its_own_sum_under_autocast)
     w = torch.randn(4, 4)
-    for _ in range(4):
+    for call in range(6):
         x = torch.randn(3, 4)
         torch.testing.assert_close(compiled(x, w), _scaled_by_its_own_sum_under_autocast(x, w))
-    assert minicompile.metrics.graph_breaks == 1
+        if call == 1:
+            traced = minicompile.metrics.graph_breaks, minicompile.metrics.graphs
+    assert (minicompile.metrics.graph_breaks, minicompile.metrics.graphs) == traced
+    assert minicompile.metrics.graphs >= 2
+
+
+def _breaks(t):
+    print(end="")                           # (a graph break)
+    return t
+
+
+def _break_inside(x, w):
+    with outer_autocast():
+        h = _breaks(x @ w)                  # the product runs in autocast's dtype
+        y = h @ w + h
+        inside = torch.is_autocast_enabled(DEVICE)
+    return y, x @ w, inside
+
+
+def _break_inside_a_block_that_turns_it_off(x, w):
+    with outer_autocast():
+        h = x @ w
+        with torch.autocast(DEVICE, enabled=False):
+            g = _breaks(h.float() @ w)
+            g = g @ w
+        z = g @ w
+    return h, g, z
+
+
+def _two_breaks_inside_no_grad_and_autocast(x, w):
+    with torch.no_grad(), outer_autocast():
+        h = _breaks(x @ w)
+        h = _breaks(h @ w)
+        h = h @ w
+    return h * 2
+
+
+def _a_break_that_raises_inside(x, w):
+    with outer_autocast():
+        h = x @ w
+        int("not a number")
+    return h
+
+
+def _training_step_with_a_break_inside(x, w):
+    with outer_autocast():
+        h = (x @ w).relu()
+        h = _breaks(h)
+        loss = (h @ w).float().pow(2).mean()
+    loss.backward()
+    return loss, w.grad
+
+
+def _autocast_state():
+    nesting = torch.autocast_increment_nesting() - 1
+    torch.autocast_decrement_nesting()
+    return autocast.state(), torch.is_autocast_cache_enabled(), nesting
+
+
+@pytest.mark.parametrize("fn", [_break_inside, _break_inside_a_block_that_turns_it_off,
+                                _two_breaks_inside_no_grad_and_autocast, _a_break_that_raises_inside,
+                                _training_step_with_a_break_inside])
+def test_a_break_inside_autocast_is_resumed_in_its_state(fn):
+    """The call that breaks the graph inside `with torch.autocast(...)` runs in autocast's
+    state (a real block entered for it), the rest of the block is compiled in it, and the
+    block's exit runs for real: eager's dtypes and values, and the state after the call (the
+    exception's too) is the state before it. (The whole frame ran eagerly.)"""
+    compiled = minicompile.compile(fn)
+    for _ in range(3):
+        x, w0 = randn(5, 8), randn(8, 8)
+        outcomes = []
+        for run in (fn, compiled):
+            w = w0.clone().requires_grad_(fn is _training_step_with_a_break_inside)
+            before = _autocast_state()
+            try:
+                outcomes.append(run(x, w))
+            except ValueError as e:
+                outcomes.append(str(e))
+            assert _autocast_state() == before
+        with outer_autocast():               # (values computed through the low precision)
+            assert_like_eager(outcomes[1], outcomes[0])
+        before = _autocast_state()
+        with contextlib.suppress(ValueError):       # (its graphs run as they are, autocast
+            minicompile.explain(fn)(x, w0.clone().requires_grad_(w.requires_grad))   # nodes too)
+        assert _autocast_state() == before
+    assert minicompile.metrics.graphs >= 1            # (compiled: the frame did not run eagerly)

@@ -513,9 +513,10 @@ def in_nested_blocks(x, w):
 @pytest.mark.parametrize("fn", [in_no_grad, in_set_grad_enabled, in_autocast, in_nested_blocks])
 @pytest.mark.parametrize("outer", [True, False], ids=["grad_on", "grad_off"])
 def test_a_callee_that_breaks_inside_a_grad_mode_or_autocast_block(fn, outer):
-    """The frame runs eagerly (a break inside a block the capture models), entering the block
-    for real: the callee is compiled on its own and called in the block's state (grad mode,
-    autocast), and the state after the block is eager's."""
+    """The break inside a block the capture models (grad mode, autocast) is resumed, the block
+    entered for real around the call: the callee is compiled on its own and called in the
+    block's state, and the state after the block is eager's (explain's graphs, run as they
+    are, too)."""
     x, w = torch.randn(4, 4, requires_grad=True), torch.randn(4, 4)
     prev = torch.is_grad_enabled()
     try:
@@ -532,6 +533,7 @@ def test_a_callee_that_breaks_inside_a_grad_mode_or_autocast_block(fn, outer):
             assert got[0].dtype == want[0].dtype and got[0].requires_grad == want[0].requires_grad
             assert got[1] == want[1]
         assert minicompile.explain(fn)(x, w).graph_count >= 2       # the callee's graphs
+        assert torch.is_grad_enabled() == outer and not torch.is_autocast_enabled("cpu")
     finally:
         torch.set_grad_enabled(prev)
 

@@ -322,6 +322,9 @@ class CallsMixin:
             keys = [k.as_example() for k in self.iterate(args[0])]
             return DictVariable({k: value for k in keys})
         if isinstance(fn, WithExitVariable):
+            if fn.source is not None:
+                raise self.unsupported("the exit of a torch.autocast block a graph break was inside",
+                                       "it runs for real (the block was entered so at the break)")
             self.with_depth -= 1
             if fn.exit is not None:
                 return self.call_function(fn.exit, args, kwargs)

@@ -17,8 +17,9 @@ This is option 2 of DESIGN.md: TorchDynamo writes new bytecode (a resume functio
 minicompile keeps the chain as data, and `describe()` shows it as Python.
 
 A frame whose break cannot be resumed (a break inside a loop, as Dynamo's
-`maybe_has_backedge` decides; inside a `with` block other than a grad mode's, whose exit a
-break hands on as a real one; at an instruction that is not a call or a jump) runs *eagerly* from that segment on, as Dynamo skips the frame: its segments are traced
+`maybe_has_backedge` decides; inside a `with` block other than a grad mode's or autocast's,
+whose exit a break hands on as a real one; at an instruction that is not a call or a jump)
+runs *eagerly* from that segment on, as Dynamo skips the frame: its segments are traced
 but not compiled or counted, every user-function call in it is made for real (the callee
 compiled on its own), and every unsupported instruction runs for real.
 """
@@ -415,6 +416,13 @@ class TemplateBuilder:
             return ["bound", v.func, self.build(v.self_var)]
         if isinstance(v, V.WithExitVariable) and v.grad_before is not None:
             return ["gradexit", v.grad_before]
+        if isinstance(v, V.WithExitVariable) and v.source is not None:     # (a real one, passed on)
+            src = self._source_fn(v.source)
+            if src is not None:
+                return ["src", src]
+        if isinstance(v, V.WithExitVariable) and v.autocast is not None:
+            a = v.autocast
+            return ["autocastexit", a.device_type, a.dtype, a.enabled, a.cache_enabled]
         if isinstance(v, V.GradModeVariable):
             src = self._source_fn(v.source) if getattr(v, "source", None) is not None else None
             return ["src", src] if src is not None else ["grad", v.enabled, v.before]
@@ -565,6 +573,13 @@ def rebuild(t, outs, env, memo=None):
         # puts back the mode from before the block, as no_grad's own does
         manager = torch.no_grad()
         manager.prev = t[1]
+        r = manager.__exit__
+    elif kind == "autocastexit":
+        # the __exit__ of an autocast block the break is inside (the graph ran its part with
+        # the casts explicit, and left the state as it was): the block entered for real, so
+        # the breaking call runs in its state, and the rest of the frame leaves it
+        manager = torch.autocast(t[1], dtype=t[2], enabled=t[3], cache_enabled=t[4])
+        manager.__enter__()
         r = manager.__exit__
     elif kind == "nested":
         v = t[1]

@@ -406,13 +406,14 @@ def _before_with(tx, inst):
         # a break inside the block then calls the callee in its state, as eager
         raise tx.unsupported(f"with-block on {ctx.describe()} in a frame that runs eagerly",
                              "entered for real, so that a call in the block runs in its state")
-    grad_before = None
+    grad_before = autocast_entered = None
     if isinstance(ctx, GradModeVariable):
         prev = grad_before = torch.is_grad_enabled() if ctx.before is None else ctx.before
         tx.set_grad(ctx.enabled)
         undo = lambda tx: tx.set_grad(prev)          # noqa: E731
     elif isinstance(ctx, AutocastVariable):
         undo, entered = tx.enter_autocast(ctx), ctx
+        autocast_entered = ctx
     elif isinstance(ctx, InferenceModeVariable) and ctx.mode:
         undo = tx.enter_inference_mode()
     elif isinstance(ctx, NullContextVariable):
@@ -431,7 +432,7 @@ def _before_with(tx, inst):
                              "only torch.no_grad/enable_grad/set_grad_enabled, torch.autocast, "
                              "contextlib.nullcontext and Python classes' context managers are modelled")
     tx.with_depth += 1
-    tx.push(WithExitVariable(undo, grad_before=grad_before))
+    tx.push(WithExitVariable(undo, grad_before=grad_before, autocast=autocast_entered))
     tx.push(entered)
 
 

@@ -46,7 +46,7 @@ from .builtin_calls import _BUILTIN_HANDLERS
 
 if TYPE_CHECKING:
     from .translator import InstructionTranslator
-from .values import (NULL, BaseListVariable, BoundMethodVariable, BuiltinVariable, ClosureCellVariable,
+from .values import (NULL, AutocastVariable, BaseListVariable, BoundMethodVariable, BuiltinVariable, ClosureCellVariable,
                      ConstantVariable, DictVariable, GlobalWritesVariable, NestedFunctionVariable,
                      PartialVariable, DictViewVariable, GradModeVariable, InferenceModeVariable, IteratorVariable,
                      ListVariable, TensorAttributeWrites,
@@ -924,6 +924,16 @@ class OutputGraph:
             prev = value.__self__.prev
             g.constant(AttrSource(AttrSource(source, "__self__"), "prev"), prev)
             return WithExitVariable(lambda tx: tx.set_grad(prev), grad_before=prev)
+        if isinstance(value, types.MethodType) and type(value.__self__) is torch.autocast \
+                and value.__func__ is torch.autocast.__exit__ and source is not None:
+            # the exit of an autocast block a break was inside (frame.py's "autocastexit"),
+            # entered for real: the rest of the block is traced in the state this call is in
+            # (guarded as any entry's), and its exit breaks the graph, to run for real
+            made = value.__self__
+            var = WithExitVariable(autocast=AutocastVariable(made.device, made.fast_dtype, made._enabled,
+                                                             made._cache_enabled))
+            var.source = source
+            return var
         if isinstance(value, _DICT_VIEWS) and source is not None:
             # a dict's keys()/values()/items() from outside the frame: a view of its dict
             # (the dict's own variable where the trace has it already: a change made to it in

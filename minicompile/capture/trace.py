@@ -234,7 +234,7 @@ def _trace_segment(fn, args: tuple, kwargs: dict, offset: int = 0, *, breaks: bo
                     # instruction raises goes to the frame's handler, Segment.run)
                     why = "a graph break inside an exception handler: the frame runs eagerly"
                 elif tx.with_depth and not _open_blocks_resumable(tx):
-                    why = "a graph break inside a `with` block (other than a grad mode's) is not resumed"
+                    why = "a graph break inside a `with` block (other than a grad mode's or autocast's) is not resumed"
                 elif suspended(tx, list(tx.locals.values()) + list(gb.stack)) or let_go_in_a_block(tx, []):
                     # CPython closes it when the frame lets go of it (its `with` exits and
                     # finally blocks run then), which neither a chain of segments nor one run
@@ -266,6 +266,12 @@ def _trace_segment(fn, args: tuple, kwargs: dict, offset: int = 0, *, breaks: bo
                 if torch.is_grad_enabled() != grad:
                     break_grad = torch.is_grad_enabled()     # inside a grad-mode block
                 effects = _effect_templates(output, builder, source_fn)
+                # the graph closes the autocast blocks open here, innermost first (a backend
+                # that runs it as it is, explain's, leaves the state as it found it); the
+                # break enters them for real (frame.py's "autocastexit")
+                for v in reversed([v for v in tx.stack if isinstance(v, WithExitVariable)
+                                   and v.autocast is not None and v.source is None]):
+                    v.undo(tx)
         finally:
             output.leave_inference_mode(0)
             torch._C._set_grad_enabled(grad)
@@ -321,10 +327,12 @@ def _subclass_outputs(proxies) -> Optional[list]:
 
 
 def _open_blocks_resumable(tx) -> bool:
-    """Whether every `with` block open at a break is a grad mode's: the break sets that mode,
-    and the rest of the frame gets a real __exit__ for each (frame.py's "gradexit")."""
+    """Whether every `with` block open at a break is a grad mode's or autocast's: the break
+    sets that mode (enters a real autocast), and the rest of the frame gets a real __exit__ for
+    each (frame.py's "gradexit", "autocastexit")."""
     exits = [v for v in tx.stack if isinstance(v, WithExitVariable)]
-    return len(exits) == tx.with_depth and all(v.grad_before is not None for v in exits)
+    return len(exits) == tx.with_depth and all(v.grad_before is not None or v.autocast is not None
+                                               for v in exits)
 
 
 def _leaves_stay_inside(output: OutputGraph, builder, binding) -> None:

@@ -816,10 +816,12 @@ class WithExitVariable(VariableTracker):
     function of the translator: restore the grad mode, leave autocast), or, for a context
     manager of a Python class (`exit`: its bound __exit__), calls that. `grad_before`: for a
     grad-mode block (torch.no_grad()...), the mode its exit restores: a break inside it hands
-    the rest of the frame a real __exit__ that does so."""
+    the rest of the frame a real __exit__ that does so. `autocast`: for a torch.autocast
+    block, its AutocastVariable: a break inside it enters a real one (the breaking call runs
+    in its state) and hands the rest of the frame its __exit__."""
 
-    def __init__(self, undo=None, exit=None, grad_before=None):
-        self.undo, self.exit, self.grad_before = undo, exit, grad_before
+    def __init__(self, undo=None, exit=None, grad_before=None, autocast=None):
+        self.undo, self.exit, self.grad_before, self.autocast = undo, exit, grad_before, autocast
 
 
 class UserObjectVariable(VariableTracker):
