@@ -46,8 +46,8 @@ from .builtin_calls import _BUILTIN_HANDLERS
 
 if TYPE_CHECKING:
     from .translator import InstructionTranslator
-from .values import (NULL, AutocastVariable, BaseListVariable, BoundMethodVariable, BuiltinVariable, ClosureCellVariable,
-                     ConstantVariable, DictVariable, GlobalWritesVariable, NestedFunctionVariable,
+from .values import (NULL, AutocastVariable, BaseListVariable, BoundMethodVariable, BuiltinVariable,
+                     ClosureCellVariable, ConstantVariable, DictVariable, GlobalWritesVariable, NestedFunctionVariable,
                      PartialVariable, DictViewVariable, GradModeVariable, InferenceModeVariable, IteratorVariable,
                      ListVariable, TensorAttributeWrites,
                      ModelOutputVariable, NamedTupleVariable, NNModuleVariable, OpaqueConstantVariable, SetVariable,

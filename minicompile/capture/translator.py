@@ -102,7 +102,8 @@ class InstructionTranslator(CallsMixin):
         self.freevars = dict(zip(self.code.co_freevars, (func.__closure__ or ()) if func is not None else ()))
         # free variables of a function made inside the trace: CellVariables
         self.closure_cells: Dict[str, VariableTracker] = dict(closure_cells or {})
-        self.with_depth = 0                   # open `with` blocks (a break inside: resumed in a grad mode's or autocast's only)
+        # open `with` blocks (a break inside: resumed in a grad mode's or autocast's only)
+        self.with_depth = 0
         self.generator = False                # a generator's frame: it yields (iterators.py)
         self.exc_info: Optional[VariableTracker] = None   # the exception being handled
 
