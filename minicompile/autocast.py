@@ -10,7 +10,9 @@ TorchDynamo records the `with torch.autocast(...)` blocks of the frame as `_ente
 explicit casts. This pass does that last step without a trace of the ops' internals: each
 node runs on fake tensors twice, under the autocast state that holds at it and with autocast
 off; where the dtypes differ, its floating-point inputs are cast to the dtype autocast gave,
-which is what autocast itself does before it calls the op.
+which is what autocast itself does before it calls the op. A composite op whose own ops
+autocast casts (`F.multi_head_attention_forward`, `torch.gru`) runs in autocast's state instead
+(`under`): PyTorch's kernel reads it, and training's trace of the op records the casts op by op.
 
     gm (with autocast nodes, or traced under autocast) --explicit_casts--> gm (casts as
     `.to(dtype)` nodes, no autocast nodes)
@@ -21,12 +23,13 @@ for it (a matrix product) see the dtypes the graph names and nothing else.
 from __future__ import annotations
 
 import contextlib
+import functools
 import operator
 
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from . import ir
+from . import aliasing, ir
 
 DEVICES = ("cpu", "cuda")
 ENTER, EXIT = torch.amp.autocast_mode._enter_autocast, torch.amp.autocast_mode._exit_autocast
@@ -140,9 +143,18 @@ def _run_cast(node, values, current, cast):
         _, by_op, op_others = casts_made(OFF)      # the casts the op makes itself (x.float())
     except Exception:                              # (mixed dtypes: only autocast makes it run)
         by_op, op_others = set(), 0
+    if others != op_others and not aliasing.written(node.op, node.target, node.args, node.kwargs,
+                                                    lambda a: isinstance(a, torch.fx.Node)):
+        # a composite op (multi_head_attention_forward, torch.gru) whose own ops autocast
+        # casts: it runs in autocast's state, which PyTorch's kernel reads (a training graph's
+        # trace of it then records those casts, op by op)
+        node.target = under(current, node.target if node.op == "call_function" else
+                            functools.partial(_call_method, node.target))
+        node.op = "call_function"
+        return expected
     if others != op_others:
-        raise NotImplementedError(f"autocast: {node.format_node()} casts values inside it, not "
-                                  f"only its inputs")
+        raise NotImplementedError(f"autocast: {node.format_node()} writes an input and casts values "
+                                  f"inside it, not only its inputs")
     for arg, dtype in sorted(by_autocast - by_op, key=lambda c: (c[0].name, str(c[1]))):
         node.args, node.kwargs = torch.fx.node.map_arg(
             (node.args, node.kwargs), lambda a: cast(a, dtype, node) if a is arg else a)
@@ -151,6 +163,26 @@ def _run_cast(node, values, current, cast):
         raise NotImplementedError(f"autocast: {node.format_node()} with its inputs cast does "
                                   f"not give the dtypes autocast gives")
     return result
+
+
+def under(autocast_state: tuple, fn):
+    """fn, called in this autocast state (a graph node whose casts autocast makes inside it:
+    explicit_casts)."""
+    def call(*args, **kwargs):
+        before = state()
+        set_state(autocast_state)
+        try:
+            return fn(*args, **kwargs)
+        finally:
+            set_state(before)
+    # (named for the graph's code; its qualified name stays a local one, which the graph
+    # cache does not store: the state and fn are not in the name)
+    call.__name__ = f"{getattr(fn, '__name__', 'method')}_under_autocast"
+    return call
+
+
+def _call_method(name: str, obj, *args, **kwargs):
+    return getattr(obj, name)(*args, **kwargs)
 
 
 class _CastRecorder(TorchDispatchMode):

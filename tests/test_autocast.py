@@ -7,6 +7,7 @@ autocast would make a node of the graph (minicompile/autocast.py). A block that 
 nothing (transformers' `maybe_autocast(enabled=False)` when autocast is off) leaves no trace.
 """
 import contextlib
+import copy
 import warnings
 
 import pytest
@@ -268,3 +269,48 @@ def test_a_break_inside_autocast_is_resumed_in_its_state(fn):
             minicompile.explain(fn)(x, w0.clone().requires_grad_(w.requires_grad))   # nodes too)
         assert _autocast_state() == before
     assert minicompile.metrics.graphs >= 1            # (compiled: the frame did not run eagerly)
+
+
+# modules whose functional op (multi_head_attention_forward, torch.gru) autocast casts inside
+COMPOSITES = {
+    "MultiheadAttention, cross": (lambda: torch.nn.MultiheadAttention(16, 4, batch_first=True),
+                                  lambda m, x, y: m(x, y, y)[0]),
+    "TransformerDecoderLayer": (lambda: torch.nn.TransformerDecoderLayer(16, 4, 32, dropout=0.0, batch_first=True),
+                                lambda m, x, y: m(x, y)),
+    "GRU": (lambda: torch.nn.GRU(16, 16, batch_first=True), lambda m, x, y: m(x)[0]),
+}
+
+
+@pytest.mark.parametrize("name", [pytest.param(n, marks=pytest.mark.skipif(
+    n == "GRU" and DEVICE == "cuda", reason="cuDNN's GRU does not run on fake tensors: PyTorch's kernels run "
+                                            "the graph")) for n in COMPOSITES])
+def test_a_training_step_through_an_op_autocast_casts_inside_is_compiled(name):
+    """Autocast casts the products inside `F.multi_head_attention_forward` and `torch.gru`,
+    not only their inputs: the node runs in autocast's state, and training's trace of it
+    records those casts op by op, so forward and backward are generated code. (The graph ran
+    on PyTorch's kernels.) Outputs, losses and gradients as eager's, within bfloat16's
+    rounding."""
+    make, call = COMPOSITES[name]
+    torch.manual_seed(0)
+    modules = [make().to(DEVICE)]
+    modules.append(copy.deepcopy(modules[0]))
+
+    def step_of(m):
+        def step(x, y):
+            with outer_autocast():
+                out = call(m, x, y)
+                loss = out.float().pow(2).mean()
+            loss.backward()
+            return out, loss
+        return step
+
+    compiled = minicompile.compile(step_of(modules[1]))
+    x, y = randn(2, 5, 16), randn(2, 7, 16)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")          # (no graph left to PyTorch's kernels)
+        got = compiled(x, y)
+    expected = step_of(modules[0])(x, y)
+    with outer_autocast():
+        assert_like_eager(got, expected)
+        assert_like_eager([p.grad for p in modules[1].parameters()], [p.grad for p in modules[0].parameters()])
+    assert minicompile.metrics.backward_kernels > 0
