@@ -143,8 +143,10 @@ def _run_cast(node, values, current, cast):
         _, by_op, op_others = casts_made(OFF)      # the casts the op makes itself (x.float())
     except Exception:                              # (mixed dtypes: only autocast makes it run)
         by_op, op_others = set(), 0
-    if others != op_others and not aliasing.written(node.op, node.target, node.args, node.kwargs,
-                                                    lambda a: isinstance(a, torch.fx.Node)):
+    if others != op_others:
+        if aliasing.written(node.op, node.target, node.args, node.kwargs, lambda a: isinstance(a, torch.fx.Node)):
+            raise NotImplementedError(f"autocast: {node.format_node()} writes an input and casts values "
+                                      f"inside it, not only its inputs")
         # a composite op (multi_head_attention_forward, torch.gru) whose own ops autocast
         # casts: it runs in autocast's state, which PyTorch's kernel reads (a training graph's
         # trace of it then records those casts, op by op)
@@ -152,9 +154,6 @@ def _run_cast(node, values, current, cast):
                             functools.partial(_call_method, node.target))
         node.op = "call_function"
         return expected
-    if others != op_others:
-        raise NotImplementedError(f"autocast: {node.format_node()} writes an input and casts values "
-                                  f"inside it, not only its inputs")
     for arg, dtype in sorted(by_autocast - by_op, key=lambda c: (c[0].name, str(c[1]))):
         node.args, node.kwargs = torch.fx.node.map_arg(
             (node.args, node.kwargs), lambda a: cast(a, dtype, node) if a is arg else a)

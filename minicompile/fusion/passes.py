@@ -57,7 +57,7 @@ def _view_of_made_buffer(box: TensorBox):
     if link is box or isinstance(link.data, (ir.InputBuffer, ir.ViewOfBuffer)):
         return None
     if box.eager_stride is not None:
-        return _expanded_view(box, link)
+        return _eagers_view(box, link)
     if not link.is_realized:
         return None
     view = as_view_of_buffer(box)
@@ -68,7 +68,7 @@ def _view_of_made_buffer(box: TensorBox):
     return view
 
 
-def _expanded_view(box: TensorBox, link: TensorBox):
+def _eagers_view(box: TensorBox, link: TensorBox):
     """An expanded value (`(a * 2).expand(4, -1, -1)`, `x.sum(0, True).expand_as(x)`), or a
     view with gaps (`(x + 1)[:, :5]`), as eager's view of the buffer of the value it views
     (`link`), stored for it where it was not: eager's result repeats elements in memory (a

@@ -418,7 +418,7 @@ def lower(gm: torch.fx.GraphModule, example_inputs) -> ir.Program:
                     ran = [None] * len(traced)
                 program.outputs = [_on_eager_device(program, _eager_layout(o, v, e), v)
                                    for o, v, e in zip(program.outputs, traced, ran)]
-                _expanded_as_eager(program.outputs, env, values)
+                _viewed_values_as_eager(program.outputs, env, values)
             break
         args = torch.fx.node.map_arg(node.args, lambda n: env[n])
         kwargs = torch.fx.node.map_arg(node.kwargs, lambda n: env[n])
@@ -662,15 +662,15 @@ def _strided_view(value) -> bool:
     return layout is None or any(g != 1 for g in layout[1])
 
 
-def _expanded_as_eager(outputs, env, values) -> None:
-    """The value an expanded output repeats is stored in eager's layout of it, so that the
-    output can be eager's view of its buffer (fusion's RealizeOutputs): `(x.t() * 2).expand(2,
-    -1, -1)` repeats a value eager lays out transposed."""
-    repeated = [viewed_value(o) for o in outputs if isinstance(o, TensorBox) and o.eager_stride is not None]
-    if not repeated:
+def _viewed_values_as_eager(outputs, env, values) -> None:
+    """The value an output eager returns as a view (expanded, or with gaps) views is stored in
+    eager's layout of it, so that the output can be eager's view of its buffer (fusion's
+    RealizeOutputs): `(x.t() * 2).expand(2, -1, -1)` repeats a value eager lays out transposed."""
+    viewed = [viewed_value(o) for o in outputs if isinstance(o, TensorBox) and o.eager_stride is not None]
+    if not viewed:
         return
     node_of = {id(box): node for node, box in env.items() if isinstance(box, TensorBox)}
-    for box in repeated:
+    for box in viewed:
         if id(box) in node_of and box.computation is not None and not box.is_realized:
             _eager_layout(box, values.get(node_of[id(box)]))
 

@@ -15,8 +15,9 @@ class TensorBox(ir.IRNode):
         self.program = program
         self.readers: list[TensorBox] = []     # boxes whose inner functions read this one
         self.wanted_stride = None              # the layout it gets when realized (a graph output's)
-        self.eager_stride = None               # an expanded graph output's strides in eager (0
-                                               # where it repeats): returned as a view, if it can be
+        self.eager_stride = None               # a graph output's strides in eager, where eager's is
+                                               # a view (expanded: 0 where it repeats; or with gaps):
+                                               # returned as a view, if it can be
         self.size_one_strides: dict = {}       # dim -> eager's stride, for its dims of size one
         self.reads = [r for r in reads if isinstance(r, TensorBox)]
         for r in self.reads:
